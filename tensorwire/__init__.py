@@ -1,0 +1,47 @@
+"""tensorwire: zero-copy, RDMA-style tensor transport for distributed deep learning.
+
+Receivers preallocate registered buffers for tensors of known shape and publish their addresses;
+senders write raw payloads straight into them. The public API is re-exported here.
+"""
+
+from __future__ import annotations
+
+from .errors import (
+    AuthenticationError,
+    ClosedError,
+    LocalProtocolError,
+    PeerLostError,
+    ProtocolError,
+    RemoteProtocolError,
+    SpecMismatchError,
+    TensorWireError,
+    TransportError,
+    UnknownTensorError,
+    WireTimeoutError,
+)
+from .receiver import Receiver
+from .sender import Sender, WriteHandle
+from .spec import TensorSpec
+from .transports import TRANSPORT_NAMES
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "TRANSPORT_NAMES",
+    "AuthenticationError",
+    "ClosedError",
+    "LocalProtocolError",
+    "PeerLostError",
+    "ProtocolError",
+    "Receiver",
+    "RemoteProtocolError",
+    "Sender",
+    "SpecMismatchError",
+    "TensorSpec",
+    "TensorWireError",
+    "TransportError",
+    "UnknownTensorError",
+    "WireTimeoutError",
+    "WriteHandle",
+    "__version__",
+]

@@ -1,0 +1,156 @@
+"""The control plane: pyzmq ROUTER (receiver) and DEALER (sender) around the wire format.
+
+The control plane carries only small msgpack messages (hello, address book, claims, heartbeats);
+tensors never pass through it. The server runs one thread that owns its ROUTER socket, answers each
+request through a handler and calls a periodic ``tick`` (liveness checks). The client is strictly
+request/reply with a bounded wait; a request that times out poisons the socket (a late reply could
+be mistaken for the next one), so the client then reconnects on a fresh socket.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+import zmq
+
+from . import wire
+from .errors import (
+    AuthenticationError,
+    ClosedError,
+    LocalProtocolError,
+    PeerLostError,
+    RemoteProtocolError,
+    TensorWireError,
+    UnknownTensorError,
+    WireTimeoutError,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_CONTROL_MESSAGE = 16 << 20
+TICK_SECONDS = 0.1
+
+Handler = Callable[[bytes, wire.Message], wire.Message | None]
+
+
+def _socket(ctx: zmq.Context[zmq.Socket[bytes]], kind: int) -> zmq.Socket[bytes]:
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    # Bounds what a peer can make us buffer: one control message is never larger than this.
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_CONTROL_MESSAGE)
+    return sock
+
+
+class ControlServer:
+    """A ROUTER socket served by one thread. ``handler(identity, msg)`` returns the reply."""
+
+    def __init__(self, bind: str, handler: Handler, tick: Callable[[], None],
+                 name: str = "tensorwire-control") -> None:
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context(io_threads=1)
+        self._sock = _socket(self._ctx, zmq.ROUTER)
+        try:
+            self._sock.bind(bind)
+        except zmq.ZMQError as exc:
+            self._sock.close()
+            self._ctx.term()
+            raise TensorWireError(f"cannot bind the control plane to {bind}: {exc}") from exc
+        self.address: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._handler = handler
+        self._tick = tick
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        try:
+            while not self._stop.is_set():
+                if poller.poll(int(TICK_SECONDS * 1000)):
+                    self._serve_one()
+                try:
+                    self._tick()
+                except Exception:  # a liveness check must never kill the control thread
+                    log.exception("control-plane tick failed")
+        finally:
+            self._sock.close()
+
+    def _serve_one(self) -> None:
+        try:
+            frames = self._sock.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        if len(frames) != 2:
+            log.warning("dropping a control message of %d frames (want 2)", len(frames))
+            return
+        identity, payload = frames
+        try:
+            reply = self._handler(identity, wire.decode(payload))
+        except LocalProtocolError as exc:
+            log.warning("refusing a malformed control message: %s", exc)
+            reply = wire.ErrorReply("protocol", str(exc))
+        except Exception as exc:
+            log.exception("control handler failed")
+            reply = wire.ErrorReply("protocol", f"internal error: {exc}")
+        if reply is not None:
+            try:
+                self._sock.send_multipart([identity, wire.encode(reply)], zmq.NOBLOCK)
+            except zmq.ZMQError as exc:
+                log.warning("could not answer a control request: %s", exc)
+
+    def close(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._thread.join()
+        self._ctx.term()
+
+
+_ERRORS: dict[str, type[TensorWireError]] = {
+    "auth": AuthenticationError,
+    "unauthenticated": AuthenticationError,
+    "stale-generation": PeerLostError,
+    "closed": PeerLostError,
+    "unknown-tensor": UnknownTensorError,
+}
+
+
+class ControlClient:
+    """A DEALER socket doing one request/reply at a time."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context(io_threads=1)
+        self._sock: zmq.Socket[bytes] | None = None
+        self._open()
+
+    def _open(self) -> None:
+        self._sock = _socket(self._ctx, zmq.DEALER)
+        self._sock.connect(self.address)
+
+    def request(self, msg: wire.Message, timeout: float | None) -> wire.Message:
+        """Send ``msg`` and return the reply; an :class:`~wire.ErrorReply` is raised as an error."""
+        if self._sock is None:
+            raise ClosedError("control client is closed")
+        self._sock.send(wire.encode(msg))
+        wait_ms = None if timeout is None else max(int(timeout * 1000), 0)
+        if not self._sock.poll(wait_ms, zmq.POLLIN):
+            self._sock.close()
+            self._open()
+            raise WireTimeoutError(
+                f"receiver at {self.address} did not answer a {msg.TYPE} request within "
+                f"{timeout} s (is it running, and is the address right?)"
+            )
+        reply = wire.decode(self._sock.recv())
+        if isinstance(reply, wire.ErrorReply):
+            err = _ERRORS.get(reply.code, RemoteProtocolError)
+            raise err(f"receiver at {self.address} refused {msg.TYPE}: {reply.message}")
+        return reply
+
+    def close(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
+            self._ctx.term()

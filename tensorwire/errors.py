@@ -1,0 +1,68 @@
+"""The one error hierarchy of tensorwire.
+
+Every failure the library reports is a :class:`TensorWireError`. Where a standard exception
+already says what kind of failure it is (a bad value, a missing key, a time-out), the tensorwire
+error is also that exception, so callers can catch either.
+"""
+
+from __future__ import annotations
+
+
+class TensorWireError(Exception):
+    """Root of every error raised by tensorwire."""
+
+
+class SpecMismatchError(TensorWireError, ValueError):
+    """A tensor does not match the spec it was registered or published with.
+
+    Raised before any byte moves: the receiver's buffer is unchanged.
+    """
+
+
+class UnknownTensorError(TensorWireError, KeyError):
+    """No tensor of that name is registered (or published by the peer)."""
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return str(self.args[0]) if self.args else "unknown tensor"
+
+
+class ProtocolError(TensorWireError):
+    """A message broke the wire protocol.
+
+    ``remote`` is True when the peer reported the violation (we sent something it refused),
+    False when we detected it in what the peer sent us.
+    """
+
+    remote: bool = False
+
+
+class LocalProtocolError(ProtocolError):
+    """We received bytes that break the protocol."""
+
+    remote = False
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer refused what we sent as a protocol violation."""
+
+    remote = True
+
+
+class AuthenticationError(TensorWireError):
+    """The control-plane handshake failed: missing, wrong or unexpected shared secret."""
+
+
+class TransportError(TensorWireError):
+    """The data plane failed: a transport could not be set up or a write could not complete."""
+
+
+class PeerLostError(TransportError):
+    """The peer died, closed, or restarted with a new generation."""
+
+
+class ClosedError(TensorWireError):
+    """The object was closed (possibly while this call was waiting on it)."""
+
+
+class WireTimeoutError(TensorWireError, TimeoutError):
+    """A bounded wait ran out before the awaited event happened."""

@@ -1,0 +1,128 @@
+"""Memory layout: where every word and payload lives inside a registered region.
+
+A region is one large slab of registered memory. It starts with a page-sized header (magic,
+state, generation, the receiver's doorbell), followed by the rings of many tensors. A ring is one
+tensor's double (or deeper) buffer::
+
+    ring control block (128 B)  released counter | credit doorbell ... | sender-waiting flag
+    slot headers (depth x H)    seq | nbytes | ndim | dims (dynamic only)
+    payloads (depth x capacity) each aligned to 64 B, or to a page from 4 KiB up
+
+Each hot word sits on its own cache line so that the sender's and the receiver's stores do not
+false-share. The offsets here are the "remote address" published to senders; both ends compute
+nothing else about the layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import LocalProtocolError
+
+CACHE_LINE = 64
+PAGE = 4096
+
+# Region header (offsets in bytes from the region start).
+REGION_HEADER_SIZE = PAGE
+REGION_MAGIC = 0x54574952_45474E31  # "TWIREGN1"
+OFF_MAGIC = 0  # u64
+OFF_STATE = 8  # u32: REGION_OPEN or REGION_CLOSED
+OFF_GENERATION = 16  # u64
+OFF_DOORBELL = 64  # u32 futex word, bumped by every writer after a slot completes
+OFF_RX_WAITING = 128  # u32, non-zero while the receiver is (about to be) blocked on the doorbell
+REGION_OPEN = 1
+REGION_CLOSED = 2
+
+# Ring control block (offsets from the ring start).
+RING_CTRL_SIZE = 2 * CACHE_LINE
+OFF_RELEASED = 0  # u64: how many messages the receiver has released (credits returned)
+OFF_CREDIT_BELL = 8  # u32 futex word, bumped by the receiver on every release
+OFF_TX_WAITING = CACHE_LINE  # u32, non-zero while the sender is (about to be) blocked for credit
+
+# Slot header (offsets from the slot header start).
+OFF_SEQ = 0  # u64: sequence number of the message in the slot, written after the payload
+OFF_NBYTES = 8  # u64: payload byte count (dynamic tensors)
+OFF_NDIM = 16  # u32
+OFF_DIMS = CACHE_LINE  # i64 x ndim (dynamic tensors only)
+
+
+def align(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+def slot_header_size(ndim: int, dynamic: bool) -> int:
+    return CACHE_LINE + (align(8 * ndim, CACHE_LINE) if dynamic else 0)
+
+
+def payload_alignment(capacity: int) -> int:
+    return PAGE if capacity >= PAGE else CACHE_LINE
+
+
+@dataclass(frozen=True, slots=True)
+class RingLayout:
+    """Where one tensor's ring lives: region index and byte offsets inside that region."""
+
+    region: int
+    ctrl: int
+    headers: tuple[int, ...]
+    payloads: tuple[int, ...]
+    capacity: int
+
+    @property
+    def depth(self) -> int:
+        return len(self.payloads)
+
+    @property
+    def end(self) -> int:
+        return self.payloads[-1] + self.capacity
+
+    def to_wire(self) -> list[Any]:
+        return [self.region, self.ctrl, list(self.headers), list(self.payloads), self.capacity]
+
+    @classmethod
+    def from_wire(cls, value: Any, region_sizes: list[int]) -> RingLayout:
+        """Decode and bounds-check a layout received from a peer."""
+        try:
+            region, ctrl, headers, payloads, capacity = value
+            layout = cls(
+                region=int(region),
+                ctrl=int(ctrl),
+                headers=tuple(int(h) for h in headers),
+                payloads=tuple(int(p) for p in payloads),
+                capacity=int(capacity),
+            )
+        except (TypeError, ValueError) as exc:
+            raise LocalProtocolError(f"malformed ring layout: {value!r}") from exc
+        if not 0 <= layout.region < len(region_sizes):
+            raise LocalProtocolError(f"ring layout names unknown region {layout.region}")
+        size = region_sizes[layout.region]
+        words = [layout.ctrl + RING_CTRL_SIZE, *(h + CACHE_LINE for h in layout.headers)]
+        if (
+            layout.depth == 0
+            or len(layout.headers) != layout.depth
+            or layout.capacity < 0
+            or min(layout.ctrl, *layout.headers, *layout.payloads) < REGION_HEADER_SIZE
+            or max(*words, *(p + layout.capacity for p in layout.payloads)) > size
+            or any(off % 8 for off in (layout.ctrl, *layout.headers))
+        ):
+            raise LocalProtocolError(f"ring layout out of bounds for a {size}-byte region")
+        return layout
+
+
+def plan_ring(base: int, depth: int, capacity: int, ndim: int, dynamic: bool) -> RingLayout:
+    """Lay out a ring of ``depth`` slots of ``capacity`` bytes starting at ``base``."""
+    if depth < 1:
+        raise ValueError(f"a ring needs at least one slot, got depth={depth}")
+    hsize = slot_header_size(ndim, dynamic)
+    headers = tuple(base + RING_CTRL_SIZE + i * hsize for i in range(depth))
+    palign = payload_alignment(capacity)
+    stride = align(max(capacity, 1), palign)
+    first = align(base + RING_CTRL_SIZE + depth * hsize, palign)
+    payloads = tuple(first + i * stride for i in range(depth))
+    return RingLayout(region=-1, ctrl=base, headers=headers, payloads=payloads, capacity=capacity)
+
+
+def ring_footprint(depth: int, capacity: int, ndim: int, dynamic: bool) -> int:
+    """Bytes a ring takes when it starts on a page boundary."""
+    return plan_ring(0, depth, capacity, ndim, dynamic).end

@@ -1,0 +1,70 @@
+"""Facts about local processes: which host and namespaces we share, and whether a peer lives.
+
+The shared-memory transport is only correct between processes that see the same ``/dev/shm`` and
+the same pids, so the control-plane hello carries a *host identity* (boot id plus the mount, IPC
+and pid namespaces). A :class:`ProcessWatch` follows a same-host peer through a pidfd, which, unlike
+a bare pid, cannot be fooled by pid reuse.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import socket
+
+
+def host_identity() -> str:
+    """A string equal for two processes exactly when they share boot, mounts, IPC and pids."""
+    parts = []
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            parts.append(f.read().strip())
+    except OSError:
+        parts.append(socket.gethostname())
+    for ns in ("mnt", "ipc", "pid"):
+        try:
+            parts.append(os.readlink(f"/proc/self/ns/{ns}"))
+        except OSError:
+            parts.append(f"{ns}:?")
+    return "/".join(parts)
+
+
+class ProcessWatch:
+    """Tells whether a process on this host is still alive (through a pidfd where possible)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._fd: int | None = None
+        self._dead = False
+        self._poll: select.poll | None = None
+        try:
+            self._fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            self._dead = True
+        except (AttributeError, OSError):
+            self._fd = None  # no pidfd here: fall back to signal 0 (pid reuse is then possible)
+        else:
+            self._poll = select.poll()
+            self._poll.register(self._fd, select.POLLIN)
+
+    def alive(self) -> bool:
+        if self._dead:
+            return False
+        if self._poll is not None:
+            self._dead = bool(self._poll.poll(0))  # a pidfd becomes readable when the process exits
+        else:
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:
+                self._dead = True
+            except PermissionError:
+                pass
+        return not self._dead
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._poll = None

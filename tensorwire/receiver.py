@@ -1,0 +1,621 @@
+"""The receiving endpoint: register tensors, publish their addresses, hand out landed tensors.
+
+A :class:`Receiver` owns registered regions, a control-plane server (hello, address book, claims)
+and the servers of the networked transports. Senders write into its slots one-sidedly; the receiver
+learns that a message landed from the slot's sequence number and hands out a zero-copy read-only view
+of the slot, which stays valid until :meth:`Receiver.release` returns the slot to the sender.
+
+Each tensor has exactly one writer at a time: the sender that *claims* it (on its first write). A
+claim ends with the sender's goodbye, its death (pidfd on this host, the data connection elsewhere)
+or the receiver's close; a new sender may then claim the tensor and continues its sequence numbers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import secrets
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+
+from . import wire
+from .auth import client_mac, new_nonce, normalise_secret, server_proof, verify
+from .control import ControlServer
+from .doorbell import deadline_of, ring_bell, wait_for
+from .errors import (
+    ClosedError,
+    LocalProtocolError,
+    PeerLostError,
+    SpecMismatchError,
+    TensorWireError,
+    UnknownTensorError,
+)
+from .layout import (
+    OFF_DOORBELL,
+    OFF_GENERATION,
+    OFF_MAGIC,
+    OFF_RX_WAITING,
+    OFF_STATE,
+    PAGE,
+    REGION_CLOSED,
+    REGION_HEADER_SIZE,
+    REGION_MAGIC,
+    REGION_OPEN,
+    RingLayout,
+    align,
+    plan_ring,
+    ring_footprint,
+)
+from .process import ProcessWatch, host_identity
+from .region import Region, reap_stale_segments, shm_available
+from .ring import RingMemory
+from .spec import TensorSpec
+from .transports.base import CreditLink
+from .transports.tcp import TcpDataServer
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BIND = "tcp://127.0.0.1:0"
+DEFAULT_REGION_BYTES = 8 << 20
+RECEIVER_TRANSPORTS = ("shm", "tcp")
+
+
+@dataclass(eq=False)
+class _Session:
+    """One sender, from its hello to its goodbye or death."""
+
+    identity: bytes
+    client: str
+    pid: int
+    host: str
+    client_nonce: bytes
+    server_nonce: bytes = b""
+    authenticated: bool = False
+    token: bytes = b""
+    watch: ProcessWatch | None = None
+    link: CreditLink | None = None
+    claims: set[int] = field(default_factory=set)
+    alive: bool = True
+
+    def describe(self) -> str:
+        return f"sender {self.client!r} (pid {self.pid})"
+
+
+@dataclass(eq=False)
+class _Tensor:
+    """Receiver-side state of one registered tensor."""
+
+    tensor_id: int
+    spec: TensorSpec
+    ring: RingMemory
+    views: list[np.ndarray[Any, Any]] | None
+    consumed: int = 0  # messages handed out by wait()
+    released: int = 0  # messages handed back by release()
+    owner: _Session | None = None
+    transport: str = ""
+    expected_seq: int = 1  # next sequence number a networked writer must send
+    lost: str | None = None  # set when the owner died: the next wait() reports it
+
+    def wire_entry(self) -> list[Any]:
+        return [self.tensor_id, self.spec.to_wire(), self.ring.layout.to_wire()]
+
+
+def _parse_bind(bind: str) -> tuple[str, str]:
+    try:
+        parts = urlsplit(bind)
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme != "tcp" or not parts.hostname or port is None:
+        raise TensorWireError(
+            f"bind address must look like tcp://HOST:PORT (PORT 0 picks a free one), got {bind!r}"
+        )
+    host = parts.hostname
+    data_host = "0.0.0.0" if host in ("*", "0.0.0.0") else host
+    return host, data_host
+
+
+class Receiver:
+    """Registers tensors and receives one-sided writes into them.
+
+    ``bind`` is the control-plane endpoint (``tcp://127.0.0.1:0`` picks a free loopback port; give a
+    routable address to accept senders from other hosts). ``secret`` turns on HMAC authentication
+    of every sender. ``ring`` is the default number of slots per tensor (2: double buffering).
+    """
+
+    def __init__(
+        self,
+        bind: str = DEFAULT_BIND,
+        *,
+        secret: str | bytes | None = None,
+        ring: int = 2,
+        region_bytes: int = DEFAULT_REGION_BYTES,
+        name: str | None = None,
+    ) -> None:
+        if ring < 1:
+            raise ValueError(f"ring must be at least 1, got {ring}")
+        self._secret = normalise_secret(secret)
+        self._ring_depth = ring
+        self._region_bytes = max(align(region_bytes, PAGE), 2 * PAGE)
+        self.name = name or f"receiver-{secrets.token_hex(3)}"
+        self.generation: int = secrets.randbits(62) | 1
+        self._host = host_identity()
+        self._lock = threading.RLock()
+        self._closed = False
+        self._active = 0  # threads inside wait(); close() lets them leave before unmapping
+        self._idle = threading.Condition(self._lock)
+        self._regions: list[Region] = []
+        self._next_offset = 0
+        self._tensors: dict[str, _Tensor] = {}
+        self._by_id: dict[int, _Tensor] = {}
+        self._order: tuple[_Tensor, ...] = ()
+        self._rr = 0
+        self._sessions: dict[bytes, _Session] = {}
+        self._tokens: dict[bytes, _Session] = {}
+        self._control: ControlServer | None = None
+        self._tcp: TcpDataServer | None = None
+        _, data_host = _parse_bind(bind)
+        try:
+            reaped = reap_stale_segments()
+            if reaped:
+                log.info("reaped %d shared-memory segments of dead receivers", len(reaped))
+            self._shared = shm_available()
+            self._bell = self._new_region(self._region_bytes)
+            self._tcp = TcpDataServer(data_host, self)
+            self._control = ControlServer(bind, self._handle, self._tick,
+                                          name=f"tensorwire-control-{self.name}")
+        except BaseException:
+            self.close()
+            raise
+        self.address: str = self._control.address
+
+    # ---------------------------------------------------------------------------------------
+    # Registration
+    # ---------------------------------------------------------------------------------------
+
+    def _new_region(self, size: int) -> Region:
+        region = Region.create(size, shared=self._shared)
+        q = region.words64
+        q[OFF_GENERATION // 8] = self.generation
+        region.words32[OFF_STATE // 4] = REGION_OPEN
+        q[OFF_MAGIC // 8] = REGION_MAGIC
+        self._regions.append(region)
+        self._next_offset = REGION_HEADER_SIZE
+        return region
+
+    def _place(self, spec: TensorSpec, depth: int) -> tuple[Region, RingLayout]:
+        need = ring_footprint(depth, spec.max_bytes, spec.ndim, spec.dynamic)
+        region = self._regions[-1]
+        if self._next_offset + need > region.size:
+            region = self._new_region(max(self._region_bytes, REGION_HEADER_SIZE + align(need, PAGE)))
+        base = self._next_offset
+        layout = plan_ring(base, depth, spec.max_bytes, spec.ndim, spec.dynamic)
+        layout = dataclasses.replace(layout, region=len(self._regions) - 1)
+        self._next_offset = align(layout.end, PAGE)
+        return region, layout
+
+    def register(
+        self,
+        name: str,
+        shape: Any,
+        dtype: Any,
+        *,
+        max_bytes: int | None = None,
+        ring: int | None = None,
+    ) -> TensorSpec:
+        """Preallocate slots for tensor ``name`` and publish its address to senders.
+
+        A shape with ``None`` dimensions is dynamic and needs ``max_bytes`` (its capacity).
+        Returns the registered :class:`TensorSpec`.
+        """
+        spec = TensorSpec.create(name, shape, dtype, max_bytes)
+        depth = self._ring_depth if ring is None else int(ring)
+        if depth < 1:
+            raise ValueError(f"ring must be at least 1, got {ring}")
+        with self._lock:
+            self._check_open()
+            if name in self._tensors:
+                raise SpecMismatchError(
+                    f"tensor {name!r} is already registered as {self._tensors[name].spec.describe()}"
+                )
+            region, layout = self._place(spec, depth)
+            ring_mem = RingMemory(spec, layout, region, self._bell)
+            ring_mem.reset_slots()
+            views = None
+            if ring_mem.static_views is not None:
+                views = []
+                for v in ring_mem.static_views:
+                    ro = v.view()
+                    ro.flags.writeable = False
+                    views.append(ro)
+            tensor = _Tensor(len(self._by_id) + 1, spec, ring_mem, views)
+            self._tensors[name] = tensor
+            self._by_id[tensor.tensor_id] = tensor
+            self._order = (*self._order, tensor)
+        return spec
+
+    def register_many(self, specs: Iterable[TensorSpec | tuple[Any, ...]]) -> list[TensorSpec]:
+        """Register several tensors; each item a :class:`TensorSpec` or ``(name, shape, dtype)``."""
+        out = []
+        for item in specs:
+            if isinstance(item, TensorSpec):
+                out.append(self.register(item.name, item.shape, item.dtype,
+                                         max_bytes=item.max_bytes if item.dynamic else None))
+            else:
+                out.append(self.register(*item))
+        return out
+
+    @property
+    def specs(self) -> dict[str, TensorSpec]:
+        with self._lock:
+            return {name: t.spec for name, t in self._tensors.items()}
+
+    def _tensor(self, name: str) -> _Tensor:
+        try:
+            return self._tensors[name]
+        except KeyError:
+            raise UnknownTensorError(
+                f"no tensor {name!r} is registered on {self.name}; registered: "
+                f"{', '.join(sorted(self._tensors)) or 'none'}"
+            ) from None
+
+    # ---------------------------------------------------------------------------------------
+    # Waiting and releasing
+    # ---------------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"receiver {self.name} is closed")
+
+    def _next_ready(self, tensor: _Tensor) -> bool:
+        """Is the tensor's next message complete? Raises for a lost owner."""
+        if tensor.ring.complete(tensor.consumed + 1):
+            return True
+        if tensor.lost is not None:
+            reason, tensor.lost = tensor.lost, None
+            raise PeerLostError(f"tensor {tensor.spec.name!r}: {reason}")
+        return False
+
+    def _take(self, tensor: _Tensor) -> np.ndarray[Any, Any]:
+        seq = tensor.consumed + 1
+        tensor.consumed = seq
+        if tensor.views is not None:
+            return tensor.views[(seq - 1) % tensor.ring.depth]
+        view = tensor.ring.view(seq)
+        view.flags.writeable = False
+        return view
+
+    def _held_check(self, tensor: _Tensor) -> None:
+        if tensor.consumed - tensor.released >= tensor.ring.depth:
+            raise TensorWireError(
+                f"tensor {tensor.spec.name!r}: all {tensor.ring.depth} slots are held by the "
+                "consumer; release() one before waiting for the next message"
+            )
+
+    def _block(self, check: Callable[[], Any], timeout: float | None, what: Callable[[], str]) -> Any:
+        with self._lock:
+            self._check_open()
+            self._active += 1
+        try:
+            def guarded() -> Any:
+                if self._closed:
+                    raise ClosedError(f"receiver {self.name} was closed while waiting")
+                return check()
+
+            return wait_for(
+                guarded, bell=self._bell.words32, bell_index=OFF_DOORBELL // 4,
+                bell_address=self._bell.address + OFF_DOORBELL, flag=self._bell.words32,
+                flag_index=OFF_RX_WAITING // 4, deadline=deadline_of(timeout), what=what,
+            )
+        finally:
+            with self._lock:
+                self._active -= 1
+                self._idle.notify_all()
+
+    def wait(self, name: str, timeout: float | None = None) -> np.ndarray[Any, Any]:
+        """Wait for the next message of ``name``; return a read-only zero-copy view of it.
+
+        ``timeout``: None blocks, 0 polls, a positive number is seconds
+        (:class:`~tensorwire.errors.WireTimeoutError` when it runs out). The view stays valid until
+        :meth:`release` hands its slot back to the sender.
+        """
+        tensor = self._tensor(name)
+        self._held_check(tensor)
+        self._block(
+            lambda: True if self._next_ready(tensor) else None, timeout,
+            lambda: f"tensor {name!r}: message {tensor.consumed + 1} did not arrive within "
+                    f"{timeout} s on {self.name}",
+        )
+        return self._take(tensor)
+
+    def wait_any(self, timeout: float | None = None) -> tuple[str, np.ndarray[Any, Any]]:
+        """Wait for the next message of any tensor; return ``(name, view)``.
+
+        Tensors are served round-robin so one busy sender cannot starve the others. Tensors whose
+        slots are all held by the consumer are skipped until released.
+        """
+
+        def ready() -> _Tensor | None:
+            order = self._order
+            n = len(order)
+            for k in range(n):
+                tensor = order[(self._rr + k) % n]
+                if tensor.consumed - tensor.released < tensor.ring.depth and self._next_ready(tensor):
+                    self._rr = (self._rr + k + 1) % n
+                    return tensor
+            return None
+
+        tensor: _Tensor = self._block(
+            ready, timeout, lambda: f"no message arrived within {timeout} s on {self.name}"
+        )
+        return tensor.spec.name, self._take(tensor)
+
+    def release(self, name: str) -> None:
+        """Hand the oldest held slot of ``name`` back to its sender (one credit)."""
+        tensor = self._tensor(name)
+        if tensor.released >= tensor.consumed:
+            raise TensorWireError(f"tensor {name!r}: no message is held, nothing to release")
+        tensor.released += 1
+        tensor.ring.release(tensor.released)
+        owner = tensor.owner
+        if owner is not None and owner.link is not None and tensor.transport != "shm":
+            owner.link.send_credit(tensor.tensor_id, tensor.released)
+
+    def pending(self, name: str) -> int:
+        """How many messages of ``name`` have landed but not been handed out yet."""
+        tensor = self._tensor(name)
+        return max(tensor.ring.last_complete() - tensor.consumed, 0)
+
+    # ---------------------------------------------------------------------------------------
+    # Control plane (runs on the control thread)
+    # ---------------------------------------------------------------------------------------
+
+    def _handle(self, identity: bytes, msg: wire.Message) -> wire.Message | None:
+        with self._lock:
+            if self._closed:
+                return wire.ErrorReply("closed", "receiver is closing")
+            if isinstance(msg, wire.Hello):
+                return self._hello(identity, msg)
+            session = self._sessions.get(identity)
+            if isinstance(msg, wire.Auth):
+                return self._auth(session, msg)
+            if session is None or not session.authenticated:
+                return wire.ErrorReply("unauthenticated", "say hello (and authenticate) first")
+            generation = getattr(msg, "generation", None)
+            if generation != self.generation:
+                return wire.ErrorReply(
+                    "stale-generation",
+                    f"generation {generation} is gone; the receiver restarted as {self.generation}",
+                )
+            if isinstance(msg, wire.Lookup):
+                return self._address_book()
+            if isinstance(msg, wire.Claim):
+                return self._claim(session, msg)
+            if isinstance(msg, wire.Heartbeat):
+                return wire.Ack(self.generation)
+            if isinstance(msg, wire.Goodbye):
+                self._drop_session(session, None)
+                return wire.Ack(self.generation)
+            return wire.ErrorReply("protocol", f"unexpected {msg.TYPE} message")
+
+    def _hello(self, identity: bytes, msg: wire.Hello) -> wire.Message:
+        old = self._sessions.get(identity)
+        if old is not None:
+            self._drop_session(old, "said hello again")
+        session = _Session(identity, msg.client, msg.pid, msg.host, msg.nonce)
+        self._sessions[identity] = session
+        if self._secret is not None:
+            session.server_nonce = new_nonce()
+            return wire.Challenge(session.server_nonce)
+        return self._welcome(session)
+
+    def _auth(self, session: _Session | None, msg: wire.Auth) -> wire.Message:
+        if session is None or self._secret is None or session.authenticated:
+            return wire.ErrorReply("protocol", "unexpected auth message")
+        expected = client_mac(self._secret, session.server_nonce, session.client_nonce)
+        if not verify(expected, msg.mac):
+            self._sessions.pop(session.identity, None)
+            log.warning("refused %s: wrong secret", session.describe())
+            return wire.ErrorReply("auth", "wrong secret")
+        return self._welcome(session)
+
+    def _welcome(self, session: _Session) -> wire.Message:
+        session.authenticated = True
+        session.token = secrets.token_bytes(wire.TOKEN_BYTES)
+        self._tokens[session.token] = session
+        if session.host == self._host:
+            session.watch = ProcessWatch(session.pid)
+        proof = b""
+        if self._secret is not None:
+            proof = server_proof(self._secret, session.server_nonce, session.client_nonce)
+        transports: dict[str, Any] = {}
+        if self._shared:
+            transports["shm"] = {}
+        if self._tcp is not None:
+            transports["tcp"] = self._tcp.details()
+        log.info("welcomed %s", session.describe())
+        return wire.Welcome(self.generation, os.getpid(), self._host, proof, session.token,
+                            transports)
+
+    def _address_book(self) -> wire.AddressBook:
+        regions = [[r.name if r.name is not None else "", r.size] for r in self._regions]
+        return wire.AddressBook(self.generation, regions, [t.wire_entry() for t in self._order])
+
+    def _claim(self, session: _Session, msg: wire.Claim) -> wire.Message:
+        tensor = self._by_id.get(msg.tensor_id)
+        if tensor is None:
+            return wire.ErrorReply("unknown-tensor", f"no tensor with id {msg.tensor_id}")
+        if msg.transport not in RECEIVER_TRANSPORTS:
+            return wire.ErrorReply("protocol", f"unknown transport {msg.transport!r}")
+        owner = tensor.owner
+        if owner is not None and owner is not session:
+            return wire.ErrorReply(
+                "busy", f"tensor {tensor.spec.name!r} is already written by {owner.describe()}"
+            )
+        if msg.transport == "shm" and (not self._shared or session.host != self._host):
+            return wire.ErrorReply("protocol", "shm claimed by a sender on another host")
+        if msg.transport != "shm" and session.link is None:
+            return wire.ErrorReply("protocol", f"open the {msg.transport} data connection first")
+        next_seq = max(tensor.ring.last_complete(), tensor.consumed) + 1
+        tensor.owner = session
+        tensor.transport = msg.transport
+        tensor.expected_seq = next_seq
+        tensor.lost = None
+        session.claims.add(tensor.tensor_id)
+        return wire.Claimed(self.generation, tensor.tensor_id, next_seq, tensor.released)
+
+    def _drop_session(self, session: _Session, reason: str | None) -> None:
+        """End a session; ``reason`` is None for a clean goodbye, else why it was lost."""
+        if not session.alive:
+            return
+        session.alive = False
+        if self._sessions.get(session.identity) is session:
+            del self._sessions[session.identity]
+        self._tokens.pop(session.token, None)
+        if session.watch is not None:
+            session.watch.close()
+        for tid in session.claims:
+            tensor = self._by_id[tid]
+            if tensor.owner is session:
+                tensor.owner = None
+                if reason is not None:
+                    tensor.lost = f"{session.describe()} was lost: {reason}"
+        session.claims.clear()
+        if reason is not None:
+            log.warning("%s lost: %s", session.describe(), reason)
+            self._wake()
+
+    def _tick(self) -> None:
+        with self._lock:
+            for session in list(self._sessions.values()):
+                if session.watch is not None and not session.watch.alive():
+                    self._drop_session(session, "process exited")
+
+    def _wake(self) -> None:
+        bell = self._bell
+        if not bell.closed:
+            ring_bell(bell.words32, OFF_DOORBELL // 4, bell.address + OFF_DOORBELL, bell.words32,
+                      OFF_RX_WAITING // 4)
+
+    # ---------------------------------------------------------------------------------------
+    # DataSink: what networked transports deliver into (runs on their threads)
+    # ---------------------------------------------------------------------------------------
+
+    def admit(self, token: bytes, generation: int, link: CreditLink, transport: str) -> object:
+        with self._lock:
+            session = self._tokens.get(token)
+            if session is None or not session.alive:
+                raise LocalProtocolError(f"{transport} connection presented an unknown token")
+            if generation != self.generation:
+                raise LocalProtocolError(f"{transport} connection for stale generation {generation}")
+            if session.link is not None:
+                raise LocalProtocolError(f"{session.describe()} already has a data connection")
+            session.link = link
+            return session
+
+    def begin_write(self, session: object, header: wire.DataHeader) -> memoryview:
+        assert isinstance(session, _Session)
+        tensor = self._by_id.get(header.tensor_id)
+        if tensor is None or tensor.owner is not session:
+            raise LocalProtocolError(f"write to tensor id {header.tensor_id} that this sender "
+                                     "has not claimed")
+        ring = tensor.ring
+        name = tensor.spec.name
+        if header.generation != self.generation:
+            raise LocalProtocolError(f"tensor {name!r}: write for stale generation")
+        if header.seq != tensor.expected_seq or header.slot != ring.slot_of(header.seq):
+            raise LocalProtocolError(
+                f"tensor {name!r}: expected message {tensor.expected_seq} in slot "
+                f"{ring.slot_of(tensor.expected_seq)}, got {header.seq} in slot {header.slot}"
+            )
+        if header.seq - tensor.released > ring.depth:
+            raise LocalProtocolError(f"tensor {name!r}: message {header.seq} overruns the credits "
+                                     f"(released {tensor.released}, depth {ring.depth})")
+        if tensor.spec.dynamic:
+            if header.shape is None:
+                raise LocalProtocolError(f"tensor {name!r} is dynamic but the header has no shape")
+            try:
+                nbytes = tensor.spec.check_shape(header.shape)
+            except SpecMismatchError as exc:
+                raise LocalProtocolError(str(exc)) from None
+        else:
+            nbytes = tensor.spec.max_bytes
+        if header.nbytes != nbytes:
+            raise LocalProtocolError(
+                f"tensor {name!r}: header says {header.nbytes} bytes, the spec needs {nbytes}"
+            )
+        return memoryview(ring.payload_bytes[ring.slot_of(header.seq)])[:nbytes]
+
+    def end_write(self, session: object, header: wire.DataHeader) -> None:
+        tensor = self._by_id[header.tensor_id]
+        tensor.ring.publish(header.seq, header.nbytes, header.shape)
+        tensor.expected_seq = header.seq + 1
+
+    def disconnected(self, session: object, reason: str) -> None:
+        assert isinstance(session, _Session)
+        with self._lock:
+            session.link = None
+            self._drop_session(session, f"data connection ended ({reason})")
+
+    # ---------------------------------------------------------------------------------------
+    # Lifetime
+    # ---------------------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Stop serving, wake every waiter with ClosedError, unlink every region. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._regions:
+                self._bell.words32[OFF_STATE // 4] = REGION_CLOSED
+                self._wake()
+            deadline = time.monotonic() + 5.0
+            while self._active and time.monotonic() < deadline:
+                self._idle.wait(0.05)
+        if self._control is not None:
+            self._control.close()
+        if self._tcp is not None:
+            self._tcp.close()
+        with self._lock:
+            for session in list(self._sessions.values()):
+                self._drop_session(session, None)
+            for tensor in self._order:
+                tensor.views = None
+                tensor.ring.static_views = None
+                tensor.ring.payload_bytes = []
+            self._order = ()
+            self._tensors.clear()
+            self._by_id.clear()
+            for region in self._regions:
+                region.close()
+
+    def __enter__(self) -> Receiver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            warnings.warn(f"unclosed tensorwire Receiver {self.name}", ResourceWarning, stacklevel=1)
+            with contextlib.suppress(Exception):
+                self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self._tensors)} tensors"
+        return f"<Receiver {self.name} at {getattr(self, 'address', '?')} ({state})>"
+

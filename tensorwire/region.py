@@ -1,0 +1,179 @@
+"""Registered memory regions: shared-memory slabs that a receiver owns and senders may map.
+
+A region is a POSIX shared-memory file (``/dev/shm``) created with ``O_EXCL`` and mode 0600, named
+``tensorwire.<uid>.<pid>.<start-time>.<128 random bits>`` so it is private to the user and not
+guessable. Its pages are allocated and mapped up front (``posix_fallocate`` then
+``MAP_POPULATE``) so that neither the first write nor a full ``/dev/shm`` strikes in the middle of
+training. The owner unlinks it on close; a receiver that was killed cannot, so every new receiver
+reaps the segments of owners that are no longer alive (the pid and its start time are in the name,
+which guards against pid reuse).
+
+We use ``mmap`` on our own file descriptors rather than ``multiprocessing.shared_memory``, whose
+resource tracker (Python < 3.13) unlinks or warns about segments a process merely attaches to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import re
+import secrets
+import warnings
+from typing import Any
+
+import numpy as np
+
+from .errors import LocalProtocolError, TransportError
+
+SHM_DIR = "/dev/shm"
+_PREFIX = "tensorwire."
+_NAME_RE = re.compile(r"^tensorwire\.(\d+)\.(\d+)\.(\d+)\.([0-9a-f]{32})$")
+
+
+def _process_start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot, or None if there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return int(fields[19])  # field 22 overall
+
+
+def shm_available() -> bool:
+    return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
+
+
+def reap_stale_segments() -> list[str]:
+    """Unlink this user's tensorwire segments whose owning process is gone; return their names."""
+    if not shm_available():
+        return []
+    uid = os.getuid()
+    reaped = []
+    for entry in os.scandir(SHM_DIR):
+        match = _NAME_RE.match(entry.name)
+        if match is None or int(match.group(1)) != uid:
+            continue
+        pid, start = int(match.group(2)), int(match.group(3))
+        if _process_start_time(pid) == start:
+            continue  # owner alive
+        try:
+            if entry.stat(follow_symlinks=False).st_uid != uid:
+                continue
+            os.unlink(entry.path)
+            reaped.append(entry.name)
+        except FileNotFoundError:
+            pass  # another receiver reaped it first
+    return reaped
+
+
+class Region:
+    """One mapped slab of registered memory.
+
+    ``owner=True`` for the receiver that created it (and unlinks it on close); senders
+    :meth:`attach` to it by name. ``words64``/``words32`` are memoryviews over the whole region for
+    single aligned word loads and stores (the sequence numbers, counters and doorbells).
+    """
+
+    def __init__(self, name: str | None, size: int, mm: mmap.mmap, owner: bool) -> None:
+        self.name = name
+        self.size = size
+        self.owner = owner
+        self._mm: mmap.mmap | None = mm
+        self.array: np.ndarray[Any, np.dtype[np.uint8]] = np.frombuffer(mm, dtype=np.uint8)
+        self.words64 = memoryview(mm).cast("Q")
+        self.words32 = memoryview(mm).cast("I")
+        self.address: int = self.array.ctypes.data
+
+    # -- construction ----------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, size: int, *, shared: bool = True) -> Region:
+        """Create, allocate and pre-fault a region of ``size`` bytes.
+
+        With ``shared=False`` (or no ``/dev/shm``) the region is anonymous memory that only this
+        process can reach, which is all the network transports need.
+        """
+        if not shared or not shm_available():
+            mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _POPULATE)
+            return cls(None, size, mm, owner=True)
+        pid = os.getpid()
+        name = f"{_PREFIX}{os.getuid()}.{pid}.{_process_start_time(pid)}.{secrets.token_hex(16)}"
+        path = os.path.join(SHM_DIR, name)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            try:
+                # Allocates every page now: a full /dev/shm fails here, not as SIGBUS mid-write.
+                os.posix_fallocate(fd, 0, size)
+            except OSError as exc:
+                raise TransportError(
+                    f"cannot allocate a {size}-byte region in {SHM_DIR}: {exc.strerror} "
+                    f"(is {SHM_DIR} large enough? see `df -h {SHM_DIR}`)"
+                ) from exc
+            mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            raise
+        os.close(fd)
+        return cls(name, size, mm, owner=True)
+
+    @classmethod
+    def attach(cls, name: str, size: int) -> Region:
+        """Map a peer's region by the name it published (checked: no path tricks)."""
+        if _NAME_RE.match(name) is None:
+            raise LocalProtocolError(f"peer published an invalid region name: {name!r}")
+        try:
+            fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR | os.O_CLOEXEC)
+        except OSError as exc:
+            raise TransportError(
+                f"cannot open the receiver's shared-memory region {name}: {exc.strerror}"
+            ) from exc
+        try:
+            actual = os.fstat(fd).st_size
+            if actual < size:
+                raise LocalProtocolError(
+                    f"region {name} is {actual} bytes, smaller than the {size} published"
+                )
+            # MAP_POPULATE maps every page now, so the first write does not pay the faults.
+            mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE)
+        finally:
+            os.close(fd)
+        return cls(name, size, mm, owner=False)
+
+    # -- teardown --------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._mm is None
+
+    def close(self) -> None:
+        """Unmap (when no view is still exported) and, for the owner, unlink. Idempotent."""
+        mm, self._mm = self._mm, None
+        if mm is None:
+            return
+        if self.owner and self.name is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(SHM_DIR, self.name))
+        self.words64.release()
+        self.words32.release()
+        del self.array
+        try:
+            mm.close()
+        except BufferError:
+            # A caller still holds a view (e.g. a tensor returned by wait()). The mapping then
+            # lives until that view is collected; the name is already gone, so nothing leaks.
+            pass
+
+    def __del__(self) -> None:
+        if self._mm is not None:
+            warnings.warn(f"unclosed tensorwire region {self.name}", ResourceWarning, stacklevel=1)
+            with contextlib.suppress(Exception):
+                self.close()
+
+
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)

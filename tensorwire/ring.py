@@ -1,0 +1,155 @@
+"""One tensor's ring of slots in a region, seen from either end.
+
+The same class serves the receiver (which waits for slots to complete and releases them) and every
+writer (the shared-memory sender in another process, or the receiver's own network threads), so
+the completion protocol is written once:
+
+* message ``n`` (1-based) goes into slot ``(n - 1) % depth``;
+* the writer may start message ``n`` only when ``n - released <= depth`` (credits);
+* the writer copies the payload, then the dynamic shape, then stores ``seq = n``; the slot is
+  complete exactly when its ``seq`` equals ``n``. A writer that dies mid-copy never stores ``seq``,
+  so a torn payload is never handed out.
+
+Word stores are single aligned 8-byte stores, which x86-64 keeps in program order for other cores
+(TSO). On weakly ordered CPUs the large copies release the GIL (a full barrier), but small ones may
+not: this port is untested there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .doorbell import ring_bell, wait_for
+from .layout import (
+    OFF_CREDIT_BELL,
+    OFF_DIMS,
+    OFF_DOORBELL,
+    OFF_NBYTES,
+    OFF_NDIM,
+    OFF_RELEASED,
+    OFF_RX_WAITING,
+    OFF_SEQ,
+    OFF_TX_WAITING,
+    RingLayout,
+)
+from .region import Region
+from .spec import TensorSpec
+
+
+class RingMemory:
+    """Word-level access to one ring, plus the receiver doorbell of the region it lives in."""
+
+    def __init__(self, spec: TensorSpec, layout: RingLayout, region: Region,
+                 bell_region: Region) -> None:
+        self.spec = spec
+        self.layout = layout
+        self.depth = layout.depth
+        self._q = region.words64
+        self._i = region.words32
+        self._seq = [(h + OFF_SEQ) // 8 for h in layout.headers]
+        self._nbytes = [(h + OFF_NBYTES) // 8 for h in layout.headers]
+        self._ndim = [(h + OFF_NDIM) // 4 for h in layout.headers]
+        self._dims = [(h + OFF_DIMS) // 8 for h in layout.headers]
+        self._released = (layout.ctrl + OFF_RELEASED) // 8
+        self._credit_bell = (layout.ctrl + OFF_CREDIT_BELL) // 4
+        self.credit_bell_address = region.address + layout.ctrl + OFF_CREDIT_BELL
+        self._tx_waiting = (layout.ctrl + OFF_TX_WAITING) // 4
+        # The receiver's doorbell lives in its first region, shared by every ring.
+        self._bell32 = bell_region.words32
+        self._rx_bell = OFF_DOORBELL // 4
+        self._rx_waiting = OFF_RX_WAITING // 4
+        self.rx_bell_address = bell_region.address + OFF_DOORBELL
+        arr = region.array
+        self.payload_bytes = [arr[p : p + layout.capacity] for p in layout.payloads]
+        self.static_views: list[np.ndarray[Any, Any]] | None = None
+        if not spec.dynamic:
+            shape = spec.static_shape
+            self.static_views = [b.view(spec.dtype).reshape(shape) for b in self.payload_bytes]
+
+    # -- sequence numbers ------------------------------------------------------------------
+
+    def slot_of(self, seq: int) -> int:
+        return (seq - 1) % self.depth
+
+    def complete(self, seq: int) -> bool:
+        return bool(self._q[self._seq[(seq - 1) % self.depth]] == seq)
+
+    def last_complete(self) -> int:
+        """Highest sequence number present in any slot (0 when none was ever written)."""
+        return max(self._q[i] for i in self._seq)
+
+    @property
+    def released(self) -> int:
+        return int(self._q[self._released])
+
+    def has_credit(self, seq: int) -> bool:
+        return seq - self._q[self._released] <= self.depth
+
+    # -- writer side -----------------------------------------------------------------------
+
+    def slot_view(self, seq: int, shape: tuple[int, ...] | None = None) -> np.ndarray[Any, Any]:
+        """A writable view of the payload of the slot ``seq`` goes to, in the tensor's dtype."""
+        slot = (seq - 1) % self.depth
+        if self.static_views is not None:
+            return self.static_views[slot]
+        assert shape is not None
+        nbytes = int(np.prod(shape)) * self.spec.dtype.itemsize
+        return self.payload_bytes[slot][:nbytes].view(self.spec.dtype).reshape(shape)
+
+    def publish(self, seq: int, nbytes: int, shape: tuple[int, ...] | None) -> None:
+        """Mark message ``seq`` complete (payload already in place) and ring the receiver."""
+        slot = (seq - 1) % self.depth
+        q = self._q
+        if shape is not None:
+            base = self._dims[slot]
+            for k, d in enumerate(shape):
+                q[base + k] = d
+            self._i[self._ndim[slot]] = len(shape)
+        q[self._nbytes[slot]] = nbytes
+        q[self._seq[slot]] = seq  # the completion store: after the payload and the shape
+        ring_bell(self._bell32, self._rx_bell, self.rx_bell_address, self._bell32, self._rx_waiting)
+
+    def wait_credit(self, seq: int, deadline: float | None, check_peer: Any) -> None:
+        """Block until message ``seq`` may be written; ``check_peer()`` raises if the peer died."""
+
+        def ready() -> bool | None:
+            if seq - self._q[self._released] <= self.depth:
+                return True
+            check_peer()
+            return None
+
+        wait_for(
+            ready, bell=self._i, bell_index=self._credit_bell,
+            bell_address=self.credit_bell_address, flag=self._i, flag_index=self._tx_waiting,
+            deadline=deadline,
+            what=lambda: (
+                f"tensor {self.spec.name!r}: no free slot for message {seq}: the receiver has "
+                f"released {self.released} of {seq - 1} (ring depth {self.depth})"
+            ),
+        )
+
+    # -- receiver side ---------------------------------------------------------------------
+
+    def view(self, seq: int) -> np.ndarray[Any, Any]:
+        """The landed tensor of message ``seq`` (which must be complete), as a numpy view."""
+        slot = (seq - 1) % self.depth
+        if self.static_views is not None:
+            return self.static_views[slot]
+        ndim = self._i[self._ndim[slot]]
+        base = self._dims[slot]
+        shape = tuple(int(self._q[base + k]) for k in range(ndim))
+        nbytes = int(self._q[self._nbytes[slot]])
+        return self.payload_bytes[slot][:nbytes].view(self.spec.dtype).reshape(shape)
+
+    def release(self, upto: int) -> None:
+        """Return credits for every message up to ``upto`` and wake a blocked writer."""
+        self._q[self._released] = upto
+        ring_bell(self._i, self._credit_bell, self.credit_bell_address, self._i, self._tx_waiting)
+
+    def reset_slots(self) -> None:
+        """Forget all messages (a fresh registration)."""
+        for i in self._seq:
+            self._q[i] = 0
+        self._q[self._released] = 0

@@ -1,0 +1,397 @@
+"""The sending endpoint: resolve receivers' addresses, then write tensors one-sidedly into them.
+
+A :class:`Sender` holds one connection (a *peer*) per receiver: a control-plane client that did the
+hello (and authentication) and fetched the address book, and a transport channel that moves the
+bytes. Writes are checked against the published spec on the sender, before any byte moves, so a bad
+write never reaches the receiver's memory. The first write of a tensor claims it (the receiver
+allows one writer per tensor at a time).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import threading
+import warnings
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+
+from . import wire
+from .auth import client_mac, new_nonce, normalise_secret, server_proof, verify
+from .control import ControlClient
+from .doorbell import deadline_of
+from .errors import (
+    AuthenticationError,
+    ClosedError,
+    LocalProtocolError,
+    PeerLostError,
+    TensorWireError,
+    TransportError,
+    UnknownTensorError,
+)
+from .layout import RingLayout
+from .process import host_identity
+from .spec import TensorSpec
+from .transports import TRANSPORT_NAMES, choose, open_channel
+from .transports.base import Channel, PeerInfo, TensorEntry, TensorWriter
+
+_DEFAULT: Any = object()
+DEFAULT_TIMEOUT = 60.0
+
+
+class WriteHandle:
+    """The outcome of a write, in the style of pyzmq's ``MessageTracker``.
+
+    Every transport in this version completes a write before ``write`` returns (the payload is in
+    the receiver's slot, or handed to the kernel in full for TCP), so the source array may be reused
+    at once; :meth:`wait` exists so that callers are ready for transports that complete later.
+    """
+
+    __slots__ = ("name", "nbytes", "seq")
+
+    def __init__(self, name: str, seq: int, nbytes: int) -> None:
+        self.name = name
+        self.seq = seq
+        self.nbytes = nbytes
+
+    @property
+    def done(self) -> bool:
+        return True
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Return once the write is complete (always at once in this version)."""
+
+    def __repr__(self) -> str:
+        return f"<WriteHandle {self.name!r} #{self.seq} {self.nbytes} bytes done>"
+
+
+class _Peer:
+    """One receiver as seen from this sender: control client, address book, data channel."""
+
+    def __init__(self, address: str, *, transport: str, secret: bytes | None, timeout: float | None,
+                 client: str) -> None:
+        try:
+            parts = urlsplit(address)
+            scheme, host, port = parts.scheme, parts.hostname, parts.port
+        except ValueError:
+            scheme, host, port = "", None, None
+        if scheme != "tcp" or not host or not port:
+            raise TensorWireError(f"receiver address must look like tcp://HOST:PORT, got {address!r}")
+        if transport not in TRANSPORT_NAMES:
+            raise TransportError(
+                f"unknown transport {transport!r}; choose one of: {', '.join(TRANSPORT_NAMES)}"
+            )
+        self.address = address
+        self.host = host
+        self.requested = transport
+        self._secret = secret
+        self._timeout = timeout
+        self._client = client
+        self.control: ControlClient | None = None
+        self.channel: Channel | None = None
+        self.transport = ""
+        self.entries: dict[str, TensorEntry] = {}
+        self.writers: dict[int, TensorWriter] = {}
+        self.generation = 0
+        self.open()
+
+    def open(self) -> None:
+        """(Re)connect: hello, authenticate, fetch the address book, open the data channel."""
+        self.close_quietly()
+        self.control = ControlClient(self.address)
+        try:
+            welcome = self._hello()
+            self.generation = welcome.generation
+            regions = self._lookup()
+            info = PeerInfo(self.address, self.host, welcome, regions, self._timeout)
+            self.transport = choose(self.requested, info)
+            self.channel = open_channel(self.transport, info)
+        except BaseException:
+            self.close_quietly()
+            raise
+
+    def _hello(self) -> wire.Welcome:
+        assert self.control is not None
+        nonce = new_nonce()
+        hello = wire.Hello(self._client, os.getpid(), host_identity(), nonce)
+        reply = self.control.request(hello, self._timeout)
+        if isinstance(reply, wire.Challenge):
+            if self._secret is None:
+                raise AuthenticationError(
+                    f"receiver at {self.address} requires a shared secret; pass secret=..."
+                )
+            server_nonce = reply.nonce
+            mac = client_mac(self._secret, server_nonce, nonce)
+            reply = self.control.request(wire.Auth(mac), self._timeout)
+            if not isinstance(reply, wire.Welcome) or not verify(
+                server_proof(self._secret, server_nonce, nonce), reply.proof
+            ):
+                raise AuthenticationError(f"receiver at {self.address} failed to prove the secret")
+        elif self._secret is not None:
+            raise AuthenticationError(
+                f"receiver at {self.address} does not use a secret, but one was given: refusing to "
+                "send to an unauthenticated receiver"
+            )
+        if not isinstance(reply, wire.Welcome):
+            raise LocalProtocolError(f"expected welcome from {self.address}, got {reply.TYPE}")
+        if len(reply.token) != wire.TOKEN_BYTES:
+            raise LocalProtocolError(f"receiver at {self.address} sent a malformed token")
+        return reply
+
+    def _lookup(self) -> list[tuple[str | None, int]]:
+        assert self.control is not None
+        book = self.control.request(wire.Lookup(self.generation), self._timeout)
+        if not isinstance(book, wire.AddressBook):
+            raise LocalProtocolError(f"expected an address book, got {book.TYPE}")
+        try:
+            regions = [(str(name) or None, int(size)) for name, size in book.regions]
+            sizes = [size for _, size in regions]
+            entries = {}
+            for tid, spec_d, layout_w in book.tensors:
+                spec = TensorSpec.create(spec_d["name"], spec_d["shape"], spec_d["dtype"],
+                                         spec_d["max_bytes"] if None in spec_d["shape"] else None)
+                layout = RingLayout.from_wire(layout_w, sizes)
+                if layout.capacity < spec.max_bytes:
+                    raise LocalProtocolError(f"tensor {spec.name!r}: slot smaller than its spec")
+                entries[spec.name] = TensorEntry(int(tid), spec, layout)
+        except (TypeError, ValueError, KeyError) as exc:
+            raise LocalProtocolError(f"malformed address book from {self.address}: {exc}") from exc
+        self.entries = entries
+        return regions
+
+    def refresh(self) -> None:
+        regions = self._lookup()
+        if self.channel is not None:
+            self.channel.update_regions(regions)
+
+    def writer(self, entry: TensorEntry) -> TensorWriter:
+        w = self.writers.get(entry.tensor_id)
+        if w is None:
+            assert self.control is not None and self.channel is not None
+            claimed = self.control.request(
+                wire.Claim(self.generation, entry.tensor_id, self.transport), self._timeout
+            )
+            if not isinstance(claimed, wire.Claimed):
+                raise LocalProtocolError(f"expected claimed, got {claimed.TYPE}")
+            w = self.channel.writer(entry, claimed.next_seq, claimed.released)
+            self.writers[entry.tensor_id] = w
+        return w
+
+    def goodbye(self) -> None:
+        if self.control is None or self.channel is None:
+            return
+        try:
+            self.channel.check_peer()
+            self.control.request(wire.Goodbye(self.generation), 1.0)
+        except TensorWireError:
+            pass  # the receiver is gone or not answering: nothing to say goodbye to
+
+    def close_quietly(self) -> None:
+        channel, self.channel = self.channel, None
+        control, self.control = self.control, None
+        self.writers = {}
+        if channel is not None:
+            channel.close()
+        if control is not None:
+            control.close()
+
+
+class Sender:
+    """Writes tensors into one or more receivers.
+
+    ``transport``: ``"auto"`` (shared memory when the receiver is on this host, else TCP),
+    ``"shm"`` or ``"tcp"``. ``timeout`` bounds every wait (connect, credits) unless a call says
+    otherwise: None blocks, 0 polls, a positive number is seconds. With ``reconnect=True`` a write
+    that finds its receiver restarted re-resolves the address book once and retries.
+    """
+
+    def __init__(self, *, transport: str = "auto", secret: str | bytes | None = None,
+                 timeout: float | None = DEFAULT_TIMEOUT, reconnect: bool = False,
+                 name: str | None = None) -> None:
+        if transport not in TRANSPORT_NAMES:
+            raise TransportError(
+                f"unknown transport {transport!r}; choose one of: {', '.join(TRANSPORT_NAMES)}"
+            )
+        self._transport = transport
+        self._secret = normalise_secret(secret)
+        self.timeout = timeout
+        self.reconnect = reconnect
+        self.name = name or f"sender-{os.getpid()}-{secrets.token_hex(3)}"
+        self._peers: dict[str, _Peer] = {}
+        self._lock = threading.RLock()
+        self._closed = False
+
+    @classmethod
+    def connect(cls, address: str, *, transport: str = "auto", secret: str | bytes | None = None,
+                timeout: float | None = DEFAULT_TIMEOUT, reconnect: bool = False,
+                name: str | None = None) -> Sender:
+        """Create a sender connected to the receiver at ``address``."""
+        sender = cls(transport=transport, secret=secret, timeout=timeout, reconnect=reconnect,
+                     name=name)
+        try:
+            sender.add_peer(address)
+        except BaseException:
+            sender.close()
+            raise
+        return sender
+
+    def add_peer(self, address: str, *, transport: str | None = None) -> None:
+        """Connect to one more receiver (its tensors become writable by name)."""
+        with self._lock:
+            self._check_open()
+            if address in self._peers:
+                return
+            self._peers[address] = _Peer(
+                address, transport=transport or self._transport, secret=self._secret,
+                timeout=self.timeout, client=self.name,
+            )
+
+    @property
+    def peers(self) -> list[str]:
+        return list(self._peers)
+
+    def transport_of(self, peer: str | None = None) -> str:
+        """The transport actually used to reach ``peer`` (the only peer when omitted)."""
+        return self._peer(peer).transport
+
+    def tensors(self) -> dict[str, TensorSpec]:
+        """Every tensor published by the connected receivers."""
+        out: dict[str, TensorSpec] = {}
+        for peer in self._peers.values():
+            out.update({name: e.spec for name, e in peer.entries.items()})
+        return out
+
+    def spec(self, name: str, *, peer: str | None = None) -> TensorSpec:
+        return self._resolve(name, peer)[1].spec
+
+    # ---------------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"sender {self.name} is closed")
+
+    def _peer(self, address: str | None) -> _Peer:
+        self._check_open()
+        if address is None:
+            if len(self._peers) != 1:
+                raise TensorWireError(f"sender has {len(self._peers)} peers; name one with peer=")
+            return next(iter(self._peers.values()))
+        try:
+            return self._peers[address]
+        except KeyError:
+            raise TensorWireError(f"not connected to {address}; connected: {self.peers}") from None
+
+    def _resolve(self, name: str, peer: str | None) -> tuple[_Peer, TensorEntry]:
+        self._check_open()
+        candidates = [self._peer(peer)] if peer is not None else list(self._peers.values())
+        for attempt in range(2):
+            found = [(p, p.entries[name]) for p in candidates if name in p.entries]
+            if len(found) == 1:
+                return found[0]
+            if len(found) > 1:
+                raise TensorWireError(
+                    f"tensor {name!r} is published by several receivers "
+                    f"({', '.join(p.address for p, _ in found)}); choose one with peer="
+                )
+            if attempt == 0:  # the receiver may have registered it since we looked
+                for p in candidates:
+                    p.refresh()
+        known = sorted({n for p in candidates for n in p.entries})
+        raise UnknownTensorError(
+            f"no receiver publishes tensor {name!r}; published: {', '.join(known) or 'none'}"
+        )
+
+    def _deadline(self, timeout: float | None) -> float | None:
+        return deadline_of(self.timeout if timeout is _DEFAULT else timeout)
+
+    def write(self, name: str, array: Any, *, timeout: float | None = _DEFAULT,
+              allow_copy: bool = False, peer: str | None = None) -> WriteHandle:
+        """Write ``array`` one-sidedly into the next slot of tensor ``name``.
+
+        The array must match the published dtype and shape exactly (a dynamic dimension may take
+        any size within the capacity) and be C-contiguous, unless ``allow_copy=True``. Blocks while
+        every slot is held by the receiver, up to ``timeout``.
+        """
+        with self._lock:
+            p, entry = self._resolve(name, peer)
+            arr = entry.spec.check_array(array, allow_copy=allow_copy)
+            deadline = self._deadline(timeout)
+            try:
+                w = p.writer(entry)
+                w.write(arr, deadline)
+            except PeerLostError:
+                if not self.reconnect:
+                    raise
+                p.open()
+                p, entry = self._resolve(name, p.address)
+                arr = entry.spec.check_array(arr)
+                w = p.writer(entry)
+                w.write(arr, deadline)
+            return WriteHandle(name, w.next_seq - 1, arr.nbytes)
+
+    @contextlib.contextmanager
+    def buffer(self, name: str, *, shape: tuple[int, ...] | None = None,
+               timeout: float | None = _DEFAULT, peer: str | None = None
+               ) -> Iterator[np.ndarray[Any, Any]]:
+        """Produce a message in place: yields a writable array for the next slot of ``name``.
+
+        Over ``shm`` the array *is* the receiver's slot, so filling it (``np.matmul(a, b, out=...)``)
+        writes the receiver's memory with no copy at all; over a network it is a reused staging
+        buffer. The message is completed when the block exits normally; if the block raises, it
+        is not sent. ``shape`` is needed for dynamic tensors.
+        """
+        with self._lock:
+            p, entry = self._resolve(name, peer)
+            spec = entry.spec
+            if shape is None:
+                shape = spec.static_shape
+            shape = tuple(int(d) for d in shape)
+            spec.check_shape(shape)
+            w = p.writer(entry)
+            out = w.acquire(shape, self._deadline(timeout))
+            yield out
+            w.commit(shape)
+
+    def ping(self, peer: str | None = None, timeout: float | None = _DEFAULT) -> None:
+        """A control-plane heartbeat round trip (raises if the receiver does not answer)."""
+        with self._lock:
+            p = self._peer(peer)
+            assert p.control is not None
+            t = self.timeout if timeout is _DEFAULT else timeout
+            p.control.request(wire.Heartbeat(p.generation), t)
+
+    # ---------------------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Say goodbye to every receiver and release every socket and mapping. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            peers, self._peers = list(self._peers.values()), {}
+        for p in peers:
+            p.goodbye()
+            p.close_quietly()
+
+    def __enter__(self) -> Sender:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            warnings.warn(f"unclosed tensorwire Sender {self.name}", ResourceWarning, stacklevel=1)
+            with contextlib.suppress(Exception):
+                self.close()
+
+    def __repr__(self) -> str:
+        return f"<Sender {self.name} peers={self.peers}{' closed' if self._closed else ''}>"

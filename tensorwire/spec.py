@@ -1,0 +1,160 @@
+"""Tensor specs: the static-shape contract between a receiver and its senders.
+
+A :class:`TensorSpec` names a tensor, its dtype and its shape. A shape made only of integers is
+*static*: its byte count is fixed at registration and every write must match it exactly. A shape
+with ``None`` in some dimensions is *dynamic*: the free dimensions are chosen per write, bounded by
+``max_bytes``. This module checks arrays against specs; it never touches a buffer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .errors import SpecMismatchError
+
+#: dtype kinds that move as raw bytes: bool, signed, unsigned, float, complex.
+_SUPPORTED_KINDS = frozenset("biufc")
+#: A dynamic tensor's header carries its shape; bound the rank so the header stays small.
+MAX_DYNAMIC_NDIM = 16
+
+Shape = tuple[int | None, ...]
+
+
+def canonical_dtype(dtype: Any) -> np.dtype[Any]:
+    """Return ``dtype`` as a numpy dtype, refusing kinds that are not plain numeric bytes."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as exc:
+        raise SpecMismatchError(f"not a numpy dtype: {dtype!r}") from exc
+    if dt.kind not in _SUPPORTED_KINDS or dt.fields is not None or dt.subdtype is not None:
+        raise SpecMismatchError(
+            f"dtype {dt} is not supported: only bool, integer, float and complex dtypes move as raw "
+            "bytes"
+        )
+    return dt
+
+
+def _format(dtype: np.dtype[Any], shape: Shape) -> str:
+    dims = ", ".join("?" if d is None else str(d) for d in shape)
+    return f"{dtype}[{dims}]"
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """What a receiver registered under ``name``: dtype, shape and, for dynamic shapes, capacity."""
+
+    name: str
+    shape: Shape
+    dtype: np.dtype[Any]
+    max_bytes: int
+
+    @classmethod
+    def create(
+        cls, name: str, shape: Any, dtype: Any, max_bytes: int | None = None
+    ) -> TensorSpec:
+        """Validate and build a spec; ``max_bytes`` is required when a dimension is ``None``."""
+        if not isinstance(name, str) or not name or len(name.encode()) > 255:
+            raise SpecMismatchError(f"tensor name must be a non-empty string of <= 255 bytes: {name!r}")
+        dt = canonical_dtype(dtype)
+        if isinstance(shape, (int, np.integer)):
+            shape = (int(shape),)
+        try:
+            dims: Shape = tuple(None if d is None else int(d) for d in shape)
+        except TypeError as exc:
+            raise SpecMismatchError(f"tensor {name!r}: shape must be a sequence, got {shape!r}") from exc
+        if any(d is not None and d < 0 for d in dims):
+            raise SpecMismatchError(f"tensor {name!r}: negative dimension in shape {shape!r}")
+        dynamic = any(d is None for d in dims)
+        if dynamic:
+            if len(dims) > MAX_DYNAMIC_NDIM:
+                raise SpecMismatchError(
+                    f"tensor {name!r}: a dynamic shape has at most {MAX_DYNAMIC_NDIM} dimensions"
+                )
+            if max_bytes is None or int(max_bytes) <= 0:
+                raise SpecMismatchError(
+                    f"tensor {name!r}: shape {shape!r} is dynamic, so max_bytes (its capacity) "
+                    "must be given as a positive integer"
+                )
+            capacity = int(max_bytes)
+        else:
+            capacity = math.prod(d for d in dims if d is not None) * dt.itemsize
+            if max_bytes is not None and int(max_bytes) != capacity:
+                raise SpecMismatchError(
+                    f"tensor {name!r}: static shape {shape!r} of {dt} is {capacity} bytes; "
+                    f"max_bytes={max_bytes} contradicts it (leave it out for static shapes)"
+                )
+        return cls(name=name, shape=dims, dtype=dt, max_bytes=capacity)
+
+    @property
+    def dynamic(self) -> bool:
+        return any(d is None for d in self.shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def static_shape(self) -> tuple[int, ...]:
+        """The shape of a static spec (raises for a dynamic one)."""
+        if self.dynamic:
+            raise SpecMismatchError(f"tensor {self.name!r} has a dynamic shape {self.describe()}")
+        return tuple(d for d in self.shape if d is not None)
+
+    def describe(self) -> str:
+        """Human form, e.g. ``float32[1024, ?] (<= 1048576 bytes)``."""
+        text = _format(self.dtype, self.shape)
+        if self.dynamic:
+            return f"{text} (<= {self.max_bytes} bytes)"
+        return f"{text} ({self.max_bytes} bytes)"
+
+    def check_shape(self, shape: tuple[int, ...], dtype: np.dtype[Any] | None = None) -> int:
+        """Check that a tensor of ``shape`` (and ``dtype``) may be written; return its byte count."""
+        dt = self.dtype if dtype is None else dtype
+        nbytes = math.prod(shape) * dt.itemsize
+        given = f"{_format(dt, tuple(shape))} ({nbytes} bytes)"
+        if dt != self.dtype:
+            raise SpecMismatchError(
+                f"tensor {self.name!r}: dtype mismatch: expected {self.describe()}, got {given}"
+            )
+        if len(shape) != len(self.shape) or any(
+            want is not None and want != got for want, got in zip(self.shape, shape)
+        ):
+            raise SpecMismatchError(
+                f"tensor {self.name!r}: shape mismatch: expected {self.describe()}, got {given}"
+            )
+        if nbytes > self.max_bytes:
+            raise SpecMismatchError(
+                f"tensor {self.name!r}: {nbytes} bytes exceed the registered capacity: expected "
+                f"{self.describe()}, got {given}"
+            )
+        return nbytes
+
+    def check_array(self, array: Any, *, allow_copy: bool = False) -> np.ndarray[Any, Any]:
+        """Return ``array`` as a C-contiguous ndarray that may be written under this spec.
+
+        Refuses (with :class:`SpecMismatchError`) a dtype, shape or byte count that does not
+        match, and a non-contiguous array unless ``allow_copy`` is set, in which case a
+        contiguous copy is returned.
+        """
+        arr = array if isinstance(array, np.ndarray) else np.asarray(array)
+        self.check_shape(arr.shape, arr.dtype)
+        if not arr.flags.c_contiguous:
+            if not allow_copy:
+                raise SpecMismatchError(
+                    f"tensor {self.name!r}: the array is not C-contiguous (strides {arr.strides}); "
+                    "pass a contiguous array, or allow_copy=True to send a contiguous copy"
+                )
+            arr = np.ascontiguousarray(arr)
+        return arr
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "shape": list(self.shape),
+            "dtype": self.dtype.str,
+            "max_bytes": self.max_bytes,
+        }

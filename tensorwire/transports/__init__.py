@@ -1,0 +1,30 @@
+"""Transports by name: every one implements :mod:`tensorwire.transports.base` on both ends."""
+
+from __future__ import annotations
+
+from ..errors import TransportError
+from .base import Channel, PeerInfo
+from .shm import ShmChannel
+from .shm import unavailable_reason as shm_unavailable_reason
+from .tcp import TcpChannel
+
+CHANNELS: dict[str, type[Channel]] = {"shm": ShmChannel, "tcp": TcpChannel}
+TRANSPORT_NAMES = ("auto", *CHANNELS)
+
+
+def choose(requested: str, info: PeerInfo) -> str:
+    """Resolve ``"auto"``: shared memory when the receiver is on this host, else TCP."""
+    if requested == "auto":
+        return "shm" if shm_unavailable_reason(info) is None else "tcp"
+    if requested not in CHANNELS:
+        raise TransportError(
+            f"unknown transport {requested!r}; choose one of: {', '.join(TRANSPORT_NAMES)}"
+        )
+    return requested
+
+
+def open_channel(requested: str, info: PeerInfo) -> Channel:
+    return CHANNELS[choose(requested, info)](info)
+
+
+__all__ = ["CHANNELS", "TRANSPORT_NAMES", "choose", "open_channel"]

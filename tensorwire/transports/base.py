@@ -1,0 +1,107 @@
+"""The interface every transport implements, on both ends.
+
+Sender side: a :class:`Channel` is one sender's data path to one receiver; it hands out a
+:class:`TensorWriter` per tensor it has claimed. A writer knows the ring's remote address and moves a
+payload into the next slot, honouring credits.
+
+Receiver side: transports that need a server of their own (TCP, gRPC) deliver into the receiver
+through a :class:`DataSink`, implemented by the receiver: it admits connections by token, says where
+a payload must land, and completes the slot afterwards. The shared-memory transport needs no server:
+the sender writes the receiver's memory itself.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+
+from ..layout import RingLayout
+from ..spec import TensorSpec
+from ..wire import DataHeader, Welcome
+
+
+@dataclass(frozen=True, slots=True)
+class TensorEntry:
+    """One published tensor: the receiver's id for it, its spec and its remote address."""
+
+    tensor_id: int
+    spec: TensorSpec
+    layout: RingLayout
+
+
+@dataclass(slots=True)
+class PeerInfo:
+    """What a channel needs to reach a receiver: from the control plane's hello and lookup."""
+
+    control_address: str
+    control_host: str
+    welcome: Welcome
+    regions: list[tuple[str | None, int]]
+    timeout: float | None
+
+
+class TensorWriter(ABC):
+    """Writes successive messages of one tensor into the receiver's ring."""
+
+    spec: TensorSpec
+    next_seq: int  # sequence number the next message will carry
+
+    @abstractmethod
+    def write(self, array: np.ndarray[Any, Any], deadline: float | None) -> None:
+        """Move ``array`` (already checked against the spec) into the next slot and complete it."""
+
+    @abstractmethod
+    def acquire(self, shape: tuple[int, ...], deadline: float | None) -> np.ndarray[Any, Any]:
+        """Wait for a credit and return a writable array to fill for the next message."""
+
+    @abstractmethod
+    def commit(self, shape: tuple[int, ...]) -> None:
+        """Complete the message filled through :meth:`acquire`."""
+
+
+class Channel(ABC):
+    """One sender's data path to one receiver."""
+
+    transport: ClassVar[str]
+
+    @abstractmethod
+    def writer(self, entry: TensorEntry, next_seq: int, released: int) -> TensorWriter:
+        """A writer for a tensor this sender has claimed; the ring stands at ``next_seq``."""
+
+    def update_regions(self, regions: list[tuple[str | None, int]]) -> None:  # noqa: B027
+        """The receiver registered more tensors (maybe in new regions)."""
+
+    @abstractmethod
+    def check_peer(self) -> None:
+        """Raise :class:`~tensorwire.errors.PeerLostError` if the receiver is known to be gone."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release everything the channel holds. Idempotent."""
+
+
+class CreditLink(Protocol):
+    """Receiver side: how a released slot's credit reaches a networked sender."""
+
+    def send_credit(self, tensor_id: int, released: int) -> None: ...
+
+
+class DataSink(Protocol):
+    """Receiver side: what a transport server delivers into (implemented by the receiver)."""
+
+    generation: int
+
+    def admit(self, token: bytes, generation: int, link: CreditLink, transport: str) -> object:
+        """Check a data connection's token; return the session it belongs to, or raise."""
+
+    def begin_write(self, session: object, header: DataHeader) -> memoryview:
+        """Validate a header; return the exact bytes of the slot its payload must land in."""
+
+    def end_write(self, session: object, header: DataHeader) -> None:
+        """The payload is in place: complete the slot."""
+
+    def disconnected(self, session: object, reason: str) -> None:
+        """The session's data connection ended."""

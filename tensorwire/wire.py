@@ -1,0 +1,338 @@
+"""The wire format, sans-IO: pure encode/decode functions, no sockets.
+
+Two families of messages:
+
+* **Control messages** (the control plane: hello, auth, lookup, claim, heartbeat, goodbye) are
+  frozen, slotted dataclasses encoded as msgpack maps ``{"v": version, "t": type, ...fields}``.
+* **Data frames** (the TCP data plane) are fixed little-endian structs: a hello carrying the
+  connection token, a header per tensor write, and a credit frame flowing back. A header is
+  followed by exactly ``nbytes`` of raw payload, which never passes through this module.
+
+Whatever bytes arrive, decoding either returns a well-typed message or raises
+:class:`~tensorwire.errors.LocalProtocolError`; nothing else escapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import msgpack
+
+from .errors import LocalProtocolError
+from .spec import MAX_DYNAMIC_NDIM
+
+VERSION = 1
+
+# --------------------------------------------------------------------------------------------
+# Control messages
+# --------------------------------------------------------------------------------------------
+
+_FIELD_TYPES: dict[str, type] = {
+    "int": int,
+    "str": str,
+    "bytes": bytes,
+    "bool": bool,
+    "list[Any]": list,
+    "dict[str, Any]": dict,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """Base of control messages. ``TYPE`` is the tag on the wire."""
+
+    TYPE: ClassVar[str] = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Hello(Message):
+    """Sender -> receiver: who I am, and a nonce for the receiver to answer in its proof."""
+
+    TYPE: ClassVar[str] = "hello"
+    client: str
+    pid: int
+    host: str
+    nonce: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Challenge(Message):
+    """Receiver -> sender: prove you know the shared secret (HMAC over both nonces)."""
+
+    TYPE: ClassVar[str] = "challenge"
+    nonce: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Auth(Message):
+    TYPE: ClassVar[str] = "auth"
+    mac: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome(Message):
+    """Receiver -> sender: the session is open. ``token`` admits the sender to the data plane."""
+
+    TYPE: ClassVar[str] = "welcome"
+    generation: int
+    pid: int
+    host: str
+    proof: bytes
+    token: bytes
+    transports: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup(Message):
+    TYPE: ClassVar[str] = "lookup"
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class AddressBook(Message):
+    """Every registered tensor's remote address: regions ``[[name, size], ...]`` and tensors
+    ``[[tensor_id, spec, layout], ...]``."""
+
+    TYPE: ClassVar[str] = "addresses"
+    generation: int
+    regions: list[Any]
+    tensors: list[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Claim(Message):
+    """Sender -> receiver: I will be the one writer of this tensor, over this transport."""
+
+    TYPE: ClassVar[str] = "claim"
+    generation: int
+    tensor_id: int
+    transport: str
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed(Message):
+    """Where the ring stands: the next sequence number to write and the credits returned."""
+
+    TYPE: ClassVar[str] = "claimed"
+    generation: int
+    tensor_id: int
+    next_seq: int
+    released: int
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat(Message):
+    TYPE: ClassVar[str] = "heartbeat"
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Goodbye(Message):
+    TYPE: ClassVar[str] = "goodbye"
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ack(Message):
+    TYPE: ClassVar[str] = "ack"
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorReply(Message):
+    """The request was refused. ``code`` is one of :data:`ERROR_CODES`."""
+
+    TYPE: ClassVar[str] = "error"
+    code: str
+    message: str
+
+
+ERROR_CODES = frozenset(
+    {"auth", "stale-generation", "unknown-tensor", "busy", "protocol", "closed", "unauthenticated"}
+)
+
+MESSAGE_TYPES: dict[str, type[Message]] = {
+    cls.TYPE: cls
+    for cls in (Hello, Challenge, Auth, Welcome, Lookup, AddressBook, Claim, Claimed, Heartbeat,
+                Goodbye, Ack, ErrorReply)
+}
+_FIELDS: dict[type[Message], list[tuple[str, type]]] = {
+    cls: [(f.name, _FIELD_TYPES[str(f.type)]) for f in dataclasses.fields(cls)]
+    for cls in MESSAGE_TYPES.values()
+}
+
+
+def encode(msg: Message) -> bytes:
+    body: dict[str, Any] = {"v": VERSION, "t": msg.TYPE}
+    for name, _ in _FIELDS[type(msg)]:
+        body[name] = getattr(msg, name)
+    return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def decode(data: bytes) -> Message:
+    """Decode one control message; anything malformed raises :class:`LocalProtocolError`."""
+    try:
+        body = msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)
+    except Exception as exc:  # msgpack raises many types for garbage; normalise them
+        raise LocalProtocolError(f"undecodable control message ({len(data)} bytes): {exc}") from None
+    if not isinstance(body, dict):
+        raise LocalProtocolError(f"control message is not a map: {type(body).__name__}")
+    version = body.get("v")
+    if version != VERSION:
+        raise LocalProtocolError(f"unsupported control protocol version {version!r} (want {VERSION})")
+    cls = MESSAGE_TYPES.get(body.get("t"))  # type: ignore[arg-type]
+    if cls is None:
+        raise LocalProtocolError(f"unknown control message type {body.get('t')!r}")
+    kwargs = {}
+    for name, typ in _FIELDS[cls]:
+        value = body.get(name)
+        if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+            raise LocalProtocolError(
+                f"{cls.TYPE} message: field {name!r} must be {typ.__name__}, got {value!r:.80}"
+            )
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+# --------------------------------------------------------------------------------------------
+# Data frames (TCP data plane)
+# --------------------------------------------------------------------------------------------
+
+DATA_HELLO_MAGIC = b"TWDH"
+DATA_MAGIC = b"TWDF"
+CREDIT_MAGIC = b"TWCR"
+TOKEN_BYTES = 32
+FLAG_DYNAMIC = 0x01
+
+DATA_HELLO = struct.Struct("<4sB3xQ32s")  # magic, version, generation, token
+DATA_HEADER = struct.Struct("<4sBBHIIQQQ")  # magic, version, flags, ndim, tensor, slot, gen, seq, n
+CREDIT = struct.Struct("<4sB3xIQ")  # magic, version, tensor, released
+DIM = struct.Struct("<Q")
+
+
+@dataclass(frozen=True, slots=True)
+class DataHello:
+    generation: int
+    token: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class DataHeader:
+    tensor_id: int
+    slot: int
+    generation: int
+    seq: int
+    nbytes: int
+    shape: tuple[int, ...] | None = None  # only for dynamic tensors
+
+
+@dataclass(frozen=True, slots=True)
+class Credit:
+    tensor_id: int
+    released: int
+
+
+def encode_data_hello(generation: int, token: bytes) -> bytes:
+    return DATA_HELLO.pack(DATA_HELLO_MAGIC, VERSION, generation, token)
+
+
+def decode_data_hello(data: bytes | bytearray | memoryview) -> DataHello:
+    if len(data) != DATA_HELLO.size:
+        raise LocalProtocolError(f"data hello must be {DATA_HELLO.size} bytes, got {len(data)}")
+    magic, version, generation, token = DATA_HELLO.unpack(data)
+    _check_magic(magic, version, DATA_HELLO_MAGIC, "data hello")
+    return DataHello(generation, token)
+
+
+def pack_data_header(out: bytearray, header: DataHeader) -> int:
+    """Write ``header`` into the preallocated ``out``; return the number of bytes used."""
+    flags = 0
+    ndim = 0
+    if header.shape is not None:
+        flags = FLAG_DYNAMIC
+        ndim = len(header.shape)
+    DATA_HEADER.pack_into(out, 0, DATA_MAGIC, VERSION, flags, ndim, header.tensor_id,
+                          header.slot, header.generation, header.seq, header.nbytes)
+    for k in range(ndim):
+        DIM.pack_into(out, DATA_HEADER.size + 8 * k, header.shape[k])  # type: ignore[index]
+    return DATA_HEADER.size + 8 * ndim
+
+
+def encode_data_header(header: DataHeader) -> bytes:
+    out = bytearray(DATA_HEADER.size + 8 * MAX_DYNAMIC_NDIM)
+    return bytes(out[: pack_data_header(out, header)])
+
+
+MAX_HEADER_BYTES = DATA_HEADER.size + 8 * MAX_DYNAMIC_NDIM
+
+
+class HeaderReader:
+    """Incremental decoder of data headers, for a reader that owns the socket.
+
+    ``need`` is how many more bytes the current header wants; pass them to :meth:`feed` (in any
+    pieces, down to a byte at a time). :meth:`feed` returns the header once it is complete and then
+    expects the next one. The payload that follows a header is not fed here: the caller reads it
+    straight into the destination buffer.
+    """
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._want = DATA_HEADER.size
+        self._fixed: tuple[Any, ...] | None = None
+
+    @property
+    def need(self) -> int:
+        return self._want - len(self._buf)
+
+    def feed(self, data: bytes | bytearray | memoryview) -> DataHeader | None:
+        if len(data) > self.need:
+            raise LocalProtocolError(
+                f"fed {len(data)} bytes to a header that needs {self.need}: framing lost"
+            )
+        self._buf += data
+        if self.need:
+            return None
+        if self._fixed is None:
+            magic, version, flags, ndim, tid, slot, gen, seq, nbytes = DATA_HEADER.unpack(self._buf)
+            _check_magic(magic, version, DATA_MAGIC, "data header")
+            if flags & ~FLAG_DYNAMIC:
+                raise LocalProtocolError(f"data header has unknown flags 0x{flags:02x}")
+            dynamic = bool(flags & FLAG_DYNAMIC)
+            if ndim > MAX_DYNAMIC_NDIM or (ndim and not dynamic):
+                raise LocalProtocolError(f"data header has an invalid rank {ndim}")
+            self._fixed = (tid, slot, gen, seq, nbytes, dynamic, ndim)
+            if dynamic:
+                self._want += 8 * ndim
+                if self.need:
+                    return None
+        tid, slot, gen, seq, nbytes, dynamic, ndim = self._fixed
+        shape = None
+        if dynamic:
+            base = DATA_HEADER.size
+            shape = tuple(DIM.unpack_from(self._buf, base + 8 * k)[0] for k in range(ndim))
+        self._buf.clear()
+        self._want = DATA_HEADER.size
+        self._fixed = None
+        return DataHeader(tid, slot, gen, seq, nbytes, shape)
+
+
+def encode_credit(tensor_id: int, released: int) -> bytes:
+    return CREDIT.pack(CREDIT_MAGIC, VERSION, tensor_id, released)
+
+
+def decode_credit(data: bytes | bytearray | memoryview) -> Credit:
+    if len(data) != CREDIT.size:
+        raise LocalProtocolError(f"credit frame must be {CREDIT.size} bytes, got {len(data)}")
+    magic, version, tid, released = CREDIT.unpack(data)
+    _check_magic(magic, version, CREDIT_MAGIC, "credit frame")
+    return Credit(tid, released)
+
+
+def _check_magic(magic: bytes, version: int, want: bytes, what: str) -> None:
+    if magic != want:
+        raise LocalProtocolError(f"{what}: bad magic {magic!r} (want {want!r})")
+    if version != VERSION:
+        raise LocalProtocolError(f"{what}: unsupported version {version} (want {VERSION})")
