@@ -64,7 +64,7 @@ class TensorSpec:
             shape = (int(shape),)
         try:
             dims: Shape = tuple(None if d is None else int(d) for d in shape)
-        except TypeError as exc:
+        except (TypeError, ValueError) as exc:
             raise SpecMismatchError(f"tensor {name!r}: shape must be a sequence, got {shape!r}") from exc
         if any(d is not None and d < 0 for d in dims):
             raise SpecMismatchError(f"tensor {name!r}: negative dimension in shape {shape!r}")

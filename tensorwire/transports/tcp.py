@@ -19,6 +19,7 @@ import select
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -119,7 +120,10 @@ class TcpChannel(Channel):
             sock.sendall(wire.encode_data_hello(self._generation, info.welcome.token))
             deadline = deadline_of(info.timeout)
             sock.settimeout(None)
-            self._await_credit(HELLO_ACK, self._generation, deadline)
+            self._await_credit(
+                HELLO_ACK, self._generation, deadline,
+                lambda: f"receiver's data port {self._where} did not acknowledge our token",
+            )
         except BaseException:
             self.close()
             raise
@@ -150,17 +154,15 @@ class TcpChannel(Channel):
                 self._released[credit.tensor_id] = credit.released
         del self._inbox[:whole]
 
-    def _await_credit(self, tensor_id: int, at_least: int, deadline: float | None) -> None:
+    def _await_credit(self, tensor_id: int, at_least: int, deadline: float | None,
+                      what: Callable[[], str]) -> None:
         while self._released.get(tensor_id, 0) < at_least:
             if deadline is None:
                 wait_ms = 100
             else:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise WireTimeoutError(
-                        f"tcp: no credit from {self._where} for tensor {tensor_id} "
-                        f"(need {at_least}, have {self._released.get(tensor_id, 0)})"
-                    )
+                    raise WireTimeoutError(what())
                 wait_ms = max(1, min(100, int(left * 1000)))
             self._absorb(wait_ms)
 
@@ -208,7 +210,14 @@ class TcpWriter(TensorWriter):
     def _wait_credit(self, deadline: float | None) -> None:
         need = self.next_seq - self._depth
         if self._channel._released.get(self._tid, 0) < need:
-            self._channel._await_credit(self._tid, need, deadline)
+            self._channel._await_credit(
+                self._tid, need, deadline,
+                lambda: (
+                    f"tensor {self.spec.name!r}: no free slot for message {self.next_seq}: the "
+                    f"receiver has released {self._channel._released.get(self._tid, 0)} of "
+                    f"{self.next_seq - 1} (ring depth {self._depth})"
+                ),
+            )
 
     def _send(self, payload: memoryview, shape: tuple[int, ...]) -> None:
         seq = self.next_seq

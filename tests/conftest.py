@@ -1,0 +1,105 @@
+"""Shared fixtures: the transports under test, child processes, and a leak check on every test."""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing as mp
+from multiprocessing import resource_tracker
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+TRANSPORTS = ["shm", "tcp"]
+SPAWN = mp.get_context("spawn")
+# Spawning starts multiprocessing's resource tracker once per session and keeps a pipe to it open;
+# start it now so the per-test descriptor check does not count it.
+resource_tracker.ensure_running()
+
+
+def shm_entries() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith(f"tensorwire.{os.getuid()}.{os.getpid()}.")}
+
+
+def open_fds() -> set[int]:
+    return {int(fd) for fd in os.listdir("/proc/self/fd")}
+
+
+@pytest.fixture(autouse=True)
+def no_leaks() -> Iterator[None]:
+    """Every test must leave no thread, no shared-memory segment of ours and no descriptor behind."""
+    threads = set(threading.enumerate())
+    segments = shm_entries()
+    fds = open_fds()
+    yield
+    gc.collect()
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        extra_threads = [t for t in threading.enumerate() if t not in threads and t.is_alive()]
+        extra_fds = open_fds() - fds
+        if not extra_threads and not extra_fds:
+            break
+        time.sleep(0.05)
+        gc.collect()
+    assert not extra_threads, f"threads left behind: {extra_threads}"
+    assert shm_entries() - segments == set(), "shared-memory segments left behind"
+    leaked = {fd: _describe_fd(fd) for fd in open_fds() - fds}
+    assert not leaked, f"file descriptors left behind: {leaked}"
+
+
+def _describe_fd(fd: int) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return "?"
+
+
+@pytest.fixture(params=TRANSPORTS)
+def transport(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+class Children:
+    """Spawned child processes that are always reaped, even when the test fails."""
+
+    def __init__(self) -> None:
+        self.procs: list[Any] = []
+
+    def start(self, target: Any, *args: Any) -> Any:
+        proc = SPAWN.Process(target=target, args=args, daemon=True)
+        proc.start()
+        self.procs.append(proc)
+        return proc
+
+    def pipe(self) -> tuple[Any, Any]:
+        return SPAWN.Pipe()
+
+    def join_ok(self, proc: Any, timeout: float = 60.0) -> None:
+        proc.join(timeout)
+        assert proc.exitcode == 0, f"child {proc.name} exited with {proc.exitcode}"
+
+    def cleanup(self) -> None:
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.kill()
+            proc.join(10)
+            proc.close()
+
+
+@pytest.fixture
+def children() -> Iterator[Children]:
+    kids = Children()
+    try:
+        yield kids
+    finally:
+        kids.cleanup()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

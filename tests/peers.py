@@ -1,0 +1,110 @@
+"""Peer processes for the tests: real senders and receivers in their own interpreters.
+
+Every function here is a ``multiprocessing`` (spawn) target or a helper both sides share, so the
+parent can rebuild exactly the arrays a child sent and compare them byte for byte.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import numpy as np
+
+import tensorwire as tw
+
+
+def make_array(dtype: str, shape: tuple[int, ...], seed: int) -> np.ndarray[Any, Any]:
+    """A deterministic array that exercises every bit pattern class of ``dtype``."""
+    rng = np.random.default_rng(seed)
+    dt = np.dtype(dtype)
+    if dt.kind == "b":
+        return rng.integers(0, 2, size=shape).astype(dt)
+    if dt.kind in "iu":
+        info = np.iinfo(dt)
+        return rng.integers(info.min, info.max, size=shape, dtype=dt, endpoint=True)
+    if dt.kind == "f":
+        return rng.standard_normal(shape).astype(dt)
+    if dt.kind == "c":
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dt)
+    raise ValueError(dt)
+
+
+def send_plan(address: str, transport: str, plan: list[tuple[Any, ...]],
+              secret: str | None = None, peers: list[str] | None = None) -> None:
+    """Write each ``(name, dtype, shape, seed[, peer])`` of ``plan`` in order, then say goodbye."""
+    with tw.Sender.connect(address, transport=transport, secret=secret, timeout=30) as tx:
+        for extra in peers or []:
+            tx.add_peer(extra)
+        for name, dtype, shape, seed, *peer in plan:
+            tx.write(name, make_array(dtype, tuple(shape), seed), peer=peer[0] if peer else None)
+
+
+def send_uniform(address: str, transport: str, name: str, count: int, ready: Any = None) -> None:
+    """Write ``count`` messages whose every element equals the message number (torn-write probe)."""
+    with tw.Sender.connect(address, transport=transport, timeout=30) as tx:
+        spec = tx.spec(name)
+        arr = np.empty(spec.static_shape, dtype=spec.dtype)
+        if ready is not None:
+            ready.send("go")
+        for k in range(1, count + 1):
+            arr.fill(k)
+            tx.write(name, arr)
+
+
+def die_mid_write(address: str, transport: str, name: str, ready: Any) -> None:
+    """Start a message of ``name``, move half its bytes into the receiver, then SIGKILL ourselves."""
+    tx = tw.Sender.connect(address, transport=transport, timeout=30)
+    spec = tx.spec(name)
+    shape = spec.static_shape
+    if transport == "shm":
+        with tx.buffer(name) as out:
+            flat = out.reshape(-1)
+            flat[: flat.size // 2] = 7  # straight into the receiver's slot
+            ready.send("half")
+            os.kill(os.getpid(), signal.SIGKILL)
+    else:
+        from tensorwire import wire
+
+        peer = tx._peers[address]
+        writer = peer.writer(peer.entries[name])
+        header = wire.encode_data_header(
+            wire.DataHeader(peer.entries[name].tensor_id, 0, peer.generation, writer.next_seq,
+                            spec.max_bytes, None)
+        )
+        payload = np.full(shape, 7, dtype=spec.dtype).reshape(-1).view(np.uint8)
+        sock = peer.channel._sock  # fault injection: the raw data connection
+        sock.sendall(header + payload[: payload.size // 2].tobytes())
+        ready.send("half")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def run_receiver(conn: Any, specs: list[tuple[Any, ...]], secret: str | None = None,
+                 bind: str = "tcp://127.0.0.1:0") -> None:
+    """A receiver in its own process: registers ``specs``, reports its address, then consumes
+    messages on request until told to stop (or killed)."""
+    with tw.Receiver(bind, secret=secret) as rx:
+        for name, shape, dtype in specs:
+            rx.register(name, shape, dtype)
+        conn.send({"address": rx.address,
+                   "regions": [r.name for r in rx._regions if r.name]})
+        while True:
+            if not conn.poll(0.05):
+                continue
+            cmd = conn.recv()
+            if cmd == "stop":
+                return
+            name, timeout = cmd
+            try:
+                view = rx.wait(name, timeout=timeout)
+                digest = float(np.asarray(view, dtype=np.float64).sum())
+                rx.release(name)
+                conn.send(("ok", digest))
+            except tw.TensorWireError as exc:
+                conn.send(("error", type(exc).__name__))
+
+
+def sleep_forever() -> None:
+    time.sleep(3600)

@@ -1,0 +1,286 @@
+"""The conformance suite: the same behaviour over every transport, with real sender processes.
+
+Each test runs once per transport (the ``transport`` fixture). Senders are separate interpreters
+that rebuild their arrays from seeds, so the receiver can check every byte that landed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tensorwire as tw
+
+from .conftest import Children
+from .peers import make_array, send_plan, send_uniform
+
+DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+          "float16", "float32", "float64", "complex64", "complex128"]
+
+
+def test_every_dtype_byte_exact(transport: str, children: Children) -> None:
+    shape = (3, 5, 7)
+    with tw.Receiver() as rx:
+        for dt in DTYPES:
+            rx.register(dt, shape, dt)
+        plan = [(dt, dt, shape, i) for i, dt in enumerate(DTYPES)]
+        proc = children.start(send_plan, rx.address, transport, plan)
+        for name, dt, shp, seed in plan:
+            got = rx.wait(name, timeout=30)
+            expected = make_array(dt, shp, seed)
+            assert got.dtype == expected.dtype and got.shape == expected.shape
+            assert got.tobytes() == expected.tobytes(), name
+            assert not got.flags.writeable
+            rx.release(name)
+        children.join_ok(proc)
+
+
+def test_zero_d_empty_and_large(transport: str, children: Children) -> None:
+    big = (4096, 4096)  # 64 MiB of float32
+    with tw.Receiver() as rx:
+        rx.register("scalar", (), "float64")
+        rx.register("empty", (0, 128), "float32")
+        rx.register("big", big, "float32")
+        plan = [("scalar", "float64", (), 1), ("empty", "float32", (0, 128), 2),
+                ("big", "float32", big, 3)]
+        proc = children.start(send_plan, rx.address, transport, plan)
+        for name, dt, shp, seed in plan:
+            got = rx.wait(name, timeout=60)
+            assert got.shape == shp
+            assert np.array_equal(got, make_array(dt, shp, seed))
+            rx.release(name)
+        children.join_ok(proc)
+
+
+def test_ring_wraps_with_credits_over_hundreds_of_writes(transport: str, children: Children) -> None:
+    count = 300
+    with tw.Receiver(ring=2) as rx:
+        rx.register("t", (257,), "int32")  # an odd size, so slots are not all page-multiples
+        plan = [("t", "int32", (257,), seed) for seed in range(count)]
+        proc = children.start(send_plan, rx.address, transport, plan)
+        for seed in range(count):
+            got = rx.wait("t", timeout=30)
+            assert np.array_equal(got, make_array("int32", (257,), seed)), seed
+            rx.release("t")
+        children.join_ok(proc)
+        with pytest.raises(tw.WireTimeoutError):
+            rx.wait("t", timeout=0.05)
+
+
+def test_consumer_may_hold_every_slot_then_must_release(transport: str,
+                                                         children: Children) -> None:
+    with tw.Receiver(ring=3) as rx:
+        rx.register("t", (16,), "float32")
+        plan = [("t", "float32", (16,), s) for s in range(6)]
+        proc = children.start(send_plan, rx.address, transport, plan)
+        held = [rx.wait("t", timeout=30) for _ in range(3)]
+        for s, view in enumerate(held):
+            assert np.array_equal(view, make_array("float32", (16,), s))
+        with pytest.raises(tw.TensorWireError, match="release"):
+            rx.wait("t", timeout=0)
+        for s in range(3, 6):
+            rx.release("t")
+            assert np.array_equal(rx.wait("t", timeout=30), make_array("float32", (16,), s))
+        for _ in range(3):
+            rx.release("t")
+        with pytest.raises(tw.TensorWireError, match="nothing to release"):
+            rx.release("t")
+        children.join_ok(proc)
+
+
+def test_many_senders_to_one_receiver(transport: str, children: Children) -> None:
+    senders, count = 3, 40
+    with tw.Receiver() as rx:
+        for k in range(senders):
+            rx.register(f"grad{k}", (64, 33), "float32")
+        procs = [
+            children.start(send_plan, rx.address, transport,
+                           [(f"grad{k}", "float32", (64, 33), 1000 * k + i) for i in range(count)])
+            for k in range(senders)
+        ]
+        seen = {f"grad{k}": 0 for k in range(senders)}
+        for _ in range(senders * count):
+            name, view = rx.wait_any(timeout=30)
+            k = int(name[4:])
+            assert np.array_equal(view, make_array("float32", (64, 33), 1000 * k + seen[name]))
+            seen[name] += 1
+            rx.release(name)
+        assert seen == {f"grad{k}": count for k in range(senders)}
+        for p in procs:
+            children.join_ok(p)
+
+
+def test_second_writer_of_a_claimed_tensor_is_refused(transport: str) -> None:
+    with tw.Receiver() as rx:
+        rx.register("t", (4,), "int64")
+        with tw.Sender.connect(rx.address, transport=transport, timeout=5) as a, \
+                tw.Sender.connect(rx.address, transport=transport, timeout=5) as b:
+            a.write("t", np.arange(4))
+            with pytest.raises(tw.TensorWireError, match="already written by"):
+                b.write("t", np.arange(4))
+        # once the first writer said goodbye, another may take over and continue the sequence
+        assert np.array_equal(rx.wait("t", timeout=5), np.arange(4))
+        rx.release("t")
+        with tw.Sender.connect(rx.address, transport=transport, timeout=5) as c:
+            c.write("t", np.arange(4) * 2)
+        assert np.array_equal(rx.wait("t", timeout=5), np.arange(4) * 2)
+        rx.release("t")
+
+
+def test_one_sender_to_many_receivers(transport: str, children: Children) -> None:
+    with tw.Receiver() as r1, tw.Receiver() as r2:
+        r1.register("a", (10,), "int16")
+        r2.register("b", (10,), "int16")
+        r1.register("x", (3,), "float64")
+        r2.register("x", (3,), "float64")
+        plan = [("a", "int16", (10,), 1), ("b", "int16", (10,), 2),
+                ("x", "float64", (3,), 3, r1.address), ("x", "float64", (3,), 4, r2.address)]
+        proc = children.start(send_plan, r1.address, transport, plan, None, [r2.address])
+        assert np.array_equal(r1.wait("a", timeout=30), make_array("int16", (10,), 1))
+        assert np.array_equal(r2.wait("b", timeout=30), make_array("int16", (10,), 2))
+        assert np.array_equal(r1.wait("x", timeout=30), make_array("float64", (3,), 3))
+        assert np.array_equal(r2.wait("x", timeout=30), make_array("float64", (3,), 4))
+        children.join_ok(proc)
+
+
+def test_ambiguous_name_needs_a_peer(transport: str) -> None:
+    with tw.Receiver() as r1, tw.Receiver() as r2:
+        r1.register("x", (3,), "float64")
+        r2.register("x", (3,), "float64")
+        with tw.Sender.connect(r1.address, transport=transport, timeout=5) as tx:
+            tx.add_peer(r2.address)
+            with pytest.raises(tw.TensorWireError, match="several receivers"):
+                tx.write("x", np.zeros(3))
+            tx.write("x", np.ones(3), peer=r2.address)
+            assert np.array_equal(r2.wait("x", timeout=5), np.ones(3))
+
+
+def test_dynamic_shapes(transport: str, children: Children) -> None:
+    cap = 64 * 128 * 8
+    rows = [0, 1, 7, 64, 3]
+    with tw.Receiver() as rx:
+        rx.register("ids", (None, 128), "int64", max_bytes=cap)
+        plan = [("ids", "int64", (r, 128), r) for r in rows]
+        proc = children.start(send_plan, rx.address, transport, plan)
+        for r in rows:
+            got = rx.wait("ids", timeout=30)
+            assert got.shape == (r, 128)
+            assert np.array_equal(got, make_array("int64", (r, 128), r))
+            rx.release("ids")
+        children.join_ok(proc)
+
+
+def test_late_registration_is_found_by_name(transport: str) -> None:
+    with tw.Receiver() as rx:
+        rx.register("early", (2,), "int8")
+        with tw.Sender.connect(rx.address, transport=transport, timeout=5) as tx:
+            rx.register("late", (2,), "int8")
+            tx.write("late", np.array([1, 2], dtype=np.int8))
+            assert rx.wait("late", timeout=5).tolist() == [1, 2]
+            with pytest.raises(tw.UnknownTensorError, match="never"):
+                tx.write("never", np.zeros(2, dtype=np.int8))
+
+
+def test_produce_in_place_with_buffer(transport: str) -> None:
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    b = np.arange(20, dtype=np.float32).reshape(4, 5)
+    with tw.Receiver() as rx:
+        rx.register("c", (3, 5), "float32")
+        rx.register("d", (None,), "float32", max_bytes=400)
+        with tw.Sender.connect(rx.address, transport=transport, timeout=5) as tx:
+            with tx.buffer("c") as out:
+                np.matmul(a, b, out=out)
+            assert np.array_equal(rx.wait("c", timeout=5), a @ b)
+            rx.release("c")
+            with tx.buffer("d", shape=(7,)) as out:
+                out[:] = np.arange(7)
+            assert rx.wait("d", timeout=5).tolist() == list(range(7))
+            with pytest.raises(RuntimeError), tx.buffer("c") as out:
+                out[:] = 1
+                raise RuntimeError("producer failed")
+            with pytest.raises(tw.WireTimeoutError):
+                rx.wait("c", timeout=0.1)  # the aborted message was never completed
+
+
+BAD_WRITES = [
+    ("dtype", lambda: np.zeros((4, 4), dtype=np.float64), "dtype mismatch"),
+    ("shape", lambda: np.zeros((2, 8), dtype=np.float32), "shape mismatch"),
+    ("rank", lambda: np.zeros(16, dtype=np.float32), "shape mismatch"),
+    ("strided", lambda: np.zeros((4, 8), dtype=np.float32)[:, ::2], "not C-contiguous"),
+    ("list", lambda: [[1.0] * 4] * 4, "dtype mismatch"),
+]
+
+
+@pytest.mark.parametrize(("case", "make", "message"), BAD_WRITES, ids=[c[0] for c in BAD_WRITES])
+def test_bad_static_write_refused_and_buffer_untouched(transport: str, case: str, make: object,
+                                                       message: str) -> None:
+    good = np.arange(16, dtype=np.float32).reshape(4, 4)
+    with tw.Receiver() as rx:
+        rx.register("w", (4, 4), "float32")
+        with tw.Sender.connect(rx.address, transport=transport, timeout=5) as tx:
+            tx.write("w", good)
+            view = rx.wait("w", timeout=5)
+            before = view.copy()
+            rx.release("w")
+            with pytest.raises(tw.SpecMismatchError, match=message) as err:
+                tx.write("w", make())  # type: ignore[operator]
+            assert "'w'" in str(err.value)
+            with pytest.raises(tw.WireTimeoutError):
+                rx.wait("w", timeout=0.1)
+            assert np.array_equal(view, before)
+            tx.write("w", good + 1)  # the connection is still good
+            assert np.array_equal(rx.wait("w", timeout=5), good + 1)
+
+
+def test_non_contiguous_written_from_a_copy_when_asked(transport: str) -> None:
+    src = np.arange(32, dtype=np.int32).reshape(4, 8)[:, ::2]
+    with tw.Receiver() as rx:
+        rx.register("w", (4, 4), "int32")
+        with tw.Sender.connect(rx.address, transport=transport, timeout=5) as tx:
+            tx.write("w", src, allow_copy=True)
+            assert np.array_equal(rx.wait("w", timeout=5), src)
+
+
+def test_dynamic_over_capacity_refused_never_truncated(transport: str) -> None:
+    with tw.Receiver() as rx:
+        rx.register("ids", (None, 4), "int32", max_bytes=4 * 4 * 10)
+        with tw.Sender.connect(rx.address, transport=transport, timeout=5) as tx:
+            with pytest.raises(tw.SpecMismatchError, match="exceed the registered capacity"):
+                tx.write("ids", np.zeros((11, 4), dtype=np.int32))
+            with pytest.raises(tw.SpecMismatchError, match="shape mismatch"):
+                tx.write("ids", np.zeros((3, 5), dtype=np.int32))
+            with pytest.raises(tw.WireTimeoutError):
+                rx.wait("ids", timeout=0.1)
+            tx.write("ids", np.ones((10, 4), dtype=np.int32))
+            assert rx.wait("ids", timeout=5).shape == (10, 4)
+
+
+def test_no_torn_tensor_under_concurrent_consumption(transport: str, children: Children) -> None:
+    """Every message the receiver hands out is whole: all elements carry the same number."""
+    count = 200
+    with tw.Receiver() as rx:
+        rx.register("u", (256, 1024), "int32")  # 1 MiB
+        proc = children.start(send_uniform, rx.address, transport, "u", count)
+        for k in range(1, count + 1):
+            view = rx.wait("u", timeout=30)
+            assert view[0, 0] == k and view.min() == k and view.max() == k
+            rx.release("u")
+        children.join_ok(proc)
+
+
+def test_write_handle_and_timeout_on_full_ring(transport: str) -> None:
+    with tw.Receiver(ring=2) as rx:
+        rx.register("t", (8,), "uint8")
+        with tw.Sender.connect(rx.address, transport=transport, timeout=5) as tx:
+            h1 = tx.write("t", np.full(8, 1, np.uint8))
+            h2 = tx.write("t", np.full(8, 2, np.uint8))
+            assert h1.done and h2.seq == h1.seq + 1 and h2.nbytes == 8
+            h2.wait()
+            with pytest.raises(tw.WireTimeoutError, match="released"):
+                tx.write("t", np.full(8, 3, np.uint8), timeout=0.2)
+            with pytest.raises(tw.WireTimeoutError):
+                tx.write("t", np.full(8, 3, np.uint8), timeout=0)
+            assert rx.wait("t", timeout=5)[0] == 1
+            rx.release("t")
+            tx.write("t", np.full(8, 3, np.uint8), timeout=5)
+            assert [rx.wait("t", timeout=5)[0] for _ in range(1)] == [2]

@@ -1,0 +1,65 @@
+"""Specs: what may be registered, and which arrays a spec accepts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tensorwire as tw
+from tensorwire.spec import TensorSpec
+
+
+def test_static_spec_byte_count() -> None:
+    spec = TensorSpec.create("w", (3, 4), "float32")
+    assert spec.max_bytes == 48 and not spec.dynamic and spec.static_shape == (3, 4)
+    assert TensorSpec.create("s", (), "int64").max_bytes == 8
+    assert TensorSpec.create("e", (0, 5), "float64").max_bytes == 0
+
+
+def test_dynamic_spec_needs_capacity() -> None:
+    with pytest.raises(tw.SpecMismatchError, match="max_bytes"):
+        TensorSpec.create("ids", (None, 4), "int64")
+    spec = TensorSpec.create("ids", (None, 4), "int64", max_bytes=320)
+    assert spec.dynamic and spec.max_bytes == 320
+    assert spec.check_shape((10, 4)) == 320
+    with pytest.raises(tw.SpecMismatchError, match="exceed the registered capacity"):
+        spec.check_shape((11, 4))
+
+
+@pytest.mark.parametrize("dtype", ["object", "U4", [("a", "i4")], "V8", "datetime64[s]"])
+def test_unsupported_dtypes_are_refused(dtype: object) -> None:
+    with pytest.raises(tw.SpecMismatchError):
+        TensorSpec.create("x", (2,), dtype)
+
+
+@pytest.mark.parametrize("shape", [(-1, 2), "ab", None])
+def test_bad_shapes_are_refused(shape: object) -> None:
+    with pytest.raises(tw.SpecMismatchError):
+        TensorSpec.create("x", shape, "float32")
+
+
+def test_static_spec_rejects_contradicting_max_bytes() -> None:
+    with pytest.raises(tw.SpecMismatchError, match="contradicts"):
+        TensorSpec.create("x", (4,), "float32", max_bytes=8)
+
+
+def test_check_array_names_tensor_expected_and_given() -> None:
+    spec = TensorSpec.create("w1", (2, 3), "float32")
+    with pytest.raises(tw.SpecMismatchError) as err:
+        spec.check_array(np.zeros((2, 3), dtype=np.float64))
+    text = str(err.value)
+    assert "'w1'" in text and "float32[2, 3]" in text and "float64[2, 3]" in text
+    assert isinstance(err.value, ValueError)
+    with pytest.raises(tw.SpecMismatchError, match="shape mismatch"):
+        spec.check_array(np.zeros((3, 2), dtype=np.float32))
+    with pytest.raises(tw.SpecMismatchError, match="dtype mismatch"):
+        spec.check_array(np.zeros((2, 3), dtype=">f4"))
+
+
+def test_non_contiguous_refused_unless_copy_allowed() -> None:
+    spec = TensorSpec.create("w", (2, 3), "int32")
+    base = np.arange(12, dtype=np.int32).reshape(2, 6)[:, ::2]
+    with pytest.raises(tw.SpecMismatchError, match="not C-contiguous"):
+        spec.check_array(base)
+    out = spec.check_array(base, allow_copy=True)
+    assert out.flags.c_contiguous and np.array_equal(out, base)
