@@ -260,6 +260,7 @@ class Receiver:
             return {name: t.spec for name, t in self._tensors.items()}
 
     def _tensor(self, name: str) -> _Tensor:
+        self._check_open()
         try:
             return self._tensors[name]
         except KeyError:
@@ -564,7 +565,7 @@ class Receiver:
         assert isinstance(session, _Session)
         with self._lock:
             session.link = None
-            self._drop_session(session, f"data connection ended ({reason})")
+            self._drop_session(session, None if self._closed else f"data connection ended ({reason})")
 
     # ---------------------------------------------------------------------------------------
     # Lifetime

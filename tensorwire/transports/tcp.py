@@ -41,8 +41,6 @@ log = logging.getLogger(__name__)
 HELLO_ACK = 0xFFFFFFFF
 #: Large socket buffers keep a 2-core loopback pipeline busy; the kernel caps them anyway.
 SOCKET_BUFFER = 4 << 20
-#: Drain piggy-backed credits at least this often, so the return path never fills up.
-DRAIN_EVERY = 32
 HELLO_TIMEOUT = 10.0
 CREDIT_SEND_TIMEOUT = 10.0
 
@@ -166,12 +164,13 @@ class TcpChannel(Channel):
                 wait_ms = max(1, min(100, int(left * 1000)))
             self._absorb(wait_ms)
 
-    def send(self, buffers: list[memoryview], writes: int) -> None:
+    def send(self, buffers: list[memoryview]) -> None:
         sock = self._sock
         if sock is None:
             raise PeerLostError(f"tcp channel to {self._where} is closed")
-        if writes % DRAIN_EVERY == 0:
-            self._absorb(0)
+        # One poll per write: picks up returned credits (so the return path never fills) and
+        # notices a receiver that closed or restarted before we send into a dead connection.
+        self._absorb(0)
         try:
             send_all(sock, buffers)
         except OSError as exc:
@@ -224,7 +223,7 @@ class TcpWriter(TensorWriter):
         header = wire.DataHeader(self._tid, (seq - 1) % self._depth, self._generation, seq,
                                  len(payload), shape if self.spec.dynamic else None)
         used = wire.pack_data_header(self._header, header)
-        self._channel.send([self._header_view[:used], payload], seq)
+        self._channel.send([self._header_view[:used], payload])
         self.next_seq = seq + 1
 
     def write(self, array: np.ndarray[Any, Any], deadline: float | None) -> None:
@@ -269,8 +268,8 @@ class _Connection:
                     n = self.sock.send(self._pending, socket.MSG_DONTWAIT)
                     del self._pending[:n]
                 except BlockingIOError:
-                    # The sender reads credits at least every DRAIN_EVERY writes and whenever it
-                    # waits for one, so this clears; a peer that never reads is cut off.
+                    # The sender reads credits before every write and whenever it waits for one,
+                    # so this clears; a peer that never reads is cut off.
                     if time.monotonic() > deadline:
                         self.shutdown()
                         return

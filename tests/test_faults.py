@@ -1,0 +1,200 @@
+"""Faults injected for real: killed senders and receivers, garbage on live ports, wrong secrets,
+restarted receivers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+import tensorwire as tw
+
+from .conftest import Children, free_port, shm_entries
+from .peers import die_mid_write, run_receiver, send_plan
+
+BIG = (4096, 4096)  # 64 MiB of float32
+
+
+def _healthy(rx: tw.Receiver, transport: str, name: str = "other") -> None:
+    """The receiver still serves a fresh sender end to end."""
+    with tw.Sender.connect(rx.address, transport=transport, timeout=10) as tx:
+        tx.write(name, np.arange(8, dtype=np.float32))
+    assert np.array_equal(rx.wait(name, timeout=10), np.arange(8, dtype=np.float32))
+    rx.release(name)
+
+
+def test_sender_killed_mid_write_is_never_complete(transport: str, children: Children) -> None:
+    with tw.Receiver() as rx:
+        rx.register("big", BIG, "float32")
+        rx.register("other", (8,), "float32")
+        here, there = children.pipe()
+        proc = children.start(die_mid_write, rx.address, transport, "big", there)
+        assert here.poll(60) and here.recv() == "half"
+        proc.join(30)
+        assert proc.exitcode == -signal.SIGKILL
+        # Never handed out as complete: the loss is reported (or the wait times out).
+        with pytest.raises((tw.PeerLostError, tw.WireTimeoutError)):
+            rx.wait("big", timeout=5)
+        with pytest.raises(tw.WireTimeoutError):
+            rx.wait("big", timeout=0.2)
+        _healthy(rx, transport)
+        # Another sender may take the tensor over; its message lands whole.
+        proc = children.start(send_plan, rx.address, transport, [("big", "float32", BIG, 5)])
+        got = rx.wait("big", timeout=60)
+        from .peers import make_array
+
+        assert np.array_equal(got, make_array("float32", BIG, 5))
+        children.join_ok(proc)
+
+
+def test_receiver_killed_sender_gets_peer_lost(transport: str, children: Children) -> None:
+    here, there = children.pipe()
+    proc = children.start(run_receiver, there, [("t", (1024,), "float32")])
+    assert here.poll(30)
+    info = here.recv()
+    with tw.Sender.connect(info["address"], transport=transport, timeout=5) as tx:
+        tx.write("t", np.zeros(1024, np.float32))
+        here.send(("t", 10))
+        assert here.recv()[0] == "ok"
+        proc.kill()
+        proc.join(10)
+        start = time.monotonic()
+        with pytest.raises(tw.PeerLostError):
+            for _ in range(100):  # bounded: the loss must show within a few writes
+                tx.write("t", np.zeros(1024, np.float32))
+        assert time.monotonic() - start < 5.0  # within the sender's timeout
+    # the killed receiver's segments are reaped by the next receiver on this host
+    with tw.Receiver():
+        assert not set(info["regions"]) & set(os.listdir("/dev/shm"))
+
+
+def test_garbage_on_control_port_keeps_serving(transport: str) -> None:
+    with tw.Receiver() as rx:
+        rx.register("other", (8,), "float32")
+        host, port = rx.address.rsplit("/", 1)[1].split(":")
+        for blob in (b"\x00" * 64, os.urandom(4096), b"GET / HTTP/1.1\r\n\r\n"):
+            with socket.create_connection((host, int(port)), timeout=5) as s:
+                s.sendall(blob)
+                time.sleep(0.05)
+        ctx = zmq.Context()
+        try:
+            dealer = ctx.socket(zmq.DEALER)
+            dealer.linger = 0
+            dealer.connect(rx.address)
+            for frame in (b"\xc1garbage", msgpack.packb({"v": 1, "t": "claim"}),
+                          msgpack.packb({"v": 1, "t": "lookup", "generation": 1})):
+                dealer.send(frame)
+                assert dealer.poll(5000)
+                reply = msgpack.unpackb(dealer.recv())
+                assert reply["t"] == "error"
+            dealer.send_multipart([b"a", b"b", b"c"])  # wrong frame count: dropped silently
+            dealer.close()
+        finally:
+            ctx.term()
+        _healthy(rx, transport)
+
+
+def test_garbage_on_data_port_keeps_serving(transport: str) -> None:
+    with tw.Receiver() as rx:
+        rx.register("other", (8,), "float32")
+        rx.register("t", (8,), "float32")
+        port = rx._tcp.port  # the data port, as published in the welcome
+        with tw.Sender.connect(rx.address, transport=transport, timeout=10) as tx:
+            tx.write("t", np.ones(8, np.float32))
+            for blob in (os.urandom(48), b"TWDH" + os.urandom(44), b"x" * 10):
+                with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+                    s.sendall(blob)
+                    s.shutdown(socket.SHUT_WR)
+                    s.settimeout(5)
+                    assert s.recv(100) == b""  # refused: the receiver closed the connection
+            assert np.array_equal(rx.wait("t", timeout=5), np.ones(8, np.float32))
+            rx.release("t")
+            tx.write("t", np.full(8, 2, np.float32))  # the real sender is unaffected
+            assert rx.wait("t", timeout=5)[0] == 2
+        _healthy(rx, transport)
+
+
+def test_wrong_secret_is_refused_and_nothing_written(transport: str) -> None:
+    with tw.Receiver(secret="right") as rx:
+        rx.register("t", (4,), "int32")
+        with pytest.raises(tw.AuthenticationError, match="wrong secret"):
+            tw.Sender.connect(rx.address, transport=transport, secret="wrong", timeout=5)
+        with pytest.raises(tw.AuthenticationError, match="requires a shared secret"):
+            tw.Sender.connect(rx.address, transport=transport, timeout=5)
+        assert rx.pending("t") == 0
+        with pytest.raises(tw.WireTimeoutError):
+            rx.wait("t", timeout=0.1)
+        with tw.Sender.connect(rx.address, transport=transport, secret="right", timeout=5) as tx:
+            tx.write("t", np.arange(4, dtype=np.int32))
+        assert rx.wait("t", timeout=5).tolist() == [0, 1, 2, 3]
+
+
+def test_secret_given_to_an_open_receiver_is_refused() -> None:
+    with tw.Receiver() as rx, pytest.raises(tw.AuthenticationError, match="does not use a secret"):
+        tw.Sender.connect(rx.address, secret="s", timeout=5)
+
+
+def test_restarted_receiver_has_new_generation(transport: str) -> None:
+    bind = f"tcp://127.0.0.1:{free_port()}"
+    rx = tw.Receiver(bind)
+    rx.register("t", (4,), "int32")
+    first = rx.generation
+    with tw.Sender.connect(bind, transport=transport, timeout=5) as tx, \
+            tw.Sender.connect(bind, transport=transport, timeout=5, reconnect=True) as tx2:
+        rx.register("u", (4,), "int32")
+        tx.write("t", np.arange(4, dtype=np.int32))
+        tx2.write("u", np.arange(4, dtype=np.int32))
+        rx.close()
+        with tw.Receiver(bind) as rx_new:
+            assert rx_new.generation != first
+            rx_new.register("t", (4,), "int32")
+            rx_new.register("u", (4,), "int32")
+            with pytest.raises(tw.PeerLostError):
+                tx.write("t", np.arange(4, dtype=np.int32))
+            assert rx_new.pending("t") == 0
+            tx2.write("u", np.arange(4, dtype=np.int32) + 10)  # re-resolves transparently
+            assert rx_new.wait("u", timeout=5).tolist() == [10, 11, 12, 13]
+
+
+def test_connect_to_nothing_times_out_clearly() -> None:
+    with pytest.raises(tw.WireTimeoutError, match="did not answer"):
+        tw.Sender.connect(f"tcp://127.0.0.1:{free_port()}", timeout=0.3)
+
+
+def test_receiver_close_unblocks_waiter_and_sender(transport: str) -> None:
+    import threading
+
+    rx = tw.Receiver(ring=1)
+    rx.register("t", (4,), "int32")
+    errors: list[BaseException] = []
+
+    def waiter() -> None:
+        try:
+            rx.wait("t", timeout=10)  # the message already written
+            rx.release("t")
+            rx.wait("t", timeout=10)  # blocks until close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    with tw.Sender.connect(rx.address, transport=transport, timeout=10) as tx:
+        tx.write("t", np.zeros(4, np.int32))
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        time.sleep(0.2)
+        start = time.monotonic()
+        rx.close()
+        thread.join(5)
+        assert not thread.is_alive() and time.monotonic() - start < 5
+        assert len(errors) == 1 and isinstance(errors[0], tw.ClosedError), errors
+        with pytest.raises(tw.PeerLostError):
+            for _ in range(50):
+                tx.write("t", np.zeros(4, np.int32), timeout=5)
+    with pytest.raises(tw.ClosedError):
+        rx.wait("t", timeout=0)
+    assert not shm_entries()
