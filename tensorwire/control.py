@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections.abc import Callable
 
 import zmq
@@ -57,8 +58,10 @@ class ControlServer:
             self._ctx.term()
             raise TensorWireError(f"cannot bind the control plane to {bind}: {exc}") from exc
         self.address: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._handler = handler
-        self._tick = tick
+        # Weak references: the thread must not keep its owner alive, or an owner dropped without
+        # close() would never be collected (and never warned about).
+        self._handler = weakref.WeakMethod(handler)  # type: ignore[arg-type]
+        self._tick = weakref.WeakMethod(tick)  # type: ignore[arg-type]
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -70,10 +73,14 @@ class ControlServer:
             while not self._stop.is_set():
                 if poller.poll(int(TICK_SECONDS * 1000)):
                     self._serve_one()
+                tick = self._tick()
+                if tick is None:
+                    return  # the owner was collected
                 try:
-                    self._tick()
+                    tick()
                 except Exception:  # a liveness check must never kill the control thread
                     log.exception("control-plane tick failed")
+                del tick
         finally:
             self._sock.close()
 
@@ -86,8 +93,11 @@ class ControlServer:
             log.warning("dropping a control message of %d frames (want 2)", len(frames))
             return
         identity, payload = frames
+        handler = self._handler()
+        if handler is None:
+            return
         try:
-            reply = self._handler(identity, wire.decode(payload))
+            reply = handler(identity, wire.decode(payload))
         except LocalProtocolError as exc:
             log.warning("refusing a malformed control message: %s", exc)
             reply = wire.ErrorReply("protocol", str(exc))
@@ -104,6 +114,8 @@ class ControlServer:
         if self._stop.is_set():
             return
         self._stop.set()
+        if threading.current_thread() is self._thread:
+            return  # closed from our own thread (an owner collected there): the loop ends itself
         self._thread.join()
         self._ctx.term()
 

@@ -141,6 +141,7 @@ class Receiver:
         region_bytes: int = DEFAULT_REGION_BYTES,
         name: str | None = None,
     ) -> None:
+        _, data_host = _parse_bind(bind)
         if ring < 1:
             raise ValueError(f"ring must be at least 1, got {ring}")
         self._secret = normalise_secret(secret)
@@ -163,7 +164,6 @@ class Receiver:
         self._tokens: dict[bytes, _Session] = {}
         self._control: ControlServer | None = None
         self._tcp: TcpDataServer | None = None
-        _, data_host = _parse_bind(bind)
         try:
             reaped = reap_stale_segments()
             if reaped:

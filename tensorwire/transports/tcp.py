@@ -19,6 +19,7 @@ import select
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -286,7 +287,8 @@ class TcpDataServer:
     """Accepts data connections and receives payloads in place, one thread per connection."""
 
     def __init__(self, host: str, sink: DataSink, *, max_connections: int = 1024) -> None:
-        self._sink = sink
+        # Weak: serving threads must not keep the receiver alive (see ControlServer).
+        self._sink_ref = weakref.ref(sink)
         self._max = max_connections
         try:
             self._listener = socket.create_server((host, 0), backlog=128)
@@ -324,6 +326,12 @@ class TcpDataServer:
                 self._conns[conn] = thread
             thread.start()
 
+    def _sink(self) -> DataSink:
+        sink = self._sink_ref()
+        if sink is None:
+            raise ConnectionError("receiver is gone")
+        return sink
+
     def _serve(self, conn: _Connection) -> None:
         sock = conn.sock
         session: object = None
@@ -335,7 +343,7 @@ class TcpDataServer:
             if not recv_exact_into(sock, memoryview(hello)):
                 return
             msg = wire.decode_data_hello(hello)
-            session = self._sink.admit(msg.token, msg.generation, conn, "tcp")
+            session = self._sink().admit(msg.token, msg.generation, conn, "tcp")
             sock.settimeout(None)
             conn.send_credit(HELLO_ACK, msg.generation)
             reader = wire.HeaderReader()
@@ -348,18 +356,22 @@ class TcpDataServer:
                     if not recv_exact_into(sock, hview[:need]):
                         return
                     header = reader.feed(hview[:need])
-                dst = self._sink.begin_write(session, header)
+                sink = self._sink()
+                dst = sink.begin_write(session, header)
                 if not recv_exact_into(sock, dst):
                     raise ConnectionError("connection closed before the payload")
-                self._sink.end_write(session, header)
+                sink.end_write(session, header)
+                del sink, dst
         except (LocalProtocolError, TensorWireError) as exc:
             reason = f"protocol error: {exc}"
             log.warning("dropping data connection from %s: %s", conn.peer, exc)
         except (OSError, ConnectionError) as exc:
             reason = f"connection error: {exc}"
         finally:
-            if session is not None:
-                self._sink.disconnected(session, reason)
+            sink_or_none = self._sink_ref()
+            if session is not None and sink_or_none is not None:
+                sink_or_none.disconnected(session, reason)
+            del sink_or_none
             with self._lock:
                 self._conns.pop(conn, None)
             conn.shutdown()
@@ -369,12 +381,15 @@ class TcpDataServer:
         if self._closed:
             return
         self._closed = True
-        self._accept_thread.join()
+        me = threading.current_thread()
+        if me is not self._accept_thread:
+            self._accept_thread.join()
         self._listener.close()
         with self._lock:
             conns = list(self._conns.items())
         for conn, _ in conns:
             conn.shutdown()
         for _, thread in conns:
-            thread.join()
+            if thread is not me:
+                thread.join()
 

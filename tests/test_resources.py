@@ -1,0 +1,160 @@
+"""Resources: regions are private and reaped, receiving allocates nothing per message, an idle
+receiver sleeps, and every object cleans up after itself."""
+
+from __future__ import annotations
+
+import gc
+import os
+import stat
+import threading
+import time
+import tracemalloc
+import warnings
+
+import numpy as np
+import pytest
+
+import tensorwire as tw
+from tensorwire.region import Region, reap_stale_segments
+
+from .conftest import Children, shm_entries
+from .peers import run_receiver, send_uniform
+
+
+def test_regions_are_private_unguessable_and_unlinked() -> None:
+    with tw.Receiver() as rx:
+        rx.register("a", (1024,), "float32")
+        rx.register("big", (16 << 20,), "uint8")  # larger than a region: gets its own
+        names = shm_entries()
+        assert len(names) >= 2
+        for name in names:
+            st = os.stat(f"/dev/shm/{name}")
+            assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.getuid()
+            assert len(name.rsplit(".", 1)[1]) == 32  # 128 random bits
+    assert not shm_entries()
+
+
+def test_few_regions_for_many_tensors() -> None:
+    with tw.Receiver(region_bytes=8 << 20) as rx:
+        for k in range(200):
+            rx.register(f"p{k}", (64, 64), "float32")  # 200 x 2 slots x 16 KiB = 6.4 MiB
+        assert len(shm_entries()) == 1
+
+
+def test_attach_refuses_names_that_are_not_ours() -> None:
+    for bad in ("../etc/passwd", "tensorwire.0.1.2.zz", "other"):
+        with pytest.raises(tw.ProtocolError):
+            Region.attach(bad, 4096)
+
+
+def test_segments_of_a_killed_receiver_are_reaped(children: Children) -> None:
+    here, there = children.pipe()
+    proc = children.start(run_receiver, there, [("t", (1 << 20,), "float32")])
+    assert here.poll(30)
+    regions = here.recv()["regions"]
+    assert regions and all(os.path.exists(f"/dev/shm/{r}") for r in regions)
+    proc.kill()
+    proc.join(10)
+    assert all(os.path.exists(f"/dev/shm/{r}") for r in regions)  # kill -9 could not unlink
+    reaped = reap_stale_segments()
+    assert set(regions) <= set(reaped)
+    assert not any(os.path.exists(f"/dev/shm/{r}") for r in regions)
+
+
+def test_receiving_allocates_nothing_per_message(transport: str, children: Children) -> None:
+    """100 writes of a 16 MiB tensor allocate < 1 MiB in the receiving process (tracemalloc sees
+    numpy's allocations too)."""
+    count = 100
+    with tw.Receiver() as rx:
+        rx.register("u", (4 << 20,), "int32")  # 16 MiB
+        gc.collect()
+        tracemalloc.start()
+        try:
+            proc = children.start(send_uniform, rx.address, transport, "u", count)
+            for k in range(1, count + 1):
+                view = rx.wait("u", timeout=60)
+                assert view[0] == k and view[-1] == k
+                rx.release("u")
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        children.join_ok(proc)
+    assert peak < 1 << 20, f"receiving 100 x 16 MiB allocated a peak of {peak} bytes"
+
+
+def test_idle_receiver_uses_almost_no_cpu() -> None:
+    with tw.Receiver() as rx:
+        rx.register("t", (4,), "int32")
+        done = threading.Event()
+
+        def wait() -> None:
+            with pytest.raises(tw.WireTimeoutError):
+                rx.wait("t", timeout=1.5)
+            done.set()
+
+        thread = threading.Thread(target=wait)
+        cpu0 = time.process_time()
+        wall0 = time.monotonic()
+        thread.start()
+        thread.join(10)
+        cpu = time.process_time() - cpu0
+        wall = time.monotonic() - wall0
+        assert done.is_set()
+    # Blocked in futex: the whole process (control thread included) stays far below one core.
+    assert cpu < 0.2 * wall, f"idle wait burned {cpu:.3f} s of CPU in {wall:.3f} s"
+
+
+def test_close_is_idempotent_and_objects_are_context_managers() -> None:
+    rx = tw.Receiver()
+    rx.register("t", (2,), "int8")
+    tx = tw.Sender.connect(rx.address, timeout=5)
+    tx.close()
+    tx.close()
+    rx.close()
+    rx.close()
+    with pytest.raises(tw.ClosedError):
+        rx.register("u", (2,), "int8")
+    with pytest.raises(tw.ClosedError):
+        tx.write("t", np.zeros(2, np.int8))
+
+
+def test_unclosed_objects_warn() -> None:
+    rx = tw.Receiver()
+    tx = tw.Sender.connect(rx.address, timeout=5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del tx
+        del rx
+        gc.collect()
+    kinds = {w.category for w in caught}
+    assert ResourceWarning in kinds
+    assert sum("unclosed tensorwire" in str(w.message) for w in caught) >= 2
+
+
+def test_views_outlive_close_safely() -> None:
+    rx = tw.Receiver()
+    rx.register("t", (4,), "float64")
+    with tw.Sender.connect(rx.address, timeout=5) as tx:
+        tx.write("t", np.arange(4.0))
+    view = rx.wait("t", timeout=5)
+    rx.close()
+    assert view.tolist() == [0.0, 1.0, 2.0, 3.0]  # mapping kept alive by the view; name unlinked
+    assert not shm_entries()
+
+
+def test_bad_constructor_arguments() -> None:
+    with pytest.raises(tw.TensorWireError, match="tcp://HOST:PORT"):
+        tw.Receiver("udp://1.2.3.4")
+    with pytest.raises(ValueError, match="ring"):
+        tw.Receiver(ring=0)
+    with pytest.raises(tw.TransportError, match="unknown transport"):
+        tw.Sender(transport="carrier-pigeon")
+    with pytest.raises(tw.TensorWireError, match="tcp://HOST:PORT"):
+        tw.Sender.connect("localhost:5")
+    with tw.Receiver() as rx:
+        rx.register("t", (2,), "int8")
+        with pytest.raises(tw.SpecMismatchError, match="already registered"):
+            rx.register("t", (2,), "int8")
+        with pytest.raises(tw.UnknownTensorError, match="registered: t"):
+            rx.wait("nope", timeout=0)
+        assert isinstance(tw.UnknownTensorError("x"), KeyError)
