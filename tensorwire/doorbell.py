@@ -34,7 +34,7 @@ from .errors import WireTimeoutError
 T = TypeVar("T")
 
 SPIN_SECONDS = 20e-6
-YIELD_SECONDS = 500e-6
+YIELD_SECONDS = 200e-6
 MAX_BLOCK = 0.05
 
 _FUTEX_WAIT = 0
@@ -99,10 +99,14 @@ def wait_for(
     flag_index: int,
     deadline: float | None,
     what: Callable[[], str],
+    busy: bool = True,
 ) -> T:
     """Return the first non-None value of ``check()``, waiting spin -> yield -> futex.
 
     ``bell``/``flag`` are u32 memoryviews; ``bell_address`` is the doorbell word's address.
+    ``busy=False`` skips the spin and yield phases: right when the progress we wait for is made by
+    a thread of this very process (a network transport's receive thread), which a spinning waiter
+    would only slow down by holding the GIL and a core.
     Raises :class:`WireTimeoutError` (message from ``what()``) at the deadline; ``check`` may raise
     to end the wait early (closed, peer lost).
     """
@@ -112,12 +116,12 @@ def wait_for(
     start = time.monotonic()
     if deadline is not None and start >= deadline:
         raise WireTimeoutError(what())
-    spin_end = start + SPIN_SECONDS
+    spin_end = start + (SPIN_SECONDS if busy else 0.0)
     while time.monotonic() < spin_end:
         result = check()
         if result is not None:
             return result
-    yield_end = start + YIELD_SECONDS
+    yield_end = start + (YIELD_SECONDS if busy else 0.0)
     while (now := time.monotonic()) < yield_end:
         os.sched_yield()
         result = check()

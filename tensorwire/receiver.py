@@ -302,7 +302,8 @@ class Receiver:
                 "consumer; release() one before waiting for the next message"
             )
 
-    def _block(self, check: Callable[[], Any], timeout: float | None, what: Callable[[], str]) -> Any:
+    def _block(self, check: Callable[[], Any], timeout: float | None, what: Callable[[], str],
+               busy: bool) -> Any:
         with self._lock:
             self._check_open()
             self._active += 1
@@ -316,6 +317,7 @@ class Receiver:
                 guarded, bell=self._bell.words32, bell_index=OFF_DOORBELL // 4,
                 bell_address=self._bell.address + OFF_DOORBELL, flag=self._bell.words32,
                 flag_index=OFF_RX_WAITING // 4, deadline=deadline_of(timeout), what=what,
+                busy=busy,
             )
         finally:
             with self._lock:
@@ -335,6 +337,7 @@ class Receiver:
             lambda: True if self._next_ready(tensor) else None, timeout,
             lambda: f"tensor {name!r}: message {tensor.consumed + 1} did not arrive within "
                     f"{timeout} s on {self.name}",
+            busy=tensor.transport == "shm",
         )
         return self._take(tensor)
 
@@ -356,7 +359,8 @@ class Receiver:
             return None
 
         tensor: _Tensor = self._block(
-            ready, timeout, lambda: f"no message arrived within {timeout} s on {self.name}"
+            ready, timeout, lambda: f"no message arrived within {timeout} s on {self.name}",
+            busy=any(t.transport == "shm" for t in self._order),
         )
         return tensor.spec.name, self._take(tensor)
 

@@ -222,6 +222,8 @@ class Sender:
         self.reconnect = reconnect
         self.name = name or f"sender-{os.getpid()}-{secrets.token_hex(3)}"
         self._peers: dict[str, _Peer] = {}
+        # (name, peer) -> where it goes; cleared whenever an address book changes.
+        self._routes: dict[tuple[str, str | None], tuple[_Peer, TensorEntry]] = {}
         self._lock = threading.RLock()
         self._closed = False
 
@@ -287,10 +289,14 @@ class Sender:
 
     def _resolve(self, name: str, peer: str | None) -> tuple[_Peer, TensorEntry]:
         self._check_open()
+        route = self._routes.get((name, peer))
+        if route is not None:
+            return route
         candidates = [self._peer(peer)] if peer is not None else list(self._peers.values())
         for attempt in range(2):
             found = [(p, p.entries[name]) for p in candidates if name in p.entries]
             if len(found) == 1:
+                self._routes[(name, peer)] = found[0]
                 return found[0]
             if len(found) > 1:
                 raise TensorWireError(
@@ -298,6 +304,7 @@ class Sender:
                     f"({', '.join(p.address for p, _ in found)}); choose one with peer="
                 )
             if attempt == 0:  # the receiver may have registered it since we looked
+                self._routes.clear()
                 for p in candidates:
                     p.refresh()
         known = sorted({n for p in candidates for n in p.entries})
@@ -326,6 +333,7 @@ class Sender:
             except PeerLostError:
                 if not self.reconnect:
                     raise
+                self._routes.clear()
                 p.open()
                 p, entry = self._resolve(name, p.address)
                 arr = entry.spec.check_array(arr)

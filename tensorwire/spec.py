@@ -115,23 +115,20 @@ class TensorSpec:
         """Check that a tensor of ``shape`` (and ``dtype``) may be written; return its byte count."""
         dt = self.dtype if dtype is None else dtype
         nbytes = math.prod(shape) * dt.itemsize
-        given = f"{_format(dt, tuple(shape))} ({nbytes} bytes)"
         if dt != self.dtype:
-            raise SpecMismatchError(
-                f"tensor {self.name!r}: dtype mismatch: expected {self.describe()}, got {given}"
-            )
-        if len(shape) != len(self.shape) or any(
+            problem = "dtype mismatch"
+        elif len(shape) != len(self.shape) or any(
             want is not None and want != got for want, got in zip(self.shape, shape)
         ):
-            raise SpecMismatchError(
-                f"tensor {self.name!r}: shape mismatch: expected {self.describe()}, got {given}"
-            )
-        if nbytes > self.max_bytes:
-            raise SpecMismatchError(
-                f"tensor {self.name!r}: {nbytes} bytes exceed the registered capacity: expected "
-                f"{self.describe()}, got {given}"
-            )
-        return nbytes
+            problem = "shape mismatch"
+        elif nbytes > self.max_bytes:
+            problem = f"{nbytes} bytes exceed the registered capacity"
+        else:
+            return nbytes
+        given = f"{_format(dt, tuple(shape))} ({nbytes} bytes)"
+        raise SpecMismatchError(
+            f"tensor {self.name!r}: {problem}: expected {self.describe()}, got {given}"
+        )
 
     def check_array(self, array: Any, *, allow_copy: bool = False) -> np.ndarray[Any, Any]:
         """Return ``array`` as a C-contiguous ndarray that may be written under this spec.
@@ -141,7 +138,8 @@ class TensorSpec:
         contiguous copy is returned.
         """
         arr = array if isinstance(array, np.ndarray) else np.asarray(array)
-        self.check_shape(arr.shape, arr.dtype)
+        if arr.shape != self.shape or arr.dtype != self.dtype:  # the static fast path misses
+            self.check_shape(arr.shape, arr.dtype)
         if not arr.flags.c_contiguous:
             if not allow_copy:
                 raise SpecMismatchError(

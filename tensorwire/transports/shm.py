@@ -11,6 +11,7 @@ or closed raises :class:`~tensorwire.errors.PeerLostError` instead of landing in
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,9 @@ from ..process import ProcessWatch, host_identity
 from ..region import Region
 from ..ring import RingMemory
 from .base import Channel, PeerInfo, TensorEntry, TensorWriter
+
+#: How often a writer asks the kernel whether the receiver process still lives.
+WATCH_INTERVAL = 0.005
 
 
 def unavailable_reason(info: PeerInfo) -> str | None:
@@ -43,6 +47,7 @@ class ShmChannel(Channel):
         self._region_specs = list(info.regions)
         self._regions: dict[int, Region] = {}
         self._watch = ProcessWatch(info.welcome.pid)
+        self._next_watch = 0.0
         self._closed = False
         try:
             self._bell_region = self._region(0)
@@ -68,8 +73,13 @@ class ShmChannel(Channel):
             raise PeerLostError(f"channel to {self._address} is closed")
         if self._bell_region.words32[OFF_STATE // 4] == REGION_CLOSED:
             raise PeerLostError(f"receiver at {self._address} closed")
-        if not self._watch.alive():
-            raise PeerLostError(f"receiver at {self._address} (pid {self._watch.pid}) died")
+        # A receiver that closes says so in its region header (checked above, for free). One that
+        # was killed can only be seen through its pidfd: a syscall, so not on every tiny write.
+        now = time.monotonic()
+        if now >= self._next_watch:
+            self._next_watch = now + WATCH_INTERVAL
+            if not self._watch.alive():
+                raise PeerLostError(f"receiver at {self._address} (pid {self._watch.pid}) died")
 
     def writer(self, entry: TensorEntry, next_seq: int, released: int) -> TensorWriter:
         ring = RingMemory(entry.spec, entry.layout, self._region(entry.layout.region),
