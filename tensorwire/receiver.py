@@ -565,11 +565,12 @@ class Receiver:
         tensor.ring.publish(header.seq, header.nbytes, header.shape)
         tensor.expected_seq = header.seq + 1
 
-    def disconnected(self, session: object, reason: str) -> None:
+    def disconnected(self, session: object, reason: str | None) -> None:
         assert isinstance(session, _Session)
         with self._lock:
             session.link = None
-            self._drop_session(session, None if self._closed else f"data connection ended ({reason})")
+            lost = None if reason is None or self._closed else f"data connection ended ({reason})"
+            self._drop_session(session, lost)
 
     # ---------------------------------------------------------------------------------------
     # Lifetime

@@ -41,6 +41,8 @@ from .transports.base import Channel, PeerInfo, TensorEntry, TensorWriter
 
 _DEFAULT: Any = object()
 DEFAULT_TIMEOUT = 60.0
+#: How long close() waits for a receiver to confirm that everything sent has landed.
+GOODBYE_TIMEOUT = 5.0
 
 
 class WriteHandle:
@@ -186,7 +188,8 @@ class _Peer:
             return
         try:
             self.channel.check_peer()
-            self.control.request(wire.Goodbye(self.generation), 1.0)
+            if not self.channel.goodbye(GOODBYE_TIMEOUT):
+                self.control.request(wire.Goodbye(self.generation), GOODBYE_TIMEOUT)
         except TensorWireError:
             pass  # the receiver is gone or not answering: nothing to say goodbye to
 

@@ -206,6 +206,7 @@ DATA_MAGIC = b"TWDF"
 CREDIT_MAGIC = b"TWCR"
 TOKEN_BYTES = 32
 FLAG_DYNAMIC = 0x01
+FLAG_BYE = 0x02  # the sender's last frame: no payload; everything before it has been sent
 
 DATA_HELLO = struct.Struct("<4sB3xQ32s")  # magic, version, generation, token
 DATA_HEADER = struct.Struct("<4sBBHIIQQQ")  # magic, version, flags, ndim, tensor, slot, gen, seq, n
@@ -227,6 +228,7 @@ class DataHeader:
     seq: int
     nbytes: int
     shape: tuple[int, ...] | None = None  # only for dynamic tensors
+    bye: bool = False  # the goodbye frame (all other fields zero)
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,10 +251,10 @@ def decode_data_hello(data: bytes | bytearray | memoryview) -> DataHello:
 
 def pack_data_header(out: bytearray, header: DataHeader) -> int:
     """Write ``header`` into the preallocated ``out``; return the number of bytes used."""
-    flags = 0
+    flags = FLAG_BYE if header.bye else 0
     ndim = 0
     if header.shape is not None:
-        flags = FLAG_DYNAMIC
+        flags |= FLAG_DYNAMIC
         ndim = len(header.shape)
     DATA_HEADER.pack_into(out, 0, DATA_MAGIC, VERSION, flags, ndim, header.tensor_id,
                           header.slot, header.generation, header.seq, header.nbytes)
@@ -298,17 +300,20 @@ class HeaderReader:
         if self._fixed is None:
             magic, version, flags, ndim, tid, slot, gen, seq, nbytes = DATA_HEADER.unpack(self._buf)
             _check_magic(magic, version, DATA_MAGIC, "data header")
-            if flags & ~FLAG_DYNAMIC:
+            if flags & ~(FLAG_DYNAMIC | FLAG_BYE):
                 raise LocalProtocolError(f"data header has unknown flags 0x{flags:02x}")
             dynamic = bool(flags & FLAG_DYNAMIC)
+            bye = bool(flags & FLAG_BYE)
             if ndim > MAX_DYNAMIC_NDIM or (ndim and not dynamic):
                 raise LocalProtocolError(f"data header has an invalid rank {ndim}")
-            self._fixed = (tid, slot, gen, seq, nbytes, dynamic, ndim)
+            if bye and (dynamic or nbytes):
+                raise LocalProtocolError("goodbye frame with a payload")
+            self._fixed = (tid, slot, gen, seq, nbytes, dynamic, ndim, bye)
             if dynamic:
                 self._want += 8 * ndim
                 if self.need:
                     return None
-        tid, slot, gen, seq, nbytes, dynamic, ndim = self._fixed
+        tid, slot, gen, seq, nbytes, dynamic, ndim, bye = self._fixed
         shape = None
         if dynamic:
             base = DATA_HEADER.size
@@ -316,7 +321,7 @@ class HeaderReader:
         self._buf.clear()
         self._want = DATA_HEADER.size
         self._fixed = None
-        return DataHeader(tid, slot, gen, seq, nbytes, shape)
+        return DataHeader(tid, slot, gen, seq, nbytes, shape, bye)
 
 
 def encode_credit(tensor_id: int, released: int) -> bytes:

@@ -284,3 +284,16 @@ def test_write_handle_and_timeout_on_full_ring(transport: str) -> None:
             rx.release("t")
             tx.write("t", np.full(8, 3, np.uint8), timeout=5)
             assert [rx.wait("t", timeout=5)[0] for _ in range(1)] == [2]
+
+
+def test_close_right_after_writing_loses_nothing(transport: str, children: Children) -> None:
+    """A sender that writes and exits at once: its goodbye travels behind its data, so every
+    message lands and the receiver reports no loss."""
+    with tw.Receiver(ring=4) as rx:
+        rx.register("t", (1 << 18,), "float32")  # 1 MiB: still in flight when the sender exits
+        plan = [("t", "float32", (1 << 18,), s) for s in range(4)]
+        proc = children.start(send_plan, rx.address, transport, plan)
+        children.join_ok(proc)  # the sender has exited before we consume anything
+        for s in range(4):
+            assert np.array_equal(rx.wait("t", timeout=30), make_array("float32", (1 << 18,), s))
+            rx.release("t")

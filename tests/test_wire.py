@@ -179,3 +179,13 @@ def test_fixed_frames_garbage_only_raises_protocol_error(data: bytes) -> None:
             decoder(data)
         except LocalProtocolError:
             pass
+
+
+def test_goodbye_frame_round_trip_and_no_payload() -> None:
+    bye = wire.DataHeader(0, 0, 0, 0, 0, None, bye=True)
+    reader = wire.HeaderReader()
+    assert reader.feed(wire.encode_data_header(bye)) == bye
+    bad = bytearray(wire.encode_data_header(bye))
+    bad[-8:] = (5).to_bytes(8, "little")  # a goodbye may not announce a payload
+    with pytest.raises(LocalProtocolError, match="goodbye"):
+        wire.HeaderReader().feed(bytes(bad))

@@ -74,6 +74,14 @@ class Channel(ABC):
     def update_regions(self, regions: list[tuple[str | None, int]]) -> None:  # noqa: B027
         """The receiver registered more tensors (maybe in new regions)."""
 
+    def goodbye(self, timeout: float) -> bool:
+        """End the session on the data plane, after every byte already sent has landed.
+
+        Returns True when the transport said goodbye itself (so the control plane need not); a
+        transport whose writes are complete when ``write`` returns has nothing to drain.
+        """
+        return False
+
     @abstractmethod
     def check_peer(self) -> None:
         """Raise :class:`~tensorwire.errors.PeerLostError` if the receiver is known to be gone."""
@@ -103,5 +111,6 @@ class DataSink(Protocol):
     def end_write(self, session: object, header: DataHeader) -> None:
         """The payload is in place: complete the slot."""
 
-    def disconnected(self, session: object, reason: str) -> None:
-        """The session's data connection ended."""
+    def disconnected(self, session: object, reason: str | None) -> None:
+        """The session's data connection ended: cleanly after a goodbye (``reason`` None) or
+        not."""

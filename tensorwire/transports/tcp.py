@@ -186,6 +186,23 @@ class TcpChannel(Channel):
     def check_peer(self) -> None:
         self._absorb(0)
 
+    def goodbye(self, timeout: float) -> bool:
+        """Send the goodbye frame behind every write, then wait for the receiver to hang up."""
+        sock = self._sock
+        if sock is None:
+            return False
+        try:
+            sock.sendall(wire.encode_data_header(wire.DataHeader(0, 0, 0, 0, 0, None, bye=True)))
+            sock.shutdown(socket.SHUT_WR)
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                self._absorb(max(1, int((deadline - time.monotonic()) * 1000)))
+        except PeerLostError:
+            return True  # the receiver hung up: it has read everything up to our goodbye
+        except OSError:
+            return False
+        return False
+
     def close(self) -> None:
         sock, self._sock = self._sock, None
         if sock is not None:
@@ -335,7 +352,7 @@ class TcpDataServer:
     def _serve(self, conn: _Connection) -> None:
         sock = conn.sock
         session: object = None
-        reason = "closed by peer"
+        reason: str | None = "closed without a goodbye"
         try:
             _tune(sock)
             sock.settimeout(HELLO_TIMEOUT)
@@ -356,6 +373,9 @@ class TcpDataServer:
                     if not recv_exact_into(sock, hview[:need]):
                         return
                     header = reader.feed(hview[:need])
+                if header.bye:
+                    reason = None  # clean: every frame before the goodbye has landed
+                    return
                 sink = self._sink()
                 dst = sink.begin_write(session, header)
                 if not recv_exact_into(sock, dst):
