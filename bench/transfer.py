@@ -76,8 +76,9 @@ def _receiver(conn: Any, sizes: list[int], latency_bytes: int, transports: list[
             rx.register(f"{t}-ping", (latency_bytes,), "uint8")
         conn.send(rx.address)
         pong_to = conn.recv()
-        senders = {name: tw.Sender.connect(pong_to, transport=name, timeout=60)
-                   for name in transports}
+        senders = {
+            name: tw.Sender.connect(pong_to, transport=name, timeout=60) for name in transports
+        }
         try:
             while True:
                 cmd = conn.recv()
@@ -139,8 +140,9 @@ class Bench:
             self._pong_rx.register(f"{t}-pong", (latency_bytes,), "uint8")
         self._ping = np.full(latency_bytes, 7, dtype=np.uint8)
         self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_receiver, args=(child, sizes, latency_bytes, transports),
-                                 daemon=True)
+        self._proc = ctx.Process(
+            target=_receiver, args=(child, sizes, latency_bytes, transports), daemon=True
+        )
         self._proc.start()
         address = self._conn.recv()
         self._conn.send(self._pong_rx.address)
@@ -173,7 +175,7 @@ class Bench:
         return time.perf_counter() - t0
 
     def raw_tcp(self, size: int, count: int) -> float:
-        view = memoryview(self._src[size])
+        view = self._src[size].data
         self._raw.sendall(RAW.pack(size, count))
         t0 = time.perf_counter()
         for _ in range(count):
@@ -205,8 +207,14 @@ class Bench:
         self._pong_rx.close()
 
 
-def run(sizes: list[int], repeat: int, transports: list[str], latency_bytes: int,
-        round_trips: int, progress: bool = True) -> dict[str, Any]:
+def run(
+    sizes: list[int],
+    repeat: int,
+    transports: list[str],
+    latency_bytes: int,
+    round_trips: int,
+    progress: bool = True,
+) -> dict[str, Any]:
     bench = Bench(sizes, latency_bytes, transports)
     methods = ["memcpy", *transports]
     if "tcp" in transports:
@@ -244,19 +252,34 @@ def run(sizes: list[int], repeat: int, transports: list[str], latency_bytes: int
         med = {m: statistics.median(samples[(m, size)]) for m in methods}
         for m in methods:
             limit = "raw-tcp" if m in ("tcp", "raw-tcp") else "memcpy"
-            rows.append({"size": size, "method": m, "gbps": med[m],
-                         "limit": limit, "ratio_to_limit": med[m] / med[limit],
-                         "samples": samples[(m, size)]})
+            rows.append(
+                {
+                    "size": size,
+                    "method": m,
+                    "gbps": med[m],
+                    "limit": limit,
+                    "ratio_to_limit": med[m] / med[limit],
+                    "samples": samples[(m, size)],
+                }
+            )
     lat = {}
     for t, xs in latency.items():
         xs_sorted = sorted(xs)
-        lat[t] = {"bytes": latency_bytes, "median_us": statistics.median(xs) * 1e6,
-                  "p99_us": xs_sorted[int(0.99 * (len(xs) - 1))] * 1e6, "n": len(xs)}
+        lat[t] = {
+            "bytes": latency_bytes,
+            "median_us": statistics.median(xs) * 1e6,
+            "p99_us": xs_sorted[int(0.99 * (len(xs) - 1))] * 1e6,
+            "n": len(xs),
+        }
     return {
         "schema": "tensorwire.bench.transfer/1",
-        "machine": {"cpus": mp.cpu_count(), "machine": platform.machine(),
-                    "python": platform.python_version(), "numpy": np.__version__,
-                    "tensorwire": tw.__version__},
+        "machine": {
+            "cpus": mp.cpu_count(),
+            "machine": platform.machine(),
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+            "tensorwire": tw.__version__,
+        },
         "repeat": repeat,
         "throughput": rows,
         "latency": lat,
@@ -266,7 +289,9 @@ def run(sizes: list[int], repeat: int, transports: list[str], latency_bytes: int
 def render(result: dict[str, Any]) -> str:
     lines = [f"{'size':>8}  {'method':<8} {'GB/s':>7}  {'vs limit':>14}"]
     for row in result["throughput"]:
-        ratio = "" if row["method"] == row["limit"] else f"{row['ratio_to_limit']:.2f}x {row['limit']}"
+        ratio = (
+            "" if row["method"] == row["limit"] else f"{row['ratio_to_limit']:.2f}x {row['limit']}"
+        )
         lines.append(f"{human(row['size']):>8}  {row['method']:<8} {row['gbps']:7.2f}  {ratio:>14}")
     lines.append("")
     lines.append(f"{'round trip':<12} {'bytes':>6} {'median us':>10} {'p99 us':>8}")
@@ -279,16 +304,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tensorwire.bench.transfer",
         description="Throughput of shm and tcp writes between two processes, next to memcpy and a "
-                    "raw loopback socket, and small-tensor round-trip latency.",
+        "raw loopback socket, and small-tensor round-trip latency.",
     )
-    parser.add_argument("--sizes", default="1M,16M,64M",
-                        help="comma-separated tensor sizes (default: 1M,16M,64M)")
+    parser.add_argument(
+        "--sizes", default="1M,16M,64M", help="comma-separated tensor sizes (default: 1M,16M,64M)"
+    )
     parser.add_argument("--repeat", type=int, default=5, help="repetitions (median reported)")
     parser.add_argument("--transports", default="shm,tcp", help="comma-separated: shm,tcp")
-    parser.add_argument("--latency-bytes", type=parse_size, default=4096,
-                        help="tensor size for the round-trip test (default 4K)")
-    parser.add_argument("--round-trips", type=int, default=2000,
-                        help="round trips per repetition")
+    parser.add_argument(
+        "--latency-bytes",
+        type=parse_size,
+        default=4096,
+        help="tensor size for the round-trip test (default 4K)",
+    )
+    parser.add_argument("--round-trips", type=int, default=2000, help="round trips per repetition")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
     try:

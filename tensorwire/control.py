@@ -47,8 +47,13 @@ def _socket(ctx: zmq.Context[zmq.Socket[bytes]], kind: int) -> zmq.Socket[bytes]
 class ControlServer:
     """A ROUTER socket served by one thread. ``handler(identity, msg)`` returns the reply."""
 
-    def __init__(self, bind: str, handler: Handler, tick: Callable[[], None],
-                 name: str = "tensorwire-control") -> None:
+    def __init__(
+        self,
+        bind: str,
+        handler: Handler,
+        tick: Callable[[], None],
+        name: str = "tensorwire-control",
+    ) -> None:
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context(io_threads=1)
         self._sock = _socket(self._ctx, zmq.ROUTER)
         try:
@@ -60,8 +65,8 @@ class ControlServer:
         self.address: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         # Weak references: the thread must not keep its owner alive, or an owner dropped without
         # close() would never be collected (and never warned about).
-        self._handler = weakref.WeakMethod(handler)  # type: ignore[arg-type]
-        self._tick = weakref.WeakMethod(tick)  # type: ignore[arg-type]
+        self._handler = weakref.WeakMethod(handler)
+        self._tick = weakref.WeakMethod(tick)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()

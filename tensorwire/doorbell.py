@@ -65,8 +65,13 @@ def futex_wait(address: int, expected: int, timeout: float) -> None:
         return
     ts = _Timespec(int(timeout), int((timeout % 1.0) * 1e9))
     res = _syscall(
-        _SYS_FUTEX, ctypes.c_void_p(address), _FUTEX_WAIT, ctypes.c_uint32(expected),
-        ctypes.byref(ts), None, 0,
+        _SYS_FUTEX,
+        ctypes.c_void_p(address),
+        _FUTEX_WAIT,
+        ctypes.c_uint32(expected),
+        ctypes.byref(ts),
+        None,
+        0,
     )
     if res == -1:
         err = ctypes.get_errno()
@@ -146,8 +151,9 @@ def wait_for(
         now = time.monotonic()
 
 
-def ring_bell(bell: memoryview, bell_index: int, bell_address: int, flag: memoryview,
-              flag_index: int) -> None:
+def ring_bell(
+    bell: memoryview, bell_index: int, bell_address: int, flag: memoryview, flag_index: int
+) -> None:
     """Announce progress: change the doorbell word, and wake sleepers if any are flagged."""
     bell[bell_index] = (bell[bell_index] + 1) & 0xFFFFFFFF
     if flag[flag_index]:

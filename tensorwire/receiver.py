@@ -2,8 +2,8 @@
 
 A :class:`Receiver` owns registered regions, a control-plane server (hello, address book, claims)
 and the servers of the networked transports. Senders write into its slots one-sidedly; the receiver
-learns that a message landed from the slot's sequence number and hands out a zero-copy read-only view
-of the slot, which stays valid until :meth:`Receiver.release` returns the slot to the sender.
+learns that a message landed from the slot's sequence number and hands out a zero-copy read-only
+view of the slot, which stays valid until :meth:`Receiver.release` returns the slot to the sender.
 
 Each tensor has exactly one writer at a time: the sender that *claims* it (on its first write). A
 claim ends with the sender's goodbye, its death (pidfd on this host, the data connection elsewhere)
@@ -171,8 +171,9 @@ class Receiver:
             self._shared = shm_available()
             self._bell = self._new_region(self._region_bytes)
             self._tcp = TcpDataServer(data_host, self)
-            self._control = ControlServer(bind, self._handle, self._tick,
-                                          name=f"tensorwire-control-{self.name}")
+            self._control = ControlServer(
+                bind, self._handle, self._tick, name=f"tensorwire-control-{self.name}"
+            )
         except BaseException:
             self.close()
             raise
@@ -196,7 +197,9 @@ class Receiver:
         need = ring_footprint(depth, spec.max_bytes, spec.ndim, spec.dynamic)
         region = self._regions[-1]
         if self._next_offset + need > region.size:
-            region = self._new_region(max(self._region_bytes, REGION_HEADER_SIZE + align(need, PAGE)))
+            region = self._new_region(
+                max(self._region_bytes, REGION_HEADER_SIZE + align(need, PAGE))
+            )
         base = self._next_offset
         layout = plan_ring(base, depth, spec.max_bytes, spec.ndim, spec.dynamic)
         layout = dataclasses.replace(layout, region=len(self._regions) - 1)
@@ -225,7 +228,8 @@ class Receiver:
             self._check_open()
             if name in self._tensors:
                 raise SpecMismatchError(
-                    f"tensor {name!r} is already registered as {self._tensors[name].spec.describe()}"
+                    f"tensor {name!r} is already registered as "
+                    f"{self._tensors[name].spec.describe()}"
                 )
             region, layout = self._place(spec, depth)
             ring_mem = RingMemory(spec, layout, region, self._bell)
@@ -248,8 +252,14 @@ class Receiver:
         out = []
         for item in specs:
             if isinstance(item, TensorSpec):
-                out.append(self.register(item.name, item.shape, item.dtype,
-                                         max_bytes=item.max_bytes if item.dynamic else None))
+                out.append(
+                    self.register(
+                        item.name,
+                        item.shape,
+                        item.dtype,
+                        max_bytes=item.max_bytes if item.dynamic else None,
+                    )
+                )
             else:
                 out.append(self.register(*item))
         return out
@@ -302,21 +312,28 @@ class Receiver:
                 "consumer; release() one before waiting for the next message"
             )
 
-    def _block(self, check: Callable[[], Any], timeout: float | None, what: Callable[[], str],
-               busy: bool) -> Any:
+    def _block(
+        self, check: Callable[[], Any], timeout: float | None, what: Callable[[], str], busy: bool
+    ) -> Any:
         with self._lock:
             self._check_open()
             self._active += 1
         try:
+
             def guarded() -> Any:
                 if self._closed:
                     raise ClosedError(f"receiver {self.name} was closed while waiting")
                 return check()
 
             return wait_for(
-                guarded, bell=self._bell.words32, bell_index=OFF_DOORBELL // 4,
-                bell_address=self._bell.address + OFF_DOORBELL, flag=self._bell.words32,
-                flag_index=OFF_RX_WAITING // 4, deadline=deadline_of(timeout), what=what,
+                guarded,
+                bell=self._bell.words32,
+                bell_index=OFF_DOORBELL // 4,
+                bell_address=self._bell.address + OFF_DOORBELL,
+                flag=self._bell.words32,
+                flag_index=OFF_RX_WAITING // 4,
+                deadline=deadline_of(timeout),
+                what=what,
                 busy=busy,
             )
         finally:
@@ -334,9 +351,12 @@ class Receiver:
         tensor = self._tensor(name)
         self._held_check(tensor)
         self._block(
-            lambda: True if self._next_ready(tensor) else None, timeout,
-            lambda: f"tensor {name!r}: message {tensor.consumed + 1} did not arrive within "
-                    f"{timeout} s on {self.name}",
+            lambda: True if self._next_ready(tensor) else None,
+            timeout,
+            lambda: (
+                f"tensor {name!r}: message {tensor.consumed + 1} did not arrive within "
+                f"{timeout} s on {self.name}"
+            ),
             busy=tensor.transport == "shm",
         )
         return self._take(tensor)
@@ -353,13 +373,17 @@ class Receiver:
             n = len(order)
             for k in range(n):
                 tensor = order[(self._rr + k) % n]
-                if tensor.consumed - tensor.released < tensor.ring.depth and self._next_ready(tensor):
+                if tensor.consumed - tensor.released < tensor.ring.depth and self._next_ready(
+                    tensor
+                ):
                     self._rr = (self._rr + k + 1) % n
                     return tensor
             return None
 
         tensor: _Tensor = self._block(
-            ready, timeout, lambda: f"no message arrived within {timeout} s on {self.name}",
+            ready,
+            timeout,
+            lambda: f"no message arrived within {timeout} s on {self.name}",
             busy=any(t.transport == "shm" for t in self._order),
         )
         return tensor.spec.name, self._take(tensor)
@@ -448,8 +472,9 @@ class Receiver:
         if self._tcp is not None:
             transports["tcp"] = self._tcp.details()
         log.info("welcomed %s", session.describe())
-        return wire.Welcome(self.generation, os.getpid(), self._host, proof, session.token,
-                            transports)
+        return wire.Welcome(
+            self.generation, os.getpid(), self._host, proof, session.token, transports
+        )
 
     def _address_book(self) -> wire.AddressBook:
         regions = [[r.name if r.name is not None else "", r.size] for r in self._regions]
@@ -508,8 +533,13 @@ class Receiver:
     def _wake(self) -> None:
         bell = self._bell
         if not bell.closed:
-            ring_bell(bell.words32, OFF_DOORBELL // 4, bell.address + OFF_DOORBELL, bell.words32,
-                      OFF_RX_WAITING // 4)
+            ring_bell(
+                bell.words32,
+                OFF_DOORBELL // 4,
+                bell.address + OFF_DOORBELL,
+                bell.words32,
+                OFF_RX_WAITING // 4,
+            )
 
     # ---------------------------------------------------------------------------------------
     # DataSink: what networked transports deliver into (runs on their threads)
@@ -521,7 +551,9 @@ class Receiver:
             if session is None or not session.alive:
                 raise LocalProtocolError(f"{transport} connection presented an unknown token")
             if generation != self.generation:
-                raise LocalProtocolError(f"{transport} connection for stale generation {generation}")
+                raise LocalProtocolError(
+                    f"{transport} connection for stale generation {generation}"
+                )
             if session.link is not None:
                 raise LocalProtocolError(f"{session.describe()} already has a data connection")
             session.link = link
@@ -531,8 +563,9 @@ class Receiver:
         assert isinstance(session, _Session)
         tensor = self._by_id.get(header.tensor_id)
         if tensor is None or tensor.owner is not session:
-            raise LocalProtocolError(f"write to tensor id {header.tensor_id} that this sender "
-                                     "has not claimed")
+            raise LocalProtocolError(
+                f"write to tensor id {header.tensor_id} that this sender has not claimed"
+            )
         ring = tensor.ring
         name = tensor.spec.name
         if header.generation != self.generation:
@@ -543,8 +576,10 @@ class Receiver:
                 f"{ring.slot_of(tensor.expected_seq)}, got {header.seq} in slot {header.slot}"
             )
         if header.seq - tensor.released > ring.depth:
-            raise LocalProtocolError(f"tensor {name!r}: message {header.seq} overruns the credits "
-                                     f"(released {tensor.released}, depth {ring.depth})")
+            raise LocalProtocolError(
+                f"tensor {name!r}: message {header.seq} overruns the credits "
+                f"(released {tensor.released}, depth {ring.depth})"
+            )
         if tensor.spec.dynamic:
             if header.shape is None:
                 raise LocalProtocolError(f"tensor {name!r} is dynamic but the header has no shape")
@@ -558,7 +593,7 @@ class Receiver:
             raise LocalProtocolError(
                 f"tensor {name!r}: header says {header.nbytes} bytes, the spec needs {nbytes}"
             )
-        return memoryview(ring.payload_bytes[ring.slot_of(header.seq)])[:nbytes]
+        return ring.payload_bytes[ring.slot_of(header.seq)][:nbytes].data
 
     def end_write(self, session: object, header: wire.DataHeader) -> None:
         tensor = self._by_id[header.tensor_id]
@@ -617,11 +652,12 @@ class Receiver:
 
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
-            warnings.warn(f"unclosed tensorwire Receiver {self.name}", ResourceWarning, stacklevel=1)
+            warnings.warn(
+                f"unclosed tensorwire Receiver {self.name}", ResourceWarning, stacklevel=1
+            )
             with contextlib.suppress(Exception):
                 self.close()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self._tensors)} tensors"
         return f"<Receiver {self.name} at {getattr(self, 'address', '?')} ({state})>"
-

@@ -162,12 +162,10 @@ class Region:
         self.words64.release()
         self.words32.release()
         del self.array
-        try:
+        # A caller may still hold a view (e.g. a tensor returned by wait()). The mapping then
+        # lives until that view is collected; the name is already gone, so nothing leaks.
+        with contextlib.suppress(BufferError):
             mm.close()
-        except BufferError:
-            # A caller still holds a view (e.g. a tensor returned by wait()). The mapping then
-            # lives until that view is collected; the name is already gone, so nothing leaks.
-            pass
 
     def __del__(self) -> None:
         if self._mm is not None:

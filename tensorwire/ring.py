@@ -41,8 +41,9 @@ from .spec import TensorSpec
 class RingMemory:
     """Word-level access to one ring, plus the receiver doorbell of the region it lives in."""
 
-    def __init__(self, spec: TensorSpec, layout: RingLayout, region: Region,
-                 bell_region: Region) -> None:
+    def __init__(
+        self, spec: TensorSpec, layout: RingLayout, region: Region, bell_region: Region
+    ) -> None:
         self.spec = spec
         self.layout = layout
         self.depth = layout.depth
@@ -121,8 +122,12 @@ class RingMemory:
             return None
 
         wait_for(
-            ready, bell=self._i, bell_index=self._credit_bell,
-            bell_address=self.credit_bell_address, flag=self._i, flag_index=self._tx_waiting,
+            ready,
+            bell=self._i,
+            bell_index=self._credit_bell,
+            bell_address=self.credit_bell_address,
+            flag=self._i,
+            flag_index=self._tx_waiting,
             deadline=deadline,
             what=lambda: (
                 f"tensor {self.spec.name!r}: no free slot for message {seq}: the receiver has "

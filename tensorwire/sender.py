@@ -74,15 +74,24 @@ class WriteHandle:
 class _Peer:
     """One receiver as seen from this sender: control client, address book, data channel."""
 
-    def __init__(self, address: str, *, transport: str, secret: bytes | None, timeout: float | None,
-                 client: str) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        transport: str,
+        secret: bytes | None,
+        timeout: float | None,
+        client: str,
+    ) -> None:
         try:
             parts = urlsplit(address)
             scheme, host, port = parts.scheme, parts.hostname, parts.port
         except ValueError:
             scheme, host, port = "", None, None
         if scheme != "tcp" or not host or not port:
-            raise TensorWireError(f"receiver address must look like tcp://HOST:PORT, got {address!r}")
+            raise TensorWireError(
+                f"receiver address must look like tcp://HOST:PORT, got {address!r}"
+            )
         if transport not in TRANSPORT_NAMES:
             raise TransportError(
                 f"unknown transport {transport!r}; choose one of: {', '.join(TRANSPORT_NAMES)}"
@@ -154,8 +163,12 @@ class _Peer:
             sizes = [size for _, size in regions]
             entries = {}
             for tid, spec_d, layout_w in book.tensors:
-                spec = TensorSpec.create(spec_d["name"], spec_d["shape"], spec_d["dtype"],
-                                         spec_d["max_bytes"] if None in spec_d["shape"] else None)
+                spec = TensorSpec.create(
+                    spec_d["name"],
+                    spec_d["shape"],
+                    spec_d["dtype"],
+                    spec_d["max_bytes"] if None in spec_d["shape"] else None,
+                )
                 layout = RingLayout.from_wire(layout_w, sizes)
                 if layout.capacity < spec.max_bytes:
                     raise LocalProtocolError(f"tensor {spec.name!r}: slot smaller than its spec")
@@ -212,9 +225,15 @@ class Sender:
     that finds its receiver restarted re-resolves the address book once and retries.
     """
 
-    def __init__(self, *, transport: str = "auto", secret: str | bytes | None = None,
-                 timeout: float | None = DEFAULT_TIMEOUT, reconnect: bool = False,
-                 name: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        transport: str = "auto",
+        secret: str | bytes | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        reconnect: bool = False,
+        name: str | None = None,
+    ) -> None:
         if transport not in TRANSPORT_NAMES:
             raise TransportError(
                 f"unknown transport {transport!r}; choose one of: {', '.join(TRANSPORT_NAMES)}"
@@ -231,12 +250,20 @@ class Sender:
         self._closed = False
 
     @classmethod
-    def connect(cls, address: str, *, transport: str = "auto", secret: str | bytes | None = None,
-                timeout: float | None = DEFAULT_TIMEOUT, reconnect: bool = False,
-                name: str | None = None) -> Sender:
+    def connect(
+        cls,
+        address: str,
+        *,
+        transport: str = "auto",
+        secret: str | bytes | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        reconnect: bool = False,
+        name: str | None = None,
+    ) -> Sender:
         """Create a sender connected to the receiver at ``address``."""
-        sender = cls(transport=transport, secret=secret, timeout=timeout, reconnect=reconnect,
-                     name=name)
+        sender = cls(
+            transport=transport, secret=secret, timeout=timeout, reconnect=reconnect, name=name
+        )
         try:
             sender.add_peer(address)
         except BaseException:
@@ -251,8 +278,11 @@ class Sender:
             if address in self._peers:
                 return
             self._peers[address] = _Peer(
-                address, transport=transport or self._transport, secret=self._secret,
-                timeout=self.timeout, client=self.name,
+                address,
+                transport=transport or self._transport,
+                secret=self._secret,
+                timeout=self.timeout,
+                client=self.name,
             )
 
     @property
@@ -318,8 +348,15 @@ class Sender:
     def _deadline(self, timeout: float | None) -> float | None:
         return deadline_of(self.timeout if timeout is _DEFAULT else timeout)
 
-    def write(self, name: str, array: Any, *, timeout: float | None = _DEFAULT,
-              allow_copy: bool = False, peer: str | None = None) -> WriteHandle:
+    def write(
+        self,
+        name: str,
+        array: Any,
+        *,
+        timeout: float | None = _DEFAULT,
+        allow_copy: bool = False,
+        peer: str | None = None,
+    ) -> WriteHandle:
         """Write ``array`` one-sidedly into the next slot of tensor ``name``.
 
         The array must match the published dtype and shape exactly (a dynamic dimension may take
@@ -345,15 +382,20 @@ class Sender:
             return WriteHandle(name, w.next_seq - 1, arr.nbytes)
 
     @contextlib.contextmanager
-    def buffer(self, name: str, *, shape: tuple[int, ...] | None = None,
-               timeout: float | None = _DEFAULT, peer: str | None = None
-               ) -> Iterator[np.ndarray[Any, Any]]:
+    def buffer(
+        self,
+        name: str,
+        *,
+        shape: tuple[int, ...] | None = None,
+        timeout: float | None = _DEFAULT,
+        peer: str | None = None,
+    ) -> Iterator[np.ndarray[Any, Any]]:
         """Produce a message in place: yields a writable array for the next slot of ``name``.
 
-        Over ``shm`` the array *is* the receiver's slot, so filling it (``np.matmul(a, b, out=...)``)
-        writes the receiver's memory with no copy at all; over a network it is a reused staging
-        buffer. The message is completed when the block exits normally; if the block raises, it
-        is not sent. ``shape`` is needed for dynamic tensors.
+        Over ``shm`` the array *is* the receiver's slot, so filling it
+        (``np.matmul(a, b, out=...)``) writes the receiver's memory with no copy at all; over a
+        network it is a reused staging buffer. The message is completed when the block exits
+        normally; if the block raises, it is not sent. ``shape`` is needed for dynamic tensors.
         """
         with self._lock:
             p, entry = self._resolve(name, peer)

@@ -32,8 +32,8 @@ def canonical_dtype(dtype: Any) -> np.dtype[Any]:
         raise SpecMismatchError(f"not a numpy dtype: {dtype!r}") from exc
     if dt.kind not in _SUPPORTED_KINDS or dt.fields is not None or dt.subdtype is not None:
         raise SpecMismatchError(
-            f"dtype {dt} is not supported: only bool, integer, float and complex dtypes move as raw "
-            "bytes"
+            f"dtype {dt} is not supported: only bool, integer, float and complex dtypes move "
+            "as raw bytes"
         )
     return dt
 
@@ -53,19 +53,21 @@ class TensorSpec:
     max_bytes: int
 
     @classmethod
-    def create(
-        cls, name: str, shape: Any, dtype: Any, max_bytes: int | None = None
-    ) -> TensorSpec:
+    def create(cls, name: str, shape: Any, dtype: Any, max_bytes: int | None = None) -> TensorSpec:
         """Validate and build a spec; ``max_bytes`` is required when a dimension is ``None``."""
         if not isinstance(name, str) or not name or len(name.encode()) > 255:
-            raise SpecMismatchError(f"tensor name must be a non-empty string of <= 255 bytes: {name!r}")
+            raise SpecMismatchError(
+                f"tensor name must be a non-empty string of <= 255 bytes: {name!r}"
+            )
         dt = canonical_dtype(dtype)
         if isinstance(shape, (int, np.integer)):
             shape = (int(shape),)
         try:
             dims: Shape = tuple(None if d is None else int(d) for d in shape)
         except (TypeError, ValueError) as exc:
-            raise SpecMismatchError(f"tensor {name!r}: shape must be a sequence, got {shape!r}") from exc
+            raise SpecMismatchError(
+                f"tensor {name!r}: shape must be a sequence, got {shape!r}"
+            ) from exc
         if any(d is not None and d < 0 for d in dims):
             raise SpecMismatchError(f"tensor {name!r}: negative dimension in shape {shape!r}")
         dynamic = any(d is None for d in dims)
@@ -112,13 +114,13 @@ class TensorSpec:
         return f"{text} ({self.max_bytes} bytes)"
 
     def check_shape(self, shape: tuple[int, ...], dtype: np.dtype[Any] | None = None) -> int:
-        """Check that a tensor of ``shape`` (and ``dtype``) may be written; return its byte count."""
+        """Check that a tensor of ``shape`` (and ``dtype``) may be written; return its bytes."""
         dt = self.dtype if dtype is None else dtype
         nbytes = math.prod(shape) * dt.itemsize
         if dt != self.dtype:
             problem = "dtype mismatch"
         elif len(shape) != len(self.shape) or any(
-            want is not None and want != got for want, got in zip(self.shape, shape)
+            want is not None and want != got for want, got in zip(self.shape, shape, strict=True)
         ):
             problem = "shape mismatch"
         elif nbytes > self.max_bytes:

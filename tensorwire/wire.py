@@ -156,8 +156,20 @@ ERROR_CODES = frozenset(
 
 MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.TYPE: cls
-    for cls in (Hello, Challenge, Auth, Welcome, Lookup, AddressBook, Claim, Claimed, Heartbeat,
-                Goodbye, Ack, ErrorReply)
+    for cls in (
+        Hello,
+        Challenge,
+        Auth,
+        Welcome,
+        Lookup,
+        AddressBook,
+        Claim,
+        Claimed,
+        Heartbeat,
+        Goodbye,
+        Ack,
+        ErrorReply,
+    )
 }
 _FIELDS: dict[type[Message], list[tuple[str, type]]] = {
     cls: [(f.name, _FIELD_TYPES[str(f.type)]) for f in dataclasses.fields(cls)]
@@ -169,7 +181,8 @@ def encode(msg: Message) -> bytes:
     body: dict[str, Any] = {"v": VERSION, "t": msg.TYPE}
     for name, _ in _FIELDS[type(msg)]:
         body[name] = getattr(msg, name)
-    return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]
+    packed: bytes = msgpack.packb(body, use_bin_type=True)
+    return packed
 
 
 def decode(data: bytes) -> Message:
@@ -177,15 +190,20 @@ def decode(data: bytes) -> Message:
     try:
         body = msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)
     except Exception as exc:  # msgpack raises many types for garbage; normalise them
-        raise LocalProtocolError(f"undecodable control message ({len(data)} bytes): {exc}") from None
+        raise LocalProtocolError(
+            f"undecodable control message ({len(data)} bytes): {exc}"
+        ) from None
     if not isinstance(body, dict):
         raise LocalProtocolError(f"control message is not a map: {type(body).__name__}")
     version = body.get("v")
     if version != VERSION:
-        raise LocalProtocolError(f"unsupported control protocol version {version!r} (want {VERSION})")
-    cls = MESSAGE_TYPES.get(body.get("t"))  # type: ignore[arg-type]
+        raise LocalProtocolError(
+            f"unsupported control protocol version {version!r} (want {VERSION})"
+        )
+    tag = body.get("t")
+    cls = MESSAGE_TYPES.get(tag) if isinstance(tag, str) else None
     if cls is None:
-        raise LocalProtocolError(f"unknown control message type {body.get('t')!r}")
+        raise LocalProtocolError(f"unknown control message type {tag!r:.80}")
     kwargs = {}
     for name, typ in _FIELDS[cls]:
         value = body.get(name)
@@ -256,8 +274,19 @@ def pack_data_header(out: bytearray, header: DataHeader) -> int:
     if header.shape is not None:
         flags |= FLAG_DYNAMIC
         ndim = len(header.shape)
-    DATA_HEADER.pack_into(out, 0, DATA_MAGIC, VERSION, flags, ndim, header.tensor_id,
-                          header.slot, header.generation, header.seq, header.nbytes)
+    DATA_HEADER.pack_into(
+        out,
+        0,
+        DATA_MAGIC,
+        VERSION,
+        flags,
+        ndim,
+        header.tensor_id,
+        header.slot,
+        header.generation,
+        header.seq,
+        header.nbytes,
+    )
     for k in range(ndim):
         DIM.pack_into(out, DATA_HEADER.size + 8 * k, header.shape[k])  # type: ignore[index]
     return DATA_HEADER.size + 8 * ndim

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import gc
 import multiprocessing as mp
-from multiprocessing import resource_tracker
 import os
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from multiprocessing import resource_tracker
 from typing import Any
 
 import pytest
@@ -22,7 +22,11 @@ resource_tracker.ensure_running()
 
 
 def shm_entries() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith(f"tensorwire.{os.getuid()}.{os.getpid()}.")}
+    return {
+        n
+        for n in os.listdir("/dev/shm")
+        if n.startswith(f"tensorwire.{os.getuid()}.{os.getpid()}.")
+    }
 
 
 def open_fds() -> set[int]:
@@ -31,7 +35,7 @@ def open_fds() -> set[int]:
 
 @pytest.fixture(autouse=True)
 def no_leaks() -> Iterator[None]:
-    """Every test must leave no thread, no shared-memory segment of ours and no descriptor behind."""
+    """Every test must leave no thread, shared-memory segment of ours or descriptor behind."""
     threads = set(threading.enumerate())
     segments = shm_entries()
     fds = open_fds()

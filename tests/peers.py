@@ -32,8 +32,13 @@ def make_array(dtype: str, shape: tuple[int, ...], seed: int) -> np.ndarray[Any,
     raise ValueError(dt)
 
 
-def send_plan(address: str, transport: str, plan: list[tuple[Any, ...]],
-              secret: str | None = None, peers: list[str] | None = None) -> None:
+def send_plan(
+    address: str,
+    transport: str,
+    plan: list[tuple[Any, ...]],
+    secret: str | None = None,
+    peers: list[str] | None = None,
+) -> None:
     """Write each ``(name, dtype, shape, seed[, peer])`` of ``plan`` in order, then say goodbye."""
     with tw.Sender.connect(address, transport=transport, secret=secret, timeout=30) as tx:
         for extra in peers or []:
@@ -55,7 +60,7 @@ def send_uniform(address: str, transport: str, name: str, count: int, ready: Any
 
 
 def die_mid_write(address: str, transport: str, name: str, ready: Any) -> None:
-    """Start a message of ``name``, move half its bytes into the receiver, then SIGKILL ourselves."""
+    """Start a message of ``name``, move half its bytes into the receiver, then SIGKILL self."""
     tx = tw.Sender.connect(address, transport=transport, timeout=30)
     spec = tx.spec(name)
     shape = spec.static_shape
@@ -71,8 +76,14 @@ def die_mid_write(address: str, transport: str, name: str, ready: Any) -> None:
         peer = tx._peers[address]
         writer = peer.writer(peer.entries[name])
         header = wire.encode_data_header(
-            wire.DataHeader(peer.entries[name].tensor_id, 0, peer.generation, writer.next_seq,
-                            spec.max_bytes, None)
+            wire.DataHeader(
+                peer.entries[name].tensor_id,
+                0,
+                peer.generation,
+                writer.next_seq,
+                spec.max_bytes,
+                None,
+            )
         )
         payload = np.full(shape, 7, dtype=spec.dtype).reshape(-1).view(np.uint8)
         sock = peer.channel._sock  # fault injection: the raw data connection
@@ -81,15 +92,18 @@ def die_mid_write(address: str, transport: str, name: str, ready: Any) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def run_receiver(conn: Any, specs: list[tuple[Any, ...]], secret: str | None = None,
-                 bind: str = "tcp://127.0.0.1:0") -> None:
+def run_receiver(
+    conn: Any,
+    specs: list[tuple[Any, ...]],
+    secret: str | None = None,
+    bind: str = "tcp://127.0.0.1:0",
+) -> None:
     """A receiver in its own process: registers ``specs``, reports its address, then consumes
     messages on request until told to stop (or killed)."""
     with tw.Receiver(bind, secret=secret) as rx:
         for name, shape, dtype in specs:
             rx.register(name, shape, dtype)
-        conn.send({"address": rx.address,
-                   "regions": [r.name for r in rx._regions if r.name]})
+        conn.send({"address": rx.address, "regions": [r.name for r in rx._regions if r.name]})
         while True:
             if not conn.poll(0.05):
                 continue

@@ -14,8 +14,22 @@ import tensorwire as tw
 from .conftest import Children
 from .peers import make_array, send_plan, send_uniform
 
-DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-          "float16", "float32", "float64", "complex64", "complex128"]
+DTYPES = [
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+]
 
 
 def test_every_dtype_byte_exact(transport: str, children: Children) -> None:
@@ -41,8 +55,11 @@ def test_zero_d_empty_and_large(transport: str, children: Children) -> None:
         rx.register("scalar", (), "float64")
         rx.register("empty", (0, 128), "float32")
         rx.register("big", big, "float32")
-        plan = [("scalar", "float64", (), 1), ("empty", "float32", (0, 128), 2),
-                ("big", "float32", big, 3)]
+        plan = [
+            ("scalar", "float64", (), 1),
+            ("empty", "float32", (0, 128), 2),
+            ("big", "float32", big, 3),
+        ]
         proc = children.start(send_plan, rx.address, transport, plan)
         for name, dt, shp, seed in plan:
             got = rx.wait(name, timeout=60)
@@ -52,7 +69,9 @@ def test_zero_d_empty_and_large(transport: str, children: Children) -> None:
         children.join_ok(proc)
 
 
-def test_ring_wraps_with_credits_over_hundreds_of_writes(transport: str, children: Children) -> None:
+def test_ring_wraps_with_credits_over_hundreds_of_writes(
+    transport: str, children: Children
+) -> None:
     count = 300
     with tw.Receiver(ring=2) as rx:
         rx.register("t", (257,), "int32")  # an odd size, so slots are not all page-multiples
@@ -67,8 +86,7 @@ def test_ring_wraps_with_credits_over_hundreds_of_writes(transport: str, childre
             rx.wait("t", timeout=0.05)
 
 
-def test_consumer_may_hold_every_slot_then_must_release(transport: str,
-                                                         children: Children) -> None:
+def test_consumer_may_hold_every_slot_then_must_release(transport: str, children: Children) -> None:
     with tw.Receiver(ring=3) as rx:
         rx.register("t", (16,), "float32")
         plan = [("t", "float32", (16,), s) for s in range(6)]
@@ -94,8 +112,12 @@ def test_many_senders_to_one_receiver(transport: str, children: Children) -> Non
         for k in range(senders):
             rx.register(f"grad{k}", (64, 33), "float32")
         procs = [
-            children.start(send_plan, rx.address, transport,
-                           [(f"grad{k}", "float32", (64, 33), 1000 * k + i) for i in range(count)])
+            children.start(
+                send_plan,
+                rx.address,
+                transport,
+                [(f"grad{k}", "float32", (64, 33), 1000 * k + i) for i in range(count)],
+            )
             for k in range(senders)
         ]
         seen = {f"grad{k}": 0 for k in range(senders)}
@@ -113,8 +135,10 @@ def test_many_senders_to_one_receiver(transport: str, children: Children) -> Non
 def test_second_writer_of_a_claimed_tensor_is_refused(transport: str) -> None:
     with tw.Receiver() as rx:
         rx.register("t", (4,), "int64")
-        with tw.Sender.connect(rx.address, transport=transport, timeout=5) as a, \
-                tw.Sender.connect(rx.address, transport=transport, timeout=5) as b:
+        with (
+            tw.Sender.connect(rx.address, transport=transport, timeout=5) as a,
+            tw.Sender.connect(rx.address, transport=transport, timeout=5) as b,
+        ):
             a.write("t", np.arange(4))
             with pytest.raises(tw.TensorWireError, match="already written by"):
                 b.write("t", np.arange(4))
@@ -133,8 +157,12 @@ def test_one_sender_to_many_receivers(transport: str, children: Children) -> Non
         r2.register("b", (10,), "int16")
         r1.register("x", (3,), "float64")
         r2.register("x", (3,), "float64")
-        plan = [("a", "int16", (10,), 1), ("b", "int16", (10,), 2),
-                ("x", "float64", (3,), 3, r1.address), ("x", "float64", (3,), 4, r2.address)]
+        plan = [
+            ("a", "int16", (10,), 1),
+            ("b", "int16", (10,), 2),
+            ("x", "float64", (3,), 3, r1.address),
+            ("x", "float64", (3,), 4, r2.address),
+        ]
         proc = children.start(send_plan, r1.address, transport, plan, None, [r2.address])
         assert np.array_equal(r1.wait("a", timeout=30), make_array("int16", (10,), 1))
         assert np.array_equal(r2.wait("b", timeout=30), make_array("int16", (10,), 2))
@@ -212,8 +240,9 @@ BAD_WRITES = [
 
 
 @pytest.mark.parametrize(("case", "make", "message"), BAD_WRITES, ids=[c[0] for c in BAD_WRITES])
-def test_bad_static_write_refused_and_buffer_untouched(transport: str, case: str, make: object,
-                                                       message: str) -> None:
+def test_bad_static_write_refused_and_buffer_untouched(
+    transport: str, case: str, make: object, message: str
+) -> None:
     good = np.arange(16, dtype=np.float32).reshape(4, 4)
     with tw.Receiver() as rx:
         rx.register("w", (4, 4), "float32")

@@ -87,8 +87,11 @@ def test_garbage_on_control_port_keeps_serving(transport: str) -> None:
             dealer = ctx.socket(zmq.DEALER)
             dealer.linger = 0
             dealer.connect(rx.address)
-            for frame in (b"\xc1garbage", msgpack.packb({"v": 1, "t": "claim"}),
-                          msgpack.packb({"v": 1, "t": "lookup", "generation": 1})):
+            for frame in (
+                b"\xc1garbage",
+                msgpack.packb({"v": 1, "t": "claim"}),
+                msgpack.packb({"v": 1, "t": "lookup", "generation": 1}),
+            ):
                 dealer.send(frame)
                 assert dealer.poll(5000)
                 reply = msgpack.unpackb(dealer.recv())
@@ -145,8 +148,10 @@ def test_restarted_receiver_has_new_generation(transport: str) -> None:
     rx = tw.Receiver(bind)
     rx.register("t", (4,), "int32")
     first = rx.generation
-    with tw.Sender.connect(bind, transport=transport, timeout=5) as tx, \
-            tw.Sender.connect(bind, transport=transport, timeout=5, reconnect=True) as tx2:
+    with (
+        tw.Sender.connect(bind, transport=transport, timeout=5) as tx,
+        tw.Sender.connect(bind, transport=transport, timeout=5, reconnect=True) as tx2,
+    ):
         rx.register("u", (4,), "int32")
         tx.write("t", np.arange(4, dtype=np.int32))
         tx2.write("u", np.arange(4, dtype=np.int32))

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..errors import TransportError
 from .base import Channel, PeerInfo
 from .shm import ShmChannel
 from .shm import unavailable_reason as shm_unavailable_reason
 from .tcp import TcpChannel
 
-CHANNELS: dict[str, type[Channel]] = {"shm": ShmChannel, "tcp": TcpChannel}
+CHANNELS: dict[str, Callable[[PeerInfo], Channel]] = {"shm": ShmChannel, "tcp": TcpChannel}
 TRANSPORT_NAMES = ("auto", *CHANNELS)
 
 

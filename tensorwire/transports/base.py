@@ -1,8 +1,8 @@
 """The interface every transport implements, on both ends.
 
 Sender side: a :class:`Channel` is one sender's data path to one receiver; it hands out a
-:class:`TensorWriter` per tensor it has claimed. A writer knows the ring's remote address and moves a
-payload into the next slot, honouring credits.
+:class:`TensorWriter` per tensor it has claimed. A writer knows the ring's remote address and
+moves a payload into the next slot, honouring credits.
 
 Receiver side: transports that need a server of their own (TCP, gRPC) deliver into the receiver
 through a :class:`DataSink`, implemented by the receiver: it admits connections by token, says where

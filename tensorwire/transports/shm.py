@@ -82,8 +82,9 @@ class ShmChannel(Channel):
                 raise PeerLostError(f"receiver at {self._address} (pid {self._watch.pid}) died")
 
     def writer(self, entry: TensorEntry, next_seq: int, released: int) -> TensorWriter:
-        ring = RingMemory(entry.spec, entry.layout, self._region(entry.layout.region),
-                          self._bell_region)
+        ring = RingMemory(
+            entry.spec, entry.layout, self._region(entry.layout.region), self._bell_region
+        )
         return ShmWriter(ring, next_seq, self)
 
     def close(self) -> None:

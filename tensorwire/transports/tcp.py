@@ -81,7 +81,7 @@ def send_all(sock: socket.socket, buffers: list[memoryview]) -> None:
 
 
 def _bytes_of(array: np.ndarray[Any, Any]) -> memoryview:
-    return memoryview(array.reshape(-1).view(np.uint8))
+    return array.reshape(-1).view(np.uint8).data
 
 
 # --------------------------------------------------------------------------------------------
@@ -107,7 +107,9 @@ class TcpChannel(Channel):
         try:
             sock = socket.create_connection((host, port), timeout=info.timeout)
         except OSError as exc:
-            raise TransportError(f"cannot open the tcp data connection to {self._where}: {exc}") from exc
+            raise TransportError(
+                f"cannot open the tcp data connection to {self._where}: {exc}"
+            ) from exc
         self._sock: socket.socket | None = sock
         self._released: dict[int, int] = {}
         self._inbox = bytearray()
@@ -120,7 +122,9 @@ class TcpChannel(Channel):
             deadline = deadline_of(info.timeout)
             sock.settimeout(None)
             self._await_credit(
-                HELLO_ACK, self._generation, deadline,
+                HELLO_ACK,
+                self._generation,
+                deadline,
                 lambda: f"receiver's data port {self._where} did not acknowledge our token",
             )
         except BaseException:
@@ -153,8 +157,9 @@ class TcpChannel(Channel):
                 self._released[credit.tensor_id] = credit.released
         del self._inbox[:whole]
 
-    def _await_credit(self, tensor_id: int, at_least: int, deadline: float | None,
-                      what: Callable[[], str]) -> None:
+    def _await_credit(
+        self, tensor_id: int, at_least: int, deadline: float | None, what: Callable[[], str]
+    ) -> None:
         while self._released.get(tensor_id, 0) < at_least:
             if deadline is None:
                 wait_ms = 100
@@ -212,8 +217,9 @@ class TcpChannel(Channel):
 
 
 class TcpWriter(TensorWriter):
-    def __init__(self, channel: TcpChannel, entry: TensorEntry, next_seq: int,
-                 generation: int) -> None:
+    def __init__(
+        self, channel: TcpChannel, entry: TensorEntry, next_seq: int, generation: int
+    ) -> None:
         self.spec = entry.spec
         self._channel = channel
         self._tid = entry.tensor_id
@@ -228,7 +234,9 @@ class TcpWriter(TensorWriter):
         need = self.next_seq - self._depth
         if self._channel._released.get(self._tid, 0) < need:
             self._channel._await_credit(
-                self._tid, need, deadline,
+                self._tid,
+                need,
+                deadline,
                 lambda: (
                     f"tensor {self.spec.name!r}: no free slot for message {self.next_seq}: the "
                     f"receiver has released {self._channel._released.get(self._tid, 0)} of "
@@ -238,8 +246,14 @@ class TcpWriter(TensorWriter):
 
     def _send(self, payload: memoryview, shape: tuple[int, ...]) -> None:
         seq = self.next_seq
-        header = wire.DataHeader(self._tid, (seq - 1) % self._depth, self._generation, seq,
-                                 len(payload), shape if self.spec.dynamic else None)
+        header = wire.DataHeader(
+            self._tid,
+            (seq - 1) % self._depth,
+            self._generation,
+            seq,
+            len(payload),
+            shape if self.spec.dynamic else None,
+        )
         used = wire.pack_data_header(self._header, header)
         self._channel.send([self._header_view[:used], payload])
         self.next_seq = seq + 1
@@ -260,7 +274,7 @@ class TcpWriter(TensorWriter):
     def commit(self, shape: tuple[int, ...]) -> None:
         assert self._staging is not None
         nbytes = int(np.prod(shape)) * self.spec.dtype.itemsize
-        self._send(memoryview(self._staging[:nbytes]), shape)
+        self._send(self._staging[:nbytes].data, shape)
 
 
 # --------------------------------------------------------------------------------------------
@@ -316,8 +330,9 @@ class TcpDataServer:
         self._lock = threading.Lock()
         self._conns: dict[_Connection, threading.Thread] = {}
         self._closed = False
-        self._accept_thread = threading.Thread(target=self._accept_loop,
-                                               name="tensorwire-tcp-accept", daemon=True)
+        self._accept_thread = threading.Thread(
+            target=self._accept_loop, name="tensorwire-tcp-accept", daemon=True
+        )
         self._accept_thread.start()
 
     def details(self) -> dict[str, Any]:
@@ -338,8 +353,12 @@ class TcpDataServer:
                     sock.close()
                     continue
                 conn = _Connection(sock, f"{addr[0]}:{addr[1]}")
-                thread = threading.Thread(target=self._serve, args=(conn,),
-                                          name=f"tensorwire-tcp-{conn.peer}", daemon=True)
+                thread = threading.Thread(
+                    target=self._serve,
+                    args=(conn,),
+                    name=f"tensorwire-tcp-{conn.peer}",
+                    daemon=True,
+                )
                 self._conns[conn] = thread
             thread.start()
 
@@ -412,4 +431,3 @@ class TcpDataServer:
         for _, thread in conns:
             if thread is not me:
                 thread.join()
-
