@@ -1,0 +1,48 @@
+"""The ``tensorwire`` command: one entry point for the demo, the benchmarks and facts about the
+installation."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import __version__
+
+
+def _info() -> int:
+    from .doorbell import HAVE_FUTEX
+    from .process import host_identity
+    from .region import SHM_DIR, shm_available
+    from .transports import CHANNELS
+
+    print(f"tensorwire {__version__} (Python {sys.version.split()[0]})")
+    print(f"transports: {', '.join(CHANNELS)}")
+    print(f"shared memory: {SHM_DIR} {'usable' if shm_available() else 'NOT usable (tcp only)'}")
+    print(f"futex doorbells: {'yes' if HAVE_FUTEX else 'no (waiters poll with short sleeps)'}")
+    print(f"host identity: {host_identity()}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(
+        prog="tensorwire",
+        description="Zero-copy, RDMA-style tensor transport. Commands: demo, bench, info.",
+    )
+    parser.add_argument("--version", action="version", version=f"tensorwire {__version__}")
+    parser.add_argument("command", choices=["demo", "bench", "info"], help="what to run")
+    parser.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of the command")
+    ns = parser.parse_args(args)
+    if ns.command == "demo":
+        from .demo import main as demo
+
+        return demo(ns.rest)
+    if ns.command == "bench":
+        from .bench.transfer import main as bench
+
+        return bench(ns.rest)
+    return _info()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
