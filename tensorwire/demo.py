@@ -31,11 +31,12 @@ TENSORS: list[tuple[str, tuple[int | None, ...], str, int | None]] = [
 def _weights() -> dict[str, np.ndarray[Any, Any]]:
     """The static tensors; both processes build the same ones, so the receiver can check them."""
     rng = np.random.default_rng(0)
-    return {
-        name: rng.standard_normal(shape).astype(dtype)
-        for name, shape, dtype, _ in TENSORS
-        if None not in shape
-    }
+    out = {}
+    for name, shape, dtype, _ in TENSORS:
+        dims = [d for d in shape if d is not None]
+        if len(dims) == len(shape):
+            out[name] = rng.standard_normal(dims).astype(dtype)
+    return out
 
 
 def _batch(step: int) -> np.ndarray[Any, Any]:

@@ -289,7 +289,7 @@ class Receiver:
 
     def _next_ready(self, tensor: _Tensor) -> bool:
         """Is the tensor's next message complete? Raises for a lost owner."""
-        if tensor.ring.complete(tensor.consumed + 1):
+        if tensor.ring.find(tensor.consumed + 1) >= 0:
             return True
         if tensor.lost is not None:
             reason, tensor.lost = tensor.lost, None
@@ -298,10 +298,11 @@ class Receiver:
 
     def _take(self, tensor: _Tensor) -> np.ndarray[Any, Any]:
         seq = tensor.consumed + 1
+        slot = tensor.ring.find(seq)
         tensor.consumed = seq
         if tensor.views is not None:
-            return tensor.views[(seq - 1) % tensor.ring.depth]
-        view = tensor.ring.view(seq)
+            return tensor.views[slot]
+        view = tensor.ring.view(slot)
         view.flags.writeable = False
         return view
 
@@ -501,7 +502,9 @@ class Receiver:
         tensor.expected_seq = next_seq
         tensor.lost = None
         session.claims.add(tensor.tensor_id)
-        return wire.Claimed(self.generation, tensor.tensor_id, next_seq, tensor.released)
+        return wire.Claimed(
+            self.generation, tensor.tensor_id, next_seq, tensor.released, tensor.ring.slot_seqs()
+        )
 
     def _drop_session(self, session: _Session, reason: str | None) -> None:
         """End a session; ``reason`` is None for a clean goodbye, else why it was lost."""
@@ -570,10 +573,14 @@ class Receiver:
         name = tensor.spec.name
         if header.generation != self.generation:
             raise LocalProtocolError(f"tensor {name!r}: write for stale generation")
-        if header.seq != tensor.expected_seq or header.slot != ring.slot_of(header.seq):
+        if header.seq != tensor.expected_seq:
             raise LocalProtocolError(
-                f"tensor {name!r}: expected message {tensor.expected_seq} in slot "
-                f"{ring.slot_of(tensor.expected_seq)}, got {header.seq} in slot {header.slot}"
+                f"tensor {name!r}: expected message {tensor.expected_seq}, got {header.seq}"
+            )
+        if header.slot >= ring.depth or ring.seq_at(header.slot) > tensor.released:
+            raise LocalProtocolError(
+                f"tensor {name!r}: message {header.seq} aimed at slot {header.slot}, which is not "
+                f"free (depth {ring.depth}, released {tensor.released})"
             )
         if header.seq - tensor.released > ring.depth:
             raise LocalProtocolError(
@@ -593,11 +600,11 @@ class Receiver:
             raise LocalProtocolError(
                 f"tensor {name!r}: header says {header.nbytes} bytes, the spec needs {nbytes}"
             )
-        return ring.payload_bytes[ring.slot_of(header.seq)][:nbytes].data
+        return ring.payload_bytes[header.slot][:nbytes].data
 
     def end_write(self, session: object, header: wire.DataHeader) -> None:
         tensor = self._by_id[header.tensor_id]
-        tensor.ring.publish(header.seq, header.nbytes, header.shape)
+        tensor.ring.publish(header.slot, header.seq, header.nbytes, header.shape)
         tensor.expected_seq = header.seq + 1
 
     def disconnected(self, session: object, reason: str | None) -> None:

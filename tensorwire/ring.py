@@ -4,11 +4,13 @@ The same class serves the receiver (which waits for slots to complete and releas
 writer (the shared-memory sender in another process, or the receiver's own network threads), so
 the completion protocol is written once:
 
-* message ``n`` (1-based) goes into slot ``(n - 1) % depth``;
-* the writer may start message ``n`` only when ``n - released <= depth`` (credits);
-* the writer copies the payload, then the dynamic shape, then stores ``seq = n``; the slot is
-  complete exactly when its ``seq`` equals ``n``. A writer that dies mid-copy never stores ``seq``,
-  so a torn payload is never handed out.
+* the writer may start message ``n`` (1-based) only when ``n - released <= depth`` (credits);
+* it writes into a *free* slot, one whose message has been released, choosing the one it wrote
+  most recently (a :class:`SlotChooser`): when the consumer keeps up, every message goes into the
+  same slot, which is still in the writer's cache, instead of alternating between two;
+* the writer copies the payload, then the dynamic shape, then stores ``seq = n``; message ``n`` is
+  complete exactly when some slot's ``seq`` equals ``n``. A writer that dies mid-copy never
+  stores ``seq``, so a torn payload is never handed out.
 
 Word stores are single aligned 8-byte stores, which x86-64 keeps in program order for other cores
 (TSO). On weakly ordered CPUs the large copies release the GIL (a full barrier), but small ones may
@@ -71,11 +73,19 @@ class RingMemory:
 
     # -- sequence numbers ------------------------------------------------------------------
 
-    def slot_of(self, seq: int) -> int:
-        return (seq - 1) % self.depth
+    def seq_at(self, slot: int) -> int:
+        return int(self._q[self._seq[slot]])
 
-    def complete(self, seq: int) -> bool:
-        return bool(self._q[self._seq[(seq - 1) % self.depth]] == seq)
+    def slot_seqs(self) -> list[int]:
+        return [int(self._q[i]) for i in self._seq]
+
+    def find(self, seq: int) -> int:
+        """The slot holding complete message ``seq``, or -1."""
+        q = self._q
+        for slot, i in enumerate(self._seq):
+            if q[i] == seq:
+                return slot
+        return -1
 
     def last_complete(self) -> int:
         """Highest sequence number present in any slot (0 when none was ever written)."""
@@ -90,18 +100,16 @@ class RingMemory:
 
     # -- writer side -----------------------------------------------------------------------
 
-    def slot_view(self, seq: int, shape: tuple[int, ...] | None = None) -> np.ndarray[Any, Any]:
-        """A writable view of the payload of the slot ``seq`` goes to, in the tensor's dtype."""
-        slot = (seq - 1) % self.depth
+    def slot_view(self, slot: int, shape: tuple[int, ...] | None = None) -> np.ndarray[Any, Any]:
+        """A writable view of ``slot``'s payload, in the tensor's dtype (``shape`` if dynamic)."""
         if self.static_views is not None:
             return self.static_views[slot]
         assert shape is not None
         nbytes = int(np.prod(shape)) * self.spec.dtype.itemsize
         return self.payload_bytes[slot][:nbytes].view(self.spec.dtype).reshape(shape)
 
-    def publish(self, seq: int, nbytes: int, shape: tuple[int, ...] | None) -> None:
-        """Mark message ``seq`` complete (payload already in place) and ring the receiver."""
-        slot = (seq - 1) % self.depth
+    def publish(self, slot: int, seq: int, nbytes: int, shape: tuple[int, ...] | None) -> None:
+        """Mark message ``seq`` complete in ``slot`` (payload in place) and ring the receiver."""
         q = self._q
         if shape is not None:
             base = self._dims[slot]
@@ -137,9 +145,8 @@ class RingMemory:
 
     # -- receiver side ---------------------------------------------------------------------
 
-    def view(self, seq: int) -> np.ndarray[Any, Any]:
-        """The landed tensor of message ``seq`` (which must be complete), as a numpy view."""
-        slot = (seq - 1) % self.depth
+    def view(self, slot: int) -> np.ndarray[Any, Any]:
+        """The landed tensor in ``slot`` (which must be complete), as a numpy view."""
         if self.static_views is not None:
             return self.static_views[slot]
         ndim = self._i[self._ndim[slot]]
@@ -158,3 +165,28 @@ class RingMemory:
         for i in self._seq:
             self._q[i] = 0
         self._q[self._released] = 0
+
+
+class SlotChooser:
+    """The writer's side of slot choice: which free slot the next message goes into.
+
+    It mirrors the sequence number in each slot (the writer put them there, or read them at claim
+    time). A slot is free when its message has been released; among the free slots it returns the
+    one holding the newest message, i.e. the one this writer touched last.
+    """
+
+    def __init__(self, slot_seqs: list[int]) -> None:
+        self.seqs = list(slot_seqs)
+
+    def choose(self, released: int) -> int:
+        best = -1
+        best_seq = -1
+        for slot, seq in enumerate(self.seqs):
+            if seq <= released and seq > best_seq:
+                best, best_seq = slot, seq
+        if best < 0:  # cannot happen while credits are honoured: a bug, not a peer's fault
+            raise RuntimeError(f"no free slot: slots hold {self.seqs}, released {released}")
+        return best
+
+    def wrote(self, slot: int, seq: int) -> None:
+        self.seqs[slot] = seq

@@ -192,7 +192,10 @@ class _Peer:
             )
             if not isinstance(claimed, wire.Claimed):
                 raise LocalProtocolError(f"expected claimed, got {claimed.TYPE}")
-            w = self.channel.writer(entry, claimed.next_seq, claimed.released)
+            slots = [int(x) for x in claimed.slots if isinstance(x, int)]
+            if len(slots) != entry.layout.depth:
+                raise LocalProtocolError(f"claim of {entry.spec.name!r}: malformed slot list")
+            w = self.channel.writer(entry, claimed.next_seq, claimed.released, slots)
             self.writers[entry.tensor_id] = w
         return w
 

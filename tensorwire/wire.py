@@ -114,13 +114,15 @@ class Claim(Message):
 
 @dataclass(frozen=True, slots=True)
 class Claimed(Message):
-    """Where the ring stands: the next sequence number to write and the credits returned."""
+    """Where the ring stands: the next sequence number to write, the credits returned, and the
+    message each slot holds (the writer picks a free slot itself)."""
 
     TYPE: ClassVar[str] = "claimed"
     generation: int
     tensor_id: int
     next_seq: int
     released: int
+    slots: list[Any]
 
 
 @dataclass(frozen=True, slots=True)

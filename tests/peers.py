@@ -78,7 +78,7 @@ def die_mid_write(address: str, transport: str, name: str, ready: Any) -> None:
         header = wire.encode_data_header(
             wire.DataHeader(
                 peer.entries[name].tensor_id,
-                0,
+                writer._slots.choose(0),
                 peer.generation,
                 writer.next_seq,
                 spec.max_bytes,

@@ -26,8 +26,18 @@ def test_demo_moves_tensors_byte_exact() -> None:
 
 def test_transfer_bench_emits_consistent_json(tmp_path: Path) -> None:
     path = tmp_path / "bench.json"
-    out = run("-m", "tensorwire.bench.transfer", "--sizes", "64K,1M", "--repeat", "1",
-              "--round-trips", "20", "--json", str(path))
+    out = run(
+        "-m",
+        "tensorwire.bench.transfer",
+        "--sizes",
+        "64K,1M",
+        "--repeat",
+        "1",
+        "--round-trips",
+        "20",
+        "--json",
+        str(path),
+    )
     assert out.returncode == 0, out.stderr
     result = json.loads(path.read_text())
     assert result["schema"] == "tensorwire.bench.transfer/1"

@@ -68,8 +68,11 @@ class Channel(ABC):
     transport: ClassVar[str]
 
     @abstractmethod
-    def writer(self, entry: TensorEntry, next_seq: int, released: int) -> TensorWriter:
-        """A writer for a tensor this sender has claimed; the ring stands at ``next_seq``."""
+    def writer(
+        self, entry: TensorEntry, next_seq: int, released: int, slot_seqs: list[int]
+    ) -> TensorWriter:
+        """A writer for a tensor this sender has claimed. The ring stands at ``next_seq`` with
+        ``released`` messages released; ``slot_seqs`` is the message each slot holds."""
 
     def update_regions(self, regions: list[tuple[str | None, int]]) -> None:  # noqa: B027
         """The receiver registered more tensors (maybe in new regions)."""

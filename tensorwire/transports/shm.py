@@ -20,7 +20,7 @@ from ..errors import PeerLostError, TransportError
 from ..layout import OFF_STATE, REGION_CLOSED
 from ..process import ProcessWatch, host_identity
 from ..region import Region
-from ..ring import RingMemory
+from ..ring import RingMemory, SlotChooser
 from .base import Channel, PeerInfo, TensorEntry, TensorWriter
 
 #: How often a writer asks the kernel whether the receiver process still lives.
@@ -81,7 +81,9 @@ class ShmChannel(Channel):
             if not self._watch.alive():
                 raise PeerLostError(f"receiver at {self._address} (pid {self._watch.pid}) died")
 
-    def writer(self, entry: TensorEntry, next_seq: int, released: int) -> TensorWriter:
+    def writer(
+        self, entry: TensorEntry, next_seq: int, released: int, slot_seqs: list[int]
+    ) -> TensorWriter:
         ring = RingMemory(
             entry.spec, entry.layout, self._region(entry.layout.region), self._bell_region
         )
@@ -104,21 +106,28 @@ class ShmWriter(TensorWriter):
         self.next_seq = next_seq
         self._channel = channel
         self._dynamic = ring.spec.dynamic
+        self._slots = SlotChooser(ring.slot_seqs())
+        self._slot = -1
 
     def acquire(self, shape: tuple[int, ...], deadline: float | None) -> np.ndarray[Any, Any]:
         seq = self.next_seq
         self._channel.check_peer()
         if not self._ring.has_credit(seq):
             self._ring.wait_credit(seq, deadline, self._channel.check_peer)
-        return self._ring.slot_view(seq, shape if self._dynamic else None)
+        self._slot = self._slots.choose(self._ring.released)
+        return self._ring.slot_view(self._slot, shape if self._dynamic else None)
 
     def commit(self, shape: tuple[int, ...]) -> None:
         nbytes = int(np.prod(shape)) * self.spec.dtype.itemsize
-        self._ring.publish(self.next_seq, nbytes, shape if self._dynamic else None)
-        self.next_seq += 1
+        self._publish(nbytes, shape)
+
+    def _publish(self, nbytes: int, shape: tuple[int, ...]) -> None:
+        seq = self.next_seq
+        self._ring.publish(self._slot, seq, nbytes, shape if self._dynamic else None)
+        self._slots.wrote(self._slot, seq)
+        self.next_seq = seq + 1
 
     def write(self, array: np.ndarray[Any, Any], deadline: float | None) -> None:
         dst = self.acquire(array.shape, deadline)
         np.copyto(dst, array, casting="no")
-        self._ring.publish(self.next_seq, array.nbytes, array.shape if self._dynamic else None)
-        self.next_seq += 1
+        self._publish(array.nbytes, array.shape)

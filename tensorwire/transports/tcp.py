@@ -34,6 +34,7 @@ from ..errors import (
     TransportError,
     WireTimeoutError,
 )
+from ..ring import SlotChooser
 from .base import Channel, DataSink, PeerInfo, TensorEntry, TensorWriter
 
 log = logging.getLogger(__name__)
@@ -184,9 +185,11 @@ class TcpChannel(Channel):
 
     # -- Channel ---------------------------------------------------------------------------
 
-    def writer(self, entry: TensorEntry, next_seq: int, released: int) -> TensorWriter:
+    def writer(
+        self, entry: TensorEntry, next_seq: int, released: int, slot_seqs: list[int]
+    ) -> TensorWriter:
         self._released[entry.tensor_id] = max(released, self._released.get(entry.tensor_id, 0))
-        return TcpWriter(self, entry, next_seq, self._generation)
+        return TcpWriter(self, entry, next_seq, self._generation, slot_seqs)
 
     def check_peer(self) -> None:
         self._absorb(0)
@@ -218,7 +221,12 @@ class TcpChannel(Channel):
 
 class TcpWriter(TensorWriter):
     def __init__(
-        self, channel: TcpChannel, entry: TensorEntry, next_seq: int, generation: int
+        self,
+        channel: TcpChannel,
+        entry: TensorEntry,
+        next_seq: int,
+        generation: int,
+        slot_seqs: list[int],
     ) -> None:
         self.spec = entry.spec
         self._channel = channel
@@ -229,6 +237,7 @@ class TcpWriter(TensorWriter):
         self._header = bytearray(wire.MAX_HEADER_BYTES)
         self._header_view = memoryview(self._header)
         self._staging: np.ndarray[Any, Any] | None = None
+        self._slots = SlotChooser(slot_seqs)
 
     def _wait_credit(self, deadline: float | None) -> None:
         need = self.next_seq - self._depth
@@ -246,9 +255,10 @@ class TcpWriter(TensorWriter):
 
     def _send(self, payload: memoryview, shape: tuple[int, ...]) -> None:
         seq = self.next_seq
+        slot = self._slots.choose(self._channel._released.get(self._tid, 0))
         header = wire.DataHeader(
             self._tid,
-            (seq - 1) % self._depth,
+            slot,
             self._generation,
             seq,
             len(payload),
@@ -256,6 +266,7 @@ class TcpWriter(TensorWriter):
         )
         used = wire.pack_data_header(self._header, header)
         self._channel.send([self._header_view[:used], payload])
+        self._slots.wrote(slot, seq)
         self.next_seq = seq + 1
 
     def write(self, array: np.ndarray[Any, Any], deadline: float | None) -> None:
