@@ -12,14 +12,12 @@ or the receiver's close; a new sender may then claim the tensor and continues it
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
 import secrets
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +55,7 @@ from .layout import (
 )
 from .process import ProcessWatch, host_identity
 from .region import Region, reap_stale_segments, shm_available
+from .resource import Resource
 from .ring import RingMemory
 from .spec import TensorSpec
 from .transports.base import CreditLink
@@ -124,7 +123,7 @@ def _parse_bind(bind: str) -> tuple[str, str]:
     return host, data_host
 
 
-class Receiver:
+class Receiver(Resource):
     """Registers tensors and receives one-sided writes into them.
 
     ``bind`` is the control-plane endpoint (``tcp://127.0.0.1:0`` picks a free loopback port; give a
@@ -618,10 +617,6 @@ class Receiver:
     # Lifetime
     # ---------------------------------------------------------------------------------------
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def close(self) -> None:
         """Stop serving, wake every waiter with ClosedError, unlink every region. Idempotent."""
         with self._lock:
@@ -650,20 +645,6 @@ class Receiver:
             self._by_id.clear()
             for region in self._regions:
                 region.close()
-
-    def __enter__(self) -> Receiver:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        if not getattr(self, "_closed", True):
-            warnings.warn(
-                f"unclosed tensorwire Receiver {self.name}", ResourceWarning, stacklevel=1
-            )
-            with contextlib.suppress(Exception):
-                self.close()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self._tensors)} tensors"

@@ -13,7 +13,6 @@ import contextlib
 import os
 import secrets
 import threading
-import warnings
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -30,13 +29,13 @@ from .errors import (
     LocalProtocolError,
     PeerLostError,
     TensorWireError,
-    TransportError,
     UnknownTensorError,
 )
 from .layout import RingLayout
 from .process import host_identity
+from .resource import Resource
 from .spec import TensorSpec
-from .transports import TRANSPORT_NAMES, choose, open_channel
+from .transports import check_name, choose, open_channel
 from .transports.base import Channel, PeerInfo, TensorEntry, TensorWriter
 
 _DEFAULT: Any = object()
@@ -92,10 +91,7 @@ class _Peer:
             raise TensorWireError(
                 f"receiver address must look like tcp://HOST:PORT, got {address!r}"
             )
-        if transport not in TRANSPORT_NAMES:
-            raise TransportError(
-                f"unknown transport {transport!r}; choose one of: {', '.join(TRANSPORT_NAMES)}"
-            )
+        check_name(transport)
         self.address = address
         self.host = host
         self.requested = transport
@@ -219,7 +215,7 @@ class _Peer:
             control.close()
 
 
-class Sender:
+class Sender(Resource):
     """Writes tensors into one or more receivers.
 
     ``transport``: ``"auto"`` (shared memory when the receiver is on this host, else TCP),
@@ -237,11 +233,7 @@ class Sender:
         reconnect: bool = False,
         name: str | None = None,
     ) -> None:
-        if transport not in TRANSPORT_NAMES:
-            raise TransportError(
-                f"unknown transport {transport!r}; choose one of: {', '.join(TRANSPORT_NAMES)}"
-            )
-        self._transport = transport
+        self._transport = check_name(transport)
         self._secret = normalise_secret(secret)
         self.timeout = timeout
         self.reconnect = reconnect
@@ -422,10 +414,6 @@ class Sender:
 
     # ---------------------------------------------------------------------------------------
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def close(self) -> None:
         """Say goodbye to every receiver and release every socket and mapping. Idempotent."""
         with self._lock:
@@ -436,18 +424,6 @@ class Sender:
         for p in peers:
             p.goodbye()
             p.close_quietly()
-
-    def __enter__(self) -> Sender:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        if not getattr(self, "_closed", True):
-            warnings.warn(f"unclosed tensorwire Sender {self.name}", ResourceWarning, stacklevel=1)
-            with contextlib.suppress(Exception):
-                self.close()
 
     def __repr__(self) -> str:
         return f"<Sender {self.name} peers={self.peers}{' closed' if self._closed else ''}>"

@@ -14,14 +14,19 @@ CHANNELS: dict[str, Callable[[PeerInfo], Channel]] = {"shm": ShmChannel, "tcp": 
 TRANSPORT_NAMES = ("auto", *CHANNELS)
 
 
-def choose(requested: str, info: PeerInfo) -> str:
-    """Resolve ``"auto"``: shared memory when the receiver is on this host, else TCP."""
-    if requested == "auto":
-        return "shm" if shm_unavailable_reason(info) is None else "tcp"
-    if requested not in CHANNELS:
+def check_name(requested: str) -> str:
+    """Refuse an unknown transport name with the list of known ones."""
+    if requested not in TRANSPORT_NAMES:
         raise TransportError(
             f"unknown transport {requested!r}; choose one of: {', '.join(TRANSPORT_NAMES)}"
         )
+    return requested
+
+
+def choose(requested: str, info: PeerInfo) -> str:
+    """Resolve ``"auto"``: shared memory when the receiver is on this host, else TCP."""
+    if check_name(requested) == "auto":
+        return "shm" if shm_unavailable_reason(info) is None else "tcp"
     return requested
 
 
@@ -29,4 +34,4 @@ def open_channel(requested: str, info: PeerInfo) -> Channel:
     return CHANNELS[choose(requested, info)](info)
 
 
-__all__ = ["CHANNELS", "TRANSPORT_NAMES", "choose", "open_channel"]
+__all__ = ["CHANNELS", "TRANSPORT_NAMES", "check_name", "choose", "open_channel"]
