@@ -10,6 +10,7 @@ be mistaken for the next one), so the client then reconnects on a fresh socket.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import weakref
 from collections.abc import Callable
@@ -68,15 +69,18 @@ class ControlServer:
         self._handler = weakref.WeakMethod(handler)
         self._tick = weakref.WeakMethod(tick)
         self._stop = threading.Event()
+        # close() writes a byte here so the thread leaves its poll at once, not at the next tick.
+        self._wake_r, self._wake_w = socket.socketpair()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._wake_r.fileno(), zmq.POLLIN)
         try:
             while not self._stop.is_set():
-                if poller.poll(int(TICK_SECONDS * 1000)):
+                if self._sock in dict(poller.poll(int(TICK_SECONDS * 1000))):
                     self._serve_one()
                 tick = self._tick()
                 if tick is None:
@@ -119,9 +123,12 @@ class ControlServer:
         if self._stop.is_set():
             return
         self._stop.set()
+        self._wake_w.send(b"x")
         if threading.current_thread() is self._thread:
             return  # closed from our own thread (an owner collected there): the loop ends itself
         self._thread.join()
+        self._wake_r.close()
+        self._wake_w.close()
         self._ctx.term()
 
 

@@ -65,7 +65,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BIND = "tcp://127.0.0.1:0"
 DEFAULT_REGION_BYTES = 8 << 20
-RECEIVER_TRANSPORTS = ("shm", "tcp")
+RECEIVER_TRANSPORTS = ("shm", "tcp", "grpc", "grpc-stream")
 
 
 @dataclass(eq=False)
@@ -139,6 +139,7 @@ class Receiver(Resource):
         ring: int = 2,
         region_bytes: int = DEFAULT_REGION_BYTES,
         name: str | None = None,
+        grpc: bool = True,
     ) -> None:
         _, data_host = _parse_bind(bind)
         if ring < 1:
@@ -163,6 +164,7 @@ class Receiver(Resource):
         self._tokens: dict[bytes, _Session] = {}
         self._control: ControlServer | None = None
         self._tcp: TcpDataServer | None = None
+        self._grpc: Any = None
         try:
             reaped = reap_stale_segments()
             if reaped:
@@ -170,6 +172,10 @@ class Receiver(Resource):
             self._shared = shm_available()
             self._bell = self._new_region(self._region_bytes)
             self._tcp = TcpDataServer(data_host, self)
+            if grpc:
+                from .transports.grpc import GrpcDataServer  # the baseline's server, on demand
+
+                self._grpc = GrpcDataServer(data_host, self)
             self._control = ControlServer(
                 bind, self._handle, self._tick, name=f"tensorwire-control-{self.name}"
             )
@@ -471,6 +477,8 @@ class Receiver(Resource):
             transports["shm"] = {}
         if self._tcp is not None:
             transports["tcp"] = self._tcp.details()
+        if self._grpc is not None:
+            transports["grpc"] = self._grpc.details()
         log.info("welcomed %s", session.describe())
         return wire.Welcome(
             self.generation, os.getpid(), self._host, proof, session.token, transports
@@ -493,6 +501,8 @@ class Receiver(Resource):
             )
         if msg.transport == "shm" and (not self._shared or session.host != self._host):
             return wire.ErrorReply("protocol", "shm claimed by a sender on another host")
+        if msg.transport.startswith("grpc") and self._grpc is None:
+            return wire.ErrorReply("protocol", "this receiver does not serve grpc")
         if msg.transport != "shm" and session.link is None:
             return wire.ErrorReply("protocol", f"open the {msg.transport} data connection first")
         next_seq = max(tensor.ring.last_complete(), tensor.consumed) + 1
@@ -593,6 +603,9 @@ class Receiver(Resource):
                 nbytes = tensor.spec.check_shape(header.shape)
             except SpecMismatchError as exc:
                 raise LocalProtocolError(str(exc)) from None
+        elif header.shape is not None:
+            # A static slot has no room for dims: honouring them would write past its header.
+            raise LocalProtocolError(f"tensor {name!r} is static but the header carries a shape")
         else:
             nbytes = tensor.spec.max_bytes
         if header.nbytes != nbytes:
@@ -633,6 +646,8 @@ class Receiver(Resource):
             self._control.close()
         if self._tcp is not None:
             self._tcp.close()
+        if self._grpc is not None:
+            self._grpc.close()
         with self._lock:
             for session in list(self._sessions.values()):
                 self._drop_session(session, None)

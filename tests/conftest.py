@@ -14,11 +14,36 @@ from typing import Any
 
 import pytest
 
-TRANSPORTS = ["shm", "tcp"]
+TRANSPORTS = ["shm", "tcp", "grpc", "grpc-stream"]
+#: the transports that promise no copy and no allocation per message on the receiving side
+ZERO_COPY = ["shm", "tcp"]
 SPAWN = mp.get_context("spawn")
 # Spawning starts multiprocessing's resource tracker once per session and keeps a pipe to it open;
 # start it now so the per-test descriptor check does not count it.
 resource_tracker.ensure_running()
+
+
+def _start_grpc_runtime() -> object:
+    """grpcio keeps process-wide pollers (an epoll and an eventfd) while any of its objects lives,
+    and tears them down when the last one goes. Start them here and keep one idle channel for the
+    whole session, so the per-test descriptor check sees only descriptors of our own."""
+    from concurrent import futures
+
+    import grpc
+
+    pool = futures.ThreadPoolExecutor(1)
+    server = grpc.server(pool)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    grpc.channel_ready_future(channel).result(timeout=30)
+    channel.close()
+    server.stop(None).wait()
+    pool.shutdown()
+    return grpc.insecure_channel("127.0.0.1:9")  # never used: it only keeps grpc initialised
+
+
+_GRPC_RUNTIME = _start_grpc_runtime()
 
 
 def shm_entries() -> set[str]:
@@ -47,6 +72,8 @@ def no_leaks() -> Iterator[None]:
         extra_fds = open_fds() - fds
         if not extra_threads and not extra_fds:
             break
+        if os.environ.get("TW_DEBUG_LEAKS"):
+            print("waiting for", extra_threads, {fd: _describe_fd(fd) for fd in extra_fds})
         time.sleep(0.05)
         gc.collect()
     assert not extra_threads, f"threads left behind: {extra_threads}"

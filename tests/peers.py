@@ -70,6 +70,42 @@ def die_mid_write(address: str, transport: str, name: str, ready: Any) -> None:
             flat[: flat.size // 2] = 7  # straight into the receiver's slot
             ready.send("half")
             os.kill(os.getpid(), signal.SIGKILL)
+    elif transport == "grpc":
+        import threading
+
+        # A unary call lands only once complete: die while the 64 MiB message is in flight.
+        arr = np.full(shape, 7, dtype=spec.dtype)
+        threading.Thread(target=tx.write, args=(name, arr), daemon=True).start()
+        time.sleep(0.01)
+        ready.send("half")
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif transport == "grpc-stream":
+        from tensorwire import wire
+
+        peer = tx._peers[address]
+        writer = peer.writer(peer.entries[name])
+        payload = np.full(shape, 7, dtype=spec.dtype).reshape(-1).view(np.uint8)
+        header = wire.encode_data_header(
+            wire.DataHeader(
+                peer.entries[name].tensor_id,
+                writer._slots.choose(0),
+                peer.generation,
+                writer.next_seq,
+                payload.size,
+                None,
+            )
+        )
+
+        def half_then_die():  # type: ignore[no-untyped-def]
+            yield peer.channel.token + header
+            chunk = 1 << 20
+            for off in range(0, payload.size // 2, chunk):
+                yield payload[off : off + chunk].tobytes()
+            time.sleep(0.2)  # let the chunks reach the receiver
+            ready.send("half")
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        peer.channel.stream(half_then_die(), timeout=60)
     else:
         from tensorwire import wire
 

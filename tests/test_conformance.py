@@ -326,3 +326,16 @@ def test_close_right_after_writing_loses_nothing(transport: str, children: Child
         for s in range(4):
             assert np.array_equal(rx.wait("t", timeout=30), make_array("float32", (1 << 18,), s))
             rx.release("t")
+
+
+@pytest.mark.parametrize("transport", ["grpc", "grpc-stream"])
+def test_grpc_lifts_the_4_mib_message_cap(transport: str) -> None:
+    """gRPC refuses messages over 4 MiB by default; the baseline must carry 256 MiB tensors."""
+    n = 64 << 20  # float32 elements: 256 MiB
+    with tw.Receiver(ring=1) as rx:
+        rx.register("huge", (n,), "float32")
+        src = np.arange(n, dtype=np.float32)
+        with tw.Sender.connect(rx.address, transport=transport, timeout=120) as tx:
+            tx.write("huge", src)
+        got = rx.wait("huge", timeout=120)
+        assert np.array_equal(got, src)

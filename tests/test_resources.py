@@ -17,7 +17,7 @@ import pytest
 import tensorwire as tw
 from tensorwire.region import Region, reap_stale_segments
 
-from .conftest import Children, shm_entries
+from .conftest import ZERO_COPY, Children, shm_entries
 from .peers import run_receiver, send_uniform
 
 
@@ -61,6 +61,7 @@ def test_segments_of_a_killed_receiver_are_reaped(children: Children) -> None:
     assert not any(os.path.exists(f"/dev/shm/{r}") for r in regions)
 
 
+@pytest.mark.parametrize("transport", ZERO_COPY)
 def test_receiving_allocates_nothing_per_message(transport: str, children: Children) -> None:
     """100 writes of a 16 MiB tensor allocate < 1 MiB in the receiving process (tracemalloc sees
     numpy's allocations too)."""

@@ -10,7 +10,25 @@ from .shm import ShmChannel
 from .shm import unavailable_reason as shm_unavailable_reason
 from .tcp import TcpChannel
 
-CHANNELS: dict[str, Callable[[PeerInfo], Channel]] = {"shm": ShmChannel, "tcp": TcpChannel}
+
+def _grpc(info: PeerInfo) -> Channel:
+    from .grpc import GrpcChannel  # grpcio loads only for those who use the baseline
+
+    return GrpcChannel(info)
+
+
+def _grpc_stream(info: PeerInfo) -> Channel:
+    from .grpc import GrpcStreamChannel
+
+    return GrpcStreamChannel(info)
+
+
+CHANNELS: dict[str, Callable[[PeerInfo], Channel]] = {
+    "shm": ShmChannel,
+    "tcp": TcpChannel,
+    "grpc": _grpc,
+    "grpc-stream": _grpc_stream,
+}
 TRANSPORT_NAMES = ("auto", *CHANNELS)
 
 

@@ -48,6 +48,7 @@ class ShmChannel(Channel):
         self._regions: dict[int, Region] = {}
         self._watch = ProcessWatch(info.welcome.pid)
         self._next_watch = 0.0
+        self._lost: str | None = None  # once the receiver is known gone, it stays gone
         self._closed = False
         try:
             self._bell_region = self._region(0)
@@ -69,17 +70,19 @@ class ShmChannel(Channel):
         return region
 
     def check_peer(self) -> None:
-        if self._closed:
-            raise PeerLostError(f"channel to {self._address} is closed")
+        if self._lost is not None:
+            raise PeerLostError(self._lost)
         if self._bell_region.words32[OFF_STATE // 4] == REGION_CLOSED:
-            raise PeerLostError(f"receiver at {self._address} closed")
+            self._lost = f"receiver at {self._address} closed"
+            raise PeerLostError(self._lost)
         # A receiver that closes says so in its region header (checked above, for free). One that
         # was killed can only be seen through its pidfd: a syscall, so not on every tiny write.
         now = time.monotonic()
         if now >= self._next_watch:
             self._next_watch = now + WATCH_INTERVAL
             if not self._watch.alive():
-                raise PeerLostError(f"receiver at {self._address} (pid {self._watch.pid}) died")
+                self._lost = f"receiver at {self._address} (pid {self._watch.pid}) died"
+                raise PeerLostError(self._lost)
 
     def writer(
         self, entry: TensorEntry, next_seq: int, released: int, slot_seqs: list[int]
@@ -89,10 +92,16 @@ class ShmChannel(Channel):
         )
         return ShmWriter(ring, next_seq, self)
 
+    def goodbye(self, timeout: float) -> bool:
+        self._next_watch = 0.0  # look at the receiver now, not at the next interval
+        self.check_peer()
+        return False
+
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        self._lost = f"channel to {self._address} is closed"
         self._watch.close()
         for region in self._regions.values():
             region.close()

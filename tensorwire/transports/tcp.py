@@ -341,6 +341,7 @@ class TcpDataServer:
         self._lock = threading.Lock()
         self._conns: dict[_Connection, threading.Thread] = {}
         self._closed = False
+        self._wake_r, self._wake_w = socket.socketpair()  # close() wakes the accept loop
         self._accept_thread = threading.Thread(
             target=self._accept_loop, name="tensorwire-tcp-accept", daemon=True
         )
@@ -351,8 +352,8 @@ class TcpDataServer:
 
     def _accept_loop(self) -> None:
         while not self._closed:
-            ready, _, _ = select.select([self._listener], [], [], 0.1)
-            if not ready or self._closed:
+            ready, _, _ = select.select([self._listener, self._wake_r], [], [])
+            if self._listener not in ready or self._closed:
                 continue
             try:
                 sock, addr = self._listener.accept()
@@ -431,10 +432,13 @@ class TcpDataServer:
         if self._closed:
             return
         self._closed = True
+        self._wake_w.send(b"x")
         me = threading.current_thread()
         if me is not self._accept_thread:
             self._accept_thread.join()
         self._listener.close()
+        self._wake_r.close()
+        self._wake_w.close()
         with self._lock:
             conns = list(self._conns.items())
         for conn, _ in conns:

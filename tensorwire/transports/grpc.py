@@ -1,0 +1,446 @@
+"""The gRPC baseline transports, behind the same interface as ``shm`` and ``tcp``.
+
+``grpc`` moves tensors the way TensorFlow's gRPC runtime and many frameworks do: every write is one
+unary ``Write`` call carrying a protobuf ``TensorProto`` (dtype, shape, ``tensor_content`` bytes).
+The sender copies the array into ``bytes`` and protobuf serialises it; the receiver's gRPC thread
+deserialises a fresh message and copies its content into the registered slot, which then completes
+exactly as with the other transports (sequence number, doorbell, credits).
+
+``grpc-stream`` gives gRPC its best shot: no protobuf, the payload client-streamed as raw 1 MiB
+``bytes`` chunks (grpcio accepts only ``bytes``, so each chunk is one copy) that the receiver copies
+into the slot as they arrive.
+
+Both keep the tensorwire contracts: the receiver checks every header against the spec and the
+credits before a byte lands, a stream cut short never completes its slot, and credits come back in
+each reply (and, when a sender runs out, through a bounded ``Credits`` long-poll).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from concurrent import futures
+from typing import Any, NoReturn
+
+import grpc
+import numpy as np
+
+from .. import wire
+from ..errors import (
+    LocalProtocolError,
+    PeerLostError,
+    RemoteProtocolError,
+    TensorWireError,
+    TransportError,
+    WireTimeoutError,
+)
+from ..ring import SlotChooser
+from . import tensor_service_pb2 as pb
+from . import tensor_service_pb2_grpc as pb_grpc
+from .base import Channel, DataSink, PeerInfo, TensorEntry, TensorWriter
+
+log = logging.getLogger(__name__)
+
+#: gRPC's default 4 MiB message cap would refuse large tensors: lift it on both ends.
+GRPC_OPTIONS = [
+    ("grpc.max_send_message_length", -1),
+    ("grpc.max_receive_message_length", -1),
+]
+STREAM_METHOD = "/tensorwire.RawStream/Write"
+CHUNK = 1 << 20
+CREDIT_POLL = 1.0  # longest a Credits long-poll holds a server thread
+SERVER_THREADS = 32
+CLOSE_TIMEOUT = 0.5
+_RELEASED = struct.Struct("<Q")
+
+
+def _rpc_error(
+    exc: grpc.RpcError, where: str, channel: GrpcChannel | None = None
+) -> TensorWireError:
+    code = exc.code() if hasattr(exc, "code") else None
+    detail = exc.details() if hasattr(exc, "details") else str(exc)
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return WireTimeoutError(f"grpc call to {where} timed out")
+    if code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT):
+        return RemoteProtocolError(f"receiver at {where} refused the write: {detail}")
+    lost = PeerLostError(f"grpc connection to {where} failed: {code} {detail}")
+    if channel is not None:
+        channel.lost = str(lost)  # once the receiver is known gone, it stays gone
+    return lost
+
+
+# --------------------------------------------------------------------------------------------
+# Receiver side
+# --------------------------------------------------------------------------------------------
+
+
+def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
+    context.abort(code, message)  # raises inside grpcio
+    raise AssertionError("unreachable: ServicerContext.abort returned")
+
+
+class _Credits:
+    """The credit link of one gRPC session: released counts, awaited by Credits long-polls."""
+
+    def __init__(self) -> None:
+        self._released: dict[int, int] = {}
+        self._cond = threading.Condition()
+        self.closed = False
+
+    def send_credit(self, tensor_id: int, released: int) -> None:
+        with self._cond:
+            self._released[tensor_id] = max(released, self._released.get(tensor_id, 0))
+            self._cond.notify_all()
+
+    def released(self, tensor_id: int) -> int:
+        return self._released.get(tensor_id, 0)
+
+    def wait(self, tensor_id: int, at_least: int, seconds: float) -> int:
+        with self._cond:
+            self._cond.wait_for(
+                lambda: self.closed or self._released.get(tensor_id, 0) >= at_least,
+                timeout=max(0.0, min(seconds, CREDIT_POLL)),
+            )
+            return self._released.get(tensor_id, 0)
+
+    def close(self) -> None:
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+
+
+class GrpcDataServer(pb_grpc.TensorServiceServicer):
+    """A gRPC server delivering ``grpc`` and ``grpc-stream`` writes into the receiver."""
+
+    def __init__(self, host: str, sink: DataSink) -> None:
+        import weakref
+
+        self._sink_ref = weakref.ref(sink)
+        self._sessions: dict[bytes, tuple[object, _Credits]] = {}
+        self._lock = threading.Lock()
+        self._pool = futures.ThreadPoolExecutor(
+            SERVER_THREADS, thread_name_prefix="tensorwire-grpc"
+        )
+        self._server = grpc.server(self._pool, options=GRPC_OPTIONS)
+        pb_grpc.add_TensorServiceServicer_to_server(self, self._server)
+        self._server.add_generic_rpc_handlers(
+            (
+                grpc.method_handlers_generic_handler(
+                    "tensorwire.RawStream",
+                    {"Write": grpc.stream_unary_rpc_method_handler(self._write_stream)},
+                ),
+            )
+        )
+        self.host = host
+        bind_host = f"[{host}]" if ":" in host else host
+        self.port: int = self._server.add_insecure_port(f"{bind_host}:0")
+        if not self.port:
+            self._pool.shutdown(wait=False)
+            raise TensorWireError(f"cannot bind the grpc data port on {host}")
+        self._server.start()
+
+    def details(self) -> dict[str, Any]:
+        return {"host": self.host, "port": self.port}
+
+    def _sink(self, context: grpc.ServicerContext) -> DataSink:
+        sink = self._sink_ref()
+        if sink is None:
+            _abort(context, grpc.StatusCode.UNAVAILABLE, "receiver is gone")
+        return sink
+
+    def _session(self, token: bytes, context: grpc.ServicerContext) -> tuple[object, _Credits]:
+        with self._lock:
+            entry = self._sessions.get(bytes(token))
+        if entry is None:
+            _abort(context, grpc.StatusCode.FAILED_PRECONDITION, "unknown or closed session token")
+        return entry
+
+    def _refuse(self, token: bytes, exc: Exception, context: grpc.ServicerContext) -> NoReturn:
+        """A protocol violation ends the session, as a dropped TCP connection would."""
+        with self._lock:
+            entry = self._sessions.pop(bytes(token), None)
+        sink = self._sink_ref()
+        if entry is not None and sink is not None:
+            entry[1].close()
+            sink.disconnected(entry[0], f"protocol error: {exc}")
+        log.warning("refusing a grpc write: %s", exc)
+        _abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+
+    # -- the service -------------------------------------------------------------------------
+
+    def Open(self, request: Any, context: grpc.ServicerContext) -> Any:
+        link = _Credits()
+        try:
+            session = self._sink(context).admit(request.token, request.generation, link, "grpc")
+        except TensorWireError as exc:
+            _abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        with self._lock:
+            self._sessions[bytes(request.token)] = (session, link)
+        return pb.OpenReply(generation=request.generation)
+
+    def Write(self, request: Any, context: grpc.ServicerContext) -> Any:
+        session, link = self._session(request.token, context)
+        content = request.tensor_content
+        header = wire.DataHeader(
+            request.tensor_id,
+            request.slot,
+            request.generation,
+            request.seq,
+            len(content),
+            tuple(request.shape) if request.dynamic else None,
+        )
+        sink = self._sink(context)
+        try:
+            dst = sink.begin_write(session, header)
+        except TensorWireError as exc:
+            self._refuse(request.token, exc, context)
+        dst[:] = content  # the deserialised message's bytes, copied into the registered slot
+        sink.end_write(session, header)
+        return pb.WriteReply(released=link.released(request.tensor_id))
+
+    def Credits(self, request: Any, context: grpc.ServicerContext) -> Any:
+        _, link = self._session(request.token, context)
+        released = link.wait(request.tensor_id, request.at_least, request.wait_seconds)
+        return pb.CreditReply(released=released)
+
+    def Close(self, request: Any, context: grpc.ServicerContext) -> Any:
+        with self._lock:
+            entry = self._sessions.pop(bytes(request.token), None)
+        sink = self._sink_ref()
+        if entry is not None:
+            entry[1].close()
+            if sink is not None:
+                sink.disconnected(entry[0], None)
+        return pb.CloseReply()
+
+    def _write_stream(self, chunks: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
+        first = next(chunks, None)
+        if first is None or len(first) < wire.TOKEN_BYTES + wire.DATA_HEADER.size:
+            _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "stream must start with a header")
+        token = first[: wire.TOKEN_BYTES]
+        session, link = self._session(token, context)
+        sink = self._sink(context)
+        try:
+            reader = wire.HeaderReader()
+            raw = first[wire.TOKEN_BYTES :]
+            header = reader.feed(raw[: reader.need])
+            if header is None:
+                header = reader.feed(raw[wire.DATA_HEADER.size :])
+            if header is None or header.bye:
+                raise LocalProtocolError("malformed stream header")
+            dst = sink.begin_write(session, header)
+        except TensorWireError as exc:
+            self._refuse(token, exc, context)
+        got = 0
+        for chunk in chunks:
+            if got + len(chunk) > len(dst):
+                self._refuse(token, LocalProtocolError("stream longer than its header"), context)
+            dst[got : got + len(chunk)] = chunk
+            got += len(chunk)
+        if got != len(dst):  # cut short: the slot is never completed
+            self._refuse(token, LocalProtocolError("stream shorter than its header"), context)
+        sink.end_write(session, header)
+        return _RELEASED.pack(link.released(header.tensor_id))
+
+    def close(self) -> None:
+        with self._lock:
+            sessions = list(self._sessions.values())
+            self._sessions.clear()
+        for _, link in sessions:
+            link.close()
+        self._server.stop(grace=None).wait()
+        self._pool.shutdown(wait=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Sender side
+# --------------------------------------------------------------------------------------------
+
+
+class GrpcChannel(Channel):
+    """Sender side of ``grpc`` (unary TensorProto per write)."""
+
+    transport = "grpc"
+
+    def __init__(self, info: PeerInfo) -> None:
+        details = info.welcome.transports.get("grpc")
+        if not isinstance(details, dict):
+            raise TransportError(f"receiver at {info.control_address} offers no grpc port")
+        host, port = details.get("host"), details.get("port")
+        if host in (None, "", "0.0.0.0", "::", "*"):
+            host = info.control_host
+        if not isinstance(host, str) or not isinstance(port, int):
+            raise LocalProtocolError(f"malformed grpc details from the receiver: {details!r}")
+        self.where = f"{host}:{port}"
+        self.token = info.welcome.token
+        self.generation = info.welcome.generation
+        self._timeout = info.timeout
+        self._channel = grpc.insecure_channel(
+            f"[{host}]:{port}" if ":" in host else self.where, options=GRPC_OPTIONS
+        )
+        self.stub = pb_grpc.TensorServiceStub(self._channel)
+        self.stream = self._channel.stream_unary(STREAM_METHOD)
+        self.released: dict[int, int] = {}
+        self.lost: str | None = None
+        try:
+            self.stub.Open(
+                pb.OpenRequest(token=self.token, generation=self.generation), timeout=info.timeout
+            )
+        except grpc.RpcError as exc:
+            self._channel.close()
+            raise _rpc_error(exc, self.where, self) from exc
+
+    def writer(
+        self, entry: TensorEntry, next_seq: int, released: int, slot_seqs: list[int]
+    ) -> TensorWriter:
+        self.released[entry.tensor_id] = max(released, self.released.get(entry.tensor_id, 0))
+        return GrpcWriter(self, entry, next_seq, slot_seqs)
+
+    def await_credit(
+        self, tensor_id: int, at_least: int, deadline: float | None, what: str
+    ) -> None:
+        while self.released.get(tensor_id, 0) < at_least:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise WireTimeoutError(what)
+            wait = CREDIT_POLL if left is None else min(CREDIT_POLL, left)
+            try:
+                reply = self.stub.Credits(
+                    pb.CreditRequest(
+                        token=self.token, tensor_id=tensor_id, at_least=at_least, wait_seconds=wait
+                    ),
+                    timeout=wait + 5.0,
+                )
+            except grpc.RpcError as exc:
+                raise _rpc_error(exc, self.where, self) from exc
+            self.note_released(tensor_id, reply.released)
+
+    def note_released(self, tensor_id: int, released: int) -> None:
+        if released > self.released.get(tensor_id, 0):
+            self.released[tensor_id] = released
+
+    def check_peer(self) -> None:
+        if self.lost is not None:
+            raise PeerLostError(self.lost)
+
+    def goodbye(self, timeout: float) -> bool:
+        # Unary writes return only once the data is in the slot, so nothing is in flight and the
+        # Close is a courtesy: keep it short, as a receiver that went away makes it wait it out.
+        with contextlib.suppress(grpc.RpcError):  # unanswered: the receiver is gone or stuck
+            self.stub.Close(pb.CloseRequest(token=self.token), timeout=min(timeout, CLOSE_TIMEOUT))
+        return True
+
+    def close(self) -> None:
+        if self.lost != "closed":
+            self.lost = "closed"
+            self._channel.close()
+
+
+class GrpcStreamChannel(GrpcChannel):
+    """Sender side of ``grpc-stream`` (raw bytes, client-streamed in 1 MiB chunks)."""
+
+    transport = "grpc-stream"
+
+    def writer(
+        self, entry: TensorEntry, next_seq: int, released: int, slot_seqs: list[int]
+    ) -> TensorWriter:
+        self.released[entry.tensor_id] = max(released, self.released.get(entry.tensor_id, 0))
+        return GrpcStreamWriter(self, entry, next_seq, slot_seqs)
+
+
+class GrpcWriter(TensorWriter):
+    def __init__(
+        self, channel: GrpcChannel, entry: TensorEntry, next_seq: int, slot_seqs: list[int]
+    ) -> None:
+        self.spec = entry.spec
+        self.next_seq = next_seq
+        self._channel = channel
+        self._tid = entry.tensor_id
+        self._depth = entry.layout.depth
+        self._slots = SlotChooser(slot_seqs)
+        self._staging: np.ndarray[Any, Any] | None = None
+
+    def _credit(self, deadline: float | None) -> int:
+        need = self.next_seq - self._depth
+        self._channel.await_credit(
+            self._tid,
+            need,
+            deadline,
+            f"tensor {self.spec.name!r}: no free slot for message {self.next_seq}: the receiver "
+            f"has released {self._channel.released.get(self._tid, 0)} of {self.next_seq - 1} "
+            f"(ring depth {self._depth})",
+        )
+        return self._slots.choose(self._channel.released.get(self._tid, 0))
+
+    def _timeout(self, deadline: float | None) -> float | None:
+        return None if deadline is None else max(deadline - time.monotonic(), 0.001)
+
+    def _send(self, array: np.ndarray[Any, Any], slot: int, deadline: float | None) -> None:
+        seq = self.next_seq
+        msg = pb.TensorProto(
+            token=self._channel.token,
+            generation=self._channel.generation,
+            tensor_id=self._tid,
+            slot=slot,
+            seq=seq,
+            dtype=array.dtype.str,
+            shape=array.shape,
+            dynamic=self.spec.dynamic,
+            tensor_content=array.tobytes(),
+        )
+        try:
+            reply = self._channel.stub.Write(msg, timeout=self._timeout(deadline))
+        except grpc.RpcError as exc:
+            raise _rpc_error(exc, self._channel.where, self._channel) from exc
+        self._channel.note_released(self._tid, reply.released)
+        self._slots.wrote(slot, seq)
+        self.next_seq = seq + 1
+
+    def write(self, array: np.ndarray[Any, Any], deadline: float | None) -> None:
+        self._send(array, self._credit(deadline), deadline)
+
+    def acquire(self, shape: tuple[int, ...], deadline: float | None) -> np.ndarray[Any, Any]:
+        self._acquired = (self._credit(deadline), deadline)
+        if self._staging is None:
+            self._staging = np.empty(self.spec.max_bytes, dtype=np.uint8)
+        nbytes = int(np.prod(shape)) * self.spec.dtype.itemsize
+        return self._staging[:nbytes].view(self.spec.dtype).reshape(shape)
+
+    def commit(self, shape: tuple[int, ...]) -> None:
+        assert self._staging is not None
+        nbytes = int(np.prod(shape)) * self.spec.dtype.itemsize
+        slot, deadline = self._acquired
+        self._send(self._staging[:nbytes].view(self.spec.dtype).reshape(shape), slot, deadline)
+
+
+class GrpcStreamWriter(GrpcWriter):
+    def _send(self, array: np.ndarray[Any, Any], slot: int, deadline: float | None) -> None:
+        seq = self.next_seq
+        payload = array.reshape(-1).view(np.uint8).data
+        header = wire.encode_data_header(
+            wire.DataHeader(
+                self._tid,
+                slot,
+                self._channel.generation,
+                seq,
+                len(payload),
+                array.shape if self.spec.dynamic else None,
+            )
+        )
+
+        def chunks() -> Iterator[bytes]:
+            yield self._channel.token + header
+            for off in range(0, len(payload), CHUNK):
+                yield bytes(payload[off : off + CHUNK])  # grpcio takes only bytes: one copy
+
+        try:
+            reply = self._channel.stream(chunks(), timeout=self._timeout(deadline))
+        except grpc.RpcError as exc:
+            raise _rpc_error(exc, self._channel.where, self._channel) from exc
+        self._channel.note_released(self._tid, _RELEASED.unpack(reply)[0])
+        self._slots.wrote(slot, seq)
+        self.next_seq = seq + 1
