@@ -19,7 +19,8 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
-	$(PY) -m tensorwire.bench.transfer
+	@mkdir -p bench-results
+	$(PY) -m tensorwire.bench --json bench-results/bench.json --plot bench-results/bench.png
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

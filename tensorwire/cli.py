@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return demo(ns.rest)
     if ns.command == "bench":
-        from .bench.transfer import main as bench
+        from .bench.cli import main as bench
 
         return bench(ns.rest)
     return _info()

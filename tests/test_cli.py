@@ -6,8 +6,11 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from .conftest import free_port
 
 
 def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -24,42 +27,73 @@ def test_demo_moves_tensors_byte_exact() -> None:
     assert all(int(ln.split()[1]) == 12 for ln in lines)  # 3 steps x 4 tensors
 
 
-def test_transfer_bench_emits_consistent_json(tmp_path: Path) -> None:
-    path = tmp_path / "bench.json"
-    out = run(
-        "-m",
-        "tensorwire.bench.transfer",
-        "--sizes",
-        "64K,1M",
-        "--repeat",
-        "1",
-        "--round-trips",
-        "20",
-        "--json",
-        str(path),
-    )
+def _check_result(result: dict[str, Any], sizes: list[int], transports: list[str]) -> None:
+    assert result["schema"] == "tensorwire.bench/1"
+    machine = result["machine"]
+    assert machine["cpu_count"] >= 1 and machine["python"] and machine["versions"]["tensorwire"]
+    rows = {(r["method"], r["size"]): r for r in result["throughput"]}
+    methods = {"memcpy", "zmq", "raw-tcp", *transports}
+    for size in sizes:
+        assert {m for m, s in rows if s == size} == methods
+        for method in methods:
+            row = rows[(method, size)]
+            assert row["gbps"] > 0 and len(row["samples"]) == result["config"]["repeat"]
+            for ref in ("grpc", "memcpy"):
+                want = row["gbps"] / rows[(ref, size)]["gbps"]
+                assert row[f"x_{ref}"] == pytest.approx(want)
+    lat = {r["method"]: r for r in result["latency"]}
+    assert set(lat) == {*transports, "zmq"}
+    for r in lat.values():
+        assert 0 < r["median_us"] <= r["p99_us"]
+        assert r["lower_than_grpc"] == pytest.approx(lat["grpc"]["median_us"] / r["median_us"])
+
+
+def test_bench_runs_end_to_end_with_json_and_plot(tmp_path: Path) -> None:
+    path, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    out = run("-m", "tensorwire.bench", "--sizes", "4K,64K", "--repeat", "1",
+              "--round-trips", "20", "--json", str(path), "--plot", str(png), "--no-progress")
     assert out.returncode == 0, out.stderr
     result = json.loads(path.read_text())
-    assert result["schema"] == "tensorwire.bench.transfer/1"
-    rows = {(r["method"], r["size"]): r for r in result["throughput"]}
-    for size in (64 << 10, 1 << 20):
-        assert {m for m, s in rows if s == size} == {"memcpy", "shm", "tcp", "raw-tcp"}
-        for method in ("shm", "tcp"):
-            row = rows[(method, size)]
-            limit = rows[(row["limit"], size)]
-            assert row["gbps"] > 0
-            assert row["ratio_to_limit"] == pytest.approx(row["gbps"] / limit["gbps"])
-    assert set(result["latency"]) == {"shm", "tcp"}
-    assert all(lat["median_us"] > 0 and lat["n"] == 20 for lat in result["latency"].values())
-    assert "memcpy" in out.stdout and "round trip" in out.stdout
+    _check_result(result, [4096, 65536], ["shm", "tcp", "grpc", "grpc-stream"])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    assert "vs grpc" in out.stdout and "median us" in out.stdout
+
+
+def test_bench_serve_and_run_as_two_hosts_would(tmp_path: Path) -> None:
+    """`bench serve` on one end, `bench run --connect` on the other (here both on loopback)."""
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tensorwire.bench", "serve", "--bind",
+         f"tcp://127.0.0.1:{port}", "--once"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert server.stdout is not None
+        assert "serving on" in server.stdout.readline()
+        path = tmp_path / "run.json"
+        out = run("-m", "tensorwire.bench", "run", "--connect", f"tcp://127.0.0.1:{port}",
+                  "--sizes", "64K", "--repeat", "1", "--round-trips", "10",
+                  "--transports", "tcp,grpc", "--json", str(path), "--no-progress")
+        assert out.returncode == 0, out.stderr
+        _check_result(json.loads(path.read_text()), [65536], ["tcp", "grpc"])
+        assert server.wait(30) == 0  # --once: it leaves after the runner's goodbye
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+        for stream in (server.stdout, server.stderr):
+            if stream is not None:
+                stream.close()
 
 
 @pytest.mark.parametrize(
     "args",
     [
-        ["-m", "tensorwire.bench.transfer", "--sizes", "12Q"],
-        ["-m", "tensorwire.bench.transfer", "--transports", "carrier-pigeon"],
-        ["-m", "tensorwire.bench.transfer", "--repeat", "0"],
+        ["-m", "tensorwire.bench", "--sizes", "12Q"],
+        ["-m", "tensorwire.bench", "--transports", "carrier-pigeon"],
+        ["-m", "tensorwire.bench", "--repeat", "0"],
+        ["-m", "tensorwire.bench", "run"],
+        ["-m", "tensorwire.bench", "--bogus"],
         ["-m", "tensorwire.cli", "nope"],
         ["-m", "tensorwire.demo", "--steps", "0"],
     ],
@@ -74,4 +108,4 @@ def test_bad_arguments_are_one_clear_line(args: list[str]) -> None:
 def test_info_reports_the_installation() -> None:
     out = run("-m", "tensorwire.cli", "info")
     assert out.returncode == 0
-    assert "transports: shm, tcp" in out.stdout and "shared memory" in out.stdout
+    assert "transports: shm, tcp, grpc, grpc-stream" in out.stdout and "shared memory" in out.stdout

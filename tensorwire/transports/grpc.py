@@ -19,12 +19,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import struct
 import threading
 import time
 from collections.abc import Iterator
 from concurrent import futures
 from typing import Any, NoReturn
+
+# gRPC's C core logs every GOAWAY of a closing peer at INFO on stderr; keep its chatter to errors
+# unless the user asked for more.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 import grpc
 import numpy as np

@@ -1,0 +1,220 @@
+"""``tensorwire bench``: transports against gRPC and against the machine's limits, in one command.
+
+    tensorwire bench [options]                           both ends on this machine
+    tensorwire bench serve --bind tcp://0.0.0.0:PORT     the receiving end, on one host
+    tensorwire bench run --connect tcp://HOST:PORT       the sending end, on another host
+
+Options: --sizes, --transports, --repeat, --round-trips, --latency-size, --json PATH,
+--plot PATH.png, --no-progress. Uses only the public API of tensorwire.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import multiprocessing as mp
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import tensorwire as tw
+
+from . import report
+from .common import machine_facts, parse_size, parse_sizes
+from .peer import serve
+from .runner import REFERENCES, TRANSPORTS, Runner, summarise, sweep
+
+DEFAULT_SIZES = "4K,64K,1M,16M,64M"
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--sizes",
+        type=parse_sizes,
+        default=parse_sizes(DEFAULT_SIZES),
+        help=f"comma-separated tensor sizes (default {DEFAULT_SIZES})",
+    )
+    parser.add_argument(
+        "--transports",
+        default=None,
+        help=f"comma-separated, from {','.join(TRANSPORTS)} (default: every one "
+        "that reaches the peer)",
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=5, help="repetitions; medians are reported (default 5)"
+    )
+    parser.add_argument(
+        "--round-trips",
+        type=int,
+        default=500,
+        help="ping-pong round trips per repetition (default 500)",
+    )
+    parser.add_argument(
+        "--latency-size",
+        type=parse_size,
+        default=4096,
+        help="tensor size of the ping-pong (default 4K)",
+    )
+    parser.add_argument("--ring", type=int, default=2, help="slots per tensor (default 2)")
+    parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    parser.add_argument(
+        "--plot",
+        metavar="PATH.png",
+        help="draw throughput against size (needs matplotlib: pip install 'tensorwire[bench]')",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress output")
+
+
+def build_parser(prog: str = "tensorwire bench") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Throughput and latency of tensorwire's transports next to gRPC, a "
+        "hand-written pyzmq loop, a raw socket and memcpy, measured in one interleaved run.",
+    )
+    _common(parser)
+    sub = parser.add_subparsers(dest="command", metavar="{run,serve}")
+    run = sub.add_parser("run", help="run the sweep against a `bench serve` on another host")
+    _common(run)
+    run.add_argument(
+        "--connect",
+        required=True,
+        metavar="tcp://HOST:PORT",
+        help="the address `tensorwire bench serve` printed",
+    )
+    srv = sub.add_parser("serve", help="be the receiving end for `bench run` on another host")
+    srv.add_argument(
+        "--bind",
+        default="tcp://127.0.0.1:5555",
+        metavar="tcp://HOST:PORT",
+        help="where to listen (default tcp://127.0.0.1:5555; use tcp://0.0.0.0:PORT "
+        "to accept other hosts)",
+    )
+    srv.add_argument("--once", action="store_true", help="exit after the first runner")
+    return parser
+
+
+def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    if args.repeat < 1 or args.round_trips < 1:
+        parser.error("--repeat and --round-trips must be at least 1")
+    if args.ring < 1:
+        parser.error("--ring must be at least 1")
+    if args.transports is None:
+        return list(TRANSPORTS)
+    chosen = [t.strip() for t in args.transports.split(",") if t.strip()]
+    unknown = [t for t in chosen if t not in TRANSPORTS]
+    if unknown or not chosen:
+        parser.error(
+            f"unknown transport(s) {', '.join(unknown) or '(none)'}; "
+            f"choose from {', '.join(TRANSPORTS)}"
+        )
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            parser.error("--plot needs matplotlib: pip install 'tensorwire[bench]'")
+    return chosen
+
+
+@contextlib.contextmanager
+def _progress(total: int, enabled: bool) -> Iterator[Callable[[str], None]]:
+    if not enabled:
+        yield lambda _: None
+        return
+    if sys.stderr.isatty():
+        try:
+            from rich.progress import Progress
+        except ImportError:
+            pass
+        else:
+            with Progress(transient=True) as bar:
+                task = bar.add_task("measuring", total=total)
+                yield lambda what: bar.update(task, advance=1, description=what)
+            return
+    done = [0]
+
+    def line(what: str) -> None:
+        done[0] += 1
+        if done[0] % max(1, total // 10) == 0 or done[0] == total:
+            print(f"  {done[0]}/{total} measurements ({what})", file=sys.stderr, flush=True)
+
+    yield line
+
+
+def _measure(
+    args: argparse.Namespace, transports: list[str], connect: str, explicit: bool
+) -> dict[str, Any]:
+    runner = Runner(
+        connect, transports, args.sizes, args.latency_size, ring=args.ring, optional=not explicit
+    )
+    try:
+        usable = runner.transports
+        methods = ["memcpy", *usable, "zmq", "raw-tcp"]
+        latency = [*usable, "zmq"]
+        total = args.repeat * (len(args.sizes) * len(methods) + len(latency))
+        with _progress(total, not args.no_progress) as tick:
+            samples = sweep(
+                runner, args.sizes, methods, latency, args.repeat, args.round_trips, tick
+            )
+        result = {
+            "schema": report.SCHEMA,
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": " ".join(["tensorwire", "bench", *sys.argv[1:]]),
+            "machine": machine_facts(),
+            "peer_machine": runner.remote_machine,
+            "config": {
+                "sizes": args.sizes,
+                "transports": usable,
+                "references": REFERENCES,
+                "repeat": args.repeat,
+                "round_trips": args.round_trips,
+                "latency_bytes": args.latency_size,
+                "ring": args.ring,
+            },
+            "notes": runner.notes,
+        }
+        result.update(summarise(samples, args.sizes, args.latency_size))
+        return result
+    finally:
+        runner.close()
+
+
+def _local(args: argparse.Namespace, transports: list[str], explicit: bool) -> dict[str, Any]:
+    ctx = mp.get_context("spawn")
+    here, there = ctx.Pipe()
+    proc = ctx.Process(target=serve, args=("tcp://127.0.0.1:0", there, True), daemon=True)
+    proc.start()
+    try:
+        if not here.poll(60):
+            raise tw.TensorWireError("the local benchmark peer did not start")
+        return _measure(args, transports, here.recv(), explicit)
+    finally:
+        proc.join(30)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+
+def main(argv: list[str] | None = None, prog: str = "tensorwire bench") -> int:
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "serve":
+            with contextlib.suppress(KeyboardInterrupt):
+                serve(args.bind, once=args.once)
+            return 0
+        transports = _check(parser, args)
+        explicit = args.transports is not None
+        if args.command == "run":
+            result = _measure(args, transports, args.connect, explicit)
+        else:
+            result = _local(args, transports, explicit)
+    except tw.TensorWireError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1
+    report.print_tables(result)
+    if args.json:
+        report.write_json(args.json, result)
+    if args.plot:
+        report.plot(args.plot, result)
+    return 0

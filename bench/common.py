@@ -1,0 +1,89 @@
+"""Small pieces both sides of a benchmark share: sizes, names, sockets, machine facts."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import socket
+from importlib import metadata
+from typing import Any
+
+MiB = 1 << 20
+_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """``4K``, ``16M``, ``1G``, ``64KiB`` or plain bytes."""
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    try:
+        value = int(float(t[:-1]) * _UNITS[t[-1]]) if t and t[-1] in _UNITS else int(t)
+    except (ValueError, KeyError):
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 4K, 16M, 1G)")
+    return value
+
+
+def parse_sizes(text: str) -> list[int]:
+    sizes = [parse_size(s) for s in text.split(",") if s.strip()]
+    if not sizes:
+        raise argparse.ArgumentTypeError("no sizes given")
+    return sizes
+
+
+def human(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+def tensor_name(transport: str, what: int | str) -> str:
+    """Each transport writes its own tensors: a tensor has one writer at a time."""
+    return f"{transport}/{what}"
+
+
+def tune_socket(sock: socket.socket) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        sock.setsockopt(socket.SOL_SOCKET, opt, 4 * MiB)
+
+
+def raw_recv(sock: socket.socket, view: memoryview) -> None:
+    got = 0
+    while got < len(view):
+        n = sock.recv_into(view[got:], len(view) - got, socket.MSG_WAITALL)
+        if n == 0:
+            raise ConnectionError("raw benchmark connection closed")
+        got += n
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def machine_facts() -> dict[str, Any]:
+    model = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "hostname": socket.gethostname(),
+        "cpu_count": os.cpu_count(),
+        "cpu_model": model,
+        "machine": platform.machine(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "versions": {
+            d: _version(d) for d in ("tensorwire", "numpy", "pyzmq", "grpcio", "protobuf")
+        },
+    }

@@ -1,0 +1,174 @@
+"""The far side of a benchmark: ``tensorwire bench serve``.
+
+It owns everything that receives: a tensorwire :class:`~tensorwire.Receiver` (every transport
+writes into it), a raw TCP sink that does nothing but ``recv_into`` one buffer (the limit of any TCP
+path), and a pyzmq PAIR socket (what a Python user would write by hand). A runner drives it over a
+zmq REQ/REP command socket with msgpack commands; each command is answered when its work is done.
+One runner at a time; between runners everything is set up afresh.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+from typing import Any
+
+import msgpack
+import numpy as np
+import zmq
+
+import tensorwire as tw
+
+from .common import MiB, machine_facts, raw_recv, tensor_name, tune_socket
+
+log = logging.getLogger(__name__)
+
+
+class _Session:
+    """What one runner set up: tensors, echo senders, the raw and zmq sinks."""
+
+    def __init__(self, host: str, setup: dict[str, Any]) -> None:
+        self.sizes: list[int] = setup["sizes"]
+        self.transports: list[str] = setup["transports"]
+        self.latency_bytes: int = setup["latency_bytes"]
+        self.rx = tw.Receiver(f"tcp://{host}:0", ring=setup.get("ring", 2))
+        self.senders: dict[str, tw.Sender] = {}
+        self.raw_listener = socket.create_server((host, 0))
+        self.raw: socket.socket | None = None
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self.pair = self.ctx.socket(zmq.PAIR)
+        self.pair.linger = 0
+        self.pair_port = self.pair.bind_to_random_port(f"tcp://{host}")
+        self.buffer = np.empty(max([*self.sizes, self.latency_bytes]), dtype=np.uint8)
+        for t in self.transports:
+            for size in self.sizes:
+                self.rx.register(tensor_name(t, size), (size,), "uint8")
+            self.rx.register(tensor_name(t, "ping"), (self.latency_bytes,), "uint8")
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "receiver": self.rx.address,
+            "raw_port": self.raw_listener.getsockname()[1],
+            "zmq_port": self.pair_port,
+        }
+
+    def connect_pong(self, address: str, transports: list[str]) -> None:
+        for t in transports:
+            self.senders[t] = tw.Sender.connect(address, transport=t, timeout=60)
+
+    # -- the work ----------------------------------------------------------------------------
+
+    def consume(self, name: str, count: int) -> None:
+        for _ in range(count):
+            self.rx.wait(name, timeout=120)
+            self.rx.release(name)
+
+    def echo(self, transport: str, count: int) -> None:
+        ping, pong = tensor_name(transport, "ping"), tensor_name(transport, "pong")
+        tx = self.senders[transport]
+        for _ in range(count):
+            view = self.rx.wait(ping, timeout=120)
+            tx.write(pong, view)
+            self.rx.release(ping)
+
+    def raw_sink(self, size: int, count: int) -> None:
+        if self.raw is None:
+            self.raw_listener.settimeout(30)
+            self.raw, _ = self.raw_listener.accept()
+            self.raw.settimeout(None)
+            tune_socket(self.raw)
+        view = self.buffer[:size].data
+        for _ in range(count):
+            raw_recv(self.raw, view)
+        self.raw.sendall(b"k")
+
+    def zmq_sink(self, size: int, count: int, echo: bool) -> None:
+        dst = self.buffer[:size]
+        for _ in range(count):
+            frame = self.pair.recv(copy=False)
+            np.copyto(dst, np.frombuffer(frame.buffer, dtype=np.uint8))  # into "our" buffer
+            if echo:
+                self.pair.send(dst.data, copy=False)
+        if not echo:
+            self.pair.send(b"k")
+
+    def close(self) -> None:
+        for tx in self.senders.values():
+            tx.close()
+        if self.raw is not None:
+            self.raw.close()
+        self.raw_listener.close()
+        self.pair.close()
+        self.ctx.term()
+        self.rx.close()
+
+
+def serve(bind: str, ready: Any = None, once: bool = False) -> None:
+    """Answer runners' commands on ``bind`` (a ``tcp://HOST:PORT`` zmq endpoint).
+
+    ``ready`` (a pipe end) receives the bound address; ``once`` stops after the first runner.
+    """
+    host = bind.split("://", 1)[1].rsplit(":", 1)[0]
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    rep = ctx.socket(zmq.REP)
+    rep.linger = 0
+    try:
+        rep.bind(bind)
+    except zmq.ZMQError as exc:
+        ctx.term()
+        raise tw.TensorWireError(f"cannot bind the benchmark server to {bind}: {exc}") from exc
+    address = rep.getsockopt_string(zmq.LAST_ENDPOINT)
+    if ready is not None:
+        ready.send(address)
+    else:
+        print(f"tensorwire bench serving on {address} (Ctrl-C to stop)", flush=True)
+    session: _Session | None = None
+    try:
+        while True:
+            cmd = msgpack.unpackb(rep.recv())
+            op = cmd.get("op")
+            reply: dict[str, Any] = {"ok": True}
+            try:
+                if op == "hello":
+                    reply.update(machine=machine_facts())
+                elif op == "setup":
+                    if session is not None:
+                        session.close()
+                    session = _Session(host, cmd)
+                    reply.update(session.info())
+                elif op == "pong":
+                    assert session is not None
+                    session.connect_pong(cmd["address"], cmd["transports"])
+                elif op == "consume":
+                    assert session is not None
+                    session.consume(cmd["name"], cmd["count"])
+                elif op == "echo":
+                    assert session is not None
+                    session.echo(cmd["transport"], cmd["count"])
+                elif op == "raw":
+                    assert session is not None
+                    session.raw_sink(cmd["size"], cmd["count"])
+                elif op == "zmq":
+                    assert session is not None
+                    session.zmq_sink(cmd["size"], cmd["count"], cmd.get("echo", False))
+                elif op in ("bye", "shutdown"):
+                    if session is not None:
+                        session.close()
+                        session = None
+                else:
+                    reply = {"ok": False, "error": f"unknown command {op!r}"}
+            except (tw.TensorWireError, OSError, AssertionError, KeyError) as exc:
+                reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            rep.send(msgpack.packb(reply))
+            if op == "shutdown" or (op == "bye" and once):
+                return
+    finally:
+        if session is not None:
+            with contextlib.suppress(Exception):
+                session.close()
+        rep.close()
+        ctx.term()
+
+
+__all__ = ["MiB", "serve"]

@@ -1,0 +1,114 @@
+"""Presenting benchmark results: a table (rich when installed), JSON, and a log-log plot."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .common import human
+
+SCHEMA = "tensorwire.bench/1"
+
+
+def _ratio(x: float | None) -> str:
+    return "" if x is None else f"{x:.2f}x"
+
+
+def table_rows(result: dict[str, Any]) -> tuple[list[list[str]], list[list[str]]]:
+    tput = [
+        [
+            human(r["size"]),
+            r["method"],
+            f"{r['gbps']:.3f}",
+            _ratio(r["x_grpc"]),
+            _ratio(r["x_memcpy"]),
+            f"{_ratio(r['x_limit'])} {r['limit']}" if r["limit"] else "",
+        ]
+        for r in result["throughput"]
+    ]
+    lat = [
+        [
+            r["method"],
+            human(r["bytes"]),
+            f"{r['median_us']:.1f}",
+            f"{r['p99_us']:.1f}",
+            _ratio(r["lower_than_grpc"]),
+        ]
+        for r in result["latency"]
+    ]
+    return tput, lat
+
+
+TPUT_HEAD = ["size", "method", "GB/s", "vs grpc", "vs memcpy", "vs raw limit"]
+LAT_HEAD = ["round trip", "tensor", "median us", "p99 us", "grpc / this"]
+
+
+def render_plain(result: dict[str, Any]) -> str:
+    out = []
+    for head, rows in zip((TPUT_HEAD, LAT_HEAD), table_rows(result), strict=True):
+        widths = [max(len(str(c)) for c in col) for col in zip(head, *rows, strict=True)]
+        out.append("  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True)))
+        out.extend("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in rows)
+        out.append("")
+    return "\n".join(out).rstrip()
+
+
+def print_tables(result: dict[str, Any]) -> None:
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        print(render_plain(result))
+        return
+    console = Console()
+    tput, lat = table_rows(result)
+    for title, head, rows in (
+        ("throughput (median GB/s)", TPUT_HEAD, tput),
+        ("latency", LAT_HEAD, lat),
+    ):
+        table = Table(title=title)
+        for h in head:
+            table.add_column(h, justify="right")
+        previous = None
+        for row in rows:
+            if previous is not None and row[0] != previous:
+                table.add_section()
+            previous = row[0]
+            table.add_row(*row)
+        console.print(table)
+
+
+def write_json(path: str, result: dict[str, Any]) -> None:
+    with open(path, "w") as f:
+        json.dump(result, f, indent=2)
+        f.write("\n")
+
+
+def plot(path: str, result: dict[str, Any]) -> None:
+    """Throughput against size, one line per method, log-log axes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
+    methods: dict[str, list[tuple[int, float]]] = {}
+    for r in result["throughput"]:
+        methods.setdefault(r["method"], []).append((r["size"], r["gbps"]))
+    for m, pts in methods.items():
+        pts.sort()
+        style = "--" if m in ("memcpy", "raw-tcp", "zmq") else "-"
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", label=m)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    sizes = sorted({r["size"] for r in result["throughput"]})
+    ax.set_xticks(sizes, [human(s) for s in sizes])
+    ax.set_xlabel("tensor size")
+    ax.set_ylabel("throughput (GB/s, median)")
+    cpu = result.get("machine", {}).get("cpu_count")
+    ax.set_title(f"tensorwire bench ({cpu} CPUs): transports vs references")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

@@ -1,0 +1,296 @@
+"""The driving side of a benchmark: ``tensorwire bench`` / ``tensorwire bench run``.
+
+The runner is always the sender. It connects to a ``serve`` peer (a local child process, or another
+host), writes into it with every transport and reference method, and times each method in the same
+run, interleaved, so that the machine's drift hits all alike:
+
+* throughput: pipelined one-way writes of ``count`` messages, the peer consuming (and releasing)
+  each one; the clock stops when the peer reports the last one consumed;
+* latency: a ping-pong of a small tensor, the peer echoing each ping back into the runner's own
+  receiver; median and p99 of the round trips.
+
+References measured alongside: ``memcpy`` (a single-threaded ``np.copyto`` of the same bytes in
+this process: the limit of any one-copy path), ``raw-tcp`` (a plain socket, ``sendall`` into
+``recv_into`` one buffer: the limit of any TCP path) and ``zmq`` (pyzmq ``send(copy=False)`` and
+``recv`` plus a copy into a preallocated array: what a Python user would write by hand).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+import numpy as np
+import zmq
+
+import tensorwire as tw
+
+from .common import MiB, machine_facts, tensor_name, tune_socket
+
+TRANSPORTS = ["shm", "tcp", "grpc", "grpc-stream"]
+REFERENCES = ["memcpy", "zmq", "raw-tcp"]
+TARGET_BYTES = 256 * MiB
+MIN_COUNT, MAX_COUNT = 4, 2000
+
+
+def count_for(size: int) -> int:
+    """Messages per measurement: about TARGET_BYTES, within bounds."""
+    return max(MIN_COUNT, min(MAX_COUNT, TARGET_BYTES // size))
+
+
+def local_address_towards(host: str) -> str:
+    """The address of this host that ``host`` can reach us on (no packet is sent)."""
+    if host in ("127.0.0.1", "localhost", "::1"):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, 9))
+        return str(s.getsockname()[0])
+
+
+class BenchError(tw.TensorWireError):
+    """The benchmark peer refused or failed a command."""
+
+
+class Runner:
+    def __init__(
+        self,
+        connect: str,
+        transports: list[str],
+        sizes: list[int],
+        latency_bytes: int,
+        ring: int = 2,
+        timeout: float = 120.0,
+        optional: bool = False,
+    ) -> None:
+        """Connect to the peer at ``connect``. With ``optional``, a transport that cannot reach
+        the peer (shm to another host) is skipped with a note instead of failing the run."""
+        self.host = connect.split("://", 1)[1].rsplit(":", 1)[0]
+        self.timeout = timeout
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self._req = self._ctx.socket(zmq.REQ)
+        self._req.linger = 0
+        self._req.connect(connect)
+        self.senders: dict[str, tw.Sender] = {}
+        self.pong_rx: tw.Receiver | None = None
+        self._raw: socket.socket | None = None
+        self._pair: zmq.Socket[bytes] | None = None
+        self.notes: list[str] = []
+        try:
+            self.remote_machine = self.call("hello")["machine"]
+            self.pong_rx = tw.Receiver(f"tcp://{local_address_towards(self.host)}:0", ring=ring)
+            for t in transports:
+                self.pong_rx.register(tensor_name(t, "pong"), (latency_bytes,), "uint8")
+            info = self.call(
+                "setup", sizes=sizes, transports=transports, latency_bytes=latency_bytes, ring=ring
+            )
+            for t in transports:
+                try:
+                    self.senders[t] = tw.Sender.connect(info["receiver"], transport=t, timeout=60)
+                except tw.TransportError as exc:
+                    if not optional:
+                        raise
+                    self.notes.append(f"{t} skipped: {exc}")
+            self.call("pong", address=self.pong_rx.address, transports=list(self.senders))
+            self._raw = socket.create_connection((self.host, info["raw_port"]), timeout=30)
+            self._raw.settimeout(None)
+            tune_socket(self._raw)
+            self._pair = self._ctx.socket(zmq.PAIR)
+            self._pair.linger = 0
+            self._pair.connect(f"tcp://{self.host}:{info['zmq_port']}")
+        except BaseException:
+            self.close()
+            raise
+        self.transports = list(self.senders)
+        self.latency_bytes = latency_bytes
+        rng = np.random.default_rng(0)
+        self.src = {s: rng.integers(0, 256, s, dtype=np.uint8) for s in sizes}
+        self.dst = {s: np.empty(s, dtype=np.uint8) for s in sizes}
+        self.ping = rng.integers(0, 256, latency_bytes, dtype=np.uint8)
+        self.pong_buf = np.empty(latency_bytes, dtype=np.uint8)
+
+    # -- the command channel -----------------------------------------------------------------
+
+    def _send(self, op: str, **kw: Any) -> None:
+        self._req.send(msgpack.packb({"op": op, **kw}))
+
+    def _reply(self) -> dict[str, Any]:
+        if not self._req.poll(int(self.timeout * 1000)):
+            raise BenchError(
+                f"the benchmark peer at {self.host} did not answer in {self.timeout} s"
+            )
+        reply: dict[str, Any] = msgpack.unpackb(self._req.recv())
+        if not reply.get("ok"):
+            raise BenchError(f"the benchmark peer failed: {reply.get('error')}")
+        return reply
+
+    def call(self, op: str, **kw: Any) -> dict[str, Any]:
+        self._send(op, **kw)
+        return self._reply()
+
+    # -- throughput: seconds to move ``count`` messages of ``size`` bytes ----------------------
+
+    def memcpy(self, size: int, count: int) -> float:
+        src, dst = self.src[size], self.dst[size]
+        t0 = time.perf_counter()
+        for _ in range(count):
+            np.copyto(dst, src)
+        return time.perf_counter() - t0
+
+    def transport(self, name: str, size: int, count: int) -> float:
+        tx, src, tensor = self.senders[name], self.src[size], tensor_name(name, size)
+        self._send("consume", name=tensor, count=count)
+        t0 = time.perf_counter()
+        for _ in range(count):
+            tx.write(tensor, src)
+        self._reply()
+        return time.perf_counter() - t0
+
+    def raw_tcp(self, size: int, count: int) -> float:
+        assert self._raw is not None
+        view = self.src[size].data
+        self._send("raw", size=size, count=count)
+        t0 = time.perf_counter()
+        for _ in range(count):
+            self._raw.sendall(view)
+        if self._raw.recv(1) != b"k":
+            raise BenchError("raw-tcp peer hung up")
+        self._reply()
+        return time.perf_counter() - t0
+
+    def zmq(self, size: int, count: int) -> float:
+        assert self._pair is not None
+        src = self.src[size]
+        self._send("zmq", size=size, count=count)
+        t0 = time.perf_counter()
+        for _ in range(count):
+            self._pair.send(src.data, copy=False)
+        self._pair.recv()
+        self._reply()
+        return time.perf_counter() - t0
+
+    def throughput(self, method: str, size: int, count: int) -> float:
+        if method == "memcpy":
+            return self.memcpy(size, count)
+        if method == "raw-tcp":
+            return self.raw_tcp(size, count)
+        if method == "zmq":
+            return self.zmq(size, count)
+        return self.transport(method, size, count)
+
+    # -- latency: round-trip seconds of each ping -----------------------------------------------
+
+    def round_trips(self, method: str, count: int) -> list[float]:
+        out = []
+        if method == "zmq":
+            assert self._pair is not None
+            self._send("zmq", size=self.latency_bytes, count=count, echo=True)
+            for _ in range(count):
+                t0 = time.perf_counter()
+                self._pair.send(self.ping.data, copy=False)
+                frame = self._pair.recv(copy=False)
+                np.copyto(self.pong_buf, np.frombuffer(frame.buffer, dtype=np.uint8))
+                out.append(time.perf_counter() - t0)
+        else:
+            assert self.pong_rx is not None
+            tx, rx = self.senders[method], self.pong_rx
+            ping, pong = tensor_name(method, "ping"), tensor_name(method, "pong")
+            self._send("echo", transport=method, count=count)
+            for _ in range(count):
+                t0 = time.perf_counter()
+                tx.write(ping, self.ping)
+                rx.wait(pong, timeout=self.timeout)
+                rx.release(pong)
+                out.append(time.perf_counter() - t0)
+        self._reply()
+        return out
+
+    def close(self) -> None:
+        for tx in self.senders.values():  # before the peer's receiver goes away
+            tx.close()
+        with contextlib.suppress(Exception):
+            if not self._req.closed:
+                self.call("bye")
+        if self._raw is not None:
+            self._raw.close()
+        if self._pair is not None:
+            self._pair.close()
+        self._req.close()
+        self._ctx.term()
+        if self.pong_rx is not None:
+            self.pong_rx.close()
+
+
+def sweep(
+    runner: Runner,
+    sizes: list[int],
+    methods: list[str],
+    latency_methods: list[str],
+    repeat: int,
+    round_trips: int,
+    tick: Callable[[str], None],
+) -> dict[str, Any]:
+    """Measure every method at every size ``repeat`` times, interleaved; return raw samples."""
+    gbps: dict[str, dict[int, list[float]]] = {m: {s: [] for s in sizes} for m in methods}
+    rtts: dict[str, list[float]] = {m: [] for m in latency_methods}
+    for size in sizes:  # warm-up: first touches, connections, claims, gRPC channels
+        for m in methods:
+            runner.throughput(m, size, 2)
+    for m in latency_methods:
+        runner.round_trips(m, 50)
+    for r in range(repeat):
+        order = methods[r % len(methods) :] + methods[: r % len(methods)]  # rotate: no fixed order
+        for size in sizes:
+            count = count_for(size)
+            for m in order:
+                secs = runner.throughput(m, size, count)
+                gbps[m][size].append(size * count / secs / 1e9)
+                tick(f"{m} {size}")
+        for m in latency_methods:
+            rtts[m].extend(runner.round_trips(m, round_trips))
+            tick(f"{m} round trips")
+    return {"gbps": gbps, "rtts": rtts}
+
+
+def summarise(samples: dict[str, Any], sizes: list[int], latency_bytes: int) -> dict[str, Any]:
+    """Medians and ratios: to grpc, to memcpy, and to the raw mechanism's limit."""
+    med = {m: {s: statistics.median(v) for s, v in by.items()} for m, by in samples["gbps"].items()}
+    raw_limit = {"shm": "memcpy", "tcp": "raw-tcp"}
+    rows = []
+    for size in sizes:
+        for m, by in med.items():
+            row: dict[str, Any] = {
+                "method": m,
+                "size": size,
+                "gbps": by[size],
+                "samples": samples["gbps"][m][size],
+            }
+            for ref in ("grpc", "memcpy"):
+                row[f"x_{ref}"] = by[size] / med[ref][size] if ref in med else None
+            limit = raw_limit.get(m)
+            row["limit"] = limit
+            row["x_limit"] = by[size] / med[limit][size] if limit in med else None
+            rows.append(row)
+    lat = []
+    grpc_rtt = statistics.median(samples["rtts"]["grpc"]) if "grpc" in samples["rtts"] else None
+    for m, xs in samples["rtts"].items():
+        ordered = sorted(xs)
+        median = statistics.median(ordered)
+        lat.append(
+            {
+                "method": m,
+                "bytes": latency_bytes,
+                "n": len(ordered),
+                "median_us": median * 1e6,
+                "p99_us": ordered[int(0.99 * (len(ordered) - 1))] * 1e6,
+                "lower_than_grpc": grpc_rtt / median if grpc_rtt else None,
+            }
+        )
+    return {"throughput": rows, "latency": lat}
+
+
+__all__ = ["REFERENCES", "TRANSPORTS", "Runner", "machine_facts", "summarise", "sweep"]
