@@ -63,6 +63,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
         metavar="PATH.png",
         help="draw throughput against size (needs matplotlib: pip install 'tensorwire[bench]')",
     )
+    parser.add_argument("--markdown", metavar="PATH", help="write the tables as markdown")
     parser.add_argument("--no-progress", action="store_true", help="no progress output")
 
 
@@ -217,4 +218,7 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire bench") -> int:
         report.write_json(args.json, result)
     if args.plot:
         report.plot(args.plot, result)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(report.markdown(result))
     return 0

@@ -53,6 +53,17 @@ def render_plain(result: dict[str, Any]) -> str:
     return "\n".join(out).rstrip()
 
 
+def markdown(result: dict[str, Any]) -> str:
+    """Both tables as GitHub markdown (what BENCHMARKS.md shows)."""
+    out = []
+    for head, rows in zip((TPUT_HEAD, LAT_HEAD), table_rows(result), strict=True):
+        out.append("| " + " | ".join(head) + " |")
+        out.append("|" + "---:|" * len(head))
+        out.extend("| " + " | ".join(row) + " |" for row in rows)
+        out.append("")
+    return "\n".join(out)
+
+
 def print_tables(result: dict[str, Any]) -> None:
     try:
         from rich.console import Console

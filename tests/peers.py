@@ -79,7 +79,8 @@ def die_mid_write(address: str, transport: str, name: str, ready: Any) -> None:
         time.sleep(0.01)
         ready.send("half")
         os.kill(os.getpid(), signal.SIGKILL)
-    elif transport == "grpc-stream":
+    else:
+        # Speak the data plane by hand: a valid header, then only half of the payload.
         from tensorwire import wire
 
         peer = tx._peers[address]
@@ -95,37 +96,23 @@ def die_mid_write(address: str, transport: str, name: str, ready: Any) -> None:
                 None,
             )
         )
+        if transport == "grpc-stream":
 
-        def half_then_die():  # type: ignore[no-untyped-def]
-            yield peer.channel.token + header
-            chunk = 1 << 20
-            for off in range(0, payload.size // 2, chunk):
-                yield payload[off : off + chunk].tobytes()
-            time.sleep(0.2)  # let the chunks reach the receiver
+            def half_then_die():  # type: ignore[no-untyped-def]
+                yield peer.channel.token + header
+                chunk = 1 << 20
+                for off in range(0, payload.size // 2, chunk):
+                    yield payload[off : off + chunk].tobytes()
+                time.sleep(0.2)  # let the chunks reach the receiver
+                ready.send("half")
+                os.kill(os.getpid(), signal.SIGKILL)
+
+            peer.channel.stream(half_then_die(), timeout=60)
+        else:
+            sock = peer.channel._sock  # fault injection: the raw data connection
+            sock.sendall(header + payload[: payload.size // 2].tobytes())
             ready.send("half")
             os.kill(os.getpid(), signal.SIGKILL)
-
-        peer.channel.stream(half_then_die(), timeout=60)
-    else:
-        from tensorwire import wire
-
-        peer = tx._peers[address]
-        writer = peer.writer(peer.entries[name])
-        header = wire.encode_data_header(
-            wire.DataHeader(
-                peer.entries[name].tensor_id,
-                writer._slots.choose(0),
-                peer.generation,
-                writer.next_seq,
-                spec.max_bytes,
-                None,
-            )
-        )
-        payload = np.full(shape, 7, dtype=spec.dtype).reshape(-1).view(np.uint8)
-        sock = peer.channel._sock  # fault injection: the raw data connection
-        sock.sendall(header + payload[: payload.size // 2].tobytes())
-        ready.send("half")
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def run_receiver(

@@ -49,31 +49,67 @@ def _check_result(result: dict[str, Any], sizes: list[int], transports: list[str
 
 
 def test_bench_runs_end_to_end_with_json_and_plot(tmp_path: Path) -> None:
-    path, png = tmp_path / "bench.json", tmp_path / "bench.png"
-    out = run("-m", "tensorwire.bench", "--sizes", "4K,64K", "--repeat", "1",
-              "--round-trips", "20", "--json", str(path), "--plot", str(png), "--no-progress")
+    path, png, md = tmp_path / "bench.json", tmp_path / "bench.png", tmp_path / "bench.md"
+    small = ["--sizes", "4K,64K", "--repeat", "1", "--round-trips", "20", "--no-progress"]
+    out = run(
+        "-m",
+        "tensorwire.bench",
+        *small,
+        "--json",
+        str(path),
+        "--plot",
+        str(png),
+        "--markdown",
+        str(md),
+    )
     assert out.returncode == 0, out.stderr
     result = json.loads(path.read_text())
     _check_result(result, [4096, 65536], ["shm", "tcp", "grpc", "grpc-stream"])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     assert "vs grpc" in out.stdout and "median us" in out.stdout
+    table = md.read_text()
+    assert table.startswith("| size | method | GB/s") and "| 64 KiB | grpc-stream |" in table
 
 
 def test_bench_serve_and_run_as_two_hosts_would(tmp_path: Path) -> None:
     """`bench serve` on one end, `bench run --connect` on the other (here both on loopback)."""
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "tensorwire.bench", "serve", "--bind",
-         f"tcp://127.0.0.1:{port}", "--once"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "tensorwire.bench",
+            "serve",
+            "--bind",
+            f"tcp://127.0.0.1:{port}",
+            "--once",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         assert server.stdout is not None
         assert "serving on" in server.stdout.readline()
         path = tmp_path / "run.json"
-        out = run("-m", "tensorwire.bench", "run", "--connect", f"tcp://127.0.0.1:{port}",
-                  "--sizes", "64K", "--repeat", "1", "--round-trips", "10",
-                  "--transports", "tcp,grpc", "--json", str(path), "--no-progress")
+        out = run(
+            "-m",
+            "tensorwire.bench",
+            "run",
+            "--connect",
+            f"tcp://127.0.0.1:{port}",
+            "--sizes",
+            "64K",
+            "--repeat",
+            "1",
+            "--round-trips",
+            "10",
+            "--transports",
+            "tcp,grpc",
+            "--json",
+            str(path),
+            "--no-progress",
+        )
         assert out.returncode == 0, out.stderr
         _check_result(json.loads(path.read_text()), [65536], ["tcp", "grpc"])
         assert server.wait(30) == 0  # --once: it leaves after the runner's goodbye

@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
+from ..errors import LocalProtocolError, TransportError
 from ..layout import RingLayout
 from ..spec import TensorSpec
 from ..wire import DataHeader, Welcome
@@ -41,6 +42,23 @@ class PeerInfo:
     welcome: Welcome
     regions: list[tuple[str | None, int]]
     timeout: float | None
+
+    def data_endpoint(self, transport: str) -> tuple[str, int]:
+        """Host and port of the receiver's data server for ``transport`` (from the welcome).
+
+        A server bound to every interface is reached the way we reached the control plane.
+        """
+        details = self.welcome.transports.get(transport)
+        if not isinstance(details, dict):
+            raise TransportError(f"receiver at {self.control_address} offers no {transport} port")
+        host, port = details.get("host"), details.get("port")
+        if host in (None, "", "0.0.0.0", "::", "*"):
+            host = self.control_host
+        if not isinstance(host, str) or not isinstance(port, int) or not 0 < port < 65536:
+            raise LocalProtocolError(
+                f"malformed {transport} details from the receiver: {details!r}"
+            )
+        return host, port
 
 
 class TensorWriter(ABC):

@@ -40,7 +40,6 @@ from ..errors import (
     PeerLostError,
     RemoteProtocolError,
     TensorWireError,
-    TransportError,
     WireTimeoutError,
 )
 from ..ring import SlotChooser
@@ -272,14 +271,7 @@ class GrpcChannel(Channel):
     transport = "grpc"
 
     def __init__(self, info: PeerInfo) -> None:
-        details = info.welcome.transports.get("grpc")
-        if not isinstance(details, dict):
-            raise TransportError(f"receiver at {info.control_address} offers no grpc port")
-        host, port = details.get("host"), details.get("port")
-        if host in (None, "", "0.0.0.0", "::", "*"):
-            host = info.control_host
-        if not isinstance(host, str) or not isinstance(port, int):
-            raise LocalProtocolError(f"malformed grpc details from the receiver: {details!r}")
+        host, port = info.data_endpoint("grpc")
         self.where = f"{host}:{port}"
         self.token = info.welcome.token
         self.generation = info.welcome.generation

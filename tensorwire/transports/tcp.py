@@ -94,15 +94,7 @@ class TcpChannel(Channel):
     transport = "tcp"
 
     def __init__(self, info: PeerInfo) -> None:
-        details = info.welcome.transports.get("tcp")
-        if not isinstance(details, dict):
-            raise TransportError(f"receiver at {info.control_address} offers no tcp data port")
-        host = details.get("host")
-        port = details.get("port")
-        if host in (None, "", "0.0.0.0", "::", "*"):
-            host = info.control_host  # bound to all interfaces: reach it the way we reached control
-        if not isinstance(host, str) or not isinstance(port, int):
-            raise LocalProtocolError(f"malformed tcp details from the receiver: {details!r}")
+        host, port = info.data_endpoint("tcp")
         self._where = f"{host}:{port}"
         self._generation = info.welcome.generation
         try:
