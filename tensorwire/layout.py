@@ -126,3 +126,22 @@ def plan_ring(base: int, depth: int, capacity: int, ndim: int, dynamic: bool) ->
 def ring_footprint(depth: int, capacity: int, ndim: int, dynamic: bool) -> int:
     """Bytes a ring takes when it starts on a page boundary."""
     return plan_ring(0, depth, capacity, ndim, dynamic).end
+
+
+def plan_parts(base: int, capacities: list[int], ndim: int) -> list[RingLayout]:
+    """Lay out one-slot rings whose payloads follow each other with no gap.
+
+    The parts of one tensor split along its first axis then form a single contiguous array, so a
+    receiver can hand out the whole tensor as one view while each part is written (by different
+    senders) as a tensor of its own.
+    """
+    hsize = slot_header_size(ndim, False)
+    per_part = RING_CTRL_SIZE + hsize
+    start = align(base + len(capacities) * per_part, PAGE)
+    out = []
+    offset = start
+    for k, capacity in enumerate(capacities):
+        ctrl = base + k * per_part
+        out.append(RingLayout(-1, ctrl, (ctrl + RING_CTRL_SIZE,), (offset,), capacity))
+        offset += capacity
+    return out

@@ -50,6 +50,7 @@ from .layout import (
     REGION_OPEN,
     RingLayout,
     align,
+    plan_parts,
     plan_ring,
     ring_footprint,
 )
@@ -157,6 +158,7 @@ class Receiver(Resource):
         self._regions: list[Region] = []
         self._next_offset = 0
         self._tensors: dict[str, _Tensor] = {}
+        self._groups: dict[str, np.ndarray[Any, Any]] = {}  # register_parts: name -> whole view
         self._by_id: dict[int, _Tensor] = {}
         self._order: tuple[_Tensor, ...] = ()
         self._rr = 0
@@ -198,18 +200,37 @@ class Receiver(Resource):
         self._next_offset = REGION_HEADER_SIZE
         return region
 
-    def _place(self, spec: TensorSpec, depth: int) -> tuple[Region, RingLayout]:
-        need = ring_footprint(depth, spec.max_bytes, spec.ndim, spec.dynamic)
+    def _reserve(self, need: int) -> tuple[Region, int]:
+        """``need`` bytes in the last region (or a new one): the region and the base offset."""
         region = self._regions[-1]
         if self._next_offset + need > region.size:
             region = self._new_region(
                 max(self._region_bytes, REGION_HEADER_SIZE + align(need, PAGE))
             )
-        base = self._next_offset
-        layout = plan_ring(base, depth, spec.max_bytes, spec.ndim, spec.dynamic)
+        return region, self._next_offset
+
+    def _add(self, spec: TensorSpec, region: Region, layout: RingLayout) -> _Tensor:
         layout = dataclasses.replace(layout, region=len(self._regions) - 1)
-        self._next_offset = align(layout.end, PAGE)
-        return region, layout
+        self._next_offset = max(self._next_offset, align(layout.end, PAGE))
+        ring_mem = RingMemory(spec, layout, region, self._bell)
+        ring_mem.reset_slots()
+        views = None
+        if ring_mem.static_views is not None:
+            views = []
+            for v in ring_mem.static_views:
+                ro = v.view()
+                ro.flags.writeable = False
+                views.append(ro)
+        tensor = _Tensor(len(self._by_id) + 1, spec, ring_mem, views)
+        self._tensors[spec.name] = tensor
+        self._by_id[tensor.tensor_id] = tensor
+        self._order = (*self._order, tensor)
+        return tensor
+
+    def _check_new(self, name: str) -> None:
+        self._check_open()
+        if name in self._tensors or name in self._groups:
+            raise SpecMismatchError(f"tensor {name!r} is already registered")
 
     def register(
         self,
@@ -230,27 +251,60 @@ class Receiver(Resource):
         if depth < 1:
             raise ValueError(f"ring must be at least 1, got {ring}")
         with self._lock:
-            self._check_open()
-            if name in self._tensors:
-                raise SpecMismatchError(
-                    f"tensor {name!r} is already registered as "
-                    f"{self._tensors[name].spec.describe()}"
-                )
-            region, layout = self._place(spec, depth)
-            ring_mem = RingMemory(spec, layout, region, self._bell)
-            ring_mem.reset_slots()
-            views = None
-            if ring_mem.static_views is not None:
-                views = []
-                for v in ring_mem.static_views:
-                    ro = v.view()
-                    ro.flags.writeable = False
-                    views.append(ro)
-            tensor = _Tensor(len(self._by_id) + 1, spec, ring_mem, views)
-            self._tensors[name] = tensor
-            self._by_id[tensor.tensor_id] = tensor
-            self._order = (*self._order, tensor)
+            self._check_new(name)
+            need = ring_footprint(depth, spec.max_bytes, spec.ndim, spec.dynamic)
+            region, base = self._reserve(need)
+            self._add(spec, region, plan_ring(base, depth, spec.max_bytes, spec.ndim, spec.dynamic))
         return spec
+
+    def register_parts(
+        self, name: str, shape: Any, dtype: Any, rows: list[int]
+    ) -> list[TensorSpec]:
+        """Register a static tensor as parts split along its first axis, stored back to back.
+
+        Part ``k`` is a tensor of its own, named ``f"{name}@{k}"``, with ``rows[k]`` rows and one
+        slot: each part may have its own writer (e.g. the parameter server shard that owns those
+        rows), and :meth:`array` hands out the whole tensor as one read-only view of the slots the
+        parts land in. This is how a model's parameters can *be* registered memory.
+        """
+        whole = TensorSpec.create(name, shape, dtype)
+        dims = whole.static_shape
+        if not dims or sum(rows) != dims[0] or any(r < 0 for r in rows) or not rows:
+            raise SpecMismatchError(
+                f"tensor {name!r}: parts of {rows} rows do not add up to the first dimension of "
+                f"{whole.describe()}"
+            )
+        row_bytes = whole.max_bytes // dims[0] if dims[0] else 0
+        parts = [
+            TensorSpec.create(f"{name}@{k}", (r, *dims[1:]), dtype) for k, r in enumerate(rows)
+        ]
+        with self._lock:
+            self._check_new(name)
+            for part in parts:
+                self._check_new(part.name)
+            layouts = plan_parts(0, [r * row_bytes for r in rows], len(dims))
+            region, base = self._reserve(layouts[-1].end)
+            for part, layout in zip(
+                parts, plan_parts(base, [p.max_bytes for p in parts], len(dims)), strict=True
+            ):
+                self._add(part, region, layout)
+            start = self._tensors[parts[0].name].ring.layout.payloads[0]
+            full = region.array[start : start + whole.max_bytes].view(whole.dtype).reshape(dims)
+            full.flags.writeable = False
+            self._groups[name] = full
+        return parts
+
+    def array(self, name: str) -> np.ndarray[Any, Any]:
+        """The whole of a tensor registered with :meth:`register_parts`, as one read-only view.
+
+        Its contents are whatever the parts' last messages put there; wait for each part's message
+        before reading, and release the parts to let their writers send the next one.
+        """
+        self._check_open()
+        try:
+            return self._groups[name]
+        except KeyError:
+            raise UnknownTensorError(f"no tensor {name!r} was registered in parts") from None
 
     def register_many(self, specs: Iterable[TensorSpec | tuple[Any, ...]]) -> list[TensorSpec]:
         """Register several tensors; each item a :class:`TensorSpec` or ``(name, shape, dtype)``."""
@@ -651,6 +705,7 @@ class Receiver(Resource):
         with self._lock:
             for session in list(self._sessions.values()):
                 self._drop_session(session, None)
+            self._groups.clear()
             for tensor in self._order:
                 tensor.views = None
                 tensor.ring.static_views = None

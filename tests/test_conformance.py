@@ -339,3 +339,31 @@ def test_grpc_lifts_the_4_mib_message_cap(transport: str) -> None:
             tx.write("huge", src)
         got = rx.wait("huge", timeout=120)
         assert np.array_equal(got, src)
+
+
+def test_tensor_in_parts_is_one_array_written_by_several_senders(transport: str) -> None:
+    """register_parts: each part has its own writer, the whole is one contiguous view."""
+    full = np.arange(10 * 6, dtype=np.float32).reshape(10, 6)
+    with tw.Receiver() as rx:
+        parts = rx.register_parts("w", (10, 6), "float32", rows=[3, 0, 7])
+        assert [p.name for p in parts] == ["w@0", "w@1", "w@2"]
+        assert [p.static_shape for p in parts] == [(3, 6), (0, 6), (7, 6)]
+        whole = rx.array("w")
+        assert whole.shape == (10, 6) and not whole.flags.writeable
+        with tw.Sender.connect(rx.address, transport=transport, timeout=5) as a, \
+                tw.Sender.connect(rx.address, transport=transport, timeout=5) as b:
+            a.write("w@0", full[:3])
+            a.write("w@1", full[3:3])
+            b.write("w@2", full[3:])
+            for p in parts:
+                rx.wait(p.name, timeout=5)
+            assert np.array_equal(whole, full)  # no gather: the parts landed side by side
+            for p in parts:
+                rx.release(p.name)
+            b.write("w@2", full[3:] * 2)  # one part updated alone, in place
+            rx.wait("w@2", timeout=5)
+            assert np.array_equal(whole[3:], full[3:] * 2) and np.array_equal(whole[:3], full[:3])
+        with pytest.raises(tw.SpecMismatchError, match="do not add up"):
+            rx.register_parts("v", (10, 6), "float32", rows=[3, 3])
+        with pytest.raises(tw.UnknownTensorError):
+            rx.array("nope")
