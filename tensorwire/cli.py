@@ -27,16 +27,27 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(
         prog="tensorwire",
-        description="Zero-copy, RDMA-style tensor transport. Commands: demo, bench, info.",
+        description="Zero-copy, RDMA-style tensor transport. Commands: demo, bench, ps (a "
+        "parameter-server shard), worker (a training worker), info.",
     )
     parser.add_argument("--version", action="version", version=f"tensorwire {__version__}")
-    parser.add_argument("command", choices=["demo", "bench", "info"], help="what to run")
+    parser.add_argument(
+        "command", choices=["demo", "bench", "ps", "worker", "info"], help="what to run"
+    )
     parser.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of the command")
     ns = parser.parse_args(args)
     if ns.command == "demo":
         from .demo import main as demo
 
         return demo(ns.rest)
+    if ns.command == "ps":
+        from .server.daemon import main as ps
+
+        return ps(ns.rest, prog="tensorwire ps")
+    if ns.command == "worker":
+        from .client.worker import main as worker
+
+        return worker(ns.rest, prog="tensorwire worker")
     if ns.command == "bench":
         from .bench.cli import main as bench
 

@@ -533,7 +533,7 @@ class Receiver(Resource):
             transports["tcp"] = self._tcp.details()
         if self._grpc is not None:
             transports["grpc"] = self._grpc.details()
-        log.info("welcomed %s", session.describe())
+        log.debug("welcomed %s", session.describe())
         return wire.Welcome(
             self.generation, os.getpid(), self._host, proof, session.token, transports
         )

@@ -288,11 +288,12 @@ class Sender(Resource):
         """The transport actually used to reach ``peer`` (the only peer when omitted)."""
         return self._peer(peer).transport
 
-    def tensors(self) -> dict[str, TensorSpec]:
-        """Every tensor published by the connected receivers."""
+    def tensors(self, peer: str | None = None) -> dict[str, TensorSpec]:
+        """The tensors published by ``peer`` (by every connected receiver when omitted)."""
+        peers = [self._peer(peer)] if peer is not None else list(self._peers.values())
         out: dict[str, TensorSpec] = {}
-        for peer in self._peers.values():
-            out.update({name: e.spec for name, e in peer.entries.items()})
+        for p in peers:
+            out.update({name: e.spec for name, e in p.entries.items()})
         return out
 
     def spec(self, name: str, *, peer: str | None = None) -> TensorSpec:

@@ -350,8 +350,10 @@ def test_tensor_in_parts_is_one_array_written_by_several_senders(transport: str)
         assert [p.static_shape for p in parts] == [(3, 6), (0, 6), (7, 6)]
         whole = rx.array("w")
         assert whole.shape == (10, 6) and not whole.flags.writeable
-        with tw.Sender.connect(rx.address, transport=transport, timeout=5) as a, \
-                tw.Sender.connect(rx.address, transport=transport, timeout=5) as b:
+        with (
+            tw.Sender.connect(rx.address, transport=transport, timeout=5) as a,
+            tw.Sender.connect(rx.address, transport=transport, timeout=5) as b,
+        ):
             a.write("w@0", full[:3])
             a.write("w@1", full[3:3])
             b.write("w@2", full[3:])

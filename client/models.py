@@ -1,0 +1,147 @@
+"""Models and data the parameter-server layer trains: a numpy MLP with hand-written backprop.
+
+``digits``: scikit-learn's bundled 8x8 digits (1797 images, no download), 64 -> 128 -> 10 with ReLU
+and softmax cross-entropy. ``large``: the same network shape scaled to several million parameters on
+synthetic data, to load the network in benchmarks. Parameters are a dict of float32 arrays; the
+training code never allocates them itself, so they can be views of registered receive buffers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+Array = np.ndarray[Any, Any]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """An MLP: layer widths from input to classes."""
+
+    name: str
+    widths: tuple[int, ...]
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        out: dict[str, tuple[int, ...]] = {}
+        for i, (a, b) in enumerate(zip(self.widths[:-1], self.widths[1:], strict=True)):
+            out[f"layer{i}.weight"] = (a, b)
+            out[f"layer{i}.bias"] = (b,)
+        return out
+
+    def init(self, seed: int = 0) -> dict[str, Array]:
+        """He-initialised weights and zero biases, float32, deterministic in ``seed``."""
+        rng = np.random.default_rng(seed)
+        params = {}
+        for name, shape in self.shapes().items():
+            if name.endswith("weight"):
+                params[name] = (rng.standard_normal(shape) * np.sqrt(2.0 / shape[0])).astype(
+                    np.float32
+                )
+            else:
+                params[name] = np.zeros(shape, np.float32)
+        return params
+
+    @property
+    def layers(self) -> int:
+        return len(self.widths) - 1
+
+
+MODELS = {
+    "digits": ModelSpec("digits", (64, 128, 10)),
+    # ~6.4 M parameters (25.6 MB of float32): several MB of gradients per step per worker.
+    "large": ModelSpec("large", (1024, 2048, 2048, 10)),
+}
+
+
+def model(name: str) -> ModelSpec:
+    try:
+        return MODELS[name]
+    except KeyError:
+        raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}") from None
+
+
+def forward(spec: ModelSpec, params: dict[str, Array], x: Array) -> tuple[Array, list[Array]]:
+    """Logits, and the activations backprop needs."""
+    acts = [x]
+    h = x
+    for i in range(spec.layers):
+        z = h @ params[f"layer{i}.weight"] + params[f"layer{i}.bias"]
+        h = np.maximum(z, 0) if i < spec.layers - 1 else z
+        acts.append(h)
+    return h, acts
+
+
+def loss_and_grads(
+    spec: ModelSpec, params: dict[str, Array], x: Array, y: Array
+) -> tuple[float, dict[str, Array], int]:
+    """Mean softmax cross-entropy over the batch, its gradients, and the number correct."""
+    logits, acts = forward(spec, params, x)
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    exp = np.exp(shifted)
+    probs = exp / exp.sum(axis=1, keepdims=True)
+    n = x.shape[0]
+    loss = float(-np.log(probs[np.arange(n), y] + 1e-12).mean())
+    correct = int((logits.argmax(axis=1) == y).sum())
+    delta = probs
+    delta[np.arange(n), y] -= 1.0
+    delta /= n
+    grads: dict[str, Array] = {}
+    for i in reversed(range(spec.layers)):
+        grads[f"layer{i}.weight"] = (acts[i].T @ delta).astype(np.float32)
+        grads[f"layer{i}.bias"] = delta.sum(axis=0).astype(np.float32)
+        if i:
+            delta = (delta @ params[f"layer{i}.weight"].T) * (acts[i] > 0)
+    return loss, grads, correct
+
+
+def accuracy(spec: ModelSpec, params: dict[str, Array], x: Array, y: Array) -> float:
+    logits, _ = forward(spec, params, x)
+    return float((logits.argmax(axis=1) == y).mean())
+
+
+@dataclass
+class Dataset:
+    x_train: Array
+    y_train: Array
+    x_test: Array
+    y_test: Array
+
+
+def load(name: str, seed: int = 0) -> Dataset:
+    """The data of a model: ``digits`` (bundled with scikit-learn) or synthetic for ``large``."""
+    rng = np.random.default_rng(seed)
+    if name == "digits":
+        from sklearn.datasets import load_digits  # bundled data set: no download
+
+        d = load_digits()
+        x = (d.data / 16.0).astype(np.float32)
+        y = d.target.astype(np.int64)
+        order = rng.permutation(len(x))
+        x, y = x[order], y[order]
+        cut = int(0.8 * len(x))
+        return Dataset(x[:cut], y[:cut], x[cut:], y[cut:])
+    spec = model(name)
+    n = 4096
+    centers = rng.standard_normal((spec.widths[-1], spec.widths[0])).astype(np.float32)
+    y = rng.integers(0, spec.widths[-1], n)
+    x = centers[y] + 0.5 * rng.standard_normal((n, spec.widths[0])).astype(np.float32)
+    cut = int(0.9 * n)
+    return Dataset(x[:cut], y[:cut], x[cut:], y[cut:])
+
+
+def batch_at(
+    data: Dataset, rank: int, world: int, batch: int, step: int, seed: int = 0
+) -> tuple[Array, Array]:
+    """Worker ``rank``'s batch at ``step``: rows of its shard (``rank::world``), reshuffled every
+    epoch. A pure function of its arguments, so a resumed run sees the same batches and the union
+    of all workers' batches at a step is well defined."""
+    x, y = data.x_train[rank::world], data.y_train[rank::world]
+    per_epoch = len(x) // batch
+    if per_epoch == 0:
+        raise ValueError(f"batch {batch} is larger than worker {rank}'s shard of {len(x)} rows")
+    epoch, k = divmod(step, per_epoch)
+    order = np.random.default_rng((seed, rank, epoch)).permutation(len(x))
+    idx = order[k * batch : (k + 1) * batch]
+    return x[idx], y[idx]

@@ -1,0 +1,234 @@
+"""``PSClient``: a training loop's connection to the parameter servers.
+
+The client registers every model parameter in its own receiver, in parts that match the
+servers' chunks (:meth:`tensorwire.Receiver.register_parts`), so :attr:`PSClient.params` *are* the
+buffers the servers write: no copy between the network and the next forward pass. A loop does::
+
+    with PSClient(["tcp://ps0:5700"], rank=0, shapes=shapes) as ps:
+        while (step := ps.wait_params()) is not None:   # None: the servers said stop
+            grads = my_backward(ps.params, batch(step))  # any framework that yields numpy
+            ps.push(grads, loss=loss)
+
+The plan (which server owns which rows of which parameter) is read from the gradient tensors the
+servers publish, so client and servers cannot disagree about it. Uses only tensorwire's public API.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+from tensorwire.server.plan import (
+    META_FIELDS,
+    STATUS_FIELDS,
+    STATUS_STOP,
+    Chunk,
+    grad_name,
+    join_name,
+    meta_name,
+    parse_grad_name,
+    status_name,
+)
+
+import tensorwire as tw
+
+Array = np.ndarray[Any, Any]
+
+
+class PSClientError(tw.TensorWireError):
+    """The client and the servers do not fit together (model, ranks, plan)."""
+
+
+def _advertised(address: str, advertise: str | None, towards: str) -> str:
+    """The receiver address servers should use: ``advertise`` replaces a wildcard bind host."""
+    parts = urlsplit(address)
+    host = parts.hostname or ""
+    if advertise:
+        host = advertise
+    elif host in ("0.0.0.0", "*", "::"):
+        server_host = urlsplit(towards).hostname or "127.0.0.1"
+        if server_host in ("127.0.0.1", "localhost"):
+            host = "127.0.0.1"
+        else:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((server_host, 9))  # picks the outgoing interface; sends nothing
+                host = s.getsockname()[0]
+    return f"tcp://{host}:{parts.port}"
+
+
+class PSClient:
+    def __init__(
+        self,
+        servers: list[str],
+        rank: int,
+        shapes: Mapping[str, tuple[int, ...]],
+        *,
+        transport: str = "auto",
+        secret: str | None = None,
+        bind: str = "tcp://127.0.0.1:0",
+        advertise: str | None = None,
+        connect_timeout: float = 60.0,
+        timeout: float | None = 300.0,
+    ) -> None:
+        if not servers:
+            raise PSClientError("no parameter servers given")
+        self.rank = rank
+        self.servers = list(servers)
+        self.timeout = timeout
+        self.tx = tw.Sender(
+            transport=transport, secret=secret, timeout=timeout, name=f"worker{rank}"
+        )
+        self.rx: tw.Receiver | None = None
+        try:
+            self._connect(connect_timeout)
+            self.chunks = self._learn_plan(shapes)
+            self.rx = tw.Receiver(bind, secret=secret, ring=1, name=f"worker{rank}")
+            for param, shape in shapes.items():
+                rows = [c.stop - c.start for c in self._parts[param]]
+                self.rx.register_parts(param, shape, "float32", rows)
+            for s in range(len(self.servers)):
+                self.rx.register(status_name(s), (STATUS_FIELDS,), "int64", ring=1)
+            #: the model's parameters: read-only views of the registered memory servers write
+            self.params: dict[str, Array] = {p: self.rx.array(p) for p in shapes}
+            me = _advertised(self.rx.address, advertise, self.servers[0])
+            for addr in self.servers:
+                self.tx.write(join_name(rank), np.frombuffer(me.encode(), np.uint8), peer=addr)
+        except BaseException:
+            self.close()
+            raise
+        self._held = False
+        self._meta = np.zeros(META_FIELDS, np.float64)
+        self.step: int | None = None
+        self.comm_seconds = 0.0
+
+    def _connect(self, timeout: float) -> None:
+        """Reach every server, retrying while they start up."""
+        deadline = time.monotonic() + timeout
+        for addr in self.servers:
+            while True:
+                try:
+                    self.tx.add_peer(addr)
+                    break
+                except (tw.WireTimeoutError, tw.PeerLostError):
+                    if time.monotonic() >= deadline:
+                        raise PSClientError(
+                            f"parameter server {addr} did not answer within {timeout:g} s"
+                        ) from None
+                    time.sleep(0.2)
+
+    def _learn_plan(self, shapes: Mapping[str, tuple[int, ...]]) -> list[Chunk]:
+        chunks: list[Chunk] = []
+        for s, addr in enumerate(self.servers):
+            published = self.tx.tensors(peer=addr)
+            if meta_name(self.rank) not in published:
+                raise PSClientError(
+                    f"server {addr} expects fewer workers: it has no slot for rank {self.rank}"
+                )
+            for name, spec in published.items():
+                parsed = parse_grad_name(name)
+                if parsed is None or parsed[0] != self.rank:
+                    continue
+                _, param, part = parsed
+                chunks.append(Chunk(param, part, 0, 0, spec.static_shape, s))
+        self._parts: dict[str, list[Chunk]] = {}
+        for param, shape in shapes.items():
+            parts = sorted((c for c in chunks if c.param == param), key=lambda c: c.part)
+            if [c.part for c in parts] != list(range(len(parts))) or not parts:
+                raise PSClientError(f"the servers do not hold parameter {param!r} (wrong model?)")
+            start = 0
+            placed = []
+            for c in parts:
+                if tuple(c.shape[1:]) != tuple(shape[1:]):
+                    raise PSClientError(
+                        f"parameter {param!r}: servers hold {c.shape}, model "
+                        f"has {shape} (wrong model?)"
+                    )
+                rows = c.shape[0] if c.shape else 1
+                placed.append(Chunk(param, c.part, start, start + rows, c.shape, c.server))
+                start += rows
+            if start != (shape[0] if shape else 1):
+                raise PSClientError(
+                    f"parameter {param!r}: servers hold {start} rows, model has "
+                    f"{shape} (wrong model?)"
+                )
+            self._parts[param] = placed
+        extra = {c.param for c in chunks} - set(shapes)
+        if extra:
+            raise PSClientError(f"servers hold parameters the model lacks: {sorted(extra)}")
+        return [c for param in shapes for c in self._parts[param]]
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def wait_params(self, timeout: float | None = None) -> int | None:
+        """Wait until every server has written this step's parameters; return the step, or None
+        when the servers said stop (the parameters are then the final ones)."""
+        assert self.rx is not None
+        t0 = time.perf_counter()
+        wait = self.timeout if timeout is None else timeout
+        self._release()
+        steps, stop = set(), False
+        for s in range(len(self.servers)):
+            status = self.rx.wait(status_name(s), timeout=wait)
+            steps.add(int(status[0]))
+            stop = stop or int(status[1]) == STATUS_STOP
+        for c in self.chunks:
+            self.rx.wait(c.cid, timeout=wait)
+        self._held = True
+        self.comm_seconds += time.perf_counter() - t0
+        self.step = None if stop else max(steps)
+        return self.step
+
+    def pull(self) -> dict[str, Array]:
+        """The parameters of the current step (views; valid until the next push)."""
+        return self.params
+
+    def _release(self) -> None:
+        if self._held and self.rx is not None:
+            for s in range(len(self.servers)):
+                self.rx.release(status_name(s))
+            for c in self.chunks:
+                self.rx.release(c.cid)
+            self._held = False
+
+    def push(
+        self,
+        grads: Mapping[str, Array],
+        *,
+        loss: float = float("nan"),
+        correct: int = 0,
+        samples: int = 0,
+        accuracy: float | None = None,
+    ) -> None:
+        """Send this step's gradients (each server gets its rows, one-sided) and the step's
+        metrics; the parameters may change from here on."""
+        if self.step is None:
+            raise PSClientError("push() before wait_params() returned a step")
+        t0 = time.perf_counter()
+        self._release()
+        for c in self.chunks:
+            g = grads[c.param]
+            self.tx.write(
+                grad_name(self.rank, c.cid),
+                g[c.start : c.stop] if g.ndim else g,
+                peer=self.servers[c.server],
+                allow_copy=True,
+            )
+        self._meta[:] = (self.step, loss, correct, samples, -1.0 if accuracy is None else accuracy)
+        for addr in self.servers:
+            self.tx.write(meta_name(self.rank), self._meta, peer=addr)
+        self.comm_seconds += time.perf_counter() - t0
+
+    def close(self) -> None:
+        self.tx.close()
+        if self.rx is not None:
+            self.rx.close()
+
+    def __enter__(self) -> PSClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,193 @@
+"""``tensorwire-worker`` (also ``tensorwire worker``): a data-parallel training worker.
+
+It trains the numpy MLP of :mod:`.models` on its shard of the data through a :class:`PSClient`:
+wait for the servers' parameters (written straight into the model's registered storage), compute the
+gradient of its batch, push it one-sided into the servers. Rank 0 evaluates test accuracy every
+``--eval-every`` steps and at the end. Configured by flags, ``--config`` TOML or ``TENSORWIRE_*``
+variables. SIGTERM or Ctrl-C: finish the current step, then exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import time
+from typing import Any
+
+import numpy as np
+from tensorwire.server import config
+from tensorwire.server.progress import Progress
+
+import tensorwire as tw
+
+from . import models
+from .psclient import PSClient
+
+log = logging.getLogger("tensorwire.worker")
+
+
+def build_parser(prog: str = "tensorwire-worker") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="A data-parallel worker: its model parameters are registered buffers that the "
+        "parameter servers write into; it pushes gradients one-sided into the servers.",
+    )
+    p.add_argument("--config", metavar="FILE.toml", help="read settings from a TOML file")
+    p.add_argument(
+        "--servers",
+        default="tcp://127.0.0.1:5700",
+        help="comma-separated server addresses, in shard order",
+    )
+    p.add_argument("--rank", type=int, default=0, help="this worker's rank, 0..workers-1")
+    p.add_argument("--workers", type=int, default=1, help="number of workers (data shards)")
+    p.add_argument("--model", default="digits", choices=sorted(models.MODELS))
+    p.add_argument("--batch", type=int, default=32, help="batch size per worker")
+    p.add_argument(
+        "--transport",
+        default="auto",
+        choices=tw.TRANSPORT_NAMES,
+        help="data plane towards the servers",
+    )
+    p.add_argument("--secret", default=None, help="shared secret (prefer TENSORWIRE_SECRET)")
+    p.add_argument("--bind", default="tcp://127.0.0.1:0", help="this worker's receiver endpoint")
+    p.add_argument(
+        "--advertise",
+        default=None,
+        help="host name servers reach this worker at (when --bind is 0.0.0.0)",
+    )
+    p.add_argument("--eval-every", type=int, default=50, help="rank 0: test accuracy every N")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--connect-timeout", type=float, default=60.0)
+    p.add_argument("--step-timeout", type=float, default=300.0)
+    p.add_argument("--metrics", metavar="PATH", help="write a JSON summary here at the end")
+    p.add_argument("--save-params", metavar="PATH.npz", help="save the final parameters")
+    p.add_argument("--steps-hint", type=int, default=0, help="total steps, for the progress bar")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return p
+
+
+def train(
+    client: PSClient,
+    spec: models.ModelSpec,
+    data: models.Dataset,
+    *,
+    rank: int,
+    workers: int,
+    batch: int,
+    seed: int,
+    eval_every: int,
+    progress: Progress,
+    stop: list[bool],
+) -> dict[str, Any]:
+    """The training loop; returns its metrics."""
+    compute = 0.0
+    steps = 0
+    losses: list[float] = []
+    t0 = time.monotonic()
+    while (step := client.wait_params()) is not None and not stop[0]:
+        x, y = models.batch_at(data, rank, workers, batch, step, seed)
+        c0 = time.perf_counter()
+        loss, grads, correct = models.loss_and_grads(spec, client.params, x, y)
+        acc = None
+        if rank == 0 and eval_every and step % eval_every == 0:
+            acc = models.accuracy(spec, client.params, data.x_test, data.y_test)
+        compute += time.perf_counter() - c0
+        client.push(grads, loss=loss, correct=correct, samples=len(y), accuracy=acc)
+        losses.append(loss)
+        steps += 1
+        progress.update(step + 1, loss=loss, accuracy=acc)
+    secs = time.monotonic() - t0
+    final_acc = models.accuracy(spec, client.params, data.x_test, data.y_test)
+    return {
+        "rank": rank,
+        "steps": steps,
+        "seconds": secs,
+        "steps_per_s": steps / secs if secs else 0.0,
+        "compute_s": compute,
+        "communication_s": client.comm_seconds,
+        "final_loss": losses[-1] if losses else None,
+        "test_accuracy": final_acc,
+        "stopped_by_signal": stop[0],
+    }
+
+
+def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:
+    parser = build_parser(prog)
+    args = config.parse(parser, argv, "worker")
+    logging.basicConfig(
+        level=args.log_level, format=f"%(asctime)s worker{args.rank} %(message)s", stream=sys.stderr
+    )
+    if not 0 <= args.rank < args.workers:
+        parser.error(f"--rank {args.rank} is not in 0..{args.workers - 1}")
+    servers = [s.strip() for s in args.servers.split(",") if s.strip()]
+    spec = models.model(args.model)
+    try:
+        data = models.load(args.model, args.seed)
+    except ImportError as exc:
+        print(
+            f"{prog}: error: the {args.model} data needs {exc.name}: pip install 'tensorwire[ps]'",
+            file=sys.stderr,
+        )
+        return 1
+    stop = [False]
+
+    def on_signal(*_: object) -> None:
+        stop[0] = True
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    progress = Progress(
+        f"worker{args.rank}", args.steps_hint, enabled=not args.no_progress and args.steps_hint > 0
+    )
+    try:
+        with PSClient(
+            servers,
+            args.rank,
+            spec.shapes(),
+            transport=args.transport,
+            secret=args.secret,
+            bind=args.bind,
+            advertise=args.advertise,
+            connect_timeout=args.connect_timeout,
+            timeout=args.step_timeout,
+        ) as client:
+            log.info(
+                "joined %d server(s) over %s", len(servers), client.tx.transport_of(servers[0])
+            )
+            metrics = train(
+                client,
+                spec,
+                data,
+                rank=args.rank,
+                workers=args.workers,
+                batch=args.batch,
+                seed=args.seed,
+                eval_every=args.eval_every,
+                progress=progress,
+                stop=stop,
+            )
+            if args.save_params:
+                arrays: dict[str, Any] = {k: np.array(v) for k, v in client.params.items()}
+                np.savez(args.save_params, **arrays)
+    except tw.TensorWireError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        progress.close()
+    print(
+        f"worker{args.rank}: {metrics['steps']} steps, {metrics['steps_per_s']:.1f} steps/s, "
+        f"test accuracy {metrics['test_accuracy']:.4f}",
+        file=sys.stderr,
+    )
+    if args.metrics:
+        with open(args.metrics, "w") as f:
+            json.dump(metrics, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

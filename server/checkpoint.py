@@ -1,0 +1,59 @@
+"""Checkpoints of a parameter-server shard: parameters and optimizer state, written atomically.
+
+The file is written beside its final name and renamed over it, so a crash mid-write leaves the
+previous checkpoint intact.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+Array = np.ndarray[Any, Any]
+
+
+def path_for(directory: str, shard: int) -> str:
+    return os.path.join(directory, f"ps-shard{shard}.npz")
+
+
+def save(
+    path: str,
+    step: int,
+    params: dict[str, Array],
+    state: dict[str, dict[str, Any]],
+    fingerprint: str,
+) -> None:
+    arrays: dict[str, Any] = {"__step__": np.int64(step), "__fingerprint__": np.array(fingerprint)}
+    for key, value in params.items():
+        arrays[f"p:{key}"] = value
+    for key, slots in state.items():
+        for slot, value in slots.items():
+            arrays[f"s:{key}:{slot}"] = value
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load(path: str, fingerprint: str) -> tuple[int, dict[str, Array], dict[str, dict[str, Any]]]:
+    """Return ``(step, params, optimizer state)``; refuses a checkpoint of another setup."""
+    with np.load(path, allow_pickle=False) as data:
+        found = str(data["__fingerprint__"])
+        if found != fingerprint:
+            raise ValueError(
+                f"checkpoint {path} was written for {found!r}, not for this setup {fingerprint!r}"
+            )
+        step = int(data["__step__"])
+        params: dict[str, Array] = {}
+        state: dict[str, dict[str, Any]] = {}
+        for name in data.files:
+            if name.startswith("p:"):
+                params[name[2:]] = data[name].copy()
+            elif name.startswith("s:"):
+                key, slot = name[2:].rsplit(":", 1)
+                state.setdefault(key, {})[slot] = data[name].copy()
+    return step, params, state

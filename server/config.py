@@ -1,0 +1,88 @@
+"""Daemon configuration: flags, a TOML file and ``TENSORWIRE_*`` environment variables.
+
+Precedence, lowest to highest: the flag's default, the TOML file (``--config``, keys named like the
+flags, ``-`` or ``_``, optionally under a ``[ps]`` or ``[worker]`` table), the environment
+(``TENSORWIRE_STEPS=100`` for ``--steps``), explicit flags. Every value goes through the flag's own
+type conversion and choices, so a bad value says which flag, file or variable it came from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+ENV_PREFIX = "TENSORWIRE_"
+
+
+def _convert(
+    parser: argparse.ArgumentParser, action: argparse.Action, value: Any, source: str
+) -> Any:
+    flag = action.option_strings[-1] if action.option_strings else action.dest
+    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+        if isinstance(value, str):
+            low = value.strip().lower()
+            if low not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                parser.error(f"{source}: {flag} must be true or false, not {value!r}")
+            value = low in ("1", "true", "yes", "on")
+        if not isinstance(value, bool):
+            parser.error(f"{source}: {flag} must be true or false, not {value!r}")
+        return value
+    convert: Any = action.type
+    if convert is not None and isinstance(value, str):
+        try:
+            value = convert(value)
+        except (TypeError, ValueError, argparse.ArgumentTypeError) as exc:
+            parser.error(f"{source}: {flag}: invalid value {value!r} ({exc})")
+    elif convert is not None and not isinstance(value, (str, list, dict)):
+        try:
+            value = convert(value)
+        except (TypeError, ValueError) as exc:
+            parser.error(f"{source}: {flag}: invalid value {value!r} ({exc})")
+    if action.choices is not None and value not in action.choices:
+        parser.error(
+            f"{source}: {flag} must be one of {', '.join(map(str, action.choices))}, not {value!r}"
+        )
+    return value
+
+
+def parse(
+    parser: argparse.ArgumentParser, argv: list[str] | None, section: str
+) -> argparse.Namespace:
+    """Parse ``argv`` merging defaults < TOML file < environment < flags (see module doc)."""
+    actions = {a.dest: a for a in parser._actions if a.dest not in ("help", "version", "config")}
+    defaults = {dest: a.default for dest, a in actions.items()}
+    for a in actions.values():
+        a.default = argparse.SUPPRESS
+    given = vars(parser.parse_args(argv))
+    values = dict(defaults)
+    path = given.pop("config", None)
+    if path:
+        try:
+            with open(path, "rb") as f:
+                table = tomllib.load(f)
+        except OSError as exc:
+            parser.error(f"cannot read config file {path}: {exc.strerror}")
+        except tomllib.TOMLDecodeError as exc:
+            parser.error(f"config file {path} is not valid TOML: {exc}")
+        if isinstance(table.get(section), dict):
+            table = table[section]
+        for key, value in table.items():
+            if isinstance(value, dict):
+                continue  # another daemon's table
+            dest = key.replace("-", "_")
+            if dest not in actions:
+                parser.error(f"config file {path}: unknown key {key!r}")
+            values[dest] = _convert(parser, actions[dest], value, f"config file {path}")
+    for dest, action in actions.items():
+        env = ENV_PREFIX + dest.upper()
+        if env in os.environ:
+            values[dest] = _convert(parser, action, os.environ[env], f"environment {env}")
+    values.update(given)
+    return argparse.Namespace(**values)

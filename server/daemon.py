@@ -1,0 +1,141 @@
+"""``tensorwire-ps`` (also ``tensorwire ps``): one parameter-server shard as a daemon.
+
+Configured by flags, a TOML file (``--config``) or ``TENSORWIRE_*`` variables (flags win). SIGTERM
+or Ctrl-C: finish the current step, checkpoint, tell the workers to stop, exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import time
+from typing import Any
+
+from tensorwire.client import models
+
+import tensorwire as tw
+
+from . import config, optim
+from .progress import Progress
+from .ps import SYNC_MODES, ParameterServer, PSConfig, PSError, StepReport
+
+
+def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
+    d = PSConfig()
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="A parameter-server shard: receives gradients one-sided into registered "
+        "buffers, applies the optimizer, writes parameters straight into the workers' memory.",
+    )
+    p.add_argument("--config", metavar="FILE.toml", help="read settings from a TOML file")
+    p.add_argument("--bind", default=d.bind, help=f"control-plane endpoint (default {d.bind})")
+    p.add_argument("--shard", type=int, default=d.shard, help="this server's index (default 0)")
+    p.add_argument("--shards", type=int, default=d.shards, help="number of servers (default 1)")
+    p.add_argument("--workers", type=int, default=d.workers, help="workers to wait for")
+    p.add_argument("--model", default=d.model, choices=sorted(models.MODELS), help="model")
+    p.add_argument("--steps", type=int, default=d.steps, help=f"steps (default {d.steps})")
+    p.add_argument("--sync", default=d.sync, choices=SYNC_MODES, help="consistency model")
+    p.add_argument("--staleness", type=int, default=d.staleness, help="ssp: max steps ahead")
+    p.add_argument("--optimizer", default=d.optimizer, choices=optim.OPTIMIZERS)
+    p.add_argument("--lr", type=float, default=d.lr, help=f"learning rate (default {d.lr})")
+    p.add_argument("--momentum", type=float, default=d.momentum)
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay, help="L2 weight decay")
+    p.add_argument(
+        "--transport",
+        default=d.transport,
+        choices=tw.TRANSPORT_NAMES,
+        help="data plane towards the workers",
+    )
+    p.add_argument("--secret", default=None, help="shared secret (prefer TENSORWIRE_SECRET)")
+    p.add_argument("--checkpoint-dir", default=None, help="where to write checkpoints")
+    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
+    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    p.add_argument(
+        "--join-timeout",
+        type=float,
+        default=d.join_timeout,
+        help="seconds to wait for every worker to join",
+    )
+    p.add_argument(
+        "--step-timeout",
+        type=float,
+        default=d.step_timeout,
+        help="seconds to wait for a worker within a step",
+    )
+    p.add_argument(
+        "--split-bytes",
+        type=int,
+        default=d.split_bytes,
+        help="split tensors larger than this into chunks",
+    )
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--metrics", metavar="PATH", help="write a JSON summary here at the end")
+    p.add_argument("--no-progress", action="store_true", help="no progress output")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return p
+
+
+def main(argv: list[str] | None = None, prog: str = "tensorwire-ps") -> int:
+    parser = build_parser(prog)
+    args = config.parse(parser, argv, "ps")
+    logging.basicConfig(
+        level=args.log_level, format=f"%(asctime)s ps{args.shard} %(message)s", stream=sys.stderr
+    )
+    values: dict[str, Any] = {k: getattr(args, k) for k in PSConfig.__dataclass_fields__}
+    cfg = PSConfig(**values)
+    bar = Progress(f"ps{cfg.shard}", cfg.steps, enabled=not args.no_progress)
+
+    def on_step(r: StepReport) -> None:
+        bar.update(r.step, loss=r.loss, accuracy=r.accuracy)
+
+    try:
+        server = ParameterServer(cfg, on_step)
+    except (tw.TensorWireError, ValueError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: server.request_stop())
+    logging.getLogger("tensorwire.ps").info(
+        "shard %d of %d serving %d chunks at %s; waiting for %d workers",
+        cfg.shard,
+        cfg.shards,
+        len(server.chunks),
+        server.address,
+        cfg.workers,
+    )
+    start = server.step
+    try:
+        server.run()
+    except PSError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        bar.close()
+        server.close()
+    secs = time.monotonic() - server.started_at
+    steps = server.step - start
+    summary = {
+        "steps": server.step,
+        "seconds": secs,
+        "steps_per_s": steps / secs if secs else 0,
+        "final_loss": server.losses[-1] if server.losses else None,
+        "accuracy": server.last_accuracy,
+        "sync": cfg.sync,
+        "transport": cfg.transport,
+    }
+    print(
+        f"ps{cfg.shard}: done at step {server.step}: {steps} steps in {secs:.2f} s "
+        f"({summary['steps_per_s']:.1f} steps/s), loss {summary['final_loss']}",
+        file=sys.stderr,
+    )
+    if args.metrics:
+        with open(args.metrics, "w") as f:
+            json.dump(summary, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,275 @@
+"""The parameter-server layer: real daemons as subprocesses on loopback, training real models."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tensorwire.client import models
+from tensorwire.server import optim
+from tensorwire.server.plan import plan
+
+from .conftest import free_port
+
+PY = sys.executable
+
+
+class Job:
+    """One parameter-server job: S server daemons and N worker daemons, always reaped."""
+
+    def __init__(self, tmp: Path, *, servers: int = 1, workers: int = 2,
+                 ps: list[str] | None = None, worker: list[str] | None = None,
+                 start_workers: int | None = None, env: dict[str, str] | None = None) -> None:
+        self.tmp = tmp
+        self.addresses = [f"tcp://127.0.0.1:{free_port()}" for _ in range(servers)]
+        self.env = {**os.environ, **(env or {})}
+        self.procs: list[subprocess.Popen[str]] = []
+        self.ps = [
+            self._spawn("tensorwire.server.daemon", "--bind", addr, "--shard", str(s),
+                        "--shards", str(servers), "--workers", str(workers), "--no-progress",
+                        "--metrics", str(tmp / f"ps{s}.json"), *(ps or []), log=f"ps{s}")
+            for s, addr in enumerate(self.addresses)
+        ]
+        self.workers = [
+            self._spawn("tensorwire.client.worker", "--servers", ",".join(self.addresses),
+                        "--rank", str(r), "--workers", str(workers), "--no-progress",
+                        "--metrics", str(tmp / f"w{r}.json"),
+                        "--save-params", str(tmp / f"w{r}.npz"), *(worker or []), log=f"w{r}")
+            for r in range(workers if start_workers is None else start_workers)
+        ]
+
+    def _spawn(self, module: str, *args: str, log: str) -> subprocess.Popen[str]:
+        out = open(self.tmp / f"{log}.log", "w")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen([PY, "-m", module, *args], stdout=out, stderr=subprocess.STDOUT,
+                                text=True, env=self.env)
+        out.close()
+        self.procs.append(proc)
+        return proc
+
+    def wait(self, timeout: float = 120) -> list[int]:
+        deadline = time.monotonic() + timeout
+        return [p.wait(max(deadline - time.monotonic(), 0.1)) for p in self.procs]
+
+    def log(self, name: str) -> str:
+        return (self.tmp / f"{name}.log").read_text()
+
+    def metrics(self, name: str) -> dict[str, Any]:
+        return json.loads((self.tmp / f"{name}.json").read_text())
+
+    def params(self, rank: int = 0) -> dict[str, np.ndarray[Any, Any]]:
+        with np.load(self.tmp / f"w{rank}.npz") as data:
+            return {k: data[k] for k in data.files}
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(10)
+
+
+@pytest.fixture
+def job(tmp_path: Path):  # type: ignore[no-untyped-def]
+    jobs: list[Job] = []
+
+    def make(**kw: Any) -> Job:
+        j = Job(tmp_path / f"job{len(jobs)}", **kw)
+        jobs.append(j)
+        return j
+
+    for i in range(8):
+        (tmp_path / f"job{i}").mkdir()
+    yield make
+    for j in jobs:
+        j.kill()
+
+
+def _ok(j: Job, timeout: float = 120) -> None:
+    codes = j.wait(timeout)
+    assert codes == [0] * len(codes), "\n".join(j.log(p) for p in ["ps0", "w0"])
+
+
+# -- the model itself -------------------------------------------------------------------------
+
+
+def test_backprop_matches_finite_differences() -> None:
+    spec = models.ModelSpec("tiny", (5, 7, 3))
+    params = {k: v.astype(np.float64) for k, v in spec.init(1).items()}
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((4, 5)), rng.integers(0, 3, 4)
+    _, grads, _ = models.loss_and_grads(spec, params, x, y)
+    eps = 1e-6
+    for name, p in params.items():
+        for idx in [tuple(rng.integers(0, s) for s in p.shape) for _ in range(5)]:
+            old = p[idx]
+            p[idx] = old + eps
+            up, _, _ = models.loss_and_grads(spec, params, x, y)
+            p[idx] = old - eps
+            down, _, _ = models.loss_and_grads(spec, params, x, y)
+            p[idx] = old
+            assert grads[name][idx] == pytest.approx((up - down) / (2 * eps), rel=1e-4, abs=1e-7)
+
+
+def test_plan_splits_large_tensors_and_balances_bytes() -> None:
+    shapes = models.MODELS["large"].shapes()
+    chunks = plan(shapes, 2, 1 << 20)
+    for name, shape in shapes.items():
+        rows = sorted((c.start, c.stop) for c in chunks if c.param == name)
+        assert rows[0][0] == 0 and rows[-1][1] == shape[0]
+        assert all(a[1] == b[0] for a, b in zip(rows, rows[1:], strict=False))
+    assert all(c.nbytes <= 1 << 20 or c.shape[0] == 1 for c in chunks)
+    load = [sum(c.nbytes for c in chunks if c.server == s) for s in range(2)]
+    assert abs(load[0] - load[1]) <= max(c.nbytes for c in chunks)
+    assert plan(shapes, 2, 1 << 20) == chunks  # deterministic: every process derives the same
+
+
+# -- training -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sync", ["bsp", "asp", "ssp"])
+def test_each_consistency_model_trains_digits_to_95_percent(job: Any, sync: str) -> None:
+    j = job(ps=["--sync", sync, "--steps", "400", "--staleness", "1"],
+            worker=["--transport", "tcp" if sync == "ssp" else "auto"])
+    _ok(j)
+    acc = j.metrics("w0")["test_accuracy"]
+    assert acc >= 0.95, f"{sync}: test accuracy {acc}"
+    assert j.metrics("w1")["steps"] == 400 and j.metrics("ps0")["steps"] == 400
+
+
+def _reference(steps: int, workers: int, batch: int, opt: optim.Optimizer) -> dict[str, Any]:
+    """One process training on the union of the workers' batches."""
+    spec = models.model("digits")
+    data = models.load("digits")
+    params = spec.init(0)
+    for step in range(steps):
+        xs, ys = zip(*(models.batch_at(data, r, workers, batch, step) for r in range(workers)),
+                     strict=True)
+        _, grads, _ = models.loss_and_grads(spec, params, np.concatenate(xs), np.concatenate(ys))
+        for name in params:
+            opt.step(name, params[name], grads[name])
+    return params
+
+
+@pytest.mark.parametrize(
+    ("servers", "optimizer", "transport"),
+    [(1, "sgd", "shm"), (2, "adam", "tcp"), (2, "momentum", "grpc")],
+)
+def test_bsp_equals_single_process_on_the_union_of_batches(
+    job: Any, servers: int, optimizer: str, transport: str
+) -> None:
+    """BSP over N workers (and S servers, with a weight matrix split across them) computes the
+    same parameters as one process on the union of their batches, to 1e-6 relative."""
+    steps, lr = 25, 0.05
+    j = job(servers=servers,
+            ps=["--steps", str(steps), "--optimizer", optimizer, "--lr", str(lr),
+                "--split-bytes", "8192", "--transport", transport],
+            worker=["--transport", transport])
+    _ok(j)
+    if servers == 2:  # layer0.weight (32 KiB) was split into parts held by both servers
+        shards = {c.server for c in plan(models.MODELS["digits"].shapes(), 2, 8192)
+                  if c.param == "layer0.weight"}
+        assert shards == {0, 1}
+    ref = _reference(steps, 2, 32, optim.make(optimizer, lr))
+    for rank in (0, 1):
+        got = j.params(rank)
+        for name, want in ref.items():
+            err = np.linalg.norm(got[name] - want) / max(np.linalg.norm(want), 1e-12)
+            assert err < 1e-6, f"{name}: relative error {err:.2e}"
+
+
+def test_resume_continues_from_the_checkpoint_with_identical_parameters(
+    job: Any, tmp_path: Path
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    common = ["--optimizer", "momentum", "--checkpoint-dir", str(ckpt)]
+    first = job(ps=[*common, "--steps", "10", "--checkpoint-every", "5"])
+    _ok(first)
+    assert "checkpoint at step 10" in first.log("ps0")
+    resumed = job(ps=[*common, "--steps", "20", "--resume"])
+    _ok(resumed)
+    assert "resumed shard 0" in resumed.log("ps0") and "at step 10" in resumed.log("ps0")
+    assert resumed.metrics("w0")["steps"] == 10
+    straight = job(ps=["--optimizer", "momentum", "--steps", "20"])
+    _ok(straight)
+    a, b = resumed.params(0), straight.params(0)
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name])
+
+
+def test_a_worker_that_never_arrives_is_named(job: Any) -> None:
+    j = job(workers=2, start_workers=1, ps=["--join-timeout", "2"])
+    ps_code = j.ps[0].wait(60)
+    assert ps_code == 1
+    text = j.log("ps0")
+    assert "workers 1 of 2 did not join within 2 s" in text and "Traceback" not in text
+
+
+def test_sigterm_finishes_the_step_checkpoints_and_exits_zero(job: Any, tmp_path: Path) -> None:
+    ckpt = tmp_path / "sig"
+    j = job(ps=["--steps", "100000", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "0"])
+    deadline = time.monotonic() + 60
+    while not (j.tmp / "ps0.log").read_text().count("joined") >= 2:
+        assert time.monotonic() < deadline, j.log("ps0")
+        time.sleep(0.1)
+    time.sleep(0.5)
+    j.ps[0].send_signal(signal.SIGTERM)
+    _ok(j, 60)
+    steps = j.metrics("ps0")["steps"]
+    assert 0 < steps < 100000
+    assert (ckpt / "ps-shard0.npz").exists()
+    assert j.metrics("w0")["steps"] == steps
+
+
+# -- configuration and errors -------------------------------------------------------------------
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PY, *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **(env or {})}, check=False)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["-m", "tensorwire.server.daemon", "--bogus"],
+        ["-m", "tensorwire.server.daemon", "--sync", "sometimes"],
+        ["-m", "tensorwire.server.daemon", "--config", "/nonexistent.toml"],
+        ["-m", "tensorwire.client.worker", "--rank", "3", "--workers", "2"],
+        ["-m", "tensorwire.cli", "worker", "--steps-hint", "x"],
+    ],
+)
+def test_bad_flags_and_files_are_one_line(args: list[str]) -> None:
+    out = _cli(*args)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "error:" in out.stderr.strip().splitlines()[-1]
+
+
+def test_bad_config_file_is_one_line(tmp_path: Path) -> None:
+    for body, message in (("steps = [", "not valid TOML"), ("stepz = 3", "unknown key 'stepz'"),
+                          ("steps = 'many'", "--steps: invalid value")):
+        cfg = tmp_path / "bad.toml"
+        cfg.write_text(body)
+        out = _cli("-m", "tensorwire.server.daemon", "--config", str(cfg))
+        assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_flags_beat_environment_beats_toml(tmp_path: Path) -> None:
+    from tensorwire.server import config
+    from tensorwire.server.daemon import build_parser
+
+    cfg = tmp_path / "ps.toml"
+    cfg.write_text("[ps]\nsteps = 7\nlr = 0.5\nsync = 'asp'\nresume = true\n[worker]\nbatch = 3\n")
+    os.environ["TENSORWIRE_LR"] = "0.25"
+    try:
+        args = config.parse(build_parser(), ["--config", str(cfg), "--sync", "ssp"], "ps")
+    finally:
+        del os.environ["TENSORWIRE_LR"]
+    assert (args.steps, args.lr, args.sync, args.resume, args.workers) == (7, 0.25, "ssp", True, 1)
