@@ -22,6 +22,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
+
+import tensorwire as tw
 from tensorwire.server.plan import (
     META_FIELDS,
     STATUS_FIELDS,
@@ -33,8 +35,6 @@ from tensorwire.server.plan import (
     parse_grad_name,
     status_name,
 )
-
-import tensorwire as tw
 
 Array = np.ndarray[Any, Any]
 

@@ -18,10 +18,10 @@ import time
 from typing import Any
 
 import numpy as np
-from tensorwire.server import config
-from tensorwire.server.progress import Progress
 
 import tensorwire as tw
+from tensorwire.server import config
+from tensorwire.server.progress import Progress
 
 from . import models
 from .psclient import PSClient

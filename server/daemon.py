@@ -14,9 +14,8 @@ import sys
 import time
 from typing import Any
 
-from tensorwire.client import models
-
 import tensorwire as tw
+from tensorwire.client import models
 
 from . import config, optim
 from .progress import Progress

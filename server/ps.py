@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from tensorwire.client import models
 
 import tensorwire as tw
+from tensorwire.client import models
 
 from . import checkpoint, optim
 from .plan import (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -26,31 +27,65 @@ PY = sys.executable
 class Job:
     """One parameter-server job: S server daemons and N worker daemons, always reaped."""
 
-    def __init__(self, tmp: Path, *, servers: int = 1, workers: int = 2,
-                 ps: list[str] | None = None, worker: list[str] | None = None,
-                 start_workers: int | None = None, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        *,
+        servers: int = 1,
+        workers: int = 2,
+        ps: list[str] | None = None,
+        worker: list[str] | None = None,
+        start_workers: int | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.tmp = tmp
         self.addresses = [f"tcp://127.0.0.1:{free_port()}" for _ in range(servers)]
         self.env = {**os.environ, **(env or {})}
         self.procs: list[subprocess.Popen[str]] = []
         self.ps = [
-            self._spawn("tensorwire.server.daemon", "--bind", addr, "--shard", str(s),
-                        "--shards", str(servers), "--workers", str(workers), "--no-progress",
-                        "--metrics", str(tmp / f"ps{s}.json"), *(ps or []), log=f"ps{s}")
+            self._spawn(
+                "tensorwire.server.daemon",
+                "--bind",
+                addr,
+                "--shard",
+                str(s),
+                "--shards",
+                str(servers),
+                "--workers",
+                str(workers),
+                "--no-progress",
+                "--metrics",
+                str(tmp / f"ps{s}.json"),
+                *(ps or []),
+                log=f"ps{s}",
+            )
             for s, addr in enumerate(self.addresses)
         ]
         self.workers = [
-            self._spawn("tensorwire.client.worker", "--servers", ",".join(self.addresses),
-                        "--rank", str(r), "--workers", str(workers), "--no-progress",
-                        "--metrics", str(tmp / f"w{r}.json"),
-                        "--save-params", str(tmp / f"w{r}.npz"), *(worker or []), log=f"w{r}")
+            self._spawn(
+                "tensorwire.client.worker",
+                "--servers",
+                ",".join(self.addresses),
+                "--rank",
+                str(r),
+                "--workers",
+                str(workers),
+                "--no-progress",
+                "--metrics",
+                str(tmp / f"w{r}.json"),
+                "--save-params",
+                str(tmp / f"w{r}.npz"),
+                *(worker or []),
+                log=f"w{r}",
+            )
             for r in range(workers if start_workers is None else start_workers)
         ]
 
     def _spawn(self, module: str, *args: str, log: str) -> subprocess.Popen[str]:
         out = open(self.tmp / f"{log}.log", "w")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen([PY, "-m", module, *args], stdout=out, stderr=subprocess.STDOUT,
-                                text=True, env=self.env)
+        proc = subprocess.Popen(
+            [PY, "-m", module, *args], stdout=out, stderr=subprocess.STDOUT, text=True, env=self.env
+        )
         out.close()
         self.procs.append(proc)
         return proc
@@ -124,7 +159,7 @@ def test_plan_splits_large_tensors_and_balances_bytes() -> None:
     for name, shape in shapes.items():
         rows = sorted((c.start, c.stop) for c in chunks if c.param == name)
         assert rows[0][0] == 0 and rows[-1][1] == shape[0]
-        assert all(a[1] == b[0] for a, b in zip(rows, rows[1:], strict=False))
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(rows))
     assert all(c.nbytes <= 1 << 20 or c.shape[0] == 1 for c in chunks)
     load = [sum(c.nbytes for c in chunks if c.server == s) for s in range(2)]
     assert abs(load[0] - load[1]) <= max(c.nbytes for c in chunks)
@@ -136,8 +171,10 @@ def test_plan_splits_large_tensors_and_balances_bytes() -> None:
 
 @pytest.mark.parametrize("sync", ["bsp", "asp", "ssp"])
 def test_each_consistency_model_trains_digits_to_95_percent(job: Any, sync: str) -> None:
-    j = job(ps=["--sync", sync, "--steps", "400", "--staleness", "1"],
-            worker=["--transport", "tcp" if sync == "ssp" else "auto"])
+    j = job(
+        ps=["--sync", sync, "--steps", "400", "--staleness", "1"],
+        worker=["--transport", "tcp" if sync == "ssp" else "auto"],
+    )
     _ok(j)
     acc = j.metrics("w0")["test_accuracy"]
     assert acc >= 0.95, f"{sync}: test accuracy {acc}"
@@ -150,8 +187,9 @@ def _reference(steps: int, workers: int, batch: int, opt: optim.Optimizer) -> di
     data = models.load("digits")
     params = spec.init(0)
     for step in range(steps):
-        xs, ys = zip(*(models.batch_at(data, r, workers, batch, step) for r in range(workers)),
-                     strict=True)
+        xs, ys = zip(
+            *(models.batch_at(data, r, workers, batch, step) for r in range(workers)), strict=True
+        )
         _, grads, _ = models.loss_and_grads(spec, params, np.concatenate(xs), np.concatenate(ys))
         for name in params:
             opt.step(name, params[name], grads[name])
@@ -168,14 +206,29 @@ def test_bsp_equals_single_process_on_the_union_of_batches(
     """BSP over N workers (and S servers, with a weight matrix split across them) computes the
     same parameters as one process on the union of their batches, to 1e-6 relative."""
     steps, lr = 25, 0.05
-    j = job(servers=servers,
-            ps=["--steps", str(steps), "--optimizer", optimizer, "--lr", str(lr),
-                "--split-bytes", "8192", "--transport", transport],
-            worker=["--transport", transport])
+    j = job(
+        servers=servers,
+        ps=[
+            "--steps",
+            str(steps),
+            "--optimizer",
+            optimizer,
+            "--lr",
+            str(lr),
+            "--split-bytes",
+            "8192",
+            "--transport",
+            transport,
+        ],
+        worker=["--transport", transport],
+    )
     _ok(j)
     if servers == 2:  # layer0.weight (32 KiB) was split into parts held by both servers
-        shards = {c.server for c in plan(models.MODELS["digits"].shapes(), 2, 8192)
-                  if c.param == "layer0.weight"}
+        shards = {
+            c.server
+            for c in plan(models.MODELS["digits"].shapes(), 2, 8192)
+            if c.param == "layer0.weight"
+        }
         assert shards == {0, 1}
     ref = _reference(steps, 2, 32, optim.make(optimizer, lr))
     for rank in (0, 1):
@@ -232,8 +285,14 @@ def test_sigterm_finishes_the_step_checkpoints_and_exits_zero(job: Any, tmp_path
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PY, *args], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, **(env or {})}, check=False)
+    return subprocess.run(
+        [PY, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
 
 
 @pytest.mark.parametrize(
@@ -253,8 +312,11 @@ def test_bad_flags_and_files_are_one_line(args: list[str]) -> None:
 
 
 def test_bad_config_file_is_one_line(tmp_path: Path) -> None:
-    for body, message in (("steps = [", "not valid TOML"), ("stepz = 3", "unknown key 'stepz'"),
-                          ("steps = 'many'", "--steps: invalid value")):
+    for body, message in (
+        ("steps = [", "not valid TOML"),
+        ("stepz = 3", "unknown key 'stepz'"),
+        ("steps = 'many'", "--steps: invalid value"),
+    ):
         cfg = tmp_path / "bad.toml"
         cfg.write_text(body)
         out = _cli("-m", "tensorwire.server.daemon", "--config", str(cfg))
