@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m tensorwire.demo
+	$(PY) -m tensorwire.client.demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q

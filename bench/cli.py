@@ -20,6 +20,7 @@ from typing import Any
 
 import tensorwire as tw
 
+from . import ps as ps_bench
 from . import report
 from .common import machine_facts, parse_size, parse_sizes
 from .peer import serve
@@ -74,7 +75,7 @@ def build_parser(prog: str = "tensorwire bench") -> argparse.ArgumentParser:
         "hand-written pyzmq loop, a raw socket and memcpy, measured in one interleaved run.",
     )
     _common(parser)
-    sub = parser.add_subparsers(dest="command", metavar="{run,serve}")
+    sub = parser.add_subparsers(dest="command", metavar="{run,serve,ps}")
     run = sub.add_parser("run", help="run the sweep against a `bench serve` on another host")
     _common(run)
     run.add_argument(
@@ -92,6 +93,7 @@ def build_parser(prog: str = "tensorwire bench") -> argparse.ArgumentParser:
         "to accept other hosts)",
     )
     srv.add_argument("--once", action="store_true", help="exit after the first runner")
+    ps_bench.add_parser(sub)
     return parser
 
 
@@ -204,13 +206,19 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire bench") -> int:
             with contextlib.suppress(KeyboardInterrupt):
                 serve(args.bind, once=args.once)
             return 0
+        if args.command == "ps":
+            result = ps_bench.run(args, parser)
+            print(ps_bench.render(result))
+            if args.json:
+                report.write_json(args.json, result)
+            return 0
         transports = _check(parser, args)
         explicit = args.transports is not None
         if args.command == "run":
             result = _measure(args, transports, args.connect, explicit)
         else:
             result = _local(args, transports, explicit)
-    except tw.TensorWireError as exc:
+    except (tw.TensorWireError, RuntimeError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
     report.print_tables(result)

@@ -85,6 +85,7 @@ class PSClient:
         self.rx: tw.Receiver | None = None
         try:
             self._connect(connect_timeout)
+            self._await_registration(connect_timeout)
             self.chunks = self._learn_plan(shapes)
             self.rx = tw.Receiver(bind, secret=secret, ring=1, name=f"worker{rank}")
             for param, shape in shapes.items():
@@ -120,14 +121,23 @@ class PSClient:
                         ) from None
                     time.sleep(0.2)
 
+    def _await_registration(self, timeout: float) -> None:
+        """A server publishes its tensors while it registers them: wait until ours are all there
+        (our ``meta`` tensor is registered last)."""
+        deadline = time.monotonic() + timeout
+        for addr in self.servers:
+            while meta_name(self.rank) not in self.tx.tensors(peer=addr):
+                if time.monotonic() >= deadline:
+                    raise PSClientError(
+                        f"server {addr} has no slot for rank {self.rank}: it expects fewer workers"
+                    )
+                time.sleep(0.1)
+                self.tx.refresh(peer=addr)
+
     def _learn_plan(self, shapes: Mapping[str, tuple[int, ...]]) -> list[Chunk]:
         chunks: list[Chunk] = []
         for s, addr in enumerate(self.servers):
             published = self.tx.tensors(peer=addr)
-            if meta_name(self.rank) not in published:
-                raise PSClientError(
-                    f"server {addr} expects fewer workers: it has no slot for rank {self.rank}"
-                )
             for name, spec in published.items():
                 parsed = parse_grad_name(name)
                 if parsed is None or parsed[0] != self.rank:

@@ -1,6 +1,8 @@
 """Optimizers that run on the parameter server, in place, one parameter chunk at a time.
 
 Weight decay is L2: ``weight_decay * param`` is added to the gradient before the update.
+``step`` receives the gradient in a scratch buffer it may overwrite, and a ``scale`` to apply to it
+(1/N for an average of N workers' sums), so an update of a large chunk allocates nothing.
 """
 
 from __future__ import annotations
@@ -20,16 +22,23 @@ class Optimizer:
         self.weight_decay = weight_decay
         self.state: dict[str, dict[str, Any]] = {}
 
-    def _grad(self, param: Array, grad: Array) -> Array:
-        return grad + self.weight_decay * param if self.weight_decay else grad
+    def _grad(self, param: Array, grad: Array, scale: float) -> Array:
+        """The effective gradient, computed in ``grad``'s own buffer."""
+        if scale != 1.0:
+            grad *= scale
+        if self.weight_decay:
+            grad += self.weight_decay * param
+        return grad
 
-    def step(self, key: str, param: Array, grad: Array) -> None:
+    def step(self, key: str, param: Array, grad: Array, scale: float = 1.0) -> None:
         raise NotImplementedError
 
 
 class SGD(Optimizer):
-    def step(self, key: str, param: Array, grad: Array) -> None:
-        param -= self.lr * self._grad(param, grad)
+    def step(self, key: str, param: Array, grad: Array, scale: float = 1.0) -> None:
+        g = self._grad(param, grad, scale)
+        g *= self.lr
+        param -= g
 
 
 class Momentum(Optimizer):
@@ -37,12 +46,13 @@ class Momentum(Optimizer):
         super().__init__(lr, weight_decay)
         self.momentum = momentum
 
-    def step(self, key: str, param: Array, grad: Array) -> None:
+    def step(self, key: str, param: Array, grad: Array, scale: float = 1.0) -> None:
         st = self.state.setdefault(key, {"v": np.zeros_like(param)})
         v = st["v"]
         v *= self.momentum
-        v += self._grad(param, grad)
-        param -= self.lr * v
+        v += self._grad(param, grad, scale)
+        np.multiply(v, self.lr, out=grad)
+        param -= grad
 
 
 class Adam(Optimizer):
@@ -57,11 +67,11 @@ class Adam(Optimizer):
         super().__init__(lr, weight_decay)
         self.beta1, self.beta2, self.eps = beta1, beta2, eps
 
-    def step(self, key: str, param: Array, grad: Array) -> None:
+    def step(self, key: str, param: Array, grad: Array, scale: float = 1.0) -> None:
         st = self.state.setdefault(
             key, {"m": np.zeros_like(param), "v": np.zeros_like(param), "t": np.zeros((), np.int64)}
         )
-        g = self._grad(param, grad)
+        g = self._grad(param, grad, scale)
         st["t"] += 1
         t = int(st["t"])
         st["m"] *= self.beta1

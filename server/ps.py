@@ -274,8 +274,7 @@ class ParameterServer:
                 accuracy = self._accuracy(meta) if accuracy is None else accuracy
                 self.rx.release(meta_name(w.rank))
             for c in self.chunks:
-                self.acc[c.cid] /= n
-                self.opt.step(c.cid, self.params[c.cid], self.acc[c.cid])
+                self.opt.step(c.cid, self.params[c.cid], self.acc[c.cid], scale=1.0 / n)
             self.step += 1
             for w in self.workers:
                 w.step = self.step
@@ -306,7 +305,8 @@ class ParameterServer:
                 rank, param, part = parsed
                 cid = f"{param}@{part}"
                 # Applied as it lands: the gradient of one worker, one chunk, one step.
-                self.opt.step(cid, self.params[cid], view)
+                np.copyto(self.acc[cid], view)
+                self.opt.step(cid, self.params[cid], self.acc[cid])
                 w = by_rank[rank]
                 w.got.add(cid)
             elif name.startswith("meta/"):

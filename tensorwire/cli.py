@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of the command")
     ns = parser.parse_args(args)
     if ns.command == "demo":
-        from .demo import main as demo
+        from .client.demo import main as demo  # the main job: a parameter server and workers
 
         return demo(ns.rest)
     if ns.command == "ps":

@@ -296,6 +296,15 @@ class Sender(Resource):
             out.update({name: e.spec for name, e in p.entries.items()})
         return out
 
+    def refresh(self, peer: str | None = None) -> None:
+        """Fetch the address book again from ``peer`` (every receiver when omitted): to see
+        tensors registered since we connected."""
+        with self._lock:
+            peers = [self._peer(peer)] if peer is not None else list(self._peers.values())
+            self._routes.clear()
+            for p in peers:
+                p.refresh()
+
     def spec(self, name: str, *, peer: str | None = None) -> TensorSpec:
         return self._resolve(name, peer)[1].spec
 

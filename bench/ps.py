@@ -1,0 +1,120 @@
+"""``tensorwire bench ps``: whole data-parallel training jobs, one per transport, side by side.
+
+Each job is real daemons on this machine (S servers, N workers) training the chosen model for a
+fixed number of steps. Reported per transport: steps/s (at the slowest server), time per step split
+into the workers' compute and communication (waiting for parameters and pushing gradients), and
+bytes moved per step (every worker's gradients up and parameters down).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+from typing import Any
+
+from tensorwire.client import models
+from tensorwire.client.launch import run_job
+
+from .common import machine_facts
+from .report import SCHEMA
+
+DEFAULT_TRANSPORTS = "shm,tcp,grpc"
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("ps", help="whole parameter-server training jobs, one per transport")
+    p.add_argument("--workers", type=int, default=2, help="workers per job (default 2)")
+    p.add_argument("--servers", type=int, default=1, help="servers per job (default 1)")
+    p.add_argument(
+        "--transports",
+        default=DEFAULT_TRANSPORTS,
+        help=f"comma-separated (default {DEFAULT_TRANSPORTS})",
+    )
+    p.add_argument("--model", default="large", choices=sorted(models.MODELS))
+    p.add_argument("--steps", type=int, default=30, help="steps per job (default 30)")
+    p.add_argument("--repeat", type=int, default=1, help="jobs per transport; medians reported")
+    p.add_argument("--batch", type=int, default=32, help="batch per worker")
+    p.add_argument("--json", metavar="PATH", help="write the results as JSON")
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    import tensorwire as tw
+
+    transports = [t.strip() for t in args.transports.split(",") if t.strip()]
+    bad = [t for t in transports if t not in tw.TRANSPORT_NAMES or t == "auto"]
+    if bad or not transports:
+        parser.error(f"unknown transport(s) {', '.join(bad) or '(none)'}")
+    if min(args.workers, args.servers, args.steps, args.repeat) < 1:
+        parser.error("--workers, --servers, --steps and --repeat must be at least 1")
+    param_bytes = sum(math.prod(s) * 4 for s in models.model(args.model).shapes().values())
+    rows = []
+    samples: dict[str, list[Any]] = {t: [] for t in transports}
+    for _ in range(args.repeat):
+        for t in transports:  # interleaved: drift hits every transport alike
+            samples[t].append(
+                run_job(
+                    transport=t,
+                    steps=args.steps,
+                    workers=args.workers,
+                    servers=args.servers,
+                    model=args.model,
+                    worker_args=["--batch", str(args.batch), "--eval-every", "0"],
+                )
+            )
+    for t in transports:
+        jobs = samples[t]
+        sps = statistics.median(j.steps_per_s for j in jobs)
+        compute = statistics.median(
+            statistics.mean(w["compute_s"] / w["steps"] for w in j.workers) for j in jobs
+        )
+        comm = statistics.median(
+            statistics.mean(w["communication_s"] / w["steps"] for w in j.workers) for j in jobs
+        )
+        rows.append(
+            {
+                "transport": t,
+                "steps_per_s": sps,
+                "step_ms": 1000 / sps,
+                "compute_ms": compute * 1000,
+                "communication_ms": comm * 1000,
+                "bytes_per_step": 2 * param_bytes * args.workers,
+                "samples_steps_per_s": [j.steps_per_s for j in jobs],
+            }
+        )
+    base = next((r for r in rows if r["transport"] == "grpc"), None)
+    for r in rows:
+        r["x_grpc"] = r["steps_per_s"] / base["steps_per_s"] if base else None
+    return {
+        "schema": SCHEMA,
+        "kind": "ps",
+        "machine": machine_facts(),
+        "config": {
+            k: getattr(args, k) for k in ("workers", "servers", "model", "steps", "repeat", "batch")
+        },
+        "param_bytes": param_bytes,
+        "rows": rows,
+    }
+
+
+def render(result: dict[str, Any]) -> str:
+    head = ["transport", "steps/s", "vs grpc", "step ms", "compute ms", "comm ms", "MB/step"]
+    lines = [" ".join(f"{h:>11}" for h in head)]
+    for r in result["rows"]:
+        vs = "" if r["x_grpc"] is None else f"{r['x_grpc']:.2f}x"
+        cells = [
+            r["transport"],
+            f"{r['steps_per_s']:.2f}",
+            vs,
+            f"{r['step_ms']:.1f}",
+            f"{r['compute_ms']:.1f}",
+            f"{r['communication_ms']:.1f}",
+            f"{r['bytes_per_step'] / 1e6:.1f}",
+        ]
+        lines.append(" ".join(f"{c:>11}" for c in cells))
+    cfg = result["config"]
+    lines.append(
+        f"model {cfg['model']} ({result['param_bytes'] / 1e6:.1f} MB of parameters), "
+        f"{cfg['workers']} workers, {cfg['servers']} server(s), {cfg['steps']} steps"
+    )
+    return "\n".join(lines)

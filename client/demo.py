@@ -1,0 +1,70 @@
+"""``make demo``: the main job. One parameter server and two workers on this machine train the
+digits MLP over ``shm``, then the same run over ``grpc``; the two speeds are printed side by side.
+
+Every process is a real daemon (``tensorwire-ps``, ``tensorwire-worker``) started with the same
+flags an operator would type.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .launch import run_job
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tensorwire.client.demo",
+        description="Train the digits MLP with one parameter server and two workers, over shm "
+        "and then over grpc, and compare.",
+    )
+    parser.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--transports", default="shm,grpc")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.workers < 1:
+        parser.error("--steps and --workers must be at least 1")
+    results = []
+    for transport in args.transports.split(","):
+        print(
+            f"training the digits MLP: 1 server, {args.workers} workers, {args.steps} steps, "
+            f"over {transport}",
+            flush=True,
+        )
+        try:
+            r = run_job(
+                transport=transport, steps=args.steps, workers=args.workers, progress=not args.quiet
+            )
+        except RuntimeError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        results.append(r)
+        print(f"  test accuracy {r.accuracy:.4f}, {r.steps_per_s:.1f} steps/s", flush=True)
+    print(
+        f"\n{'transport':<12}{'steps/s':>10}{'accuracy':>10}{'worker compute s':>18}"
+        f"{'worker comm s':>15}"
+    )
+    for r in results:
+        w = r.workers[0]
+        print(
+            f"{r.transport:<12}{r.steps_per_s:>10.1f}{r.accuracy:>10.4f}"
+            f"{w['compute_s']:>18.2f}{w['communication_s']:>15.2f}"
+        )
+    if len(results) > 1:
+        base = results[-1]
+        for r in results[:-1]:
+            print(
+                f"\n{r.transport} ran {r.steps_per_s / base.steps_per_s:.1f}x the steps/s of "
+                f"{base.transport}"
+            )
+    bad = [r.transport for r in results if r.accuracy < 0.95]
+    if bad:
+        print(f"accuracy below 95% over {', '.join(bad)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

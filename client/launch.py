@@ -1,0 +1,142 @@
+"""Launching a whole parameter-server job on this machine: S server daemons and N worker daemons,
+started exactly as an operator would start them, and their metrics collected. Used by the demo and
+by ``tensorwire bench ps``."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class JobResult:
+    transport: str
+    servers: list[dict[str, Any]] = field(default_factory=list)
+    workers: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def steps_per_s(self) -> float:
+        return min(s["steps_per_s"] for s in self.servers)
+
+    @property
+    def accuracy(self) -> float:
+        return float(self.workers[0]["test_accuracy"])
+
+
+def run_job(
+    *,
+    transport: str,
+    steps: int,
+    workers: int = 2,
+    servers: int = 1,
+    model: str = "digits",
+    ps_args: list[str] | None = None,
+    worker_args: list[str] | None = None,
+    progress: bool = False,
+    timeout: float = 1800.0,
+) -> JobResult:
+    """Run one job to completion; raise RuntimeError (with the logs' tails) if any process fails."""
+    addresses = [f"tcp://127.0.0.1:{free_port()}" for _ in range(servers)]
+    common = ["--transport", transport, "--model", model, "--log-level", "WARNING"]
+    with tempfile.TemporaryDirectory(prefix="tensorwire-job-") as tmp:
+        cmds = []
+        for s, addr in enumerate(addresses):
+            cmd = [
+                sys.executable,
+                "-m",
+                "tensorwire.server.daemon",
+                "--bind",
+                addr,
+                "--shard",
+                str(s),
+                "--shards",
+                str(servers),
+                "--workers",
+                str(workers),
+                "--steps",
+                str(steps),
+                "--metrics",
+                f"{tmp}/ps{s}.json",
+                *common,
+                *(ps_args or []),
+            ]
+            if not (progress and s == 0):
+                cmd.append("--no-progress")
+            cmds.append((f"ps{s}", cmd))
+        for r in range(workers):
+            cmds.append(
+                (
+                    f"w{r}",
+                    [
+                        sys.executable,
+                        "-m",
+                        "tensorwire.client.worker",
+                        "--servers",
+                        ",".join(addresses),
+                        "--rank",
+                        str(r),
+                        "--workers",
+                        str(workers),
+                        "--no-progress",
+                        "--metrics",
+                        f"{tmp}/w{r}.json",
+                        *common,
+                        *(worker_args or []),
+                    ],
+                )
+            )
+        # Every process of the job shares this machine's cores: one BLAS thread each, or N + S
+        # processes would each start a thread per core and fight over them.
+        env = {**os.environ, "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", "1")}
+        procs = []
+        for name, cmd in cmds:
+            err = open(os.path.join(tmp, f"{name}.log"), "w")  # noqa: SIM115
+            show = progress and name == "ps0"
+            procs.append((name, subprocess.Popen(cmd, stderr=None if show else err, env=env)))
+            err.close()
+        deadline = time.monotonic() + timeout
+        try:
+            # Poll them all: when one fails the others are stopped at once, not left waiting
+            # out their own timeouts.
+            while any(p.poll() is None for _, p in procs):
+                if any(p.poll() for _, p in procs) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            codes = {name: p.poll() for name, p in procs}
+        finally:
+            for _, p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        failed = [n for n, c in codes.items() if c != 0]  # None: still running at the timeout
+        if failed:
+            tails = []
+            for n in failed:
+                path = os.path.join(tmp, f"{n}.log")
+                if os.path.exists(path):
+                    with open(path) as f:
+                        tails.append(f"{n}: {f.read()[-600:]}")
+            raise RuntimeError(
+                f"{transport} job failed ({', '.join(failed)}):\n" + "\n".join(tails)
+            )
+        result = JobResult(transport)
+        for s in range(servers):
+            with open(f"{tmp}/ps{s}.json") as f:
+                result.servers.append(json.load(f))
+        for r in range(workers):
+            with open(f"{tmp}/w{r}.json") as f:
+                result.workers.append(json.load(f))
+        return result
