@@ -335,3 +335,48 @@ def test_flags_beat_environment_beats_toml(tmp_path: Path) -> None:
     finally:
         del os.environ["TENSORWIRE_LR"]
     assert (args.steps, args.lr, args.sync, args.resume, args.workers) == (7, 0.25, "ssp", True, 1)
+
+
+# -- the entry points around the daemons --------------------------------------------------------
+
+
+def test_demo_trains_over_shm_and_grpc_and_compares() -> None:
+    out = _cli("-m", "tensorwire.client.demo", "--quiet", "--steps", "300")
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [ln.split() for ln in out.stdout.splitlines() if ln.startswith(("shm ", "grpc "))]
+    rows = [r for r in rows if len(r) == 5]  # the table, not the closing sentence
+    assert [r[0] for r in rows] == ["shm", "grpc"]
+    assert all(float(r[2]) >= 0.95 for r in rows)
+    assert "ran" in out.stdout and "the steps/s of grpc" in out.stdout
+
+
+def test_custom_loop_example_uses_psclient() -> None:
+    root = Path(__file__).resolve().parent.parent
+    out = _cli(str(root / "examples/custom_loop.py"), "--steps", "150")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "final test accuracy" in out.stdout
+
+
+def test_bench_ps_reports_each_transport(tmp_path: Path) -> None:
+    path = tmp_path / "ps.json"
+    out = _cli(
+        "-m",
+        "tensorwire.bench",
+        "ps",
+        "--model",
+        "digits",
+        "--steps",
+        "5",
+        "--transports",
+        "shm,grpc",
+        "--json",
+        str(path),
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(path.read_text())
+    rows = {r["transport"]: r for r in result["rows"]}
+    assert set(rows) == {"shm", "grpc"} and rows["grpc"]["x_grpc"] == 1.0
+    for r in rows.values():
+        assert r["steps_per_s"] > 0 and r["compute_ms"] > 0 and r["communication_ms"] > 0
+        assert r["bytes_per_step"] == 2 * result["param_bytes"] * 2
+    assert "steps/s" in out.stdout
