@@ -36,8 +36,12 @@ class Optimizer:
 
 class SGD(Optimizer):
     def step(self, key: str, param: Array, grad: Array, scale: float = 1.0) -> None:
-        g = self._grad(param, grad, scale)
-        g *= self.lr
+        if self.weight_decay:
+            g = self._grad(param, grad, scale)
+            g *= self.lr
+        else:  # one pass over the chunk instead of two
+            g = grad
+            g *= self.lr * scale
         param -= g
 
 
