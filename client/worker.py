@@ -51,7 +51,7 @@ def build_parser(prog: str = "tensorwire-worker") -> argparse.ArgumentParser:
         choices=tw.TRANSPORT_NAMES,
         help="data plane towards the servers",
     )
-    p.add_argument("--secret", default=None, help="shared secret (prefer TENSORWIRE_SECRET)")
+    config.add_secret_flags(p)
     p.add_argument("--bind", default="tcp://127.0.0.1:0", help="this worker's receiver endpoint")
     p.add_argument(
         "--advertise",
@@ -121,6 +121,7 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:
     logging.basicConfig(
         level=args.log_level, format=f"%(asctime)s worker{args.rank} %(message)s", stream=sys.stderr
     )
+    args.secret = config.resolve_secret(parser, args, args.bind)
     if not 0 <= args.rank < args.workers:
         parser.error(f"--rank {args.rank} is not in 0..{args.workers - 1}")
     servers = [s.strip() for s in args.servers.split(",") if s.strip()]

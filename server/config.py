@@ -12,6 +12,7 @@ import argparse
 import os
 import sys
 from typing import Any
+from urllib.parse import urlsplit
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -19,6 +20,44 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 ENV_PREFIX = "TENSORWIRE_"
+
+
+def is_loopback(endpoint: str) -> bool:
+    """Does ``tcp://HOST:PORT`` listen only on this machine?"""
+    host = urlsplit(endpoint).hostname or ""
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def add_secret_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--secret", default=None, help="shared secret (prefer --secret-file or TENSORWIRE_SECRET)"
+    )
+    parser.add_argument(
+        "--secret-file", default=None, metavar="PATH", help="read the shared secret from this file"
+    )
+
+
+def resolve_secret(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, bind: str
+) -> str | None:
+    """The shared secret from --secret, --secret-file or TENSORWIRE_SECRET; required (the daemon
+    refuses to start) when ``bind`` accepts connections from other hosts."""
+    secret = args.secret
+    if args.secret_file:
+        try:
+            with open(args.secret_file) as f:
+                secret = f.read().strip()
+        except OSError as exc:
+            parser.error(f"cannot read --secret-file {args.secret_file}: {exc.strerror}")
+        if not secret:
+            parser.error(f"--secret-file {args.secret_file} is empty")
+    if not secret and not is_loopback(bind):
+        parser.error(
+            f"--bind {bind} accepts connections from other hosts, so a shared secret is "
+            "required: pass --secret-file PATH or set TENSORWIRE_SECRET (the same on every "
+            "server and worker)"
+        )
+    return secret or None
 
 
 def _convert(

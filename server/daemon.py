@@ -48,7 +48,7 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
         choices=tw.TRANSPORT_NAMES,
         help="data plane towards the workers",
     )
-    p.add_argument("--secret", default=None, help="shared secret (prefer TENSORWIRE_SECRET)")
+    config.add_secret_flags(p)
     p.add_argument("--checkpoint-dir", default=None, help="where to write checkpoints")
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-ps") -> int:
     logging.basicConfig(
         level=args.log_level, format=f"%(asctime)s ps{args.shard} %(message)s", stream=sys.stderr
     )
+    args.secret = config.resolve_secret(parser, args, args.bind)
     values: dict[str, Any] = {k: getattr(args, k) for k in PSConfig.__dataclass_fields__}
     cfg = PSConfig(**values)
     bar = Progress(f"ps{cfg.shard}", cfg.steps, enabled=not args.no_progress)

@@ -380,3 +380,31 @@ def test_bench_ps_reports_each_transport(tmp_path: Path) -> None:
         assert r["steps_per_s"] > 0 and r["compute_ms"] > 0 and r["communication_ms"] > 0
         assert r["bytes_per_step"] == 2 * result["param_bytes"] * 2
     assert "steps/s" in out.stdout
+
+
+def test_binding_beyond_loopback_needs_a_secret(tmp_path: Path) -> None:
+    for module in ("tensorwire.server.daemon", "tensorwire.client.worker"):
+        out = _cli("-m", module, "--bind", "tcp://0.0.0.0:0", env={"TENSORWIRE_SECRET": ""})
+        assert out.returncode == 2 and "shared secret is required" in out.stderr
+    secret = tmp_path / "secret"
+    secret.write_text("s3cret\n")
+    out = _cli(
+        "-m",
+        "tensorwire.server.daemon",
+        "--bind",
+        "tcp://0.0.0.0:0",
+        "--secret-file",
+        str(secret),
+        "--join-timeout",
+        "0.5",
+        "--no-progress",
+    )
+    assert out.returncode == 1 and "did not join" in out.stderr  # it started, then timed out
+    out = _cli("-m", "tensorwire.server.daemon", "--secret-file", str(tmp_path / "missing"))
+    assert out.returncode == 2 and "cannot read --secret-file" in out.stderr
+
+
+def test_secret_protected_job_trains(job: Any, tmp_path: Path) -> None:
+    j = job(ps=["--steps", "50"], env={"TENSORWIRE_SECRET": "job-secret"})
+    _ok(j)
+    assert j.metrics("w0")["steps"] == 50
