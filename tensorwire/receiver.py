@@ -130,6 +130,9 @@ class Receiver(Resource):
     ``bind`` is the control-plane endpoint (``tcp://127.0.0.1:0`` picks a free loopback port; give a
     routable address to accept senders from other hosts). ``secret`` turns on HMAC authentication
     of every sender. ``ring`` is the default number of slots per tensor (2: double buffering).
+    Limits on what a peer can make it do: at most ``max_connections`` data connections, and a
+    connection that stops in the middle of a frame is dropped after ``frame_timeout`` seconds (an
+    idle one between frames is kept). Frame sizes are bounded by the registered specs.
     """
 
     def __init__(
@@ -141,6 +144,8 @@ class Receiver(Resource):
         region_bytes: int = DEFAULT_REGION_BYTES,
         name: str | None = None,
         grpc: bool = True,
+        max_connections: int = 1024,
+        frame_timeout: float = 30.0,
     ) -> None:
         _, data_host = _parse_bind(bind)
         if ring < 1:
@@ -173,7 +178,9 @@ class Receiver(Resource):
                 log.info("reaped %d shared-memory segments of dead receivers", len(reaped))
             self._shared = shm_available()
             self._bell = self._new_region(self._region_bytes)
-            self._tcp = TcpDataServer(data_host, self)
+            self._tcp = TcpDataServer(
+                data_host, self, max_connections=max_connections, frame_timeout=frame_timeout
+            )
             if grpc:
                 from .transports.grpc import GrpcDataServer  # the baseline's server, on demand
 

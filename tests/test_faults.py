@@ -205,3 +205,39 @@ def test_receiver_close_unblocks_waiter_and_sender(transport: str) -> None:
     with pytest.raises(tw.ClosedError):
         rx.wait("t", timeout=0)
     assert not shm_entries()
+
+
+def test_peer_stalling_mid_frame_is_dropped_and_others_keep_going() -> None:
+    from tensorwire import wire
+
+    with tw.Receiver(frame_timeout=0.3) as rx:
+        rx.register("t", (1024,), "float32")
+        rx.register("other", (8,), "float32")
+        with tw.Sender.connect(rx.address, transport="tcp", timeout=10) as tx:
+            tx.write("t", np.zeros(1024, np.float32))  # claims the tensor
+            assert rx.wait("t", timeout=5).shape == (1024,)
+            rx.release("t")
+            peer = tx._peers[rx.address]  # fault injection: speak on the raw data connection
+            sock = peer.channel._sock
+            header = wire.encode_data_header(
+                wire.DataHeader(peer.entries["t"].tensor_id, 0, peer.generation, 2, 4096, None)
+            )
+            sock.sendall(header[:20])  # half a header, then silence
+            start = time.monotonic()
+            sock.settimeout(10)
+            while sock.recv(4096):  # credits may still arrive; then the receiver hangs up
+                pass
+            assert time.monotonic() - start < 5
+            with pytest.raises(tw.PeerLostError):
+                rx.wait("t", timeout=5)
+        _healthy(rx, "tcp")
+        idle = tw.Sender.connect(rx.address, transport="tcp", timeout=10)
+        try:  # an idle connection between frames is not a stall
+            idle.write("t", np.ones(1024, np.float32))
+            time.sleep(1.0)
+            idle.write("t", np.full(1024, 2, np.float32))
+            assert rx.wait("t", timeout=5)[0] == 1
+            rx.release("t")
+            assert rx.wait("t", timeout=5)[0] == 2
+        finally:
+            idle.close()

@@ -17,6 +17,7 @@ import contextlib
 import logging
 import select
 import socket
+import struct
 import threading
 import time
 import weakref
@@ -54,18 +55,37 @@ def _tune(sock: socket.socket) -> None:
             sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER)
 
 
-def recv_exact_into(sock: socket.socket, view: memoryview) -> bool:
-    """Fill ``view`` from ``sock``; False on a clean EOF before the first byte."""
+def recv_exact_into(sock: socket.socket, view: memoryview, idle_ok: bool = False) -> bool:
+    """Fill ``view`` from ``sock``; False on a clean EOF before the first byte.
+
+    On a socket with ``SO_RCVTIMEO`` set, a peer that stops in the middle raises ``TimeoutError``;
+    with ``idle_ok`` a peer that has not started yet may take as long as it likes.
+    """
     got = 0
     total = len(view)
     while got < total:
-        n = sock.recv_into(view[got:], total - got, socket.MSG_WAITALL)
+        try:
+            n = sock.recv_into(view[got:], total - got, socket.MSG_WAITALL)
+        except BlockingIOError:  # SO_RCVTIMEO expired with nothing more read
+            if got == 0 and idle_ok:
+                continue
+            raise TimeoutError(f"peer stalled after {got} of {total} bytes") from None
         if n == 0:
             if got == 0:
                 return False
             raise ConnectionError(f"connection closed after {got} of {total} bytes")
         got += n
     return True
+
+
+def set_receive_timeout(sock: socket.socket, seconds: float) -> None:
+    """Kernel-level receive timeout on a blocking socket: costs nothing per read."""
+    whole = int(seconds)
+    sock.setsockopt(
+        socket.SOL_SOCKET,
+        socket.SO_RCVTIMEO,
+        struct.pack("ll", whole, int((seconds - whole) * 1e6)),
+    )
 
 
 def send_all(sock: socket.socket, buffers: list[memoryview]) -> None:
@@ -320,7 +340,10 @@ class _Connection:
 class TcpDataServer:
     """Accepts data connections and receives payloads in place, one thread per connection."""
 
-    def __init__(self, host: str, sink: DataSink, *, max_connections: int = 1024) -> None:
+    def __init__(
+        self, host: str, sink: DataSink, *, max_connections: int = 1024, frame_timeout: float = 30.0
+    ) -> None:
+        self._frame_timeout = frame_timeout
         # Weak: serving threads must not keep the receiver alive (see ControlServer).
         self._sink_ref = weakref.ref(sink)
         self._max = max_connections
@@ -385,16 +408,20 @@ class TcpDataServer:
             msg = wire.decode_data_hello(hello)
             session = self._sink().admit(msg.token, msg.generation, conn, "tcp")
             sock.settimeout(None)
+            # A peer that stops in the middle of a frame is cut off after frame_timeout.
+            set_receive_timeout(sock, self._frame_timeout)
             conn.send_credit(HELLO_ACK, msg.generation)
             reader = wire.HeaderReader()
             hbuf = bytearray(wire.MAX_HEADER_BYTES)
             hview = memoryview(hbuf)
             while not self._closed:
                 header = None
+                fresh = True  # between frames a sender may be idle for as long as it likes
                 while header is None:
                     need = reader.need
-                    if not recv_exact_into(sock, hview[:need]):
+                    if not recv_exact_into(sock, hview[:need], idle_ok=fresh):
                         return
+                    fresh = False
                     header = reader.feed(hview[:need])
                 if header.bye:
                     reason = None  # clean: every frame before the goodbye has landed
@@ -407,6 +434,9 @@ class TcpDataServer:
                 del sink, dst
         except (LocalProtocolError, TensorWireError) as exc:
             reason = f"protocol error: {exc}"
+            log.warning("dropping data connection from %s: %s", conn.peer, exc)
+        except TimeoutError as exc:
+            reason = f"stalled mid-frame: {exc}"
             log.warning("dropping data connection from %s: %s", conn.peer, exc)
         except (OSError, ConnectionError) as exc:
             reason = f"connection error: {exc}"
