@@ -85,6 +85,7 @@ class _Session:
     link: CreditLink | None = None
     claims: set[int] = field(default_factory=set)
     alive: bool = True
+    last_seen: float = field(default_factory=time.monotonic)  # any message, frame or heartbeat
 
     def describe(self) -> str:
         return f"sender {self.client!r} (pid {self.pid})"
@@ -132,7 +133,9 @@ class Receiver(Resource):
     of every sender. ``ring`` is the default number of slots per tensor (2: double buffering).
     Limits on what a peer can make it do: at most ``max_connections`` data connections, and a
     connection that stops in the middle of a frame is dropped after ``frame_timeout`` seconds (an
-    idle one between frames is kept). Frame sizes are bounded by the registered specs.
+    idle one between frames is kept). Frame sizes are bounded by the registered specs. A sender
+    silent for ``heartbeat_timeout`` seconds (senders heartbeat every few seconds on their own) is
+    declared lost: waiters on its tensors get :class:`~tensorwire.errors.PeerLostError`.
     """
 
     def __init__(
@@ -146,12 +149,14 @@ class Receiver(Resource):
         grpc: bool = True,
         max_connections: int = 1024,
         frame_timeout: float = 30.0,
+        heartbeat_timeout: float | None = 30.0,
     ) -> None:
         _, data_host = _parse_bind(bind)
         if ring < 1:
             raise ValueError(f"ring must be at least 1, got {ring}")
         self._secret = normalise_secret(secret)
         self._ring_depth = ring
+        self._heartbeat_timeout = heartbeat_timeout
         self._region_bytes = max(align(region_bytes, PAGE), 2 * PAGE)
         self.name = name or f"receiver-{secrets.token_hex(3)}"
         self.generation: int = secrets.randbits(62) | 1
@@ -484,6 +489,8 @@ class Receiver(Resource):
             session = self._sessions.get(identity)
             if isinstance(msg, wire.Auth):
                 return self._auth(session, msg)
+            if isinstance(msg, wire.Heartbeat):
+                return self._heartbeat(msg)
             if session is None or not session.authenticated:
                 return wire.ErrorReply("unauthenticated", "say hello (and authenticate) first")
             generation = getattr(msg, "generation", None)
@@ -496,12 +503,22 @@ class Receiver(Resource):
                 return self._address_book()
             if isinstance(msg, wire.Claim):
                 return self._claim(session, msg)
-            if isinstance(msg, wire.Heartbeat):
-                return wire.Ack(self.generation)
+            session.last_seen = time.monotonic()
             if isinstance(msg, wire.Goodbye):
                 self._drop_session(session, None)
                 return wire.Ack(self.generation)
             return wire.ErrorReply("protocol", f"unexpected {msg.TYPE} message")
+
+    def _heartbeat(self, msg: wire.Heartbeat) -> wire.Message:
+        # Heartbeats come on the sender's own heartbeat socket, so the token, not the socket
+        # identity, says which session is alive (and proves it was authenticated).
+        session = self._tokens.get(msg.token)
+        if session is None or not session.alive:
+            return wire.ErrorReply("unauthenticated", "unknown session token")
+        if msg.generation != self.generation:
+            return wire.ErrorReply("stale-generation", f"generation {msg.generation} is gone")
+        session.last_seen = time.monotonic()
+        return wire.Ack(self.generation)
 
     def _hello(self, identity: bytes, msg: wire.Hello) -> wire.Message:
         old = self._sessions.get(identity)
@@ -598,10 +615,19 @@ class Receiver(Resource):
             self._wake()
 
     def _tick(self) -> None:
+        now = time.monotonic()
         with self._lock:
             for session in list(self._sessions.values()):
                 if session.watch is not None and not session.watch.alive():
                     self._drop_session(session, "process exited")
+                elif (
+                    self._heartbeat_timeout is not None
+                    and session.authenticated
+                    and now - session.last_seen > self._heartbeat_timeout
+                ):
+                    self._drop_session(
+                        session, f"silent for {now - session.last_seen:.1f} s (no heartbeat)"
+                    )
 
     def _wake(self) -> None:
         bell = self._bell
@@ -676,6 +702,7 @@ class Receiver(Resource):
         return ring.payload_bytes[header.slot][:nbytes].data
 
     def end_write(self, session: object, header: wire.DataHeader) -> None:
+        session.last_seen = time.monotonic()  # type: ignore[attr-defined]
         tensor = self._by_id[header.tensor_id]
         tensor.ring.publish(header.slot, header.seq, header.nbytes, header.shape)
         tensor.expected_seq = header.seq + 1

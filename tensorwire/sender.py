@@ -31,6 +31,7 @@ from .errors import (
     TensorWireError,
     UnknownTensorError,
 )
+from .heartbeat import Heartbeats, peers_of
 from .layout import RingLayout
 from .process import host_identity
 from .resource import Resource
@@ -40,6 +41,8 @@ from .transports.base import Channel, PeerInfo, TensorEntry, TensorWriter
 
 _DEFAULT: Any = object()
 DEFAULT_TIMEOUT = 60.0
+#: Seconds between heartbeats; a receiver that misses three in a row is declared lost.
+DEFAULT_HEARTBEAT = 5.0
 #: How long close() waits for a receiver to confirm that everything sent has landed.
 GOODBYE_TIMEOUT = 5.0
 
@@ -104,6 +107,7 @@ class _Peer:
         self.entries: dict[str, TensorEntry] = {}
         self.writers: dict[int, TensorWriter] = {}
         self.generation = 0
+        self.token = b""
         self.open()
 
     def open(self) -> None:
@@ -113,6 +117,7 @@ class _Peer:
         try:
             welcome = self._hello()
             self.generation = welcome.generation
+            self.token = welcome.token
             regions = self._lookup()
             info = PeerInfo(self.address, self.host, welcome, regions, self._timeout)
             self.transport = choose(self.requested, info)
@@ -222,6 +227,8 @@ class Sender(Resource):
     ``"shm"`` or ``"tcp"``. ``timeout`` bounds every wait (connect, credits) unless a call says
     otherwise: None blocks, 0 polls, a positive number is seconds. With ``reconnect=True`` a write
     that finds its receiver restarted re-resolves the address book once and retries.
+    A background thread heartbeats every receiver every ``heartbeat`` seconds (None: never); a
+    receiver that misses three in a row is declared lost.
     """
 
     def __init__(
@@ -232,6 +239,7 @@ class Sender(Resource):
         timeout: float | None = DEFAULT_TIMEOUT,
         reconnect: bool = False,
         name: str | None = None,
+        heartbeat: float | None = DEFAULT_HEARTBEAT,
     ) -> None:
         self._transport = check_name(transport)
         self._secret = normalise_secret(secret)
@@ -243,6 +251,8 @@ class Sender(Resource):
         self._routes: dict[tuple[str, str | None], tuple[_Peer, TensorEntry]] = {}
         self._lock = threading.RLock()
         self._closed = False
+        self._heartbeat = heartbeat
+        self._heartbeats: Heartbeats | None = None
 
     @classmethod
     def connect(
@@ -254,10 +264,16 @@ class Sender(Resource):
         timeout: float | None = DEFAULT_TIMEOUT,
         reconnect: bool = False,
         name: str | None = None,
+        heartbeat: float | None = DEFAULT_HEARTBEAT,
     ) -> Sender:
         """Create a sender connected to the receiver at ``address``."""
         sender = cls(
-            transport=transport, secret=secret, timeout=timeout, reconnect=reconnect, name=name
+            transport=transport,
+            secret=secret,
+            timeout=timeout,
+            reconnect=reconnect,
+            name=name,
+            heartbeat=heartbeat,
         )
         try:
             sender.add_peer(address)
@@ -272,6 +288,10 @@ class Sender(Resource):
             self._check_open()
             if address in self._peers:
                 return
+            if self._heartbeats is None and self._heartbeat:
+                self._heartbeats = Heartbeats(
+                    peers_of(self), self._heartbeat, name=f"tensorwire-heartbeat-{self.name}"
+                )
             self._peers[address] = _Peer(
                 address,
                 transport=transport or self._transport,
@@ -420,7 +440,7 @@ class Sender(Resource):
             p = self._peer(peer)
             assert p.control is not None
             t = self.timeout if timeout is _DEFAULT else timeout
-            p.control.request(wire.Heartbeat(p.generation), t)
+            p.control.request(wire.Heartbeat(p.generation, p.token), t)
 
     # ---------------------------------------------------------------------------------------
 
@@ -431,6 +451,8 @@ class Sender(Resource):
                 return
             self._closed = True
             peers, self._peers = list(self._peers.values()), {}
+        if self._heartbeats is not None:
+            self._heartbeats.close()
         for p in peers:
             p.goodbye()
             p.close_quietly()

@@ -127,8 +127,11 @@ class Claimed(Message):
 
 @dataclass(frozen=True, slots=True)
 class Heartbeat(Message):
+    """Sender -> receiver, on a socket of its own: ``token`` names the session that is alive."""
+
     TYPE: ClassVar[str] = "heartbeat"
     generation: int
+    token: bytes
 
 
 @dataclass(frozen=True, slots=True)

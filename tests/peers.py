@@ -145,3 +145,12 @@ def run_receiver(
 
 def sleep_forever() -> None:
     time.sleep(3600)
+
+
+def write_then_idle(address: str, transport: str, name: str, heartbeat: float, ready: Any) -> None:
+    """Claim ``name`` with one write, then stay connected (heartbeating) until killed."""
+    with tw.Sender.connect(address, transport=transport, timeout=30, heartbeat=heartbeat) as tx:
+        spec = tx.spec(name)
+        tx.write(name, np.zeros(spec.static_shape, spec.dtype))
+        ready.send("claimed")
+        time.sleep(3600)

@@ -241,3 +241,47 @@ def test_peer_stalling_mid_frame_is_dropped_and_others_keep_going() -> None:
             assert rx.wait("t", timeout=5)[0] == 2
         finally:
             idle.close()
+
+
+def test_a_silent_sender_is_declared_lost(transport: str, children: Children) -> None:
+    """A sender that stops answering (SIGSTOP: alive to its pidfd, silent on the wire) is dropped
+    after the heartbeat timeout, and the waiter on its tensor is woken with PeerLostError."""
+    from .peers import write_then_idle
+
+    with tw.Receiver(heartbeat_timeout=1.0) as rx:
+        rx.register("t", (16,), "float32")
+        rx.register("other", (8,), "float32")
+        here, there = children.pipe()
+        proc = children.start(write_then_idle, rx.address, transport, "t", 0.2, there)
+        assert here.poll(30) and here.recv() == "claimed"
+        rx.wait("t", timeout=5)
+        rx.release("t")
+        time.sleep(1.5)  # heartbeating every 0.2 s: still there
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            start = time.monotonic()
+            with pytest.raises(tw.PeerLostError, match="no heartbeat"):
+                rx.wait("t", timeout=10)
+            assert time.monotonic() - start < 5
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        _healthy(rx, transport)
+
+
+def test_a_silent_receiver_is_declared_lost(transport: str, children: Children) -> None:
+    here, there = children.pipe()
+    proc = children.start(run_receiver, there, [("t", (16,), "float32")])
+    assert here.poll(30)
+    info = here.recv()
+    with tw.Sender.connect(info["address"], transport=transport, timeout=30, heartbeat=0.2) as tx:
+        tx.write("t", np.zeros(16, np.float32))
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            start = time.monotonic()
+            with pytest.raises(tw.PeerLostError, match="missed 3 heartbeats"):
+                for _ in range(100):  # bounded; the ring fills after one more write anyway
+                    tx.write("t", np.zeros(16, np.float32))
+                    time.sleep(0.05)
+            assert time.monotonic() - start < 10
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)

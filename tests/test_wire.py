@@ -38,7 +38,7 @@ messages = st.one_of(
     ),
     st.builds(wire.Claim, i63, u32, st.sampled_from(["shm", "tcp"])),
     st.builds(wire.Claimed, i63, u32, i63, i63, st.lists(i63, max_size=4)),
-    st.builds(wire.Heartbeat, i63),
+    st.builds(wire.Heartbeat, i63, st.binary(max_size=32)),
     st.builds(wire.Goodbye, i63),
     st.builds(wire.Ack, i63),
     st.builds(wire.ErrorReply, st.sampled_from(sorted(wire.ERROR_CODES)), st.text(max_size=40)),

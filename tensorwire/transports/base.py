@@ -84,6 +84,13 @@ class Channel(ABC):
     """One sender's data path to one receiver."""
 
     transport: ClassVar[str]
+    #: why the receiver is known to be gone (then every operation raises PeerLostError)
+    lost: str | None = None
+
+    def mark_lost(self, reason: str) -> None:
+        """Called from the sender's heartbeat thread when the receiver stopped answering."""
+        if self.lost is None:
+            self.lost = reason
 
     @abstractmethod
     def writer(

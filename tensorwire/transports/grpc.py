@@ -59,6 +59,7 @@ CHUNK = 1 << 20
 CREDIT_POLL = 1.0  # longest a Credits long-poll holds a server thread
 SERVER_THREADS = 32
 CLOSE_TIMEOUT = 0.5
+LOSS_CHECK = 0.1  # how often a call in flight looks whether the receiver was declared lost
 _RELEASED = struct.Struct("<Q")
 
 
@@ -282,7 +283,6 @@ class GrpcChannel(Channel):
         self.stub = pb_grpc.TensorServiceStub(self._channel)
         self.stream = self._channel.stream_unary(STREAM_METHOD)
         self.released: dict[int, int] = {}
-        self.lost: str | None = None
         try:
             self.stub.Open(
                 pb.OpenRequest(token=self.token, generation=self.generation), timeout=info.timeout
@@ -301,6 +301,7 @@ class GrpcChannel(Channel):
         self, tensor_id: int, at_least: int, deadline: float | None, what: str
     ) -> None:
         while self.released.get(tensor_id, 0) < at_least:
+            self.check_peer()
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise WireTimeoutError(what)
@@ -315,6 +316,20 @@ class GrpcChannel(Channel):
             except grpc.RpcError as exc:
                 raise _rpc_error(exc, self.where, self) from exc
             self.note_released(tensor_id, reply.released)
+
+    def call(self, method: Any, request: Any, timeout: float | None) -> Any:
+        """Run an RPC, but give up as soon as the heartbeat thread declares the receiver lost
+        (a stopped receiver would otherwise hold the call until its deadline)."""
+        future = method.future(request, timeout=timeout)
+        while True:
+            try:
+                return future.result(timeout=LOSS_CHECK)
+            except grpc.FutureTimeoutError:
+                if self.lost is not None:
+                    future.cancel()
+                    raise PeerLostError(self.lost) from None
+            except grpc.RpcError as exc:
+                raise _rpc_error(exc, self.where, self) from exc
 
     def note_released(self, tensor_id: int, released: int) -> None:
         if released > self.released.get(tensor_id, 0):
@@ -377,6 +392,7 @@ class GrpcWriter(TensorWriter):
         return None if deadline is None else max(deadline - time.monotonic(), 0.001)
 
     def _send(self, array: np.ndarray[Any, Any], slot: int, deadline: float | None) -> None:
+        self._channel.check_peer()
         seq = self.next_seq
         msg = pb.TensorProto(
             token=self._channel.token,
@@ -389,10 +405,7 @@ class GrpcWriter(TensorWriter):
             dynamic=self.spec.dynamic,
             tensor_content=array.tobytes(),
         )
-        try:
-            reply = self._channel.stub.Write(msg, timeout=self._timeout(deadline))
-        except grpc.RpcError as exc:
-            raise _rpc_error(exc, self._channel.where, self._channel) from exc
+        reply = self._channel.call(self._channel.stub.Write, msg, self._timeout(deadline))
         self._channel.note_released(self._tid, reply.released)
         self._slots.wrote(slot, seq)
         self.next_seq = seq + 1
@@ -416,6 +429,7 @@ class GrpcWriter(TensorWriter):
 
 class GrpcStreamWriter(GrpcWriter):
     def _send(self, array: np.ndarray[Any, Any], slot: int, deadline: float | None) -> None:
+        self._channel.check_peer()
         seq = self.next_seq
         payload = array.reshape(-1).view(np.uint8).data
         header = wire.encode_data_header(
@@ -434,10 +448,7 @@ class GrpcStreamWriter(GrpcWriter):
             for off in range(0, len(payload), CHUNK):
                 yield bytes(payload[off : off + CHUNK])  # grpcio takes only bytes: one copy
 
-        try:
-            reply = self._channel.stream(chunks(), timeout=self._timeout(deadline))
-        except grpc.RpcError as exc:
-            raise _rpc_error(exc, self._channel.where, self._channel) from exc
+        reply = self._channel.call(self._channel.stream, chunks(), self._timeout(deadline))
         self._channel.note_released(self._tid, _RELEASED.unpack(reply)[0])
         self._slots.wrote(slot, seq)
         self.next_seq = seq + 1

@@ -48,7 +48,6 @@ class ShmChannel(Channel):
         self._regions: dict[int, Region] = {}
         self._watch = ProcessWatch(info.welcome.pid)
         self._next_watch = 0.0
-        self._lost: str | None = None  # once the receiver is known gone, it stays gone
         self._closed = False
         try:
             self._bell_region = self._region(0)
@@ -70,19 +69,19 @@ class ShmChannel(Channel):
         return region
 
     def check_peer(self) -> None:
-        if self._lost is not None:
-            raise PeerLostError(self._lost)
+        if self.lost is not None:
+            raise PeerLostError(self.lost)
         if self._bell_region.words32[OFF_STATE // 4] == REGION_CLOSED:
-            self._lost = f"receiver at {self._address} closed"
-            raise PeerLostError(self._lost)
+            self.lost = f"receiver at {self._address} closed"
+            raise PeerLostError(self.lost)
         # A receiver that closes says so in its region header (checked above, for free). One that
         # was killed can only be seen through its pidfd: a syscall, so not on every tiny write.
         now = time.monotonic()
         if now >= self._next_watch:
             self._next_watch = now + WATCH_INTERVAL
             if not self._watch.alive():
-                self._lost = f"receiver at {self._address} (pid {self._watch.pid}) died"
-                raise PeerLostError(self._lost)
+                self.lost = f"receiver at {self._address} (pid {self._watch.pid}) died"
+                raise PeerLostError(self.lost)
 
     def writer(
         self, entry: TensorEntry, next_seq: int, released: int, slot_seqs: list[int]
@@ -101,7 +100,7 @@ class ShmChannel(Channel):
         if self._closed:
             return
         self._closed = True
-        self._lost = f"channel to {self._address} is closed"
+        self.lost = f"channel to {self._address} is closed"
         self._watch.close()
         for region in self._regions.values():
             region.close()

@@ -151,6 +151,8 @@ class TcpChannel(Channel):
         sock = self._sock
         if sock is None:
             raise PeerLostError(f"tcp channel to {self._where} is closed")
+        if self.lost is not None:
+            raise PeerLostError(self.lost)
         if not self._poller.poll(block_ms):
             return
         try:
