@@ -14,6 +14,7 @@ Built only on the public API of tensorwire.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -48,6 +49,10 @@ SYNC_MODES = ("bsp", "asp", "ssp")
 
 class PSError(tw.TensorWireError):
     """The parameter server cannot go on (a worker never came, a step timed out, bad setup)."""
+
+
+class _WorkerLost(Exception):
+    """One worker died or hung in the middle of a step."""
 
 
 @dataclass
@@ -91,6 +96,7 @@ class _Worker:
     got: set[str] = field(default_factory=set)
     meta: Any = None
     stopped: bool = False
+    alive: bool = True
 
 
 class ParameterServer:
@@ -210,17 +216,6 @@ class ParameterServer:
         if flags == STATUS_STOP:
             w.stopped = True
 
-    def _wait(self, name: str, w: _Worker) -> np.ndarray[Any, Any]:
-        try:
-            return self.rx.wait(name, timeout=self.cfg.step_timeout)
-        except tw.WireTimeoutError:
-            raise PSError(
-                f"worker {w.rank} sent no {name!r} for step {w.step} within "
-                f"{self.cfg.step_timeout:g} s"
-            ) from None
-        except tw.PeerLostError as exc:
-            raise PSError(f"worker {w.rank} was lost during step {w.step}: {exc}") from None
-
     def _checkpoint(self) -> None:
         if self.ckpt is None:
             return
@@ -253,39 +248,123 @@ class ParameterServer:
             self._run_async(10**9 if self.cfg.sync == "asp" else self.cfg.staleness)
         self._checkpoint()
 
+    def _worker_tensors(self, w: _Worker) -> list[str]:
+        return [*(grad_name(w.rank, c.cid) for c in self.chunks), meta_name(w.rank)]
+
+    def _lose(self, w: _Worker, reason: str) -> None:
+        """Go on without ``w``: forget what it left half sent, stop writing to it."""
+        w.alive = False
+        log.warning(
+            "worker %d lost at step %d (%s); going on with %d worker(s)",
+            w.rank,
+            self.step,
+            reason,
+            sum(x.alive for x in self.workers),
+        )
+        for name in self._worker_tensors(w):
+            for _ in range(4):  # bounded: a ring holds at most two messages, plus the loss
+                try:
+                    self.rx.wait(name, timeout=0)
+                    self.rx.release(name)  # a message of the dead worker's unfinished step
+                except tw.PeerLostError:
+                    continue  # the loss notice: consumed, so a successor starts clean
+                except tw.WireTimeoutError:
+                    break
+        with contextlib.suppress(tw.TensorWireError):
+            self.tx.remove_peer(w.address)
+
+    def _rejoin(self) -> None:
+        """Workers (re)started after a loss join at the current step."""
+        for w in self.workers:
+            if w.alive or not self.rx.pending(join_name(w.rank)):
+                continue
+            view = self.rx.wait(join_name(w.rank), timeout=0)
+            w.address = bytes(view).decode()
+            self.rx.release(join_name(w.rank))
+            self.tx.add_peer(w.address)
+            w.alive, w.step = True, self.step
+            log.warning("worker %d rejoined from %s at step %d", w.rank, w.address, self.step)
+
+    def _collect(self, w: _Worker) -> tuple[dict[str, Any], list[str]]:
+        """All of ``w``'s gradient chunks and its meta for this step, held (not yet released)."""
+        got: dict[str, Any] = {}
+        try:
+            for name in self._worker_tensors(w):
+                try:
+                    got[name] = self.rx.wait(name, timeout=self.cfg.step_timeout)
+                except tw.PeerLostError as exc:
+                    raise _WorkerLost(str(exc)) from None
+                except tw.WireTimeoutError:
+                    raise _WorkerLost(f"nothing for {self.cfg.step_timeout:g} s") from None
+        except _WorkerLost:
+            for name in got:
+                self.rx.release(name)
+            raise
+        return got, list(got)
+
     def _run_bsp(self) -> None:
-        n = len(self.workers)
         while self.step < self.cfg.steps:
             t0 = time.monotonic()
             losses, accuracy = [], None
-            for k, w in enumerate(self.workers):
+            contributors = 0
+            for w in self.workers:
+                if not w.alive:
+                    continue
+                try:
+                    got, held = self._collect(w)
+                except _WorkerLost as exc:
+                    self._lose(w, str(exc))
+                    continue
+                meta = got[meta_name(w.rank)]
+                if int(meta[0]) != self.step:
+                    raise PSError(f"worker {w.rank} sent step {int(meta[0])}, expected {self.step}")
                 for c in self.chunks:
-                    name = grad_name(w.rank, c.cid)
-                    grad = self._wait(name, w)
-                    if k == 0:
+                    grad = got[grad_name(w.rank, c.cid)]
+                    if contributors == 0:
                         np.copyto(self.acc[c.cid], grad)
                     else:
                         self.acc[c.cid] += grad
-                    self.rx.release(name)
-                meta = self._wait(meta_name(w.rank), w)
-                if int(meta[0]) != self.step:
-                    raise PSError(f"worker {w.rank} sent step {int(meta[0])}, expected {self.step}")
+                contributors += 1
                 losses.append(float(meta[1]))
                 accuracy = self._accuracy(meta) if accuracy is None else accuracy
-                self.rx.release(meta_name(w.rank))
-            for c in self.chunks:
-                self.opt.step(c.cid, self.params[c.cid], self.acc[c.cid], scale=1.0 / n)
-            self.step += 1
+                for name in held:
+                    self.rx.release(name)
+            if contributors:
+                # The average over the workers that finished the step: a lost worker's share
+                # is rescaled away, not counted as zero.
+                for c in self.chunks:
+                    self.opt.step(
+                        c.cid, self.params[c.cid], self.acc[c.cid], scale=1.0 / contributors
+                    )
+                self.step += 1
+                if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
+                    self._checkpoint()
+            self._rejoin()
+            if not any(w.alive for w in self.workers):
+                self._await_any_worker()
             for w in self.workers:
                 w.step = self.step
-            if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
-                self._checkpoint()
             done = self.step >= self.cfg.steps or self._stop_requested
             for w in self.workers:
-                self._send(w, STATUS_STOP if done else STATUS_RUN)
-            self._report(self.step, losses, accuracy, t0)
+                if w.alive:
+                    try:
+                        self._send(w, STATUS_STOP if done else STATUS_RUN)
+                    except tw.PeerLostError as exc:
+                        self._lose(w, str(exc))
+            if contributors:
+                self._report(self.step, losses, accuracy, t0)
             if done:
                 break
+
+    def _await_any_worker(self) -> None:
+        deadline = time.monotonic() + self.cfg.step_timeout
+        while not any(w.alive for w in self.workers):
+            if time.monotonic() > deadline or self._stop_requested:
+                raise PSError(
+                    f"every worker was lost and none came back within {self.cfg.step_timeout:g} s"
+                )
+            time.sleep(0.1)
+            self._rejoin()
 
     def _run_async(self, staleness: int) -> None:
         by_rank = {w.rank: w for w in self.workers}

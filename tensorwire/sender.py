@@ -300,6 +300,16 @@ class Sender(Resource):
                 client=self.name,
             )
 
+    def remove_peer(self, address: str) -> None:
+        """Disconnect from one receiver (say goodbye if it is still there)."""
+        with self._lock:
+            self._check_open()
+            p = self._peers.pop(address, None)
+            self._routes.clear()
+        if p is not None:
+            p.goodbye()
+            p.close_quietly()
+
     @property
     def peers(self) -> list[str]:
         return list(self._peers)

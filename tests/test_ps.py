@@ -94,6 +94,13 @@ class Job:
         deadline = time.monotonic() + timeout
         return [p.wait(max(deadline - time.monotonic(), 0.1)) for p in self.procs]
 
+    def restart_worker(self, rank: int, *extra: str) -> subprocess.Popen[str]:
+        """Start worker ``rank`` again (a new process, a new receiver, the same rank)."""
+        args = next(p.args for p in self.workers if f"--rank {rank} " in " ".join(p.args) + " ")
+        proc = self._spawn(*args[2:3], *args[3:], *extra, log=f"w{rank}-again")
+        self.workers.append(proc)
+        return proc
+
     def log(self, name: str) -> str:
         return (self.tmp / f"{name}.log").read_text()
 
@@ -408,3 +415,34 @@ def test_secret_protected_job_trains(job: Any, tmp_path: Path) -> None:
     j = job(ps=["--steps", "50"], env={"TENSORWIRE_SECRET": "job-secret"})
     _ok(j)
     assert j.metrics("w0")["steps"] == 50
+
+
+def _wait_for(j: Job, text: str, count: int = 1, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while j.log("ps0").count(text) < count:
+        assert time.monotonic() < deadline, j.log("ps0")
+        time.sleep(0.05)
+
+
+def test_bsp_survives_a_killed_worker_and_takes_it_back(job: Any) -> None:
+    """SIGKILL one worker mid-training: the server finishes the step with the other (averaging
+    over the workers that delivered), says so, and goes on; the worker started again joins at
+    the current step and training reaches the accuracy bar."""
+    j = job(ps=["--steps", "15000", "--log-level", "INFO"])
+    _wait_for(j, "joined", 2)
+    time.sleep(0.5)
+    j.workers[1].kill()
+    _wait_for(j, "worker 1 lost")
+    time.sleep(0.3)
+    again = j.restart_worker(1)
+    _wait_for(j, "worker 1 rejoined")
+    codes = j.wait(180)
+    assert codes == [0, 0, -signal.SIGKILL, 0], j.log("ps0")  # ps, w0, killed w1, new w1
+    text = j.log("ps0")
+    lost_at = int(text.split("worker 1 lost at step ")[1].split()[0])
+    back_at = int(text.split("worker 1 rejoined from ")[1].split(" at step ")[1].split()[0])
+    assert 0 < lost_at <= back_at < 15000
+    assert again.returncode == 0
+    assert j.metrics("ps0")["steps"] == 15000
+    assert j.metrics("w0")["test_accuracy"] >= 0.95
+    assert j.metrics("w1")["steps"] == 15000 - back_at  # the second worker 1 wrote these metrics
