@@ -15,6 +15,8 @@ servers publish, so client and servers cannot disagree about it. Uses only tenso
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import socket
 import time
 from collections.abc import Mapping
@@ -37,6 +39,7 @@ from tensorwire.server.plan import (
 )
 
 Array = np.ndarray[Any, Any]
+log = logging.getLogger("tensorwire.worker")
 
 
 class PSClientError(tw.TensorWireError):
@@ -73,6 +76,7 @@ class PSClient:
         advertise: str | None = None,
         connect_timeout: float = 60.0,
         timeout: float | None = 300.0,
+        reconnect_timeout: float = 120.0,
     ) -> None:
         if not servers:
             raise PSClientError("no parameter servers given")
@@ -83,6 +87,9 @@ class PSClient:
             transport=transport, secret=secret, timeout=timeout, name=f"worker{rank}"
         )
         self.rx: tw.Receiver | None = None
+        self._held: list[str] = []  # messages taken by wait_params and not yet released
+        self._shapes = dict(shapes)
+        self.reconnect_timeout = reconnect_timeout
         try:
             self._connect(connect_timeout)
             self._await_registration(connect_timeout)
@@ -96,12 +103,12 @@ class PSClient:
             #: the model's parameters: read-only views of the registered memory servers write
             self.params: dict[str, Array] = {p: self.rx.array(p) for p in shapes}
             me = _advertised(self.rx.address, advertise, self.servers[0])
+            self._me = np.frombuffer(me.encode(), np.uint8)
             for addr in self.servers:
-                self.tx.write(join_name(rank), np.frombuffer(me.encode(), np.uint8), peer=addr)
+                self.tx.write(join_name(rank), self._me, peer=addr)
         except BaseException:
             self.close()
             raise
-        self._held = False
         self._meta = np.zeros(META_FIELDS, np.float64)
         self.step: int | None = None
         self.comm_seconds = 0.0
@@ -112,7 +119,7 @@ class PSClient:
         for addr in self.servers:
             while True:
                 try:
-                    self.tx.add_peer(addr)
+                    self.tx.add_peer(addr, connect_timeout=min(2.0, timeout))
                     break
                 except (tw.WireTimeoutError, tw.PeerLostError):
                     if time.monotonic() >= deadline:
@@ -175,34 +182,69 @@ class PSClient:
 
     def wait_params(self, timeout: float | None = None) -> int | None:
         """Wait until every server has written this step's parameters; return the step, or None
-        when the servers said stop (the parameters are then the final ones)."""
+        when the servers said stop (the parameters are then the final ones).
+
+        If a server is lost (killed, restarted with ``--resume``), the client reconnects to it,
+        joins again, and waits for the step the restarted server resumes at."""
         assert self.rx is not None
         t0 = time.perf_counter()
         wait = self.timeout if timeout is None else timeout
-        self._release()
-        steps, stop = set(), False
-        for s in range(len(self.servers)):
-            status = self.rx.wait(status_name(s), timeout=wait)
-            steps.add(int(status[0]))
-            stop = stop or int(status[1]) == STATUS_STOP
-        for c in self.chunks:
-            self.rx.wait(c.cid, timeout=wait)
-        self._held = True
+        while True:
+            self._release()
+            try:
+                steps, stop = set(), False
+                for s in range(len(self.servers)):
+                    status = self._take(status_name(s), wait)
+                    steps.add(int(status[0]))
+                    stop = stop or int(status[1]) == STATUS_STOP
+                for c in self.chunks:
+                    self._take(c.cid, wait)
+                break
+            except tw.PeerLostError as exc:
+                self._recover(str(exc))
         self.comm_seconds += time.perf_counter() - t0
         self.step = None if stop else max(steps)
         return self.step
+
+    def _take(self, name: str, timeout: float | None) -> Array:
+        assert self.rx is not None
+        view = self.rx.wait(name, timeout=timeout)
+        self._held.append(name)
+        return view
 
     def pull(self) -> dict[str, Array]:
         """The parameters of the current step (views; valid until the next push)."""
         return self.params
 
     def _release(self) -> None:
-        if self._held and self.rx is not None:
-            for s in range(len(self.servers)):
-                self.rx.release(status_name(s))
-            for c in self.chunks:
-                self.rx.release(c.cid)
-            self._held = False
+        if self.rx is not None:
+            for name in self._held:
+                self.rx.release(name)
+        self._held = []
+
+    def _recover(self, reason: str) -> None:
+        """A server went away: reconnect (waiting for it to come back) and join again."""
+        log.warning("lost a parameter server (%s); reconnecting", reason)
+        self._release()
+        assert self.rx is not None
+        for name in [
+            *(status_name(s) for s in range(len(self.servers))),
+            *(c.cid for c in self.chunks),
+        ]:
+            self.rx.drain(name)  # what the lost server left half written, and its loss notice
+        deadline = time.monotonic() + self.reconnect_timeout
+        for addr in self.servers:
+            with contextlib.suppress(tw.TensorWireError):
+                self.tx.remove_peer(addr)
+        self._connect(max(deadline - time.monotonic(), 1.0))
+        self._await_registration(max(deadline - time.monotonic(), 1.0))
+        before = [(c.cid, c.shape, c.server) for c in self.chunks]
+        self.chunks = self._learn_plan(self._shapes)
+        if [(c.cid, c.shape, c.server) for c in self.chunks] != before:
+            raise PSClientError("the restarted servers hold a different plan")
+        for addr in self.servers:
+            self.tx.write(join_name(self.rank), self._me, peer=addr)
+        log.warning("rejoined the parameter servers")
 
     def push(
         self,
@@ -214,22 +256,32 @@ class PSClient:
         accuracy: float | None = None,
     ) -> None:
         """Send this step's gradients (each server gets its rows, one-sided) and the step's
-        metrics; the parameters may change from here on."""
+        metrics; the parameters may change from here on. If a server is lost meanwhile, the
+        client reconnects; the step is then redone from the restarted server's checkpoint."""
         if self.step is None:
             raise PSClientError("push() before wait_params() returned a step")
         t0 = time.perf_counter()
         self._release()
-        for c in self.chunks:
-            g = grads[c.param]
-            self.tx.write(
-                grad_name(self.rank, c.cid),
-                g[c.start : c.stop] if g.ndim else g,
-                peer=self.servers[c.server],
-                allow_copy=True,
+        try:
+            for c in self.chunks:
+                g = grads[c.param]
+                self.tx.write(
+                    grad_name(self.rank, c.cid),
+                    g[c.start : c.stop] if g.ndim else g,
+                    peer=self.servers[c.server],
+                    allow_copy=True,
+                )
+            self._meta[:] = (
+                self.step,
+                loss,
+                correct,
+                samples,
+                -1.0 if accuracy is None else accuracy,
             )
-        self._meta[:] = (self.step, loss, correct, samples, -1.0 if accuracy is None else accuracy)
-        for addr in self.servers:
-            self.tx.write(meta_name(self.rank), self._meta, peer=addr)
+            for addr in self.servers:
+                self.tx.write(meta_name(self.rank), self._meta, peer=addr)
+        except tw.PeerLostError as exc:
+            self._recover(str(exc))
         self.comm_seconds += time.perf_counter() - t0
 
     def close(self) -> None:

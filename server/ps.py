@@ -262,14 +262,9 @@ class ParameterServer:
             sum(x.alive for x in self.workers),
         )
         for name in self._worker_tensors(w):
-            for _ in range(4):  # bounded: a ring holds at most two messages, plus the loss
-                try:
-                    self.rx.wait(name, timeout=0)
-                    self.rx.release(name)  # a message of the dead worker's unfinished step
-                except tw.PeerLostError:
-                    continue  # the loss notice: consumed, so a successor starts clean
-                except tw.WireTimeoutError:
-                    break
+            self.rx.drain(
+                name
+            )  # its unfinished step, and the loss notice: a successor starts clean
         with contextlib.suppress(tw.TensorWireError):
             self.tx.remove_peer(w.address)
 

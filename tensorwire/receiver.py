@@ -471,6 +471,24 @@ class Receiver(Resource):
         if owner is not None and owner.link is not None and tensor.transport != "shm":
             owner.link.send_credit(tensor.tensor_id, tensor.released)
 
+    def drain(self, name: str) -> int:
+        """Discard what a lost writer left behind in ``name``: every landed message not yet
+        handed out, and the loss notice itself. Returns how many messages were dropped.
+
+        Messages the consumer holds are not touched (release them first); the ring then stands
+        empty for the next writer."""
+        tensor = self._tensor(name)
+        dropped = 0
+        tensor.lost = None
+        while (
+            tensor.consumed - tensor.released < tensor.ring.depth
+            and tensor.ring.find(tensor.consumed + 1) >= 0
+        ):
+            self._take(tensor)
+            self.release(name)
+            dropped += 1
+        return dropped
+
     def pending(self, name: str) -> int:
         """How many messages of ``name`` have landed but not been handed out yet."""
         tensor = self._tensor(name)

@@ -84,6 +84,7 @@ class _Peer:
         secret: bytes | None,
         timeout: float | None,
         client: str,
+        connect_timeout: float | None = None,
     ) -> None:
         try:
             parts = urlsplit(address)
@@ -108,12 +109,17 @@ class _Peer:
         self.writers: dict[int, TensorWriter] = {}
         self.generation = 0
         self.token = b""
-        self.open()
+        self.open(connect_timeout)
 
-    def open(self) -> None:
-        """(Re)connect: hello, authenticate, fetch the address book, open the data channel."""
+    def open(self, connect_timeout: float | None = None) -> None:
+        """(Re)connect: hello, authenticate, fetch the address book, open the data channel.
+
+        ``connect_timeout`` bounds these steps (default: the sender's timeout)."""
         self.close_quietly()
         self.control = ControlClient(self.address)
+        saved = self._timeout
+        if connect_timeout is not None:
+            self._timeout = connect_timeout
         try:
             welcome = self._hello()
             self.generation = welcome.generation
@@ -125,6 +131,8 @@ class _Peer:
         except BaseException:
             self.close_quietly()
             raise
+        finally:
+            self._timeout = saved
 
     def _hello(self) -> wire.Welcome:
         assert self.control is not None
@@ -282,8 +290,12 @@ class Sender(Resource):
             raise
         return sender
 
-    def add_peer(self, address: str, *, transport: str | None = None) -> None:
-        """Connect to one more receiver (its tensors become writable by name)."""
+    def add_peer(
+        self, address: str, *, transport: str | None = None, connect_timeout: float | None = None
+    ) -> None:
+        """Connect to one more receiver (its tensors become writable by name).
+
+        ``connect_timeout`` bounds the handshake alone (default: the sender's timeout)."""
         with self._lock:
             self._check_open()
             if address in self._peers:
@@ -298,6 +310,7 @@ class Sender(Resource):
                 secret=self._secret,
                 timeout=self.timeout,
                 client=self.name,
+                connect_timeout=connect_timeout,
             )
 
     def remove_peer(self, address: str) -> None:

@@ -446,3 +446,25 @@ def test_bsp_survives_a_killed_worker_and_takes_it_back(job: Any) -> None:
     assert j.metrics("ps0")["steps"] == 15000
     assert j.metrics("w0")["test_accuracy"] >= 0.95
     assert j.metrics("w1")["steps"] == 15000 - back_at  # the second worker 1 wrote these metrics
+
+
+def test_server_killed_and_resumed_workers_reconnect(job: Any, tmp_path: Path) -> None:
+    """SIGKILL the server mid-training and start it again with --resume on the same address:
+    the workers reconnect by themselves (new generation), at most --checkpoint-every steps are
+    redone, and training reaches the accuracy bar."""
+    ckpt = tmp_path / "ckpt"
+    args = ["--steps", "12000", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "500",
+            "--log-level", "INFO"]
+    j = job(ps=args)
+    _wait_for(j, "checkpoint at step 1000")
+    j.ps[0].kill()
+    assert j.ps[0].wait(10) == -signal.SIGKILL
+    saved = int(j.log("ps0").rsplit("checkpoint at step ", 1)[1].split()[0])
+    again = j._spawn("tensorwire.server.daemon", *j.ps[0].args[3:], "--resume", log="ps0-again")
+    codes = [p.wait(180) for p in (again, *j.workers)]
+    text = (j.tmp / "ps0-again.log").read_text()
+    assert codes == [0, 0, 0], text
+    resumed_at = int(text.split("resumed shard 0 from ")[1].split(" at step ")[1].split()[0])
+    assert resumed_at == saved  # the last checkpoint: at most 500 steps are redone
+    assert "rejoined the parameter servers" in j.log("w0") or "reconnecting" in j.log("w0")
+    assert j.metrics("w0")["test_accuracy"] >= 0.95
