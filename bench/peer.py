@@ -116,6 +116,7 @@ def serve(bind: str, ready: Any = None, once: bool = False) -> None:
     try:
         rep.bind(bind)
     except zmq.ZMQError as exc:
+        rep.close()
         ctx.term()
         raise tw.TensorWireError(f"cannot bind the benchmark server to {bind}: {exc}") from exc
     address = rep.getsockopt_string(zmq.LAST_ENDPOINT)

@@ -91,10 +91,11 @@ class PSClient:
         self._shapes = dict(shapes)
         self.reconnect_timeout = reconnect_timeout
         try:
+            # Bind first: a port in use fails now, not after waiting for the servers.
+            self.rx = tw.Receiver(bind, secret=secret, ring=1, name=f"worker{rank}")
             self._connect(connect_timeout)
             self._await_registration(connect_timeout)
             self.chunks = self._learn_plan(shapes)
-            self.rx = tw.Receiver(bind, secret=secret, ring=1, name=f"worker{rank}")
             for param, shape in shapes.items():
                 rows = [c.stop - c.start for c in self._parts[param]]
                 self.rx.register_parts(param, shape, "float32", rows)

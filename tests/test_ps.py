@@ -468,3 +468,18 @@ def test_server_killed_and_resumed_workers_reconnect(job: Any, tmp_path: Path) -
     assert resumed_at == saved  # the last checkpoint: at most 500 steps are redone
     assert "rejoined the parameter servers" in j.log("w0") or "reconnecting" in j.log("w0")
     assert j.metrics("w0")["test_accuracy"] >= 0.95
+
+
+def test_a_port_already_in_use_is_one_line() -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        addr = f"tcp://127.0.0.1:{taken.getsockname()[1]}"
+        for args in (["-m", "tensorwire.server.daemon", "--bind", addr],
+                     ["-m", "tensorwire.client.worker", "--bind", addr, "--servers", addr],
+                     ["-m", "tensorwire.bench", "serve", "--bind", addr]):
+            out = _cli(*args)
+            assert out.returncode == 1, out.stderr
+            assert "Traceback" not in out.stderr and "cannot bind" in out.stderr, out.stderr
