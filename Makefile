@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench lint proto clean
+.PHONY: demo test bench lint proto fuzz soak clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,13 @@ bench: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy tensorwire server client bench
+
+# Long runs outside CI: the wire decoders fuzzed with hypothesis, and an hour of soak.
+fuzz: $(STAMP)
+	$(PY) -m pytest -q tests/test_wire.py --hypothesis-profile=fuzz -p no:cacheprovider
+
+soak: $(STAMP)
+	$(PY) -m tensorwire.bench soak --duration 3600 --senders 4 --transports shm,tcp,grpc,grpc-stream
 
 # Regenerate the gRPC baseline's protobuf modules (committed; tests/test_proto.py checks them).
 proto: $(STAMP)

@@ -21,7 +21,7 @@ from typing import Any
 import tensorwire as tw
 
 from . import ps as ps_bench
-from . import report
+from . import report, soak
 from .common import machine_facts, parse_size, parse_sizes
 from .peer import serve
 from .runner import REFERENCES, TRANSPORTS, Runner, summarise, sweep
@@ -75,7 +75,7 @@ def build_parser(prog: str = "tensorwire bench") -> argparse.ArgumentParser:
         "hand-written pyzmq loop, a raw socket and memcpy, measured in one interleaved run.",
     )
     _common(parser)
-    sub = parser.add_subparsers(dest="command", metavar="{run,serve,ps}")
+    sub = parser.add_subparsers(dest="command", metavar="{run,serve,ps,soak}")
     run = sub.add_parser("run", help="run the sweep against a `bench serve` on another host")
     _common(run)
     run.add_argument(
@@ -94,6 +94,7 @@ def build_parser(prog: str = "tensorwire bench") -> argparse.ArgumentParser:
     )
     srv.add_argument("--once", action="store_true", help="exit after the first runner")
     ps_bench.add_parser(sub)
+    soak.add_parser(sub)
     return parser
 
 
@@ -212,6 +213,12 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire bench") -> int:
             if args.json:
                 report.write_json(args.json, result)
             return 0
+        if args.command == "soak":
+            result = soak.run(args, parser)
+            print(soak.render(result))
+            if args.json:
+                report.write_json(args.json, result)
+            return 1 if result["problems"] else 0
         transports = _check(parser, args)
         explicit = args.transports is not None
         if args.command == "run":

@@ -13,6 +13,10 @@ from multiprocessing import resource_tracker
 from typing import Any
 
 import pytest
+from hypothesis import settings
+
+# `make fuzz`: the wire decoders under a long hypothesis run, outside CI.
+settings.register_profile("fuzz", max_examples=200_000, deadline=None)
 
 TRANSPORTS = ["shm", "tcp", "grpc", "grpc-stream"]
 #: the transports that promise no copy and no allocation per message on the receiving side

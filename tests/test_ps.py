@@ -453,8 +453,16 @@ def test_server_killed_and_resumed_workers_reconnect(job: Any, tmp_path: Path) -
     the workers reconnect by themselves (new generation), at most --checkpoint-every steps are
     redone, and training reaches the accuracy bar."""
     ckpt = tmp_path / "ckpt"
-    args = ["--steps", "12000", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "500",
-            "--log-level", "INFO"]
+    args = [
+        "--steps",
+        "12000",
+        "--checkpoint-dir",
+        str(ckpt),
+        "--checkpoint-every",
+        "500",
+        "--log-level",
+        "INFO",
+    ]
     j = job(ps=args)
     _wait_for(j, "checkpoint at step 1000")
     j.ps[0].kill()
@@ -477,9 +485,11 @@ def test_a_port_already_in_use_is_one_line() -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         addr = f"tcp://127.0.0.1:{taken.getsockname()[1]}"
-        for args in (["-m", "tensorwire.server.daemon", "--bind", addr],
-                     ["-m", "tensorwire.client.worker", "--bind", addr, "--servers", addr],
-                     ["-m", "tensorwire.bench", "serve", "--bind", addr]):
+        for args in (
+            ["-m", "tensorwire.server.daemon", "--bind", addr],
+            ["-m", "tensorwire.client.worker", "--bind", addr, "--servers", addr],
+            ["-m", "tensorwire.bench", "serve", "--bind", addr],
+        ):
             out = _cli(*args)
             assert out.returncode == 1, out.stderr
             assert "Traceback" not in out.stderr and "cannot bind" in out.stderr, out.stderr
