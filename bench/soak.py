@@ -143,7 +143,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
     result["segment_growth"] = _segments() - seg0
     if result["fd_growth"] > 0:
         problems.append(f"{result['fd_growth']} file descriptors leaked")
-    if result["segment_growth"]:
+    if result["segment_growth"] > 0:  # negative: it reaped segments of dead receivers
         problems.append(f"{result['segment_growth']} shared-memory segments leaked")
     result["problems"] = problems
     return result

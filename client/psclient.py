@@ -77,6 +77,8 @@ class PSClient:
         connect_timeout: float = 60.0,
         timeout: float | None = 300.0,
         reconnect_timeout: float = 120.0,
+        heartbeat: float = 5.0,
+        heartbeat_timeout: float = 30.0,
     ) -> None:
         if not servers:
             raise PSClientError("no parameter servers given")
@@ -84,7 +86,11 @@ class PSClient:
         self.servers = list(servers)
         self.timeout = timeout
         self.tx = tw.Sender(
-            transport=transport, secret=secret, timeout=timeout, name=f"worker{rank}"
+            transport=transport,
+            secret=secret,
+            timeout=timeout,
+            name=f"worker{rank}",
+            heartbeat=heartbeat,
         )
         self.rx: tw.Receiver | None = None
         self._held: list[str] = []  # messages taken by wait_params and not yet released
@@ -92,7 +98,13 @@ class PSClient:
         self.reconnect_timeout = reconnect_timeout
         try:
             # Bind first: a port in use fails now, not after waiting for the servers.
-            self.rx = tw.Receiver(bind, secret=secret, ring=1, name=f"worker{rank}")
+            self.rx = tw.Receiver(
+                bind,
+                secret=secret,
+                ring=1,
+                name=f"worker{rank}",
+                heartbeat_timeout=heartbeat_timeout,
+            )
             self._connect(connect_timeout)
             self._await_registration(connect_timeout)
             self.chunks = self._learn_plan(shapes)

@@ -62,6 +62,18 @@ def build_parser(prog: str = "tensorwire-worker") -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--connect-timeout", type=float, default=60.0)
     p.add_argument("--step-timeout", type=float, default=300.0)
+    p.add_argument(
+        "--reconnect-timeout",
+        type=float,
+        default=120.0,
+        help="how long to wait for a lost server to come back",
+    )
+    p.add_argument(
+        "--heartbeat", type=float, default=5.0, help="seconds between heartbeats to each server"
+    )
+    p.add_argument(
+        "--heartbeat-timeout", type=float, default=30.0, help="a server silent this long is lost"
+    )
     p.add_argument("--metrics", metavar="PATH", help="write a JSON summary here at the end")
     p.add_argument("--save-params", metavar="PATH.npz", help="save the final parameters")
     p.add_argument("--steps-hint", type=int, default=0, help="total steps, for the progress bar")
@@ -154,6 +166,9 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:
             bind=args.bind,
             advertise=args.advertise,
             connect_timeout=args.connect_timeout,
+            reconnect_timeout=args.reconnect_timeout,
+            heartbeat=args.heartbeat,
+            heartbeat_timeout=args.heartbeat_timeout,
             timeout=args.step_timeout,
         ) as client:
             log.info(

@@ -71,6 +71,18 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
         help="split tensors larger than this into chunks",
     )
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument(
+        "--heartbeat",
+        type=float,
+        default=d.heartbeat,
+        help=f"seconds between heartbeats to each worker (default {d.heartbeat:g})",
+    )
+    p.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=d.heartbeat_timeout,
+        help=f"a worker silent this long is lost (default {d.heartbeat_timeout:g})",
+    )
     p.add_argument("--metrics", metavar="PATH", help="write a JSON summary here at the end")
     p.add_argument("--no-progress", action="store_true", help="no progress output")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])

@@ -78,6 +78,8 @@ class PSConfig:
     step_timeout: float = 120.0
     split_bytes: int = 1 << 20
     seed: int = 0
+    heartbeat: float = 5.0  # seconds between our heartbeats to each worker
+    heartbeat_timeout: float = 30.0  # a worker silent this long is lost
 
 
 @dataclass
@@ -140,12 +142,18 @@ class ParameterServer:
         self.last_accuracy: float | None = None
         self._stop_requested = False
         self.started_at = time.monotonic()
-        self.rx = tw.Receiver(cfg.bind, secret=cfg.secret, name=f"ps{cfg.shard}")
+        self.rx = tw.Receiver(
+            cfg.bind,
+            secret=cfg.secret,
+            name=f"ps{cfg.shard}",
+            heartbeat_timeout=cfg.heartbeat_timeout,
+        )
         self.tx = tw.Sender(
             transport=cfg.transport,
             secret=cfg.secret,
             timeout=cfg.step_timeout,
             name=f"ps{cfg.shard}",
+            heartbeat=cfg.heartbeat,
         )
         try:
             for w in range(cfg.workers):
