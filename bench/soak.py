@@ -61,7 +61,9 @@ def _fds() -> int:
 
 
 def _segments() -> int:
-    return sum(1 for n in os.listdir("/dev/shm") if n.startswith("tensorwire."))
+    """Shared-memory segments this process owns (their names carry our uid and pid)."""
+    mine = f"tensorwire.{os.getuid()}.{os.getpid()}."
+    return sum(1 for n in os.listdir("/dev/shm") if n.startswith(mine))
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
@@ -143,7 +145,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
     result["segment_growth"] = _segments() - seg0
     if result["fd_growth"] > 0:
         problems.append(f"{result['fd_growth']} file descriptors leaked")
-    if result["segment_growth"] > 0:  # negative: it reaped segments of dead receivers
+    if result["segment_growth"]:
         problems.append(f"{result['segment_growth']} shared-memory segments leaked")
     result["problems"] = problems
     return result
