@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 import tensorwire as tw
+from tensorwire.curve import CurveKeys
 from tensorwire.server.plan import (
     META_FIELDS,
     STATUS_FIELDS,
@@ -79,6 +80,7 @@ class PSClient:
         reconnect_timeout: float = 120.0,
         heartbeat: float = 5.0,
         heartbeat_timeout: float = 30.0,
+        curve_keys: CurveKeys | None = None,
     ) -> None:
         if not servers:
             raise PSClientError("no parameter servers given")
@@ -91,6 +93,7 @@ class PSClient:
             timeout=timeout,
             name=f"worker{rank}",
             heartbeat=heartbeat,
+            curve_server_key=curve_keys.public if curve_keys else None,
         )
         self.rx: tw.Receiver | None = None
         self._held: list[str] = []  # messages taken by wait_params and not yet released
@@ -104,6 +107,7 @@ class PSClient:
                 ring=1,
                 name=f"worker{rank}",
                 heartbeat_timeout=heartbeat_timeout,
+                curve_keys=curve_keys,
             )
             self._connect(connect_timeout)
             self._await_registration(connect_timeout)

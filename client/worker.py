@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 import tensorwire as tw
+from tensorwire import curve
 from tensorwire.server import config
 from tensorwire.server.progress import Progress
 
@@ -67,6 +68,12 @@ def build_parser(prog: str = "tensorwire-worker") -> argparse.ArgumentParser:
         type=float,
         default=120.0,
         help="how long to wait for a lost server to come back",
+    )
+    p.add_argument(
+        "--curve-keys",
+        metavar="DIR",
+        default=None,
+        help="the job's CURVE key pair (both files): encrypts the control plane",
     )
     p.add_argument(
         "--heartbeat", type=float, default=5.0, help="seconds between heartbeats to each server"
@@ -169,6 +176,7 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:
             reconnect_timeout=args.reconnect_timeout,
             heartbeat=args.heartbeat,
             heartbeat_timeout=args.heartbeat_timeout,
+            curve_keys=curve.load(args.curve_keys) if args.curve_keys else None,
             timeout=args.step_timeout,
         ) as client:
             log.info(

@@ -72,6 +72,12 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument(
+        "--curve-keys",
+        metavar="DIR",
+        default=None,
+        help="encrypt the control plane with the CURVE key pair in DIR (`tensorwire keys DIR`)",
+    )
+    p.add_argument(
         "--heartbeat",
         type=float,
         default=d.heartbeat,

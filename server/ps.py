@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 import tensorwire as tw
+from tensorwire import curve
 from tensorwire.client import models
 
 from . import checkpoint, optim
@@ -80,6 +81,7 @@ class PSConfig:
     seed: int = 0
     heartbeat: float = 5.0  # seconds between our heartbeats to each worker
     heartbeat_timeout: float = 30.0  # a worker silent this long is lost
+    curve_keys: str | None = None  # directory of the job's CURVE key pair
 
 
 @dataclass
@@ -142,11 +144,13 @@ class ParameterServer:
         self.last_accuracy: float | None = None
         self._stop_requested = False
         self.started_at = time.monotonic()
+        keys = curve.load(cfg.curve_keys) if cfg.curve_keys else None
         self.rx = tw.Receiver(
             cfg.bind,
             secret=cfg.secret,
             name=f"ps{cfg.shard}",
             heartbeat_timeout=cfg.heartbeat_timeout,
+            curve_keys=keys,
         )
         self.tx = tw.Sender(
             transport=cfg.transport,
@@ -154,6 +158,7 @@ class ParameterServer:
             timeout=cfg.step_timeout,
             name=f"ps{cfg.shard}",
             heartbeat=cfg.heartbeat,
+            curve_server_key=keys.public if keys else None,
         )
         try:
             for w in range(cfg.workers):

@@ -23,16 +23,38 @@ def _info() -> int:
     return 0
 
 
+def _keys(argv: list[str]) -> int:
+    from .curve import generate
+    from .errors import TensorWireError
+
+    parser = argparse.ArgumentParser(
+        prog="tensorwire keys",
+        description="Make a CURVE key pair for a job's control plane (--curve-keys DIR).",
+    )
+    parser.add_argument("directory", help="where to write server.key and server.key_secret")
+    args = parser.parse_args(argv)
+    try:
+        public, secret = generate(args.directory)
+    except (TensorWireError, OSError) as exc:
+        print(f"tensorwire keys: error: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"public key {public}\nsecret key {secret} (mode 0600): copy the directory to every "
+        "host of the job"
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(
         prog="tensorwire",
-        description="Zero-copy, RDMA-style tensor transport. Commands: demo, bench, ps (a "
+        description="Zero-copy, RDMA-style tensor transport. Commands: demo, bench, keys, ps (a "
         "parameter-server shard), worker (a training worker), info.",
     )
     parser.add_argument("--version", action="version", version=f"tensorwire {__version__}")
     parser.add_argument(
-        "command", choices=["demo", "bench", "ps", "worker", "info"], help="what to run"
+        "command", choices=["demo", "bench", "ps", "worker", "keys", "info"], help="what to run"
     )
     parser.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of the command")
     ns = parser.parse_args(args)
@@ -48,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         from .client.worker import main as worker
 
         return worker(ns.rest, prog="tensorwire worker")
+    if ns.command == "keys":
+        return _keys(ns.rest)
     if ns.command == "bench":
         from .bench.cli import main as bench
 

@@ -17,7 +17,8 @@ from collections.abc import Callable
 
 import zmq
 
-from . import wire
+from . import curve, wire
+from .curve import CurveKeys
 from .errors import (
     AuthenticationError,
     ClosedError,
@@ -54,14 +55,19 @@ class ControlServer:
         handler: Handler,
         tick: Callable[[], None],
         name: str = "tensorwire-control",
+        curve_keys: CurveKeys | None = None,
     ) -> None:
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context(io_threads=1)
         self._sock = _socket(self._ctx, zmq.ROUTER)
         try:
+            if curve_keys is not None:
+                curve.serve(self._sock, curve_keys)
             self._sock.bind(bind)
-        except zmq.ZMQError as exc:
+        except (zmq.ZMQError, TensorWireError) as exc:
             self._sock.close()
             self._ctx.term()
+            if isinstance(exc, TensorWireError):
+                raise
             raise TensorWireError(f"cannot bind the control plane to {bind}: {exc}") from exc
         self.address: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         # Weak references: the thread must not keep its owner alive, or an owner dropped without
@@ -144,14 +150,23 @@ _ERRORS: dict[str, type[TensorWireError]] = {
 class ControlClient:
     """A DEALER socket doing one request/reply at a time."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, curve_server_key: bytes | None = None) -> None:
         self.address = address
+        self._curve = curve_server_key
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context(io_threads=1)
         self._sock: zmq.Socket[bytes] | None = None
-        self._open()
+        try:
+            self._open()
+        except BaseException:
+            if self._sock is not None:
+                self._sock.close()
+            self._ctx.term()
+            raise
 
     def _open(self) -> None:
         self._sock = _socket(self._ctx, zmq.DEALER)
+        if self._curve is not None:
+            curve.connect(self._sock, self._curve)
         self._sock.connect(self.address)
 
     def request(self, msg: wire.Message, timeout: float | None) -> wire.Message:

@@ -48,7 +48,9 @@ class Heartbeats:
                         continue
                     client = clients.get(peer.address)
                     if client is None:
-                        client = clients[peer.address] = ControlClient(peer.address)
+                        client = clients[peer.address] = ControlClient(
+                            peer.address, peer.curve_server_key
+                        )
                     try:
                         client.request(wire.Heartbeat(peer.generation, peer.token), self.interval)
                         missed[peer.address] = 0

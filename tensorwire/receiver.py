@@ -28,6 +28,7 @@ import numpy as np
 from . import wire
 from .auth import client_mac, new_nonce, normalise_secret, server_proof, verify
 from .control import ControlServer
+from .curve import CurveKeys
 from .doorbell import deadline_of, ring_bell, wait_for
 from .errors import (
     ClosedError,
@@ -136,6 +137,7 @@ class Receiver(Resource):
     idle one between frames is kept). Frame sizes are bounded by the registered specs. A sender
     silent for ``heartbeat_timeout`` seconds (senders heartbeat every few seconds on their own) is
     declared lost: waiters on its tensors get :class:`~tensorwire.errors.PeerLostError`.
+    ``curve_keys`` (:func:`tensorwire.curve.load`) encrypts the control plane with ZeroMQ CURVE.
     """
 
     def __init__(
@@ -150,6 +152,7 @@ class Receiver(Resource):
         max_connections: int = 1024,
         frame_timeout: float = 30.0,
         heartbeat_timeout: float | None = 30.0,
+        curve_keys: CurveKeys | None = None,
     ) -> None:
         _, data_host = _parse_bind(bind)
         if ring < 1:
@@ -191,7 +194,11 @@ class Receiver(Resource):
 
                 self._grpc = GrpcDataServer(data_host, self)
             self._control = ControlServer(
-                bind, self._handle, self._tick, name=f"tensorwire-control-{self.name}"
+                bind,
+                self._handle,
+                self._tick,
+                name=f"tensorwire-control-{self.name}",
+                curve_keys=curve_keys,
             )
         except BaseException:
             self.close()

@@ -85,6 +85,7 @@ class _Peer:
         timeout: float | None,
         client: str,
         connect_timeout: float | None = None,
+        curve_server_key: bytes | None = None,
     ) -> None:
         try:
             parts = urlsplit(address)
@@ -109,6 +110,7 @@ class _Peer:
         self.writers: dict[int, TensorWriter] = {}
         self.generation = 0
         self.token = b""
+        self.curve_server_key = curve_server_key
         self.open(connect_timeout)
 
     def open(self, connect_timeout: float | None = None) -> None:
@@ -116,7 +118,7 @@ class _Peer:
 
         ``connect_timeout`` bounds these steps (default: the sender's timeout)."""
         self.close_quietly()
-        self.control = ControlClient(self.address)
+        self.control = ControlClient(self.address, self.curve_server_key)
         saved = self._timeout
         if connect_timeout is not None:
             self._timeout = connect_timeout
@@ -236,7 +238,8 @@ class Sender(Resource):
     otherwise: None blocks, 0 polls, a positive number is seconds. With ``reconnect=True`` a write
     that finds its receiver restarted re-resolves the address book once and retries.
     A background thread heartbeats every receiver every ``heartbeat`` seconds (None: never); a
-    receiver that misses three in a row is declared lost.
+    receiver that misses three in a row is declared lost. ``curve_server_key`` (the job's CURVE
+    public key) encrypts the control plane towards receivers that serve it with CURVE.
     """
 
     def __init__(
@@ -248,7 +251,9 @@ class Sender(Resource):
         reconnect: bool = False,
         name: str | None = None,
         heartbeat: float | None = DEFAULT_HEARTBEAT,
+        curve_server_key: bytes | None = None,
     ) -> None:
+        self._curve = curve_server_key
         self._transport = check_name(transport)
         self._secret = normalise_secret(secret)
         self.timeout = timeout
@@ -273,6 +278,7 @@ class Sender(Resource):
         reconnect: bool = False,
         name: str | None = None,
         heartbeat: float | None = DEFAULT_HEARTBEAT,
+        curve_server_key: bytes | None = None,
     ) -> Sender:
         """Create a sender connected to the receiver at ``address``."""
         sender = cls(
@@ -282,6 +288,7 @@ class Sender(Resource):
             reconnect=reconnect,
             name=name,
             heartbeat=heartbeat,
+            curve_server_key=curve_server_key,
         )
         try:
             sender.add_peer(address)
@@ -311,6 +318,7 @@ class Sender(Resource):
                 timeout=self.timeout,
                 client=self.name,
                 connect_timeout=connect_timeout,
+                curve_server_key=self._curve,
             )
 
     def remove_peer(self, address: str) -> None:

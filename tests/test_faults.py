@@ -133,6 +133,8 @@ def test_wrong_secret_is_refused_and_nothing_written(transport: str) -> None:
             tw.Sender.connect(rx.address, transport=transport, secret="wrong", timeout=5)
         with pytest.raises(tw.AuthenticationError, match="requires a shared secret"):
             tw.Sender.connect(rx.address, transport=transport, timeout=5)
+        with pytest.raises(tw.TensorWireError, match="not a CURVE public key"):
+            tw.Sender.connect(rx.address, timeout=0.5, curve_server_key=b"garbage")
         assert rx.pending("t") == 0
         with pytest.raises(tw.WireTimeoutError):
             rx.wait("t", timeout=0.1)
@@ -311,3 +313,27 @@ def test_soak_accounts_for_every_message(tmp_path: Path) -> None:
         assert s["sent"] == s["received"] > 0
     assert result["segment_growth"] == 0 and result["fd_growth"] <= 0
     assert result["rss_growth_bytes"] < 64 << 20  # flat: a leak per message would be far more
+
+
+def test_curve_encrypted_control_plane(tmp_path: Path, transport: str) -> None:
+    from tensorwire import curve
+
+    curve.generate(str(tmp_path / "keys"))
+    keys = curve.load(str(tmp_path / "keys"))
+    assert (
+        keys.secret is not None and os.stat(tmp_path / "keys/server.key_secret").st_mode & 0o77 == 0
+    )
+    with tw.Receiver(curve_keys=keys) as rx:
+        rx.register("t", (4,), "int32")
+        with tw.Sender.connect(
+            rx.address, transport=transport, timeout=5, curve_server_key=keys.public
+        ) as tx:
+            tx.write("t", np.arange(4, dtype=np.int32))
+        assert rx.wait("t", timeout=5).tolist() == [0, 1, 2, 3]
+        other = zmq.curve_keypair()[0]
+        for key in (None, other):  # no key, or the wrong one: the handshake never completes
+            with pytest.raises(tw.WireTimeoutError):
+                tw.Sender.connect(
+                    rx.address, transport=transport, timeout=0.5, curve_server_key=key
+                )
+        assert rx.pending("t") == 0

@@ -493,3 +493,12 @@ def test_a_port_already_in_use_is_one_line() -> None:
             out = _cli(*args)
             assert out.returncode == 1, out.stderr
             assert "Traceback" not in out.stderr and "cannot bind" in out.stderr, out.stderr
+
+
+def test_job_with_curve_keys_trains(job: Any, tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    out = _cli("-m", "tensorwire.cli", "keys", str(keys))
+    assert out.returncode == 0 and (keys / "server.key_secret").exists()
+    j = job(ps=["--steps", "50", "--curve-keys", str(keys)], worker=["--curve-keys", str(keys)])
+    _ok(j)
+    assert j.metrics("w0")["steps"] == 50
