@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import datetime
 import multiprocessing as mp
+import os
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -65,6 +66,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="draw throughput against size (needs matplotlib: pip install 'tensorwire[bench]')",
     )
     parser.add_argument("--markdown", metavar="PATH", help="write the tables as markdown")
+    parser.add_argument(
+        "--secret-file", metavar="PATH", help="shared secret (or TENSORWIRE_SECRET)"
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress output")
 
 
@@ -93,6 +97,7 @@ def build_parser(prog: str = "tensorwire bench") -> argparse.ArgumentParser:
         "to accept other hosts)",
     )
     srv.add_argument("--once", action="store_true", help="exit after the first runner")
+    srv.add_argument("--secret-file", metavar="PATH", help="shared secret (or TENSORWIRE_SECRET)")
     ps_bench.add_parser(sub)
     soak.add_parser(sub)
     return parser
@@ -149,7 +154,13 @@ def _measure(
     args: argparse.Namespace, transports: list[str], connect: str, explicit: bool
 ) -> dict[str, Any]:
     runner = Runner(
-        connect, transports, args.sizes, args.latency_size, ring=args.ring, optional=not explicit
+        connect,
+        transports,
+        args.sizes,
+        args.latency_size,
+        ring=args.ring,
+        optional=not explicit,
+        secret=args.secret,
     )
     try:
         usable = runner.transports
@@ -186,7 +197,9 @@ def _measure(
 def _local(args: argparse.Namespace, transports: list[str], explicit: bool) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     here, there = ctx.Pipe()
-    proc = ctx.Process(target=serve, args=("tcp://127.0.0.1:0", there, True), daemon=True)
+    proc = ctx.Process(
+        target=serve, args=("tcp://127.0.0.1:0", there, True, args.secret), daemon=True
+    )
     proc.start()
     try:
         if not here.poll(60):
@@ -199,13 +212,33 @@ def _local(args: argparse.Namespace, transports: list[str], explicit: bool) -> d
             proc.join()
 
 
+def _secret(parser: argparse.ArgumentParser, args: argparse.Namespace, endpoint: str) -> str | None:
+    """The shared secret; required when this end listens beyond loopback."""
+    from tensorwire.server.config import is_loopback
+
+    secret = os.environ.get("TENSORWIRE_SECRET") or None
+    if getattr(args, "secret_file", None):
+        try:
+            with open(args.secret_file) as f:
+                secret = f.read().strip() or None
+        except OSError as exc:
+            parser.error(f"cannot read --secret-file {args.secret_file}: {exc.strerror}")
+    if secret is None and not is_loopback(endpoint):
+        parser.error(
+            f"{endpoint} is reachable from other hosts, so a shared secret is required: "
+            "--secret-file PATH or TENSORWIRE_SECRET (the same on both ends)"
+        )
+    return secret
+
+
 def main(argv: list[str] | None = None, prog: str = "tensorwire bench") -> int:
     parser = build_parser(prog)
     args = parser.parse_args(argv)
     try:
         if args.command == "serve":
+            secret = _secret(parser, args, args.bind)
             with contextlib.suppress(KeyboardInterrupt):
-                serve(args.bind, once=args.once)
+                serve(args.bind, once=args.once, secret=secret)
             return 0
         if args.command == "ps":
             result = ps_bench.run(args, parser)
@@ -221,6 +254,7 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire bench") -> int:
             return 1 if result["problems"] else 0
         transports = _check(parser, args)
         explicit = args.transports is not None
+        args.secret = _secret(parser, args, getattr(args, "connect", "tcp://127.0.0.1:0"))
         if args.command == "run":
             result = _measure(args, transports, args.connect, explicit)
         else:

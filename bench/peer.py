@@ -28,11 +28,12 @@ log = logging.getLogger(__name__)
 class _Session:
     """What one runner set up: tensors, echo senders, the raw and zmq sinks."""
 
-    def __init__(self, host: str, setup: dict[str, Any]) -> None:
+    def __init__(self, host: str, setup: dict[str, Any], secret: str | None) -> None:
+        self.secret = secret
         self.sizes: list[int] = setup["sizes"]
         self.transports: list[str] = setup["transports"]
         self.latency_bytes: int = setup["latency_bytes"]
-        self.rx = tw.Receiver(f"tcp://{host}:0", ring=setup.get("ring", 2))
+        self.rx = tw.Receiver(f"tcp://{host}:0", ring=setup.get("ring", 2), secret=secret)
         self.senders: dict[str, tw.Sender] = {}
         self.raw_listener = socket.create_server((host, 0))
         self.raw: socket.socket | None = None
@@ -55,7 +56,9 @@ class _Session:
 
     def connect_pong(self, address: str, transports: list[str]) -> None:
         for t in transports:
-            self.senders[t] = tw.Sender.connect(address, transport=t, timeout=60)
+            self.senders[t] = tw.Sender.connect(
+                address, transport=t, timeout=60, secret=self.secret
+            )
 
     # -- the work ----------------------------------------------------------------------------
 
@@ -104,7 +107,7 @@ class _Session:
         self.rx.close()
 
 
-def serve(bind: str, ready: Any = None, once: bool = False) -> None:
+def serve(bind: str, ready: Any = None, once: bool = False, secret: str | None = None) -> None:
     """Answer runners' commands on ``bind`` (a ``tcp://HOST:PORT`` zmq endpoint).
 
     ``ready`` (a pipe end) receives the bound address; ``once`` stops after the first runner.
@@ -136,7 +139,7 @@ def serve(bind: str, ready: Any = None, once: bool = False) -> None:
                 elif op == "setup":
                     if session is not None:
                         session.close()
-                    session = _Session(host, cmd)
+                    session = _Session(host, cmd, secret)
                     reply.update(session.info())
                 elif op == "pong":
                     assert session is not None

@@ -66,6 +66,7 @@ class Runner:
         ring: int = 2,
         timeout: float = 120.0,
         optional: bool = False,
+        secret: str | None = None,
     ) -> None:
         """Connect to the peer at ``connect``. With ``optional``, a transport that cannot reach
         the peer (shm to another host) is skipped with a note instead of failing the run."""
@@ -82,7 +83,9 @@ class Runner:
         self.notes: list[str] = []
         try:
             self.remote_machine = self.call("hello")["machine"]
-            self.pong_rx = tw.Receiver(f"tcp://{local_address_towards(self.host)}:0", ring=ring)
+            self.pong_rx = tw.Receiver(
+                f"tcp://{local_address_towards(self.host)}:0", ring=ring, secret=secret
+            )
             for t in transports:
                 self.pong_rx.register(tensor_name(t, "pong"), (latency_bytes,), "uint8")
             info = self.call(
@@ -90,7 +93,9 @@ class Runner:
             )
             for t in transports:
                 try:
-                    self.senders[t] = tw.Sender.connect(info["receiver"], transport=t, timeout=60)
+                    self.senders[t] = tw.Sender.connect(
+                        info["receiver"], transport=t, timeout=60, secret=secret
+                    )
                 except tw.TransportError as exc:
                     if not optional:
                         raise

@@ -130,6 +130,7 @@ def test_bench_serve_and_run_as_two_hosts_would(tmp_path: Path) -> None:
         ["-m", "tensorwire.bench", "--repeat", "0"],
         ["-m", "tensorwire.bench", "run"],
         ["-m", "tensorwire.bench", "--bogus"],
+        ["-m", "tensorwire.bench", "serve", "--bind", "tcp://0.0.0.0:5999"],
         ["-m", "tensorwire.cli", "nope"],
         ["-m", "tensorwire.demo", "--steps", "0"],
     ],
