@@ -387,6 +387,10 @@ class ParameterServer:
                 raise PSError(
                     f"workers {waiting} sent nothing for {self.cfg.step_timeout:g} s"
                 ) from None
+            except tw.PeerLostError as exc:
+                raise PSError(
+                    f"a worker was lost ({exc}); only --sync bsp goes on without it"
+                ) from None
             parsed = parse_grad_name(name)
             if parsed is not None:
                 rank, param, part = parsed
