@@ -240,18 +240,14 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire bench") -> int:
             with contextlib.suppress(KeyboardInterrupt):
                 serve(args.bind, once=args.once, secret=secret)
             return 0
-        if args.command == "ps":
-            result = ps_bench.run(args, parser)
-            print(ps_bench.render(result))
+        whole_jobs = {"ps": ps_bench, "soak": soak}  # each: run(args, parser), render(result)
+        if args.command in whole_jobs:
+            job = whole_jobs[args.command]
+            result = job.run(args, parser)
+            print(job.render(result))
             if args.json:
                 report.write_json(args.json, result)
-            return 0
-        if args.command == "soak":
-            result = soak.run(args, parser)
-            print(soak.render(result))
-            if args.json:
-                report.write_json(args.json, result)
-            return 1 if result["problems"] else 0
+            return 1 if result.get("problems") else 0
         transports = _check(parser, args)
         explicit = args.transports is not None
         args.secret = _secret(parser, args, getattr(args, "connect", "tcp://127.0.0.1:0"))
