@@ -3,6 +3,7 @@ restarted receivers."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -337,3 +338,51 @@ def test_curve_encrypted_control_plane(tmp_path: Path, transport: str) -> None:
                     rx.address, transport=transport, timeout=0.5, curve_server_key=key
                 )
         assert rx.pending("t") == 0
+
+
+@pytest.mark.parametrize(
+    "forge",
+    [
+        {"nbytes": 1 << 40},  # oversized length
+        {"generation_delta": 1},  # a replayed or forged generation
+        {"seq_delta": 5},  # out of order
+        {"slot": 7},  # a slot that does not exist
+        {"tensor_id": 999},  # a tensor never claimed
+    ],
+    ids=["oversized", "generation", "sequence", "slot", "tensor"],
+)
+def test_forged_headers_on_a_live_data_connection(forge: dict[str, int]) -> None:
+    """An authenticated TCP peer that lies in a header is cut off before a byte reaches a slot;
+    the slot keeps its contents and other senders keep going."""
+    from tensorwire import wire
+
+    with tw.Receiver() as rx:
+        rx.register("t", (256,), "float32")
+        rx.register("other", (8,), "float32")
+        with tw.Sender.connect(rx.address, transport="tcp", timeout=10) as tx:
+            tx.write("t", np.full(256, 3, np.float32))
+            view = rx.wait("t", timeout=5)
+            rx.release("t")
+            peer = tx._peers[rx.address]  # fault injection on the raw data connection
+            entry = peer.entries["t"]
+            header = wire.DataHeader(
+                forge.get("tensor_id", entry.tensor_id),
+                forge.get("slot", 0),
+                peer.generation + forge.get("generation_delta", 0),
+                2 + forge.get("seq_delta", 0),
+                forge.get("nbytes", 1024),
+                None,
+            )
+            sock = peer.channel._sock
+            sock.sendall(wire.encode_data_header(header) + b"\x7f" * 1024)
+            sock.settimeout(10)
+            with contextlib.suppress(ConnectionResetError):
+                while sock.recv(4096):  # the receiver hangs up
+                    pass
+            assert np.all(view == 3)  # the slot is untouched
+            del view
+            with pytest.raises(tw.PeerLostError, match="protocol error"):
+                rx.wait("t", timeout=5)  # the cheat is reported, never a message
+            with pytest.raises(tw.WireTimeoutError):
+                rx.wait("t", timeout=0.2)
+        _healthy(rx, "tcp")
