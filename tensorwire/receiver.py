@@ -107,6 +107,11 @@ class _Tensor:
     expected_seq: int = 1  # next sequence number a networked writer must send
     lost: str | None = None  # set when the owner died: the next wait() reports it
 
+    @property
+    def slot_free(self) -> bool:
+        """May the consumer take another message (it holds fewer than the ring's depth)?"""
+        return self.consumed - self.released < self.ring.depth
+
     def wire_entry(self) -> list[Any]:
         return [self.tensor_id, self.spec.to_wire(), self.ring.layout.to_wire()]
 
@@ -365,19 +370,19 @@ class Receiver(Resource):
         if self._closed:
             raise ClosedError(f"receiver {self.name} is closed")
 
-    def _next_ready(self, tensor: _Tensor) -> bool:
-        """Is the tensor's next message complete? Raises for a lost owner."""
-        if tensor.ring.find(tensor.consumed + 1) >= 0:
-            return True
+    def _next_slot(self, tensor: _Tensor) -> int | None:
+        """The slot holding the tensor's next message, if complete. Raises for a lost owner."""
+        slot = tensor.ring.find(tensor.consumed + 1)
+        if slot >= 0:
+            return slot
         if tensor.lost is not None:
             reason, tensor.lost = tensor.lost, None
             raise PeerLostError(f"tensor {tensor.spec.name!r}: {reason}")
-        return False
+        return None
 
-    def _take(self, tensor: _Tensor) -> np.ndarray[Any, Any]:
-        seq = tensor.consumed + 1
-        slot = tensor.ring.find(seq)
-        tensor.consumed = seq
+    def _take(self, tensor: _Tensor, slot: int) -> np.ndarray[Any, Any]:
+        """Hand out the next message, found in ``slot`` by :meth:`_next_slot`."""
+        tensor.consumed += 1
         if tensor.views is not None:
             return tensor.views[slot]
         view = tensor.ring.view(slot)
@@ -385,7 +390,7 @@ class Receiver(Resource):
         return view
 
     def _held_check(self, tensor: _Tensor) -> None:
-        if tensor.consumed - tensor.released >= tensor.ring.depth:
+        if not tensor.slot_free:
             raise TensorWireError(
                 f"tensor {tensor.spec.name!r}: all {tensor.ring.depth} slots are held by the "
                 "consumer; release() one before waiting for the next message"
@@ -429,8 +434,8 @@ class Receiver(Resource):
         """
         tensor = self._tensor(name)
         self._held_check(tensor)
-        self._block(
-            lambda: True if self._next_ready(tensor) else None,
+        slot: int = self._block(
+            lambda: self._next_slot(tensor),
             timeout,
             lambda: (
                 f"tensor {name!r}: message {tensor.consumed + 1} did not arrive within "
@@ -438,7 +443,7 @@ class Receiver(Resource):
             ),
             busy=tensor.transport == "shm",
         )
-        return self._take(tensor)
+        return self._take(tensor, slot)
 
     def wait_any(self, timeout: float | None = None) -> tuple[str, np.ndarray[Any, Any]]:
         """Wait for the next message of any tensor; return ``(name, view)``.
@@ -447,25 +452,23 @@ class Receiver(Resource):
         slots are all held by the consumer are skipped until released.
         """
 
-        def ready() -> _Tensor | None:
+        def ready() -> tuple[_Tensor, int] | None:
             order = self._order
             n = len(order)
             for k in range(n):
                 tensor = order[(self._rr + k) % n]
-                if tensor.consumed - tensor.released < tensor.ring.depth and self._next_ready(
-                    tensor
-                ):
+                if tensor.slot_free and (slot := self._next_slot(tensor)) is not None:
                     self._rr = (self._rr + k + 1) % n
-                    return tensor
+                    return tensor, slot
             return None
 
-        tensor: _Tensor = self._block(
+        tensor, slot = self._block(
             ready,
             timeout,
             lambda: f"no message arrived within {timeout} s on {self.name}",
             busy=any(t.transport == "shm" for t in self._order),
         )
-        return tensor.spec.name, self._take(tensor)
+        return tensor.spec.name, self._take(tensor, slot)
 
     def release(self, name: str) -> None:
         """Hand the oldest held slot of ``name`` back to its sender (one credit)."""
@@ -487,11 +490,8 @@ class Receiver(Resource):
         tensor = self._tensor(name)
         dropped = 0
         tensor.lost = None
-        while (
-            tensor.consumed - tensor.released < tensor.ring.depth
-            and tensor.ring.find(tensor.consumed + 1) >= 0
-        ):
-            self._take(tensor)
+        while tensor.slot_free and (slot := tensor.ring.find(tensor.consumed + 1)) >= 0:
+            self._take(tensor, slot)
             self.release(name)
             dropped += 1
         return dropped
