@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             while (step := ps.wait_params()) is not None:
                 idx = rng.choice(len(data.x_train), 64, replace=False)  # our own batching
                 loss, grads, correct = models.loss_and_grads(
-                    spec, ps.params, data.x_train[idx], data.y_train[idx]
+                    spec, ps.pull(), data.x_train[idx], data.y_train[idx]
                 )
                 ps.push(grads, loss=loss, correct=correct, samples=len(idx))
                 if step % 50 == 0:

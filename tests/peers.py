@@ -143,10 +143,6 @@ def run_receiver(
                 conn.send(("error", type(exc).__name__))
 
 
-def sleep_forever() -> None:
-    time.sleep(3600)
-
-
 def write_then_idle(address: str, transport: str, name: str, heartbeat: float, ready: Any) -> None:
     """Claim ``name`` with one write, then stay connected (heartbeating) until killed."""
     with tw.Sender.connect(address, transport=transport, timeout=30, heartbeat=heartbeat) as tx:

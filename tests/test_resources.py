@@ -159,3 +159,14 @@ def test_bad_constructor_arguments() -> None:
         with pytest.raises(tw.UnknownTensorError, match="registered: t"):
             rx.wait("nope", timeout=0)
         assert isinstance(tw.UnknownTensorError("x"), KeyError)
+
+
+def test_register_many_takes_specs_and_tuples() -> None:
+    from tensorwire.spec import TensorSpec
+
+    with tw.Receiver() as rx:
+        got = rx.register_many(
+            [("a", (2, 3), "float32"), TensorSpec.create("ids", (None,), "int64", 64)]
+        )
+        assert [s.name for s in got] == ["a", "ids"]
+        assert rx.specs["ids"].dynamic and rx.specs["ids"].max_bytes == 64
