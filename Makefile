@@ -4,7 +4,12 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench lint proto fuzz soak clean
+.PHONY: demo test bench lint proto fuzz soak rdma clean
+
+# NIXL for the `nixl` transport. --no-deps: the wheel declares torch, which host memory does not
+# need. Pinned to the version the transport is tested with.
+NIXL := nixl-cu12==1.5.1
+RDMA_STAMP := $(VENV)/.rdma-installed
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -12,13 +17,19 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
+$(RDMA_STAMP): $(STAMP) Makefile
+	$(PY) -m pip install --quiet --no-deps '$(NIXL)'
+	@touch $(RDMA_STAMP)
+
+rdma: $(RDMA_STAMP)
+
 demo: $(STAMP)
 	$(PY) -m tensorwire.client.demo
 
-test: $(STAMP)
+test: $(STAMP) $(RDMA_STAMP)
 	$(PY) -m pytest -q
 
-bench: $(STAMP)
+bench: $(STAMP) $(RDMA_STAMP)
 	@mkdir -p bench-results
 	$(PY) -m tensorwire.bench --json bench-results/bench.json --plot bench-results/bench.png
 

@@ -32,7 +32,7 @@ import tensorwire as tw
 
 from .common import MiB, machine_facts, tensor_name, tune_socket
 
-TRANSPORTS = ["shm", "tcp", "grpc", "grpc-stream"]
+TRANSPORTS = ["shm", "tcp", "nixl", "grpc", "grpc-stream"]
 REFERENCES = ["memcpy", "zmq", "raw-tcp"]
 TARGET_BYTES = 256 * MiB
 MIN_COUNT, MAX_COUNT = 4, 2000

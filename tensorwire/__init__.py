@@ -19,6 +19,7 @@ from .errors import (
     UnknownTensorError,
     WireTimeoutError,
 )
+from .rdma import NixlOptions
 from .receiver import Receiver
 from .sender import Sender, WriteHandle
 from .spec import TensorSpec
@@ -31,6 +32,7 @@ __all__ = [
     "AuthenticationError",
     "ClosedError",
     "LocalProtocolError",
+    "NixlOptions",
     "PeerLostError",
     "ProtocolError",
     "Receiver",

@@ -8,6 +8,11 @@ import sys
 
 from . import __version__
 
+#: UCX transport names that move bytes with RDMA verbs (InfiniBand, RoCE) or other NIC offload.
+RDMA_TRANSPORTS = frozenset(
+    {"rc", "rc_verbs", "rc_mlx5", "dc", "dc_mlx5", "ud", "ud_verbs", "ud_mlx5", "srd", "gga"}
+)
+
 
 def _info() -> int:
     from .doorbell import HAVE_FUTEX
@@ -20,7 +25,27 @@ def _info() -> int:
     print(f"shared memory: {SHM_DIR} {'usable' if shm_available() else 'NOT usable (tcp only)'}")
     print(f"futex doorbells: {'yes' if HAVE_FUTEX else 'no (waiters poll with short sleeps)'}")
     print(f"host identity: {host_identity()}")
+    _nixl_info()
     return 0
+
+
+def _nixl_info() -> None:
+    from .rdma import INSTALL_HINT, describe
+
+    nixl = describe()
+    if not nixl["available"]:
+        print(f"nixl: not installed ({INSTALL_HINT})")
+        return
+    print(f"nixl: {nixl['module']} {nixl['version']}, plugins: {', '.join(nixl['plugins'])}")
+    if "ucx_error" in nixl:
+        print(f"ucx: {nixl['ucx_error']}")
+        return
+    print(f"ucx: {nixl['ucx_version']}, transports: {', '.join(nixl['ucx_transports'])}")
+    verbs = [t for t in nixl["ucx_transports"] if t.split("/")[0] in RDMA_TRANSPORTS]
+    print(
+        "rdma verbs: "
+        + (", ".join(verbs) if verbs else "none (nixl runs over UCX's shared-memory and tcp here)")
+    )
 
 
 def _keys(argv: list[str]) -> int:

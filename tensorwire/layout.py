@@ -31,6 +31,8 @@ OFF_STATE = 8  # u32: REGION_OPEN or REGION_CLOSED
 OFF_GENERATION = 16  # u64
 OFF_DOORBELL = 64  # u32 futex word, bumped by every writer after a slot completes
 OFF_RX_WAITING = 128  # u32, non-zero while the receiver is (about to be) blocked on the doorbell
+OFF_SCRATCH = 256  # 64 bytes nobody reads: remote writers warm their connection up here
+SCRATCH_SIZE = CACHE_LINE
 REGION_OPEN = 1
 REGION_CLOSED = 2
 

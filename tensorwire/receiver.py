@@ -36,6 +36,7 @@ from .errors import (
     PeerLostError,
     SpecMismatchError,
     TensorWireError,
+    TransportError,
     UnknownTensorError,
 )
 from .layout import (
@@ -56,18 +57,21 @@ from .layout import (
     ring_footprint,
 )
 from .process import ProcessWatch, host_identity
+from .rdma import NixlOptions, is_loopback_host
+from .rdma import installed as rdma_installed
 from .region import Region, reap_stale_segments, shm_available
 from .resource import Resource
 from .ring import RingMemory
 from .spec import TensorSpec
 from .transports.base import CreditLink
+from .transports.nixl import NixlDataServer, NixlPeer
 from .transports.tcp import TcpDataServer
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BIND = "tcp://127.0.0.1:0"
 DEFAULT_REGION_BYTES = 8 << 20
-RECEIVER_TRANSPORTS = ("shm", "tcp", "grpc", "grpc-stream")
+RECEIVER_TRANSPORTS = ("shm", "tcp", "nixl", "grpc", "grpc-stream")
 
 
 @dataclass(eq=False)
@@ -143,6 +147,10 @@ class Receiver(Resource):
     silent for ``heartbeat_timeout`` seconds (senders heartbeat every few seconds on their own) is
     declared lost: waiters on its tensors get :class:`~tensorwire.errors.PeerLostError`.
     ``curve_keys`` (:func:`tensorwire.curve.load`) encrypts the control plane with ZeroMQ CURVE.
+    ``nixl``: serve the ``nixl`` (RDMA) transport. ``None`` (the default) serves it when NIXL is
+    installed, starting its agent when the first sender attaches; ``True`` or a
+    :class:`~tensorwire.rdma.NixlOptions` start it now (and fail if NIXL is missing); ``False``
+    never serves it.
     """
 
     def __init__(
@@ -158,8 +166,9 @@ class Receiver(Resource):
         frame_timeout: float = 30.0,
         heartbeat_timeout: float | None = 30.0,
         curve_keys: CurveKeys | None = None,
+        nixl: bool | NixlOptions | None = None,
     ) -> None:
-        _, data_host = _parse_bind(bind)
+        bind_host, data_host = _parse_bind(bind)
         if ring < 1:
             raise ValueError(f"ring must be at least 1, got {ring}")
         self._secret = normalise_secret(secret)
@@ -185,12 +194,17 @@ class Receiver(Resource):
         self._control: ControlServer | None = None
         self._tcp: TcpDataServer | None = None
         self._grpc: Any = None
+        self._nixl: NixlDataServer | None = None
+        self._nixl_setting = nixl
+        self._loopback = is_loopback_host(bind_host)
         try:
             reaped = reap_stale_segments()
             if reaped:
                 log.info("reaped %d shared-memory segments of dead receivers", len(reaped))
             self._shared = shm_available()
             self._bell = self._new_region(self._region_bytes)
+            if nixl is True or isinstance(nixl, NixlOptions):
+                self._nixl_server()
             self._tcp = TcpDataServer(
                 data_host, self, max_connections=max_connections, frame_timeout=frame_timeout
             )
@@ -222,7 +236,30 @@ class Receiver(Resource):
         q[OFF_MAGIC // 8] = REGION_MAGIC
         self._regions.append(region)
         self._next_offset = REGION_HEADER_SIZE
+        if self._nixl is not None:
+            self._nixl.add_region(region.address, region.size)
         return region
+
+    def _nixl_server(self) -> NixlDataServer:
+        """The NIXL agent, started (with every region registered) on first use."""
+        if self._nixl is None:
+            if self._nixl_setting is False:
+                raise TransportError(f"receiver {self.name} was created with nixl=False")
+            options = self._nixl_setting
+            server = NixlDataServer(
+                self,
+                options if isinstance(options, NixlOptions) else NixlOptions(),
+                self._loopback,
+                self.name,
+            )
+            try:
+                for region in self._regions:
+                    server.add_region(region.address, region.size)
+            except BaseException:
+                server.close()
+                raise
+            self._nixl = server
+        return self._nixl
 
     def _reserve(self, need: int) -> tuple[Region, int]:
         """``need`` bytes in the last region (or a new one): the region and the base offset."""
@@ -528,6 +565,8 @@ class Receiver(Resource):
                 return self._address_book()
             if isinstance(msg, wire.Claim):
                 return self._claim(session, msg)
+            if isinstance(msg, wire.Attach):
+                return self._attach(session, msg)
             session.last_seen = time.monotonic()
             if isinstance(msg, wire.Goodbye):
                 self._drop_session(session, None)
@@ -582,6 +621,8 @@ class Receiver(Resource):
             transports["tcp"] = self._tcp.details()
         if self._grpc is not None:
             transports["grpc"] = self._grpc.details()
+        if self._nixl is not None or (self._nixl_setting is None and rdma_installed()):
+            transports["nixl"] = {}
         log.debug("welcomed %s", session.describe())
         return wire.Welcome(
             self.generation, os.getpid(), self._host, proof, session.token, transports
@@ -618,6 +659,25 @@ class Receiver(Resource):
             self.generation, tensor.tensor_id, next_seq, tensor.released, tensor.ring.slot_seqs()
         )
 
+    def _attach(self, session: _Session, msg: wire.Attach) -> wire.Message:
+        """A sender joins the nixl transport: load its agent's metadata, hand ours back."""
+        if msg.transport != "nixl":
+            return wire.ErrorReply("protocol", f"transport {msg.transport!r} has nothing to attach")
+        metadata = msg.details.get("metadata")
+        if not isinstance(metadata, bytes):
+            return wire.ErrorReply("protocol", "attach without NIXL agent metadata")
+        if session.link is not None and not isinstance(session.link, NixlPeer):
+            return wire.ErrorReply(
+                "protocol", f"{session.describe()} already has a data connection"
+            )
+        try:
+            server = self._nixl_server()
+            session.link = server.attach(session, metadata)
+        except TensorWireError as exc:
+            return wire.ErrorReply("protocol", f"nixl: {exc}")
+        session.last_seen = time.monotonic()
+        return wire.Attached(self.generation, server.details())
+
     def _drop_session(self, session: _Session, reason: str | None) -> None:
         """End a session; ``reason`` is None for a clean goodbye, else why it was lost."""
         if not session.alive:
@@ -628,6 +688,8 @@ class Receiver(Resource):
         self._tokens.pop(session.token, None)
         if session.watch is not None:
             session.watch.close()
+        if self._nixl is not None:
+            self._nixl.detach(session)
         for tid in session.claims:
             tensor = self._by_id[tid]
             if tensor.owner is session:
@@ -761,6 +823,8 @@ class Receiver(Resource):
             self._tcp.close()
         if self._grpc is not None:
             self._grpc.close()
+        if self._nixl is not None:
+            self._nixl.close()  # deregisters the regions before they are unmapped below
         with self._lock:
             for session in list(self._sessions.values()):
                 self._drop_session(session, None)

@@ -34,6 +34,7 @@ from .errors import (
 from .heartbeat import Heartbeats, peers_of
 from .layout import RingLayout
 from .process import host_identity
+from .rdma import NixlOptions
 from .resource import Resource
 from .spec import TensorSpec
 from .transports import check_name, choose, open_channel
@@ -86,6 +87,7 @@ class _Peer:
         client: str,
         connect_timeout: float | None = None,
         curve_server_key: bytes | None = None,
+        nixl: NixlOptions | None = None,
     ) -> None:
         try:
             parts = urlsplit(address)
@@ -111,6 +113,7 @@ class _Peer:
         self.generation = 0
         self.token = b""
         self.curve_server_key = curve_server_key
+        self.nixl = nixl
         self.open(connect_timeout)
 
     def open(self, connect_timeout: float | None = None) -> None:
@@ -127,7 +130,9 @@ class _Peer:
             self.generation = welcome.generation
             self.token = welcome.token
             regions = self._lookup()
-            info = PeerInfo(self.address, self.host, welcome, regions, self._timeout)
+            info = PeerInfo(
+                self.address, self.host, welcome, regions, self._timeout, self._request, self.nixl
+            )
             self.transport = choose(self.requested, info)
             self.channel = open_channel(self.transport, info)
         except BaseException:
@@ -135,6 +140,10 @@ class _Peer:
             raise
         finally:
             self._timeout = saved
+
+    def _request(self, msg: wire.Message, timeout: float | None) -> wire.Message:
+        assert self.control is not None
+        return self.control.request(msg, timeout)
 
     def _hello(self) -> wire.Welcome:
         assert self.control is not None
@@ -234,7 +243,9 @@ class Sender(Resource):
     """Writes tensors into one or more receivers.
 
     ``transport``: ``"auto"`` (shared memory when the receiver is on this host, else TCP),
-    ``"shm"`` or ``"tcp"``. ``timeout`` bounds every wait (connect, credits) unless a call says
+    ``"shm"``, ``"tcp"``, ``"nixl"`` (RDMA through NIXL, set up by ``nixl``, a
+    :class:`~tensorwire.rdma.NixlOptions`) or the gRPC baselines ``"grpc"`` and
+    ``"grpc-stream"``. ``timeout`` bounds every wait (connect, credits) unless a call says
     otherwise: None blocks, 0 polls, a positive number is seconds. With ``reconnect=True`` a write
     that finds its receiver restarted re-resolves the address book once and retries.
     A background thread heartbeats every receiver every ``heartbeat`` seconds (None: never); a
@@ -252,8 +263,10 @@ class Sender(Resource):
         name: str | None = None,
         heartbeat: float | None = DEFAULT_HEARTBEAT,
         curve_server_key: bytes | None = None,
+        nixl: NixlOptions | None = None,
     ) -> None:
         self._curve = curve_server_key
+        self._nixl = nixl
         self._transport = check_name(transport)
         self._secret = normalise_secret(secret)
         self.timeout = timeout
@@ -279,6 +292,7 @@ class Sender(Resource):
         name: str | None = None,
         heartbeat: float | None = DEFAULT_HEARTBEAT,
         curve_server_key: bytes | None = None,
+        nixl: NixlOptions | None = None,
     ) -> Sender:
         """Create a sender connected to the receiver at ``address``."""
         sender = cls(
@@ -289,6 +303,7 @@ class Sender(Resource):
             name=name,
             heartbeat=heartbeat,
             curve_server_key=curve_server_key,
+            nixl=nixl,
         )
         try:
             sender.add_peer(address)
@@ -319,6 +334,7 @@ class Sender(Resource):
                 client=self.name,
                 connect_timeout=connect_timeout,
                 curve_server_key=self._curve,
+                nixl=self._nixl,
             )
 
     def remove_peer(self, address: str) -> None:

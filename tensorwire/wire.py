@@ -2,11 +2,14 @@
 
 Two families of messages:
 
-* **Control messages** (the control plane: hello, auth, lookup, claim, heartbeat, goodbye) are
-  frozen, slotted dataclasses encoded as msgpack maps ``{"v": version, "t": type, ...fields}``.
+* **Control messages** (the control plane: hello, auth, lookup, claim, attach, heartbeat,
+  goodbye) are frozen, slotted dataclasses encoded as msgpack maps ``{"v": version, "t": type,
+  ...fields}``.
 * **Data frames** (the TCP data plane) are fixed little-endian structs: a hello carrying the
   connection token, a header per tensor write, and a credit frame flowing back. A header is
-  followed by exactly ``nbytes`` of raw payload, which never passes through this module.
+  followed by exactly ``nbytes`` of raw payload, which never passes through this module. The
+  ``nixl`` transport sends the same headers and credits as NIXL notifications (a header there
+  follows a message counter and its payload has already landed by RDMA).
 
 Whatever bytes arrive, decoding either returns a well-typed message or raises
 :class:`~tensorwire.errors.LocalProtocolError`; nothing else escapes.
@@ -126,6 +129,27 @@ class Claimed(Message):
 
 
 @dataclass(frozen=True, slots=True)
+class Attach(Message):
+    """Sender -> receiver: join a transport whose peers must know each other (``nixl``: the
+    sender's agent metadata). Sent again, it asks for the receiver's current details."""
+
+    TYPE: ClassVar[str] = "attach"
+    generation: int
+    transport: str
+    details: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Attached(Message):
+    """Receiver -> sender: what the transport needs to reach the receiver's registered memory
+    (``nixl``: the receiver's agent metadata and every region's base address)."""
+
+    TYPE: ClassVar[str] = "attached"
+    generation: int
+    details: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class Heartbeat(Message):
     """Sender -> receiver, on a socket of its own: ``token`` names the session that is alive."""
 
@@ -170,6 +194,8 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         AddressBook,
         Claim,
         Claimed,
+        Attach,
+        Attached,
         Heartbeat,
         Goodbye,
         Ack,
@@ -272,7 +298,7 @@ def decode_data_hello(data: bytes | bytearray | memoryview) -> DataHello:
     return DataHello(generation, token)
 
 
-def pack_data_header(out: bytearray, header: DataHeader) -> int:
+def pack_data_header(out: bytearray | memoryview, header: DataHeader) -> int:
     """Write ``header`` into the preallocated ``out``; return the number of bytes used."""
     flags = FLAG_BYE if header.bye else 0
     ndim = 0
@@ -356,6 +382,37 @@ class HeaderReader:
         self._want = DATA_HEADER.size
         self._fixed = None
         return DataHeader(tid, slot, gen, seq, nbytes, shape, bye)
+
+
+NOTIFICATION_COUNTER = struct.Struct("<Q")
+
+
+def encode_notification(counter: int, header: DataHeader) -> bytes:
+    """A data header sent as a NIXL notification, behind the channel's message counter (which
+    lets the receiver put notifications back in order: UCX does not promise it across lanes)."""
+    out = bytearray(NOTIFICATION_COUNTER.size + MAX_HEADER_BYTES)
+    NOTIFICATION_COUNTER.pack_into(out, 0, counter)
+    used = pack_data_header(memoryview(out)[NOTIFICATION_COUNTER.size :], header)
+    return bytes(out[: NOTIFICATION_COUNTER.size + used])
+
+
+def decode_notification(data: bytes | bytearray | memoryview) -> tuple[int, DataHeader]:
+    """The counter and the header of one notification; exactly one header, nothing after it."""
+    if len(data) < NOTIFICATION_COUNTER.size + DATA_HEADER.size:
+        raise LocalProtocolError(f"notification too short: {len(data)} bytes")
+    (counter,) = NOTIFICATION_COUNTER.unpack_from(data, 0)
+    reader = HeaderReader()
+    rest = memoryview(data)[NOTIFICATION_COUNTER.size :]
+    header = None
+    while header is None:
+        need = reader.need
+        if len(rest) < need:
+            raise LocalProtocolError("notification ends inside its header")
+        header = reader.feed(rest[:need])
+        rest = rest[need:]
+    if len(rest):
+        raise LocalProtocolError(f"notification has {len(rest)} bytes after its header")
+    return counter, header
 
 
 def encode_credit(tensor_id: int, released: int) -> bytes:

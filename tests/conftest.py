@@ -18,9 +18,9 @@ from hypothesis import settings
 # `make fuzz`: the wire decoders under a long hypothesis run, outside CI.
 settings.register_profile("fuzz", max_examples=200_000, deadline=None)
 
-TRANSPORTS = ["shm", "tcp", "grpc", "grpc-stream"]
+TRANSPORTS = ["shm", "tcp", "nixl", "grpc", "grpc-stream"]
 #: the transports that promise no copy and no allocation per message on the receiving side
-ZERO_COPY = ["shm", "tcp"]
+ZERO_COPY = ["shm", "tcp", "nixl"]
 SPAWN = mp.get_context("spawn")
 # Spawning starts multiprocessing's resource tracker once per session and keeps a pipe to it open;
 # start it now so the per-test descriptor check does not count it.
@@ -48,6 +48,18 @@ def _start_grpc_runtime() -> object:
 
 
 _GRPC_RUNTIME = _start_grpc_runtime()
+
+
+def _start_ucx_runtime() -> None:
+    """UCX initialises process-wide state (and a few descriptors) with the first NIXL agent and
+    keeps it: create and drop one agent now, so the per-test check counts only our own."""
+    from tensorwire.rdma import NixlOptions, create_agent
+
+    agent = create_agent("tensorwire-tests-warm-up", NixlOptions(), loopback=True)
+    del agent
+
+
+_start_ucx_runtime()  # `make test` installs NIXL: its absence is an error here, not a skip
 
 
 def shm_entries() -> set[str]:

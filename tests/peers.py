@@ -70,6 +70,31 @@ def die_mid_write(address: str, transport: str, name: str, ready: Any) -> None:
             flat[: flat.size // 2] = 7  # straight into the receiver's slot
             ready.send("half")
             os.kill(os.getpid(), signal.SIGKILL)
+    elif transport == "nixl":
+        # One-sided by hand: RDMA half of the payload into the slot, with no notification.
+        peer = tx._peers[address]
+        writer = peer.writer(peer.entries[name])
+        channel = peer.channel
+        half = np.full(shape, 7, dtype=spec.dtype).reshape(-1).view(np.uint8)
+        half = half[: half.size // 2]
+        channel.source(half)  # registered, as every source must be
+        agent = channel._agent
+        request = agent.initialize_xfer(
+            "WRITE",
+            agent.get_xfer_descs([(half.ctypes.data, half.size, 0)], "DRAM"),
+            agent.get_xfer_descs(
+                [(writer._addresses[writer._slots.choose(0)], half.size, 0)], "DRAM"
+            ),
+            channel._remote,
+        )
+        state = agent.transfer(request)
+        for _ in range(1_000_000):  # bounded: a local 32 MiB write completes in milliseconds
+            if state != "PROC":
+                break
+            state = agent.check_xfer_state(request)
+        assert state == "DONE", state
+        ready.send("half")
+        os.kill(os.getpid(), signal.SIGKILL)
     elif transport == "grpc":
         import threading
 

@@ -64,7 +64,7 @@ def test_bench_runs_end_to_end_with_json_and_plot(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr
     result = json.loads(path.read_text())
-    _check_result(result, [4096, 65536], ["shm", "tcp", "grpc", "grpc-stream"])
+    _check_result(result, [4096, 65536], ["shm", "tcp", "nixl", "grpc", "grpc-stream"])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     assert "vs grpc" in out.stdout and "median us" in out.stdout
     table = md.read_text()
@@ -145,4 +145,9 @@ def test_bad_arguments_are_one_clear_line(args: list[str]) -> None:
 def test_info_reports_the_installation() -> None:
     out = run("-m", "tensorwire.cli", "info")
     assert out.returncode == 0
-    assert "transports: shm, tcp, grpc, grpc-stream" in out.stdout and "shared memory" in out.stdout
+    assert "transports: shm, tcp, nixl, grpc, grpc-stream" in out.stdout
+    assert "shared memory" in out.stdout
+    # make test installs NIXL: info names its version and the UCX transports it can open
+    assert "nixl: nixl_cu12 1.5.1" in out.stdout
+    ucx = next(line for line in out.stdout.splitlines() if line.startswith("ucx: "))
+    assert "tcp/lo" in ucx and "cma/memory" in ucx

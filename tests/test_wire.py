@@ -38,6 +38,17 @@ messages = st.one_of(
     ),
     st.builds(wire.Claim, i63, u32, st.sampled_from(["shm", "tcp"])),
     st.builds(wire.Claimed, i63, u32, i63, i63, st.lists(i63, max_size=4)),
+    st.builds(
+        wire.Attach,
+        i63,
+        st.sampled_from(["nixl"]),
+        st.dictionaries(st.text(max_size=8), st.binary(max_size=40)),
+    ),
+    st.builds(
+        wire.Attached,
+        i63,
+        st.dictionaries(st.text(max_size=8), st.lists(st.lists(i63, max_size=2), max_size=3)),
+    ),
     st.builds(wire.Heartbeat, i63, st.binary(max_size=32)),
     st.builds(wire.Goodbye, i63),
     st.builds(wire.Ack, i63),
@@ -185,6 +196,23 @@ def test_data_hello_round_trip(gen: int, token: bytes) -> None:
 @given(u32, u64)
 def test_credit_round_trip(tid: int, released: int) -> None:
     assert wire.decode_credit(wire.encode_credit(tid, released)) == wire.Credit(tid, released)
+
+
+@given(u64, headers)
+def test_notification_round_trip(counter: int, header: wire.DataHeader) -> None:
+    raw = wire.encode_notification(counter, header)
+    assert wire.decode_notification(raw) == (counter, header)
+    with pytest.raises(LocalProtocolError, match="after its header"):
+        wire.decode_notification(raw + b"x")
+    with pytest.raises(LocalProtocolError):
+        wire.decode_notification(raw[:-1])
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=300))
+def test_notification_garbage_only_raises_protocol_error(data: bytes) -> None:
+    with contextlib.suppress(LocalProtocolError):
+        wire.decode_notification(data)
 
 
 @settings(max_examples=200)

@@ -23,9 +23,16 @@ def _grpc_stream(info: PeerInfo) -> Channel:
     return GrpcStreamChannel(info)
 
 
+def _nixl(info: PeerInfo) -> Channel:
+    from .nixl import NixlChannel  # NIXL is optional: loaded only by those who ask for it
+
+    return NixlChannel(info)
+
+
 CHANNELS: dict[str, Callable[[PeerInfo], Channel]] = {
     "shm": ShmChannel,
     "tcp": TcpChannel,
+    "nixl": _nixl,
     "grpc": _grpc,
     "grpc-stream": _grpc_stream,
 }
@@ -42,7 +49,10 @@ def check_name(requested: str) -> str:
 
 
 def choose(requested: str, info: PeerInfo) -> str:
-    """Resolve ``"auto"``: shared memory when the receiver is on this host, else TCP."""
+    """Resolve ``"auto"``: shared memory when the receiver is on this host, else TCP.
+
+    ``auto`` never picks ``nixl``: on one host shm is faster, and whether a fabric beats TCP
+    between hosts is for the user to measure (``tensorwire bench``) and choose."""
     if check_name(requested) == "auto":
         return "shm" if shm_unavailable_reason(info) is None else "tcp"
     return requested

@@ -13,6 +13,7 @@ the sender writes the receiver's memory itself.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -21,7 +22,7 @@ import numpy as np
 from ..errors import LocalProtocolError, TransportError
 from ..layout import RingLayout
 from ..spec import TensorSpec
-from ..wire import DataHeader, Welcome
+from ..wire import DataHeader, Message, Welcome
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,10 @@ class PeerInfo:
     welcome: Welcome
     regions: list[tuple[str | None, int]]
     timeout: float | None
+    #: a control-plane round trip to the receiver, for transports that must exchange details
+    request: Callable[[Message, float | None], Message] | None = None
+    #: the sender's NixlOptions (None: defaults)
+    nixl: Any = None
 
     def data_endpoint(self, transport: str) -> tuple[str, int]:
         """Host and port of the receiver's data server for ``transport`` (from the welcome).

@@ -1,0 +1,317 @@
+"""NIXL, the library under the ``nixl`` transport: finding it, configuring it, describing it.
+
+NIXL (NVIDIA Inference Xfer Library) is optional. It ships as the ``nixl-cu12`` wheel, which
+bundles a UCX built with InfiniBand verbs support, so the same code runs real RDMA on a fabric and
+falls back to UCX's cross-memory-attach (``cma``) or TCP transports on an ordinary machine. The
+wheel declares torch as a dependency, which host memory does not need: install it with
+``make rdma`` or ``pip install --no-deps nixl-cu12``.
+
+UCX reads most of its settings from ``UCX_*`` environment variables when an agent's context is
+created. :class:`NixlOptions` is how a tensorwire user sets them: :func:`create_agent` applies them
+for the duration of the agent's creation only (under a lock, restoring the environment afterwards),
+so nobody has to export variables by hand and two agents in one process may differ.
+
+Run ``python -m tensorwire.rdma`` (or ``tensorwire info``) to see what this machine offers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import glob
+import importlib
+import importlib.metadata
+import importlib.util
+import ipaddress
+import json
+import os
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from .errors import TransportError
+
+INSTALL_HINT = (
+    "install NIXL with `make rdma` or `pip install --no-deps nixl-cu12` "
+    "(--no-deps: the wheel declares torch, which host memory does not need)"
+)
+#: Import names to try, in order: the CUDA 12 and 13 builds, then the `nixl` meta package.
+MODULES = ("nixl_cu12", "nixl_cu13", "nixl")
+#: NIXL logs every agent's creation at INFO on stdout; keep it to warnings unless asked.
+DEFAULT_LOG_LEVEL = "WARN"
+
+_ENV_LOCK = threading.Lock()
+_loaded: ModuleType | None = None
+_load_error: str | None = None
+
+
+@dataclass(frozen=True)
+class NixlOptions:
+    """How a ``nixl`` endpoint sets up NIXL and UCX (every field has a working default).
+
+    ``progress_thread``: NIXL's own progress thread. Off by default: tensorwire already polls for
+    completions and notifications, and on a 2-core machine the extra spinning thread cost
+    throughput. ``net_devices``: UCX's ``UCX_NET_DEVICES`` (``"lo"``, ``"mlx5_0:1"``, ...); by
+    default ``"lo"`` when the endpoint's control plane is on loopback, which keeps UCX's own
+    listeners off the network, and UCX's choice otherwise. ``tls``: ``UCX_TLS``, the transports
+    UCX may use (``"rc,cuda_copy"`` on an InfiniBand fabric, ``"cma,tcp"`` here); UCX's choice when
+    None. ``env``: any other ``UCX_*`` setting, applied while the agent is created.
+    ``registered_sources``: how many distinct source arrays a sender keeps registered (and their
+    transfer requests prepared) so that writing the same array again costs no registration.
+    Settings a user exported in the environment are kept unless a field here overrides them.
+    """
+
+    progress_thread: bool = False
+    net_devices: str | None = None
+    tls: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    registered_sources: int = 16
+
+    def __post_init__(self) -> None:
+        if self.registered_sources < 1:
+            raise ValueError(
+                f"registered_sources must be at least 1, got {self.registered_sources}"
+            )
+        for key, value in self.env.items():
+            if not key.startswith("UCX_") or not isinstance(value, str):
+                raise ValueError(f"env takes UCX_* settings as strings, got {key!r}={value!r}")
+
+    def environment(self, loopback: bool) -> dict[str, str]:
+        """The ``UCX_*`` variables to set while creating an agent."""
+        env = dict(self.env)
+        if self.net_devices is not None:
+            env["UCX_NET_DEVICES"] = self.net_devices
+        elif loopback and "UCX_NET_DEVICES" not in os.environ and "UCX_NET_DEVICES" not in env:
+            env["UCX_NET_DEVICES"] = "lo"
+        if self.tls is not None:
+            env["UCX_TLS"] = self.tls
+        return env
+
+
+def is_loopback_host(host: str) -> bool:
+    """Is ``host`` (a name or an address) this machine's loopback?"""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def installed() -> bool:
+    """Is a NIXL build importable (checked without importing it)?"""
+    for name in MODULES:
+        try:
+            if importlib.util.find_spec(name) is not None:
+                return True
+        except (ImportError, ValueError):
+            continue
+    return False
+
+
+def load() -> ModuleType:
+    """The NIXL Python module, or :class:`TransportError` saying how to install it."""
+    global _loaded, _load_error
+    if _loaded is not None:
+        return _loaded
+    if _load_error is None:
+        os.environ.setdefault("NIXL_LOG_LEVEL", DEFAULT_LOG_LEVEL)
+        errors = []
+        for name in MODULES:
+            try:
+                module = importlib.import_module(name)
+                module.nixl_agent  # noqa: B018 - the meta package without a build has none
+            except (ImportError, AttributeError, OSError) as exc:
+                errors.append(f"{name}: {exc}")
+                continue
+            _loaded = module
+            return module
+        _load_error = "; ".join(errors)
+    raise TransportError(
+        f"transport 'nixl' needs NIXL, which is not importable here: {INSTALL_HINT}"
+    )
+
+
+def available() -> bool:
+    try:
+        load()
+    except TransportError:
+        return False
+    return True
+
+
+def create_agent(name: str, options: NixlOptions, loopback: bool) -> Any:
+    """A NIXL agent with the UCX backend, created under ``options``' environment.
+
+    The agent serialises its own calls (strict thread-sync mode): a receiver's polling thread and
+    the threads that release slots (and so send credits) use it at the same time.
+    """
+    api = load()
+    env = options.environment(loopback)
+    with _ENV_LOCK:
+        saved = {key: os.environ.get(key) for key in env}
+        os.environ.update(env)
+        try:
+            config = api.nixl_agent_config(
+                enable_prog_thread=options.progress_thread,
+                backends=["UCX"],
+                sync_mode=api.nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT,
+            )
+            agent = api.nixl_agent(name, config)
+        except Exception as exc:  # NIXL raises its own exception types from C++
+            raise TransportError(f"cannot create a NIXL agent: {exc}") from exc
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+    if "UCX" not in agent.backends:
+        raise TransportError(
+            "NIXL started without its UCX backend plugin (plugins found: "
+            f"{', '.join(agent.get_plugin_list()) or 'none'})"
+        )
+    return agent
+
+
+# --------------------------------------------------------------------------------------------
+# What this machine offers (`tensorwire info`)
+# --------------------------------------------------------------------------------------------
+
+
+def _version(module: ModuleType) -> str:
+    for dist in (module.__name__.replace("_", "-"), "nixl"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            return importlib.metadata.version(dist)
+    return "unknown"
+
+
+def describe() -> dict[str, Any]:
+    """NIXL's availability, version and plugins, and the UCX transports it sees."""
+    try:
+        module = load()
+    except TransportError as exc:
+        return {"available": False, "error": str(exc), "detail": _load_error}
+    out: dict[str, Any] = {
+        "available": True,
+        "module": module.__name__,
+        "version": _version(module),
+        "plugins": sorted(
+            os.path.basename(p)[len("libplugin_") : -len(".so")]
+            for p in glob.glob(os.path.join(_libs_dir(module), "nixl", "libplugin_*.so"))
+        ),
+    }
+    # Listing UCX's resources loads UCX's transport modules through ctypes: do it in a child, so
+    # that an unexpected UCX build can at worst fail that child, never this process.
+    try:
+        child = subprocess.run(
+            [sys.executable, "-m", "tensorwire.rdma", "--ucx-json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        out.update(json.loads(child.stdout))
+    except (subprocess.SubprocessError, ValueError, OSError) as exc:
+        out["ucx_error"] = f"could not list UCX transports: {exc}"
+    return out
+
+
+class _ComponentAttr(ctypes.Structure):  # uct_component_attr_t (UCX >= 1.8)
+    _fields_ = (
+        ("field_mask", ctypes.c_uint64),
+        ("name", ctypes.c_char * 16),
+        ("md_resource_count", ctypes.c_uint),
+        ("md_resources", ctypes.c_void_p),
+        ("flags", ctypes.c_uint64),
+    )
+
+
+class _TlResource(ctypes.Structure):  # uct_tl_resource_desc_t (UCX >= 1.10)
+    _fields_ = (
+        ("tl_name", ctypes.c_char * 10),
+        ("dev_name", ctypes.c_char * 32),
+        ("dev_type", ctypes.c_int),
+        ("sys_device", ctypes.c_uint8),
+    )
+
+
+def _libs_dir(module: ModuleType) -> str:
+    # auditwheel puts the bundled libraries (renamed with a hash) beside the package
+    site = os.path.dirname(os.path.dirname(module.__file__ or ""))
+    return os.path.join(site, f"{module.__name__}.libs")
+
+
+def _ucx_library(module: ModuleType, stem: str) -> ctypes.CDLL:
+    found = sorted(glob.glob(os.path.join(_libs_dir(module), f"{stem}-*.so*")))
+    return ctypes.CDLL(found[0] if found else f"{stem}.so.0")
+
+
+def ucx_resources() -> dict[str, Any]:
+    """UCX's version and every transport/device pair it can open (what ``ucx_info -d`` lists)."""
+    module = load()
+    importlib.import_module(f"{module.__name__}._bindings")  # maps the wheel's UCX libraries
+    ucp = _ucx_library(module, "libucp")
+    ucp.ucp_get_version_string.restype = ctypes.c_char_p
+    uct = _ucx_library(module, "libuct")
+    components = ctypes.POINTER(ctypes.c_void_p)()
+    count = ctypes.c_uint()
+    if uct.uct_query_components(ctypes.byref(components), ctypes.byref(count)) != 0:
+        raise RuntimeError("uct_query_components failed")
+    transports: list[str] = []
+    try:
+        for i in range(count.value):
+            component = ctypes.c_void_p(components[i])
+            attr = _ComponentAttr(field_mask=0b11)  # name, md_resource_count
+            if uct.uct_component_query(component, ctypes.byref(attr)) != 0:
+                continue
+            names = (ctypes.c_char * 16 * attr.md_resource_count)()
+            attr.field_mask = 0b100  # md_resources
+            attr.md_resources = ctypes.cast(names, ctypes.c_void_p)
+            if uct.uct_component_query(component, ctypes.byref(attr)) != 0:
+                continue
+            for md_name in names:
+                transports += _md_transports(uct, component, bytes(md_name).split(b"\0")[0])
+    finally:
+        uct.uct_release_component_list(components)
+    version = ucp.ucp_get_version_string().decode()
+    return {"ucx_version": version, "ucx_transports": sorted(set(transports))}
+
+
+def _md_transports(uct: ctypes.CDLL, component: ctypes.c_void_p, md_name: bytes) -> list[str]:
+    config = ctypes.c_void_p()
+    if uct.uct_md_config_read(component, None, None, ctypes.byref(config)) != 0:
+        return []
+    md = ctypes.c_void_p()
+    status = uct.uct_md_open(component, md_name, config, ctypes.byref(md))
+    uct.uct_config_release(config)
+    if status != 0:
+        return []
+    out = []
+    try:
+        resources = ctypes.POINTER(_TlResource)()
+        n = ctypes.c_uint()
+        if uct.uct_md_query_tl_resources(md, ctypes.byref(resources), ctypes.byref(n)) == 0:
+            for k in range(n.value):
+                r = resources[k]
+                out.append(f"{r.tl_name.decode()}/{r.dev_name.decode()}")
+            uct.uct_release_tl_resource_list(resources)
+    finally:
+        uct.uct_md_close(md)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args == ["--ucx-json"]:
+        print(json.dumps(ucx_resources()))
+        return 0
+    print(json.dumps(describe(), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,669 @@
+"""The ``nixl`` transport: one-sided RDMA writes through NVIDIA NIXL, with UCX underneath.
+
+Setup goes through tensorwire's own authenticated control plane (NIXL's listener thread and etcd
+are not used): the receiver registers each of its regions with a NIXL agent; a sender creates an
+agent of its own and sends its metadata in an ``Attach`` request; the receiver loads it and answers
+with its own metadata and every region's base address. From then on:
+
+* **Sender**: a write is one NIXL WRITE from the caller's array straight into the receiver's slot,
+  posted with a notification that carries a message counter and the usual data header; ``write``
+  returns when NIXL reports the transfer done, so the array may be reused at once. RDMA can only
+  read registered memory: a source array is registered the first time it is written and kept
+  registered (with its transfer requests prepared) while the caller still holds it, so a training
+  loop that reuses its buffers pays registration once. ``Sender.buffer`` fills a staging buffer
+  registered once per tensor.
+* **Receiver**: a thread polls the agent for notifications (NIXL offers no descriptor to block on),
+  puts them back in counter order (UCX does not promise order across lanes), validates each header
+  exactly as the ``tcp`` transport does and completes the slot: sequence number, doorbell. Credits
+  go back as notifications carrying the cumulative released count.
+
+The payload lands before its header is checked: that is what a one-sided write is. A sender that
+breaks the rules (wrong slot, sequence or size) is cut off and its loss reported, as with ``shm``,
+but its bytes cannot be stopped from landing in its own tensor's slots.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import sys
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .. import wire
+from ..errors import (
+    LocalProtocolError,
+    PeerLostError,
+    TensorWireError,
+    TransportError,
+    WireTimeoutError,
+)
+from ..layout import OFF_SCRATCH, SCRATCH_SIZE
+from ..rdma import NixlOptions, create_agent, is_loopback_host
+from ..ring import SlotChooser
+from .base import Channel, DataSink, PeerInfo, TensorEntry, TensorWriter
+
+log = logging.getLogger(__name__)
+
+#: Credit-frame tensor ids with a meaning of their own.
+BYE_ACK = 0xFFFFFFFE  # every notification up to the sender's goodbye has been completed
+SESSION_ENDED = 0xFFFFFFFD  # the receiver closed, or cut this sender off
+#: Notifications a receiver holds back while it waits for an earlier one.
+MAX_OUT_OF_ORDER = 4096
+#: Prepared transfer requests kept per registered source array (one per slot it went to).
+MAX_REQUESTS_PER_SOURCE = 64
+#: Progress calls after a bare notification (the socket is writable: one nearly always suffices).
+NOTIFY_PROGRESS = 3
+#: A posted transfer that has not completed in this long means the receiver is unreachable.
+TRANSFER_TIMEOUT = 60.0
+
+
+class Backoff:
+    """Polling without a wake-up descriptor: yield the CPU for ``spin`` seconds after the last
+    activity, then sleep longer and longer, up to ``max_sleep``."""
+
+    def __init__(self, spin: float = 100e-6, max_sleep: float = 1e-3) -> None:
+        self.spin = spin
+        self.max_sleep = max_sleep
+        self._since: float | None = None
+        self._sleep = 0.0
+
+    def reset(self) -> None:
+        self._since = None
+        self._sleep = 0.0
+
+    def pause(self) -> None:
+        now = time.perf_counter()
+        if self._since is None:
+            self._since = now
+        if now - self._since < self.spin:
+            os.sched_yield()
+            return
+        self._sleep = min(max(self._sleep * 2, 20e-6), self.max_sleep)
+        time.sleep(self._sleep)
+
+
+def _name(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# --------------------------------------------------------------------------------------------
+# Sender side
+# --------------------------------------------------------------------------------------------
+
+
+class _Source:
+    """A source array registered with the sender's agent, with its prepared transfer requests."""
+
+    __slots__ = ("array", "descs", "requests")
+
+    def __init__(self, array: np.ndarray[Any, Any], descs: Any) -> None:
+        self.array: np.ndarray[Any, Any] | None = array  # keeps the memory alive while registered
+        self.descs = descs
+        self.requests: dict[tuple[int, int], Any] = {}  # (remote address, bytes) -> xfer handle
+
+
+class NixlChannel(Channel):
+    transport = "nixl"
+
+    def __init__(self, info: PeerInfo) -> None:
+        self._where = info.control_address
+        if "nixl" not in info.welcome.transports:
+            raise TransportError(
+                f"receiver at {self._where} does not serve nixl (NIXL is not installed there, or "
+                "it was created with nixl=False)"
+            )
+        if info.request is None:
+            raise TransportError("transport 'nixl' needs the control plane to attach")
+        self._request = info.request
+        self._timeout = info.timeout
+        self._generation = info.welcome.generation
+        self._options = info.nixl if isinstance(info.nixl, NixlOptions) else NixlOptions()
+        self._agent: Any = None
+        self._remote = ""
+        self._bases: list[int] = []  # each receiver region's address in the receiver's memory
+        self._sources: OrderedDict[tuple[int, int], _Source] = OrderedDict()
+        self._released: dict[int, int] = {}
+        self._counter = 0  # notifications sent so far (the next one's counter)
+        self._bye_acked = False
+        self._backoff = Backoff()
+        try:
+            self._agent = create_agent(
+                f"tw-tx-{os.getpid()}-{secrets.token_hex(6)}",
+                self._options,
+                is_loopback_host(info.control_host),
+            )
+            self._attach()
+            self._warm_up()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- set-up ----------------------------------------------------------------------------
+
+    def _attach(self) -> None:
+        """Send our metadata; load the receiver's, with every region's base address."""
+        md = self._agent.get_agent_metadata()
+        reply = self._request(
+            wire.Attach(self._generation, "nixl", {"metadata": md}), self._timeout
+        )
+        if not isinstance(reply, wire.Attached):
+            raise LocalProtocolError(f"expected attached from {self._where}, got {reply.TYPE}")
+        metadata, regions = reply.details.get("metadata"), reply.details.get("regions")
+        try:
+            if not isinstance(metadata, bytes) or not isinstance(regions, list):
+                raise TypeError("missing metadata or regions")
+            bases = [int(address) for address, _size in regions]
+        except (TypeError, ValueError) as exc:
+            raise LocalProtocolError(f"malformed nixl details from {self._where}: {exc}") from None
+        try:
+            name = _name(self._agent.add_remote_agent(metadata))
+        except Exception as exc:  # NIXL's own exception types
+            raise TransportError(f"cannot load the NIXL metadata of {self._where}: {exc}") from exc
+        if self._remote and name != self._remote:
+            raise LocalProtocolError(f"receiver at {self._where} changed its agent name to {name}")
+        self._remote = name
+        self._bases = bases
+
+    def _warm_up(self) -> None:
+        """Connect now and move a few bytes into the region header's scratch line: the first
+        transfer pays UCX's endpoint wire-up and protocol selection, which is connect's cost,
+        not the first write's."""
+        self._agent.make_connection(self._remote)
+        scratch = np.zeros(SCRATCH_SIZE, dtype=np.uint8)
+        src = self.source(scratch)
+        try:
+            self.put(src, self._bases[0] + OFF_SCRATCH, b"", count=False)
+        finally:
+            key = (scratch.ctypes.data, scratch.nbytes)
+            if self._sources.get(key) is src:
+                del self._sources[key]
+            _drop_source(self._agent, src)
+
+    def update_regions(self, regions: list[tuple[str | None, int]]) -> None:
+        if len(regions) > len(self._bases):
+            self._attach()  # the receiver registered new regions: fresh metadata and addresses
+
+    def writer(
+        self, entry: TensorEntry, next_seq: int, released: int, slot_seqs: list[int]
+    ) -> TensorWriter:
+        if entry.layout.region >= len(self._bases):
+            self._attach()
+        if entry.layout.region >= len(self._bases):
+            raise LocalProtocolError(f"tensor {entry.spec.name!r} lies in an unpublished region")
+        self._released[entry.tensor_id] = max(released, self._released.get(entry.tensor_id, 0))
+        base = self._bases[entry.layout.region]
+        slots = [base + offset for offset in entry.layout.payloads]
+        return NixlWriter(self, entry, next_seq, self._generation, slot_seqs, slots)
+
+    # -- the data path ---------------------------------------------------------------------
+
+    def _lose(self, reason: str) -> PeerLostError:
+        self.mark_lost(reason)
+        return PeerLostError(self.lost or reason)
+
+    def _live_agent(self) -> Any:
+        if self.lost is not None:
+            raise PeerLostError(self.lost)
+        if self._agent is None:
+            raise PeerLostError(f"nixl channel to {self._where} is closed")
+        return self._agent
+
+    def source(self, array: np.ndarray[Any, Any]) -> _Source:
+        """``array`` registered with our agent (from the cache when it was written before)."""
+        key = (array.ctypes.data, array.nbytes)
+        src = self._sources.get(key)
+        if src is not None:
+            self._sources.move_to_end(key)
+            return src
+        agent = self._live_agent()
+        self._forget_unused()
+        try:
+            descs = agent.register_memory([(key[0], key[1], 0, "")], "DRAM")
+        except Exception as exc:
+            raise TransportError(f"NIXL could not register {array.nbytes} bytes: {exc}") from exc
+        src = self._sources[key] = _Source(array, descs)
+        while len(self._sources) > self._options.registered_sources:
+            _drop_source(agent, self._sources.popitem(last=False)[1])
+        return src
+
+    def _forget_unused(self) -> None:
+        """Deregister sources the caller no longer holds: keeping them would only pin memory."""
+        for key, src in list(self._sources.items()):
+            if src.array is not None and not _held_elsewhere(src.array):
+                del self._sources[key]
+                _drop_source(self._agent, src)
+
+    def put(self, src: _Source, remote: int, notification: bytes, count: bool = True) -> None:
+        """One WRITE of ``src`` into ``remote`` with its notification; returns when it is done.
+        (``count=False``: a write without notification, which the counter must not count.)"""
+        agent = self._live_agent()
+        array = src.array
+        assert array is not None
+        nbytes = array.nbytes
+        request = src.requests.get((remote, nbytes))
+        try:
+            if request is None:
+                if len(src.requests) >= MAX_REQUESTS_PER_SOURCE:
+                    _release_requests(src)
+                local = agent.get_xfer_descs([(array.ctypes.data, nbytes, 0)], "DRAM")
+                far = agent.get_xfer_descs([(remote, nbytes, 0)], "DRAM")
+                request = agent.initialize_xfer("WRITE", local, far, self._remote, notification)
+                src.requests[(remote, nbytes)] = request
+            state = agent.transfer(request, notification)
+            if state == "PROC":
+                state = self._finish(agent, request)
+        except PeerLostError:
+            raise
+        except Exception as exc:
+            raise self._lose(f"NIXL write to {self._where} failed: {exc}") from exc
+        if state != "DONE":
+            raise self._lose(f"NIXL write to {self._where} failed (state {state})")
+        if count:
+            self._counter += 1
+
+    def _finish(self, agent: Any, request: Any) -> str:
+        """Wait for a posted transfer: the caller may not reuse its array while the NIC reads it.
+
+        Bounded: a receiver declared lost (by the heartbeats) or a transfer stuck for
+        TRANSFER_TIMEOUT ends the wait with PeerLostError, and the request is cancelled."""
+        give_up = time.monotonic() + max(self._timeout or 0.0, TRANSFER_TIMEOUT)
+        spins = 0
+        while True:
+            state = str(agent.check_xfer_state(request))
+            if state != "PROC":
+                return state
+            spins += 1
+            if spins % 256 == 0:
+                if self.lost is not None or time.monotonic() > give_up:
+                    self._cancel(request)
+                    raise self._lose(f"a NIXL write to {self._where} did not complete")
+                os.sched_yield()
+
+    def _cancel(self, request: Any) -> None:
+        for src in self._sources.values():
+            for key, held in list(src.requests.items()):
+                if held is request:
+                    del src.requests[key]
+        with contextlib.suppress(Exception):
+            request.release()  # NIXL cancels a transfer still in flight
+
+    def notify(self, notification: bytes) -> None:
+        """A notification without a transfer (an empty payload, or the goodbye)."""
+        agent = self._live_agent()
+        try:
+            agent.send_notif(self._remote, notification)
+        except Exception as exc:
+            raise self._lose(f"NIXL notification to {self._where} failed: {exc}") from exc
+        self._counter += 1
+        # NIXL does not track a notification that could not leave at once: only progress on
+        # our side sends it, and nothing else may call into the agent for a while.
+        for _ in range(NOTIFY_PROGRESS):
+            self._absorb()
+
+    @property
+    def counter(self) -> int:
+        return self._counter
+
+    # -- credits ---------------------------------------------------------------------------
+
+    def _absorb(self) -> bool:
+        """Take in whatever the receiver sent us; True if anything came."""
+        agent = self._live_agent()
+        try:
+            notifs = agent.get_new_notifs()
+        except Exception as exc:
+            raise self._lose(f"NIXL progress towards {self._where} failed: {exc}") from exc
+        if not notifs:
+            return False
+        for messages in notifs.values():  # only the receiver holds our metadata
+            for raw in messages:
+                credit = wire.decode_credit(raw)
+                if credit.tensor_id == BYE_ACK:
+                    self._bye_acked = True
+                elif credit.tensor_id == SESSION_ENDED:
+                    self.mark_lost(f"receiver at {self._where} ended the session")
+                elif credit.released > self._released.get(credit.tensor_id, 0):
+                    self._released[credit.tensor_id] = credit.released
+        return True
+
+    def released(self, tensor_id: int) -> int:
+        return self._released.get(tensor_id, 0)
+
+    def await_credit(
+        self, tensor_id: int, at_least: int, deadline: float | None, what: Callable[[], str]
+    ) -> None:
+        self._backoff.reset()
+        while self._released.get(tensor_id, 0) < at_least:
+            if self._absorb():
+                self._backoff.reset()
+                continue
+            if self.lost is not None:
+                raise PeerLostError(self.lost)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WireTimeoutError(what())
+            self._backoff.pause()
+
+    # -- Channel ---------------------------------------------------------------------------
+
+    def check_peer(self) -> None:
+        self._absorb()
+        if self.lost is not None:
+            raise PeerLostError(self.lost)
+
+    def goodbye(self, timeout: float) -> bool:
+        """Send the goodbye behind every write; True once the receiver has completed them all."""
+        if self._agent is None or self.lost is not None:
+            return False
+        try:
+            bye = wire.DataHeader(0, 0, 0, 0, 0, None, bye=True)
+            self.notify(wire.encode_notification(self._counter, bye))
+            deadline = time.monotonic() + timeout
+            self._backoff.reset()
+            while not self._bye_acked and time.monotonic() < deadline:
+                if not self._absorb():
+                    self._backoff.pause()
+        except TensorWireError:
+            return False
+        return self._bye_acked
+
+    def close(self) -> None:
+        agent, self._agent = self._agent, None
+        if self.lost is None:
+            self.lost = f"nixl channel to {self._where} is closed"
+        if agent is None:
+            return
+        for src in self._sources.values():
+            _drop_source(agent, src)
+        self._sources.clear()
+        if self._remote:
+            with contextlib.suppress(Exception):
+                agent.remove_remote_agent(self._remote)
+        del agent  # the last reference: NIXL tears the agent (and its UCX context) down
+
+
+def _held_elsewhere(array: np.ndarray[Any, Any]) -> bool:
+    """Does anyone but the cache still reference ``array``'s memory?"""
+    owner = array.base
+    # Without others, three references remain: the cache's (or the view's ``base``), this
+    # function's variable, and getrefcount's argument.
+    if owner is None:
+        return sys.getrefcount(array) > 3
+    return sys.getrefcount(owner) > 3
+
+
+def _release_requests(src: _Source) -> None:
+    for request in src.requests.values():
+        with contextlib.suppress(Exception):
+            request.release()
+    src.requests.clear()
+
+
+def _drop_source(agent: Any, src: _Source) -> None:
+    _release_requests(src)
+    if agent is not None:
+        with contextlib.suppress(Exception):
+            agent.deregister_memory(src.descs)
+    src.array = None
+
+
+class NixlWriter(TensorWriter):
+    def __init__(
+        self,
+        channel: NixlChannel,
+        entry: TensorEntry,
+        next_seq: int,
+        generation: int,
+        slot_seqs: list[int],
+        slot_addresses: list[int],
+    ) -> None:
+        self.spec = entry.spec
+        self._channel = channel
+        self._tid = entry.tensor_id
+        self._depth = entry.layout.depth
+        self._addresses = slot_addresses
+        self.next_seq = next_seq
+        self._generation = generation
+        self._slots = SlotChooser(slot_seqs)
+        self._staging: np.ndarray[Any, Any] | None = None
+
+    def _wait_credit(self, deadline: float | None) -> None:
+        need = self.next_seq - self._depth
+        channel = self._channel
+        if channel.released(self._tid) < need:
+            channel.check_peer()
+            channel.await_credit(
+                self._tid,
+                need,
+                deadline,
+                lambda: (
+                    f"tensor {self.spec.name!r}: no free slot for message {self.next_seq}: the "
+                    f"receiver has released {channel.released(self._tid)} of "
+                    f"{self.next_seq - 1} (ring depth {self._depth})"
+                ),
+            )
+
+    def _send(self, source: np.ndarray[Any, Any], shape: tuple[int, ...]) -> None:
+        channel = self._channel
+        seq = self.next_seq
+        slot = self._slots.choose(channel.released(self._tid))
+        header = wire.DataHeader(
+            self._tid,
+            slot,
+            self._generation,
+            seq,
+            source.nbytes,
+            shape if self.spec.dynamic else None,
+        )
+        notification = wire.encode_notification(channel.counter, header)
+        if source.nbytes == 0:
+            channel.notify(notification)  # nothing to move; NIXL refuses empty descriptors
+        else:
+            channel.put(channel.source(source), self._addresses[slot], notification)
+        self._slots.wrote(slot, seq)
+        self.next_seq = seq + 1
+
+    def write(self, array: np.ndarray[Any, Any], deadline: float | None) -> None:
+        self._wait_credit(deadline)
+        self._send(array.reshape(-1).view(np.uint8), array.shape)
+
+    def acquire(self, shape: tuple[int, ...], deadline: float | None) -> np.ndarray[Any, Any]:
+        # Produce in place into a staging buffer registered once for the tensor's lifetime.
+        self._wait_credit(deadline)
+        if self._staging is None:
+            self._staging = np.empty(max(self.spec.max_bytes, 1), dtype=np.uint8)
+        nbytes = int(np.prod(shape)) * self.spec.dtype.itemsize
+        return self._staging[:nbytes].view(self.spec.dtype).reshape(shape)
+
+    def commit(self, shape: tuple[int, ...]) -> None:
+        assert self._staging is not None
+        nbytes = int(np.prod(shape)) * self.spec.dtype.itemsize
+        self._send(self._staging[:nbytes], shape)
+
+
+# --------------------------------------------------------------------------------------------
+# Receiver side
+# --------------------------------------------------------------------------------------------
+
+
+class NixlPeer:
+    """One attached sender: its agent, where its notifications stand, the credit link back."""
+
+    def __init__(self, server: NixlDataServer, session: object, agent: str) -> None:
+        self._server = server
+        self.session = session
+        self.agent = agent
+        self.next = 0  # counter of the next notification to complete
+        self.held: dict[int, wire.DataHeader] = {}  # arrived ahead of their turn
+
+    def send_credit(self, tensor_id: int, released: int) -> None:
+        self._server.notify(self.agent, wire.encode_credit(tensor_id, released))
+
+
+class NixlDataServer:
+    """The receiver's NIXL agent: registers regions, admits senders' agents, completes writes."""
+
+    def __init__(self, sink: DataSink, options: NixlOptions, loopback: bool, name: str) -> None:
+        self._sink_ref = weakref.ref(sink)  # the polling thread must not keep the receiver alive
+        self._agent: Any = create_agent(f"tw-rx-{name}-{secrets.token_hex(6)}", options, loopback)
+        self._lock = threading.Lock()
+        self._regions: list[tuple[int, int]] = []
+        self._registrations: list[Any] = []
+        self._peers: dict[str, NixlPeer] = {}
+        self._closed = False
+        self._thread = threading.Thread(
+            target=self._poll_loop, name=f"tensorwire-nixl-{name}", daemon=True
+        )
+        self._thread.start()
+
+    def add_region(self, address: int, size: int) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                descs = self._agent.register_memory([(address, size, 0, "")], "DRAM")
+            except Exception as exc:
+                raise TransportError(
+                    f"NIXL could not register a {size}-byte region: {exc}"
+                ) from exc
+            self._registrations.append(descs)
+            self._regions.append((address, size))
+
+    def details(self) -> dict[str, Any]:
+        """What a sender gets back from an attach: our metadata and every region's address."""
+        with self._lock:
+            regions = [[address, size] for address, size in self._regions]
+        return {"metadata": self._agent.get_agent_metadata(), "regions": regions}
+
+    def attach(self, session: object, metadata: bytes) -> NixlPeer:
+        """Load a sender's agent metadata and bind that agent to its session."""
+        if self._closed:
+            raise TransportError("the receiver's nixl server is closed")
+        try:
+            agent = _name(self._agent.add_remote_agent(metadata))
+        except Exception as exc:
+            raise LocalProtocolError(f"unusable NIXL metadata: {exc}") from None
+        with self._lock:
+            peer = self._peers.get(agent)
+            if peer is not None and peer.session is not session:
+                raise LocalProtocolError(f"NIXL agent {agent!r} belongs to another sender")
+            if peer is None:
+                peer = self._peers[agent] = NixlPeer(self, session, agent)
+        return peer
+
+    def detach(self, session: object) -> None:
+        """Forget the agent of a session that ended (for whatever reason)."""
+        with self._lock:
+            gone = [p for p in self._peers.values() if p.session is session]
+            for peer in gone:
+                del self._peers[peer.agent]
+        for peer in gone:
+            with contextlib.suppress(Exception):
+                self._agent.remove_remote_agent(peer.agent)
+
+    def notify(self, agent: str, message: bytes) -> None:
+        if self._closed:
+            return
+        try:
+            self._agent.send_notif(agent, message)
+        except Exception as exc:  # the sender is gone: its heartbeat or pidfd will say so
+            log.debug("nixl notification to %s failed: %s", agent, exc)
+
+    # -- the polling thread ----------------------------------------------------------------
+
+    def _poll_loop(self) -> None:
+        backoff = Backoff()
+        while not self._closed:
+            try:
+                notifs = self._agent.get_new_notifs()
+            except Exception as exc:
+                log.warning("nixl progress failed: %s", exc)
+                time.sleep(0.01)
+                continue
+            if not notifs:
+                backoff.pause()
+                continue
+            backoff.reset()
+            for agent, messages in notifs.items():
+                with self._lock:
+                    peer = self._peers.get(_name(agent))
+                if peer is None:
+                    log.debug("ignored %d notifications of unknown agent %s", len(messages), agent)
+                    continue
+                for raw in messages:
+                    if not self._deliver(peer, raw):
+                        break
+
+    def _deliver(self, peer: NixlPeer, raw: bytes) -> bool:
+        """Complete one notification (and any it released); False once the peer is cut off."""
+        try:
+            counter, header = wire.decode_notification(raw)
+            if counter < peer.next or counter in peer.held:
+                raise LocalProtocolError(f"notification {counter} arrived twice")
+            if counter > peer.next:
+                if len(peer.held) >= MAX_OUT_OF_ORDER:
+                    raise LocalProtocolError(f"over {MAX_OUT_OF_ORDER} notifications out of order")
+                peer.held[counter] = header
+                return True
+            while True:
+                peer.next += 1
+                if header.bye:
+                    self.notify(peer.agent, wire.encode_credit(BYE_ACK, peer.next))
+                    self._finish(peer, None)
+                    return False
+                sink = self._sink()
+                sink.begin_write(peer.session, header)  # the checks; the bytes are already there
+                sink.end_write(peer.session, header)
+                del sink
+                if peer.next not in peer.held:
+                    return True
+                header = peer.held.pop(peer.next)
+        except (LocalProtocolError, TensorWireError) as exc:
+            log.warning("cutting off nixl sender %s: %s", peer.agent, exc)
+            self.notify(peer.agent, wire.encode_credit(SESSION_ENDED, 0))
+            self._finish(peer, f"protocol error: {exc}")
+            return False
+        except ConnectionError:  # the receiver is gone
+            return False
+
+    def _finish(self, peer: NixlPeer, reason: str | None) -> None:
+        sink = self._sink_ref()
+        if sink is not None:
+            sink.disconnected(peer.session, reason)
+        del sink
+        self.detach(peer.session)
+
+    def _sink(self) -> DataSink:
+        sink = self._sink_ref()
+        if sink is None:
+            raise ConnectionError("receiver is gone")
+        return sink
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            peers = list(self._peers.values())
+            self._peers.clear()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+        agent, self._agent = self._agent, None
+        for peer in peers:
+            with contextlib.suppress(Exception):
+                agent.send_notif(peer.agent, wire.encode_credit(SESSION_ENDED, 0))
+            with contextlib.suppress(Exception):
+                agent.remove_remote_agent(peer.agent)
+        for descs in self._registrations:
+            with contextlib.suppress(Exception):
+                agent.deregister_memory(descs)
+        self._registrations.clear()
+        del agent  # the last reference: NIXL tears the agent (and its UCX context) down

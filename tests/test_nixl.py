@@ -1,0 +1,203 @@
+"""What is particular to the ``nixl`` transport (the conformance suite covers what it shares).
+
+NIXL runs here over UCX's cross-memory-attach and TCP transports (there is no RDMA fabric on this
+machine); the same code paths post real NIXL WRITEs and notifications.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import tensorwire as tw
+from tensorwire import wire
+from tensorwire.rdma import NixlOptions
+
+# A child interpreter in which NIXL cannot be imported, as on a machine without it.
+WITHOUT_NIXL = textwrap.dedent(
+    """
+    import sys
+
+    class NoNixl:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in ("nixl_cu12", "nixl_cu13", "nixl"):
+                raise ModuleNotFoundError(f"No module named {name!r}")
+            return None
+
+    sys.meta_path.insert(0, NoNixl())
+    import tensorwire as tw
+    """
+)
+
+
+def _run_without_nixl(body: str, *args: str) -> list[str]:
+    code = WITHOUT_NIXL + textwrap.dedent(body)
+    out = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.splitlines()
+
+
+def _peer(tx: tw.Sender, address: str):  # type: ignore[no-untyped-def]
+    return tx._peers[address]
+
+
+def test_without_nixl_every_side_says_how_to_install_it_in_one_line() -> None:
+    with tw.Receiver() as rx:
+        rx.register("t", (4,), "float32")
+        lines = _run_without_nixl(
+            """
+            try:
+                tw.Receiver(nixl=True)
+            except tw.TransportError as exc:
+                print("receiver:", exc)
+            try:
+                tw.Sender.connect(sys.argv[1], transport="nixl", timeout=10)
+            except tw.TransportError as exc:
+                print("sender:", exc)
+            with tw.Receiver() as rx:  # serves the other transports, and says nixl is absent
+                rx.register("t", (4,), "float32")
+                try:
+                    tw.Sender.connect(rx.address, transport="nixl", timeout=10)
+                except tw.TransportError as exc:
+                    print("receiver without:", exc)
+                with tw.Sender.connect(rx.address, timeout=10) as tx:
+                    print("auto:", tx.transport_of())
+            """,
+            rx.address,
+        )
+    assert len(lines) == 4, lines
+    assert lines[0].startswith("receiver: ") and "make rdma" in lines[0]
+    assert lines[1].startswith("sender: ") and "pip install --no-deps nixl-cu12" in lines[1]
+    assert lines[2].startswith("receiver without: ") and "does not serve nixl" in lines[2]
+    assert lines[3] == "auto: shm"
+
+
+def test_auto_never_picks_nixl_and_a_receiver_may_refuse_it() -> None:
+    with tw.Receiver() as rx:
+        rx.register("t", (4,), "float32")
+        with tw.Sender.connect(rx.address, timeout=10) as tx:
+            assert tx.transport_of() == "shm"
+        assert rx._nixl is None  # served on demand: nobody attached, so no agent was started
+    with tw.Receiver(nixl=False) as rx:
+        rx.register("t", (4,), "float32")
+        with pytest.raises(tw.TransportError, match="does not serve nixl"):
+            tw.Sender.connect(rx.address, transport="nixl", timeout=10)
+
+
+def test_ucx_over_tcp_byte_exact() -> None:
+    """The path a second host would take: UCX's TCP transport instead of cross-memory attach."""
+    over_tcp = NixlOptions(tls="tcp")
+    src = np.random.default_rng(1).standard_normal(1 << 20).astype(np.float32)  # 4 MiB
+    with tw.Receiver(nixl=over_tcp) as rx:
+        rx.register("big", src.shape, "float32")
+        rx.register("dyn", (None, 3), "int64", max_bytes=1 << 16)
+        with tw.Sender.connect(rx.address, transport="nixl", timeout=30, nixl=over_tcp) as tx:
+            for k in range(3):
+                tx.write("big", src + k)
+                assert np.array_equal(rx.wait("big", timeout=30), src + k)
+                rx.release("big")
+            tx.write("dyn", np.arange(21, dtype=np.int64).reshape(7, 3))
+            got = rx.wait("dyn", timeout=30)
+            assert got.shape == (7, 3) and got[-1, -1] == 20
+            rx.release("dyn")
+
+
+def test_notifications_out_of_order_complete_in_order() -> None:
+    with tw.Receiver(ring=2) as rx:
+        rx.register("d", (None, None), "float32", max_bytes=64)
+        with tw.Sender.connect(rx.address, transport="nixl", timeout=10) as tx:
+            peer = _peer(tx, rx.address)
+            entry = peer.entries["d"]
+            writer = peer.writer(entry)
+            channel = peer.channel
+            first, second = writer.next_seq, writer.next_seq + 1
+            gen = peer.generation
+            counter = channel.counter
+            h1 = wire.DataHeader(entry.tensor_id, 0, gen, first, 0, (0, 3))
+            h2 = wire.DataHeader(entry.tensor_id, 1, gen, second, 0, (0, 5))
+            agent = channel._agent
+            agent.send_notif(channel._remote, wire.encode_notification(counter + 1, h2))
+            agent.send_notif(channel._remote, wire.encode_notification(counter, h1))
+            channel._absorb()  # progress: NIXL sends a notification only when we progress
+            assert rx.wait("d", timeout=10).shape == (0, 3)
+            assert rx.wait("d", timeout=10).shape == (0, 5)
+            rx.release("d")
+            rx.release("d")
+            channel._counter += 2  # keep the sender's count in step with what it injected
+            writer.next_seq += 2
+            writer._slots.wrote(0, first)
+            writer._slots.wrote(1, second)
+            tx.write("d", np.ones((2, 2), np.float32))
+            assert rx.wait("d", timeout=10).shape == (2, 2)
+
+
+def test_a_sender_breaking_the_rules_is_cut_off() -> None:
+    with tw.Receiver() as rx:
+        rx.register("t", (4,), "float32")
+        rx.register("other", (8,), "float32")
+        with tw.Sender.connect(rx.address, transport="nixl", timeout=5) as tx:
+            tx.write("t", np.zeros(4, np.float32))
+            rx.wait("t", timeout=5)
+            rx.release("t")
+            peer = _peer(tx, rx.address)
+            entry = peer.entries["t"]
+            forged = wire.DataHeader(entry.tensor_id, 0, peer.generation, 99, 16, None)
+            peer.channel.notify(wire.encode_notification(peer.channel.counter, forged))
+            with pytest.raises(tw.PeerLostError, match="expected message 2, got 99"):
+                rx.wait("t", timeout=10)
+            with pytest.raises(tw.PeerLostError, match="ended the session"):
+                for _ in range(200):  # bounded: the end of the session arrives within a few
+                    tx.write("t", np.zeros(4, np.float32), timeout=1)
+        with tw.Sender.connect(rx.address, transport="nixl", timeout=5) as tx:
+            tx.write("other", np.arange(8, dtype=np.float32))
+            assert rx.wait("other", timeout=5)[7] == 7
+
+
+def test_sources_stay_registered_while_the_caller_holds_them() -> None:
+    with tw.Receiver(ring=4) as rx:
+        rx.register("t", (1024,), "float32")
+        with tw.Sender.connect(rx.address, transport="nixl", timeout=10) as tx:
+            channel = _peer(tx, rx.address).channel
+            held = np.arange(1024, dtype=np.float32)
+            for _ in range(3):
+                tx.write("t", held)
+                rx.wait("t", timeout=5)
+                rx.release("t")
+            assert len(channel._sources) == 1  # registered once, reused
+            for k in range(5):  # a fresh array each time, dropped by the caller at once
+                tx.write("t", np.full(1024, k, np.float32))
+                assert rx.wait("t", timeout=5)[0] == k
+                rx.release("t")
+            # the dropped ones are deregistered as new ones come; the held one stays
+            assert len(channel._sources) <= 2
+            assert any(
+                src.array is not None and np.shares_memory(src.array, held)
+                for src in channel._sources.values()
+            )
+
+
+def test_options_are_checked_and_applied_only_while_creating_an_agent() -> None:
+    with pytest.raises(ValueError, match="UCX_"):
+        NixlOptions(env={"PATH": "/tmp"})
+    with pytest.raises(ValueError, match="registered_sources"):
+        NixlOptions(registered_sources=0)
+    opts = NixlOptions(tls="cma,tcp", env={"UCX_RNDV_THRESH": "8192"})
+    env = opts.environment(loopback=True)
+    assert env["UCX_TLS"] == "cma,tcp" and env["UCX_RNDV_THRESH"] == "8192"
+    assert env.get("UCX_NET_DEVICES", "lo") == "lo"  # loopback stays on lo unless told otherwise
+    assert "UCX_NET_DEVICES" not in NixlOptions().environment(loopback=False)
+    assert NixlOptions(net_devices="mlx5_0:1").environment(True)["UCX_NET_DEVICES"] == "mlx5_0:1"
+    before = os.environ.get("UCX_TLS")
+    with tw.Receiver(nixl=opts) as rx:
+        rx.register("t", (4,), "float32")
+        with tw.Sender.connect(rx.address, transport="nixl", timeout=10, nixl=opts) as tx:
+            tx.write("t", np.ones(4, np.float32))
+            assert rx.wait("t", timeout=10)[0] == 1
+    assert os.environ.get("UCX_TLS") == before
