@@ -81,6 +81,7 @@ class PSClient:
         heartbeat: float = 5.0,
         heartbeat_timeout: float = 30.0,
         curve_keys: CurveKeys | None = None,
+        nixl: tw.NixlOptions | None = None,
     ) -> None:
         if not servers:
             raise PSClientError("no parameter servers given")
@@ -94,6 +95,7 @@ class PSClient:
             name=f"worker{rank}",
             heartbeat=heartbeat,
             curve_server_key=curve_keys.public if curve_keys else None,
+            nixl=nixl,
         )
         self.rx: tw.Receiver | None = None
         self._held: list[str] = []  # messages taken by wait_params and not yet released
@@ -108,6 +110,7 @@ class PSClient:
                 name=f"worker{rank}",
                 heartbeat_timeout=heartbeat_timeout,
                 curve_keys=curve_keys,
+                nixl=nixl,
             )
             self._connect(connect_timeout)
             self._await_registration(connect_timeout)

@@ -52,6 +52,7 @@ def build_parser(prog: str = "tensorwire-worker") -> argparse.ArgumentParser:
         choices=tw.TRANSPORT_NAMES,
         help="data plane towards the servers",
     )
+    config.add_nixl_flags(p)
     config.add_secret_flags(p)
     p.add_argument("--bind", default="tcp://127.0.0.1:0", help="this worker's receiver endpoint")
     p.add_argument(
@@ -178,6 +179,7 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:
             heartbeat_timeout=args.heartbeat_timeout,
             curve_keys=curve.load(args.curve_keys) if args.curve_keys else None,
             timeout=args.step_timeout,
+            nixl=config.nixl_options(args),
         ) as client:
             log.info(
                 "joined %d server(s) over %s", len(servers), client.tx.transport_of(servers[0])

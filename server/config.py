@@ -14,6 +14,8 @@ import sys
 from typing import Any
 from urllib.parse import urlsplit
 
+import tensorwire as tw
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -34,6 +36,41 @@ def add_secret_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--secret-file", default=None, metavar="PATH", help="read the shared secret from this file"
+    )
+
+
+def add_nixl_flags(parser: argparse.ArgumentParser) -> None:
+    """NIXL and UCX settings for ``--transport nixl`` (tensorwire.NixlOptions), so that nobody
+    has to export UCX_* variables by hand."""
+    group = parser.add_argument_group("nixl (with --transport nixl)")
+    group.add_argument(
+        "--nixl-progress-thread",
+        action="store_true",
+        help="run NIXL's own progress thread (off: it keeps a core busy, which costs throughput "
+        "on small machines)",
+    )
+    group.add_argument(
+        "--ucx-net-devices",
+        default=None,
+        metavar="DEVS",
+        help="UCX_NET_DEVICES, e.g. mlx5_0:1 (default: lo on a loopback --bind, else UCX's choice)",
+    )
+    group.add_argument(
+        "--ucx-tls",
+        default=None,
+        metavar="LIST",
+        help="UCX_TLS, the UCX transports allowed, e.g. rc,cma,tcp (default: UCX's choice)",
+    )
+
+
+def nixl_options(args: argparse.Namespace) -> tw.NixlOptions | None:
+    """The NIXL settings of a daemon (None unless it runs ``--transport nixl``)."""
+    if args.transport != "nixl":
+        return None
+    return tw.NixlOptions(
+        progress_thread=args.nixl_progress_thread,
+        net_devices=args.ucx_net_devices,
+        tls=args.ucx_tls,
     )
 
 

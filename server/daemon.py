@@ -48,6 +48,7 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
         choices=tw.TRANSPORT_NAMES,
         help="data plane towards the workers",
     )
+    config.add_nixl_flags(p)
     config.add_secret_flags(p)
     p.add_argument("--checkpoint-dir", default=None, help="where to write checkpoints")
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
@@ -102,8 +103,10 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-ps") -> int:
         level=args.log_level, format=f"%(asctime)s ps{args.shard} %(message)s", stream=sys.stderr
     )
     args.secret = config.resolve_secret(parser, args, args.bind)
-    values: dict[str, Any] = {k: getattr(args, k) for k in PSConfig.__dataclass_fields__}
-    cfg = PSConfig(**values)
+    values: dict[str, Any] = {
+        k: getattr(args, k) for k in PSConfig.__dataclass_fields__ if k != "nixl"
+    }
+    cfg = PSConfig(**values, nixl=config.nixl_options(args))
     bar = Progress(f"ps{cfg.shard}", cfg.steps, enabled=not args.no_progress)
 
     def on_step(r: StepReport) -> None:

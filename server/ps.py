@@ -82,6 +82,7 @@ class PSConfig:
     heartbeat: float = 5.0  # seconds between our heartbeats to each worker
     heartbeat_timeout: float = 30.0  # a worker silent this long is lost
     curve_keys: str | None = None  # directory of the job's CURVE key pair
+    nixl: tw.NixlOptions | None = None  # NIXL/UCX settings when transport is "nixl"
 
 
 @dataclass
@@ -151,9 +152,12 @@ class ParameterServer:
             name=f"ps{cfg.shard}",
             heartbeat_timeout=cfg.heartbeat_timeout,
             curve_keys=keys,
+            # None: nixl is served on demand if installed; given: started now, with these
+            nixl=cfg.nixl,
         )
         self.tx = tw.Sender(
             transport=cfg.transport,
+            nixl=cfg.nixl,
             secret=cfg.secret,
             timeout=cfg.step_timeout,
             name=f"ps{cfg.shard}",

@@ -61,6 +61,9 @@ class NixlOptions:
     None. ``env``: any other ``UCX_*`` setting, applied while the agent is created.
     ``registered_sources``: how many distinct source arrays a sender keeps registered (and their
     transfer requests prepared) so that writing the same array again costs no registration.
+    ``copy_below``: a payload of at most this many bytes from an array that is not registered
+    yet is copied into the tensor's registered staging buffer instead (registering memory costs
+    tens of microseconds; copying a few KiB costs one or two). 0 never copies.
     Settings a user exported in the environment are kept unless a field here overrides them.
     """
 
@@ -69,12 +72,15 @@ class NixlOptions:
     tls: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     registered_sources: int = 16
+    copy_below: int = 64 << 10
 
     def __post_init__(self) -> None:
         if self.registered_sources < 1:
             raise ValueError(
                 f"registered_sources must be at least 1, got {self.registered_sources}"
             )
+        if self.copy_below < 0:
+            raise ValueError(f"copy_below must be at least 0, got {self.copy_below}")
         for key, value in self.env.items():
             if not key.startswith("UCX_") or not isinstance(value, str):
                 raise ValueError(f"env takes UCX_* settings as strings, got {key!r}={value!r}")

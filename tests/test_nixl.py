@@ -161,18 +161,20 @@ def test_a_sender_breaking_the_rules_is_cut_off() -> None:
 
 
 def test_sources_stay_registered_while_the_caller_holds_them() -> None:
+    n = 1 << 15  # 128 KiB of float32: above copy_below, so written from the array itself
     with tw.Receiver(ring=4) as rx:
-        rx.register("t", (1024,), "float32")
+        rx.register("t", (n,), "float32")
+        rx.register("small", (16,), "float32")
         with tw.Sender.connect(rx.address, transport="nixl", timeout=10) as tx:
             channel = _peer(tx, rx.address).channel
-            held = np.arange(1024, dtype=np.float32)
+            held = np.arange(n, dtype=np.float32)
             for _ in range(3):
                 tx.write("t", held)
-                rx.wait("t", timeout=5)
+                assert np.array_equal(rx.wait("t", timeout=5), held)
                 rx.release("t")
             assert len(channel._sources) == 1  # registered once, reused
             for k in range(5):  # a fresh array each time, dropped by the caller at once
-                tx.write("t", np.full(1024, k, np.float32))
+                tx.write("t", np.full(n, k, np.float32))
                 assert rx.wait("t", timeout=5)[0] == k
                 rx.release("t")
             # the dropped ones are deregistered as new ones come; the held one stays
@@ -181,6 +183,12 @@ def test_sources_stay_registered_while_the_caller_holds_them() -> None:
                 src.array is not None and np.shares_memory(src.array, held)
                 for src in channel._sources.values()
             )
+            before = set(channel._sources)
+            for k in range(5):  # small payloads are copied into the registered staging buffer
+                tx.write("small", np.full(16, k, np.float32))
+                assert rx.wait("small", timeout=5)[15] == k
+                rx.release("small")
+            assert len(set(channel._sources) - before) <= 1  # the staging buffer, once
 
 
 def test_options_are_checked_and_applied_only_while_creating_an_agent() -> None:

@@ -67,28 +67,47 @@ TRANSFER_TIMEOUT = 60.0
 
 
 class Backoff:
-    """Polling without a wake-up descriptor: yield the CPU for ``spin`` seconds after the last
-    activity, then sleep longer and longer, up to ``max_sleep``."""
+    """Polling without a wake-up descriptor (NIXL offers none to block on).
 
-    def __init__(self, spin: float = 100e-6, max_sleep: float = 1e-3) -> None:
+    For ``spin`` seconds after the last activity the poller only yields the CPU; until ``warm``
+    seconds it sleeps ``min_sleep`` at a time (the next message of a busy loop is probably near);
+    after that its sleeps double up to ``max_sleep``, so an idle endpoint costs almost nothing.
+    This matters more than it seems: a NIXL write completes only once the receiving agent has
+    made progress, so the receiver's polling sets the sender's write latency too. Measured on a
+    2-core VM (4 KiB writes 5 ms apart): a plain doubling backoff gave 1.5 ms one way, these
+    defaults 0.39 ms, at 4% of a core while idle; NIXL's own progress thread 0.43 ms at 100%.
+    """
+
+    def __init__(
+        self,
+        spin: float = 200e-6,
+        warm: float = 20e-3,
+        min_sleep: float = 50e-6,
+        max_sleep: float = 1e-3,
+    ) -> None:
         self.spin = spin
+        self.warm = warm
+        self.min_sleep = min_sleep
         self.max_sleep = max_sleep
         self._since: float | None = None
-        self._sleep = 0.0
+        self._sleep = min_sleep
 
     def reset(self) -> None:
         self._since = None
-        self._sleep = 0.0
+        self._sleep = self.min_sleep
 
     def pause(self) -> None:
         now = time.perf_counter()
         if self._since is None:
             self._since = now
-        if now - self._since < self.spin:
+        idle = now - self._since
+        if idle < self.spin:
             os.sched_yield()
-            return
-        self._sleep = min(max(self._sleep * 2, 20e-6), self.max_sleep)
-        time.sleep(self._sleep)
+        elif idle < self.warm:
+            time.sleep(self.min_sleep)
+        else:
+            time.sleep(self._sleep)
+            self._sleep = min(self._sleep * 2, self.max_sleep)
 
 
 def _name(value: str | bytes) -> str:
@@ -217,6 +236,13 @@ class NixlChannel(Channel):
             raise PeerLostError(f"nixl channel to {self._where} is closed")
         return self._agent
 
+    @property
+    def copy_below(self) -> int:
+        return self._options.copy_below
+
+    def registered(self, array: np.ndarray[Any, Any]) -> bool:
+        return (array.ctypes.data, array.nbytes) in self._sources
+
     def source(self, array: np.ndarray[Any, Any]) -> _Source:
         """``array`` registered with our agent (from the cache when it was written before)."""
         key = (array.ctypes.data, array.nbytes)
@@ -244,7 +270,12 @@ class NixlChannel(Channel):
 
     def put(self, src: _Source, remote: int, notification: bytes, count: bool = True) -> None:
         """One WRITE of ``src`` into ``remote`` with its notification; returns when it is done.
-        (``count=False``: a write without notification, which the counter must not count.)"""
+        (``count=False``: a write without notification, which the counter must not count.)
+
+        It must be waited for here, even for a buffer of our own: a NIXL write (and so its
+        notification) completes only through progress calls on this agent, and after ``write``
+        returns nothing may call into it for a long time (a worker computing, or waiting for
+        its parameters): leaving the write in flight deadlocks such a loop."""
         agent = self._live_agent()
         array = src.array
         assert array is not None
@@ -259,6 +290,8 @@ class NixlChannel(Channel):
                 request = agent.initialize_xfer("WRITE", local, far, self._remote, notification)
                 src.requests[(remote, nbytes)] = request
             state = agent.transfer(request, notification)
+            if count:
+                self._counter += 1
             if state == "PROC":
                 state = self._finish(agent, request)
         except PeerLostError:
@@ -267,8 +300,6 @@ class NixlChannel(Channel):
             raise self._lose(f"NIXL write to {self._where} failed: {exc}") from exc
         if state != "DONE":
             raise self._lose(f"NIXL write to {self._where} failed (state {state})")
-        if count:
-            self._counter += 1
 
     def _finish(self, agent: Any, request: Any) -> str:
         """Wait for a posted transfer: the caller may not reuse its array while the NIC reads it.
@@ -434,6 +465,7 @@ class NixlWriter(TensorWriter):
         self._generation = generation
         self._slots = SlotChooser(slot_seqs)
         self._staging: np.ndarray[Any, Any] | None = None
+        self._copy_below = channel.copy_below
 
     def _wait_credit(self, deadline: float | None) -> None:
         need = self.next_seq - self._depth
@@ -471,17 +503,28 @@ class NixlWriter(TensorWriter):
         self._slots.wrote(slot, seq)
         self.next_seq = seq + 1
 
+    def _staging_bytes(self) -> np.ndarray[Any, Any]:
+        if self._staging is None:  # allocated once per tensor, registered on first use
+            self._staging = np.empty(max(self.spec.max_bytes, 1), dtype=np.uint8)
+        return self._staging
+
     def write(self, array: np.ndarray[Any, Any], deadline: float | None) -> None:
         self._wait_credit(deadline)
-        self._send(array.reshape(-1).view(np.uint8), array.shape)
+        source = array.reshape(-1).view(np.uint8)
+        staged = 0 < source.nbytes <= self._copy_below and not self._channel.registered(source)
+        if staged:
+            # Registering memory costs more than copying a small payload (tens of microseconds
+            # against one or two): stage it, as UCX itself does below its zero-copy threshold.
+            buffer = self._staging_bytes()[: source.nbytes]
+            np.copyto(buffer, source)
+            source = buffer
+        self._send(source, array.shape)
 
     def acquire(self, shape: tuple[int, ...], deadline: float | None) -> np.ndarray[Any, Any]:
-        # Produce in place into a staging buffer registered once for the tensor's lifetime.
+        # Produce in place into the staging buffer, registered once for the tensor's lifetime.
         self._wait_credit(deadline)
-        if self._staging is None:
-            self._staging = np.empty(max(self.spec.max_bytes, 1), dtype=np.uint8)
         nbytes = int(np.prod(shape)) * self.spec.dtype.itemsize
-        return self._staging[:nbytes].view(self.spec.dtype).reshape(shape)
+        return self._staging_bytes()[:nbytes].view(self.spec.dtype).reshape(shape)
 
     def commit(self, shape: tuple[int, ...]) -> None:
         assert self._staging is not None
