@@ -1,5 +1,5 @@
 """Across hosts: three network namespaces joined by veth links, one server and two workers over
-tcp; one worker's link goes down and comes back. Needs root and iproute2 (skipped, with the reason,
+tcp (one worker's link goes down and comes back) and over nixl restricted to UCX's TCP transport. Needs root and iproute2 (skipped, with the reason,
 where they are missing); the namespaces are removed afterwards, even when the test fails."""
 
 from __future__ import annotations
@@ -140,6 +140,69 @@ def test_worker_link_down_is_detected_and_the_worker_rejoins(
         codes = [p.wait(60) for p in procs]
         assert codes == [0, 0, 0], log.read_text()
         assert "reconnecting" in (tmp_path / "w1.log").read_text()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+
+
+def test_nixl_job_across_namespaces_over_ucx_tcp(hosts: dict[str, str], tmp_path: Path) -> None:
+    """nixl between "hosts": UCX restricted to TCP over the veth links (what it would use
+    between machines without an RDMA NIC); a short job trains and every daemon exits cleanly."""
+    secret = tmp_path / "secret"
+    secret.write_text("netns-secret\n")
+    common = ["--transport", "nixl", "--ucx-tls", "tcp", "--secret-file", str(secret)]
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(ns: str, log: str, *args: str) -> None:
+        out = open(tmp_path / log, "w")  # noqa: SIM115 - handed to the process
+        procs.append(
+            subprocess.Popen(
+                ["ip", "netns", "exec", ns, sys.executable, "-m", *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        )
+        out.close()
+
+    try:
+        start(
+            hosts["ps"],
+            "ps.log",
+            "tensorwire.server.daemon",
+            "--bind",
+            "tcp://0.0.0.0:5700",
+            "--workers",
+            "2",
+            "--steps",
+            "40",
+            "--no-progress",
+            *common,
+        )
+        for k in (0, 1):
+            start(
+                hosts[f"w{k}"],
+                f"w{k}.log",
+                "tensorwire.client.worker",
+                "--servers",
+                f"tcp://{NET}.{k}.1:5700",
+                "--rank",
+                str(k),
+                "--workers",
+                "2",
+                "--bind",
+                "tcp://0.0.0.0:0",
+                "--advertise",
+                f"{NET}.{k}.2",
+                "--no-progress",
+                *common,
+            )
+        codes = [p.wait(120) for p in procs]
+        log = (tmp_path / "ps.log").read_text()
+        assert codes == [0, 0, 0], log + (tmp_path / "w0.log").read_text()
+        assert "joined from" in log and "over nixl" in log
+        assert "done at step 40" in log
     finally:
         for p in procs:
             if p.poll() is None:

@@ -205,7 +205,7 @@ def _reference(steps: int, workers: int, batch: int, opt: optim.Optimizer) -> di
 
 @pytest.mark.parametrize(
     ("servers", "optimizer", "transport"),
-    [(1, "sgd", "shm"), (2, "adam", "tcp"), (2, "momentum", "grpc")],
+    [(1, "sgd", "shm"), (2, "adam", "tcp"), (2, "sgd", "nixl"), (2, "momentum", "grpc")],
 )
 def test_bsp_equals_single_process_on_the_union_of_batches(
     job: Any, servers: int, optimizer: str, transport: str
@@ -213,6 +213,9 @@ def test_bsp_equals_single_process_on_the_union_of_batches(
     """BSP over N workers (and S servers, with a weight matrix split across them) computes the
     same parameters as one process on the union of their batches, to 1e-6 relative."""
     steps, lr = 25, 0.05
+    # nixl: the UCX settings go through the daemons' own flags (here: cma for data, tcp for
+    # notifications, which is what UCX picks on one host anyway)
+    ucx = ["--ucx-tls", "cma,tcp"] if transport == "nixl" else []
     j = job(
         servers=servers,
         ps=[
@@ -226,10 +229,13 @@ def test_bsp_equals_single_process_on_the_union_of_batches(
             "8192",
             "--transport",
             transport,
+            *ucx,
         ],
-        worker=["--transport", transport],
+        worker=["--transport", transport, *ucx],
     )
     _ok(j)
+    if transport == "nixl":
+        assert "over nixl" in j.log("ps0")
     if servers == 2:  # layer0.weight (32 KiB) was split into parts held by both servers
         shards = {
             c.server
