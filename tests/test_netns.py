@@ -1,6 +1,7 @@
 """Across hosts: three network namespaces joined by veth links, one server and two workers over
-tcp (one worker's link goes down and comes back) and over nixl restricted to UCX's TCP transport. Needs root and iproute2 (skipped, with the reason,
-where they are missing); the namespaces are removed afterwards, even when the test fails."""
+tcp (one worker's link goes down and comes back) and over nixl restricted to UCX's TCP transport.
+Needs root and iproute2 (skipped, with the reason, where they are missing); the namespaces are
+removed afterwards, even when the test fails."""
 
 from __future__ import annotations
 
