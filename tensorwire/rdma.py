@@ -62,8 +62,9 @@ class NixlOptions:
     ``registered_sources``: how many distinct source arrays a sender keeps registered (and their
     transfer requests prepared) so that writing the same array again costs no registration.
     ``copy_below``: a payload of at most this many bytes from an array that is not registered
-    yet is copied into the tensor's registered staging buffer instead (registering memory costs
-    tens of microseconds; copying a few KiB costs one or two). 0 never copies.
+    yet is copied into the tensor's registered staging buffer instead: registering an array and
+    preparing its transfer cost ~30 µs here (far more where registration pins pages, as on
+    InfiniBand), copying 64 KiB under 2 µs. 0 never copies.
     Settings a user exported in the environment are kept unless a field here overrides them.
     """
 

@@ -138,7 +138,8 @@ def test_notifications_out_of_order_complete_in_order() -> None:
             assert rx.wait("d", timeout=10).shape == (2, 2)
 
 
-def test_a_sender_breaking_the_rules_is_cut_off() -> None:
+@pytest.mark.parametrize("forgery", ["wrong sequence", "garbage"])
+def test_a_sender_breaking_the_rules_is_cut_off(forgery: str) -> None:
     with tw.Receiver() as rx:
         rx.register("t", (4,), "float32")
         rx.register("other", (8,), "float32")
@@ -148,9 +149,14 @@ def test_a_sender_breaking_the_rules_is_cut_off() -> None:
             rx.release("t")
             peer = _peer(tx, rx.address)
             entry = peer.entries["t"]
-            forged = wire.DataHeader(entry.tensor_id, 0, peer.generation, 99, 16, None)
-            peer.channel.notify(wire.encode_notification(peer.channel.counter, forged))
-            with pytest.raises(tw.PeerLostError, match="expected message 2, got 99"):
+            if forgery == "garbage":
+                raw, why = b"TWDF" + os.urandom(40), "protocol error"
+            else:
+                forged = wire.DataHeader(entry.tensor_id, 0, peer.generation, 99, 16, None)
+                raw = wire.encode_notification(peer.channel.counter, forged)
+                why = "expected message 2, got 99"
+            peer.channel.notify(raw)
+            with pytest.raises(tw.PeerLostError, match=why):
                 rx.wait("t", timeout=10)
             with pytest.raises(tw.PeerLostError, match="ended the session"):
                 for _ in range(200):  # bounded: the end of the session arrives within a few

@@ -513,8 +513,8 @@ class NixlWriter(TensorWriter):
         source = array.reshape(-1).view(np.uint8)
         staged = 0 < source.nbytes <= self._copy_below and not self._channel.registered(source)
         if staged:
-            # Registering memory costs more than copying a small payload (tens of microseconds
-            # against one or two): stage it, as UCX itself does below its zero-copy threshold.
+            # Registering and preparing a transfer cost more than copying a small payload (see
+            # NixlOptions.copy_below): stage it, as UCX does below its zero-copy threshold.
             buffer = self._staging_bytes()[: source.nbytes]
             np.copyto(buffer, source)
             source = buffer
