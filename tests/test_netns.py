@@ -55,6 +55,40 @@ def hosts() -> Iterator[dict[str, str]]:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
 
 
+def _start(
+    procs: list[subprocess.Popen[bytes]], tmp: Path, ns: str, log: str, *args: str
+) -> subprocess.Popen[bytes]:
+    """Run ``python -m ARGS`` inside network namespace ``ns``, output to ``tmp/log``."""
+    out = open(tmp / log, "w")  # noqa: SIM115 - handed to the process
+    p = subprocess.Popen(
+        ["ip", "netns", "exec", ns, sys.executable, "-m", *args],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+    )
+    out.close()
+    procs.append(p)
+    return p
+
+
+def _worker(k: int, *extra: str) -> list[str]:
+    """A worker of a two-worker job, in namespace w{k}, reaching the server over its veth."""
+    return [
+        "tensorwire.client.worker",
+        "--servers",
+        f"tcp://{NET}.{k}.1:5700",
+        "--rank",
+        str(k),
+        "--workers",
+        "2",
+        "--bind",
+        "tcp://0.0.0.0:0",
+        "--advertise",
+        f"{NET}.{k}.2",
+        "--no-progress",
+        *extra,
+    ]
+
+
 def _log_has(path: Path, text: str, timeout: float) -> float:
     start = time.monotonic()
     while text not in path.read_text():
@@ -81,20 +115,10 @@ def test_worker_link_down_is_detected_and_the_worker_rejoins(
         "INFO",
     ]
     procs: list[subprocess.Popen[bytes]] = []
-
-    def start(ns: str, log: str, *args: str) -> subprocess.Popen[bytes]:
-        out = open(tmp_path / log, "w")  # noqa: SIM115 - handed to the process
-        p = subprocess.Popen(
-            ["ip", "netns", "exec", ns, sys.executable, "-m", *args],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-        out.close()
-        procs.append(p)
-        return p
-
     try:
-        ps = start(
+        ps = _start(
+            procs,
+            tmp_path,
             hosts["ps"],
             "ps.log",
             "tensorwire.server.daemon",
@@ -108,24 +132,12 @@ def test_worker_link_down_is_detected_and_the_worker_rejoins(
             *common,
         )
         for k in (0, 1):
-            start(
+            _start(
+                procs,
+                tmp_path,
                 hosts[f"w{k}"],
                 f"w{k}.log",
-                "tensorwire.client.worker",
-                "--servers",
-                f"tcp://{NET}.{k}.1:5700",
-                "--rank",
-                str(k),
-                "--workers",
-                "2",
-                "--bind",
-                "tcp://0.0.0.0:0",
-                "--advertise",
-                f"{NET}.{k}.2",
-                "--reconnect-timeout",
-                "60",
-                "--no-progress",
-                *common,
+                *_worker(k, "--reconnect-timeout", "60", *common),
             )
         log = tmp_path / "ps.log"
         _log_has(log, "worker 1 joined", 60)
@@ -155,20 +167,10 @@ def test_nixl_job_across_namespaces_over_ucx_tcp(hosts: dict[str, str], tmp_path
     secret.write_text("netns-secret\n")
     common = ["--transport", "nixl", "--ucx-tls", "tcp", "--secret-file", str(secret)]
     procs: list[subprocess.Popen[bytes]] = []
-
-    def start(ns: str, log: str, *args: str) -> None:
-        out = open(tmp_path / log, "w")  # noqa: SIM115 - handed to the process
-        procs.append(
-            subprocess.Popen(
-                ["ip", "netns", "exec", ns, sys.executable, "-m", *args],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        )
-        out.close()
-
     try:
-        start(
+        _start(
+            procs,
+            tmp_path,
             hosts["ps"],
             "ps.log",
             "tensorwire.server.daemon",
@@ -182,23 +184,7 @@ def test_nixl_job_across_namespaces_over_ucx_tcp(hosts: dict[str, str], tmp_path
             *common,
         )
         for k in (0, 1):
-            start(
-                hosts[f"w{k}"],
-                f"w{k}.log",
-                "tensorwire.client.worker",
-                "--servers",
-                f"tcp://{NET}.{k}.1:5700",
-                "--rank",
-                str(k),
-                "--workers",
-                "2",
-                "--bind",
-                "tcp://0.0.0.0:0",
-                "--advertise",
-                f"{NET}.{k}.2",
-                "--no-progress",
-                *common,
-            )
+            _start(procs, tmp_path, hosts[f"w{k}"], f"w{k}.log", *_worker(k, *common))
         codes = [p.wait(120) for p in procs]
         log = (tmp_path / "ps.log").read_text()
         assert codes == [0, 0, 0], log + (tmp_path / "w0.log").read_text()
