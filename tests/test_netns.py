@@ -70,6 +70,21 @@ def _start(
     return p
 
 
+def _server(steps: int, *extra: str) -> list[str]:
+    """The server of a two-worker job, listening on every interface of its namespace."""
+    return [
+        "tensorwire.server.daemon",
+        "--bind",
+        "tcp://0.0.0.0:5700",
+        "--workers",
+        "2",
+        "--steps",
+        str(steps),
+        "--no-progress",
+        *extra,
+    ]
+
+
 def _worker(k: int, *extra: str) -> list[str]:
     """A worker of a two-worker job, in namespace w{k}, reaching the server over its veth."""
     return [
@@ -121,15 +136,7 @@ def test_worker_link_down_is_detected_and_the_worker_rejoins(
             tmp_path,
             hosts["ps"],
             "ps.log",
-            "tensorwire.server.daemon",
-            "--bind",
-            "tcp://0.0.0.0:5700",
-            "--workers",
-            "2",
-            "--steps",
-            "1000000",
-            "--no-progress",
-            *common,
+            *_server(1000000, *common),
         )
         for k in (0, 1):
             _start(
@@ -173,15 +180,7 @@ def test_nixl_job_across_namespaces_over_ucx_tcp(hosts: dict[str, str], tmp_path
             tmp_path,
             hosts["ps"],
             "ps.log",
-            "tensorwire.server.daemon",
-            "--bind",
-            "tcp://0.0.0.0:5700",
-            "--workers",
-            "2",
-            "--steps",
-            "40",
-            "--no-progress",
-            *common,
+            *_server(40, *common),
         )
         for k in (0, 1):
             _start(procs, tmp_path, hosts[f"w{k}"], f"w{k}.log", *_worker(k, *common))
