@@ -41,8 +41,8 @@ lint: $(STAMP)
 fuzz: $(STAMP)
 	$(PY) -m pytest -q tests/test_wire.py --hypothesis-profile=fuzz -p no:cacheprovider
 
-soak: $(STAMP)
-	$(PY) -m tensorwire.bench soak --duration 3600 --senders 4 --transports shm,tcp,grpc,grpc-stream
+soak: $(STAMP) $(RDMA_STAMP)
+	$(PY) -m tensorwire.bench soak --duration 3600 --senders 5 --transports shm,tcp,nixl,grpc,grpc-stream
 
 # Regenerate the gRPC baseline's protobuf modules (committed; tests/test_proto.py checks them).
 proto: $(STAMP)
