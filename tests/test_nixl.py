@@ -6,6 +6,7 @@ machine); the same code paths post real NIXL WRITEs and notifications.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -122,7 +123,7 @@ def test_notifications_out_of_order_complete_in_order() -> None:
             counter = channel.counter
             h1 = wire.DataHeader(entry.tensor_id, 0, gen, first, 0, (0, 3))
             h2 = wire.DataHeader(entry.tensor_id, 1, gen, second, 0, (0, 5))
-            agent = channel._agent
+            agent = channel._notifier  # the agent the receiver knows as this sender
             agent.send_notif(channel._remote, wire.encode_notification(counter + 1, h2))
             agent.send_notif(channel._remote, wire.encode_notification(counter, h1))
             channel._absorb()  # progress: NIXL sends a notification only when we progress
@@ -155,7 +156,8 @@ def test_a_sender_breaking_the_rules_is_cut_off(forgery: str) -> None:
                 forged = wire.DataHeader(entry.tensor_id, 0, peer.generation, 99, 16, None)
                 raw = wire.encode_notification(peer.channel.counter, forged)
                 why = "expected message 2, got 99"
-            peer.channel.notify(raw)
+            with contextlib.suppress(tw.PeerLostError):  # the cut may be seen at once
+                peer.channel.notify(raw)
             with pytest.raises(tw.PeerLostError, match=why):
                 rx.wait("t", timeout=10)
             with pytest.raises(tw.PeerLostError, match="ended the session"):
