@@ -151,3 +151,11 @@ def test_info_reports_the_installation() -> None:
     assert "nixl: nixl_cu12 1.5.1" in out.stdout
     ucx = next(line for line in out.stdout.splitlines() if line.startswith("ucx: "))
     assert "tcp/lo" in ucx and "cma/memory" in ucx
+
+
+def test_polling_probe_reports_its_figures() -> None:
+    out = run("-m", "tensorwire.bench.polling", "--count", "10", "--idle", "0.1", "--gap", "0.002")
+    assert out.returncode == 0, out.stderr
+    line = out.stdout.strip().splitlines()[-1]
+    assert line.startswith("nixl (tensorwire polling), 4 KiB every 2 ms: one way median ")
+    assert "write() median" in line and line.endswith("% of a core")
