@@ -124,6 +124,41 @@ class Channel(ABC):
         """Release everything the channel holds. Idempotent."""
 
 
+class CreditedChannel(Protocol):
+    """Sender side of a networked transport: credits arrive as messages it must take in."""
+
+    def released(self, tensor_id: int) -> int:
+        """Messages of ``tensor_id`` the receiver has released so far (as far as we know)."""
+
+    def await_credit(
+        self, tensor_id: int, at_least: int, deadline: float | None, what: Callable[[], str]
+    ) -> None:
+        """Take in credits until ``at_least`` are released; WireTimeoutError(what()) at the
+        deadline."""
+
+
+def wait_for_slot(
+    channel: CreditedChannel,
+    tensor_id: int,
+    spec: TensorSpec,
+    next_seq: int,
+    depth: int,
+    deadline: float | None,
+) -> None:
+    """Block until message ``next_seq`` of a ring of ``depth`` slots has a free slot."""
+    need = next_seq - depth
+    if channel.released(tensor_id) < need:
+        channel.await_credit(
+            tensor_id,
+            need,
+            deadline,
+            lambda: (
+                f"tensor {spec.name!r}: no free slot for message {next_seq}: the receiver has "
+                f"released {channel.released(tensor_id)} of {next_seq - 1} (ring depth {depth})"
+            ),
+        )
+
+
 class CreditLink(Protocol):
     """Receiver side: how a released slot's credit reaches a networked sender."""
 

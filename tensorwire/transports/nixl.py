@@ -50,7 +50,7 @@ from ..errors import (
 from ..layout import OFF_SCRATCH, SCRATCH_SIZE
 from ..rdma import NixlOptions, create_agent, is_loopback_host
 from ..ring import SlotChooser
-from .base import Channel, DataSink, PeerInfo, TensorEntry, TensorWriter
+from .base import Channel, DataSink, PeerInfo, TensorEntry, TensorWriter, wait_for_slot
 
 log = logging.getLogger(__name__)
 
@@ -499,20 +499,7 @@ class NixlWriter(TensorWriter):
         self._copy_below = channel.copy_below
 
     def _wait_credit(self, deadline: float | None) -> None:
-        need = self.next_seq - self._depth
-        channel = self._channel
-        if channel.released(self._tid) < need:
-            channel.check_peer()
-            channel.await_credit(
-                self._tid,
-                need,
-                deadline,
-                lambda: (
-                    f"tensor {self.spec.name!r}: no free slot for message {self.next_seq}: the "
-                    f"receiver has released {channel.released(self._tid)} of "
-                    f"{self.next_seq - 1} (ring depth {self._depth})"
-                ),
-            )
+        wait_for_slot(self._channel, self._tid, self.spec, self.next_seq, self._depth, deadline)
 
     def _send(self, source: np.ndarray[Any, Any], shape: tuple[int, ...]) -> None:
         channel = self._channel

@@ -36,7 +36,7 @@ from ..errors import (
     WireTimeoutError,
 )
 from ..ring import SlotChooser
-from .base import Channel, DataSink, PeerInfo, TensorEntry, TensorWriter
+from .base import Channel, DataSink, PeerInfo, TensorEntry, TensorWriter, wait_for_slot
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ class TcpChannel(Channel):
             sock.sendall(wire.encode_data_hello(self._generation, info.welcome.token))
             deadline = deadline_of(info.timeout)
             sock.settimeout(None)
-            self._await_credit(
+            self.await_credit(
                 HELLO_ACK,
                 self._generation,
                 deadline,
@@ -172,7 +172,10 @@ class TcpChannel(Channel):
                 self._released[credit.tensor_id] = credit.released
         del self._inbox[:whole]
 
-    def _await_credit(
+    def released(self, tensor_id: int) -> int:
+        return self._released.get(tensor_id, 0)
+
+    def await_credit(
         self, tensor_id: int, at_least: int, deadline: float | None, what: Callable[[], str]
     ) -> None:
         while self._released.get(tensor_id, 0) < at_least:
@@ -254,22 +257,11 @@ class TcpWriter(TensorWriter):
         self._slots = SlotChooser(slot_seqs)
 
     def _wait_credit(self, deadline: float | None) -> None:
-        need = self.next_seq - self._depth
-        if self._channel._released.get(self._tid, 0) < need:
-            self._channel._await_credit(
-                self._tid,
-                need,
-                deadline,
-                lambda: (
-                    f"tensor {self.spec.name!r}: no free slot for message {self.next_seq}: the "
-                    f"receiver has released {self._channel._released.get(self._tid, 0)} of "
-                    f"{self.next_seq - 1} (ring depth {self._depth})"
-                ),
-            )
+        wait_for_slot(self._channel, self._tid, self.spec, self.next_seq, self._depth, deadline)
 
     def _send(self, payload: memoryview, shape: tuple[int, ...]) -> None:
         seq = self.next_seq
-        slot = self._slots.choose(self._channel._released.get(self._tid, 0))
+        slot = self._slots.choose(self._channel.released(self._tid))
         header = wire.DataHeader(
             self._tid,
             slot,
