@@ -124,6 +124,15 @@ class Channel(ABC):
         """Release everything the channel holds. Idempotent."""
 
 
+def live_sink(ref: Callable[[], DataSink | None]) -> DataSink:
+    """The receiver behind a transport server's weak reference, or ConnectionError once it is
+    gone (servers hold receivers weakly, so that their threads never keep one alive)."""
+    sink = ref()
+    if sink is None:
+        raise ConnectionError("receiver is gone")
+    return sink
+
+
 class CreditedChannel(Protocol):
     """Sender side of a networked transport: credits arrive as messages it must take in."""
 

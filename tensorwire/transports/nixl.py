@@ -50,7 +50,7 @@ from ..errors import (
 from ..layout import OFF_SCRATCH, SCRATCH_SIZE
 from ..rdma import NixlOptions, create_agent, is_loopback_host
 from ..ring import SlotChooser
-from .base import Channel, DataSink, PeerInfo, TensorEntry, TensorWriter, wait_for_slot
+from .base import Channel, DataSink, PeerInfo, TensorEntry, TensorWriter, live_sink, wait_for_slot
 
 log = logging.getLogger(__name__)
 
@@ -715,10 +715,7 @@ class NixlDataServer:
         self.detach(peer.session)
 
     def _sink(self) -> DataSink:
-        sink = self._sink_ref()
-        if sink is None:
-            raise ConnectionError("receiver is gone")
-        return sink
+        return live_sink(self._sink_ref)
 
     def close(self) -> None:
         with self._lock:

@@ -36,7 +36,7 @@ from ..errors import (
     WireTimeoutError,
 )
 from ..ring import SlotChooser
-from .base import Channel, DataSink, PeerInfo, TensorEntry, TensorWriter, wait_for_slot
+from .base import Channel, DataSink, PeerInfo, TensorEntry, TensorWriter, live_sink, wait_for_slot
 
 log = logging.getLogger(__name__)
 
@@ -384,10 +384,7 @@ class TcpDataServer:
             thread.start()
 
     def _sink(self) -> DataSink:
-        sink = self._sink_ref()
-        if sink is None:
-            raise ConnectionError("receiver is gone")
-        return sink
+        return live_sink(self._sink_ref)
 
     def _serve(self, conn: _Connection) -> None:
         sock = conn.sock
