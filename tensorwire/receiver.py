@@ -196,6 +196,8 @@ class Receiver(Resource):
         self._grpc: Any = None
         self._nixl: NixlDataServer | None = None
         self._nixl_setting = nixl
+        # decided once: whether NIXL is importable does not change while we run
+        self._nixl_on_demand = nixl is None and rdma_installed()
         self._loopback = is_loopback_host(bind_host)
         try:
             reaped = reap_stale_segments()
@@ -621,7 +623,7 @@ class Receiver(Resource):
             transports["tcp"] = self._tcp.details()
         if self._grpc is not None:
             transports["grpc"] = self._grpc.details()
-        if self._nixl is not None or (self._nixl_setting is None and rdma_installed()):
+        if self._nixl is not None or self._nixl_on_demand:
             transports["nixl"] = {}
         log.debug("welcomed %s", session.describe())
         return wire.Welcome(

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from .. import wire
+from ..doorbell import deadline_of
 from ..errors import (
     LocalProtocolError,
     PeerLostError,
@@ -129,7 +130,7 @@ class _Source:
     def __init__(self, array: np.ndarray[Any, Any], descs: Any) -> None:
         self.array: np.ndarray[Any, Any] | None = array  # keeps the memory alive while registered
         self.descs = descs
-        self.requests: dict[tuple[int, int], Any] = {}  # (remote address, bytes) -> xfer handle
+        self.requests: dict[int, Any] = {}  # remote address -> prepared transfer request
 
 
 class NixlChannel(Channel):
@@ -214,21 +215,13 @@ class NixlChannel(Channel):
         # header sent before that waits in UCX until our next call into the agent, which may be
         # long after write() returned. One echoed ping settles it.
         self._notifier.send_notif(self._remote, wire.encode_credit(PING, 0))
-        deadline = time.monotonic() + (self._timeout if self._timeout is not None else 60.0)
-        self._backoff.reset()
-        while not self._ponged:
-            if not self._absorb():
-                if time.monotonic() > deadline:
-                    raise WireTimeoutError(f"receiver at {self._where} did not answer a NIXL ping")
-                self._backoff.pause()
-        scratch = np.zeros(SCRATCH_SIZE, dtype=np.uint8)
-        src = self.source(scratch)
+        deadline = deadline_of(self._timeout if self._timeout is not None else 60.0)
+        if not self._absorb_until(lambda: self._ponged, deadline):
+            raise WireTimeoutError(f"receiver at {self._where} did not answer a NIXL ping")
+        src = self._register(np.zeros(SCRATCH_SIZE, dtype=np.uint8))  # not cached: used once
         try:
             self.put(src, self._bases[0] + OFF_SCRATCH, b"")
         finally:
-            key = (scratch.ctypes.data, scratch.nbytes)
-            if self._sources.get(key) is src:
-                del self._sources[key]
             _drop_source(self._agent, src)
 
     def update_regions(self, regions: list[tuple[str | None, int]]) -> None:
@@ -275,16 +268,19 @@ class NixlChannel(Channel):
         if src is not None:
             self._sources.move_to_end(key)
             return src
-        agent = self._live_agent()
         self._forget_unused()
+        src = self._sources[key] = self._register(array)
+        while len(self._sources) > self._options.registered_sources:
+            _drop_source(self._agent, self._sources.popitem(last=False)[1])
+        return src
+
+    def _register(self, array: np.ndarray[Any, Any]) -> _Source:
+        agent = self._live_agent()
         try:
-            descs = agent.register_memory([(key[0], key[1], 0, "")], "DRAM")
+            descs = agent.register_memory([(array.ctypes.data, array.nbytes, 0, "")], "DRAM")
         except Exception as exc:
             raise TransportError(f"NIXL could not register {array.nbytes} bytes: {exc}") from exc
-        src = self._sources[key] = _Source(array, descs)
-        while len(self._sources) > self._options.registered_sources:
-            _drop_source(agent, self._sources.popitem(last=False)[1])
-        return src
+        return _Source(array, descs)
 
     def _forget_unused(self) -> None:
         """Deregister sources the caller no longer holds: keeping them would only pin memory."""
@@ -307,18 +303,24 @@ class NixlChannel(Channel):
         array = src.array
         assert array is not None
         nbytes = array.nbytes
-        request = src.requests.get((remote, nbytes))
+        request = src.requests.get(remote)
         try:
             if request is None:
                 if len(src.requests) >= MAX_REQUESTS_PER_SOURCE:
                     _release_requests(src)
                 local = agent.get_xfer_descs([(array.ctypes.data, nbytes, 0)], "DRAM")
                 far = agent.get_xfer_descs([(remote, nbytes, 0)], "DRAM")
-                request = agent.initialize_xfer("WRITE", local, far, self._remote)
-                src.requests[(remote, nbytes)] = request
+                request = src.requests[remote] = agent.initialize_xfer(
+                    "WRITE", local, far, self._remote
+                )
             state = agent.transfer(request)
             if state == "PROC":
                 state = self._finish(agent, request)
+            if state is None:  # stuck, or the receiver was declared lost meanwhile
+                del src.requests[remote]
+                with contextlib.suppress(Exception):
+                    request.release()  # NIXL cancels a transfer still in flight
+                raise self._lose(f"a NIXL write to {self._where} did not complete")
         except PeerLostError:
             raise
         except Exception as exc:
@@ -328,11 +330,11 @@ class NixlChannel(Channel):
         if notification:
             self.notify(notification)
 
-    def _finish(self, agent: Any, request: Any) -> str:
+    def _finish(self, agent: Any, request: Any) -> str | None:
         """Wait for a posted transfer: the caller may not reuse its array while the NIC reads it.
 
-        Bounded: a receiver declared lost (by the heartbeats) or a transfer stuck for
-        TRANSFER_TIMEOUT ends the wait with PeerLostError, and the request is cancelled."""
+        Bounded: None when the receiver was declared lost (by the heartbeats) or the transfer is
+        stuck for TRANSFER_TIMEOUT (the caller then cancels it)."""
         give_up = time.monotonic() + max(self._timeout or 0.0, TRANSFER_TIMEOUT)
         spins = 0
         while True:
@@ -342,17 +344,8 @@ class NixlChannel(Channel):
             spins += 1
             if spins % 256 == 0:
                 if self.lost is not None or time.monotonic() > give_up:
-                    self._cancel(request)
-                    raise self._lose(f"a NIXL write to {self._where} did not complete")
+                    return None
                 os.sched_yield()
-
-    def _cancel(self, request: Any) -> None:
-        for src in self._sources.values():
-            for key, held in list(src.requests.items()):
-                if held is request:
-                    del src.requests[key]
-        with contextlib.suppress(Exception):
-            request.release()  # NIXL cancels a transfer still in flight
 
     def notify(self, notification: bytes) -> None:
         """Send one notification: a header behind its payload, or alone (an empty payload, the
@@ -402,16 +395,23 @@ class NixlChannel(Channel):
     def await_credit(
         self, tensor_id: int, at_least: int, deadline: float | None, what: Callable[[], str]
     ) -> None:
+        if not self._absorb_until(lambda: self.released(tensor_id) >= at_least, deadline):
+            raise WireTimeoutError(what())
+
+    def _absorb_until(self, done: Callable[[], bool], deadline: float | None) -> bool:
+        """Take in the receiver's messages until ``done()``; False at the deadline, and
+        PeerLostError as soon as the receiver is known to be gone."""
         self._backoff.reset()
-        while self._released.get(tensor_id, 0) < at_least:
+        while not done():
             if self._absorb():
                 self._backoff.reset()
                 continue
             if self.lost is not None:
                 raise PeerLostError(self.lost)
             if deadline is not None and time.monotonic() >= deadline:
-                raise WireTimeoutError(what())
+                return False
             self._backoff.pause()
+        return True
 
     # -- Channel ---------------------------------------------------------------------------
 
@@ -427,14 +427,9 @@ class NixlChannel(Channel):
         try:
             bye = wire.DataHeader(0, 0, 0, 0, 0, None, bye=True)
             self.notify(wire.encode_notification(self._counter, bye))
-            deadline = time.monotonic() + timeout
-            self._backoff.reset()
-            while not self._bye_acked and time.monotonic() < deadline:
-                if not self._absorb():
-                    self._backoff.pause()
+            return self._absorb_until(lambda: self._bye_acked, deadline_of(timeout))
         except TensorWireError:
             return False
-        return self._bye_acked
 
     def close(self) -> None:
         agent, self._agent = self._agent, None
@@ -710,9 +705,10 @@ class NixlDataServer:
     def _finish(self, peer: NixlPeer, reason: str | None) -> None:
         sink = self._sink_ref()
         if sink is not None:
-            sink.disconnected(peer.session, reason)
+            sink.disconnected(peer.session, reason)  # the receiver's session drop detaches it
+        else:
+            self.detach(peer.session)
         del sink
-        self.detach(peer.session)
 
     def _sink(self) -> DataSink:
         return live_sink(self._sink_ref)
