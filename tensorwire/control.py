@@ -38,8 +38,15 @@ TICK_SECONDS = 0.1
 Handler = Callable[[bytes, wire.Message], wire.Message | None]
 
 
-def _socket(ctx: zmq.Context[zmq.Socket[bytes]], kind: int) -> zmq.Socket[bytes]:
-    sock = ctx.socket(kind)
+def _context() -> zmq.Context[zmq.Socket[bytes]]:
+    """The process's one ZeroMQ context (pyzmq's convention): every control socket shares its
+    I/O thread, so a process with many peers does not grow a thread pair per peer. pyzmq makes
+    a fresh one in a forked child."""
+    return zmq.Context.instance()
+
+
+def _socket(kind: int) -> zmq.Socket[bytes]:
+    sock = _context().socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
     # Bounds what a peer can make us buffer: one control message is never larger than this.
     sock.setsockopt(zmq.MAXMSGSIZE, MAX_CONTROL_MESSAGE)
@@ -57,15 +64,13 @@ class ControlServer:
         name: str = "tensorwire-control",
         curve_keys: CurveKeys | None = None,
     ) -> None:
-        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context(io_threads=1)
-        self._sock = _socket(self._ctx, zmq.ROUTER)
+        self._sock = _socket(zmq.ROUTER)
         try:
             if curve_keys is not None:
                 curve.serve(self._sock, curve_keys)
             self._sock.bind(bind)
         except (zmq.ZMQError, TensorWireError) as exc:
             self._sock.close()
-            self._ctx.term()
             if isinstance(exc, TensorWireError):
                 raise
             raise TensorWireError(f"cannot bind the control plane to {bind}: {exc}") from exc
@@ -135,10 +140,15 @@ class ControlServer:
         self._thread.join()
         self._wake_r.close()
         self._wake_w.close()
-        self._ctx.term()
+
+
+class FencedError(RemoteProtocolError):
+    """The receiver fences the tensor for now (its dropped previous writer may be mid-write):
+    the claim may succeed later."""
 
 
 _ERRORS: dict[str, type[TensorWireError]] = {
+    "fenced": FencedError,
     "auth": AuthenticationError,
     "unauthenticated": AuthenticationError,
     "stale-generation": PeerLostError,
@@ -153,18 +163,16 @@ class ControlClient:
     def __init__(self, address: str, curve_server_key: bytes | None = None) -> None:
         self.address = address
         self._curve = curve_server_key
-        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context(io_threads=1)
         self._sock: zmq.Socket[bytes] | None = None
         try:
             self._open()
         except BaseException:
             if self._sock is not None:
                 self._sock.close()
-            self._ctx.term()
             raise
 
     def _open(self) -> None:
-        self._sock = _socket(self._ctx, zmq.DEALER)
+        self._sock = _socket(zmq.DEALER)
         if self._curve is not None:
             curve.connect(self._sock, self._curve)
         self._sock.connect(self.address)
@@ -192,4 +200,3 @@ class ControlClient:
         sock, self._sock = self._sock, None
         if sock is not None:
             sock.close()
-            self._ctx.term()

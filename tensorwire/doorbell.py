@@ -85,6 +85,25 @@ def futex_wake(address: int) -> None:
         _syscall(_SYS_FUTEX, ctypes.c_void_p(address), _FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
 
 
+_SYS_MEMBARRIER = {"x86_64": 324, "amd64": 324, "aarch64": 283, "arm64": 283}.get(
+    platform.machine().lower()
+)
+_MEMBARRIER_CMD_GLOBAL = 1  # every running thread of every process executes a full barrier
+
+
+def barrier_everywhere() -> None:
+    """A full memory barrier on every CPU (membarrier(2)), for the slow side of a handshake
+    whose fast side issues none. Where the call is missing or refused (old kernels, seccomp), a
+    short sleep stands in: stores left in a store buffer drain within microseconds."""
+    if (
+        HAVE_FUTEX
+        and _SYS_MEMBARRIER is not None
+        and _syscall(_SYS_MEMBARRIER, _MEMBARRIER_CMD_GLOBAL, 0, 0) == 0
+    ):
+        return
+    time.sleep(0.001)
+
+
 def deadline_of(timeout: float | None) -> float | None:
     """The monotonic deadline for a timeout: None blocks, 0 polls, > 0 is seconds."""
     if timeout is None:
@@ -92,6 +111,11 @@ def deadline_of(timeout: float | None) -> float | None:
     if timeout < 0:
         raise ValueError(f"timeout must be None, 0 or positive seconds, got {timeout}")
     return time.monotonic() + timeout
+
+
+def remaining(deadline: float | None) -> float | None:
+    """Seconds left until ``deadline`` (never negative; None: no deadline)."""
+    return None if deadline is None else max(deadline - time.monotonic(), 0.0)
 
 
 def wait_for(

@@ -1,7 +1,8 @@
 """Sender-side heartbeats: tell each receiver we are alive, and notice a receiver that is not.
 
 One thread per sender, with a control socket of its own per receiver (a zmq socket belongs to one
-thread, and a long blocking write must not delay a heartbeat). Every ``interval`` seconds it sends
+thread, and a long blocking write must not delay a heartbeat), closed when the receiver is no
+longer a peer. Every ``interval`` seconds it sends
 each receiver a heartbeat naming the session's token; a receiver that misses ``misses`` answers in a
 row, or answers that the session or generation is gone, is marked lost on the peer's channel, so the
 next write, or a write blocked waiting for credit, raises :class:`~tensorwire.errors.PeerLostError`.
@@ -42,7 +43,12 @@ class Heartbeats:
         missed: dict[str, int] = {}
         try:
             while not self._stop.wait(self.interval):
-                for peer in self._peers():
+                peers = self._peers()
+                current = {peer.address for peer in peers}
+                for address in [a for a in clients if a not in current]:
+                    clients.pop(address).close()  # the peer was removed: its socket goes too
+                    missed.pop(address, None)
+                for peer in peers:
                     channel = peer.channel
                     if channel is None or channel.lost is not None or not peer.token:
                         continue

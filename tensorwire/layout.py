@@ -41,6 +41,11 @@ RING_CTRL_SIZE = 2 * CACHE_LINE
 OFF_RELEASED = 0  # u64: how many messages the receiver has released (credits returned)
 OFF_CREDIT_BELL = 8  # u32 futex word, bumped by the receiver on every release
 OFF_TX_WAITING = CACHE_LINE  # u32, non-zero while the sender is (about to be) blocked for credit
+# Fencing a writer the receiver dropped (see RingMemory.enter_write). The receiver stores the
+# epoch of the current claim in OWNER (0: nobody may write); a shared-memory writer stores its own
+# epoch in WRITING for as long as it is inside a write. Each word sits on its writer's cache line.
+OFF_OWNER = 16  # u64, written by the receiver
+OFF_WRITING = CACHE_LINE + 8  # u64, written by the writer
 
 # Slot header (offsets from the slot header start).
 OFF_SEQ = 0  # u64: sequence number of the message in the slot, written after the payload

@@ -29,7 +29,7 @@ from . import wire
 from .auth import client_mac, new_nonce, normalise_secret, server_proof, verify
 from .control import ControlServer
 from .curve import CurveKeys
-from .doorbell import deadline_of, ring_bell, wait_for
+from .doorbell import barrier_everywhere, deadline_of, ring_bell, wait_for
 from .errors import (
     ClosedError,
     LocalProtocolError,
@@ -90,6 +90,7 @@ class _Session:
     link: CreditLink | None = None
     claims: set[int] = field(default_factory=set)
     alive: bool = True
+    dropped: str = ""  # why the session ended (once it has)
     last_seen: float = field(default_factory=time.monotonic)  # any message, frame or heartbeat
 
     def describe(self) -> str:
@@ -110,6 +111,11 @@ class _Tensor:
     transport: str = ""
     expected_seq: int = 1  # next sequence number a networked writer must send
     lost: str | None = None  # set when the owner died: the next wait() reports it
+    epoch: int = 0  # claims granted so far; the ring's owner word holds the current one
+    #: a shared-memory writer that was dropped while its process lived: it may be inside a write
+    stale_writer: ProcessWatch | None = None
+    #: the session whose payload is landing right now through one of our own threads
+    inflight: _Session | None = None
 
     @property
     def slot_free(self) -> bool:
@@ -469,12 +475,23 @@ class Receiver(Resource):
 
         ``timeout``: None blocks, 0 polls, a positive number is seconds
         (:class:`~tensorwire.errors.WireTimeoutError` when it runs out). The view stays valid until
-        :meth:`release` hands its slot back to the sender.
+        :meth:`release` hands its slot back to the sender. Several threads may wait on one tensor:
+        each message goes to exactly one of them.
         """
         tensor = self._tensor(name)
         self._held_check(tensor)
-        slot: int = self._block(
-            lambda: self._next_slot(tensor),
+
+        def ready() -> np.ndarray[Any, Any] | None:
+            # Finding the message and taking it are one step under the lock, so two consumer
+            # threads are never handed the same message.
+            with self._lock:
+                if not tensor.slot_free:  # another thread holds the last slot: wait for it
+                    return None
+                slot = self._next_slot(tensor)
+                return None if slot is None else self._take(tensor, slot)
+
+        view: np.ndarray[Any, Any] = self._block(
+            ready,
             timeout,
             lambda: (
                 f"tensor {name!r}: message {tensor.consumed + 1} did not arrive within "
@@ -482,7 +499,7 @@ class Receiver(Resource):
             ),
             busy=tensor.transport == "shm",
         )
-        return self._take(tensor, slot)
+        return view
 
     def wait_any(self, timeout: float | None = None) -> tuple[str, np.ndarray[Any, Any]]:
         """Wait for the next message of any tensor; return ``(name, view)``.
@@ -491,34 +508,40 @@ class Receiver(Resource):
         slots are all held by the consumer are skipped until released.
         """
 
-        def ready() -> tuple[_Tensor, int] | None:
-            order = self._order
-            n = len(order)
-            for k in range(n):
-                tensor = order[(self._rr + k) % n]
-                if tensor.slot_free and (slot := self._next_slot(tensor)) is not None:
-                    self._rr = (self._rr + k + 1) % n
-                    return tensor, slot
-            return None
+        def ready() -> tuple[str, np.ndarray[Any, Any]] | None:
+            with self._lock:  # the cursor and the take are shared by every consumer thread
+                order = self._order
+                n = len(order)
+                for k in range(n):
+                    tensor = order[(self._rr + k) % n]
+                    if tensor.slot_free and (slot := self._next_slot(tensor)) is not None:
+                        self._rr = (self._rr + k + 1) % n
+                        return tensor.spec.name, self._take(tensor, slot)
+                return None
 
-        tensor, slot = self._block(
+        got: tuple[str, np.ndarray[Any, Any]] = self._block(
             ready,
             timeout,
             lambda: f"no message arrived within {timeout} s on {self.name}",
             busy=any(t.transport == "shm" for t in self._order),
         )
-        return tensor.spec.name, self._take(tensor, slot)
+        return got
 
     def release(self, name: str) -> None:
-        """Hand the oldest held slot of ``name`` back to its sender (one credit)."""
-        tensor = self._tensor(name)
-        if tensor.released >= tensor.consumed:
-            raise TensorWireError(f"tensor {name!r}: no message is held, nothing to release")
-        tensor.released += 1
-        tensor.ring.release(tensor.released)
-        owner = tensor.owner
-        if owner is not None and owner.link is not None and tensor.transport != "shm":
-            owner.link.send_credit(tensor.tensor_id, tensor.released)
+        """Hand the oldest held slot of ``name`` back to its sender (one credit).
+
+        Safe from any thread; with several consumer threads on one tensor, each release hands
+        back the oldest message still held, whichever thread took it. Never blocks: a credit the
+        network cannot take at once is sent as soon as it can."""
+        with self._lock:
+            tensor = self._tensor(name)
+            if tensor.released >= tensor.consumed:
+                raise TensorWireError(f"tensor {name!r}: no message is held, nothing to release")
+            tensor.released += 1
+            tensor.ring.release(tensor.released)
+            owner = tensor.owner
+            if owner is not None and owner.link is not None and tensor.transport != "shm":
+                owner.link.send_credit(tensor.tensor_id, tensor.released)
 
     def drain(self, name: str) -> int:
         """Discard what a lost writer left behind in ``name``: every landed message not yet
@@ -526,14 +549,15 @@ class Receiver(Resource):
 
         Messages the consumer holds are not touched (release them first); the ring then stands
         empty for the next writer."""
-        tensor = self._tensor(name)
-        dropped = 0
-        tensor.lost = None
-        while tensor.slot_free and (slot := tensor.ring.find(tensor.consumed + 1)) >= 0:
-            self._take(tensor, slot)
-            self.release(name)
-            dropped += 1
-        return dropped
+        with self._lock:
+            tensor = self._tensor(name)
+            dropped = 0
+            tensor.lost = None
+            while tensor.slot_free and (slot := tensor.ring.find(tensor.consumed + 1)) >= 0:
+                self._take(tensor, slot)
+                self.release(name)
+                dropped += 1
+            return dropped
 
     def pending(self, name: str) -> int:
         """How many messages of ``name`` have landed but not been handed out yet."""
@@ -641,7 +665,9 @@ class Receiver(Resource):
         if msg.transport not in RECEIVER_TRANSPORTS:
             return wire.ErrorReply("protocol", f"unknown transport {msg.transport!r}")
         owner = tensor.owner
-        if owner is not None and owner is not session:
+        if owner is session:  # claimed again (a writer rebuilt): same claim, same epoch
+            return self._claimed(tensor)
+        if owner is not None:
             return wire.ErrorReply(
                 "busy", f"tensor {tensor.spec.name!r} is already written by {owner.describe()}"
             )
@@ -651,15 +677,49 @@ class Receiver(Resource):
             return wire.ErrorReply("protocol", "this receiver does not serve grpc")
         if msg.transport != "shm" and session.link is None:
             return wire.ErrorReply("protocol", f"open the {msg.transport} data connection first")
-        next_seq = max(tensor.ring.last_complete(), tensor.consumed) + 1
+        fenced = self._fenced(tensor)
+        if fenced is not None:
+            return wire.ErrorReply("fenced", f"tensor {tensor.spec.name!r}: {fenced}")
+        tensor.epoch += 1
+        tensor.ring.set_owner(tensor.epoch)
         tensor.owner = session
         tensor.transport = msg.transport
-        tensor.expected_seq = next_seq
+        tensor.expected_seq = max(tensor.ring.last_complete(), tensor.consumed) + 1
         tensor.lost = None
         session.claims.add(tensor.tensor_id)
+        return self._claimed(tensor)
+
+    def _claimed(self, tensor: _Tensor) -> wire.Claimed:
         return wire.Claimed(
-            self.generation, tensor.tensor_id, next_seq, tensor.released, tensor.ring.slot_seqs()
+            self.generation,
+            tensor.tensor_id,
+            tensor.expected_seq,
+            tensor.released,
+            tensor.ring.slot_seqs(),
+            tensor.epoch,
         )
+
+    def _fenced(self, tensor: _Tensor) -> str | None:
+        """Why the tensor cannot be claimed yet: its previous writer may still be storing into
+        it. None when a new writer may start (and the ring is cleared for it)."""
+        inflight = tensor.inflight
+        if inflight is not None:
+            return f"a message from {inflight.describe()} is still arriving"
+        stale = tensor.stale_writer
+        if stale is not None:
+            # The dropped writer read the owner word before or after we cleared it: if before,
+            # its WRITING announcement is visible once every CPU has passed a barrier.
+            barrier_everywhere()
+            if tensor.ring.writer_inside() and stale.alive():
+                return (
+                    f"its previous writer (pid {stale.pid}) was dropped in the middle of a write "
+                    "and has not finished it (is it stopped?); it can be claimed once that write "
+                    "ends or that process exits"
+                )
+            stale.close()
+            tensor.stale_writer = None
+        tensor.ring.clear_writer()  # a writer that died inside a write left its mark
+        return None
 
     def _attach(self, session: _Session, msg: wire.Attach) -> wire.Message:
         """A sender joins the nixl transport: load its agent's metadata, hand ours back."""
@@ -685,19 +745,28 @@ class Receiver(Resource):
         if not session.alive:
             return
         session.alive = False
+        session.dropped = reason or "said goodbye"
         if self._sessions.get(session.identity) is session:
             del self._sessions[session.identity]
         self._tokens.pop(session.token, None)
+        writer_alive = session.watch is not None and session.watch.alive()
         if session.watch is not None:
             session.watch.close()
+        if reason is not None and session.link is not None:
+            session.link.cut()  # a networked writer learns at once that its session is over
         if self._nixl is not None:
             self._nixl.detach(session)
         for tid in session.claims:
             tensor = self._by_id[tid]
             if tensor.owner is session:
                 tensor.owner = None
+                tensor.ring.set_owner(0)  # fences a shared-memory writer out of the ring
                 if reason is not None:
                     tensor.lost = f"{session.describe()} was lost: {reason}"
+                    if tensor.transport == "shm" and writer_alive:
+                        if tensor.stale_writer is not None:
+                            tensor.stale_writer.close()
+                        tensor.stale_writer = ProcessWatch(session.pid)
         session.claims.clear()
         if reason is not None:
             log.warning("%s lost: %s", session.describe(), reason)
@@ -749,6 +818,17 @@ class Receiver(Resource):
 
     def begin_write(self, session: object, header: wire.DataHeader) -> memoryview:
         assert isinstance(session, _Session)
+        with self._lock:
+            dst = self._begin_write(session, header)
+            self._by_id[header.tensor_id].inflight = session
+            return dst
+
+    def _begin_write(self, session: _Session, header: wire.DataHeader) -> memoryview:
+        if not session.alive:
+            raise PeerLostError(
+                f"{session.describe()} was dropped by the receiver ({session.dropped}); its "
+                "claims are revoked"
+            )
         tensor = self._by_id.get(header.tensor_id)
         if tensor is None or tensor.owner is not session:
             raise LocalProtocolError(
@@ -791,14 +871,32 @@ class Receiver(Resource):
         return ring.payload_bytes[header.slot][:nbytes].data
 
     def end_write(self, session: object, header: wire.DataHeader) -> None:
-        session.last_seen = time.monotonic()  # type: ignore[attr-defined]
-        tensor = self._by_id[header.tensor_id]
-        tensor.ring.publish(header.slot, header.seq, header.nbytes, header.shape)
-        tensor.expected_seq = header.seq + 1
+        assert isinstance(session, _Session)
+        with self._lock:
+            tensor = self._by_id[header.tensor_id]
+            tensor.inflight = None
+            if tensor.owner is not session:  # dropped while its payload was arriving
+                raise PeerLostError(
+                    f"{session.describe()} was dropped by the receiver ({session.dropped}) "
+                    f"while message {header.seq} of {tensor.spec.name!r} was arriving; it was "
+                    "not completed"
+                )
+            session.last_seen = time.monotonic()
+            tensor.ring.publish(header.slot, header.seq, header.nbytes, header.shape)
+            tensor.expected_seq = header.seq + 1
+
+    def abort_write(self, session: object, header: wire.DataHeader) -> None:
+        with self._lock:
+            tensor = self._by_id.get(header.tensor_id)
+            if tensor is not None and tensor.inflight is session:
+                tensor.inflight = None
 
     def disconnected(self, session: object, reason: str | None) -> None:
         assert isinstance(session, _Session)
         with self._lock:
+            for tensor in self._order:  # its thread has stopped writing: the slot is free again
+                if tensor.inflight is session:
+                    tensor.inflight = None
             session.link = None
             lost = None if reason is None or self._closed else f"data connection ended ({reason})"
             self._drop_session(session, lost)
@@ -832,6 +930,9 @@ class Receiver(Resource):
                 self._drop_session(session, None)
             self._groups.clear()
             for tensor in self._order:
+                if tensor.stale_writer is not None:
+                    tensor.stale_writer.close()
+                    tensor.stale_writer = None
                 tensor.views = None
                 tensor.ring.static_views = None
                 tensor.ring.payload_bytes = []

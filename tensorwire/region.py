@@ -5,8 +5,14 @@ A region is a POSIX shared-memory file (``/dev/shm``) created with ``O_EXCL`` an
 guessable. Its pages are allocated and mapped up front (``posix_fallocate`` then
 ``MAP_POPULATE``) so that neither the first write nor a full ``/dev/shm`` strikes in the middle of
 training. The owner unlinks it on close; a receiver that was killed cannot, so every new receiver
-reaps the segments of owners that are no longer alive (the pid and its start time are in the name,
-which guards against pid reuse).
+reaps the segments whose owner is gone.
+
+Whether the owner is gone is told by a lock, not by a pid: the owner holds an exclusive ``flock``
+on the segment from before the segment bears its name until it closes, and the kernel drops the
+lock when the owner dies. A pid means nothing across pid namespaces (two containers sharing
+``/dev/shm`` through ``--ipc=host`` or a memory-backed volume see different processes under one
+pid), while a lock on the file is the same for everyone who can open it. The pid and start time in
+the name are kept for people who look at ``/dev/shm``.
 
 We use ``mmap`` on our own file descriptors rather than ``multiprocessing.shared_memory``, whose
 resource tracker (Python < 3.13) unlinks or warns about segments a process merely attaches to.
@@ -15,6 +21,7 @@ resource tracker (Python < 3.13) unlinks or warns about segments a process merel
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import mmap
 import os
 import re
@@ -29,6 +36,9 @@ from .errors import LocalProtocolError, TransportError
 SHM_DIR = "/dev/shm"
 _PREFIX = "tensorwire."
 _NAME_RE = re.compile(r"^tensorwire\.(\d+)\.(\d+)\.(\d+)\.([0-9a-f]{32})$")
+#: A segment being created: locked, allocated and mapped before it is renamed to its real name.
+_NEW_SUFFIX = ".new"
+_REAP_RE = re.compile(r"^tensorwire\.(\d+)\.\d+\.\d+\.[0-9a-f]{32}(\.new)?$")
 
 
 def _process_start_time(pid: int) -> int | None:
@@ -48,25 +58,36 @@ def shm_available() -> bool:
 
 
 def reap_stale_segments() -> list[str]:
-    """Unlink this user's tensorwire segments whose owning process is gone; return their names."""
+    """Unlink this user's tensorwire segments whose owner is gone (nobody holds their lock, in
+    any pid namespace); return their names."""
     if not shm_available():
         return []
     uid = os.getuid()
     reaped = []
     for entry in os.scandir(SHM_DIR):
-        match = _NAME_RE.match(entry.name)
+        match = _REAP_RE.match(entry.name)
         if match is None or int(match.group(1)) != uid:
             continue
-        pid, start = int(match.group(2)), int(match.group(3))
-        if _process_start_time(pid) == start:
-            continue  # owner alive
         try:
-            if entry.stat(follow_symlinks=False).st_uid != uid:
+            fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue  # reaped by someone else meanwhile, or not a file of ours
+        try:
+            st = os.fstat(fd)
+            if st.st_uid != uid:
                 continue
-            os.unlink(entry.path)
-            reaped.append(entry.name)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # its owner lives
+            # Unlink the file we checked, not one that took its name since we opened it.
+            if os.stat(entry.path, follow_symlinks=False).st_ino == st.st_ino:
+                os.unlink(entry.path)
+                reaped.append(entry.name)
         except FileNotFoundError:
             pass  # another receiver reaped it first
+        finally:
+            os.close(fd)
     return reaped
 
 
@@ -78,10 +99,13 @@ class Region:
     single aligned word loads and stores (the sequence numbers, counters and doorbells).
     """
 
-    def __init__(self, name: str | None, size: int, mm: mmap.mmap, owner: bool) -> None:
+    def __init__(
+        self, name: str | None, size: int, mm: mmap.mmap, owner: bool, lock_fd: int = -1
+    ) -> None:
         self.name = name
         self.size = size
         self.owner = owner
+        self._lock_fd = lock_fd  # the owner's open segment, locked: "its owner lives"
         self._mm: mmap.mmap | None = mm
         self.array: np.ndarray[Any, np.dtype[np.uint8]] = np.frombuffer(mm, dtype=np.uint8)
         self.words64 = memoryview(mm).cast("Q")
@@ -103,8 +127,12 @@ class Region:
         pid = os.getpid()
         name = f"{_PREFIX}{os.getuid()}.{pid}.{_process_start_time(pid)}.{secrets.token_hex(16)}"
         path = os.path.join(SHM_DIR, name)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        # Created under a temporary name and locked before it takes its real one, so that no
+        # reaper can find it under its real name unlocked.
+        new_path = path + _NEW_SUFFIX
+        fd = os.open(new_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a file this new is ours alone
             try:
                 # Allocates every page now: a full /dev/shm fails here, not as SIGBUS mid-write.
                 os.posix_fallocate(fd, 0, size)
@@ -114,13 +142,17 @@ class Region:
                     f"(is {SHM_DIR} large enough? see `df -h {SHM_DIR}`)"
                 ) from exc
             mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE)
+            try:
+                os.rename(new_path, path)
+            except BaseException:
+                mm.close()
+                raise
         except BaseException:
             os.close(fd)
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+                os.unlink(new_path)
             raise
-        os.close(fd)
-        return cls(name, size, mm, owner=True)
+        return cls(name, size, mm, owner=True, lock_fd=fd)
 
     @classmethod
     def attach(cls, name: str, size: int) -> Region:
@@ -159,6 +191,9 @@ class Region:
         if self.owner and self.name is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(SHM_DIR, self.name))
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)  # drops the lock, after the name is gone
+            self._lock_fd = -1
         self.words64.release()
         self.words32.release()
         del self.array

@@ -30,10 +30,12 @@ from .layout import (
     OFF_DOORBELL,
     OFF_NBYTES,
     OFF_NDIM,
+    OFF_OWNER,
     OFF_RELEASED,
     OFF_RX_WAITING,
     OFF_SEQ,
     OFF_TX_WAITING,
+    OFF_WRITING,
     RingLayout,
 )
 from .region import Region
@@ -59,6 +61,8 @@ class RingMemory:
         self._credit_bell = (layout.ctrl + OFF_CREDIT_BELL) // 4
         self.credit_bell_address = region.address + layout.ctrl + OFF_CREDIT_BELL
         self._tx_waiting = (layout.ctrl + OFF_TX_WAITING) // 4
+        self._owner = (layout.ctrl + OFF_OWNER) // 8
+        self._writing = (layout.ctrl + OFF_WRITING) // 8
         # The receiver's doorbell lives in its first region, shared by every ring.
         self._bell32 = bell_region.words32
         self._rx_bell = OFF_DOORBELL // 4
@@ -97,6 +101,44 @@ class RingMemory:
 
     def has_credit(self, seq: int) -> bool:
         return seq - self._q[self._released] <= self.depth
+
+    # -- fencing a dropped writer -----------------------------------------------------------
+    #
+    # A shared-memory writer needs nobody's permission to store into the ring, so a writer the
+    # receiver has dropped (silent past its heartbeat timeout, yet alive) must stop by itself. The
+    # receiver stores the current claim's epoch in OWNER, and 0 when it drops the owner. A writer
+    # announces itself in WRITING *before* it checks OWNER, and clears WRITING after its
+    # completion store. So when the receiver later grants a new claim it can tell: either the old
+    # writer's WRITING is visible (it may still be storing: the claim waits for it to finish or
+    # die), or the old writer will read the changed OWNER and write nothing. That is Dekker's
+    # handshake; the writer's half has no fence (Python cannot issue one cheaply), so the receiver
+    # issues the fence for both sides with membarrier(2) before it reads WRITING.
+
+    def set_owner(self, epoch: int) -> None:
+        """Receiver: ``epoch`` may write from now on (0: nobody may)."""
+        self._q[self._owner] = epoch
+
+    def writer_inside(self) -> int:
+        """Receiver: the epoch of a writer that is inside a write now (0: none)."""
+        return int(self._q[self._writing])
+
+    def clear_writer(self) -> None:
+        """Receiver: forget a writer that died inside a write."""
+        self._q[self._writing] = 0
+
+    def enter_write(self, epoch: int) -> bool:
+        """Writer: announce a write by claim ``epoch``; False (and nothing announced) if the
+        receiver no longer lets that claim write."""
+        q = self._q
+        q[self._writing] = epoch
+        if q[self._owner] == epoch:
+            return True
+        q[self._writing] = 0
+        return False
+
+    def leave_write(self) -> None:
+        """Writer: the write is complete (or abandoned)."""
+        self._q[self._writing] = 0
 
     # -- writer side -----------------------------------------------------------------------
 
@@ -165,6 +207,8 @@ class RingMemory:
         for i in self._seq:
             self._q[i] = 0
         self._q[self._released] = 0
+        self._q[self._owner] = 0
+        self._q[self._writing] = 0
 
 
 class SlotChooser:

@@ -13,7 +13,9 @@ import contextlib
 import os
 import secrets
 import threading
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -21,8 +23,8 @@ import numpy as np
 
 from . import wire
 from .auth import client_mac, new_nonce, normalise_secret, server_proof, verify
-from .control import ControlClient
-from .doorbell import deadline_of
+from .control import ControlClient, FencedError
+from .doorbell import deadline_of, remaining
 from .errors import (
     AuthenticationError,
     ClosedError,
@@ -46,32 +48,26 @@ DEFAULT_TIMEOUT = 60.0
 DEFAULT_HEARTBEAT = 5.0
 #: How long close() waits for a receiver to confirm that everything sent has landed.
 GOODBYE_TIMEOUT = 5.0
+#: How long close() lets a write in another thread finish before it interrupts it.
+CLOSE_INTERRUPT = 0.2
+#: Pause between claims of a tensor the receiver fences (its dropped writer is mid-write).
+CLAIM_RETRY = 0.05
 
 
+@dataclass(frozen=True, slots=True)
 class WriteHandle:
-    """The outcome of a write, in the style of pyzmq's ``MessageTracker``.
+    """What a write did: the tensor, the message's sequence number and its byte count.
 
-    Every transport in this version completes a write before ``write`` returns (the payload is in
-    the receiver's slot, or handed to the kernel in full for TCP), so the source array may be reused
-    at once; :meth:`wait` exists so that callers are ready for transports that complete later.
+    A write is complete when :meth:`Sender.write` returns, on every transport: the source array
+    may be reused at once. How far the bytes got by then is the transport's: ``shm`` and
+    ``nixl`` have stored them in the receiver's slot, ``grpc`` has had the receiver's reply,
+    ``tcp`` has handed all of them to the kernel (the receiver completes the slot when they
+    arrive). There is nothing left to wait for, so the handle has no ``wait()``.
     """
 
-    __slots__ = ("name", "nbytes", "seq")
-
-    def __init__(self, name: str, seq: int, nbytes: int) -> None:
-        self.name = name
-        self.seq = seq
-        self.nbytes = nbytes
-
-    @property
-    def done(self) -> bool:
-        return True
-
-    def wait(self, timeout: float | None = None) -> None:
-        """Return once the write is complete (always at once in this version)."""
-
-    def __repr__(self) -> str:
-        return f"<WriteHandle {self.name!r} #{self.seq} {self.nbytes} bytes done>"
+    name: str
+    seq: int
+    nbytes: int
 
 
 class _Peer:
@@ -203,19 +199,30 @@ class _Peer:
         if self.channel is not None:
             self.channel.update_regions(regions)
 
-    def writer(self, entry: TensorEntry) -> TensorWriter:
+    def writer(self, entry: TensorEntry, deadline: float | None = None) -> TensorWriter:
+        """The tensor's writer, claiming the tensor first if we have not. While the receiver
+        fences the tensor (its dropped previous writer may still be storing into it) the claim
+        is retried until ``deadline`` (default: the sender's timeout)."""
         w = self.writers.get(entry.tensor_id)
         if w is None:
             assert self.control is not None and self.channel is not None
-            claimed = self.control.request(
-                wire.Claim(self.generation, entry.tensor_id, self.transport), self._timeout
-            )
+            if deadline is None:
+                deadline = deadline_of(self._timeout)
+            claim = wire.Claim(self.generation, entry.tensor_id, self.transport)
+            while True:
+                try:
+                    claimed = self.control.request(claim, remaining(deadline))
+                    break
+                except FencedError:
+                    if deadline is not None and time.monotonic() + CLAIM_RETRY >= deadline:
+                        raise
+                    time.sleep(CLAIM_RETRY)
             if not isinstance(claimed, wire.Claimed):
                 raise LocalProtocolError(f"expected claimed, got {claimed.TYPE}")
             slots = [int(x) for x in claimed.slots if isinstance(x, int)]
             if len(slots) != entry.layout.depth:
                 raise LocalProtocolError(f"claim of {entry.spec.name!r}: malformed slot list")
-            w = self.channel.writer(entry, claimed.next_seq, claimed.released, slots)
+            w = self.channel.writer(entry, claimed.next_seq, claimed.released, slots, claimed.epoch)
             self.writers[entry.tensor_id] = w
         return w
 
@@ -440,7 +447,7 @@ class Sender(Resource):
             arr = entry.spec.check_array(array, allow_copy=allow_copy)
             deadline = self._deadline(timeout)
             try:
-                w = p.writer(entry)
+                w = p.writer(entry, deadline)
                 w.write(arr, deadline)
             except PeerLostError:
                 if not self.reconnect:
@@ -449,7 +456,7 @@ class Sender(Resource):
                 p.open()
                 p, entry = self._resolve(name, p.address)
                 arr = entry.spec.check_array(arr)
-                w = p.writer(entry)
+                w = p.writer(entry, deadline)
                 w.write(arr, deadline)
             return WriteHandle(name, w.next_seq - 1, arr.nbytes)
 
@@ -476,9 +483,14 @@ class Sender(Resource):
                 shape = spec.static_shape
             shape = tuple(int(d) for d in shape)
             spec.check_shape(shape)
-            w = p.writer(entry)
-            out = w.acquire(shape, self._deadline(timeout))
-            yield out
+            deadline = self._deadline(timeout)
+            w = p.writer(entry, deadline)
+            out = w.acquire(shape, deadline)
+            try:
+                yield out
+            except BaseException:
+                w.abort()
+                raise
             w.commit(shape)
 
     def ping(self, peer: str | None = None, timeout: float | None = _DEFAULT) -> None:
@@ -492,12 +504,24 @@ class Sender(Resource):
     # ---------------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Say goodbye to every receiver and release every socket and mapping. Idempotent."""
-        with self._lock:
+        """Say goodbye to every receiver and release every socket and mapping. Idempotent.
+
+        A write still in progress in another thread (blocked on a receiver that does not take
+        its bytes, or waiting for a credit) is ended with PeerLostError, within
+        ``CLOSE_INTERRUPT`` seconds plus the transports' check interval (0.1 s): closing never
+        waits behind a stuck write."""
+        if not self._lock.acquire(timeout=CLOSE_INTERRUPT):
+            for p in list(self._peers.values()):
+                if p.channel is not None:
+                    p.channel.mark_lost(f"sender {self.name} was closed during the write")
+            self._lock.acquire()
+        try:
             if self._closed:
                 return
             self._closed = True
             peers, self._peers = list(self._peers.values()), {}
+        finally:
+            self._lock.release()
         if self._heartbeats is not None:
             self._heartbeats.close()
         for p in peers:

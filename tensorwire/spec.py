@@ -119,6 +119,8 @@ class TensorSpec:
         nbytes = math.prod(shape) * dt.itemsize
         if dt != self.dtype:
             problem = "dtype mismatch"
+        elif any(d < 0 for d in shape):
+            problem = "negative dimension"
         elif len(shape) != len(self.shape) or any(
             want is not None and want != got for want, got in zip(self.shape, shape, strict=True)
         ):

@@ -126,6 +126,9 @@ class Claimed(Message):
     next_seq: int
     released: int
     slots: list[Any]
+    #: this claim's epoch: a shared-memory writer may write only while the ring's owner word
+    #: holds it (the receiver changes the word when it drops the writer)
+    epoch: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +183,16 @@ class ErrorReply(Message):
 
 
 ERROR_CODES = frozenset(
-    {"auth", "stale-generation", "unknown-tensor", "busy", "protocol", "closed", "unauthenticated"}
+    {
+        "auth",
+        "stale-generation",
+        "unknown-tensor",
+        "busy",
+        "fenced",  # the tensor's dropped writer may still be storing into it: claim again later
+        "protocol",
+        "closed",
+        "unauthenticated",
+    }
 )
 
 MESSAGE_TYPES: dict[str, type[Message]] = {

@@ -135,6 +135,7 @@ def die_mid_write(address: str, transport: str, name: str, ready: Any) -> None:
             peer.channel.stream(half_then_die(), timeout=60)
         else:
             sock = peer.channel._sock  # fault injection: the raw data connection
+            sock.setblocking(True)  # the channel polls a non-blocking socket; we just push
             sock.sendall(header + payload[: payload.size // 2].tobytes())
             ready.send("half")
             os.kill(os.getpid(), signal.SIGKILL)
@@ -175,3 +176,25 @@ def write_then_idle(address: str, transport: str, name: str, heartbeat: float, r
         tx.write(name, np.zeros(spec.static_shape, spec.dtype))
         ready.send("claimed")
         time.sleep(3600)
+
+
+def write_forever(address: str, transport: str, name: str, ready: Any) -> None:
+    """Write ``name`` in a loop without heartbeats; exit 3 on PeerLostError (fenced), else 1.
+
+    Bounded: at most 100,000 messages or 120 s."""
+    code = 1
+    with tw.Sender.connect(address, transport=transport, timeout=30, heartbeat=None) as tx:
+        spec = tx.spec(name)
+        arr = np.arange(np.prod(spec.static_shape), dtype=spec.dtype).reshape(spec.static_shape)
+        ready.send("writing")
+        end = time.monotonic() + 120
+        try:
+            for _ in range(100_000):
+                if time.monotonic() > end:
+                    break
+                tx.write(name, arr, timeout=30)
+        except tw.PeerLostError:
+            code = 3
+        except tw.TensorWireError:
+            code = 2
+    os._exit(code)

@@ -303,8 +303,7 @@ def test_write_handle_and_timeout_on_full_ring(transport: str) -> None:
         with tw.Sender.connect(rx.address, transport=transport, timeout=5) as tx:
             h1 = tx.write("t", np.full(8, 1, np.uint8))
             h2 = tx.write("t", np.full(8, 2, np.uint8))
-            assert h1.done and h2.seq == h1.seq + 1 and h2.nbytes == 8
-            h2.wait()
+            assert h2.seq == h1.seq + 1 and h2.nbytes == 8 and h1.name == "t"
             with pytest.raises(tw.WireTimeoutError, match="released"):
                 tx.write("t", np.full(8, 3, np.uint8), timeout=0.2)
             with pytest.raises(tw.WireTimeoutError):
@@ -369,3 +368,19 @@ def test_tensor_in_parts_is_one_array_written_by_several_senders(transport: str)
             rx.register_parts("v", (10, 6), "float32", rows=[3, 3])
         with pytest.raises(tw.UnknownTensorError):
             rx.array("nope")
+
+
+def test_negative_dynamic_shape_is_refused_before_any_byte_moves(transport: str) -> None:
+    with tw.Receiver() as rx:
+        rx.register("d", (None, None), "float32", max_bytes=1024)
+        with tw.Sender.connect(rx.address, transport=transport, timeout=10) as tx:
+            refused = pytest.raises(tw.SpecMismatchError, match="negative dimension")
+            with refused, tx.buffer("d", shape=(-2, -3)) as out:
+                out[...] = 1.0
+            with tx.buffer("d", shape=(2, 3)) as out:  # the sender is still usable
+                out[...] = 7.0
+        got = rx.wait("d", timeout=10)
+        assert got.shape == (2, 3) and (got == 7.0).all()
+        rx.release("d")
+        with pytest.raises(tw.WireTimeoutError):
+            rx.wait("d", timeout=0.2)  # the refused message never landed

@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from .conftest import free_port
@@ -20,9 +22,34 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
 
-def _interpolate(value: str) -> str:
-    """Compose's ${VAR:-default}."""
-    return re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: os.environ.get(m.group(1), m.group(2)), value)
+class MissingVariable(Exception):
+    pass
+
+
+def _interpolate(value: str, env: dict[str, str]) -> str:
+    """Compose's ${VAR:-default} and ${VAR:?error} (unset or empty: compose refuses to start)."""
+
+    def one(m: re.Match[str]) -> str:
+        name, op, arg = m.group(1), m.group(2), m.group(3)
+        if env.get(name):
+            return env[name]
+        if op == ":?":
+            raise MissingVariable(f"{name}: {arg}")
+        return arg
+
+    return re.sub(r"\$\{(\w+)(:-|:\?)([^}]*)\}", one, value)
+
+
+def test_compose_refuses_to_start_without_a_secret() -> None:
+    """No default secret gets around the daemons' refusal to listen beyond loopback without one."""
+    spec = yaml.safe_load((ROOT / "docker/compose.yaml").read_text())
+    for svc in spec["services"].values():
+        value = svc["environment"]["TENSORWIRE_SECRET"]
+        with pytest.raises(MissingVariable, match="TENSORWIRE_SECRET"):
+            _interpolate(value, {})
+        with pytest.raises(MissingVariable):
+            _interpolate(value, {"TENSORWIRE_SECRET": ""})
+        assert _interpolate(value, {"TENSORWIRE_SECRET": "s3cret"}) == "s3cret"
 
 
 def test_compose_file_declares_real_daemons() -> None:
@@ -53,13 +80,15 @@ def test_compose_services_run_locally(tmp_path: Path) -> None:
         arg = arg.replace("/data", str(tmp_path))
         return "127.0.0.1" if arg in hosts else arg
 
+    outer = {**os.environ, "TENSORWIRE_SECRET": secrets.token_hex(16)}  # as the README says
     procs: list[tuple[str, subprocess.Popen[str]]] = []
     try:
         for name, svc in services.items():
             cmd = [str(BIN / svc["command"][0])] + [local(name, a) for a in svc["command"][1:]]
             if name.startswith("worker"):
                 cmd += ["--metrics", str(tmp_path / f"{name}.json")]
-            env = {**os.environ, **{k: _interpolate(v) for k, v in svc["environment"].items()}}
+            declared = svc["environment"].items()
+            env = {**os.environ, **{k: _interpolate(v, outer) for k, v in declared}}
             log = open(tmp_path / f"{name}.log", "w")  # noqa: SIM115
             procs.append((name, subprocess.Popen(cmd, env=env, stdout=log, stderr=log, text=True)))
             log.close()

@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -386,3 +387,53 @@ def test_forged_headers_on_a_live_data_connection(forge: dict[str, int]) -> None
             with pytest.raises(tw.WireTimeoutError):
                 rx.wait("t", timeout=0.2)
         _healthy(rx, "tcp")
+
+
+@pytest.mark.parametrize("transport", ["tcp", "grpc", "grpc-stream", "nixl"])
+def test_a_large_write_to_a_frozen_receiver_ends_by_its_deadline(
+    transport: str, children: Children
+) -> None:
+    """64 MiB do not fit in any socket buffer: a write to a SIGSTOPped receiver must still end by
+    its timeout (or by the heartbeat's verdict), and close() from another thread must not wait
+    behind a write that has no deadline and no heartbeat to end it."""
+    here, there = children.pipe()
+    proc = children.start(run_receiver, there, [("a", BIG, "float32"), ("b", BIG, "float32")])
+    assert here.poll(30)
+    address = here.recv()["address"]
+    payload = np.ones(BIG, np.float32)
+    timed = tw.Sender.connect(address, transport=transport, timeout=30, heartbeat=0.2)
+    unbounded = tw.Sender.connect(address, transport=transport, timeout=None, heartbeat=None)
+    try:
+        timed.write("a", payload)  # both tensors claimed while the receiver still answers
+        unbounded.write("b", payload)
+        os.kill(proc.pid, signal.SIGSTOP)
+        start = time.monotonic()
+        with pytest.raises((tw.WireTimeoutError, tw.PeerLostError)):
+            # A one-sided write (nixl) lands in a stopped process; the ring's two slots are
+            # then full, so the third write waits for a credit at the latest.
+            for _ in range(3):
+                timed.write("a", payload, timeout=2)
+        assert time.monotonic() - start < 10, "a write outlived its deadline"
+
+        errors: list[BaseException] = []
+
+        def blocked_write() -> None:
+            try:
+                for _ in range(3):  # blocks on the socket, or on the credit of the third
+                    unbounded.write("b", payload)
+            except BaseException as exc:
+                errors.append(exc)
+
+        writer = threading.Thread(target=blocked_write)
+        writer.start()
+        time.sleep(0.5)
+        start = time.monotonic()
+        unbounded.close()
+        writer.join(10)
+        assert not writer.is_alive(), "a write blocked on a frozen receiver survived close()"
+        assert time.monotonic() - start < 8, "close() waited behind a stuck write"
+        assert errors and isinstance(errors[0], tw.TensorWireError), errors
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        timed.close()
+        unbounded.close()

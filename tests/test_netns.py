@@ -167,6 +167,7 @@ def test_worker_link_down_is_detected_and_the_worker_rejoins(
                 p.wait(10)
 
 
+@pytest.mark.nixl
 def test_nixl_job_across_namespaces_over_ucx_tcp(hosts: dict[str, str], tmp_path: Path) -> None:
     """nixl between "hosts": UCX restricted to TCP over the veth links (what it would use
     between machines without an RDMA NIC); a short job trains and every daemon exits cleanly."""

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
 import stat
+import subprocess
+import sys
 import threading
 import time
 import tracemalloc
 import warnings
+from typing import Any
 
 import numpy as np
 import pytest
@@ -170,3 +174,82 @@ def test_register_many_takes_specs_and_tuples() -> None:
         )
         assert [s.name for s in got] == ["a", "ids"]
         assert rx.specs["ids"].dynamic and rx.specs["ids"].max_bytes == 64
+
+
+def test_descriptors_past_1024(transport: str) -> None:
+    """select() cannot watch a descriptor numbered 1024 or more; a receiver whose sockets are
+    numbered past it (a busy daemon, max_connections=1024) must still accept, receive and return
+    credits."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 2048
+    if hard != resource.RLIM_INFINITY and hard < want:
+        pytest.skip(f"the hard descriptor limit ({hard}) is below {want}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, want), hard))
+    filler: list[int] = []
+    try:
+        while len(filler) < 1100:  # push every descriptor opened from here on past 1024
+            filler.append(os.open(os.devnull, os.O_RDONLY))
+        with tw.Receiver() as rx:
+            rx.register("t", (256,), "float32")
+            with tw.Sender.connect(rx.address, transport=transport, timeout=10) as tx:
+                for k in range(6):  # three times round the two-slot ring: credits must return
+                    tx.write("t", np.full(256, k, np.float32))
+                    assert rx.wait("t", timeout=10)[0] == k
+                    rx.release("t")
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+_HOLD_REGIONS = """
+import sys, tensorwire as tw
+with tw.Receiver() as rx:
+    rx.register("t", (1 << 16,), "float32")
+    print(" ".join(r.name for r in rx._regions if r.name), flush=True)
+    sys.stdin.read()  # until the test closes our stdin (or kills us)
+"""
+_REAP = "import tensorwire.region as r; print(' '.join(r.reap_stale_segments()))"
+
+
+def _in_pid_namespace(code: str, **kwargs: Any) -> subprocess.Popen[str]:
+    """``python -c code`` as pid 1 of a pid namespace of its own (with its own /proc), sharing
+    this host's /dev/shm, as two containers with ``--ipc=host`` do."""
+    cmd = ["unshare", "--pid", "--kill-child", "--mount-proc", sys.executable, "-c", code]
+    return subprocess.Popen(cmd, text=True, stdout=subprocess.PIPE, **kwargs)
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="needs root and unshare(1) to make pid namespaces",
+)
+def test_live_segments_of_another_pid_namespace_are_not_reaped() -> None:
+    """Two pid namespaces share /dev/shm: a receiver starting in one must not reap the live
+    regions of a receiver in the other (same uid, and its pid means nothing there), and must
+    reap them once that receiver is killed."""
+    holder = _in_pid_namespace(_HOLD_REGIONS, stdin=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None
+        names = holder.stdout.readline().split()
+        assert names and all(os.path.exists(f"/dev/shm/{n}") for n in names)
+        reaper = _in_pid_namespace(_REAP)
+        out, _ = reaper.communicate(timeout=60)
+        assert reaper.returncode == 0
+        assert not set(out.split()) & set(names), "a live receiver's regions were reaped"
+        assert all(os.path.exists(f"/dev/shm/{n}") for n in names)
+        holder.kill()  # kill -9: the regions cannot be unlinked by their owner
+        holder.wait(30)
+        reaper = _in_pid_namespace(_REAP)
+        out, _ = reaper.communicate(timeout=60)
+        assert set(names) <= set(out.split()), "a dead receiver's regions were not reaped"
+        assert not any(os.path.exists(f"/dev/shm/{n}") for n in names)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait(30)
+        if holder.stdin is not None:
+            holder.stdin.close()
+        if holder.stdout is not None:
+            holder.stdout.close()

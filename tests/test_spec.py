@@ -63,3 +63,12 @@ def test_non_contiguous_refused_unless_copy_allowed() -> None:
         spec.check_array(base)
     out = spec.check_array(base, allow_copy=True)
     assert out.flags.c_contiguous and np.array_equal(out, base)
+
+
+def test_negative_dynamic_dimensions_are_refused() -> None:
+    """(-2, -3) has a positive byte count: only the sign tells it apart from (2, 3)."""
+    spec = TensorSpec.create("d", (None, None), "float32", max_bytes=1024)
+    assert spec.check_shape((2, 3)) == 24
+    for shape in [(-2, -3), (-1, 4), (0, -1)]:
+        with pytest.raises(tw.SpecMismatchError, match="negative dimension"):
+            spec.check_shape(shape)

@@ -37,7 +37,7 @@ messages = st.one_of(
         st.lists(st.lists(i63, max_size=3), max_size=3),
     ),
     st.builds(wire.Claim, i63, u32, st.sampled_from(["shm", "tcp"])),
-    st.builds(wire.Claimed, i63, u32, i63, i63, st.lists(i63, max_size=4)),
+    st.builds(wire.Claimed, i63, u32, i63, i63, st.lists(i63, max_size=4), i63),
     st.builds(
         wire.Attach,
         i63,

@@ -84,6 +84,9 @@ class TensorWriter(ABC):
     def commit(self, shape: tuple[int, ...]) -> None:
         """Complete the message filled through :meth:`acquire`."""
 
+    def abort(self) -> None:  # noqa: B027 - most writers hold nothing between acquire and commit
+        """Give up the message acquired through :meth:`acquire` (it is not sent)."""
+
 
 class Channel(ABC):
     """One sender's data path to one receiver."""
@@ -99,10 +102,12 @@ class Channel(ABC):
 
     @abstractmethod
     def writer(
-        self, entry: TensorEntry, next_seq: int, released: int, slot_seqs: list[int]
+        self, entry: TensorEntry, next_seq: int, released: int, slot_seqs: list[int], epoch: int
     ) -> TensorWriter:
         """A writer for a tensor this sender has claimed. The ring stands at ``next_seq`` with
-        ``released`` messages released; ``slot_seqs`` is the message each slot holds."""
+        ``released`` messages released; ``slot_seqs`` is the message each slot holds; ``epoch``
+        names the claim (a writer that writes the receiver's memory itself checks it, see
+        :meth:`~tensorwire.ring.RingMemory.enter_write`)."""
 
     def update_regions(self, regions: list[tuple[str | None, int]]) -> None:  # noqa: B027
         """The receiver registered more tensors (maybe in new regions)."""
@@ -171,7 +176,13 @@ def wait_for_slot(
 class CreditLink(Protocol):
     """Receiver side: how a released slot's credit reaches a networked sender."""
 
-    def send_credit(self, tensor_id: int, released: int) -> None: ...
+    def send_credit(self, tensor_id: int, released: int) -> None:
+        """Tell the sender that ``released`` messages of ``tensor_id`` are released. Never
+        blocks the consumer: what cannot be sent now is sent as soon as it can."""
+
+    def cut(self) -> None:
+        """The receiver dropped the session: end its data path, so that the sender's next write
+        fails with PeerLostError instead of landing."""
 
 
 class DataSink(Protocol):
@@ -187,6 +198,10 @@ class DataSink(Protocol):
 
     def end_write(self, session: object, header: DataHeader) -> None:
         """The payload is in place: complete the slot."""
+
+    def abort_write(self, session: object, header: DataHeader) -> None:
+        """The payload will not be completed, and the caller has stopped writing into the slot
+        (a stream cut short): the slot may serve another writer."""
 
     def disconnected(self, session: object, reason: str | None) -> None:
         """The session's data connection ended: cleanly after a goodbye (``reason`` None) or

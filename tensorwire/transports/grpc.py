@@ -117,6 +117,8 @@ class _Credits:
             self.closed = True
             self._cond.notify_all()
 
+    cut = close  # the servicer answers a cut session's next call with ABORTED (peer lost)
+
 
 class GrpcDataServer(pb_grpc.TensorServiceServicer):
     """A gRPC server delivering ``grpc`` and ``grpc-stream`` writes into the receiver."""
@@ -162,6 +164,8 @@ class GrpcDataServer(pb_grpc.TensorServiceServicer):
             entry = self._sessions.get(bytes(token))
         if entry is None:
             _abort(context, grpc.StatusCode.FAILED_PRECONDITION, "unknown or closed session token")
+        if entry[1].closed:
+            _abort(context, grpc.StatusCode.ABORTED, "the receiver dropped this session")
         return entry
 
     def _refuse(self, token: bytes, exc: Exception, context: grpc.ServicerContext) -> NoReturn:
@@ -173,7 +177,9 @@ class GrpcDataServer(pb_grpc.TensorServiceServicer):
             entry[1].close()
             sink.disconnected(entry[0], f"protocol error: {exc}")
         log.warning("refusing a grpc write: %s", exc)
-        _abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        lost = isinstance(exc, PeerLostError)  # the receiver dropped the session: not a bad write
+        code = grpc.StatusCode.ABORTED if lost else grpc.StatusCode.FAILED_PRECONDITION
+        _abort(context, code, str(exc))
 
     # -- the service -------------------------------------------------------------------------
 
@@ -203,8 +209,14 @@ class GrpcDataServer(pb_grpc.TensorServiceServicer):
             dst = sink.begin_write(session, header)
         except TensorWireError as exc:
             self._refuse(request.token, exc, context)
-        dst[:] = content  # the deserialised message's bytes, copied into the registered slot
-        sink.end_write(session, header)
+        try:
+            dst[:] = content  # the deserialised message's bytes, copied into the registered slot
+            sink.end_write(session, header)
+        except TensorWireError as exc:
+            self._refuse(request.token, exc, context)
+        finally:
+            sink.abort_write(session, header)  # no-op once completed
+            del dst
         return pb.WriteReply(released=link.released(request.tensor_id))
 
     def Credits(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -240,15 +252,28 @@ class GrpcDataServer(pb_grpc.TensorServiceServicer):
             dst = sink.begin_write(session, header)
         except TensorWireError as exc:
             self._refuse(token, exc, context)
-        got = 0
-        for chunk in chunks:
-            if got + len(chunk) > len(dst):
-                self._refuse(token, LocalProtocolError("stream longer than its header"), context)
-            dst[got : got + len(chunk)] = chunk
-            got += len(chunk)
-        if got != len(dst):  # cut short: the slot is never completed
-            self._refuse(token, LocalProtocolError("stream shorter than its header"), context)
-        sink.end_write(session, header)
+        try:
+            got = 0
+            for chunk in chunks:
+                if got + len(chunk) > len(dst):
+                    self._refuse(
+                        token, LocalProtocolError("stream longer than its header"), context
+                    )
+                if link.closed:  # the receiver dropped the session: not one more byte lands
+                    self._refuse(token, PeerLostError("the receiver dropped this session"), context)
+                dst[got : got + len(chunk)] = chunk
+                got += len(chunk)
+            if got != len(dst):  # cut short: the slot is never completed
+                raise LocalProtocolError("stream shorter than its header")
+            sink.end_write(session, header)
+        except TensorWireError as exc:
+            self._refuse(token, exc, context)
+        finally:
+            # However the stream ended (the client vanished, grpcio raised), this thread writes
+            # no more into the slot: another writer may have it. Nor may a traceback that grpcio
+            # keeps hold the slot's memory (it would keep the region mapped after close).
+            sink.abort_write(session, header)
+            del dst
         return _RELEASED.pack(link.released(header.tensor_id))
 
     def close(self) -> None:
@@ -292,7 +317,7 @@ class GrpcChannel(Channel):
             raise _rpc_error(exc, self.where, self) from exc
 
     def writer(
-        self, entry: TensorEntry, next_seq: int, released: int, slot_seqs: list[int]
+        self, entry: TensorEntry, next_seq: int, released: int, slot_seqs: list[int], epoch: int
     ) -> TensorWriter:
         self.released[entry.tensor_id] = max(released, self.released.get(entry.tensor_id, 0))
         return GrpcWriter(self, entry, next_seq, slot_seqs)
@@ -358,7 +383,7 @@ class GrpcStreamChannel(GrpcChannel):
     transport = "grpc-stream"
 
     def writer(
-        self, entry: TensorEntry, next_seq: int, released: int, slot_seqs: list[int]
+        self, entry: TensorEntry, next_seq: int, released: int, slot_seqs: list[int], epoch: int
     ) -> TensorWriter:
         self.released[entry.tensor_id] = max(released, self.released.get(entry.tensor_id, 0))
         return GrpcStreamWriter(self, entry, next_seq, slot_seqs)

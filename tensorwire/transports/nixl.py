@@ -229,7 +229,7 @@ class NixlChannel(Channel):
             self._attach()  # the receiver registered new regions: fresh metadata and addresses
 
     def writer(
-        self, entry: TensorEntry, next_seq: int, released: int, slot_seqs: list[int]
+        self, entry: TensorEntry, next_seq: int, released: int, slot_seqs: list[int], epoch: int
     ) -> TensorWriter:
         if entry.layout.region >= len(self._bases):
             self._attach()
@@ -498,6 +498,9 @@ class NixlWriter(TensorWriter):
 
     def _send(self, source: np.ndarray[Any, Any], shape: tuple[int, ...]) -> None:
         channel = self._channel
+        # A receiver that dropped this session says so in a notification: read it before the
+        # payload goes out, so that a revoked writer stops here rather than after its write.
+        channel.check_peer()
         seq = self.next_seq
         slot = self._slots.choose(channel.released(self._tid))
         header = wire.DataHeader(
@@ -562,6 +565,9 @@ class NixlPeer:
 
     def send_credit(self, tensor_id: int, released: int) -> None:
         self._server.notify(self.agent, wire.encode_credit(tensor_id, released))
+
+    def cut(self) -> None:
+        self._server.notify(self.agent, wire.encode_credit(SESSION_ENDED, 0))
 
 
 class NixlDataServer:

@@ -43,7 +43,7 @@ class ShmChannel(Channel):
         reason = unavailable_reason(info)
         if reason is not None:
             raise TransportError(f"transport 'shm' cannot reach {info.control_address}: {reason}")
-        self._address = info.control_address
+        self.address = info.control_address
         self._region_specs = list(info.regions)
         self._regions: dict[int, Region] = {}
         self._watch = ProcessWatch(info.welcome.pid)
@@ -63,7 +63,7 @@ class ShmChannel(Channel):
         if region is None:
             name, size = self._region_specs[index]
             if name is None:
-                raise TransportError(f"region {index} of {self._address} is not shared")
+                raise TransportError(f"region {index} of {self.address} is not shared")
             region = Region.attach(name, size)
             self._regions[index] = region
         return region
@@ -72,7 +72,7 @@ class ShmChannel(Channel):
         if self.lost is not None:
             raise PeerLostError(self.lost)
         if self._bell_region.words32[OFF_STATE // 4] == REGION_CLOSED:
-            self.lost = f"receiver at {self._address} closed"
+            self.lost = f"receiver at {self.address} closed"
             raise PeerLostError(self.lost)
         # A receiver that closes says so in its region header (checked above, for free). One that
         # was killed can only be seen through its pidfd: a syscall, so not on every tiny write.
@@ -80,16 +80,16 @@ class ShmChannel(Channel):
         if now >= self._next_watch:
             self._next_watch = now + WATCH_INTERVAL
             if not self._watch.alive():
-                self.lost = f"receiver at {self._address} (pid {self._watch.pid}) died"
+                self.lost = f"receiver at {self.address} (pid {self._watch.pid}) died"
                 raise PeerLostError(self.lost)
 
     def writer(
-        self, entry: TensorEntry, next_seq: int, released: int, slot_seqs: list[int]
+        self, entry: TensorEntry, next_seq: int, released: int, slot_seqs: list[int], epoch: int
     ) -> TensorWriter:
         ring = RingMemory(
             entry.spec, entry.layout, self._region(entry.layout.region), self._bell_region
         )
-        return ShmWriter(ring, next_seq, self)
+        return ShmWriter(ring, next_seq, epoch, self)
 
     def goodbye(self, timeout: float) -> bool:
         self._next_watch = 0.0  # look at the receiver now, not at the next interval
@@ -100,7 +100,7 @@ class ShmChannel(Channel):
         if self._closed:
             return
         self._closed = True
-        self.lost = f"channel to {self._address} is closed"
+        self.lost = f"channel to {self.address} is closed"
         self._watch.close()
         for region in self._regions.values():
             region.close()
@@ -108,10 +108,11 @@ class ShmChannel(Channel):
 
 
 class ShmWriter(TensorWriter):
-    def __init__(self, ring: RingMemory, next_seq: int, channel: ShmChannel) -> None:
+    def __init__(self, ring: RingMemory, next_seq: int, epoch: int, channel: ShmChannel) -> None:
         self.spec = ring.spec
         self._ring = ring
         self.next_seq = next_seq
+        self._epoch = epoch
         self._channel = channel
         self._dynamic = ring.spec.dynamic
         self._slots = SlotChooser(ring.slot_seqs())
@@ -122,6 +123,12 @@ class ShmWriter(TensorWriter):
         self._channel.check_peer()
         if not self._ring.has_credit(seq):
             self._ring.wait_credit(seq, deadline, self._channel.check_peer)
+        if not self._ring.enter_write(self._epoch):
+            raise PeerLostError(
+                f"tensor {self.spec.name!r}: the receiver at {self._channel.address} revoked this "
+                "sender's claim (it dropped the session, e.g. after no heartbeat for longer than "
+                "its heartbeat timeout); nothing was written"
+            )
         self._slot = self._slots.choose(self._ring.released)
         return self._ring.slot_view(self._slot, shape if self._dynamic else None)
 
@@ -129,13 +136,21 @@ class ShmWriter(TensorWriter):
         nbytes = int(np.prod(shape)) * self.spec.dtype.itemsize
         self._publish(nbytes, shape)
 
+    def abort(self) -> None:
+        self._ring.leave_write()
+
     def _publish(self, nbytes: int, shape: tuple[int, ...]) -> None:
         seq = self.next_seq
         self._ring.publish(self._slot, seq, nbytes, shape if self._dynamic else None)
+        self._ring.leave_write()  # after the completion store: a new claim sees the message
         self._slots.wrote(self._slot, seq)
         self.next_seq = seq + 1
 
     def write(self, array: np.ndarray[Any, Any], deadline: float | None) -> None:
         dst = self.acquire(array.shape, deadline)
-        np.copyto(dst, array, casting="no")
+        try:
+            np.copyto(dst, array, casting="no")
+        except BaseException:
+            self.abort()
+            raise
         self._publish(array.nbytes, array.shape)

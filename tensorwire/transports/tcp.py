@@ -88,17 +88,56 @@ def set_receive_timeout(sock: socket.socket, seconds: float) -> None:
     )
 
 
-def send_all(sock: socket.socket, buffers: list[memoryview]) -> None:
-    """``sendmsg`` every buffer completely, resuming after partial sends."""
+#: Longest a blocked send sleeps before it looks again at its deadline and the peer's state.
+SEND_CHECK_MS = 100
+
+
+def send_all(
+    sock: socket.socket,
+    buffers: list[memoryview],
+    deadline: float | None,
+    check: Callable[[], None],
+) -> int:
+    """``sendmsg`` every buffer completely on a non-blocking socket, resuming after partial
+    sends; returns the bytes sent. While the peer's window is full it waits for room at most
+    ``SEND_CHECK_MS`` at a time, calling ``check()`` (which raises once the peer is known lost)
+    and raising :class:`_SendTimeout` at ``deadline`` with the count sent so far."""
     total = sum(len(b) for b in buffers)
-    sent = sock.sendmsg(buffers)
-    while sent < total:
-        total -= sent
-        while sent >= len(buffers[0]):
+    done = 0
+    poller: select.poll | None = None
+    while True:
+        try:
+            sent = sock.sendmsg(buffers)
+        except BlockingIOError:
+            sent = 0
+        done += sent
+        if done == total:
+            return done
+        while buffers and sent >= len(buffers[0]):
             sent -= len(buffers[0])
             buffers = buffers[1:]
         buffers = [buffers[0][sent:], *buffers[1:]]
-        sent = sock.sendmsg(buffers)
+        if poller is None:
+            poller = select.poll()
+            poller.register(sock, select.POLLOUT)
+        while True:
+            check()
+            wait_ms = SEND_CHECK_MS
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise _SendTimeout(done)
+                wait_ms = max(1, min(wait_ms, int(left * 1000)))
+            if poller.poll(wait_ms):
+                break
+
+
+class _SendTimeout(Exception):
+    """A send reached its deadline after ``sent`` bytes."""
+
+    def __init__(self, sent: int) -> None:
+        super().__init__(sent)
+        self.sent = sent
 
 
 def _bytes_of(array: np.ndarray[Any, Any]) -> memoryview:
@@ -133,7 +172,9 @@ class TcpChannel(Channel):
             _tune(sock)
             sock.sendall(wire.encode_data_hello(self._generation, info.welcome.token))
             deadline = deadline_of(info.timeout)
-            sock.settimeout(None)
+            # From here on no call blocks in the kernel: a frozen receiver must not hold a write
+            # (or close()) past its deadline, so every wait is a bounded poll.
+            sock.setblocking(False)
             self.await_credit(
                 HELLO_ACK,
                 self._generation,
@@ -147,23 +188,34 @@ class TcpChannel(Channel):
     # -- credits ---------------------------------------------------------------------------
 
     def _absorb(self, block_ms: int) -> None:
-        """Read whatever credit frames have arrived (waiting up to ``block_ms`` for the first)."""
+        """Read whatever credit frames have arrived (waiting up to ``block_ms`` for the first),
+        and notice a receiver that hung up behind them."""
         sock = self._sock
         if sock is None:
             raise PeerLostError(f"tcp channel to {self._where} is closed")
         if self.lost is not None:
             raise PeerLostError(self.lost)
-        if not self._poller.poll(block_ms):
-            return
-        try:
-            n = sock.recv_into(self._chunk, len(self._chunk), socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            return
-        except OSError as exc:
-            raise PeerLostError(f"tcp data connection to {self._where} failed: {exc}") from exc
-        if n == 0:
-            raise PeerLostError(f"receiver at {self._where} closed the data connection")
-        self._inbox += memoryview(self._chunk)[:n]
+        wait_ms = block_ms
+        for _ in range(64):  # bounded: a peer cannot keep us here by flooding credits
+            if not self._poller.poll(wait_ms):
+                break
+            wait_ms = 0
+            try:
+                n = sock.recv_into(self._chunk, len(self._chunk), socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                raise PeerLostError(f"tcp data connection to {self._where} failed: {exc}") from exc
+            if n == 0:
+                self._take_credits()  # what came before the hang-up still counts
+                raise PeerLostError(
+                    f"receiver at {self._where} closed the data connection (it closed, or it "
+                    "dropped this sender's session)"
+                )
+            self._inbox += memoryview(self._chunk)[:n]
+        self._take_credits()
+
+    def _take_credits(self) -> None:
         size = wire.CREDIT.size
         whole = len(self._inbox) // size * size
         for off in range(0, whole, size):
@@ -188,7 +240,7 @@ class TcpChannel(Channel):
                 wait_ms = max(1, min(100, int(left * 1000)))
             self._absorb(wait_ms)
 
-    def send(self, buffers: list[memoryview]) -> None:
+    def send(self, buffers: list[memoryview], deadline: float | None) -> None:
         sock = self._sock
         if sock is None:
             raise PeerLostError(f"tcp channel to {self._where} is closed")
@@ -196,14 +248,41 @@ class TcpChannel(Channel):
         # notices a receiver that closed or restarted before we send into a dead connection.
         self._absorb(0)
         try:
-            send_all(sock, buffers)
+            send_all(sock, buffers, deadline, self._check_lost)
+        except _SendTimeout as exc:
+            if exc.sent == 0:
+                raise WireTimeoutError(
+                    f"tcp data connection to {self._where}: the receiver took nothing within the "
+                    "timeout (is it frozen or overloaded?); nothing was sent"
+                ) from None
+            # Half a frame is on the wire: the stream cannot carry another one. The receiver
+            # drops it as stalled mid-frame and never completes the slot.
+            reason = (
+                f"tcp data connection to {self._where}: a write timed out after {exc.sent} "
+                "bytes; the connection was closed (the message was not delivered)"
+            )
+            self.mark_lost(reason)
+            self._shutdown()
+            raise WireTimeoutError(reason) from None
+        except PeerLostError:
+            self._shutdown()  # the receiver may still read: it must not see half a frame land
+            raise
         except OSError as exc:
             raise PeerLostError(f"tcp data connection to {self._where} failed: {exc}") from exc
+
+    def _check_lost(self) -> None:
+        if self.lost is not None:
+            raise PeerLostError(self.lost)
+
+    def _shutdown(self) -> None:
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)
 
     # -- Channel ---------------------------------------------------------------------------
 
     def writer(
-        self, entry: TensorEntry, next_seq: int, released: int, slot_seqs: list[int]
+        self, entry: TensorEntry, next_seq: int, released: int, slot_seqs: list[int], epoch: int
     ) -> TensorWriter:
         self._released[entry.tensor_id] = max(released, self._released.get(entry.tensor_id, 0))
         return TcpWriter(self, entry, next_seq, self._generation, slot_seqs)
@@ -217,14 +296,15 @@ class TcpChannel(Channel):
         if sock is None:
             return False
         try:
-            sock.sendall(wire.encode_data_header(wire.DataHeader(0, 0, 0, 0, 0, None, bye=True)))
-            sock.shutdown(socket.SHUT_WR)
             deadline = time.monotonic() + timeout
+            bye = wire.encode_data_header(wire.DataHeader(0, 0, 0, 0, 0, None, bye=True))
+            send_all(sock, [memoryview(bye)], deadline, self._check_lost)
+            sock.shutdown(socket.SHUT_WR)
             while time.monotonic() < deadline:
                 self._absorb(max(1, int((deadline - time.monotonic()) * 1000)))
         except PeerLostError:
             return True  # the receiver hung up: it has read everything up to our goodbye
-        except OSError:
+        except (OSError, _SendTimeout):
             return False
         return False
 
@@ -254,12 +334,13 @@ class TcpWriter(TensorWriter):
         self._header = bytearray(wire.MAX_HEADER_BYTES)
         self._header_view = memoryview(self._header)
         self._staging: np.ndarray[Any, Any] | None = None
+        self._deadline: float | None = None  # of the message being produced through acquire()
         self._slots = SlotChooser(slot_seqs)
 
     def _wait_credit(self, deadline: float | None) -> None:
         wait_for_slot(self._channel, self._tid, self.spec, self.next_seq, self._depth, deadline)
 
-    def _send(self, payload: memoryview, shape: tuple[int, ...]) -> None:
+    def _send(self, payload: memoryview, shape: tuple[int, ...], deadline: float | None) -> None:
         seq = self.next_seq
         slot = self._slots.choose(self._channel.released(self._tid))
         header = wire.DataHeader(
@@ -271,18 +352,19 @@ class TcpWriter(TensorWriter):
             shape if self.spec.dynamic else None,
         )
         used = wire.pack_data_header(self._header, header)
-        self._channel.send([self._header_view[:used], payload])
+        self._channel.send([self._header_view[:used], payload], deadline)
         self._slots.wrote(slot, seq)
         self.next_seq = seq + 1
 
     def write(self, array: np.ndarray[Any, Any], deadline: float | None) -> None:
         self._wait_credit(deadline)
-        self._send(_bytes_of(array), array.shape)
+        self._send(_bytes_of(array), array.shape, deadline)
 
     def acquire(self, shape: tuple[int, ...], deadline: float | None) -> np.ndarray[Any, Any]:
         # Produce-in-place over a network has to stage somewhere: one buffer per tensor, allocated
         # once, reused for every message.
         self._wait_credit(deadline)
+        self._deadline = deadline
         if self._staging is None:
             self._staging = np.empty(self.spec.max_bytes, dtype=np.uint8)
         nbytes = int(np.prod(shape)) * self.spec.dtype.itemsize
@@ -291,7 +373,7 @@ class TcpWriter(TensorWriter):
     def commit(self, shape: tuple[int, ...]) -> None:
         assert self._staging is not None
         nbytes = int(np.prod(shape)) * self.spec.dtype.itemsize
-        self._send(self._staging[:nbytes].data, shape)
+        self._send(self._staging[:nbytes].data, shape, self._deadline)
 
 
 # --------------------------------------------------------------------------------------------
@@ -302,33 +384,60 @@ class TcpWriter(TensorWriter):
 class _Connection:
     """One accepted data connection; the credit link back to its sender."""
 
-    def __init__(self, sock: socket.socket, peer: str) -> None:
+    def __init__(
+        self, sock: socket.socket, peer: str, backlog: Callable[[_Connection], None]
+    ) -> None:
         self.sock = sock
         self.peer = peer
         self._send_lock = threading.Lock()
-        self._pending = bytearray()
+        self._pending = bytearray()  # credit frames encoded, not yet taken by the socket
+        # Credits are cumulative, so while the socket is full only the latest count of each
+        # tensor needs to wait: the backlog stays one frame per tensor, however long it lasts.
+        self._unsent: dict[int, int] = {}
+        self._backlog = backlog  # hands credits the socket could not take to the flusher
+        self.stuck_since: float | None = None
 
     def send_credit(self, tensor_id: int, released: int) -> None:
+        """Never blocks the consumer that released: what the socket cannot take now is sent by
+        the server's accept thread as soon as the sender reads again."""
         with self._send_lock:
-            self._pending += wire.encode_credit(tensor_id, released)
-            deadline = time.monotonic() + CREDIT_SEND_TIMEOUT
-            while self._pending:
-                try:
-                    n = self.sock.send(self._pending, socket.MSG_DONTWAIT)
-                    del self._pending[:n]
-                except BlockingIOError:
-                    # The sender reads credits before every write and whenever it waits for one,
-                    # so this clears; a peer that never reads is cut off.
-                    if time.monotonic() > deadline:
-                        self.shutdown()
-                        return
-                    select.select([], [self.sock], [], 0.05)
-                except OSError:
-                    return
+            self._unsent[tensor_id] = released
+            behind = self._flush_locked()
+        if behind:
+            self._backlog(self)
+
+    def flush(self) -> bool:
+        """Send what is pending without blocking; True while some of it is still waiting."""
+        with self._send_lock:
+            return self._flush_locked()
+
+    def _flush_locked(self) -> bool:
+        if not self._pending and self._unsent:
+            for tensor_id, released in self._unsent.items():
+                self._pending += wire.encode_credit(tensor_id, released)
+            self._unsent.clear()
+        while self._pending:
+            try:
+                n = self.sock.send(self._pending, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                if self.stuck_since is None:
+                    self.stuck_since = time.monotonic()
+                return True
+            except OSError:  # the connection is gone; its serving thread reports why
+                self._pending.clear()
+                self._unsent.clear()
+                break
+            del self._pending[:n]
+            if not self._pending and self._unsent:
+                return self._flush_locked()
+        self.stuck_since = None
+        return False
 
     def shutdown(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
+
+    cut = shutdown  # the serving thread then ends the session as a dropped connection
 
 
 class TcpDataServer:
@@ -349,8 +458,12 @@ class TcpDataServer:
         self.port: int = self._listener.getsockname()[1]
         self._lock = threading.Lock()
         self._conns: dict[_Connection, threading.Thread] = {}
+        self._backlog: set[_Connection] = set()  # connections with credits the socket refused
         self._closed = False
-        self._wake_r, self._wake_w = socket.socketpair()  # close() wakes the accept loop
+        # close() and a new backlog wake the accept loop
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
         self._accept_thread = threading.Thread(
             target=self._accept_loop, name="tensorwire-tcp-accept", daemon=True
         )
@@ -359,10 +472,49 @@ class TcpDataServer:
     def details(self) -> dict[str, Any]:
         return {"host": self.host, "port": self.port}
 
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):  # a full wake pipe already says "look again"
+            self._wake_w.send(b"x")
+
+    def _note_backlog(self, conn: _Connection) -> None:
+        with self._lock:
+            self._backlog.add(conn)
+        self._wake()
+
+    def _flush_backlog(self, backlog: list[_Connection]) -> None:
+        """Send credits that the senders' sockets refused earlier; cut off a sender that has not
+        read its credits for CREDIT_SEND_TIMEOUT (it reads them before every write and whenever
+        it waits for one, so a healthy sender never gets there)."""
+        now = time.monotonic()
+        for conn in backlog:
+            if not conn.flush():
+                with self._lock:
+                    self._backlog.discard(conn)
+            elif conn.stuck_since is not None and now - conn.stuck_since > CREDIT_SEND_TIMEOUT:
+                log.warning("cutting off %s: it has not read its credits", conn.peer)
+                conn.shutdown()
+                with self._lock:
+                    self._backlog.discard(conn)
+
     def _accept_loop(self) -> None:
+        # poll(), not select(): select() cannot watch descriptors numbered 1024 and up.
         while not self._closed:
-            ready, _, _ = select.select([self._listener, self._wake_r], [], [])
-            if self._listener not in ready or self._closed:
+            poller = select.poll()
+            poller.register(self._listener, select.POLLIN)
+            poller.register(self._wake_r, select.POLLIN)
+            with self._lock:
+                backlog = list(self._backlog)
+            for conn in backlog:
+                fd = conn.sock.fileno()
+                if fd >= 0:
+                    poller.register(fd, select.POLLOUT)
+            ready = {fd for fd, _ in poller.poll(100 if backlog else None)}
+            if self._wake_r.fileno() in ready:
+                with contextlib.suppress(OSError):
+                    self._wake_r.recv(4096)
+            if backlog:
+                self._flush_backlog(backlog)
+            if self._listener.fileno() not in ready or self._closed:
                 continue
             try:
                 sock, addr = self._listener.accept()
@@ -373,7 +525,7 @@ class TcpDataServer:
                     log.warning("refusing data connection from %s (limit %d)", addr, self._max)
                     sock.close()
                     continue
-                conn = _Connection(sock, f"{addr[0]}:{addr[1]}")
+                conn = _Connection(sock, f"{addr[0]}:{addr[1]}", self._note_backlog)
                 thread = threading.Thread(
                     target=self._serve,
                     args=(conn,),
@@ -438,6 +590,7 @@ class TcpDataServer:
             del sink_or_none
             with self._lock:
                 self._conns.pop(conn, None)
+                self._backlog.discard(conn)
             conn.shutdown()
             sock.close()
 
@@ -445,7 +598,7 @@ class TcpDataServer:
         if self._closed:
             return
         self._closed = True
-        self._wake_w.send(b"x")
+        self._wake()
         me = threading.current_thread()
         if me is not self._accept_thread:
             self._accept_thread.join()

@@ -1,0 +1,103 @@
+"""A writer the receiver has dropped is fenced: it cannot overwrite the next owner's messages.
+
+A receiver drops a sender that goes silent past its heartbeat timeout even while the sender's
+process lives (a long pause, SIGSTOP, a lost network). Its claims are revoked and another sender
+may take the tensors over. The dropped writer must then fail its next write with PeerLostError;
+no message of the new owner may be lost or overwritten without an error on some side.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import tensorwire as tw
+
+from .conftest import Children
+from .peers import write_forever
+
+#: Transports whose writers can outlive their session (the sender's process lives on).
+FENCED = ["shm", "tcp", "nixl", "grpc", "grpc-stream"]
+
+
+def _wait_dropped(rx: tw.Receiver, name: str, timeout: float = 10.0) -> None:
+    """Until the receiver reports that the tensor's writer was lost (bounded)."""
+    with pytest.raises(tw.PeerLostError):
+        rx.wait(name, timeout=timeout)
+
+
+@pytest.mark.parametrize("transport", FENCED)
+def test_a_dropped_writer_cannot_overwrite_the_next_owner(transport: str) -> None:
+    """The review's reproduction: A goes quiet, is dropped, B takes over and writes message 2,
+    A writes its own message 2: A must get PeerLostError and the consumer must see B's message."""
+    with tw.Receiver(heartbeat_timeout=0.5) as rx:
+        rx.register("t", (4,), "float32")
+        with tw.Sender.connect(rx.address, transport=transport, heartbeat=None, timeout=10) as a:
+            a.write("t", np.full(4, 1, np.float32))
+            assert rx.wait("t", timeout=10)[0] == 1
+            rx.release("t")
+            _wait_dropped(rx, "t")  # A said nothing for longer than the heartbeat timeout
+            with tw.Sender.connect(rx.address, transport=transport, timeout=10) as b:
+                b.write("t", np.full(4, 2, np.float32))
+                with pytest.raises(tw.PeerLostError, match=r"revoked|dropped|lost|closed|ended"):
+                    a.write("t", np.full(4, 3, np.float32), timeout=5)
+                got = rx.wait("t", timeout=10)
+                assert got.tolist() == [2, 2, 2, 2], "the new owner's message was overwritten"
+                rx.release("t")
+                b.write("t", np.full(4, 4, np.float32))
+                assert rx.wait("t", timeout=10)[0] == 4
+                rx.release("t")
+                with pytest.raises(tw.WireTimeoutError):
+                    rx.wait("t", timeout=0.3)  # nothing from A landed behind B's back
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_stopped_writer_resumed_after_takeover_is_fenced(
+    transport: str, children: Children
+) -> None:
+    """SIGSTOP a sender that writes in a loop; once it is dropped, B takes over (its claim waits
+    while A is stopped in the middle of a write) and A is resumed: the consumer gets at most the
+    one message A was completing, then every message of B in order, and the resumed sender stops
+    with PeerLostError (its exit code says so)."""
+    with tw.Receiver(heartbeat_timeout=0.5) as rx:
+        rx.register("t", (1024,), "float32")
+        here, there = children.pipe()
+        proc = children.start(write_forever, rx.address, transport, "t", there)
+        assert here.poll(30) and here.recv() == "writing"
+        for _ in range(3):  # A's messages flow while it runs
+            rx.wait("t", timeout=10)
+            rx.release("t")
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            for _ in range(1000):  # drain what A wrote before it stopped (bounded)
+                try:
+                    rx.wait("t", timeout=5)
+                    rx.release("t")
+                except tw.PeerLostError:
+                    break
+            with tw.Sender.connect(rx.address, transport=transport, timeout=20) as b:
+                first = threading.Thread(target=b.write, args=("t", np.full(1024, -1, np.float32)))
+                first.start()
+                time.sleep(0.3)
+                os.kill(proc.pid, signal.SIGCONT)
+                first.join(30)
+                got = rx.wait("t", timeout=10)
+                if got[0] >= 0:  # the one write A was inside of when it stopped
+                    rx.release("t")
+                    got = rx.wait("t", timeout=10)
+                assert got[0] == -1, "the new owner's first message was lost"
+                rx.release("t")
+                for k in range(2, 6):
+                    b.write("t", np.full(1024, -k, np.float32))
+                    got = rx.wait("t", timeout=10)
+                    assert got[0] == -k, f"message {k} of the new owner was overwritten"
+                    rx.release("t")
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        proc.join(30)
+        assert proc.exitcode == 3, "the resumed sender did not stop with PeerLostError"

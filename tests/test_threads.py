@@ -1,0 +1,147 @@
+"""Threads and what they hold: the consumer API used from several threads, one ZeroMQ context per
+process, heartbeat sockets closed with their peer, credits that never block the consumer."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import tensorwire as tw
+
+N_MESSAGES = 64
+
+
+def os_threads() -> int:
+    """Threads of this process as the kernel counts them (ZeroMQ's I/O threads included)."""
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_two_consumer_threads_never_get_the_same_message(transport: str) -> None:
+    """Two threads wait on one tensor while a sender writes 64 numbered messages (a ring deep
+    enough that no slot is reused): every message is handed out exactly once."""
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible: races show up
+    try:
+        with tw.Receiver(ring=N_MESSAGES) as rx:
+            rx.register("t", (1,), "int64")
+            got: list[list[int]] = [[], []]
+            errors: list[BaseException] = []
+
+            def consume(mine: list[int]) -> None:
+                try:
+                    while True:
+                        try:
+                            view = rx.wait("t", timeout=2)
+                        except tw.WireTimeoutError:
+                            return  # the sender is done and the other thread took the rest
+                        mine.append(int(view[0]))
+                        rx.release("t")  # no slot is reused: the ring holds every message
+                except BaseException as exc:
+                    errors.append(exc)
+
+            threads = [threading.Thread(target=consume, args=(g,)) for g in got]
+            for t in threads:
+                t.start()
+            with tw.Sender.connect(rx.address, transport=transport, timeout=10) as tx:
+                for k in range(N_MESSAGES):
+                    tx.write("t", np.array([k], np.int64))
+            for t in threads:
+                t.join(30)
+            assert not errors, errors
+            taken = got[0] + got[1]
+            assert sorted(taken) == list(range(N_MESSAGES)), "a message was handed out twice"
+    finally:
+        sys.setswitchinterval(old_interval)
+
+
+def test_wait_any_from_two_threads_hands_out_each_message_once() -> None:
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with tw.Receiver(ring=N_MESSAGES) as rx:
+            for name in ("a", "b"):
+                rx.register(name, (1,), "int64")
+            got: list[list[tuple[str, int]]] = [[], []]
+
+            def consume(mine: list[tuple[str, int]]) -> None:
+                for _ in range(2 * N_MESSAGES):
+                    try:
+                        name, view = rx.wait_any(timeout=2)
+                    except tw.WireTimeoutError:
+                        return
+                    mine.append((name, int(view[0])))
+                    rx.release(name)
+
+            threads = [threading.Thread(target=consume, args=(g,)) for g in got]
+            for t in threads:
+                t.start()
+            with tw.Sender.connect(rx.address, transport="shm", timeout=10) as tx:
+                for k in range(N_MESSAGES):
+                    tx.write("a", np.array([k], np.int64))
+                    tx.write("b", np.array([k], np.int64))
+            for t in threads:
+                t.join(30)
+            taken = sorted(got[0] + got[1])
+            assert taken == sorted((n, k) for n in "ab" for k in range(N_MESSAGES))
+    finally:
+        sys.setswitchinterval(old_interval)
+
+
+def test_heartbeat_sockets_go_with_their_peer_and_one_context_serves_all() -> None:
+    """A sender whose receivers come and go (workers restarted on new addresses) must not grow:
+    the heartbeat socket of a removed peer is closed, and no peer gets ZeroMQ threads of its
+    own."""
+    with tw.Sender(heartbeat=0.05, timeout=10) as tx:
+
+        def cycle() -> None:
+            with tw.Receiver() as rx:
+                rx.register("t", (4,), "float32")
+                tx.add_peer(rx.address)
+                time.sleep(0.2)  # a few heartbeats go out on the peer's heartbeat socket
+                tx.remove_peer(rx.address)
+
+        cycle()
+        before = os_threads()
+        for _ in range(6):
+            cycle()
+        time.sleep(0.2)  # the heartbeat thread closes what it no longer needs on its next round
+        assert os_threads() <= before, "threads grew with peers that are gone"
+
+
+def test_release_never_blocks_on_a_sender_that_does_not_read_its_credits() -> None:
+    """Over tcp the credit goes back on the data connection. A sender process that stops
+    reading (SIGSTOP) fills the socket; release() must still return at once."""
+    import signal
+
+    from .conftest import Children
+    from .peers import write_then_idle
+
+    kids = Children()
+    try:
+        with tw.Receiver(ring=1, heartbeat_timeout=None) as rx:
+            rx.register("t", (4,), "float32")
+            here, there = kids.pipe()
+            proc = kids.start(write_then_idle, rx.address, "tcp", "t", 1.0, there)
+            assert here.poll(30) and here.recv() == "claimed"
+            rx.wait("t", timeout=10)
+            os.kill(proc.pid, signal.SIGSTOP)
+            try:
+                slowest = 0.0
+                rx.release("t")  # the sender does not read: credits pile up in its socket
+                # ~16 MB of socket buffers hold ~800,000 credit frames: go past them.
+                for _ in range(1_000_000):
+                    rx._tensors["t"].consumed += 1  # hand the same message out again...
+                    start = time.monotonic()
+                    rx.release("t")  # ...so that one more credit goes back
+                    slowest = max(slowest, time.monotonic() - start)
+                assert slowest < 2, f"release() blocked for {slowest:.1f} s on the credit link"
+            finally:
+                os.kill(proc.pid, signal.SIGCONT)
+    finally:
+        kids.cleanup()
