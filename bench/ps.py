@@ -82,9 +82,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
                 "samples_steps_per_s": [j.steps_per_s for j in jobs],
             }
         )
-    base = next((r for r in rows if r["transport"] == "grpc"), None)
-    for r in rows:
-        r["x_grpc"] = r["steps_per_s"] / base["steps_per_s"] if base else None
+    for ref in ("grpc", "grpc-stream"):  # both gRPC baselines, when they ran
+        base = next((r for r in rows if r["transport"] == ref), None)
+        for r in rows:
+            key = "x_" + ref.replace("-", "_")
+            r[key] = r["steps_per_s"] / base["steps_per_s"] if base else None
     return {
         "schema": SCHEMA,
         "kind": "ps",
@@ -98,14 +100,15 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
 
 
 def render(result: dict[str, Any]) -> str:
-    head = ["transport", "steps/s", "vs grpc", "step ms", "compute ms", "comm ms", "MB/step"]
+    head = ["transport", "steps/s", "vs grpc", "vs stream", "step ms", "compute ms", "comm ms"]
+    head.append("MB/step")
     lines = [" ".join(f"{h:>11}" for h in head)]
     for r in result["rows"]:
-        vs = "" if r["x_grpc"] is None else f"{r['x_grpc']:.2f}x"
+        ratios = [r.get(k) for k in ("x_grpc", "x_grpc_stream")]
         cells = [
             r["transport"],
             f"{r['steps_per_s']:.2f}",
-            vs,
+            *("" if x is None else f"{x:.2f}x" for x in ratios),
             f"{r['step_ms']:.1f}",
             f"{r['compute_ms']:.1f}",
             f"{r['communication_ms']:.1f}",

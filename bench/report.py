@@ -21,6 +21,7 @@ def table_rows(result: dict[str, Any]) -> tuple[list[list[str]], list[list[str]]
             r["method"],
             f"{r['gbps']:.3f}",
             _ratio(r["x_grpc"]),
+            _ratio(r.get("x_grpc_stream")),
             _ratio(r["x_memcpy"]),
             f"{_ratio(r['x_limit'])} {r['limit']}" if r["limit"] else "",
         ]
@@ -33,14 +34,15 @@ def table_rows(result: dict[str, Any]) -> tuple[list[list[str]], list[list[str]]
             f"{r['median_us']:.1f}",
             f"{r['p99_us']:.1f}",
             _ratio(r["lower_than_grpc"]),
+            _ratio(r.get("lower_than_grpc_stream")),
         ]
         for r in result["latency"]
     ]
     return tput, lat
 
 
-TPUT_HEAD = ["size", "method", "GB/s", "vs grpc", "vs memcpy", "vs raw limit"]
-LAT_HEAD = ["round trip", "tensor", "median us", "p99 us", "grpc / this"]
+TPUT_HEAD = ["size", "method", "GB/s", "vs grpc", "vs grpc-stream", "vs memcpy", "vs raw limit"]
+LAT_HEAD = ["round trip", "tensor", "median us", "p99 us", "grpc / this", "grpc-stream / this"]
 
 
 def render_plain(result: dict[str, Any]) -> str:

@@ -262,7 +262,8 @@ def sweep(
 
 
 def summarise(samples: dict[str, Any], sizes: list[int], latency_bytes: int) -> dict[str, Any]:
-    """Medians and ratios: to grpc, to memcpy, and to the raw mechanism's limit."""
+    """Medians and ratios: to both gRPC baselines (``grpc``, TensorFlow-style, and
+    ``grpc-stream``, gRPC at its best), to memcpy, and to the raw mechanism's limit."""
     med = {m: {s: statistics.median(v) for s, v in by.items()} for m, by in samples["gbps"].items()}
     raw_limit = {"shm": "memcpy", "tcp": "raw-tcp"}
     rows = []
@@ -274,14 +275,17 @@ def summarise(samples: dict[str, Any], sizes: list[int], latency_bytes: int) -> 
                 "gbps": by[size],
                 "samples": samples["gbps"][m][size],
             }
-            for ref in ("grpc", "memcpy"):
-                row[f"x_{ref}"] = by[size] / med[ref][size] if ref in med else None
+            for ref in ("grpc", "grpc-stream", "memcpy"):
+                key = "x_" + ref.replace("-", "_")
+                row[key] = by[size] / med[ref][size] if ref in med else None
             limit = raw_limit.get(m)
             row["limit"] = limit
             row["x_limit"] = by[size] / med[limit][size] if limit in med else None
             rows.append(row)
     lat = []
-    grpc_rtt = statistics.median(samples["rtts"]["grpc"]) if "grpc" in samples["rtts"] else None
+    rtts = samples["rtts"]
+    grpc_rtt = statistics.median(rtts["grpc"]) if "grpc" in rtts else None
+    stream_rtt = statistics.median(rtts["grpc-stream"]) if "grpc-stream" in rtts else None
     for m, xs in samples["rtts"].items():
         ordered = sorted(xs)
         median = statistics.median(ordered)
@@ -293,6 +297,7 @@ def summarise(samples: dict[str, Any], sizes: list[int], latency_bytes: int) -> 
                 "median_us": median * 1e6,
                 "p99_us": ordered[int(0.99 * (len(ordered) - 1))] * 1e6,
                 "lower_than_grpc": grpc_rtt / median if grpc_rtt else None,
+                "lower_than_grpc_stream": stream_rtt / median if stream_rtt else None,
             }
         )
     return {"throughput": rows, "latency": lat}

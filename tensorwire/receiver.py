@@ -61,7 +61,7 @@ from .rdma import NixlOptions, is_loopback_host
 from .rdma import installed as rdma_installed
 from .region import Region, reap_stale_segments, shm_available
 from .resource import Resource
-from .ring import RingMemory
+from .ring import RingMemory, SlotChooser
 from .spec import TensorSpec
 from .transports.base import CreditLink
 from .transports.nixl import NixlDataServer, NixlPeer
@@ -815,6 +815,30 @@ class Receiver(Resource):
                 raise LocalProtocolError(f"{session.describe()} already has a data connection")
             session.link = link
             return session
+
+    def await_slot(
+        self, session: object, header: wire.DataHeader, deadline: float | None
+    ) -> wire.DataHeader:
+        assert isinstance(session, _Session)
+        with self._lock:
+            tensor = self._by_id.get(header.tensor_id)
+            if tensor is None or tensor.owner is not session or not session.alive:
+                return header  # begin_write says what is wrong
+            if header.seq != tensor.expected_seq:
+                return header
+            ring = tensor.ring
+
+        def check_peer() -> None:
+            if self._closed:
+                raise ClosedError(f"receiver {self.name} is closing")
+            if not session.alive:
+                raise PeerLostError(f"{session.describe()} was dropped ({session.dropped})")
+
+        # On this server thread, as the shm writer waits in the sender: the ring's credit bell.
+        ring.wait_credit(header.seq, deadline, check_peer)
+        with self._lock:
+            slot = SlotChooser(ring.slot_seqs()).choose(tensor.released)
+        return dataclasses.replace(header, slot=slot)
 
     def begin_write(self, session: object, header: wire.DataHeader) -> memoryview:
         assert isinstance(session, _Session)

@@ -114,7 +114,7 @@ def die_mid_write(address: str, transport: str, name: str, ready: Any) -> None:
         header = wire.encode_data_header(
             wire.DataHeader(
                 peer.entries[name].tensor_id,
-                writer._slots.choose(0),
+                0,  # a fresh ring: slot 0 is free (grpc-stream lets the receiver pick anyway)
                 peer.generation,
                 writer.next_seq,
                 payload.size,

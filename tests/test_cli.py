@@ -38,14 +38,20 @@ def _check_result(result: dict[str, Any], sizes: list[int], transports: list[str
         for method in methods:
             row = rows[(method, size)]
             assert row["gbps"] > 0 and len(row["samples"]) == result["config"]["repeat"]
-            for ref in ("grpc", "memcpy"):
-                want = row["gbps"] / rows[(ref, size)]["gbps"]
-                assert row[f"x_{ref}"] == pytest.approx(want)
+            for ref in ("grpc", "grpc-stream", "memcpy"):
+                key = "x_" + ref.replace("-", "_")
+                if (ref, size) not in rows:  # not measured in this run
+                    assert row[key] is None
+                    continue
+                assert row[key] == pytest.approx(row["gbps"] / rows[(ref, size)]["gbps"])
     lat = {r["method"]: r for r in result["latency"]}
     assert set(lat) == {*transports, "zmq"}
     for r in lat.values():
         assert 0 < r["median_us"] <= r["p99_us"]
         assert r["lower_than_grpc"] == pytest.approx(lat["grpc"]["median_us"] / r["median_us"])
+        if "grpc-stream" in lat:
+            stream = lat["grpc-stream"]["median_us"] / r["median_us"]
+            assert r["lower_than_grpc_stream"] == pytest.approx(stream)
 
 
 def test_bench_runs_end_to_end_with_json_and_plot(tmp_path: Path) -> None:
@@ -71,7 +77,8 @@ def test_bench_runs_end_to_end_with_json_and_plot(tmp_path: Path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     assert "vs grpc" in out.stdout and "median us" in out.stdout
     table = md.read_text()
-    assert table.startswith("| size | method | GB/s") and "| 64 KiB | grpc-stream |" in table
+    assert table.startswith("| size | method | GB/s | vs grpc | vs grpc-stream |")
+    assert "| 64 KiB | grpc-stream |" in table and "| grpc-stream / this |" in table
 
 
 def test_bench_serve_and_run_as_two_hosts_would(tmp_path: Path) -> None:

@@ -193,6 +193,11 @@ class DataSink(Protocol):
     def admit(self, token: bytes, generation: int, link: CreditLink, transport: str) -> object:
         """Check a data connection's token; return the session it belongs to, or raise."""
 
+    def await_slot(self, session: object, header: DataHeader, deadline: float | None) -> DataHeader:
+        """For writes that queue at the receiver (the gRPC baseline): wait until message
+        ``header.seq`` has a free slot (WireTimeoutError at ``deadline``); return the header
+        aimed at that slot."""
+
     def begin_write(self, session: object, header: DataHeader) -> memoryview:
         """Validate a header; return the exact bytes of the slot its payload must land in."""
 

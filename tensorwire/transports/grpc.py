@@ -10,9 +10,11 @@ exactly as with the other transports (sequence number, doorbell, credits).
 ``bytes`` chunks (grpcio accepts only ``bytes``, so each chunk is one copy) that the receiver copies
 into the slot as they arrive.
 
-Both keep the tensorwire contracts: the receiver checks every header against the spec and the
-credits before a byte lands, a stream cut short never completes its slot, and credits come back in
-each reply (and, when a sender runs out, through a bounded ``Credits`` long-poll).
+Both keep the tensorwire contracts: the receiver checks every header against the spec before a
+byte lands, and a stream cut short never completes its slot. Credits cost no call of their own:
+a write whose ring is full waits *in the receiver's server thread* until the consumer releases a
+slot (bounded by the call's deadline), which is how a gRPC service applies back-pressure, so
+every message is exactly one call, as in TensorFlow's runtime. The receiver picks the slot.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -42,7 +43,6 @@ from ..errors import (
     TensorWireError,
     WireTimeoutError,
 )
-from ..ring import SlotChooser
 from . import tensor_service_pb2 as pb
 from . import tensor_service_pb2_grpc as pb_grpc
 from .base import Channel, DataSink, PeerInfo, TensorEntry, TensorWriter
@@ -56,11 +56,12 @@ GRPC_OPTIONS = [
 ]
 STREAM_METHOD = "/tensorwire.RawStream/Write"
 CHUNK = 1 << 20
-CREDIT_POLL = 1.0  # longest a Credits long-poll holds a server thread
+#: A queued write gives up this long before the caller's deadline, so that its answer (no free
+#: slot: WireTimeoutError naming the ring) reaches the caller before gRPC's DEADLINE_EXCEEDED.
+DEADLINE_MARGIN = 0.05
 SERVER_THREADS = 32
 CLOSE_TIMEOUT = 0.5
 LOSS_CHECK = 0.1  # how often a call in flight looks whether the receiver was declared lost
-_RELEASED = struct.Struct("<Q")
 
 
 def _rpc_error(
@@ -70,6 +71,8 @@ def _rpc_error(
     detail = exc.details() if hasattr(exc, "details") else str(exc)
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return WireTimeoutError(f"grpc call to {where} timed out")
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:  # a write queued for a slot until its deadline
+        return WireTimeoutError(f"receiver at {where}: {detail}")
     if code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT):
         return RemoteProtocolError(f"receiver at {where} refused the write: {detail}")
     lost = PeerLostError(f"grpc connection to {where} failed: {code} {detail}")
@@ -88,36 +91,28 @@ def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -
     raise AssertionError("unreachable: ServicerContext.abort returned")
 
 
-class _Credits:
-    """The credit link of one gRPC session: released counts, awaited by Credits long-polls."""
+class _SessionLink:
+    """The credit link of one gRPC session. Credits need no message: a queued write watches the
+    ring's released count itself. What is left is ending the session."""
 
     def __init__(self) -> None:
-        self._released: dict[int, int] = {}
-        self._cond = threading.Condition()
         self.closed = False
 
     def send_credit(self, tensor_id: int, released: int) -> None:
-        with self._cond:
-            self._released[tensor_id] = max(released, self._released.get(tensor_id, 0))
-            self._cond.notify_all()
-
-    def released(self, tensor_id: int) -> int:
-        return self._released.get(tensor_id, 0)
-
-    def wait(self, tensor_id: int, at_least: int, seconds: float) -> int:
-        with self._cond:
-            self._cond.wait_for(
-                lambda: self.closed or self._released.get(tensor_id, 0) >= at_least,
-                timeout=max(0.0, min(seconds, CREDIT_POLL)),
-            )
-            return self._released.get(tensor_id, 0)
+        pass  # a write waiting for this slot sees the ring's released word change
 
     def close(self) -> None:
-        with self._cond:
-            self.closed = True
-            self._cond.notify_all()
+        self.closed = True
 
     cut = close  # the servicer answers a cut session's next call with ABORTED (peer lost)
+
+
+def _deadline(context: grpc.ServicerContext) -> float | None:
+    """Where a queued write stops waiting: a little before the caller's deadline, if any."""
+    left = context.time_remaining()
+    if left is None or left > 1e8:  # no deadline
+        return None
+    return time.monotonic() + max(left - DEADLINE_MARGIN, 0.0)
 
 
 class GrpcDataServer(pb_grpc.TensorServiceServicer):
@@ -127,7 +122,7 @@ class GrpcDataServer(pb_grpc.TensorServiceServicer):
         import weakref
 
         self._sink_ref = weakref.ref(sink)
-        self._sessions: dict[bytes, tuple[object, _Credits]] = {}
+        self._sessions: dict[bytes, tuple[object, _SessionLink]] = {}
         self._lock = threading.Lock()
         self._pool = futures.ThreadPoolExecutor(
             SERVER_THREADS, thread_name_prefix="tensorwire-grpc"
@@ -159,7 +154,7 @@ class GrpcDataServer(pb_grpc.TensorServiceServicer):
             _abort(context, grpc.StatusCode.UNAVAILABLE, "receiver is gone")
         return sink
 
-    def _session(self, token: bytes, context: grpc.ServicerContext) -> tuple[object, _Credits]:
+    def _session(self, token: bytes, context: grpc.ServicerContext) -> tuple[object, _SessionLink]:
         with self._lock:
             entry = self._sessions.get(bytes(token))
         if entry is None:
@@ -184,7 +179,7 @@ class GrpcDataServer(pb_grpc.TensorServiceServicer):
     # -- the service -------------------------------------------------------------------------
 
     def Open(self, request: Any, context: grpc.ServicerContext) -> Any:
-        link = _Credits()
+        link = _SessionLink()
         try:
             session = self._sink(context).admit(request.token, request.generation, link, "grpc")
         except TensorWireError as exc:
@@ -193,22 +188,31 @@ class GrpcDataServer(pb_grpc.TensorServiceServicer):
             self._sessions[bytes(request.token)] = (session, link)
         return pb.OpenReply(generation=request.generation)
 
+    def _begin(
+        self, sink: DataSink, session: object, token: bytes, header: wire.DataHeader, context: Any
+    ) -> tuple[wire.DataHeader, memoryview]:
+        """Wait for a free slot (the credit), then check the header as every transport does."""
+        try:
+            header = sink.await_slot(session, header, _deadline(context))
+            return header, sink.begin_write(session, header)
+        except WireTimeoutError as exc:  # the ring stayed full: the write was not made
+            _abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        except TensorWireError as exc:
+            self._refuse(token, exc, context)
+
     def Write(self, request: Any, context: grpc.ServicerContext) -> Any:
-        session, link = self._session(request.token, context)
+        session, _ = self._session(request.token, context)
         content = request.tensor_content
         header = wire.DataHeader(
             request.tensor_id,
-            request.slot,
+            0,  # the slot is ours to pick, once one is free
             request.generation,
             request.seq,
             len(content),
             tuple(request.shape) if request.dynamic else None,
         )
         sink = self._sink(context)
-        try:
-            dst = sink.begin_write(session, header)
-        except TensorWireError as exc:
-            self._refuse(request.token, exc, context)
+        header, dst = self._begin(sink, session, request.token, header, context)
         try:
             dst[:] = content  # the deserialised message's bytes, copied into the registered slot
             sink.end_write(session, header)
@@ -217,12 +221,7 @@ class GrpcDataServer(pb_grpc.TensorServiceServicer):
         finally:
             sink.abort_write(session, header)  # no-op once completed
             del dst
-        return pb.WriteReply(released=link.released(request.tensor_id))
-
-    def Credits(self, request: Any, context: grpc.ServicerContext) -> Any:
-        _, link = self._session(request.token, context)
-        released = link.wait(request.tensor_id, request.at_least, request.wait_seconds)
-        return pb.CreditReply(released=released)
+        return pb.WriteReply()
 
     def Close(self, request: Any, context: grpc.ServicerContext) -> Any:
         with self._lock:
@@ -249,9 +248,9 @@ class GrpcDataServer(pb_grpc.TensorServiceServicer):
                 header = reader.feed(raw[wire.DATA_HEADER.size :])
             if header is None or header.bye:
                 raise LocalProtocolError("malformed stream header")
-            dst = sink.begin_write(session, header)
         except TensorWireError as exc:
             self._refuse(token, exc, context)
+        header, dst = self._begin(sink, session, token, header, context)
         try:
             got = 0
             for chunk in chunks:
@@ -274,7 +273,7 @@ class GrpcDataServer(pb_grpc.TensorServiceServicer):
             # keeps hold the slot's memory (it would keep the region mapped after close).
             sink.abort_write(session, header)
             del dst
-        return _RELEASED.pack(link.released(header.tensor_id))
+        return b""
 
     def close(self) -> None:
         with self._lock:
@@ -307,7 +306,6 @@ class GrpcChannel(Channel):
         )
         self.stub = pb_grpc.TensorServiceStub(self._channel)
         self.stream = self._channel.stream_unary(STREAM_METHOD)
-        self.released: dict[int, int] = {}
         try:
             self.stub.Open(
                 pb.OpenRequest(token=self.token, generation=self.generation), timeout=info.timeout
@@ -319,28 +317,7 @@ class GrpcChannel(Channel):
     def writer(
         self, entry: TensorEntry, next_seq: int, released: int, slot_seqs: list[int], epoch: int
     ) -> TensorWriter:
-        self.released[entry.tensor_id] = max(released, self.released.get(entry.tensor_id, 0))
-        return GrpcWriter(self, entry, next_seq, slot_seqs)
-
-    def await_credit(
-        self, tensor_id: int, at_least: int, deadline: float | None, what: str
-    ) -> None:
-        while self.released.get(tensor_id, 0) < at_least:
-            self.check_peer()
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise WireTimeoutError(what)
-            wait = CREDIT_POLL if left is None else min(CREDIT_POLL, left)
-            try:
-                reply = self.stub.Credits(
-                    pb.CreditRequest(
-                        token=self.token, tensor_id=tensor_id, at_least=at_least, wait_seconds=wait
-                    ),
-                    timeout=wait + 5.0,
-                )
-            except grpc.RpcError as exc:
-                raise _rpc_error(exc, self.where, self) from exc
-            self.note_released(tensor_id, reply.released)
+        return GrpcWriter(self, entry, next_seq)
 
     def call(self, method: Any, request: Any, timeout: float | None) -> Any:
         """Run an RPC, but give up as soon as the heartbeat thread declares the receiver lost
@@ -355,10 +332,6 @@ class GrpcChannel(Channel):
                     raise PeerLostError(self.lost) from None
             except grpc.RpcError as exc:
                 raise _rpc_error(exc, self.where, self) from exc
-
-    def note_released(self, tensor_id: int, released: int) -> None:
-        if released > self.released.get(tensor_id, 0):
-            self.released[tensor_id] = released
 
     def check_peer(self) -> None:
         if self.lost is not None:
@@ -385,61 +358,44 @@ class GrpcStreamChannel(GrpcChannel):
     def writer(
         self, entry: TensorEntry, next_seq: int, released: int, slot_seqs: list[int], epoch: int
     ) -> TensorWriter:
-        self.released[entry.tensor_id] = max(released, self.released.get(entry.tensor_id, 0))
-        return GrpcStreamWriter(self, entry, next_seq, slot_seqs)
+        return GrpcStreamWriter(self, entry, next_seq)
 
 
 class GrpcWriter(TensorWriter):
-    def __init__(
-        self, channel: GrpcChannel, entry: TensorEntry, next_seq: int, slot_seqs: list[int]
-    ) -> None:
+    """One call per message; a full ring holds the call at the receiver (no credit traffic)."""
+
+    def __init__(self, channel: GrpcChannel, entry: TensorEntry, next_seq: int) -> None:
         self.spec = entry.spec
         self.next_seq = next_seq
         self._channel = channel
         self._tid = entry.tensor_id
-        self._depth = entry.layout.depth
-        self._slots = SlotChooser(slot_seqs)
         self._staging: np.ndarray[Any, Any] | None = None
-
-    def _credit(self, deadline: float | None) -> int:
-        need = self.next_seq - self._depth
-        self._channel.await_credit(
-            self._tid,
-            need,
-            deadline,
-            f"tensor {self.spec.name!r}: no free slot for message {self.next_seq}: the receiver "
-            f"has released {self._channel.released.get(self._tid, 0)} of {self.next_seq - 1} "
-            f"(ring depth {self._depth})",
-        )
-        return self._slots.choose(self._channel.released.get(self._tid, 0))
+        self._deadline: float | None = None  # of the message being produced through acquire()
 
     def _timeout(self, deadline: float | None) -> float | None:
         return None if deadline is None else max(deadline - time.monotonic(), 0.001)
 
-    def _send(self, array: np.ndarray[Any, Any], slot: int, deadline: float | None) -> None:
+    def _send(self, array: np.ndarray[Any, Any], deadline: float | None) -> None:
         self._channel.check_peer()
         seq = self.next_seq
         msg = pb.TensorProto(
             token=self._channel.token,
             generation=self._channel.generation,
             tensor_id=self._tid,
-            slot=slot,
             seq=seq,
             dtype=array.dtype.str,
             shape=array.shape,
             dynamic=self.spec.dynamic,
             tensor_content=array.tobytes(),
         )
-        reply = self._channel.call(self._channel.stub.Write, msg, self._timeout(deadline))
-        self._channel.note_released(self._tid, reply.released)
-        self._slots.wrote(slot, seq)
+        self._channel.call(self._channel.stub.Write, msg, self._timeout(deadline))
         self.next_seq = seq + 1
 
     def write(self, array: np.ndarray[Any, Any], deadline: float | None) -> None:
-        self._send(array, self._credit(deadline), deadline)
+        self._send(array, deadline)
 
     def acquire(self, shape: tuple[int, ...], deadline: float | None) -> np.ndarray[Any, Any]:
-        self._acquired = (self._credit(deadline), deadline)
+        self._deadline = deadline
         if self._staging is None:
             self._staging = np.empty(self.spec.max_bytes, dtype=np.uint8)
         nbytes = int(np.prod(shape)) * self.spec.dtype.itemsize
@@ -448,19 +404,18 @@ class GrpcWriter(TensorWriter):
     def commit(self, shape: tuple[int, ...]) -> None:
         assert self._staging is not None
         nbytes = int(np.prod(shape)) * self.spec.dtype.itemsize
-        slot, deadline = self._acquired
-        self._send(self._staging[:nbytes].view(self.spec.dtype).reshape(shape), slot, deadline)
+        self._send(self._staging[:nbytes].view(self.spec.dtype).reshape(shape), self._deadline)
 
 
 class GrpcStreamWriter(GrpcWriter):
-    def _send(self, array: np.ndarray[Any, Any], slot: int, deadline: float | None) -> None:
+    def _send(self, array: np.ndarray[Any, Any], deadline: float | None) -> None:
         self._channel.check_peer()
         seq = self.next_seq
         payload = array.reshape(-1).view(np.uint8).data
         header = wire.encode_data_header(
             wire.DataHeader(
                 self._tid,
-                slot,
+                0,  # the receiver picks the slot
                 self._channel.generation,
                 seq,
                 len(payload),
@@ -473,7 +428,5 @@ class GrpcStreamWriter(GrpcWriter):
             for off in range(0, len(payload), CHUNK):
                 yield bytes(payload[off : off + CHUNK])  # grpcio takes only bytes: one copy
 
-        reply = self._channel.call(self._channel.stream, chunks(), self._timeout(deadline))
-        self._channel.note_released(self._tid, _RELEASED.unpack(reply)[0])
-        self._slots.wrote(slot, seq)
+        self._channel.call(self._channel.stream, chunks(), self._timeout(deadline))
         self.next_seq = seq + 1

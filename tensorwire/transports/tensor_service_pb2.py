@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n*tensorwire/transports/tensor_service.proto\x12\ntensorwire\"\xa5\x01\n\x0bTensorProto\x12\r\n\x05token\x18\x01 \x01(\x0c\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x11\n\ttensor_id\x18\x03 \x01(\r\x12\x0c\n\x04slot\x18\x04 \x01(\r\x12\x0b\n\x03seq\x18\x05 \x01(\x04\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\r\n\x05shape\x18\x07 \x03(\x03\x12\x16\n\x0etensor_content\x18\x08 \x01(\x0c\x12\x0f\n\x07\x64ynamic\x18\t \x01(\x08\"\x1e\n\nWriteReply\x12\x10\n\x08released\x18\x01 \x01(\x04\"0\n\x0bOpenRequest\x12\r\n\x05token\x18\x01 \x01(\x0c\x12\x12\n\ngeneration\x18\x02 \x01(\x04\"\x1f\n\tOpenReply\x12\x12\n\ngeneration\x18\x01 \x01(\x04\"Y\n\rCreditRequest\x12\r\n\x05token\x18\x01 \x01(\x0c\x12\x11\n\ttensor_id\x18\x02 \x01(\r\x12\x10\n\x08\x61t_least\x18\x03 \x01(\x04\x12\x14\n\x0cwait_seconds\x18\x04 \x01(\x01\"\x1f\n\x0b\x43reditReply\x12\x10\n\x08released\x18\x01 \x01(\x04\"\x1d\n\x0c\x43loseRequest\x12\r\n\x05token\x18\x01 \x01(\x0c\"\x0c\n\nCloseReply2\xfb\x01\n\rTensorService\x12\x36\n\x04Open\x12\x17.tensorwire.OpenRequest\x1a\x15.tensorwire.OpenReply\x12\x38\n\x05Write\x12\x17.tensorwire.TensorProto\x1a\x16.tensorwire.WriteReply\x12=\n\x07\x43redits\x12\x19.tensorwire.CreditRequest\x1a\x17.tensorwire.CreditReply\x12\x39\n\x05\x43lose\x12\x18.tensorwire.CloseRequest\x1a\x16.tensorwire.CloseReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n*tensorwire/transports/tensor_service.proto\x12\ntensorwire\"\x9d\x01\n\x0bTensorProto\x12\r\n\x05token\x18\x01 \x01(\x0c\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x11\n\ttensor_id\x18\x03 \x01(\r\x12\x0b\n\x03seq\x18\x05 \x01(\x04\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\r\n\x05shape\x18\x07 \x03(\x03\x12\x16\n\x0etensor_content\x18\x08 \x01(\x0c\x12\x0f\n\x07\x64ynamic\x18\t \x01(\x08J\x04\x08\x04\x10\x05\"\x0c\n\nWriteReply\"0\n\x0bOpenRequest\x12\r\n\x05token\x18\x01 \x01(\x0c\x12\x12\n\ngeneration\x18\x02 \x01(\x04\"\x1f\n\tOpenReply\x12\x12\n\ngeneration\x18\x01 \x01(\x04\"\x1d\n\x0c\x43loseRequest\x12\r\n\x05token\x18\x01 \x01(\x0c\"\x0c\n\nCloseReply2\xbc\x01\n\rTensorService\x12\x36\n\x04Open\x12\x17.tensorwire.OpenRequest\x1a\x15.tensorwire.OpenReply\x12\x38\n\x05Write\x12\x17.tensorwire.TensorProto\x1a\x16.tensorwire.WriteReply\x12\x39\n\x05\x43lose\x12\x18.tensorwire.CloseRequest\x1a\x16.tensorwire.CloseReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,21 +32,17 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tensorwire.transports.tenso
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_TENSORPROTO']._serialized_start=59
-  _globals['_TENSORPROTO']._serialized_end=224
-  _globals['_WRITEREPLY']._serialized_start=226
-  _globals['_WRITEREPLY']._serialized_end=256
-  _globals['_OPENREQUEST']._serialized_start=258
-  _globals['_OPENREQUEST']._serialized_end=306
-  _globals['_OPENREPLY']._serialized_start=308
-  _globals['_OPENREPLY']._serialized_end=339
-  _globals['_CREDITREQUEST']._serialized_start=341
-  _globals['_CREDITREQUEST']._serialized_end=430
-  _globals['_CREDITREPLY']._serialized_start=432
-  _globals['_CREDITREPLY']._serialized_end=463
-  _globals['_CLOSEREQUEST']._serialized_start=465
-  _globals['_CLOSEREQUEST']._serialized_end=494
-  _globals['_CLOSEREPLY']._serialized_start=496
-  _globals['_CLOSEREPLY']._serialized_end=508
-  _globals['_TENSORSERVICE']._serialized_start=511
-  _globals['_TENSORSERVICE']._serialized_end=762
+  _globals['_TENSORPROTO']._serialized_end=216
+  _globals['_WRITEREPLY']._serialized_start=218
+  _globals['_WRITEREPLY']._serialized_end=230
+  _globals['_OPENREQUEST']._serialized_start=232
+  _globals['_OPENREQUEST']._serialized_end=280
+  _globals['_OPENREPLY']._serialized_start=282
+  _globals['_OPENREPLY']._serialized_end=313
+  _globals['_CLOSEREQUEST']._serialized_start=315
+  _globals['_CLOSEREQUEST']._serialized_end=344
+  _globals['_CLOSEREPLY']._serialized_start=346
+  _globals['_CLOSEREPLY']._serialized_end=358
+  _globals['_TENSORSERVICE']._serialized_start=361
+  _globals['_TENSORSERVICE']._serialized_end=549
 # @@protoc_insertion_point(module_scope)

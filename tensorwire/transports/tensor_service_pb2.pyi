@@ -7,11 +7,10 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class TensorProto(_message.Message):
-    __slots__ = ("token", "generation", "tensor_id", "slot", "seq", "dtype", "shape", "tensor_content", "dynamic")
+    __slots__ = ("token", "generation", "tensor_id", "seq", "dtype", "shape", "tensor_content", "dynamic")
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     TENSOR_ID_FIELD_NUMBER: _ClassVar[int]
-    SLOT_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
@@ -20,19 +19,16 @@ class TensorProto(_message.Message):
     token: bytes
     generation: int
     tensor_id: int
-    slot: int
     seq: int
     dtype: str
     shape: _containers.RepeatedScalarFieldContainer[int]
     tensor_content: bytes
     dynamic: bool
-    def __init__(self, token: _Optional[bytes] = ..., generation: _Optional[int] = ..., tensor_id: _Optional[int] = ..., slot: _Optional[int] = ..., seq: _Optional[int] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., tensor_content: _Optional[bytes] = ..., dynamic: _Optional[bool] = ...) -> None: ...
+    def __init__(self, token: _Optional[bytes] = ..., generation: _Optional[int] = ..., tensor_id: _Optional[int] = ..., seq: _Optional[int] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., tensor_content: _Optional[bytes] = ..., dynamic: _Optional[bool] = ...) -> None: ...
 
 class WriteReply(_message.Message):
-    __slots__ = ("released",)
-    RELEASED_FIELD_NUMBER: _ClassVar[int]
-    released: int
-    def __init__(self, released: _Optional[int] = ...) -> None: ...
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class OpenRequest(_message.Message):
     __slots__ = ("token", "generation")
@@ -47,24 +43,6 @@ class OpenReply(_message.Message):
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     generation: int
     def __init__(self, generation: _Optional[int] = ...) -> None: ...
-
-class CreditRequest(_message.Message):
-    __slots__ = ("token", "tensor_id", "at_least", "wait_seconds")
-    TOKEN_FIELD_NUMBER: _ClassVar[int]
-    TENSOR_ID_FIELD_NUMBER: _ClassVar[int]
-    AT_LEAST_FIELD_NUMBER: _ClassVar[int]
-    WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
-    token: bytes
-    tensor_id: int
-    at_least: int
-    wait_seconds: float
-    def __init__(self, token: _Optional[bytes] = ..., tensor_id: _Optional[int] = ..., at_least: _Optional[int] = ..., wait_seconds: _Optional[float] = ...) -> None: ...
-
-class CreditReply(_message.Message):
-    __slots__ = ("released",)
-    RELEASED_FIELD_NUMBER: _ClassVar[int]
-    released: int
-    def __init__(self, released: _Optional[int] = ...) -> None: ...
 
 class CloseRequest(_message.Message):
     __slots__ = ("token",)

@@ -44,11 +44,6 @@ class TensorServiceStub:
                 request_serializer=tensorwire_dot_transports_dot_tensor__service__pb2.TensorProto.SerializeToString,
                 response_deserializer=tensorwire_dot_transports_dot_tensor__service__pb2.WriteReply.FromString,
                 _registered_method=True)
-        self.Credits = channel.unary_unary(
-                '/tensorwire.TensorService/Credits',
-                request_serializer=tensorwire_dot_transports_dot_tensor__service__pb2.CreditRequest.SerializeToString,
-                response_deserializer=tensorwire_dot_transports_dot_tensor__service__pb2.CreditReply.FromString,
-                _registered_method=True)
         self.Close = channel.unary_unary(
                 '/tensorwire.TensorService/Close',
                 request_serializer=tensorwire_dot_transports_dot_tensor__service__pb2.CloseRequest.SerializeToString,
@@ -66,12 +61,6 @@ class TensorServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Write(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Credits(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -95,11 +84,6 @@ def add_TensorServiceServicer_to_server(servicer, server):
                     servicer.Write,
                     request_deserializer=tensorwire_dot_transports_dot_tensor__service__pb2.TensorProto.FromString,
                     response_serializer=tensorwire_dot_transports_dot_tensor__service__pb2.WriteReply.SerializeToString,
-            ),
-            'Credits': grpc.unary_unary_rpc_method_handler(
-                    servicer.Credits,
-                    request_deserializer=tensorwire_dot_transports_dot_tensor__service__pb2.CreditRequest.FromString,
-                    response_serializer=tensorwire_dot_transports_dot_tensor__service__pb2.CreditReply.SerializeToString,
             ),
             'Close': grpc.unary_unary_rpc_method_handler(
                     servicer.Close,
@@ -161,33 +145,6 @@ class TensorService:
             '/tensorwire.TensorService/Write',
             tensorwire_dot_transports_dot_tensor__service__pb2.TensorProto.SerializeToString,
             tensorwire_dot_transports_dot_tensor__service__pb2.WriteReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Credits(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/tensorwire.TensorService/Credits',
-            tensorwire_dot_transports_dot_tensor__service__pb2.CreditRequest.SerializeToString,
-            tensorwire_dot_transports_dot_tensor__service__pb2.CreditReply.FromString,
             options,
             channel_credentials,
             insecure,
