@@ -835,7 +835,8 @@ class Receiver(Resource):
                 raise PeerLostError(f"{session.describe()} was dropped ({session.dropped})")
 
         # On this server thread, as the shm writer waits in the sender: the ring's credit bell.
-        ring.wait_credit(header.seq, deadline, check_peer)
+        # The consumer is a thread of this process: spinning would only take its core and GIL.
+        ring.wait_credit(header.seq, deadline, check_peer, busy=False)
         with self._lock:
             slot = SlotChooser(ring.slot_seqs()).choose(tensor.released)
         return dataclasses.replace(header, slot=slot)

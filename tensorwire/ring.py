@@ -162,8 +162,11 @@ class RingMemory:
         q[self._seq[slot]] = seq  # the completion store: after the payload and the shape
         ring_bell(self._bell32, self._rx_bell, self.rx_bell_address, self._bell32, self._rx_waiting)
 
-    def wait_credit(self, seq: int, deadline: float | None, check_peer: Any) -> None:
-        """Block until message ``seq`` may be written; ``check_peer()`` raises if the peer died."""
+    def wait_credit(
+        self, seq: int, deadline: float | None, check_peer: Any, busy: bool = True
+    ) -> None:
+        """Block until message ``seq`` may be written; ``check_peer()`` raises if the peer died.
+        ``busy=False`` when the consumer is a thread of this very process (see ``wait_for``)."""
 
         def ready() -> bool | None:
             if seq - self._q[self._released] <= self.depth:
@@ -179,6 +182,7 @@ class RingMemory:
             flag=self._i,
             flag_index=self._tx_waiting,
             deadline=deadline,
+            busy=busy,
             what=lambda: (
                 f"tensor {self.spec.name!r}: no free slot for message {seq}: the receiver has "
                 f"released {self.released} of {seq - 1} (ring depth {self.depth})"
