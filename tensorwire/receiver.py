@@ -666,6 +666,8 @@ class Receiver(Resource):
             return wire.ErrorReply("protocol", f"unknown transport {msg.transport!r}")
         owner = tensor.owner
         if owner is session:  # claimed again (a writer rebuilt): same claim, same epoch
+            if tensor.inflight is None:
+                tensor.expected_seq = max(tensor.ring.last_complete(), tensor.consumed) + 1
             return self._claimed(tensor)
         if owner is not None:
             return wire.ErrorReply(

@@ -9,6 +9,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import msgpack
@@ -179,30 +180,42 @@ def test_connect_to_nothing_times_out_clearly() -> None:
         tw.Sender.connect(f"tcp://127.0.0.1:{free_port()}", timeout=0.3)
 
 
-def test_receiver_close_unblocks_waiter_and_sender(transport: str) -> None:
-    import threading
-
-    rx = tw.Receiver(ring=1)
-    rx.register("t", (4,), "int32")
+def _close_ends(
+    blocked: Callable[[], object], close: Callable[[], None], within: float
+) -> list[BaseException]:
+    """Run ``blocked`` in a thread, let it block, then ``close()``: the thread must end within
+    ``within`` seconds of the close. Returns what it raised."""
     errors: list[BaseException] = []
 
-    def waiter() -> None:
+    def run() -> None:
         try:
-            rx.wait("t", timeout=10)  # the message already written
-            rx.release("t")
-            rx.wait("t", timeout=10)  # blocks until close()
+            blocked()
         except BaseException as exc:
             errors.append(exc)
 
+    thread = threading.Thread(target=run)
+    thread.start()
+    time.sleep(0.3)
+    start = time.monotonic()
+    close()
+    thread.join(within + 5)
+    assert not thread.is_alive(), "a blocked call survived close()"
+    assert time.monotonic() - start < within, "close() waited behind the blocked call"
+    return errors
+
+
+def test_receiver_close_unblocks_waiter_and_sender(transport: str) -> None:
+    rx = tw.Receiver(ring=1)
+    rx.register("t", (4,), "int32")
+
+    def waiter() -> None:
+        rx.wait("t", timeout=10)  # the message already written
+        rx.release("t")
+        rx.wait("t", timeout=10)  # blocks until close()
+
     with tw.Sender.connect(rx.address, transport=transport, timeout=10) as tx:
         tx.write("t", np.zeros(4, np.int32))
-        thread = threading.Thread(target=waiter)
-        thread.start()
-        time.sleep(0.2)
-        start = time.monotonic()
-        rx.close()
-        thread.join(5)
-        assert not thread.is_alive() and time.monotonic() - start < 5
+        errors = _close_ends(waiter, rx.close, within=5)
         assert len(errors) == 1 and isinstance(errors[0], tw.ClosedError), errors
         with pytest.raises(tw.PeerLostError):
             for _ in range(50):
@@ -415,23 +428,11 @@ def test_a_large_write_to_a_frozen_receiver_ends_by_its_deadline(
                 timed.write("a", payload, timeout=2)
         assert time.monotonic() - start < 10, "a write outlived its deadline"
 
-        errors: list[BaseException] = []
-
         def blocked_write() -> None:
-            try:
-                for _ in range(3):  # blocks on the socket, or on the credit of the third
-                    unbounded.write("b", payload)
-            except BaseException as exc:
-                errors.append(exc)
+            for _ in range(3):  # blocks on the socket, or on the credit of the third
+                unbounded.write("b", payload)
 
-        writer = threading.Thread(target=blocked_write)
-        writer.start()
-        time.sleep(0.5)
-        start = time.monotonic()
-        unbounded.close()
-        writer.join(10)
-        assert not writer.is_alive(), "a write blocked on a frozen receiver survived close()"
-        assert time.monotonic() - start < 8, "close() waited behind a stuck write"
+        errors = _close_ends(blocked_write, unbounded.close, within=8)
         assert errors and isinstance(errors[0], tw.TensorWireError), errors
     finally:
         os.kill(proc.pid, signal.SIGCONT)
