@@ -58,20 +58,17 @@ from .layout import (
 )
 from .process import ProcessWatch, host_identity
 from .rdma import NixlOptions, is_loopback_host
-from .rdma import installed as rdma_installed
 from .region import Region, reap_stale_segments, shm_available
 from .resource import Resource
 from .ring import RingMemory, SlotChooser
 from .spec import TensorSpec
-from .transports.base import CreditLink
-from .transports.nixl import NixlDataServer, NixlPeer
-from .transports.tcp import TcpDataServer
+from .transports import SERVERS, TRANSPORTS
+from .transports.base import CreditLink, DataServer, ServerSettings
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BIND = "tcp://127.0.0.1:0"
 DEFAULT_REGION_BYTES = 8 << 20
-RECEIVER_TRANSPORTS = ("shm", "tcp", "nixl", "grpc", "grpc-stream")
 
 
 @dataclass(eq=False)
@@ -88,6 +85,7 @@ class _Session:
     token: bytes = b""
     watch: ProcessWatch | None = None
     link: CreditLink | None = None
+    link_server: str = ""  # the key of the data server that link belongs to
     claims: set[int] = field(default_factory=set)
     alive: bool = True
     dropped: str = ""  # why the session ended (once it has)
@@ -109,6 +107,9 @@ class _Tensor:
     released: int = 0  # messages handed back by release()
     owner: _Session | None = None
     transport: str = ""
+    #: the writer stores into our memory and completes slots itself (shm), rather than one of
+    #: our own threads doing it for the data it receives
+    sender_completes: bool = False
     expected_seq: int = 1  # next sequence number a networked writer must send
     lost: str | None = None  # set when the owner died: the next wait() reports it
     epoch: int = 0  # claims granted so far; the ring's owner word holds the current one
@@ -198,28 +199,35 @@ class Receiver(Resource):
         self._sessions: dict[bytes, _Session] = {}
         self._tokens: dict[bytes, _Session] = {}
         self._control: ControlServer | None = None
-        self._tcp: TcpDataServer | None = None
-        self._grpc: Any = None
-        self._nixl: NixlDataServer | None = None
-        self._nixl_setting = nixl
-        # decided once: whether NIXL is importable does not change while we run
-        self._nixl_on_demand = nixl is None and rdma_installed()
-        self._loopback = is_loopback_host(bind_host)
+        self._servers: dict[str, DataServer] = {}  # the data servers running, by key
+        self._on_demand: set[str] = set()  # servers started when the first sender attaches
+        self._settings = ServerSettings(
+            host=data_host,
+            loopback=is_loopback_host(bind_host),
+            receiver_name=self.name,
+            max_connections=max_connections,
+            frame_timeout=frame_timeout,
+            options={"nixl": nixl} if isinstance(nixl, NixlOptions) else {},
+        )
+        # Per server: True (or options) starts it now, False never, None as the server prefers
+        # (now, or on demand where its library is installed: decided once, as that does not
+        # change while we run).
+        wanted: dict[str, Any] = {"grpc": grpc, "nixl": nixl}
         try:
             reaped = reap_stale_segments()
             if reaped:
                 log.info("reaped %d shared-memory segments of dead receivers", len(reaped))
             self._shared = shm_available()
             self._bell = self._new_region(self._region_bytes)
-            if nixl is True or isinstance(nixl, NixlOptions):
-                self._nixl_server()
-            self._tcp = TcpDataServer(
-                data_host, self, max_connections=max_connections, frame_timeout=frame_timeout
-            )
-            if grpc:
-                from .transports.grpc import GrpcDataServer  # the baseline's server, on demand
-
-                self._grpc = GrpcDataServer(data_host, self)
+            for key, kind in SERVERS.items():
+                setting = wanted.get(key)
+                if setting is False:
+                    continue
+                if setting is None and kind.on_demand:
+                    if kind.available():
+                        self._on_demand.add(key)
+                    continue
+                self._start_server(key)
             self._control = ControlServer(
                 bind,
                 self._handle,
@@ -244,30 +252,32 @@ class Receiver(Resource):
         q[OFF_MAGIC // 8] = REGION_MAGIC
         self._regions.append(region)
         self._next_offset = REGION_HEADER_SIZE
-        if self._nixl is not None:
-            self._nixl.add_region(region.address, region.size)
+        for server in self._servers.values():
+            server.add_region(region.address, region.size)
         return region
 
-    def _nixl_server(self) -> NixlDataServer:
-        """The NIXL agent, started (with every region registered) on first use."""
-        if self._nixl is None:
-            if self._nixl_setting is False:
-                raise TransportError(f"receiver {self.name} was created with nixl=False")
-            options = self._nixl_setting
-            server = NixlDataServer(
-                self,
-                options if isinstance(options, NixlOptions) else NixlOptions(),
-                self._loopback,
-                self.name,
-            )
-            try:
-                for region in self._regions:
-                    server.add_region(region.address, region.size)
-            except BaseException:
-                server.close()
-                raise
-            self._nixl = server
-        return self._nixl
+    def _start_server(self, key: str) -> DataServer:
+        """Start data server ``key`` (registered in :mod:`tensorwire.transports`), with every
+        region registered where it needs them."""
+        server = SERVERS[key].start(self._settings, self)
+        try:
+            for region in self._regions:
+                server.add_region(region.address, region.size)
+        except BaseException:
+            server.close()
+            raise
+        self._servers[key] = server
+        return server
+
+    def _server(self, key: str) -> DataServer:
+        """The running data server ``key``, started now if it waits for its first sender."""
+        server = self._servers.get(key)
+        if server is not None:
+            return server
+        if key not in self._on_demand:
+            raise TransportError(f"receiver {self.name} does not serve {key}")
+        self._on_demand.discard(key)
+        return self._start_server(key)
 
     def _reserve(self, need: int) -> tuple[Region, int]:
         """``need`` bytes in the last region (or a new one): the region and the base offset."""
@@ -497,7 +507,7 @@ class Receiver(Resource):
                 f"tensor {name!r}: message {tensor.consumed + 1} did not arrive within "
                 f"{timeout} s on {self.name}"
             ),
-            busy=tensor.transport == "shm",
+            busy=tensor.sender_completes,
         )
         return view
 
@@ -523,7 +533,7 @@ class Receiver(Resource):
             ready,
             timeout,
             lambda: f"no message arrived within {timeout} s on {self.name}",
-            busy=any(t.transport == "shm" for t in self._order),
+            busy=any(t.sender_completes for t in self._order),
         )
         return got
 
@@ -540,7 +550,7 @@ class Receiver(Resource):
             tensor.released += 1
             tensor.ring.release(tensor.released)
             owner = tensor.owner
-            if owner is not None and owner.link is not None and tensor.transport != "shm":
+            if owner is not None and owner.link is not None and not tensor.sender_completes:
                 owner.link.send_credit(tensor.tensor_id, tensor.released)
 
     def drain(self, name: str) -> int:
@@ -641,14 +651,13 @@ class Receiver(Resource):
         if self._secret is not None:
             proof = server_proof(self._secret, session.server_nonce, session.client_nonce)
         transports: dict[str, Any] = {}
-        if self._shared:
-            transports["shm"] = {}
-        if self._tcp is not None:
-            transports["tcp"] = self._tcp.details()
-        if self._grpc is not None:
-            transports["grpc"] = self._grpc.details()
-        if self._nixl is not None or self._nixl_on_demand:
-            transports["nixl"] = {}
+        for name, transport in TRANSPORTS.items():
+            if transport.server is None and self._shared:
+                transports[name] = {}  # the sender maps our regions by the address book's names
+        for key, server in self._servers.items():
+            transports[key] = server.details()
+        for key in self._on_demand:
+            transports[key] = {}  # its details come when the sender attaches
         log.debug("welcomed %s", session.describe())
         return wire.Welcome(
             self.generation, os.getpid(), self._host, proof, session.token, transports
@@ -662,7 +671,8 @@ class Receiver(Resource):
         tensor = self._by_id.get(msg.tensor_id)
         if tensor is None:
             return wire.ErrorReply("unknown-tensor", f"no tensor with id {msg.tensor_id}")
-        if msg.transport not in RECEIVER_TRANSPORTS:
+        transport = TRANSPORTS.get(msg.transport)
+        if transport is None:
             return wire.ErrorReply("protocol", f"unknown transport {msg.transport!r}")
         owner = tensor.owner
         if owner is session:  # claimed again (a writer rebuilt): same claim, same epoch
@@ -673,12 +683,18 @@ class Receiver(Resource):
             return wire.ErrorReply(
                 "busy", f"tensor {tensor.spec.name!r} is already written by {owner.describe()}"
             )
-        if msg.transport == "shm" and (not self._shared or session.host != self._host):
-            return wire.ErrorReply("protocol", "shm claimed by a sender on another host")
-        if msg.transport.startswith("grpc") and self._grpc is None:
-            return wire.ErrorReply("protocol", "this receiver does not serve grpc")
-        if msg.transport != "shm" and session.link is None:
-            return wire.ErrorReply("protocol", f"open the {msg.transport} data connection first")
+        if transport.same_host and (not self._shared or session.host != self._host):
+            return wire.ErrorReply(
+                "protocol", f"{msg.transport} claimed by a sender on another host"
+            )
+        key = transport.server
+        if key is not None:
+            if key not in self._servers and key not in self._on_demand:
+                return wire.ErrorReply("protocol", f"this receiver does not serve {msg.transport}")
+            if session.link is None or session.link_server != key:
+                return wire.ErrorReply(
+                    "protocol", f"open the {msg.transport} data connection first"
+                )
         fenced = self._fenced(tensor)
         if fenced is not None:
             return wire.ErrorReply("fenced", f"tensor {tensor.spec.name!r}: {fenced}")
@@ -686,6 +702,7 @@ class Receiver(Resource):
         tensor.ring.set_owner(tensor.epoch)
         tensor.owner = session
         tensor.transport = msg.transport
+        tensor.sender_completes = key is None
         tensor.expected_seq = max(tensor.ring.last_complete(), tensor.consumed) + 1
         tensor.lost = None
         session.claims.add(tensor.tensor_id)
@@ -724,23 +741,23 @@ class Receiver(Resource):
         return None
 
     def _attach(self, session: _Session, msg: wire.Attach) -> wire.Message:
-        """A sender joins the nixl transport: load its agent's metadata, hand ours back."""
-        if msg.transport != "nixl":
+        """A sender joins a transport whose peers must know each other (``nixl``): its server
+        takes the sender's details and hands ours back."""
+        transport = TRANSPORTS.get(msg.transport)
+        key = transport.server if transport is not None else None
+        if key is None:
             return wire.ErrorReply("protocol", f"transport {msg.transport!r} has nothing to attach")
-        metadata = msg.details.get("metadata")
-        if not isinstance(metadata, bytes):
-            return wire.ErrorReply("protocol", "attach without NIXL agent metadata")
-        if session.link is not None and not isinstance(session.link, NixlPeer):
+        if session.link is not None and session.link_server != key:
             return wire.ErrorReply(
                 "protocol", f"{session.describe()} already has a data connection"
             )
         try:
-            server = self._nixl_server()
-            session.link = server.attach(session, metadata)
+            link, details = self._server(key).attach(session, msg.details)
         except TensorWireError as exc:
-            return wire.ErrorReply("protocol", f"nixl: {exc}")
+            return wire.ErrorReply("protocol", f"{msg.transport}: {exc}")
+        session.link, session.link_server = link, key
         session.last_seen = time.monotonic()
-        return wire.Attached(self.generation, server.details())
+        return wire.Attached(self.generation, details)
 
     def _drop_session(self, session: _Session, reason: str | None) -> None:
         """End a session; ``reason`` is None for a clean goodbye, else why it was lost."""
@@ -756,8 +773,8 @@ class Receiver(Resource):
             session.watch.close()
         if reason is not None and session.link is not None:
             session.link.cut()  # a networked writer learns at once that its session is over
-        if self._nixl is not None:
-            self._nixl.detach(session)
+        for server in self._servers.values():
+            server.detach(session)
         for tid in session.claims:
             tensor = self._by_id[tid]
             if tensor.owner is session:
@@ -765,7 +782,7 @@ class Receiver(Resource):
                 tensor.ring.set_owner(0)  # fences a shared-memory writer out of the ring
                 if reason is not None:
                     tensor.lost = f"{session.describe()} was lost: {reason}"
-                    if tensor.transport == "shm" and writer_alive:
+                    if tensor.sender_completes and writer_alive:
                         if tensor.stale_writer is not None:
                             tensor.stale_writer.close()
                         tensor.stale_writer = ProcessWatch(session.pid)
@@ -816,6 +833,8 @@ class Receiver(Resource):
             if session.link is not None:
                 raise LocalProtocolError(f"{session.describe()} already has a data connection")
             session.link = link
+            known = TRANSPORTS.get(transport)
+            session.link_server = (known.server if known is not None else None) or transport
             return session
 
     def await_slot(
@@ -946,12 +965,8 @@ class Receiver(Resource):
                 self._idle.wait(0.05)
         if self._control is not None:
             self._control.close()
-        if self._tcp is not None:
-            self._tcp.close()
-        if self._grpc is not None:
-            self._grpc.close()
-        if self._nixl is not None:
-            self._nixl.close()  # deregisters the regions before they are unmapped below
+        for server in self._servers.values():
+            server.close()  # a server holding memory registrations drops them before unmapping
         with self._lock:
             for session in list(self._sessions.values()):
                 self._drop_session(session, None)

@@ -111,7 +111,7 @@ def test_garbage_on_data_port_keeps_serving(transport: str) -> None:
     with tw.Receiver() as rx:
         rx.register("other", (8,), "float32")
         rx.register("t", (8,), "float32")
-        ports = [rx._tcp.port, rx._grpc.port]  # the data ports, as published in the welcome
+        ports = [rx._servers["tcp"].port, rx._servers["grpc"].port]  # as published in the welcome
         with tw.Sender.connect(rx.address, transport=transport, timeout=10) as tx:
             tx.write("t", np.ones(8, np.float32))
             for port in ports:

@@ -1,18 +1,55 @@
-"""Transports by name: every one implements :mod:`tensorwire.transports.base` on both ends."""
+"""Transports by name, for both ends: what a sender opens and what a receiver serves.
+
+Each transport is declared once here: its sender channel, and the key of the receiving server
+that carries it (none for ``shm``, whose senders write the receiver's memory themselves; ``grpc``
+and ``grpc-stream`` share one gRPC server). Each receiving server is declared once too: how to
+start it, whether it can run here, and whether it starts with the receiver or when the first
+sender attaches. The receiver starts, publishes, routes claims to and closes what is declared
+here without naming any transport; adding one means adding a module and its lines below
+(docs/design.md, "How to add a transport").
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from ..errors import TransportError
-from .base import Channel, PeerInfo
+from ..rdma import installed as rdma_installed
+from .base import Channel, DataServer, DataSink, PeerInfo, ServerSettings
 from .shm import ShmChannel
 from .shm import unavailable_reason as shm_unavailable_reason
 from .tcp import TcpChannel
 
 
+@dataclass(frozen=True, slots=True)
+class Transport:
+    """One transport, as both ends know it."""
+
+    name: str
+    open_channel: Callable[[PeerInfo], Channel]
+    #: key of the receiving server that carries it; None: the sender writes shared memory itself
+    server: str | None
+    #: it reaches only a receiver on this host whose regions are in shared memory
+    same_host: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ReceivingServer:
+    """One kind of receiving server. Published in the welcome under ``key``."""
+
+    key: str
+    start: Callable[[ServerSettings, DataSink], DataServer]
+    #: can it run here (its optional library installed)?
+    available: Callable[[], bool] = lambda: True
+    #: started when the first sender attaches rather than with the receiver (an agent that costs
+    #: a thread and memory registrations is not started for receivers nobody uses it with)
+    on_demand: bool = False
+
+
+# Optional or heavy libraries load only for those who use them.
 def _grpc(info: PeerInfo) -> Channel:
-    from .grpc import GrpcChannel  # grpcio loads only for those who use the baseline
+    from .grpc import GrpcChannel
 
     return GrpcChannel(info)
 
@@ -24,19 +61,52 @@ def _grpc_stream(info: PeerInfo) -> Channel:
 
 
 def _nixl(info: PeerInfo) -> Channel:
-    from .nixl import NixlChannel  # NIXL is optional: loaded only by those who ask for it
+    from .nixl import NixlChannel
 
     return NixlChannel(info)
 
 
-CHANNELS: dict[str, Callable[[PeerInfo], Channel]] = {
-    "shm": ShmChannel,
-    "tcp": TcpChannel,
-    "nixl": _nixl,
-    "grpc": _grpc,
-    "grpc-stream": _grpc_stream,
+def _tcp_server(settings: ServerSettings, sink: DataSink) -> DataServer:
+    from .tcp import start_server
+
+    return start_server(settings, sink)
+
+
+def _grpc_server(settings: ServerSettings, sink: DataSink) -> DataServer:
+    from .grpc import start_server
+
+    return start_server(settings, sink)
+
+
+def _nixl_server(settings: ServerSettings, sink: DataSink) -> DataServer:
+    from .nixl import start_server
+
+    return start_server(settings, sink)
+
+
+TRANSPORTS: dict[str, Transport] = {
+    t.name: t
+    for t in (
+        Transport("shm", ShmChannel, None, same_host=True),
+        Transport("tcp", TcpChannel, "tcp"),
+        Transport("nixl", _nixl, "nixl"),
+        Transport("grpc", _grpc, "grpc"),
+        Transport("grpc-stream", _grpc_stream, "grpc"),
+    )
 }
-TRANSPORT_NAMES = ("auto", *CHANNELS)
+SERVERS: dict[str, ReceivingServer] = {
+    s.key: s
+    for s in (
+        ReceivingServer("tcp", _tcp_server),
+        ReceivingServer("grpc", _grpc_server),
+        ReceivingServer("nixl", _nixl_server, available=rdma_installed, on_demand=True),
+    )
+}
+#: the sender channels by transport name
+CHANNELS: dict[str, Callable[[PeerInfo], Channel]] = {
+    name: t.open_channel for name, t in TRANSPORTS.items()
+}
+TRANSPORT_NAMES = ("auto", *TRANSPORTS)
 
 
 def check_name(requested: str) -> str:
@@ -62,4 +132,14 @@ def open_channel(requested: str, info: PeerInfo) -> Channel:
     return CHANNELS[choose(requested, info)](info)
 
 
-__all__ = ["CHANNELS", "TRANSPORT_NAMES", "check_name", "choose", "open_channel"]
+__all__ = [
+    "CHANNELS",
+    "SERVERS",
+    "TRANSPORTS",
+    "TRANSPORT_NAMES",
+    "ReceivingServer",
+    "Transport",
+    "check_name",
+    "choose",
+    "open_channel",
+]

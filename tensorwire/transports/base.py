@@ -4,17 +4,19 @@ Sender side: a :class:`Channel` is one sender's data path to one receiver; it ha
 :class:`TensorWriter` per tensor it has claimed. A writer knows the ring's remote address and
 moves a payload into the next slot, honouring credits.
 
-Receiver side: transports that need a server of their own (TCP, gRPC) deliver into the receiver
-through a :class:`DataSink`, implemented by the receiver: it admits connections by token, says where
-a payload must land, and completes the slot afterwards. The shared-memory transport needs no server:
-the sender writes the receiver's memory itself.
+Receiver side: transports that need a server of their own (TCP, gRPC, NIXL) run a
+:class:`DataServer`, which delivers into the receiver through a :class:`DataSink`, implemented by
+the receiver: it admits connections by token, says where a payload must land, and completes the
+slot afterwards. The shared-memory transport needs no server: the sender writes the receiver's
+memory itself. Which transport is carried by which server is declared once, in
+:mod:`tensorwire.transports`, for both ends.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
@@ -211,3 +213,38 @@ class DataSink(Protocol):
     def disconnected(self, session: object, reason: str | None) -> None:
         """The session's data connection ended: cleanly after a goodbye (``reason`` None) or
         not."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    """What a receiver tells the data servers it starts."""
+
+    host: str  # the interface to bind ("0.0.0.0": every one)
+    loopback: bool  # the receiver binds to loopback only
+    receiver_name: str
+    max_connections: int = 1024
+    frame_timeout: float = 30.0
+    #: per server key, its own options (``"nixl"``: a NixlOptions)
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+class DataServer:
+    """A receiver's server for networked transports. The defaults suit a server that needs
+    neither registered memory nor an attach step (TCP, gRPC)."""
+
+    def details(self) -> dict[str, Any]:
+        """What the welcome publishes about it (host and port, or nothing)."""
+        return {}
+
+    def add_region(self, address: int, size: int) -> None:
+        """The receiver created a region: register it where the transport needs to."""
+
+    def attach(self, session: object, details: dict[str, Any]) -> tuple[CreditLink, dict[str, Any]]:
+        """A sender joins through the control plane (``Attach``): its link, and our details."""
+        raise LocalProtocolError("this transport has nothing to attach")
+
+    def detach(self, session: object) -> None:
+        """The session ended, for whatever reason: forget what the server holds for it."""
+
+    def close(self) -> None:
+        """Stop serving; every thread ends. Idempotent."""

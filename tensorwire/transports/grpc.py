@@ -45,7 +45,7 @@ from ..errors import (
 )
 from . import tensor_service_pb2 as pb
 from . import tensor_service_pb2_grpc as pb_grpc
-from .base import Channel, DataSink, PeerInfo, TensorEntry, TensorWriter
+from .base import Channel, DataServer, DataSink, PeerInfo, ServerSettings, TensorEntry, TensorWriter
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ def _deadline(context: grpc.ServicerContext) -> float | None:
     return time.monotonic() + max(left - DEADLINE_MARGIN, 0.0)
 
 
-class GrpcDataServer(pb_grpc.TensorServiceServicer):
+class GrpcDataServer(pb_grpc.TensorServiceServicer, DataServer):
     """A gRPC server delivering ``grpc`` and ``grpc-stream`` writes into the receiver."""
 
     def __init__(self, host: str, sink: DataSink) -> None:
@@ -430,3 +430,8 @@ class GrpcStreamWriter(GrpcWriter):
 
         self._channel.call(self._channel.stream, chunks(), self._timeout(deadline))
         self.next_seq = seq + 1
+
+
+def start_server(settings: ServerSettings, sink: DataSink) -> GrpcDataServer:
+    """The receiving side of both baselines, as :mod:`tensorwire.transports` starts it."""
+    return GrpcDataServer(settings.host, sink)

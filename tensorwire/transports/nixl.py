@@ -51,7 +51,18 @@ from ..errors import (
 from ..layout import OFF_SCRATCH, SCRATCH_SIZE
 from ..rdma import NixlOptions, create_agent, is_loopback_host
 from ..ring import SlotChooser
-from .base import Channel, DataSink, PeerInfo, TensorEntry, TensorWriter, live_sink, wait_for_slot
+from .base import (
+    Channel,
+    CreditLink,
+    DataServer,
+    DataSink,
+    PeerInfo,
+    ServerSettings,
+    TensorEntry,
+    TensorWriter,
+    live_sink,
+    wait_for_slot,
+)
 
 log = logging.getLogger(__name__)
 
@@ -570,8 +581,9 @@ class NixlPeer:
         self._server.notify(self.agent, wire.encode_credit(SESSION_ENDED, 0))
 
 
-class NixlDataServer:
-    """The receiver's NIXL agent: registers regions, admits senders' agents, completes writes."""
+class NixlDataServer(DataServer):
+    """The receiver's NIXL agent: registers regions, admits senders' agents, completes writes.
+    Published in the welcome with no details: a sender learns them when it attaches."""
 
     def __init__(self, sink: DataSink, options: NixlOptions, loopback: bool, name: str) -> None:
         self._sink_ref = weakref.ref(sink)  # the polling thread must not keep the receiver alive
@@ -599,14 +611,20 @@ class NixlDataServer:
             self._registrations.append(descs)
             self._regions.append((address, size))
 
-    def details(self) -> dict[str, Any]:
+    def _attached_details(self) -> dict[str, Any]:
         """What a sender gets back from an attach: our metadata and every region's address."""
         with self._lock:
             regions = [[address, size] for address, size in self._regions]
         return {"metadata": self._agent.get_agent_metadata(), "regions": regions}
 
-    def attach(self, session: object, metadata: bytes) -> NixlPeer:
+    def attach(self, session: object, details: dict[str, Any]) -> tuple[CreditLink, dict[str, Any]]:
         """Load a sender's agent metadata and bind that agent to its session."""
+        metadata = details.get("metadata")
+        if not isinstance(metadata, bytes):
+            raise LocalProtocolError("attach without NIXL agent metadata")
+        return self._attach_agent(session, metadata), self._attached_details()
+
+    def _attach_agent(self, session: object, metadata: bytes) -> NixlPeer:
         if self._closed:
             raise TransportError("the receiver's nixl server is closed")
         try:
@@ -739,3 +757,14 @@ class NixlDataServer:
                 agent.deregister_memory(descs)
         self._registrations.clear()
         del agent  # the last reference: NIXL tears the agent (and its UCX context) down
+
+
+def start_server(settings: ServerSettings, sink: DataSink) -> NixlDataServer:
+    """The receiving side, as :mod:`tensorwire.transports` starts it."""
+    options = settings.options.get("nixl")
+    return NixlDataServer(
+        sink,
+        options if isinstance(options, NixlOptions) else NixlOptions(),
+        settings.loopback,
+        settings.receiver_name,
+    )

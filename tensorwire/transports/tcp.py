@@ -36,7 +36,17 @@ from ..errors import (
     WireTimeoutError,
 )
 from ..ring import SlotChooser
-from .base import Channel, DataSink, PeerInfo, TensorEntry, TensorWriter, live_sink, wait_for_slot
+from .base import (
+    Channel,
+    DataServer,
+    DataSink,
+    PeerInfo,
+    ServerSettings,
+    TensorEntry,
+    TensorWriter,
+    live_sink,
+    wait_for_slot,
+)
 
 log = logging.getLogger(__name__)
 
@@ -440,7 +450,7 @@ class _Connection:
     cut = shutdown  # the serving thread then ends the session as a dropped connection
 
 
-class TcpDataServer:
+class TcpDataServer(DataServer):
     """Accepts data connections and receives payloads in place, one thread per connection."""
 
     def __init__(
@@ -612,3 +622,13 @@ class TcpDataServer:
         for _, thread in conns:
             if thread is not me:
                 thread.join()
+
+
+def start_server(settings: ServerSettings, sink: DataSink) -> TcpDataServer:
+    """The receiving side, as :mod:`tensorwire.transports` starts it."""
+    return TcpDataServer(
+        settings.host,
+        sink,
+        max_connections=settings.max_connections,
+        frame_timeout=settings.frame_timeout,
+    )
