@@ -407,8 +407,8 @@ def test_a_large_write_to_a_frozen_receiver_ends_by_its_deadline(
     transport: str, children: Children
 ) -> None:
     """64 MiB do not fit in any socket buffer: a write to a SIGSTOPped receiver must still end by
-    its timeout (or by the heartbeat's verdict), and close() from another thread must not wait
-    behind a write that has no deadline and no heartbeat to end it."""
+    its timeout (or by the heartbeat's verdict), and (tcp, nixl) close() from another thread must
+    not wait behind a write that has no deadline and no heartbeat to end it."""
     here, there = children.pipe()
     proc = children.start(run_receiver, there, [("a", BIG, "float32"), ("b", BIG, "float32")])
     assert here.poll(30)
@@ -427,6 +427,11 @@ def test_a_large_write_to_a_frozen_receiver_ends_by_its_deadline(
             for _ in range(3):
                 timed.write("a", payload, timeout=2)
         assert time.monotonic() - start < 10, "a write outlived its deadline"
+
+        if transport.startswith("grpc"):
+            # grpcio's own Channel.close() can wait for a call stuck in flow control towards a
+            # stopped peer (RELIABILITY.md, limits): the baselines are measured, not hardened.
+            return
 
         def blocked_write() -> None:
             for _ in range(3):  # blocks on the socket, or on the credit of the third
