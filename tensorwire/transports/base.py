@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from ..errors import LocalProtocolError, TransportError
+from ..errors import LocalProtocolError, PeerLostError, TransportError
 from ..layout import RingLayout
 from ..spec import TensorSpec
 from ..wire import DataHeader, Message, Welcome
@@ -101,6 +101,11 @@ class Channel(ABC):
         """Called from the sender's heartbeat thread when the receiver stopped answering."""
         if self.lost is None:
             self.lost = reason
+
+    def raise_if_lost(self) -> None:
+        """Raise :class:`~tensorwire.errors.PeerLostError` once the receiver is known gone."""
+        if self.lost is not None:
+            raise PeerLostError(self.lost)
 
     @abstractmethod
     def writer(

@@ -334,8 +334,7 @@ class GrpcChannel(Channel):
                 raise _rpc_error(exc, self.where, self) from exc
 
     def check_peer(self) -> None:
-        if self.lost is not None:
-            raise PeerLostError(self.lost)
+        self.raise_if_lost()
 
     def goodbye(self, timeout: float) -> bool:
         # Unary writes return only once the data is in the slot, so nothing is in flight and the

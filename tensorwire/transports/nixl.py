@@ -258,8 +258,7 @@ class NixlChannel(Channel):
         return PeerLostError(self.lost or reason)
 
     def _live_agent(self, notifier: bool = False) -> Any:
-        if self.lost is not None:
-            raise PeerLostError(self.lost)
+        self.raise_if_lost()
         agent = self._notifier if notifier else self._agent
         if agent is None:
             raise PeerLostError(f"nixl channel to {self._where} is closed")
@@ -417,8 +416,7 @@ class NixlChannel(Channel):
             if self._absorb():
                 self._backoff.reset()
                 continue
-            if self.lost is not None:
-                raise PeerLostError(self.lost)
+            self.raise_if_lost()
             if deadline is not None and time.monotonic() >= deadline:
                 return False
             self._backoff.pause()
@@ -428,8 +426,7 @@ class NixlChannel(Channel):
 
     def check_peer(self) -> None:
         self._absorb()
-        if self.lost is not None:
-            raise PeerLostError(self.lost)
+        self.raise_if_lost()
 
     def goodbye(self, timeout: float) -> bool:
         """Send the goodbye behind every write; True once the receiver has completed them all."""

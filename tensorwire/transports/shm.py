@@ -69,8 +69,7 @@ class ShmChannel(Channel):
         return region
 
     def check_peer(self) -> None:
-        if self.lost is not None:
-            raise PeerLostError(self.lost)
+        self.raise_if_lost()
         if self._bell_region.words32[OFF_STATE // 4] == REGION_CLOSED:
             self.lost = f"receiver at {self.address} closed"
             raise PeerLostError(self.lost)

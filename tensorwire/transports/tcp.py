@@ -203,8 +203,7 @@ class TcpChannel(Channel):
         sock = self._sock
         if sock is None:
             raise PeerLostError(f"tcp channel to {self._where} is closed")
-        if self.lost is not None:
-            raise PeerLostError(self.lost)
+        self.raise_if_lost()
         wait_ms = block_ms
         for _ in range(64):  # bounded: a peer cannot keep us here by flooding credits
             if not self._poller.poll(wait_ms):
@@ -258,7 +257,7 @@ class TcpChannel(Channel):
         # notices a receiver that closed or restarted before we send into a dead connection.
         self._absorb(0)
         try:
-            send_all(sock, buffers, deadline, self._check_lost)
+            send_all(sock, buffers, deadline, self.raise_if_lost)
         except _SendTimeout as exc:
             if exc.sent == 0:
                 raise WireTimeoutError(
@@ -279,10 +278,6 @@ class TcpChannel(Channel):
             raise
         except OSError as exc:
             raise PeerLostError(f"tcp data connection to {self._where} failed: {exc}") from exc
-
-    def _check_lost(self) -> None:
-        if self.lost is not None:
-            raise PeerLostError(self.lost)
 
     def _shutdown(self) -> None:
         if self._sock is not None:
@@ -308,7 +303,7 @@ class TcpChannel(Channel):
         try:
             deadline = time.monotonic() + timeout
             bye = wire.encode_data_header(wire.DataHeader(0, 0, 0, 0, 0, None, bye=True))
-            send_all(sock, [memoryview(bye)], deadline, self._check_lost)
+            send_all(sock, [memoryview(bye)], deadline, self.raise_if_lost)
             sock.shutdown(socket.SHUT_WR)
             while time.monotonic() < deadline:
                 self._absorb(max(1, int((deadline - time.monotonic()) * 1000)))
