@@ -98,6 +98,7 @@ def set_receive_timeout(sock: socket.socket, seconds: float) -> None:
     )
 
 
+_POLLRDHUP = getattr(select, "POLLRDHUP", 0)  # Linux: the peer shut down its sending side
 #: Longest a blocked send sleeps before it looks again at its deadline and the peer's state.
 SEND_CHECK_MS = 100
 
@@ -177,7 +178,8 @@ class TcpChannel(Channel):
         self._inbox = bytearray()
         self._chunk = bytearray(wire.CREDIT.size * 256)
         self._poller = select.poll()
-        self._poller.register(sock, select.POLLIN)
+        # POLLRDHUP: the receiver's hang-up is seen in the same poll as the credits before it.
+        self._poller.register(sock, select.POLLIN | _POLLRDHUP)
         try:
             _tune(sock)
             sock.sendall(wire.encode_data_hello(self._generation, info.welcome.token))
@@ -204,11 +206,13 @@ class TcpChannel(Channel):
         if sock is None:
             raise PeerLostError(f"tcp channel to {self._where} is closed")
         self.raise_if_lost()
-        wait_ms = block_ms
-        for _ in range(64):  # bounded: a peer cannot keep us here by flooding credits
-            if not self._poller.poll(wait_ms):
-                break
-            wait_ms = 0
+        events = self._poller.poll(block_ms)
+        if not events:
+            return
+        # One read per call, as a write's credit check costs no more; once the receiver has hung
+        # up it sends nothing more, so reading on to the end of the stream is bounded.
+        hung_up = bool(events[0][1] & (_POLLRDHUP | select.POLLHUP | select.POLLERR))
+        while True:
             try:
                 n = sock.recv_into(self._chunk, len(self._chunk), socket.MSG_DONTWAIT)
             except BlockingIOError:
@@ -222,6 +226,8 @@ class TcpChannel(Channel):
                     "dropped this sender's session)"
                 )
             self._inbox += memoryview(self._chunk)[:n]
+            if not hung_up:
+                break
         self._take_credits()
 
     def _take_credits(self) -> None:
