@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from .errors import LocalProtocolError, TransportError
+from .memory import HOST
 
 SHM_DIR = "/dev/shm"
 _PREFIX = "tensorwire."
@@ -98,6 +99,9 @@ class Region:
     :meth:`attach` to it by name. ``words64``/``words32`` are memoryviews over the whole region for
     single aligned word loads and stores (the sequence numbers, counters and doorbells).
     """
+
+    kind: str = HOST  # a Memory (tensorwire.memory): host memory
+    device: int = 0
 
     def __init__(
         self, name: str | None, size: int, mm: mmap.mmap, owner: bool, lock_fd: int = -1

@@ -152,7 +152,7 @@ def run_receiver(
     with tw.Receiver(bind, secret=secret) as rx:
         for name, shape, dtype in specs:
             rx.register(name, shape, dtype)
-        conn.send({"address": rx.address, "regions": [r.name for r in rx._regions if r.name]})
+        conn.send({"address": rx.address, "regions": [r.name for r in rx._table.regions if r.name]})
         while True:
             if not conn.poll(0.05):
                 continue

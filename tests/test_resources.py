@@ -208,7 +208,7 @@ _HOLD_REGIONS = """
 import sys, tensorwire as tw
 with tw.Receiver() as rx:
     rx.register("t", (1 << 16,), "float32")
-    print(" ".join(r.name for r in rx._regions if r.name), flush=True)
+    print(" ".join(r.name for r in rx._table.regions if r.name), flush=True)
     sys.stdin.read()  # until the test closes our stdin (or kills us)
 """
 _REAP = "import tensorwire.region as r; print(' '.join(r.reap_stale_segments()))"

@@ -23,6 +23,7 @@ import numpy as np
 
 from ..errors import LocalProtocolError, PeerLostError, TransportError
 from ..layout import RingLayout
+from ..memory import Memory
 from ..spec import TensorSpec
 from ..wire import DataHeader, Message, Welcome
 
@@ -193,9 +194,8 @@ class CreditLink(Protocol):
 
 
 class DataSink(Protocol):
-    """Receiver side: what a transport server delivers into (implemented by the receiver)."""
-
-    generation: int
+    """Receiver side: what a transport server delivers into (implemented by
+    :mod:`tensorwire.receiver.landing`)."""
 
     def admit(self, token: bytes, generation: int, link: CreditLink, transport: str) -> object:
         """Check a data connection's token; return the session it belongs to, or raise."""
@@ -241,8 +241,9 @@ class DataServer:
         """What the welcome publishes about it (host and port, or nothing)."""
         return {}
 
-    def add_region(self, address: int, size: int) -> None:
-        """The receiver created a region: register it where the transport needs to."""
+    def add_memory(self, memory: Memory) -> None:
+        """The receiver registered a new span of memory: register it where the transport needs
+        to (its library's memory registration)."""
 
     def attach(self, session: object, details: dict[str, Any]) -> tuple[CreditLink, dict[str, Any]]:
         """A sender joins through the control plane (``Attach``): its link, and our details."""

@@ -49,6 +49,7 @@ from ..errors import (
     WireTimeoutError,
 )
 from ..layout import OFF_SCRATCH, SCRATCH_SIZE
+from ..memory import HOST, Memory
 from ..rdma import NixlOptions, create_agent, is_loopback_host
 from ..ring import SlotChooser
 from .base import (
@@ -78,6 +79,8 @@ MAX_REQUESTS_PER_SOURCE = 64
 NOTIFY_PROGRESS = 3
 #: A posted transfer that has not completed in this long means the receiver is unreachable.
 TRANSFER_TIMEOUT = 60.0
+#: what NIXL calls each kind of memory (tensorwire.memory) it registers
+_NIXL_MEMORY = {HOST: "DRAM"}
 
 
 class Backoff:
@@ -595,15 +598,19 @@ class NixlDataServer(DataServer):
         )
         self._thread.start()
 
-    def add_region(self, address: int, size: int) -> None:
+    def add_memory(self, memory: Memory) -> None:
+        mem_type = _NIXL_MEMORY.get(memory.kind)
+        if mem_type is None:
+            raise TransportError(f"the nixl transport cannot register {memory.kind} memory")
         with self._lock:
             if self._closed:
                 return
+            address, size = memory.address, memory.size
             try:
-                descs = self._agent.register_memory([(address, size, 0, "")], "DRAM")
+                descs = self._agent.register_memory([(address, size, memory.device, "")], mem_type)
             except Exception as exc:
                 raise TransportError(
-                    f"NIXL could not register a {size}-byte region: {exc}"
+                    f"NIXL could not register a {size}-byte {memory.kind} region: {exc}"
                 ) from exc
             self._registrations.append(descs)
             self._regions.append((address, size))

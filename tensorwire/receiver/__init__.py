@@ -1,0 +1,293 @@
+"""The receiving endpoint: register tensors, publish their addresses, hand out landed tensors.
+
+A :class:`Receiver` owns registered regions, a control-plane server (hello, address book, claims)
+and the servers of the networked transports. Senders write into its slots one-sidedly; the receiver
+learns that a message landed from the slot's sequence number and hands out a zero-copy read-only
+view of the slot, which stays valid until :meth:`Receiver.release` returns the slot to the sender.
+
+Each tensor has exactly one writer at a time: the sender that *claims* it (on its first write). A
+claim ends with the sender's goodbye, its death (pidfd on this host, the data connection elsewhere)
+or the receiver's close; a new sender may then claim the tensor and continues its sequence numbers.
+
+:class:`Receiver` is a facade over one module per concern, sharing one
+:class:`~tensorwire.receiver.state.ReceiverState` (identity, lock, closed):
+
+* :mod:`~tensorwire.receiver.tensors`: the registry of tensors and the memory they live in;
+* :mod:`~tensorwire.receiver.consumer`: wait, wait_any, release, drain, pending;
+* :mod:`~tensorwire.receiver.sessions`: the control plane, one session per sender, and claims;
+* :mod:`~tensorwire.receiver.landing`: where networked transports land payloads (the data sink);
+* :mod:`~tensorwire.receiver.servers`: the data servers it runs, as the transport registry says.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Iterable
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+
+from ..auth import normalise_secret
+from ..control import ControlServer
+from ..curve import CurveKeys
+from ..errors import TensorWireError
+from ..process import host_identity
+from ..rdma import NixlOptions, is_loopback_host
+from ..region import reap_stale_segments, shm_available
+from ..resource import Resource
+from ..spec import TensorSpec
+from ..transports.base import ServerSettings
+from .consumer import Consumer
+from .landing import Landing
+from .servers import DataServers
+from .sessions import SessionHandler
+from .state import ReceiverState
+from .tensors import TensorTable
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BIND = "tcp://127.0.0.1:0"
+DEFAULT_REGION_BYTES = 8 << 20
+
+
+def _parse_bind(bind: str) -> tuple[str, str]:
+    try:
+        parts = urlsplit(bind)
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme != "tcp" or not parts.hostname or port is None:
+        raise TensorWireError(
+            f"bind address must look like tcp://HOST:PORT (PORT 0 picks a free one), got {bind!r}"
+        )
+    host = parts.hostname
+    data_host = "0.0.0.0" if host in ("*", "0.0.0.0") else host
+    return host, data_host
+
+
+class Receiver(Resource):
+    """Registers tensors and receives one-sided writes into them.
+
+    ``bind`` is the control-plane endpoint (``tcp://127.0.0.1:0`` picks a free loopback port; give a
+    routable address to accept senders from other hosts). ``secret`` turns on HMAC authentication
+    of every sender. ``ring`` is the default number of slots per tensor (2: double buffering).
+    Limits on what a peer can make it do: at most ``max_connections`` data connections, and a
+    connection that stops in the middle of a frame is dropped after ``frame_timeout`` seconds (an
+    idle one between frames is kept). Frame sizes are bounded by the registered specs. A sender
+    silent for ``heartbeat_timeout`` seconds (senders heartbeat every few seconds on their own) is
+    declared lost: waiters on its tensors get :class:`~tensorwire.errors.PeerLostError`.
+    ``curve_keys`` (:func:`tensorwire.curve.load`) encrypts the control plane with ZeroMQ CURVE.
+    ``nixl``: serve the ``nixl`` (RDMA) transport. ``None`` (the default) serves it when NIXL is
+    installed, starting its agent when the first sender attaches; ``True`` or a
+    :class:`~tensorwire.rdma.NixlOptions` start it now (and fail if NIXL is missing); ``False``
+    never serves it.
+    """
+
+    def __init__(
+        self,
+        bind: str = DEFAULT_BIND,
+        *,
+        secret: str | bytes | None = None,
+        ring: int = 2,
+        region_bytes: int = DEFAULT_REGION_BYTES,
+        name: str | None = None,
+        grpc: bool = True,
+        max_connections: int = 1024,
+        frame_timeout: float = 30.0,
+        heartbeat_timeout: float | None = 30.0,
+        curve_keys: CurveKeys | None = None,
+        nixl: bool | NixlOptions | None = None,
+    ) -> None:
+        bind_host, data_host = _parse_bind(bind)
+        if ring < 1:
+            raise ValueError(f"ring must be at least 1, got {ring}")
+        self.name = name or f"receiver-{secrets.token_hex(3)}"
+        self.generation: int = secrets.randbits(62) | 1
+        self._state = ReceiverState(self.name, self.generation, host_identity())
+        self._closed = False
+        self._control: ControlServer | None = None
+        settings = ServerSettings(
+            host=data_host,
+            loopback=is_loopback_host(bind_host),
+            receiver_name=self.name,
+            max_connections=max_connections,
+            frame_timeout=frame_timeout,
+            options={"nixl": nixl} if isinstance(nixl, NixlOptions) else {},
+        )
+        try:
+            reaped = reap_stale_segments()
+            if reaped:
+                log.info("reaped %d shared-memory segments of dead receivers", len(reaped))
+            # The data servers learn of every region as it is created; they start once the
+            # landing they deliver into exists.
+            self._servers = DataServers(settings)
+            self._table = TensorTable(
+                self._state,
+                ring_depth=ring,
+                region_bytes=region_bytes,
+                shared=shm_available(),
+                on_new_memory=self._servers.add_memory,
+            )
+            self._sessions = SessionHandler(
+                self._state,
+                self._table,
+                self._servers,
+                secret=normalise_secret(secret),
+                heartbeat_timeout=heartbeat_timeout,
+            )
+            self._consumer = Consumer(self._state, self._table)
+            self._landing = Landing(self._state, self._table, self._sessions)
+            self._servers.start_configured({"grpc": grpc, "nixl": nixl}, self._landing)
+            self._control = ControlServer(
+                bind,
+                self._sessions.handle,
+                self._sessions.tick,
+                name=f"tensorwire-control-{self.name}",
+                curve_keys=curve_keys,
+            )
+        except BaseException:
+            self.close()
+            raise
+        self.address: str = self._control.address
+
+    # ---------------------------------------------------------------------------------------
+    # Registration (tensorwire.receiver.tensors)
+    # ---------------------------------------------------------------------------------------
+
+    def register(
+        self,
+        name: str,
+        shape: Any,
+        dtype: Any,
+        *,
+        max_bytes: int | None = None,
+        ring: int | None = None,
+    ) -> TensorSpec:
+        """Preallocate slots for tensor ``name`` and publish its address to senders.
+
+        A shape with ``None`` dimensions is dynamic and needs ``max_bytes`` (its capacity).
+        Returns the registered :class:`TensorSpec`.
+        """
+        spec = TensorSpec.create(name, shape, dtype, max_bytes)
+        self._table.register(spec, ring)
+        return spec
+
+    def register_parts(
+        self, name: str, shape: Any, dtype: Any, rows: list[int]
+    ) -> list[TensorSpec]:
+        """Register a static tensor as parts split along its first axis, stored back to back.
+
+        Part ``k`` is a tensor of its own, named ``f"{name}@{k}"``, with ``rows[k]`` rows and one
+        slot: each part may have its own writer (e.g. the parameter server shard that owns those
+        rows), and :meth:`array` hands out the whole tensor as one read-only view of the slots the
+        parts land in. This is how a model's parameters can *be* registered memory.
+        """
+        return self._table.register_parts(name, shape, dtype, rows)
+
+    def array(self, name: str) -> np.ndarray[Any, Any]:
+        """The whole of a tensor registered with :meth:`register_parts`, as one read-only view.
+
+        Its contents are whatever the parts' last messages put there; wait for each part's message
+        before reading, and release the parts to let their writers send the next one.
+        """
+        return self._table.group(name)
+
+    def register_many(self, specs: Iterable[TensorSpec | tuple[Any, ...]]) -> list[TensorSpec]:
+        """Register several tensors; each item a :class:`TensorSpec` or ``(name, shape, dtype)``."""
+        out = []
+        for item in specs:
+            if isinstance(item, TensorSpec):
+                out.append(
+                    self.register(
+                        item.name,
+                        item.shape,
+                        item.dtype,
+                        max_bytes=item.max_bytes if item.dynamic else None,
+                    )
+                )
+            else:
+                out.append(self.register(*item))
+        return out
+
+    @property
+    def specs(self) -> dict[str, TensorSpec]:
+        return self._table.specs()
+
+    # ---------------------------------------------------------------------------------------
+    # Waiting and releasing (tensorwire.receiver.consumer)
+    # ---------------------------------------------------------------------------------------
+
+    def wait(self, name: str, timeout: float | None = None) -> np.ndarray[Any, Any]:
+        """Wait for the next message of ``name``; return a read-only zero-copy view of it.
+
+        ``timeout``: None blocks, 0 polls, a positive number is seconds
+        (:class:`~tensorwire.errors.WireTimeoutError` when it runs out). The view stays valid until
+        :meth:`release` hands its slot back to the sender. Several threads may wait on one tensor:
+        each message goes to exactly one of them.
+        """
+        return self._consumer.wait(name, timeout)
+
+    def wait_any(self, timeout: float | None = None) -> tuple[str, np.ndarray[Any, Any]]:
+        """Wait for the next message of any tensor; return ``(name, view)``.
+
+        Tensors are served round-robin so one busy sender cannot starve the others. Tensors whose
+        slots are all held by the consumer are skipped until released.
+        """
+        return self._consumer.wait_any(timeout)
+
+    def release(self, name: str) -> None:
+        """Hand the oldest held slot of ``name`` back to its sender (one credit).
+
+        Safe from any thread; with several consumer threads on one tensor, each release hands
+        back the oldest message still held, whichever thread took it. Never blocks: a credit the
+        network cannot take at once is sent as soon as it can."""
+        self._consumer.release(name)
+
+    def drain(self, name: str) -> int:
+        """Discard what a lost writer left behind in ``name``: every landed message not yet
+        handed out, and the loss notice itself. Returns how many messages were dropped.
+
+        Messages the consumer holds are not touched (release them first); the ring then stands
+        empty for the next writer."""
+        return self._consumer.drain(name)
+
+    def pending(self, name: str) -> int:
+        """How many messages of ``name`` have landed but not been handed out yet."""
+        return self._consumer.pending(name)
+
+    # ---------------------------------------------------------------------------------------
+    # Lifetime
+    # ---------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop serving, wake every waiter with ClosedError, unlink every region. Idempotent."""
+        # Each part is closed if __init__ got as far as making it.
+        state: ReceiverState | None = getattr(self, "_state", None)
+        if state is None:
+            return
+        table: TensorTable | None = getattr(self, "_table", None)
+        with state.lock:
+            if state.closed:
+                return
+            state.closed = self._closed = True
+            if table is not None:
+                table.mark_closed()
+                consumer = getattr(self, "_consumer", None)
+                if consumer is not None:
+                    consumer.let_waiters_leave(5.0)
+        if self._control is not None:
+            self._control.close()
+        servers = getattr(self, "_servers", None)
+        if servers is not None:
+            servers.close()  # a server holding memory registrations drops them before unmapping
+        sessions = getattr(self, "_sessions", None)
+        if sessions is not None:
+            sessions.close()
+        if table is not None:
+            table.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self.specs)} tensors"
+        return f"<Receiver {self.name} at {getattr(self, 'address', '?')} ({state})>"

@@ -1,0 +1,156 @@
+"""Where the networked transports land payloads: the receiver's :class:`DataSink`.
+
+A data server (TCP, gRPC, NIXL) calls these on its own threads. Each data connection is admitted
+by the token its session was welcomed with; each write's header is checked against the claim
+(the session owns the tensor), the sequence (the next message, in order), the credits (a free
+slot, no overrun) and the spec (the exact byte count, a shape only for a dynamic tensor) before
+the server gets the slot's bytes to receive into, and the slot is completed only once the whole
+payload is there and its session still holds the claim. Nothing here copies a payload.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from .. import wire
+from ..errors import ClosedError, LocalProtocolError, SpecMismatchError
+from ..ring import SlotChooser
+from ..transports import TRANSPORTS
+from ..transports.base import CreditLink, DataSink
+from .sessions import Session, SessionHandler
+from .state import ReceiverState
+from .tensors import TensorTable
+
+
+class Landing(DataSink):
+    def __init__(self, state: ReceiverState, table: TensorTable, sessions: SessionHandler) -> None:
+        self._state = state
+        self._table = table
+        self._sessions = sessions
+
+    def admit(self, token: bytes, generation: int, link: CreditLink, transport: str) -> object:
+        with self._state.lock:
+            session = self._sessions.by_token(token)
+            if session is None or not session.alive:
+                raise LocalProtocolError(f"{transport} connection presented an unknown token")
+            if generation != self._state.generation:
+                raise LocalProtocolError(
+                    f"{transport} connection for stale generation {generation}"
+                )
+            if session.link is not None:
+                raise LocalProtocolError(f"{session.describe()} already has a data connection")
+            session.link = link
+            known = TRANSPORTS.get(transport)
+            session.link_server = (known.server if known is not None else None) or transport
+            return session
+
+    def await_slot(
+        self, session: object, header: wire.DataHeader, deadline: float | None
+    ) -> wire.DataHeader:
+        assert isinstance(session, Session)
+        state = self._state
+        with state.lock:
+            tensor = self._table.by_id.get(header.tensor_id)
+            if tensor is None or tensor.owner is not session or not session.alive:
+                return header  # begin_write says what is wrong
+            if header.seq != tensor.expected_seq:
+                return header
+            ring = tensor.ring
+
+        def check_peer() -> None:
+            if state.closed:
+                raise ClosedError(f"receiver {state.name} is closing")
+            if not session.alive:
+                raise session.dropped_error()
+
+        # On this server thread, as the shm writer waits in the sender: the ring's credit bell.
+        # The consumer is a thread of this process: spinning would only take its core and GIL.
+        ring.wait_credit(header.seq, deadline, check_peer, busy=False)
+        with state.lock:
+            slot = SlotChooser(ring.slot_seqs()).choose(tensor.released)
+        return dataclasses.replace(header, slot=slot)
+
+    def begin_write(self, session: object, header: wire.DataHeader) -> memoryview:
+        assert isinstance(session, Session)
+        with self._state.lock:
+            dst = self._check_write(session, header)
+            self._table.by_id[header.tensor_id].inflight = session
+            return dst
+
+    def _check_write(self, session: Session, header: wire.DataHeader) -> memoryview:
+        """The bytes of the slot ``header`` aims at, exactly as many as its payload, once the
+        header is found true to the claim, the sequence, the credits and the spec."""
+        if not session.alive:
+            raise session.dropped_error()
+        tensor = self._table.by_id.get(header.tensor_id)
+        if tensor is None or tensor.owner is not session:
+            raise LocalProtocolError(
+                f"write to tensor id {header.tensor_id} that this sender has not claimed"
+            )
+        ring = tensor.ring
+        name = tensor.spec.name
+        if header.generation != self._state.generation:
+            raise LocalProtocolError(f"tensor {name!r}: write for stale generation")
+        if header.seq != tensor.expected_seq:
+            raise LocalProtocolError(
+                f"tensor {name!r}: expected message {tensor.expected_seq}, got {header.seq}"
+            )
+        if header.slot >= ring.depth or ring.seq_at(header.slot) > tensor.released:
+            raise LocalProtocolError(
+                f"tensor {name!r}: message {header.seq} aimed at slot {header.slot}, which is not "
+                f"free (depth {ring.depth}, released {tensor.released})"
+            )
+        if header.seq - tensor.released > ring.depth:
+            raise LocalProtocolError(
+                f"tensor {name!r}: message {header.seq} overruns the credits "
+                f"(released {tensor.released}, depth {ring.depth})"
+            )
+        if tensor.spec.dynamic:
+            if header.shape is None:
+                raise LocalProtocolError(f"tensor {name!r} is dynamic but the header has no shape")
+            try:
+                nbytes = tensor.spec.check_shape(header.shape)
+            except SpecMismatchError as exc:
+                raise LocalProtocolError(str(exc)) from None
+        elif header.shape is not None:
+            # A static slot has no room for dims: honouring them would write past its header.
+            raise LocalProtocolError(f"tensor {name!r} is static but the header carries a shape")
+        else:
+            nbytes = tensor.spec.max_bytes
+        if header.nbytes != nbytes:
+            raise LocalProtocolError(
+                f"tensor {name!r}: header says {header.nbytes} bytes, the spec needs {nbytes}"
+            )
+        return ring.payload_bytes[header.slot][:nbytes].data
+
+    def end_write(self, session: object, header: wire.DataHeader) -> None:
+        assert isinstance(session, Session)
+        with self._state.lock:
+            tensor = self._table.by_id[header.tensor_id]
+            tensor.inflight = None
+            if tensor.owner is not session:  # dropped while its payload was arriving
+                raise session.dropped_error(
+                    f" while message {header.seq} of {tensor.spec.name!r} was arriving (not "
+                    "completed)"
+                )
+            session.last_seen = time.monotonic()
+            tensor.ring.publish(header.slot, header.seq, header.nbytes, header.shape)
+            tensor.expected_seq = header.seq + 1
+
+    def abort_write(self, session: object, header: wire.DataHeader) -> None:
+        with self._state.lock:
+            tensor = self._table.by_id.get(header.tensor_id)
+            if tensor is not None and tensor.inflight is session:
+                tensor.inflight = None
+
+    def disconnected(self, session: object, reason: str | None) -> None:
+        assert isinstance(session, Session)
+        state = self._state
+        with state.lock:
+            for tensor in self._table.order:  # its thread stopped writing: the slot is free again
+                if tensor.inflight is session:
+                    tensor.inflight = None
+            session.link = None
+            lost = None if reason is None or state.closed else f"data connection ended ({reason})"
+            self._sessions.drop(session, lost)

@@ -1,0 +1,332 @@
+"""The receiver's control plane: one session per sender, from its hello to its goodbye or death.
+
+Runs on the control-plane thread (:class:`~tensorwire.control.ControlServer`). A sender says
+hello, proves it knows the secret (when there is one) and is welcomed with a token and each
+transport's details; it reads the address book, *claims* a tensor before writing it (one writer
+per tensor at a time, each claim with a new epoch that fences out the writer before it), attaches
+to transports whose peers must know each other, heartbeats, and says goodbye. A session ends with
+that goodbye, the sender's death (pidfd on this host, the data connection or silence elsewhere)
+or the receiver's close; its claims end with it, and the consumer learns of a loss at its next
+wait.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import wire
+from ..auth import client_mac, new_nonce, server_proof, verify
+from ..doorbell import barrier_everywhere
+from ..errors import PeerLostError, TensorWireError
+from ..process import ProcessWatch
+from ..transports import TRANSPORTS
+from ..transports.base import CreditLink
+from .servers import DataServers
+from .state import ReceiverState
+from .tensors import RegisteredTensor, TensorTable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Session:
+    """One sender, from its hello to its goodbye or death."""
+
+    identity: bytes
+    client: str
+    pid: int
+    host: str
+    client_nonce: bytes
+    server_nonce: bytes = b""
+    authenticated: bool = False
+    token: bytes = b""
+    watch: ProcessWatch | None = None
+    link: CreditLink | None = None
+    link_server: str = ""  # the key of the data server that link belongs to
+    claims: set[int] = field(default_factory=set)
+    alive: bool = True
+    dropped: str = ""  # why the session ended (once it has)
+    last_seen: float = field(default_factory=time.monotonic)  # any message, frame or heartbeat
+
+    def describe(self) -> str:
+        return f"sender {self.client!r} (pid {self.pid})"
+
+    def dropped_error(self, doing: str = "") -> PeerLostError:
+        """What a write of this session meets once the receiver has ended it; ``doing`` says
+        what was under way then."""
+        return PeerLostError(
+            f"{self.describe()} was dropped by the receiver ({self.dropped}){doing}; its claims "
+            "are revoked"
+        )
+
+
+class SessionHandler:
+    def __init__(
+        self,
+        state: ReceiverState,
+        table: TensorTable,
+        servers: DataServers,
+        *,
+        secret: bytes | None,
+        heartbeat_timeout: float | None,
+    ) -> None:
+        self._state = state
+        self._table = table
+        self._servers = servers
+        self._secret = secret
+        self._heartbeat_timeout = heartbeat_timeout
+        self._sessions: dict[bytes, Session] = {}  # by control-socket identity
+        self._tokens: dict[bytes, Session] = {}  # by the token its data connections present
+
+    def by_token(self, token: bytes) -> Session | None:
+        return self._tokens.get(token)
+
+    # -- the protocol --------------------------------------------------------------------------
+
+    def handle(self, identity: bytes, msg: wire.Message) -> wire.Message | None:
+        state = self._state
+        with state.lock:
+            if state.closed:
+                return wire.ErrorReply("closed", "receiver is closing")
+            if isinstance(msg, wire.Hello):
+                return self._hello(identity, msg)
+            session = self._sessions.get(identity)
+            if isinstance(msg, wire.Auth):
+                return self._auth(session, msg)
+            if isinstance(msg, wire.Heartbeat):
+                return self._heartbeat(msg)
+            if session is None or not session.authenticated:
+                return wire.ErrorReply("unauthenticated", "say hello (and authenticate) first")
+            generation = getattr(msg, "generation", None)
+            if generation != state.generation:
+                return wire.ErrorReply(
+                    "stale-generation",
+                    f"generation {generation} is gone; the receiver restarted as "
+                    f"{state.generation}",
+                )
+            if isinstance(msg, wire.Lookup):
+                return self._address_book()
+            if isinstance(msg, wire.Claim):
+                return self._claim(session, msg)
+            if isinstance(msg, wire.Attach):
+                return self._attach(session, msg)
+            session.last_seen = time.monotonic()
+            if isinstance(msg, wire.Goodbye):
+                self.drop(session, None)
+                return wire.Ack(state.generation)
+            return wire.ErrorReply("protocol", f"unexpected {msg.TYPE} message")
+
+    def _heartbeat(self, msg: wire.Heartbeat) -> wire.Message:
+        # Heartbeats come on the sender's own heartbeat socket, so the token, not the socket
+        # identity, says which session is alive (and proves it was authenticated).
+        session = self._tokens.get(msg.token)
+        if session is None or not session.alive:
+            return wire.ErrorReply("unauthenticated", "unknown session token")
+        if msg.generation != self._state.generation:
+            return wire.ErrorReply("stale-generation", f"generation {msg.generation} is gone")
+        session.last_seen = time.monotonic()
+        return wire.Ack(self._state.generation)
+
+    def _hello(self, identity: bytes, msg: wire.Hello) -> wire.Message:
+        old = self._sessions.get(identity)
+        if old is not None:
+            self.drop(old, "said hello again")
+        session = Session(identity, msg.client, msg.pid, msg.host, msg.nonce)
+        self._sessions[identity] = session
+        if self._secret is not None:
+            session.server_nonce = new_nonce()
+            return wire.Challenge(session.server_nonce)
+        return self._welcome(session)
+
+    def _auth(self, session: Session | None, msg: wire.Auth) -> wire.Message:
+        if session is None or self._secret is None or session.authenticated:
+            return wire.ErrorReply("protocol", "unexpected auth message")
+        expected = client_mac(self._secret, session.server_nonce, session.client_nonce)
+        if not verify(expected, msg.mac):
+            self._sessions.pop(session.identity, None)
+            log.warning("refused %s: wrong secret", session.describe())
+            return wire.ErrorReply("auth", "wrong secret")
+        return self._welcome(session)
+
+    def _welcome(self, session: Session) -> wire.Message:
+        state = self._state
+        session.authenticated = True
+        session.token = secrets.token_bytes(wire.TOKEN_BYTES)
+        self._tokens[session.token] = session
+        if session.host == state.host:
+            session.watch = ProcessWatch(session.pid)
+        proof = b""
+        if self._secret is not None:
+            proof = server_proof(self._secret, session.server_nonce, session.client_nonce)
+        transports: dict[str, Any] = {}
+        for name, transport in TRANSPORTS.items():
+            if transport.server is None and self._table.shared:
+                transports[name] = {}  # the sender maps our regions by the address book's names
+        transports.update(self._servers.published())
+        log.debug("welcomed %s", session.describe())
+        return wire.Welcome(
+            state.generation, os.getpid(), state.host, proof, session.token, transports
+        )
+
+    def _address_book(self) -> wire.AddressBook:
+        table = self._table
+        return wire.AddressBook(
+            self._state.generation,
+            table.address_book_regions(),
+            [t.wire_entry() for t in table.order],
+        )
+
+    # -- claims --------------------------------------------------------------------------------
+
+    def _claim(self, session: Session, msg: wire.Claim) -> wire.Message:
+        tensor = self._table.by_id.get(msg.tensor_id)
+        if tensor is None:
+            return wire.ErrorReply("unknown-tensor", f"no tensor with id {msg.tensor_id}")
+        transport = TRANSPORTS.get(msg.transport)
+        if transport is None:
+            return wire.ErrorReply("protocol", f"unknown transport {msg.transport!r}")
+        owner = tensor.owner
+        if owner is session:  # claimed again (a writer rebuilt): same claim, same epoch
+            if tensor.inflight is None:
+                tensor.expected_seq = max(tensor.ring.last_complete(), tensor.consumed) + 1
+            return self._claimed(tensor)
+        if owner is not None:
+            return wire.ErrorReply(
+                "busy", f"tensor {tensor.spec.name!r} is already written by {owner.describe()}"
+            )
+        if transport.same_host and (not self._table.shared or session.host != self._state.host):
+            return wire.ErrorReply(
+                "protocol", f"{msg.transport} claimed by a sender on another host"
+            )
+        key = transport.server
+        if key is not None:
+            if not self._servers.serves(key):
+                return wire.ErrorReply("protocol", f"this receiver does not serve {msg.transport}")
+            if session.link is None or session.link_server != key:
+                return wire.ErrorReply(
+                    "protocol", f"open the {msg.transport} data connection first"
+                )
+        fenced = self._fenced(tensor)
+        if fenced is not None:
+            return wire.ErrorReply("fenced", f"tensor {tensor.spec.name!r}: {fenced}")
+        tensor.epoch += 1
+        tensor.ring.set_owner(tensor.epoch)
+        tensor.owner = session
+        tensor.transport = msg.transport
+        tensor.sender_completes = key is None
+        tensor.expected_seq = max(tensor.ring.last_complete(), tensor.consumed) + 1
+        tensor.lost = None
+        session.claims.add(tensor.tensor_id)
+        return self._claimed(tensor)
+
+    def _claimed(self, tensor: RegisteredTensor) -> wire.Claimed:
+        return wire.Claimed(
+            self._state.generation,
+            tensor.tensor_id,
+            tensor.expected_seq,
+            tensor.released,
+            tensor.ring.slot_seqs(),
+            tensor.epoch,
+        )
+
+    @staticmethod
+    def _fenced(tensor: RegisteredTensor) -> str | None:
+        """Why the tensor cannot be claimed yet: its previous writer may still be storing into
+        it. None when a new writer may start (and the ring is cleared for it)."""
+        inflight = tensor.inflight
+        if inflight is not None:
+            return f"a message from {inflight.describe()} is still arriving"
+        stale = tensor.stale_writer
+        if stale is not None:
+            # The dropped writer read the owner word before or after we cleared it: if before,
+            # its WRITING announcement is visible once every CPU has passed a barrier.
+            barrier_everywhere()
+            if tensor.ring.writer_inside() and stale.alive():
+                return (
+                    f"its previous writer (pid {stale.pid}) was dropped in the middle of a write "
+                    "and has not finished it (is it stopped?); it can be claimed once that write "
+                    "ends or that process exits"
+                )
+            stale.close()
+            tensor.stale_writer = None
+        tensor.ring.clear_writer()  # a writer that died inside a write left its mark
+        return None
+
+    def _attach(self, session: Session, msg: wire.Attach) -> wire.Message:
+        """A sender joins a transport whose peers must know each other (``nixl``): its server
+        takes the sender's details and hands ours back."""
+        transport = TRANSPORTS.get(msg.transport)
+        key = transport.server if transport is not None else None
+        if key is None:
+            return wire.ErrorReply("protocol", f"transport {msg.transport!r} has nothing to attach")
+        if session.link is not None and session.link_server != key:
+            return wire.ErrorReply(
+                "protocol", f"{session.describe()} already has a data connection"
+            )
+        try:
+            link, details = self._servers.get(key).attach(session, msg.details)
+        except TensorWireError as exc:
+            return wire.ErrorReply("protocol", f"{msg.transport}: {exc}")
+        session.link, session.link_server = link, key
+        session.last_seen = time.monotonic()
+        return wire.Attached(self._state.generation, details)
+
+    # -- the end of a session ----------------------------------------------------------------
+
+    def drop(self, session: Session, reason: str | None) -> None:
+        """End a session; ``reason`` is None for a clean goodbye, else why it was lost. Called
+        under the state's lock."""
+        if not session.alive:
+            return
+        session.alive = False
+        session.dropped = reason or "said goodbye"
+        if self._sessions.get(session.identity) is session:
+            del self._sessions[session.identity]
+        self._tokens.pop(session.token, None)
+        writer_alive = session.watch is not None and session.watch.alive()
+        if session.watch is not None:
+            session.watch.close()
+        if reason is not None and session.link is not None:
+            session.link.cut()  # a networked writer learns at once that its session is over
+        for server in self._servers.running():
+            server.detach(session)
+        for tid in session.claims:
+            tensor = self._table.by_id[tid]
+            if tensor.owner is session:
+                tensor.owner = None
+                tensor.ring.set_owner(0)  # fences a shared-memory writer out of the ring
+                if reason is not None:
+                    tensor.lost = f"{session.describe()} was lost: {reason}"
+                    if tensor.sender_completes and writer_alive:
+                        if tensor.stale_writer is not None:
+                            tensor.stale_writer.close()
+                        tensor.stale_writer = ProcessWatch(session.pid)
+        session.claims.clear()
+        if reason is not None:
+            log.warning("%s lost: %s", session.describe(), reason)
+            self._table.wake()
+
+    def tick(self) -> None:
+        """The control thread's periodic check: drop senders that died or went silent."""
+        now = time.monotonic()
+        with self._state.lock:
+            for session in list(self._sessions.values()):
+                if session.watch is not None and not session.watch.alive():
+                    self.drop(session, "process exited")
+                elif (
+                    self._heartbeat_timeout is not None
+                    and session.authenticated
+                    and now - session.last_seen > self._heartbeat_timeout
+                ):
+                    self.drop(session, f"silent for {now - session.last_seen:.1f} s (no heartbeat)")
+
+    def close(self) -> None:
+        """End every session cleanly (the receiver is closing)."""
+        with self._state.lock:
+            for session in list(self._sessions.values()):
+                self.drop(session, None)
