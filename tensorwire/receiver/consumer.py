@@ -60,7 +60,8 @@ class Consumer:
     ) -> Any:
         state = self._state
         with state.lock:
-            state.check_open()
+            if state.closed:
+                state.check_open()
             self._active += 1
         try:
 
@@ -86,8 +87,15 @@ class Consumer:
                 self._active -= 1
                 self._idle.notify_all()
 
+    def _lookup(self, name: str) -> RegisteredTensor:
+        # Per message: one dict lookup; the registry's get() says what is wrong otherwise.
+        tensor = self._table.by_name.get(name)
+        if tensor is None or self._state.closed:
+            return self._table.get(name)
+        return tensor
+
     def wait(self, name: str, timeout: float | None) -> np.ndarray[Any, Any]:
-        tensor = self._table.get(name)
+        tensor = self._lookup(name)
         if not tensor.slot_free:
             raise TensorWireError(
                 f"tensor {name!r}: all {tensor.ring.depth} slots are held by the consumer; "
@@ -142,7 +150,7 @@ class Consumer:
 
     def release(self, name: str) -> None:
         with self._state.lock:
-            tensor = self._table.get(name)
+            tensor = self._lookup(name)
             if tensor.released >= tensor.consumed:
                 raise TensorWireError(f"tensor {name!r}: no message is held, nothing to release")
             tensor.released += 1
