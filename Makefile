@@ -10,6 +10,10 @@ STAMP := $(VENV)/.installed
 # need. Pinned to the version the transport is tested with.
 NIXL := nixl-cu12==1.5.1
 RDMA_STAMP := $(VENV)/.rdma-installed
+# PyTorch for the tests of torch tensors: 2.13.0 is the CPU build this machine and CI hold on disk
+# (from PyPI, that version is the CUDA build, several GB).
+TORCH := torch==2.13.0
+TORCH_STAMP := $(VENV)/.torch-installed
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,10 +27,14 @@ $(RDMA_STAMP): $(STAMP) Makefile
 
 rdma: $(RDMA_STAMP)
 
+$(TORCH_STAMP): $(STAMP) Makefile
+	$(PY) -m pip install --quiet '$(TORCH)'
+	@touch $(TORCH_STAMP)
+
 demo: $(STAMP)
 	$(PY) -m tensorwire.client.demo
 
-test: $(STAMP) $(RDMA_STAMP)
+test: $(STAMP) $(RDMA_STAMP) $(TORCH_STAMP)
 	$(PY) -m pytest -q
 
 bench: $(STAMP) $(RDMA_STAMP)

@@ -20,6 +20,7 @@ from .errors import (
     WireTimeoutError,
 )
 from .rdma import NixlOptions
+from .received import ReceivedArray
 from .receiver import Receiver
 from .sender import Sender, WriteHandle
 from .spec import TensorSpec
@@ -35,6 +36,7 @@ __all__ = [
     "NixlOptions",
     "PeerLostError",
     "ProtocolError",
+    "ReceivedArray",
     "Receiver",
     "RemoteProtocolError",
     "Sender",

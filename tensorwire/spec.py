@@ -14,28 +14,13 @@ from typing import Any
 
 import numpy as np
 
+from .dtypes import as_host_array, canonical_dtype, dtype_to_wire
 from .errors import SpecMismatchError
 
-#: dtype kinds that move as raw bytes: bool, signed, unsigned, float, complex.
-_SUPPORTED_KINDS = frozenset("biufc")
 #: A dynamic tensor's header carries its shape; bound the rank so the header stays small.
 MAX_DYNAMIC_NDIM = 16
 
 Shape = tuple[int | None, ...]
-
-
-def canonical_dtype(dtype: Any) -> np.dtype[Any]:
-    """Return ``dtype`` as a numpy dtype, refusing kinds that are not plain numeric bytes."""
-    try:
-        dt = np.dtype(dtype)
-    except TypeError as exc:
-        raise SpecMismatchError(f"not a numpy dtype: {dtype!r}") from exc
-    if dt.kind not in _SUPPORTED_KINDS or dt.fields is not None or dt.subdtype is not None:
-        raise SpecMismatchError(
-            f"dtype {dt} is not supported: only bool, integer, float and complex dtypes move "
-            "as raw bytes"
-        )
-    return dt
 
 
 def _format(dtype: np.dtype[Any], shape: Shape) -> str:
@@ -141,7 +126,7 @@ class TensorSpec:
         match, and a non-contiguous array unless ``allow_copy`` is set, in which case a
         contiguous copy is returned.
         """
-        arr = array if isinstance(array, np.ndarray) else np.asarray(array)
+        arr = array if isinstance(array, np.ndarray) else as_host_array(array, self.name)
         if arr.shape != self.shape or arr.dtype != self.dtype:  # the static fast path misses
             self.check_shape(arr.shape, arr.dtype)
         if not arr.flags.c_contiguous:
@@ -157,6 +142,6 @@ class TensorSpec:
         return {
             "name": self.name,
             "shape": list(self.shape),
-            "dtype": self.dtype.str,
+            "dtype": dtype_to_wire(self.dtype),
             "max_bytes": self.max_bytes,
         }

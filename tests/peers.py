@@ -14,18 +14,19 @@ from typing import Any
 import numpy as np
 
 import tensorwire as tw
+from tensorwire.dtypes import canonical_dtype, ml_dtypes_by_name
 
 
 def make_array(dtype: str, shape: tuple[int, ...], seed: int) -> np.ndarray[Any, Any]:
     """A deterministic array that exercises every bit pattern class of ``dtype``."""
     rng = np.random.default_rng(seed)
-    dt = np.dtype(dtype)
+    dt = canonical_dtype(dtype)  # numpy's names, and bfloat16/float8 (ml_dtypes)
     if dt.kind == "b":
         return rng.integers(0, 2, size=shape).astype(dt)
     if dt.kind in "iu":
         info = np.iinfo(dt)
         return rng.integers(info.min, info.max, size=shape, dtype=dt, endpoint=True)
-    if dt.kind == "f":
+    if dt.kind == "f" or dt.name in ml_dtypes_by_name():
         return rng.standard_normal(shape).astype(dt)
     if dt.kind == "c":
         return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dt)

@@ -29,6 +29,10 @@ DTYPES = [
     "float64",
     "complex64",
     "complex128",
+    # mixed precision, through ml_dtypes
+    "bfloat16",
+    "float8_e4m3fn",
+    "float8_e5m2",
 ]
 
 

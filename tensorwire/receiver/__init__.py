@@ -27,14 +27,13 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
-import numpy as np
-
 from ..auth import normalise_secret
 from ..control import ControlServer
 from ..curve import CurveKeys
 from ..errors import TensorWireError
 from ..process import host_identity
 from ..rdma import NixlOptions, is_loopback_host
+from ..received import ReceivedArray
 from ..region import reap_stale_segments, shm_available
 from ..resource import Resource
 from ..spec import TensorSpec
@@ -186,7 +185,7 @@ class Receiver(Resource):
         """
         return self._table.register_parts(name, shape, dtype, rows)
 
-    def array(self, name: str) -> np.ndarray[Any, Any]:
+    def array(self, name: str) -> ReceivedArray:
         """The whole of a tensor registered with :meth:`register_parts`, as one read-only view.
 
         Its contents are whatever the parts' last messages put there; wait for each part's message
@@ -219,17 +218,19 @@ class Receiver(Resource):
     # Waiting and releasing (tensorwire.receiver.consumer)
     # ---------------------------------------------------------------------------------------
 
-    def wait(self, name: str, timeout: float | None = None) -> np.ndarray[Any, Any]:
+    def wait(self, name: str, timeout: float | None = None) -> ReceivedArray:
         """Wait for the next message of ``name``; return a read-only zero-copy view of it.
 
         ``timeout``: None blocks, 0 polls, a positive number is seconds
-        (:class:`~tensorwire.errors.WireTimeoutError` when it runs out). The view stays valid until
-        :meth:`release` hands its slot back to the sender. Several threads may wait on one tensor:
-        each message goes to exactly one of them.
+        (:class:`~tensorwire.errors.WireTimeoutError` when it runs out). The view is the slot
+        itself (a :class:`~tensorwire.received.ReceivedArray`): it holds this message until
+        :meth:`release` hands the slot back, and from then on the next message may overwrite it
+        at any moment; copy what must outlive the release. Several threads may wait on one
+        tensor: each message goes to exactly one of them.
         """
         return self._consumer.wait(name, timeout)
 
-    def wait_any(self, timeout: float | None = None) -> tuple[str, np.ndarray[Any, Any]]:
+    def wait_any(self, timeout: float | None = None) -> tuple[str, ReceivedArray]:
         """Wait for the next message of any tensor; return ``(name, view)``.
 
         Tensors are served round-robin so one busy sender cannot starve the others. Tensors whose

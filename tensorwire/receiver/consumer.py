@@ -14,11 +14,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from ..doorbell import deadline_of, wait_for
 from ..errors import ClosedError, PeerLostError, TensorWireError
 from ..layout import OFF_DOORBELL, OFF_RX_WAITING
+from ..received import ReceivedArray, received
 from .state import ReceiverState
 from .tensors import RegisteredTensor, TensorTable
 
@@ -44,14 +43,12 @@ class Consumer:
         return None
 
     @staticmethod
-    def _take(tensor: RegisteredTensor, slot: int) -> np.ndarray[Any, Any]:
+    def _take(tensor: RegisteredTensor, slot: int) -> ReceivedArray:
         """Hand out the next message, found in ``slot`` by :meth:`_next_slot`."""
         tensor.consumed += 1
         if tensor.views is not None:
             return tensor.views[slot]
-        view = tensor.ring.view(slot)
-        view.flags.writeable = False
-        return view
+        return received(tensor.ring.view(slot))
 
     # -- waiting -------------------------------------------------------------------------------
 
@@ -94,7 +91,7 @@ class Consumer:
             return self._table.get(name)
         return tensor
 
-    def wait(self, name: str, timeout: float | None) -> np.ndarray[Any, Any]:
+    def wait(self, name: str, timeout: float | None) -> ReceivedArray:
         tensor = self._lookup(name)
         if not tensor.slot_free:
             raise TensorWireError(
@@ -103,7 +100,7 @@ class Consumer:
             )
         lock = self._state.lock
 
-        def ready() -> np.ndarray[Any, Any] | None:
+        def ready() -> ReceivedArray | None:
             # Finding the message and taking it are one step under the lock, so two consumer
             # threads are never handed the same message.
             with lock:
@@ -112,7 +109,7 @@ class Consumer:
                 slot = self._next_slot(tensor)
                 return None if slot is None else self._take(tensor, slot)
 
-        view: np.ndarray[Any, Any] = self._block(
+        view: ReceivedArray = self._block(
             ready,
             timeout,
             lambda: (
@@ -123,11 +120,11 @@ class Consumer:
         )
         return view
 
-    def wait_any(self, timeout: float | None) -> tuple[str, np.ndarray[Any, Any]]:
+    def wait_any(self, timeout: float | None) -> tuple[str, ReceivedArray]:
         lock = self._state.lock
         table = self._table
 
-        def ready() -> tuple[str, np.ndarray[Any, Any]] | None:
+        def ready() -> tuple[str, ReceivedArray] | None:
             with lock:  # the cursor and the take are shared by every consumer thread
                 order = table.order
                 n = len(order)
@@ -138,7 +135,7 @@ class Consumer:
                         return tensor.spec.name, self._take(tensor, slot)
                 return None
 
-        got: tuple[str, np.ndarray[Any, Any]] = self._block(
+        got: tuple[str, ReceivedArray] = self._block(
             ready,
             timeout,
             lambda: f"no message arrived within {timeout} s on {self._state.name}",

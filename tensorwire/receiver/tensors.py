@@ -17,8 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from ..doorbell import ring_bell
 from ..errors import SpecMismatchError, UnknownTensorError
 from ..layout import (
@@ -40,6 +38,7 @@ from ..layout import (
 )
 from ..memory import Memory
 from ..process import ProcessWatch
+from ..received import ReceivedArray, received
 from ..region import Region
 from ..ring import RingMemory
 from ..spec import TensorSpec
@@ -56,7 +55,7 @@ class RegisteredTensor:
     tensor_id: int
     spec: TensorSpec
     ring: RingMemory
-    views: list[np.ndarray[Any, Any]] | None
+    views: list[ReceivedArray] | None
     consumed: int = 0  # messages handed out by wait()
     released: int = 0  # messages handed back by release()
     owner: Session | None = None
@@ -106,7 +105,7 @@ class TensorTable:
         self.by_id: dict[int, RegisteredTensor] = {}
         #: registration order, which wait_any() serves round-robin
         self.order: tuple[RegisteredTensor, ...] = ()
-        self._groups: dict[str, np.ndarray[Any, Any]] = {}  # register_parts: name -> whole view
+        self._groups: dict[str, ReceivedArray] = {}  # register_parts: name -> whole view
         self.bell = self._new_region(self._region_bytes)
 
     # -- memory ------------------------------------------------------------------------------
@@ -138,11 +137,7 @@ class TensorTable:
         ring_mem.reset_slots()
         views = None
         if ring_mem.static_views is not None:
-            views = []
-            for v in ring_mem.static_views:
-                ro = v.view()
-                ro.flags.writeable = False
-                views.append(ro)
+            views = [received(v) for v in ring_mem.static_views]
         tensor = RegisteredTensor(len(self.by_id) + 1, spec, ring_mem, views)
         self.by_name[spec.name] = tensor
         self.by_id[tensor.tensor_id] = tensor
@@ -192,13 +187,12 @@ class TensorTable:
                 self._add(part, region, layout)
             start = self.by_name[parts[0].name].ring.layout.payloads[0]
             full = region.array[start : start + whole.max_bytes].view(whole.dtype).reshape(dims)
-            full.flags.writeable = False
-            self._groups[name] = full
+            self._groups[name] = received(full)
         return parts
 
     # -- lookup ------------------------------------------------------------------------------
 
-    def group(self, name: str) -> np.ndarray[Any, Any]:
+    def group(self, name: str) -> ReceivedArray:
         self._state.check_open()
         try:
             return self._groups[name]

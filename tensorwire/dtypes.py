@@ -1,0 +1,135 @@
+"""The element types tensors may have, and how arrays from other libraries become numpy arrays.
+
+Every dtype moves as raw bytes, so what matters is that both ends agree on its name and size.
+numpy's own numeric kinds (bool, integers, floats, complex) travel as numpy's dtype string
+(``"<f4"``). The formats of mixed-precision training that numpy lacks, ``bfloat16`` and the
+``float8_*`` family, come from `ml_dtypes <https://github.com/jax-ml/ml_dtypes>`_ (the package
+JAX uses for them in numpy) and travel by name, since numpy spells them all ``"<V2"``/``"<V1"``.
+A dtype may be given as a numpy dtype or type, a name (``"bfloat16"``), an ``ml_dtypes`` type or
+a PyTorch dtype (``torch.bfloat16``: read by name, torch is never imported for it).
+
+:func:`as_host_array` turns what a user writes into a numpy array without copying: numpy arrays
+as they are, PyTorch CPU tensors through DLPack (detached when they require grad; bfloat16 and
+float8 reinterpreted, as numpy's DLPack import does not know them), other DLPack or array-interface
+objects through numpy. Anything else is refused with a :class:`SpecMismatchError` naming it.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from .errors import SpecMismatchError
+
+#: numpy dtype kinds that move as raw bytes: bool, signed, unsigned, float, complex.
+_NUMPY_KINDS = frozenset("biufc")
+
+
+@functools.cache
+def ml_dtypes_by_name() -> dict[str, np.dtype[Any]]:
+    """``bfloat16`` and every ``float8_*`` format of the installed ml_dtypes, by name."""
+    import ml_dtypes  # imported on first use: registers the types with numpy
+
+    names = ["bfloat16", *sorted(n for n in dir(ml_dtypes) if n.startswith("float8_"))]
+    return {n: np.dtype(getattr(ml_dtypes, n)) for n in names}
+
+
+def supported_names() -> list[str]:
+    """Every dtype name a tensor may have, for error messages and documentation."""
+    numpy_names = [
+        "bool",
+        *(f"int{b}" for b in (8, 16, 32, 64)),
+        *(f"uint{b}" for b in (8, 16, 32, 64)),
+        "float16",
+        "float32",
+        "float64",
+        "complex64",
+        "complex128",
+    ]
+    return numpy_names + list(ml_dtypes_by_name())
+
+
+def canonical_dtype(dtype: Any) -> np.dtype[Any]:
+    """``dtype`` as a numpy dtype, refusing what does not move as plain bytes."""
+    if type(dtype).__module__ == "torch":  # torch.bfloat16 -> "bfloat16"; torch stays unimported
+        dtype = str(dtype).removeprefix("torch.")
+    if isinstance(dtype, str) and dtype in ml_dtypes_by_name():
+        return ml_dtypes_by_name()[dtype]
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as exc:
+        raise SpecMismatchError(
+            f"not a dtype: {dtype!r}; supported: {', '.join(supported_names())}"
+        ) from exc
+    plain = dt.fields is None and dt.subdtype is None
+    if plain and (dt.kind in _NUMPY_KINDS or ml_dtypes_by_name().get(dt.name) == dt):
+        return dt
+    raise SpecMismatchError(
+        f"dtype {dt} is not supported: only bool, integer, float (with bfloat16 and float8) and "
+        f"complex dtypes move as raw bytes; supported: {', '.join(supported_names())}"
+    )
+
+
+def dtype_to_wire(dtype: np.dtype[Any]) -> str:
+    """How a spec's dtype travels: numpy's dtype string, or the ml_dtypes name."""
+    return dtype.name if dtype.name in ml_dtypes_by_name() else dtype.str
+
+
+# -- arrays from elsewhere -------------------------------------------------------------------
+
+
+def _describe(obj: Any) -> str:
+    kind = type(obj)
+    if kind.__module__ == "builtins":
+        return kind.__name__
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _from_torch(tensor: Any, name: str) -> np.ndarray[Any, Any]:
+    import torch  # the caller holds a torch tensor, so torch is imported already
+
+    if tensor.device.type != "cpu":
+        raise SpecMismatchError(
+            f"tensor {name!r}: got a torch tensor on {tensor.device}; this sender writes host "
+            "memory: move it with .cpu() first"
+        )
+    if tensor.requires_grad:
+        tensor = tensor.detach()  # the same memory, without the autograd graph
+    if tensor.is_conj() or tensor.is_neg():
+        tensor = tensor.resolve_conj().resolve_neg()  # lazy views numpy cannot see: materialise
+    dtype_name = str(tensor.dtype).removeprefix("torch.")
+    ml = ml_dtypes_by_name().get(dtype_name)
+    if ml is not None:  # numpy's DLPack import has no bfloat16/float8: view the same bytes
+        same_size = {1: torch.uint8, 2: torch.int16}[ml.itemsize]
+        return np.from_dlpack(tensor.view(same_size)).view(ml)
+    return np.from_dlpack(tensor)
+
+
+def as_host_array(obj: Any, name: str) -> np.ndarray[Any, Any]:
+    """``obj`` as a numpy array over the same memory where it can be (see the module's
+    docstring); :class:`SpecMismatchError` for what cannot be written."""
+    if isinstance(obj, np.ndarray):
+        return obj
+    if obj is None or isinstance(obj, (str, bytes, bytearray, dict)):
+        raise SpecMismatchError(f"tensor {name!r}: expected an array, got {_describe(obj)}")
+    try:
+        if type(obj).__module__.startswith("torch"):
+            arr = _from_torch(obj, name)
+        elif hasattr(obj, "__dlpack__") and not hasattr(obj, "__array_interface__"):
+            arr = np.from_dlpack(obj)
+        else:
+            arr = np.asarray(obj)
+    except SpecMismatchError:
+        raise
+    except Exception as exc:  # numpy, DLPack and torch each raise their own kinds
+        raise SpecMismatchError(
+            f"tensor {name!r}: cannot read a {_describe(obj)} as an array in host memory: {exc}"
+        ) from None
+    if arr.dtype.kind == "O":
+        raise SpecMismatchError(
+            f"tensor {name!r}: expected an array of numbers, got {_describe(obj)} (numpy makes "
+            "an object array of it)"
+        )
+    return arr

@@ -1,0 +1,157 @@
+"""Dtypes and inputs: bfloat16 and float8 (ml_dtypes), PyTorch tensors, DLPack objects, and the
+library's own error for everything that cannot be written.
+
+The byte-exact transfer of every dtype over every transport is in the conformance suite
+(``test_every_dtype_byte_exact``); this file covers what users pass in and take out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import tensorwire as tw
+from tensorwire.spec import TensorSpec
+
+
+@pytest.mark.parametrize(
+    ("given", "name"),
+    [
+        ("bfloat16", "bfloat16"),
+        (ml_dtypes.bfloat16, "bfloat16"),
+        (np.dtype(ml_dtypes.float8_e4m3fn), "float8_e4m3fn"),
+        ("float8_e5m2", "float8_e5m2"),
+        ("float32", "float32"),
+        (np.int64, "int64"),
+    ],
+)
+def test_dtype_names_types_and_the_wire(given: Any, name: str) -> None:
+    spec = TensorSpec.create("t", (2, 3), given)
+    assert spec.dtype.name == name
+    # What the sender rebuilds from the address book is the same spec.
+    wire = spec.to_wire()
+    again = TensorSpec.create(wire["name"], wire["shape"], wire["dtype"])
+    assert again == spec
+
+
+@pytest.mark.parametrize("bad", ["object", "U4", "V4", [("a", "f4")], "no-such-type", "datetime64"])
+def test_unsupported_dtypes_are_refused_by_name(bad: Any) -> None:
+    with pytest.raises(tw.SpecMismatchError, match="supported: bool, int8"):
+        TensorSpec.create("t", (2,), bad)
+
+
+def test_bad_inputs_raise_the_librarys_error_and_leave_the_slot_untouched() -> None:
+    class OnlyDLPack:
+        """An array library's tensor that numpy knows only through DLPack."""
+
+        def __init__(self, array: np.ndarray[Any, Any]) -> None:
+            self._array = array
+
+        def __dlpack__(self, **kwargs: Any) -> Any:
+            return self._array.__dlpack__(**kwargs)
+
+        def __dlpack_device__(self) -> Any:
+            return self._array.__dlpack_device__()
+
+    with tw.Receiver() as rx:
+        rx.register("t", (4,), "float32")
+        with tw.Sender.connect(rx.address, transport="shm", timeout=10) as tx:
+            for bad, says in [
+                (None, "expected an array, got NoneType"),
+                ("1234", "expected an array, got str"),
+                ({"a": 1}, "expected an array, got dict"),
+                ([[1.0], [2.0, 3.0]], "cannot read a list as an array"),
+                ([object()] * 4, "expected an array of numbers"),
+            ]:
+                with pytest.raises(tw.SpecMismatchError, match=says):
+                    tx.write("t", bad)
+            assert rx.pending("t") == 0
+            tx.write("t", OnlyDLPack(np.arange(4, dtype=np.float32)))
+            got = rx.wait("t", timeout=10)
+            assert got.tolist() == [0.0, 1.0, 2.0, 3.0]
+            rx.release("t")
+
+
+def test_received_views_are_read_only_arrays_whose_arithmetic_is_plain() -> None:
+    with tw.Receiver() as rx:
+        rx.register("t", (3,), "bfloat16")
+        with tw.Sender.connect(rx.address, transport="shm", timeout=10) as tx:
+            tx.write("t", np.array([1, 2, 3], dtype=ml_dtypes.bfloat16))
+            got = rx.wait("t", timeout=10)
+            assert isinstance(got, tw.ReceivedArray) and not got.flags.writeable
+            with pytest.raises(ValueError, match="read-only"):
+                got[0] = 5
+            total = got.astype(np.float32) * 2
+            assert type(total) is np.ndarray and total.tolist() == [2.0, 4.0, 6.0]
+            assert isinstance(got[1:], tw.ReceivedArray) and not got[1:].flags.writeable
+            rx.release("t")
+
+
+# -- PyTorch ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_torch_tensors_are_written_as_they_are(transport: str) -> None:
+    torch = pytest.importorskip("torch")
+    with tw.Receiver() as rx:
+        rx.register("bf16", (4, 3), "bfloat16")
+        rx.register("fp8", (5,), torch.float8_e4m3fn)  # a torch dtype is taken by name
+        rx.register("grad", (3,), torch.float32)
+        rx.register("dyn", (None,), "bfloat16", max_bytes=64)
+        with tw.Sender.connect(rx.address, transport=transport, timeout=10) as tx:
+            bf16 = torch.randn(4, 3).to(torch.bfloat16)
+            fp8 = torch.randn(5).to(torch.float8_e4m3fn)
+            weights = torch.ones(3, requires_grad=True)
+            tx.write("bf16", bf16)
+            tx.write("fp8", fp8)
+            tx.write("grad", weights)  # requires_grad: written from the same memory, detached
+            tx.write("dyn", torch.arange(7).to(torch.bfloat16))
+
+            got = rx.wait("bf16", timeout=10)
+            assert got.dtype == np.dtype(ml_dtypes.bfloat16)
+            assert got.view(np.int16).tobytes() == bf16.view(torch.int16).numpy().tobytes()
+            got = rx.wait("fp8", timeout=10)
+            assert got.view(np.uint8).tobytes() == fp8.view(torch.uint8).numpy().tobytes()
+            assert rx.wait("grad", timeout=10).tolist() == [1.0, 1.0, 1.0]
+            got = rx.wait("dyn", timeout=10)
+            assert got.shape == (7,) and got.astype(np.float32).tolist() == list(range(7))
+            for name in ("bf16", "fp8", "grad", "dyn"):
+                rx.release(name)
+
+
+def test_torch_tensors_that_cannot_be_written_are_refused() -> None:
+    torch = pytest.importorskip("torch")
+    with tw.Receiver() as rx:
+        rx.register("t", (3,), "float32")
+        with tw.Sender.connect(rx.address, transport="shm", timeout=10) as tx:
+            # A tensor off the host ("meta" has no memory at all; CUDA is refused the same way).
+            with pytest.raises(tw.SpecMismatchError, match="on meta; this sender writes host"):
+                tx.write("t", torch.empty(3, device="meta"))
+            with pytest.raises(tw.SpecMismatchError, match="dtype mismatch"):
+                tx.write("t", torch.ones(3, dtype=torch.float64))
+            assert rx.pending("t") == 0
+
+
+def test_legacy_dlpack_consumers_read_the_received_view() -> None:
+    torch = pytest.importorskip("torch")
+    from torch.utils.dlpack import from_dlpack as legacy_from_dlpack
+
+    with tw.Receiver() as rx:
+        rx.register("t", (4,), "float32")
+        with tw.Sender.connect(rx.address, transport="shm", timeout=10) as tx:
+            tx.write("t", np.arange(4, dtype=np.float32))
+            got = rx.wait("t", timeout=10)
+            # As jax.dlpack.from_dlpack and older PyTorch ask: __dlpack__() with no max_version,
+            # which numpy refuses for a read-only array.
+            with pytest.raises(BufferError):
+                np.ndarray.__dlpack__(got)
+            capsule = got.__dlpack__()
+            as_torch = legacy_from_dlpack(capsule)
+            assert as_torch.tolist() == [0.0, 1.0, 2.0, 3.0]
+            assert as_torch.data_ptr() == got.ctypes.data  # the slot itself, not a copy
+            assert torch.from_dlpack(got).tolist() == [0.0, 1.0, 2.0, 3.0]  # DLPack >= 1.0
+            del as_torch, capsule
+            rx.release("t")
