@@ -96,7 +96,7 @@ class Runner:
                     self.senders[t] = tw.Sender.connect(
                         info["receiver"], transport=t, timeout=60, secret=secret
                     )
-                except tw.TransportError as exc:
+                except (tw.TransportError, tw.MissingDependencyError) as exc:
                     if not optional:
                         raise
                     self.notes.append(f"{t} skipped: {exc}")

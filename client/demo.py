@@ -8,7 +8,10 @@ flags an operator would type.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
+
+import tensorwire as tw
 
 from .launch import run_job
 
@@ -20,14 +23,37 @@ def main(argv: list[str] | None = None) -> int:
         "and then over grpc, and compare.",
     )
     parser.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--transports", default="shm,grpc")
+    parser.add_argument("--workers", type=int, default=2, help="training workers (default 2)")
+    parser.add_argument(
+        "--transports",
+        default=None,
+        help="comma-separated transports to train over, one job each (default shm,grpc; grpc "
+        "only where the gRPC baseline is installed)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.workers < 1:
         parser.error("--steps and --workers must be at least 1")
+    if not _installed("sklearn"):
+        print(
+            "error: the demo trains on scikit-learn's digits data set: "
+            "pip install 'tensorwire[ps]'",
+            file=sys.stderr,
+        )
+        return 1
+    if args.transports is not None:
+        transports = [t.strip() for t in args.transports.split(",") if t.strip()]
+    elif _installed("grpc"):
+        transports = ["shm", "grpc"]
+    else:
+        print(
+            "(the gRPC baseline is not installed, so shm is not compared with it: "
+            "pip install 'tensorwire[grpc]')",
+            flush=True,
+        )
+        transports = ["shm"]
     results = []
-    for transport in args.transports.split(","):
+    for transport in transports:
         print(
             f"training the digits MLP: 1 server, {args.workers} workers, {args.steps} steps, "
             f"over {transport}",
@@ -37,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             r = run_job(
                 transport=transport, steps=args.steps, workers=args.workers, progress=not args.quiet
             )
-        except RuntimeError as exc:
+        except (RuntimeError, tw.TensorWireError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
         results.append(r)
@@ -64,6 +90,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"accuracy below 95% over {', '.join(bad)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # a finder that refuses the name outright
+        return False
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+import tensorwire as tw
+
 Array = np.ndarray[Any, Any]
 
 
@@ -113,7 +115,12 @@ def load(name: str, seed: int = 0) -> Dataset:
     """The data of a model: ``digits`` (bundled with scikit-learn) or synthetic for ``large``."""
     rng = np.random.default_rng(seed)
     if name == "digits":
-        from sklearn.datasets import load_digits  # bundled data set: no download
+        try:
+            from sklearn.datasets import load_digits  # bundled data set: no download
+        except ImportError:
+            raise tw.MissingDependencyError(
+                "the digits data set comes with scikit-learn: pip install 'tensorwire[ps]'"
+            ) from None
 
         d = load_digits()
         x = (d.data / 16.0).astype(np.float32)

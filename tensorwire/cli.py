@@ -16,12 +16,15 @@ RDMA_TRANSPORTS = frozenset(
 
 def _info() -> int:
     from .doorbell import HAVE_FUTEX
+    from .extras import GRPC, installed
     from .process import host_identity
     from .region import SHM_DIR, shm_available
     from .transports import CHANNELS
 
     print(f"tensorwire {__version__} (Python {sys.version.split()[0]})")
     print(f"transports: {', '.join(CHANNELS)}")
+    grpc = "installed" if installed(GRPC) else "not installed (pip install 'tensorwire[grpc]')"
+    print(f"grpc baseline: {grpc}")
     print(f"shared memory: {SHM_DIR} {'usable' if shm_available() else 'NOT usable (tcp only)'}")
     print(f"futex doorbells: {'yes' if HAVE_FUTEX else 'no (waiters poll with short sleeps)'}")
     print(f"host identity: {host_identity()}")
@@ -70,16 +73,45 @@ def _keys(argv: list[str]) -> int:
     return 0
 
 
+def _ping(argv: list[str]) -> int:
+    import socket
+    from urllib.parse import urlsplit
+
+    parser = argparse.ArgumentParser(
+        prog="tensorwire ping",
+        description="Exit 0 if a daemon's endpoint (tcp://HOST:PORT) accepts connections, else 1 "
+        "with one line: a health check for containers and scripts.",
+    )
+    parser.add_argument("endpoint", help="e.g. tcp://127.0.0.1:5700 (a --bind of a daemon)")
+    parser.add_argument("--timeout", type=float, default=2.0, help="seconds (default 2)")
+    args = parser.parse_args(argv)
+    try:
+        parts = urlsplit(args.endpoint)
+        scheme, host, port = parts.scheme, parts.hostname, parts.port
+    except ValueError:  # a port that is not a number
+        scheme, host, port = "", None, None
+    if scheme != "tcp" or not host or port is None:
+        parser.error(f"endpoint must look like tcp://HOST:PORT, got {args.endpoint!r}")
+    try:
+        socket.create_connection((host, port), timeout=args.timeout).close()
+    except OSError as exc:
+        print(f"tensorwire ping: {args.endpoint}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(
         prog="tensorwire",
         description="Zero-copy, RDMA-style tensor transport. Commands: demo, bench, keys, ps (a "
-        "parameter-server shard), worker (a training worker), info.",
+        "parameter-server shard), worker (a training worker), ping (health check), info.",
     )
     parser.add_argument("--version", action="version", version=f"tensorwire {__version__}")
     parser.add_argument(
-        "command", choices=["demo", "bench", "ps", "worker", "keys", "info"], help="what to run"
+        "command",
+        choices=["demo", "bench", "ps", "worker", "keys", "ping", "info"],
+        help="what to run",
     )
     parser.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of the command")
     ns = parser.parse_args(args)
@@ -97,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         return worker(ns.rest, prog="tensorwire worker")
     if ns.command == "keys":
         return _keys(ns.rest)
+    if ns.command == "ping":
+        return _ping(ns.rest)
     if ns.command == "bench":
         from .bench.cli import main as bench
 

@@ -66,3 +66,8 @@ class ClosedError(TensorWireError):
 
 class WireTimeoutError(TensorWireError, TimeoutError):
     """A bounded wait ran out before the awaited event happened."""
+
+
+class MissingDependencyError(TensorWireError, ImportError):
+    """A feature needs an optional package that is not installed; the message names the extra
+    (``pip install 'tensorwire[...]'``) that brings it."""

@@ -4,7 +4,7 @@ NIXL (NVIDIA Inference Xfer Library) is optional. It ships as the ``nixl-cu12`` 
 bundles a UCX built with InfiniBand verbs support, so the same code runs real RDMA on a fabric and
 falls back to UCX's cross-memory-attach (``cma``) or TCP transports on an ordinary machine. The
 wheel declares torch as a dependency, which host memory does not need: install it with
-``make rdma`` or ``pip install --no-deps nixl-cu12``.
+``pip install --no-deps nixl-cu12`` (``make rdma`` in the repository).
 
 UCX reads most of its settings from ``UCX_*`` environment variables when an agent's context is
 created. :class:`NixlOptions` is how a tensorwire user sets them: :func:`create_agent` applies them
@@ -35,8 +35,8 @@ from typing import Any
 from .errors import TransportError
 
 INSTALL_HINT = (
-    "install NIXL with `make rdma` or `pip install --no-deps nixl-cu12` "
-    "(--no-deps: the wheel declares torch, which host memory does not need)"
+    "pip install --no-deps 'nixl-cu12==1.5.1' (--no-deps: its wheel declares torch, which host "
+    "memory does not need; pip install 'tensorwire[nixl]' installs it with torch)"
 )
 #: Import names to try, in order: the CUDA 12 and 13 builds, then the `nixl` meta package.
 MODULES = ("nixl_cu12", "nixl_cu13", "nixl")

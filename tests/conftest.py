@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
+from tensorwire import extras
 from tensorwire.rdma import installed as rdma_installed
 
 # `make fuzz`: the wire decoders under a long hypothesis run, outside CI.
@@ -49,7 +50,9 @@ def _start_grpc_runtime() -> object:
     return grpc.insecure_channel("127.0.0.1:9")  # never used: it only keeps grpc initialised
 
 
-_GRPC_RUNTIME = _start_grpc_runtime()
+GRPC_INSTALLED = extras.installed(extras.GRPC)
+NO_GRPC = "grpcio is not installed (the grpc extra): the gRPC baseline is not tested"
+_GRPC_RUNTIME = _start_grpc_runtime() if GRPC_INSTALLED else None
 
 
 def _start_ucx_runtime() -> None:
@@ -69,16 +72,21 @@ if NIXL_INSTALLED:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests of the nixl transport (marked ``nixl``, or run with transport "nixl") are skipped,
-    with the reason, where NIXL is not installed; everything else still runs."""
-    if NIXL_INSTALLED:
-        return
-    skip = pytest.mark.skip(reason=NO_NIXL)
+    """Tests of an optional transport whose library is not installed (marked ``nixl``, or run
+    with transport "nixl"; likewise "grpc"/"grpc-stream") are skipped with the reason;
+    everything else still runs."""
+    missing = []
+    if not NIXL_INSTALLED:
+        missing.append((("nixl",), "nixl", NO_NIXL))
+    if not GRPC_INSTALLED:
+        missing.append((("grpc", "grpc-stream"), "grpc", NO_GRPC))
     for item in items:
         params = getattr(item, "callspec", None)
-        uses_nixl = params is not None and "nixl" in params.params.values()
-        if uses_nixl or item.get_closest_marker("nixl") is not None:
-            item.add_marker(skip)
+        values = list(params.params.values()) if params is not None else []
+        for transports, marker, reason in missing:
+            uses = any(isinstance(v, str) and v in transports for v in values)
+            if uses or item.get_closest_marker(marker) is not None:
+                item.add_marker(pytest.mark.skip(reason=reason))
 
 
 def _start_zmq_runtime() -> None:

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 import time
 from typing import Any
 
@@ -199,3 +202,32 @@ def write_forever(address: str, transport: str, name: str, ready: Any) -> None:
         except tw.TensorWireError:
             code = 2
     os._exit(code)
+
+
+def hiding(*packages: str) -> str:
+    """Source for a child interpreter in which ``packages`` cannot be imported, as on a machine
+    without them; it then imports tensorwire as ``tw``."""
+    return textwrap.dedent(
+        f"""
+        import sys
+
+        class Hidden:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in {packages!r}:
+                    raise ModuleNotFoundError(f"No module named {{name!r}}")
+                return None
+
+        sys.meta_path.insert(0, Hidden())
+        import tensorwire as tw
+        """
+    )
+
+
+def run_hiding(packages: tuple[str, ...], body: str, *args: str) -> list[str]:
+    """Run ``body`` where ``packages`` cannot be imported; its stdout lines (exit 0 required)."""
+    code = hiding(*packages) + textwrap.dedent(body)
+    out = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.splitlines()

@@ -61,7 +61,47 @@ def test_compose_file_declares_real_daemons() -> None:
         assert "tcp" in svc["command"][svc["command"].index("--transport") + 1]
         assert svc["environment"]["TENSORWIRE_SECRET"], name
     dockerfile = (ROOT / "docker/Dockerfile").read_text()
-    assert "pip install '.[ps]'" in dockerfile and "USER tensorwire" in dockerfile
+    assert "USER tensorwire" in dockerfile
+    # The checkpoints volume's mount point exists in the image, owned by the daemons' user.
+    assert "mkdir -p /data/checkpoints && chown -R tensorwire /data" in dockerfile
+    assert all(svc["shm_size"] == "2gb" for svc in services.values())  # regions live in /dev/shm
+    for name in ("worker0", "worker1"):
+        assert services[name]["depends_on"] == {"ps": {"condition": "service_healthy"}}
+    for svc in services.values():
+        assert svc["healthcheck"]["test"][:3] == ["CMD", "tensorwire", "ping"]
+
+
+def _run_lines(dockerfile: str) -> list[str]:
+    """The Dockerfile's instructions, continuation lines joined as Docker joins them."""
+    joined = re.sub(r"\\\n", "", dockerfile)
+    return [line for line in joined.splitlines() if line and not line.startswith("#")]
+
+
+def test_image_installs_dependencies_in_a_layer_before_the_source(tmp_path: Path) -> None:
+    dockerfile = (ROOT / "docker/Dockerfile").read_text()
+    lines = _run_lines(dockerfile)
+    order = [i for i, line in enumerate(lines) if line.startswith(("COPY", "RUN pip install"))]
+    steps = [lines[i] for i in order]
+    assert steps[0] == "COPY pyproject.toml ./"
+    assert steps[1].startswith("RUN pip install -r /tmp/requirements.txt")
+    assert steps.index("COPY tensorwire ./tensorwire") > 1
+    # Run the requirements step as Docker would (/bin/sh -c, the ARG as an environment variable).
+    (tmp_path / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    step = next(line for line in lines if line.startswith("RUN python -c"))
+    out = tmp_path / "requirements.txt"
+    command = step.removeprefix("RUN ").replace("python", sys.executable, 1)
+    command = command.replace("/tmp/requirements.txt", str(out))
+    env = {**os.environ, "EXTRAS": "ps,grpc"}
+    subprocess.run(["/bin/sh", "-c", command], cwd=tmp_path, env=env, check=True, timeout=60)
+    requirements = out.read_text().splitlines()
+    names = {re.split(r"[<>=;\[ ]", r, maxsplit=1)[0] for r in requirements}
+    assert {"numpy", "pyzmq", "msgpack", "ml_dtypes", "grpcio", "protobuf", "scikit-learn"} <= names
+    assert "torch" not in names and "nixl-cu12" not in names
+
+
+def test_build_context_leaves_out_what_the_image_does_not_need() -> None:
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".venv", ".git", "tests", "**/__pycache__"} <= set(ignored)
 
 
 def test_compose_services_run_locally(tmp_path: Path) -> None:
@@ -73,7 +113,7 @@ def test_compose_services_run_locally(tmp_path: Path) -> None:
     def local(service: str, arg: str) -> str:
         def endpoint(m: re.Match[str]) -> str:
             host, port = m.group(1), m.group(2)
-            owner = service if host == "0.0.0.0" else host
+            owner = service if host in ("0.0.0.0", "127.0.0.1") else host
             return f"tcp://127.0.0.1:{ports.setdefault((owner, port), free_port())}"
 
         arg = re.sub(r"tcp://([\w.]+):(\d+)", endpoint, arg)
@@ -92,7 +132,17 @@ def test_compose_services_run_locally(tmp_path: Path) -> None:
             log = open(tmp_path / f"{name}.log", "w")  # noqa: SIM115
             procs.append((name, subprocess.Popen(cmd, env=env, stdout=log, stderr=log, text=True)))
             log.close()
-            time.sleep(0.2)  # compose's depends_on: the server first
+            # As compose's depends_on (service_healthy): each service's health check passes
+            # before the next starts.
+            probe = [local(name, a) for a in svc["healthcheck"]["test"][1:]]
+            probe[0] = str(BIN / probe[0])
+            for _ in range(120):  # bounded: at most about a minute
+                if subprocess.run(probe, capture_output=True, timeout=30).returncode == 0:
+                    break
+                assert procs[-1][1].poll() is None, f"{name} exited before it was healthy"
+                time.sleep(0.5)
+            else:
+                raise AssertionError(f"{name} never passed its health check {probe}")
         codes = {name: p.wait(120) for name, p in procs}
     finally:
         for _, p in procs:

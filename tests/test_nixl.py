@@ -20,32 +20,17 @@ import tensorwire as tw
 from tensorwire import wire
 from tensorwire.rdma import NixlOptions
 
+from .peers import hiding, run_hiding
+
 ROOT = Path(__file__).resolve().parent.parent
 
+NIXL_PACKAGES = ("nixl_cu12", "nixl_cu13", "nixl")
 # A child interpreter in which NIXL cannot be imported, as on a machine without it.
-WITHOUT_NIXL = textwrap.dedent(
-    """
-    import sys
-
-    class NoNixl:
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in ("nixl_cu12", "nixl_cu13", "nixl"):
-                raise ModuleNotFoundError(f"No module named {name!r}")
-            return None
-
-    sys.meta_path.insert(0, NoNixl())
-    import tensorwire as tw
-    """
-)
+WITHOUT_NIXL = hiding(*NIXL_PACKAGES)
 
 
 def _run_without_nixl(body: str, *args: str) -> list[str]:
-    code = WITHOUT_NIXL + textwrap.dedent(body)
-    out = subprocess.run(
-        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60
-    )
-    assert out.returncode == 0, out.stderr
-    return out.stdout.splitlines()
+    return run_hiding(NIXL_PACKAGES, body, *args)
 
 
 def _peer(tx: tw.Sender, address: str):  # type: ignore[no-untyped-def]
@@ -77,8 +62,8 @@ def test_without_nixl_every_side_says_how_to_install_it_in_one_line() -> None:
             rx.address,
         )
     assert len(lines) == 4, lines
-    assert lines[0].startswith("receiver: ") and "make rdma" in lines[0]
-    assert lines[1].startswith("sender: ") and "pip install --no-deps nixl-cu12" in lines[1]
+    assert lines[0].startswith("receiver: ") and "tensorwire[nixl]" in lines[0]
+    assert lines[1].startswith("sender: ") and "pip install --no-deps 'nixl-cu12==" in lines[1]
     assert lines[2].startswith("receiver without: ") and "does not serve nixl" in lines[2]
     assert lines[3] == "auto: shm"
 

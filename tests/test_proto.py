@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.grpc  # grpc_tools, of the dev install
+
 ROOT = Path(__file__).resolve().parent.parent
 PROTO = "tensorwire/transports/tensor_service.proto"
 GENERATED = ["tensor_service_pb2.py", "tensor_service_pb2_grpc.py", "tensor_service_pb2.pyi"]

@@ -78,8 +78,10 @@ class Receiver(Resource):
     silent for ``heartbeat_timeout`` seconds (senders heartbeat every few seconds on their own) is
     declared lost: waiters on its tensors get :class:`~tensorwire.errors.PeerLostError`.
     ``curve_keys`` (:func:`tensorwire.curve.load`) encrypts the control plane with ZeroMQ CURVE.
-    ``nixl``: serve the ``nixl`` (RDMA) transport. ``None`` (the default) serves it when NIXL is
-    installed, starting its agent when the first sender attaches; ``True`` or a
+    ``grpc``: serve the gRPC baseline (``grpc``, ``grpc-stream``): ``None`` (the default) when
+    grpcio is installed (``tensorwire[grpc]``), ``True`` always (an error without it), ``False``
+    never. ``nixl``: serve the ``nixl`` (RDMA) transport. ``None`` (the default) serves it when
+    NIXL is installed, starting its agent when the first sender attaches; ``True`` or a
     :class:`~tensorwire.rdma.NixlOptions` start it now (and fail if NIXL is missing); ``False``
     never serves it.
     """
@@ -92,7 +94,7 @@ class Receiver(Resource):
         ring: int = 2,
         region_bytes: int = DEFAULT_REGION_BYTES,
         name: str | None = None,
-        grpc: bool = True,
+        grpc: bool | None = None,
         max_connections: int = 1024,
         frame_timeout: float = 30.0,
         heartbeat_timeout: float | None = 30.0,

@@ -27,16 +27,16 @@ class DataServers:
 
     def start_configured(self, wanted: Mapping[str, Any], sink: DataSink) -> None:
         """Start every declared server, delivering into ``sink``: ``wanted[key]`` True (or
-        options) now, False never, None (or absent) as the server prefers: now, or on demand
-        where its library is installed (decided once, as that does not change while we run)."""
+        options) now (an error if its library is missing), False never, None (or absent) where
+        its library is installed, now or on demand as the server prefers (decided once, as that
+        does not change while we run)."""
         self._sink = sink
         for key, kind in SERVERS.items():
             setting = wanted.get(key)
-            if setting is False:
+            if setting is False or (setting is None and not kind.available()):
                 continue
             if setting is None and kind.on_demand:
-                if kind.available():
-                    self._on_demand.add(key)
+                self._on_demand.add(key)
                 continue
             self._start(key)
 

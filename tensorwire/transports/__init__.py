@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import TransportError
+from ..extras import GRPC, installed, require
 from ..rdma import installed as rdma_installed
 from .base import Channel, DataServer, DataSink, PeerInfo, ServerSettings
 from .shm import ShmChannel
@@ -49,12 +50,14 @@ class ReceivingServer:
 
 # Optional or heavy libraries load only for those who use them.
 def _grpc(info: PeerInfo) -> Channel:
+    require(GRPC, "transport 'grpc'")
     from .grpc import GrpcChannel
 
     return GrpcChannel(info)
 
 
 def _grpc_stream(info: PeerInfo) -> Channel:
+    require(GRPC, "transport 'grpc-stream'")
     from .grpc import GrpcStreamChannel
 
     return GrpcStreamChannel(info)
@@ -73,6 +76,7 @@ def _tcp_server(settings: ServerSettings, sink: DataSink) -> DataServer:
 
 
 def _grpc_server(settings: ServerSettings, sink: DataSink) -> DataServer:
+    require(GRPC, "serving the gRPC baseline")
     from .grpc import start_server
 
     return start_server(settings, sink)
@@ -98,7 +102,7 @@ SERVERS: dict[str, ReceivingServer] = {
     s.key: s
     for s in (
         ReceivingServer("tcp", _tcp_server),
-        ReceivingServer("grpc", _grpc_server),
+        ReceivingServer("grpc", _grpc_server, available=lambda: installed(GRPC)),
         ReceivingServer("nixl", _nixl_server, available=rdma_installed, on_demand=True),
     )
 }

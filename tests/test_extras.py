@@ -1,0 +1,99 @@
+"""A lean install: the core (shm, tcp) works without the extras, and every feature that needs an
+extra says which one in a single line. Each case runs in a child interpreter in which the extra's
+package cannot be imported, as on a machine where it is not installed.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import tensorwire as tw
+
+from .peers import hiding, run_hiding
+
+ROOT = Path(__file__).resolve().parent.parent
+GRPC_PACKAGES = ("grpc", "google")  # grpcio and protobuf
+
+
+def test_without_grpc_the_core_works_and_the_baseline_names_its_extra() -> None:
+    lines = run_hiding(
+        GRPC_PACKAGES,
+        """
+        import numpy as np
+        with tw.Receiver() as rx:  # serves shm and tcp; grpc only where it is installed
+            rx.register("t", (4,), "float32")
+            for transport in ("shm", "tcp"):
+                with tw.Sender.connect(rx.address, transport=transport, timeout=10) as tx:
+                    tx.write("t", np.full(4, 2.0, np.float32))
+                    print(transport, rx.wait("t", timeout=10).tolist())
+                    rx.release("t")
+            try:
+                tw.Sender.connect(rx.address, transport="grpc", timeout=10)
+            except tw.MissingDependencyError as exc:
+                print("sender:", exc)
+        try:
+            tw.Receiver(grpc=True)
+        except tw.MissingDependencyError as exc:
+            print("receiver:", exc)
+        print("grpc imported:", "grpc" in sys.modules)
+        """,
+    )
+    assert lines[:2] == ["shm [2.0, 2.0, 2.0, 2.0]", "tcp [2.0, 2.0, 2.0, 2.0]"]
+    assert lines[2].startswith("sender: transport 'grpc' needs the 'grpc' extra")
+    assert lines[2].endswith("pip install 'tensorwire[grpc]'")
+    assert lines[3].startswith("receiver: serving the gRPC baseline needs the 'grpc' extra")
+    assert lines[4] == "grpc imported: False"
+    assert len(lines) == 5, lines
+
+
+def test_the_conformance_suite_runs_without_grpc() -> None:
+    code = hiding(*GRPC_PACKAGES) + textwrap.dedent(
+        """
+        import pytest
+        sys.exit(pytest.main([
+            "-q", "-p", "no:cacheprovider", "tests/test_conformance.py",
+            "-k", "every_dtype_byte_exact and (grpc or tcp) and not stream", "-rs",
+        ]))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "1 passed, 1 skipped" in out.stdout, out.stdout
+    assert "grpcio is not installed" in out.stdout
+
+
+def test_the_demo_without_its_data_set_says_which_extra_in_one_line() -> None:
+    code = hiding("sklearn") + textwrap.dedent(
+        """
+        from tensorwire.client.demo import main
+        sys.exit(main(["--steps", "1"]))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert out.stdout == ""
+    assert out.stderr.strip().splitlines() == [
+        "error: the demo trains on scikit-learn's digits data set: pip install 'tensorwire[ps]'"
+    ]
+
+
+def test_python_dash_m_tensorwire_is_the_command() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "tensorwire", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"tensorwire {tw.__version__}"
+
+
+def test_the_project_carries_its_license() -> None:
+    text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    assert 'license = "Apache-2.0"' in (ROOT / "pyproject.toml").read_text()
