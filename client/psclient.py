@@ -244,7 +244,12 @@ class PSClient:
 
     def _recover(self, reason: str) -> None:
         """A server went away: reconnect (waiting for it to come back) and join again."""
-        log.warning("lost a parameter server (%s); reconnecting", reason)
+        log.warning(
+            "lost a parameter server (%s); reconnecting, waiting up to %.0f s for it to come "
+            "back (--reconnect-timeout)",
+            reason,
+            self.reconnect_timeout,
+        )
         self._release()
         assert self.rx is not None
         for name in [

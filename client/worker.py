@@ -31,19 +31,31 @@ log = logging.getLogger("tensorwire.worker")
 
 
 def build_parser(prog: str = "tensorwire-worker") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=prog,
-        description="A data-parallel worker: its model parameters are registered buffers that the "
-        "parameter servers write into; it pushes gradients one-sided into the servers.",
+    p = config.new_parser(
+        prog,
+        "A data-parallel worker: its model parameters are registered buffers that the parameter "
+        "servers write into; it pushes gradients one-sided into the servers.",
+        "worker",
     )
-    p.add_argument("--config", metavar="FILE.toml", help="read settings from a TOML file")
     p.add_argument(
         "--servers",
         default="tcp://127.0.0.1:5700",
         help="comma-separated server addresses, in shard order",
     )
-    p.add_argument("--rank", type=int, default=0, help="this worker's rank, 0..workers-1")
-    p.add_argument("--workers", type=int, default=1, help="number of workers (data shards)")
+    p.add_argument(
+        "--rank",
+        type=int,
+        default=None,
+        help="this worker's rank, 0..workers-1 (default: RANK or SLURM_PROCID as a launcher "
+        "such as torchrun or srun sets them, else 0)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="number of workers, i.e. data shards (default: WORLD_SIZE or SLURM_NTASKS as a "
+        "launcher sets them, else 1)",
+    )
     p.add_argument("--model", default="digits", choices=sorted(models.MODELS))
     p.add_argument("--batch", type=int, default=32, help="batch size per worker")
     p.add_argument(
@@ -61,9 +73,19 @@ def build_parser(prog: str = "tensorwire-worker") -> argparse.ArgumentParser:
         help="host name servers reach this worker at (when --bind is 0.0.0.0)",
     )
     p.add_argument("--eval-every", type=int, default=50, help="rank 0: test accuracy every N")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--connect-timeout", type=float, default=60.0)
-    p.add_argument("--step-timeout", type=float, default=300.0)
+    p.add_argument("--seed", type=int, default=0, help="data order and initialisation seed")
+    p.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=60.0,
+        help="seconds to wait for the servers at start (default 60)",
+    )
+    p.add_argument(
+        "--step-timeout",
+        type=float,
+        default=300.0,
+        help="seconds to wait for the servers' parameters within a step (default 300)",
+    )
     p.add_argument(
         "--reconnect-timeout",
         type=float,
@@ -85,8 +107,8 @@ def build_parser(prog: str = "tensorwire-worker") -> argparse.ArgumentParser:
     p.add_argument("--metrics", metavar="PATH", help="write a JSON summary here at the end")
     p.add_argument("--save-params", metavar="PATH.npz", help="save the final parameters")
     p.add_argument("--steps-hint", type=int, default=0, help="total steps, for the progress bar")
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument("--no-progress", action="store_true", help="no progress output")
+    config.add_logging_flags(p)
     return p
 
 
@@ -137,10 +159,12 @@ def train(
 
 def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:
     parser = build_parser(prog)
-    args = config.parse(parser, argv, "worker")
-    logging.basicConfig(
-        level=args.log_level, format=f"%(asctime)s worker{args.rank} %(message)s", stream=sys.stderr
-    )
+    args = config.parse(parser, argv)
+    if args.rank is None:
+        args.rank = config.launcher_int(parser, "RANK", "SLURM_PROCID") or 0
+    if args.workers is None:
+        args.workers = config.launcher_int(parser, "WORLD_SIZE", "SLURM_NTASKS") or 1
+    config.setup_logging(args.log_level, f"worker{args.rank}")
     args.secret = config.resolve_secret(parser, args, args.bind)
     if not 0 <= args.rank < args.workers:
         parser.error(f"--rank {args.rank} is not in 0..{args.workers - 1}")
@@ -148,11 +172,8 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:
     spec = models.model(args.model)
     try:
         data = models.load(args.model, args.seed)
-    except ImportError as exc:
-        print(
-            f"{prog}: error: the {args.model} data needs {exc.name}: pip install 'tensorwire[ps]'",
-            file=sys.stderr,
-        )
+    except tw.MissingDependencyError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
     stop = [False]
 

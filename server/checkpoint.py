@@ -14,6 +14,27 @@ import numpy as np
 Array = np.ndarray[Any, Any]
 
 
+def unusable(directory: str) -> str | None:
+    """Why checkpoints cannot be written in ``directory`` (created if missing), or None. Checked
+    when the daemon starts, not at its first checkpoint."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except FileExistsError:
+        return "exists and is not a directory"
+    except OSError as exc:
+        return f"cannot be created: {exc.strerror}"
+    if not os.path.isdir(directory):
+        return "is not a directory"
+    probe = os.path.join(directory, f".tensorwire-probe-{os.getpid()}")
+    try:
+        with open(probe, "wb"):
+            pass
+        os.unlink(probe)
+    except OSError as exc:
+        return f"is not writable: {exc.strerror}"
+    return None
+
+
 def path_for(directory: str, shard: int) -> str:
     return os.path.join(directory, f"ps-shard{shard}.npz")
 

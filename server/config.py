@@ -1,18 +1,23 @@
 """Daemon configuration: flags, a TOML file and ``TENSORWIRE_*`` environment variables.
 
-Precedence, lowest to highest: the flag's default, the TOML file (``--config``, keys named like the
-flags, ``-`` or ``_``, optionally under a ``[ps]`` or ``[worker]`` table), the environment
-(``TENSORWIRE_STEPS=100`` for ``--steps``), explicit flags. Every value goes through the flag's own
-type conversion and choices, so a bad value says which flag, file or variable it came from.
+Built on `ConfigArgParse <https://github.com/bw2/ConfigArgParse>`_. Precedence, lowest to highest:
+the flag's default, the TOML file (``--config``, keys named like the flags, under a ``[ps]`` or
+``[worker]`` table), the environment (``TENSORWIRE_STEPS=100`` for ``--steps``), explicit flags.
+Every value goes through the flag's own type conversion and choices, and a bad one says which
+flag, and which file or variable it came from; ``--help`` shows each setting's variable.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import re
 import sys
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import urlsplit
+
+import configargparse
 
 import tensorwire as tw
 
@@ -22,6 +27,121 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 ENV_PREFIX = "TENSORWIRE_"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+class _TomlTable(configargparse.TomlConfigParser):
+    """ConfigArgParse's TOML reader for one daemon's table, which also refuses settings left
+    outside any table (they would otherwise be ignored without a word)."""
+
+    def __init__(self, section: str) -> None:
+        super().__init__([section])
+        self.section = section
+
+    def parse(self, stream: Any) -> Any:
+        text = stream.read()
+        try:
+            table = tomllib.loads(text.decode() if isinstance(text, bytes) else text)
+        except tomllib.TOMLDecodeError as exc:
+            raise configargparse.ConfigFileParserException(f"not valid TOML: {exc}") from None
+        loose = [k for k, v in table.items() if not isinstance(v, dict)]
+        if loose:
+            raise configargparse.ConfigFileParserException(
+                f"settings must be under a [{self.section}] table, found {', '.join(loose)} "
+                "outside it"
+            )
+        stream.seek(0)
+        return super().parse(stream)
+
+
+class DaemonParser(configargparse.ArgParser):
+    """An argument parser that reads a TOML file and ``TENSORWIRE_*`` variables too, and whose
+    errors name the file or variable a bad value came from."""
+
+    def error(self, message: str) -> NoReturn:
+        super().error(message + self._source_of(message))
+        raise SystemExit(2)  # argparse's error() exits; this line is for the type checker
+
+    def _source_of(self, message: str) -> str:
+        flag = re.search(r"argument (--[\w-]+)", message)
+        sources: dict[str, Any] = getattr(self, "_source_to_settings", None) or {}
+        for source, settings in sources.items():
+            where = source.split("|", 1)[1] if source.startswith("config_file|") else ""
+            for key, (action, _value) in settings.items():
+                if action is None:  # a key no flag has
+                    if where and f"--{key}" in message:
+                        return f" (unknown key {key!r} in config file {where})"
+                    continue
+                if flag is None or flag.group(1) not in action.option_strings:
+                    continue
+                if where:
+                    return f" (from config file {where})"
+                if source == "environment_variables":
+                    return f" (from environment {key})"
+        return ""
+
+
+def new_parser(prog: str, description: str, section: str) -> DaemonParser:
+    """A daemon's parser: ``--config`` reads the ``[section]`` table of a TOML file, every flag
+    has a ``TENSORWIRE_*`` variable, and ``--version`` says which tensorwire this is."""
+    parser = DaemonParser(
+        prog=prog,
+        description=description,
+        config_file_parser_class=_TomlTable(section),
+        args_for_setting_config_path=["--config"],
+        config_arg_help_message=(
+            f"read settings from a TOML file: keys named like the flags, under [{section}]"
+        ),
+        auto_env_var_prefix=ENV_PREFIX,
+        epilog=(
+            f"Every flag may also come from a TOML file (--config; under [{section}], e.g. "
+            f"steps = 100) or a {ENV_PREFIX}* variable, named beside each flag above; "
+            "precedence: flags, then variables, then the file, then the defaults."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {tw.__version__}")
+    return parser
+
+
+def add_logging_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        help="DEBUG, INFO, WARNING or ERROR, in any case (default INFO)",
+    )
+
+
+def setup_logging(level: str, who: str) -> None:
+    """Log lines with their time, daemon and level on stderr."""
+    logging.basicConfig(
+        level=level, format=f"%(asctime)s {who} %(levelname)s %(message)s", stream=sys.stderr
+    )
+
+
+def launcher_int(parser: argparse.ArgumentParser, *names: str) -> int | None:
+    """The first of these environment variables that a launcher set (``RANK`` by torchrun,
+    ``SLURM_PROCID`` by srun), as an integer; None if none is set."""
+    for name in names:
+        value = os.environ.get(name)
+        if value:
+            try:
+                return int(value)
+            except ValueError:
+                parser.error(f"environment {name}={value!r} is not an integer")
+    return None
+
+
+def check_endpoint(parser: argparse.ArgumentParser, flag: str, endpoint: str) -> None:
+    """Refuse what is not ``tcp://HOST:PORT`` before anything uses it."""
+    try:
+        parts = urlsplit(endpoint)
+        ok = parts.scheme == "tcp" and bool(parts.hostname) and parts.port is not None
+    except ValueError:
+        ok = False
+    if not ok:
+        parser.error(f"{flag} {endpoint!r} is not an address: use tcp://HOST:PORT (PORT 0: any)")
 
 
 def is_loopback(endpoint: str) -> bool:
@@ -79,6 +199,7 @@ def resolve_secret(
 ) -> str | None:
     """The shared secret from --secret, --secret-file or TENSORWIRE_SECRET; required (the daemon
     refuses to start) when ``bind`` accepts connections from other hosts."""
+    check_endpoint(parser, "--bind", bind)
     secret = args.secret
     if args.secret_file:
         try:
@@ -97,68 +218,6 @@ def resolve_secret(
     return secret or None
 
 
-def _convert(
-    parser: argparse.ArgumentParser, action: argparse.Action, value: Any, source: str
-) -> Any:
-    flag = action.option_strings[-1] if action.option_strings else action.dest
-    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
-        if isinstance(value, str):
-            low = value.strip().lower()
-            if low not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
-                parser.error(f"{source}: {flag} must be true or false, not {value!r}")
-            value = low in ("1", "true", "yes", "on")
-        if not isinstance(value, bool):
-            parser.error(f"{source}: {flag} must be true or false, not {value!r}")
-        return value
-    convert: Any = action.type
-    if convert is not None and isinstance(value, str):
-        try:
-            value = convert(value)
-        except (TypeError, ValueError, argparse.ArgumentTypeError) as exc:
-            parser.error(f"{source}: {flag}: invalid value {value!r} ({exc})")
-    elif convert is not None and not isinstance(value, (str, list, dict)):
-        try:
-            value = convert(value)
-        except (TypeError, ValueError) as exc:
-            parser.error(f"{source}: {flag}: invalid value {value!r} ({exc})")
-    if action.choices is not None and value not in action.choices:
-        parser.error(
-            f"{source}: {flag} must be one of {', '.join(map(str, action.choices))}, not {value!r}"
-        )
-    return value
-
-
-def parse(
-    parser: argparse.ArgumentParser, argv: list[str] | None, section: str
-) -> argparse.Namespace:
-    """Parse ``argv`` merging defaults < TOML file < environment < flags (see module doc)."""
-    actions = {a.dest: a for a in parser._actions if a.dest not in ("help", "version", "config")}
-    defaults = {dest: a.default for dest, a in actions.items()}
-    for a in actions.values():
-        a.default = argparse.SUPPRESS
-    given = vars(parser.parse_args(argv))
-    values = dict(defaults)
-    path = given.pop("config", None)
-    if path:
-        try:
-            with open(path, "rb") as f:
-                table = tomllib.load(f)
-        except OSError as exc:
-            parser.error(f"cannot read config file {path}: {exc.strerror}")
-        except tomllib.TOMLDecodeError as exc:
-            parser.error(f"config file {path} is not valid TOML: {exc}")
-        if isinstance(table.get(section), dict):
-            table = table[section]
-        for key, value in table.items():
-            if isinstance(value, dict):
-                continue  # another daemon's table
-            dest = key.replace("-", "_")
-            if dest not in actions:
-                parser.error(f"config file {path}: unknown key {key!r}")
-            values[dest] = _convert(parser, actions[dest], value, f"config file {path}")
-    for dest, action in actions.items():
-        env = ENV_PREFIX + dest.upper()
-        if env in os.environ:
-            values[dest] = _convert(parser, action, os.environ[env], f"environment {env}")
-    values.update(given)
-    return argparse.Namespace(**values)
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parse ``argv`` with the file and the environment merged in (see the module doc)."""
+    return parser.parse_args(argv)

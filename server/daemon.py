@@ -17,30 +17,40 @@ from typing import Any
 import tensorwire as tw
 from tensorwire.client import models
 
-from . import config, optim
+from . import checkpoint, config, optim
 from .progress import Progress
 from .ps import SYNC_MODES, ParameterServer, PSConfig, PSError, StepReport
 
 
 def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
     d = PSConfig()
-    p = argparse.ArgumentParser(
-        prog=prog,
-        description="A parameter-server shard: receives gradients one-sided into registered "
-        "buffers, applies the optimizer, writes parameters straight into the workers' memory.",
+    p = config.new_parser(
+        prog,
+        "A parameter-server shard: receives gradients one-sided into registered buffers, applies "
+        "the optimizer, writes parameters straight into the workers' memory.",
+        "ps",
     )
-    p.add_argument("--config", metavar="FILE.toml", help="read settings from a TOML file")
     p.add_argument("--bind", default=d.bind, help=f"control-plane endpoint (default {d.bind})")
     p.add_argument("--shard", type=int, default=d.shard, help="this server's index (default 0)")
     p.add_argument("--shards", type=int, default=d.shards, help="number of servers (default 1)")
-    p.add_argument("--workers", type=int, default=d.workers, help="workers to wait for")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=d.workers,
+        help=f"workers to wait for (default {d.workers})",
+    )
     p.add_argument("--model", default=d.model, choices=sorted(models.MODELS), help="model")
     p.add_argument("--steps", type=int, default=d.steps, help=f"steps (default {d.steps})")
     p.add_argument("--sync", default=d.sync, choices=SYNC_MODES, help="consistency model")
     p.add_argument("--staleness", type=int, default=d.staleness, help="ssp: max steps ahead")
     p.add_argument("--optimizer", default=d.optimizer, choices=optim.OPTIMIZERS)
     p.add_argument("--lr", type=float, default=d.lr, help=f"learning rate (default {d.lr})")
-    p.add_argument("--momentum", type=float, default=d.momentum)
+    p.add_argument(
+        "--momentum",
+        type=float,
+        default=d.momentum,
+        help=f"momentum of sgd (default {d.momentum:g})",
+    )
     p.add_argument("--weight-decay", type=float, default=d.weight_decay, help="L2 weight decay")
     p.add_argument(
         "--transport",
@@ -50,8 +60,18 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
     )
     config.add_nixl_flags(p)
     config.add_secret_flags(p)
-    p.add_argument("--checkpoint-dir", default=None, help="where to write checkpoints")
-    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
+    p.add_argument(
+        "--checkpoint-dir",
+        default=None,
+        help="where to write checkpoints (checked at start: it must be a writable directory, or "
+        "creatable)",
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=d.checkpoint_every,
+        help=f"steps between checkpoints (default {d.checkpoint_every})",
+    )
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     p.add_argument(
         "--join-timeout",
@@ -71,7 +91,7 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
         default=d.split_bytes,
         help="split tensors larger than this into chunks",
     )
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--seed", type=int, default=d.seed, help="initialisation seed")
     p.add_argument(
         "--curve-keys",
         metavar="DIR",
@@ -92,17 +112,19 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
     )
     p.add_argument("--metrics", metavar="PATH", help="write a JSON summary here at the end")
     p.add_argument("--no-progress", action="store_true", help="no progress output")
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    config.add_logging_flags(p)
     return p
 
 
 def main(argv: list[str] | None = None, prog: str = "tensorwire-ps") -> int:
     parser = build_parser(prog)
-    args = config.parse(parser, argv, "ps")
-    logging.basicConfig(
-        level=args.log_level, format=f"%(asctime)s ps{args.shard} %(message)s", stream=sys.stderr
-    )
+    args = config.parse(parser, argv)
+    config.setup_logging(args.log_level, f"ps{args.shard}")
     args.secret = config.resolve_secret(parser, args, args.bind)
+    if args.checkpoint_dir is not None:
+        problem = checkpoint.unusable(args.checkpoint_dir)
+        if problem:
+            parser.error(f"--checkpoint-dir {args.checkpoint_dir}: {problem}")
     values: dict[str, Any] = {
         k: getattr(args, k) for k in PSConfig.__dataclass_fields__ if k != "nixl"
     }

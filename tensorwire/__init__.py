@@ -6,6 +6,8 @@ senders write raw payloads straight into them. The public API is re-exported her
 
 from __future__ import annotations
 
+import logging
+
 from .errors import (
     AuthenticationError,
     ClosedError,
@@ -28,6 +30,9 @@ from .spec import TensorSpec
 from .transports import TRANSPORT_NAMES
 
 __version__ = "0.1.0"
+
+# The library logs under "tensorwire"; what is shown, and where, is the application's choice.
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
     "TRANSPORT_NAMES",

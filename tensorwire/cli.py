@@ -60,9 +60,12 @@ def _keys(argv: list[str]) -> int:
         description="Make a CURVE key pair for a job's control plane (--curve-keys DIR).",
     )
     parser.add_argument("directory", help="where to write server.key and server.key_secret")
+    parser.add_argument(
+        "--force", action="store_true", help="replace a key pair already in the directory"
+    )
     args = parser.parse_args(argv)
     try:
-        public, secret = generate(args.directory)
+        public, secret = generate(args.directory, overwrite=args.force)
     except (TensorWireError, OSError) as exc:
         print(f"tensorwire keys: error: {exc}", file=sys.stderr)
         return 1
@@ -114,6 +117,15 @@ def main(argv: list[str] | None = None) -> int:
         help="what to run",
     )
     parser.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of the command")
+    if not args:
+        parser.print_usage(sys.stderr)
+        print(
+            "tensorwire: error: name a command: demo (train a model with a local parameter "
+            "server), bench, ps, worker, keys, ping or info; `tensorwire COMMAND --help` for its "
+            "options",
+            file=sys.stderr,
+        )
+        return 2
     ns = parser.parse_args(args)
     if ns.command == "demo":
         from .client.demo import main as demo  # the main job: a parameter server and workers

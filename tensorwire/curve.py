@@ -32,10 +32,25 @@ def available() -> bool:
     return bool(zmq.has("curve"))
 
 
-def generate(directory: str) -> tuple[str, str]:
-    """Write a new key pair into ``directory``; return (public file, secret file)."""
+def generate(directory: str, *, overwrite: bool = False) -> tuple[str, str]:
+    """Write a new key pair into ``directory``; return (public file, secret file). An existing
+    pair is kept (TensorWireError) unless ``overwrite``: replacing it locks out every host that
+    holds the old public key."""
     if not available():
         raise TensorWireError("this libzmq has no CURVE support")
+    existing = [
+        path
+        for path in (
+            os.path.join(directory, f"{NAME}.key"),
+            os.path.join(directory, f"{NAME}.key_secret"),
+        )
+        if os.path.exists(path)
+    ]
+    if existing and not overwrite:
+        raise TensorWireError(
+            f"{directory} already holds a key pair ({', '.join(existing)}); pass --force to "
+            "replace it (every host of the job then needs the new one)"
+        )
     os.makedirs(directory, mode=0o700, exist_ok=True)
     public, secret = zmq.auth.create_certificates(directory, NAME)
     os.chmod(secret, 0o600)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +15,16 @@ import pytest
 from .conftest import NIXL_INSTALLED, free_port
 
 
-def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run(
+    *args: str, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, timeout=timeout, check=False
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -142,7 +151,17 @@ def test_bench_serve_and_run_as_two_hosts_would(tmp_path: Path) -> None:
         ["-m", "tensorwire.bench", "--bogus"],
         ["-m", "tensorwire.bench", "serve", "--bind", "tcp://0.0.0.0:5999"],
         ["-m", "tensorwire.cli", "nope"],
+        ["-m", "tensorwire.cli"],
+        ["-m", "tensorwire.cli", "keys"],
+        ["-m", "tensorwire.cli", "ping", "localhost:5700"],
         ["-m", "tensorwire.demo", "--steps", "0"],
+        ["-m", "tensorwire.client.demo", "--workers", "0"],
+        ["-m", "tensorwire.server.daemon", "--bind", "foo"],
+        ["-m", "tensorwire.server.daemon", "--log-level", "loud"],
+        ["-m", "tensorwire.server.daemon", "--checkpoint-dir", "/dev/null/checkpoints"],
+        ["-m", "tensorwire.server.daemon", "--steps", "-"],
+        ["-m", "tensorwire.client.worker", "--bind", "tcp://host-without-port"],
+        ["-m", "tensorwire.client.worker", "--transport", "pigeon"],
     ],
 )
 def test_bad_arguments_are_one_clear_line(args: list[str]) -> None:
@@ -169,3 +188,170 @@ def test_polling_probe_reports_its_figures() -> None:
     line = out.stdout.strip().splitlines()[-1]
     assert line.startswith("nixl (tensorwire polling), 4 KiB every 2 ms: one way median ")
     assert "write() median" in line and line.endswith("% of a core")
+
+
+# -- the daemons' settings and the small commands ------------------------------------------------
+
+
+def test_a_bad_value_names_the_variable_it_came_from() -> None:
+    out = run("-m", "tensorwire.server.daemon", env={"TENSORWIRE_STEPS": "many"})
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert (
+        out.stderr.strip()
+        .splitlines()[-1]
+        .endswith("argument --steps: invalid int value: 'many' (from environment TENSORWIRE_STEPS)")
+    )
+
+
+def test_daemon_help_names_each_setting_s_variable_and_the_toml_table() -> None:
+    for module, table in (
+        ("tensorwire.server.daemon", "[ps]"),
+        ("tensorwire.client.worker", "[worker]"),
+    ):
+        out = run("-m", module, "--help")
+        assert out.returncode == 0
+        text = " ".join(out.stdout.split())  # help wraps lines anywhere
+        assert "[env var: TENSORWIRE_STEP_TIMEOUT]" in text and table in text
+        assert "--version" in text
+
+
+def test_daemons_have_a_version_and_log_levels_in_any_case() -> None:
+    import tensorwire as tw
+
+    for module, prog in (
+        ("tensorwire.server.daemon", "tensorwire-ps"),
+        ("tensorwire.client.worker", "tensorwire-worker"),
+    ):
+        out = run("-m", module, "--version")
+        assert out.returncode == 0 and out.stdout.strip() == f"{prog} {tw.__version__}"
+    out = run(
+        "-m",
+        "tensorwire.server.daemon",
+        "--log-level",
+        "info",
+        "--no-progress",
+        "--bind",
+        f"tcp://127.0.0.1:{free_port()}",
+        "--join-timeout",
+        "0.2",
+    )
+    assert out.returncode == 1  # nobody joined: it started and logged, then gave up
+    started = out.stderr.splitlines()[0]
+    assert " ps0 INFO shard 0 of 1 serving" in started  # the level is in every line
+
+
+def test_an_unusable_checkpoint_dir_is_refused_at_start(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    readonly = tmp_path / "readonly"
+    readonly.mkdir(mode=0o500)
+    cases = [(blocker, "exists and is not a directory")]
+    if os.geteuid() != 0:  # root writes anywhere
+        cases.append((readonly, "is not writable"))
+    for path, says in cases:
+        out = run("-m", "tensorwire.server.daemon", "--checkpoint-dir", str(path), "--no-progress")
+        assert out.returncode == 2 and "Traceback" not in out.stderr
+        assert out.stderr.strip().splitlines()[-1].endswith(f"--checkpoint-dir {path}: {says}")
+    fresh = tmp_path / "new" / "checkpoints"  # a missing directory is created
+    out = run(
+        "-m",
+        "tensorwire.server.daemon",
+        "--checkpoint-dir",
+        str(fresh),
+        "--no-progress",
+        "--bind",
+        f"tcp://127.0.0.1:{free_port()}",
+        "--join-timeout",
+        "0.2",
+    )
+    assert out.returncode == 1 and fresh.is_dir()
+
+
+def test_workers_take_rank_and_world_size_from_launchers() -> None:
+    for env, says in (
+        ({"RANK": "5", "WORLD_SIZE": "2"}, "--rank 5 is not in 0..1"),
+        ({"SLURM_PROCID": "4", "SLURM_NTASKS": "3"}, "--rank 4 is not in 0..2"),
+        ({"RANK": "five"}, "environment RANK='five' is not an integer"),
+    ):
+        out = run("-m", "tensorwire.client.worker", "--no-progress", env=env)
+        assert out.returncode == 2, out.stderr
+        assert out.stderr.strip().splitlines()[-1].endswith(says)
+    # A flag still wins over the launcher's variable.
+    out = run("-m", "tensorwire.client.worker", "--rank", "7", "--workers", "2", env={"RANK": "0"})
+    assert out.stderr.strip().splitlines()[-1].endswith("--rank 7 is not in 0..1")
+
+
+def test_keys_are_not_overwritten_without_force(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    assert run("-m", "tensorwire.cli", "keys", str(keys)).returncode == 0
+    public = (keys / "server.key").read_text()
+    out = run("-m", "tensorwire.cli", "keys", str(keys))
+    assert out.returncode == 1 and "already holds a key pair" in out.stderr
+    assert (keys / "server.key").read_text() == public
+    assert run("-m", "tensorwire.cli", "keys", str(keys), "--force").returncode == 0
+    assert (keys / "server.key").read_text() != public
+
+
+def test_ping_says_whether_an_endpoint_accepts_connections() -> None:
+    import tensorwire as tw
+
+    with tw.Receiver() as rx:
+        assert run("-m", "tensorwire", "ping", rx.address).returncode == 0
+    out = run("-m", "tensorwire", "ping", f"tcp://127.0.0.1:{free_port()}")
+    assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_the_library_logs_nowhere_unless_the_application_says(tmp_path: Path) -> None:
+    code = (
+        "import logging, tensorwire as tw\n"
+        "assert any(isinstance(h, logging.NullHandler) "
+        "for h in logging.getLogger('tensorwire').handlers)\n"
+        "logging.getLogger('tensorwire.receiver').warning('not shown')\n"
+    )
+    out = run("-c", code)
+    assert out.returncode == 0 and out.stderr == ""
+
+
+def test_a_receiver_beyond_loopback_needs_a_secret_or_says_insecure() -> None:
+    import tensorwire as tw
+
+    with pytest.raises(tw.AuthenticationError, match="so a secret is required"):
+        tw.Receiver("tcp://0.0.0.0:0")
+    with tw.Receiver("tcp://0.0.0.0:0", secret="s3cret") as rx:
+        assert rx.address.startswith("tcp://")
+    with tw.Receiver("tcp://0.0.0.0:0", insecure=True) as rx:
+        assert rx.address.startswith("tcp://")
+
+
+def test_a_worker_whose_server_died_exits_in_one_line(tmp_path: Path) -> None:
+    address = f"tcp://127.0.0.1:{free_port()}"
+    ps_cmd = ["tensorwire.server.daemon", "--bind", address, "--steps", "1000000", "--no-progress"]
+    worker_cmd = ["tensorwire.client.worker", "--servers", address, "--reconnect-timeout", "2"]
+    ps = subprocess.Popen([sys.executable, "-m", *ps_cmd], stderr=subprocess.DEVNULL)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", *worker_cmd, "--no-progress"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(4.0)  # the worker joins and trains (a step takes milliseconds)
+        assert ps.poll() is None and worker.poll() is None
+        ps.kill()
+        ps.wait(30)
+        code = worker.wait(60)
+        err = worker.stderr.read() if worker.stderr is not None else ""
+    finally:
+        for p in (ps, worker):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        if worker.stderr is not None:
+            worker.stderr.close()
+    assert code == 1 and "Traceback" not in err
+    assert (
+        err.strip()
+        .splitlines()[-1]
+        .startswith(f"tensorwire-worker: error: parameter server {address} did not answer within")
+    )
+    assert "reconnecting, waiting up to 2 s for it to come back (--reconnect-timeout)" in err

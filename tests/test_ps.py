@@ -327,8 +327,9 @@ def test_bad_flags_and_files_are_one_line(args: list[str]) -> None:
 def test_bad_config_file_is_one_line(tmp_path: Path) -> None:
     for body, message in (
         ("steps = [", "not valid TOML"),
-        ("stepz = 3", "unknown key 'stepz'"),
-        ("steps = 'many'", "--steps: invalid value"),
+        ("steps = 3", "settings must be under a [ps] table, found steps outside it"),
+        ("[ps]\nstepz = 3", f"unknown key 'stepz' in config file {tmp_path / 'bad.toml'}"),
+        ("[ps]\nsteps = 'many'", "--steps: invalid int value: 'many' (from config file"),
     ):
         cfg = tmp_path / "bad.toml"
         cfg.write_text(body)
@@ -344,7 +345,7 @@ def test_flags_beat_environment_beats_toml(tmp_path: Path) -> None:
     cfg.write_text("[ps]\nsteps = 7\nlr = 0.5\nsync = 'asp'\nresume = true\n[worker]\nbatch = 3\n")
     os.environ["TENSORWIRE_LR"] = "0.25"
     try:
-        args = config.parse(build_parser(), ["--config", str(cfg), "--sync", "ssp"], "ps")
+        args = config.parse(build_parser(), ["--config", str(cfg), "--sync", "ssp"])
     finally:
         del os.environ["TENSORWIRE_LR"]
     assert (args.steps, args.lr, args.sync, args.resume, args.workers) == (7, 0.25, "ssp", True, 1)

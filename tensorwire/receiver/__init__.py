@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 from ..auth import normalise_secret
 from ..control import ControlServer
 from ..curve import CurveKeys
-from ..errors import TensorWireError
+from ..errors import AuthenticationError, TensorWireError
 from ..process import host_identity
 from ..rdma import NixlOptions, is_loopback_host
 from ..received import ReceivedArray
@@ -78,6 +78,8 @@ class Receiver(Resource):
     silent for ``heartbeat_timeout`` seconds (senders heartbeat every few seconds on their own) is
     declared lost: waiters on its tensors get :class:`~tensorwire.errors.PeerLostError`.
     ``curve_keys`` (:func:`tensorwire.curve.load`) encrypts the control plane with ZeroMQ CURVE.
+    A ``bind`` beyond loopback needs a ``secret`` (AuthenticationError otherwise), unless
+    ``insecure=True`` accepts unauthenticated senders on a network you trust.
     ``grpc``: serve the gRPC baseline (``grpc``, ``grpc-stream``): ``None`` (the default) when
     grpcio is installed (``tensorwire[grpc]``), ``True`` always (an error without it), ``False``
     never. ``nixl``: serve the ``nixl`` (RDMA) transport. ``None`` (the default) serves it when
@@ -100,10 +102,17 @@ class Receiver(Resource):
         heartbeat_timeout: float | None = 30.0,
         curve_keys: CurveKeys | None = None,
         nixl: bool | NixlOptions | None = None,
+        insecure: bool = False,
     ) -> None:
         bind_host, data_host = _parse_bind(bind)
         if ring < 1:
             raise ValueError(f"ring must be at least 1, got {ring}")
+        if secret is None and not insecure and not is_loopback_host(bind_host):
+            raise AuthenticationError(
+                f"bind {bind} accepts connections from other hosts, so a secret is required "
+                "(secret=...), as the daemons require; pass insecure=True to accept "
+                "unauthenticated senders on a network you trust"
+            )
         self.name = name or f"receiver-{secrets.token_hex(3)}"
         self.generation: int = secrets.randbits(62) | 1
         self._state = ReceiverState(self.name, self.generation, host_identity())
