@@ -117,11 +117,19 @@ class PSClient:
             self.chunks = self._learn_plan(shapes)
             for param, shape in shapes.items():
                 rows = [c.stop - c.start for c in self._parts[param]]
-                self.rx.register_parts(param, shape, "float32", rows)
+                self.rx.register_parts(param, shape, self.wire_dtype, rows)
             for s in range(len(self.servers)):
                 self.rx.register(status_name(s), (STATUS_FIELDS,), "int64", ring=1)
-            #: the model's parameters: read-only views of the registered memory servers write
-            self.params: dict[str, Array] = {p: self.rx.array(p) for p in shapes}
+            landed: dict[str, Array] = {p: self.rx.array(p) for p in shapes}
+            #: the model's parameters: read-only views of the registered memory servers write,
+            #: or, when they travel in 16 bits, float32 copies refreshed by each wait_params()
+            self.params: dict[str, Array] = landed
+            self._landed: dict[str, Array] | None = None
+            self._grads_out: dict[str, Array] = {}
+            if self.wire_dtype != np.float32:
+                self._landed = landed
+                self.params = {p: np.zeros(v.shape, np.float32) for p, v in landed.items()}
+                self._grads_out = {c.cid: np.empty(c.shape, self.wire_dtype) for c in self.chunks}
             me = _advertised(self.rx.address, advertise, self.servers[0])
             self._me = np.frombuffer(me.encode(), np.uint8)
             for addr in self.servers:
@@ -163,6 +171,7 @@ class PSClient:
 
     def _learn_plan(self, shapes: Mapping[str, tuple[int, ...]]) -> list[Chunk]:
         chunks: list[Chunk] = []
+        dtypes = set()
         for s, addr in enumerate(self.servers):
             published = self.tx.tensors(peer=addr)
             for name, spec in published.items():
@@ -171,6 +180,14 @@ class PSClient:
                     continue
                 _, param, part = parsed
                 chunks.append(Chunk(param, part, 0, 0, spec.static_shape, s))
+                dtypes.add(spec.dtype)
+        if len(dtypes) > 1:
+            raise PSClientError(
+                f"the servers disagree on the wire dtype ({', '.join(sorted(map(str, dtypes)))}): "
+                "start them with the same --wire-dtype"
+            )
+        #: what gradients and parameters travel as, as the servers registered them
+        self.wire_dtype: np.dtype[Any] = dtypes.pop() if dtypes else np.dtype(np.float32)
         self._parts: dict[str, list[Chunk]] = {}
         for param, shape in shapes.items():
             parts = sorted((c for c in chunks if c.param == param), key=lambda c: c.part)
@@ -222,6 +239,9 @@ class PSClient:
                 break
             except tw.PeerLostError as exc:
                 self._recover(str(exc))
+        if self._landed is not None:
+            for p, landed in self._landed.items():
+                np.copyto(self.params[p], landed)  # 16-bit wire -> the model's float32
         self.comm_seconds += time.perf_counter() - t0
         self.step = None if stop else max(steps)
         return self.step
@@ -290,11 +310,13 @@ class PSClient:
         try:
             for c in self.chunks:
                 g = grads[c.param]
+                rows = g[c.start : c.stop] if g.ndim else g
+                out = self._grads_out.get(c.cid)
+                if out is not None:  # a 16-bit wire: rounded into a buffer allocated once
+                    out[...] = rows
+                    rows = out
                 self.tx.write(
-                    grad_name(self.rank, c.cid),
-                    g[c.start : c.stop] if g.ndim else g,
-                    peer=self.servers[c.server],
-                    allow_copy=True,
+                    grad_name(self.rank, c.cid), rows, peer=self.servers[c.server], allow_copy=True
                 )
             self._meta[:] = (
                 self.step,

@@ -19,7 +19,7 @@ from tensorwire.client import models
 
 from . import checkpoint, config, optim
 from .progress import Progress
-from .ps import SYNC_MODES, ParameterServer, PSConfig, PSError, StepReport
+from .ps import SYNC_MODES, WIRE_DTYPES, ParameterServer, PSConfig, PSError, StepReport
 
 
 def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
@@ -57,6 +57,13 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
         default=d.transport,
         choices=tw.TRANSPORT_NAMES,
         help="data plane towards the workers",
+    )
+    p.add_argument(
+        "--wire-dtype",
+        default=d.wire_dtype,
+        choices=WIRE_DTYPES,
+        help="what gradients and parameters travel as (default float32); the server keeps "
+        "float32 parameters and optimizer state, and the workers learn the choice from it",
     )
     config.add_nixl_flags(p)
     config.add_secret_flags(p)

@@ -46,6 +46,9 @@ from .plan import (
 log = logging.getLogger("tensorwire.ps")
 
 SYNC_MODES = ("bsp", "asp", "ssp")
+#: what gradients and parameters travel as; the server keeps float32 parameters and optimizer
+#: state whatever the wire carries (mixed precision: half the bytes per step in 16 bits)
+WIRE_DTYPES = ("float32", "bfloat16", "float16")
 
 
 class PSError(tw.TensorWireError):
@@ -83,6 +86,7 @@ class PSConfig:
     heartbeat_timeout: float = 30.0  # a worker silent this long is lost
     curve_keys: str | None = None  # directory of the job's CURVE key pair
     nixl: tw.NixlOptions | None = None  # NIXL/UCX settings when transport is "nixl"
+    wire_dtype: str = "float32"  # one of WIRE_DTYPES
 
 
 @dataclass
@@ -112,6 +116,10 @@ class ParameterServer:
             raise PSError(f"shard {cfg.shard} does not exist among {cfg.shards} shards")
         if cfg.workers < 1 or cfg.steps < 0:
             raise PSError("need at least one worker and a non-negative number of steps")
+        if cfg.wire_dtype not in WIRE_DTYPES:
+            raise PSError(
+                f"unknown wire dtype {cfg.wire_dtype!r}; choose one of {', '.join(WIRE_DTYPES)}"
+            )
         self.cfg = cfg
         self.on_step = on_step or (lambda report: None)
         spec = models.model(cfg.model)
@@ -140,6 +148,15 @@ class ParameterServer:
                 np.copyto(self.params[cid], value)
             log.info("resumed shard %d from %s at step %d", cfg.shard, self.ckpt, self.step)
         self.acc = {c.cid: np.zeros(c.shape, np.float32) for c in self.chunks}
+        # Parameters go out in the wire dtype: converted into these, allocated once.
+        self._outgoing = (
+            None
+            if cfg.wire_dtype == "float32"
+            else {
+                c.cid: np.empty(c.shape, tw.TensorSpec.create("w", (), cfg.wire_dtype).dtype)
+                for c in self.chunks
+            }
+        )
         self.workers = [_Worker(r, step=self.step) for r in range(cfg.workers)]
         self.losses: list[float] = []
         self.last_accuracy: float | None = None
@@ -167,7 +184,7 @@ class ParameterServer:
         try:
             for w in range(cfg.workers):
                 for c in self.chunks:
-                    self.rx.register(grad_name(w, c.cid), c.shape, "float32")
+                    self.rx.register(grad_name(w, c.cid), c.shape, cfg.wire_dtype)
                 self.rx.register(meta_name(w), (META_FIELDS,), "float64")
                 self.rx.register(join_name(w), (None,), "uint8", max_bytes=1024)
         except BaseException:
@@ -226,7 +243,12 @@ class ParameterServer:
     def _send(self, w: _Worker, flags: int) -> None:
         """Fresh parameter chunks, then the status word, into worker ``w``'s memory."""
         for c in self.chunks:
-            self.tx.write(c.cid, self.params[c.cid], peer=w.address)
+            params = self.params[c.cid]
+            if self._outgoing is not None:
+                out = self._outgoing[c.cid]
+                out[...] = params  # float32 -> the wire dtype, rounding to nearest
+                params = out
+            self.tx.write(c.cid, params, peer=w.address)
         status = np.array([w.step, flags, self.step, 0], dtype=np.int64)
         assert status.shape == (STATUS_FIELDS,)
         self.tx.write(status_name(self.cfg.shard), status, peer=w.address)

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import tensorwire as tw
 from tensorwire.client import models
 from tensorwire.server import optim
 from tensorwire.server.plan import plan
@@ -186,6 +187,26 @@ def test_each_consistency_model_trains_digits_to_95_percent(job: Any, sync: str)
     acc = j.metrics("w0")["test_accuracy"]
     assert acc >= 0.95, f"{sync}: test accuracy {acc}"
     assert j.metrics("w1")["steps"] == 400 and j.metrics("ps0")["steps"] == 400
+
+
+@pytest.mark.parametrize(("wire", "transport"), [("bfloat16", "shm"), ("float16", "tcp")])
+def test_sixteen_bit_wire_trains_digits_to_95_percent(job: Any, wire: str, transport: str) -> None:
+    """Mixed precision: gradients and parameters travel in 16 bits (half the bytes of every
+    step), the server keeps float32 parameters and optimizer state, the workers learn the wire
+    dtype from the server's address book and compute in float32."""
+    j = job(
+        ps=["--steps", "400", "--wire-dtype", wire, "--split-bytes", "4096"],
+        servers=2,
+        worker=["--transport", transport],
+    )
+    _ok(j)
+    acc = j.metrics("w0")["test_accuracy"]
+    assert acc >= 0.95, f"{wire}: test accuracy {acc}"
+    final = j.params(0)
+    assert all(v.dtype == np.float32 for v in final.values())  # what the model computes with
+    # Every weight is what the 16-bit wire can carry: the server's float32, rounded once.
+    wire_dtype = tw.TensorSpec.create("w", (), wire).dtype
+    assert all(np.array_equal(v, v.astype(wire_dtype).astype(np.float32)) for v in final.values())
 
 
 def _reference(steps: int, workers: int, batch: int, opt: optim.Optimizer) -> dict[str, Any]:
