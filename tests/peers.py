@@ -231,3 +231,22 @@ def run_hiding(packages: tuple[str, ...], body: str, *args: str) -> list[str]:
     )
     assert out.returncode == 0, out.stderr
     return out.stdout.splitlines()
+
+
+def run_conformance_hiding(packages: tuple[str, ...], selection: str) -> str:
+    """Run the conformance tests matching ``selection`` (``-k``) in a child interpreter where
+    ``packages`` cannot be imported; its pytest output (the run must pass)."""
+    code = hiding(*packages) + textwrap.dedent(
+        f"""
+        import pytest
+        sys.exit(pytest.main([
+            "-q", "-p", "no:cacheprovider", "tests/test_conformance.py", "-k", {selection!r}, "-rs",
+        ]))
+        """
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=root
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout

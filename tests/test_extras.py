@@ -12,7 +12,7 @@ from pathlib import Path
 
 import tensorwire as tw
 
-from .peers import hiding, run_hiding
+from .peers import hiding, run_conformance_hiding, run_hiding
 
 ROOT = Path(__file__).resolve().parent.parent
 GRPC_PACKAGES = ("grpc", "google")  # grpcio and protobuf
@@ -50,21 +50,11 @@ def test_without_grpc_the_core_works_and_the_baseline_names_its_extra() -> None:
 
 
 def test_the_conformance_suite_runs_without_grpc() -> None:
-    code = hiding(*GRPC_PACKAGES) + textwrap.dedent(
-        """
-        import pytest
-        sys.exit(pytest.main([
-            "-q", "-p", "no:cacheprovider", "tests/test_conformance.py",
-            "-k", "every_dtype_byte_exact and (grpc or tcp) and not stream", "-rs",
-        ]))
-        """
+    out = run_conformance_hiding(
+        GRPC_PACKAGES, "every_dtype_byte_exact and (grpc or tcp) and not stream"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "1 passed, 1 skipped" in out.stdout, out.stdout
-    assert "grpcio is not installed" in out.stdout
+    assert "1 passed, 1 skipped" in out, out
+    assert "grpcio is not installed" in out
 
 
 def test_the_demo_without_its_data_set_says_which_extra_in_one_line() -> None:

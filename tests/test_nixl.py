@@ -8,10 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,9 +16,7 @@ import tensorwire as tw
 from tensorwire import wire
 from tensorwire.rdma import NixlOptions
 
-from .peers import hiding, run_hiding
-
-ROOT = Path(__file__).resolve().parent.parent
+from .peers import hiding, run_conformance_hiding, run_hiding
 
 NIXL_PACKAGES = ("nixl_cu12", "nixl_cu13", "nixl")
 # A child interpreter in which NIXL cannot be imported, as on a machine without it.
@@ -216,18 +210,6 @@ def test_options_are_checked_and_applied_only_while_creating_an_agent() -> None:
 def test_the_suite_runs_without_nixl() -> None:
     """NIXL is optional: where it cannot be imported, the suite is collected and the nixl tests
     are skipped with the reason, while the other transports' tests still run."""
-    code = WITHOUT_NIXL + textwrap.dedent(
-        """
-        import pytest
-        sys.exit(pytest.main([
-            "-q", "-p", "no:cacheprovider", "tests/test_conformance.py",
-            "-k", "every_dtype_byte_exact and (nixl or tcp)", "-rs",
-        ]))
-        """
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "1 passed, 1 skipped" in out.stdout, out.stdout
-    assert "NIXL is not installed" in out.stdout
+    out = run_conformance_hiding(NIXL_PACKAGES, "every_dtype_byte_exact and (nixl or tcp)")
+    assert "1 passed, 1 skipped" in out, out
+    assert "NIXL is not installed" in out
