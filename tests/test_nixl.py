@@ -16,11 +16,9 @@ import tensorwire as tw
 from tensorwire import wire
 from tensorwire.rdma import NixlOptions
 
-from .peers import hiding, run_conformance_hiding, run_hiding
+from .peers import run_conformance_hiding, run_hiding
 
 NIXL_PACKAGES = ("nixl_cu12", "nixl_cu13", "nixl")
-# A child interpreter in which NIXL cannot be imported, as on a machine without it.
-WITHOUT_NIXL = hiding(*NIXL_PACKAGES)
 
 
 def _run_without_nixl(body: str, *args: str) -> list[str]:
