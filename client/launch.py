@@ -50,7 +50,7 @@ def run_job(
 ) -> JobResult:
     """Run one job to completion; raise RuntimeError (with the logs' tails) if any process fails."""
     addresses = [f"tcp://127.0.0.1:{free_port()}" for _ in range(servers)]
-    common = ["--transport", transport, "--model", model, "--log-level", "WARNING"]
+    common = ["--transport", transport, "--log-level", "WARNING"]
     with tempfile.TemporaryDirectory(prefix="tensorwire-job-") as tmp:
         cmds = []
         for s, addr in enumerate(addresses):
@@ -93,6 +93,8 @@ def run_job(
                         "--no-progress",
                         "--metrics",
                         f"{tmp}/w{r}.json",
+                        "--model",  # the servers learn it from the workers
+                        model,
                         *common,
                         *(worker_args or []),
                     ],

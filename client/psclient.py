@@ -4,13 +4,15 @@ The client registers every model parameter in its own receiver, in parts that ma
 servers' chunks (:meth:`tensorwire.Receiver.register_parts`), so :attr:`PSClient.params` *are* the
 buffers the servers write: no copy between the network and the next forward pass. A loop does::
 
-    with PSClient(["tcp://ps0:5700"], rank=0, shapes=shapes) as ps:
+    with PSClient(["tcp://ps0:5700"], rank=0, shapes=shapes, init=initial_values) as ps:
         while (step := ps.wait_params()) is not None:   # None: the servers said stop
             grads = my_backward(ps.params, batch(step))  # any framework that yields numpy
             ps.push(grads, loss=loss)
 
-The plan (which server owns which rows of which parameter) is read from the gradient tensors the
-servers publish, so client and servers cannot disagree about it. Uses only tensorwire's public API.
+The servers run no model code: every client tells them its parameters' shapes when it joins, and
+rank 0 gives their initial values (``init``). The plan (which server owns which rows of which
+parameter) is then read from the gradient tensors the servers publish, so client and servers
+cannot disagree about it. Uses only tensorwire's public API.
 """
 
 from __future__ import annotations
@@ -32,10 +34,14 @@ from tensorwire.server.plan import (
     STATUS_FIELDS,
     STATUS_STOP,
     Chunk,
+    encode_join,
+    encode_ready,
     grad_name,
+    init_name,
     join_name,
     meta_name,
     parse_grad_name,
+    specs_of,
     status_name,
 )
 
@@ -82,9 +88,22 @@ class PSClient:
         heartbeat_timeout: float = 30.0,
         curve_keys: CurveKeys | None = None,
         nixl: tw.NixlOptions | None = None,
+        init: Mapping[str, Array] | None = None,
     ) -> None:
+        """``shapes``: every parameter's shape (float32), in the model's order. ``init``: their
+        initial values, required of rank 0 (the servers start from them unless they resume from
+        a checkpoint); other ranks' are not used."""
         if not servers:
             raise PSClientError("no parameter servers given")
+        if init is not None:
+            wrong = [n for n in shapes if n not in init or tuple(init[n].shape) != tuple(shapes[n])]
+            if wrong:
+                raise PSClientError(
+                    f"init does not match shapes for {wrong[0]!r}: give an array of shape "
+                    f"{tuple(shapes[wrong[0]])} for every parameter"
+                )
+        self._init = init
+        self._specs = specs_of({n: (tuple(s), "float32") for n, s in shapes.items()})
         self.rank = rank
         self.servers = list(servers)
         self.timeout = timeout
@@ -113,6 +132,9 @@ class PSClient:
                 nixl=nixl,
             )
             self._connect(connect_timeout)
+            me = _advertised(self.rx.address, advertise, self.servers[0])
+            self._me = me
+            self._join(connect_timeout)
             self._await_registration(connect_timeout)
             self.chunks = self._learn_plan(shapes)
             for param, shape in shapes.items():
@@ -130,10 +152,7 @@ class PSClient:
                 self._landed = landed
                 self.params = {p: np.zeros(v.shape, np.float32) for p, v in landed.items()}
                 self._grads_out = {c.cid: np.empty(c.shape, self.wire_dtype) for c in self.chunks}
-            me = _advertised(self.rx.address, advertise, self.servers[0])
-            self._me = np.frombuffer(me.encode(), np.uint8)
-            for addr in self.servers:
-                self.tx.write(join_name(rank), self._me, peer=addr)
+            self._say_ready()
         except BaseException:
             self.close()
             raise
@@ -155,6 +174,38 @@ class PSClient:
                             f"parameter server {addr} did not answer within {timeout:g} s"
                         ) from None
                     time.sleep(0.2)
+
+    def _join(self, timeout: float) -> None:
+        """Tell every server where we receive and what our parameters are."""
+        message = np.frombuffer(encode_join(self._me, self._specs), np.uint8)
+        deadline = time.monotonic() + timeout
+        for addr in self.servers:
+            while join_name(self.rank) not in self.tx.tensors(peer=addr):
+                if time.monotonic() >= deadline:
+                    raise PSClientError(
+                        f"server {addr} has no slot for rank {self.rank}: it expects fewer workers"
+                    )
+                time.sleep(0.1)
+                self.tx.refresh(peer=addr)
+            self.tx.write(join_name(self.rank), message, peer=addr)
+
+    def _say_ready(self) -> None:
+        """Our parameters are registered: rank 0 writes the initial values where a server asks
+        for them, then every server hears that we are ready."""
+        for s, addr in enumerate(self.servers):
+            published = self.tx.tensors(peer=addr)
+            for c in self.chunks:
+                if c.server != s or init_name(c.cid) not in published or self.rank != 0:
+                    continue
+                if self._init is None:
+                    raise PSClientError(
+                        "the servers start from rank 0's initial parameters: give them to "
+                        "PSClient(init=...)"
+                    )
+                value = np.asarray(self._init[c.param], dtype=np.float32)
+                rows = value[c.start : c.stop] if value.ndim else value
+                self.tx.write(init_name(c.cid), rows, peer=addr, allow_copy=True)
+            self.tx.write(join_name(self.rank), np.frombuffer(encode_ready(), np.uint8), peer=addr)
 
     def _await_registration(self, timeout: float) -> None:
         """A server publishes its tensors while it registers them: wait until ours are all there
@@ -282,13 +333,15 @@ class PSClient:
             with contextlib.suppress(tw.TensorWireError):
                 self.tx.remove_peer(addr)
         self._connect(max(deadline - time.monotonic(), 1.0))
+        self._join(max(deadline - time.monotonic(), 1.0))
         self._await_registration(max(deadline - time.monotonic(), 1.0))
         before = [(c.cid, c.shape, c.server) for c in self.chunks]
         self.chunks = self._learn_plan(self._shapes)
         if [(c.cid, c.shape, c.server) for c in self.chunks] != before:
             raise PSClientError("the restarted servers hold a different plan")
-        for addr in self.servers:
-            self.tx.write(join_name(self.rank), self._me, peer=addr)
+        if self.rank == 0:
+            self._init = dict(self.params)  # a server that restarted afresh starts from ours
+        self._say_ready()
         log.warning("rejoined the parameter servers")
 
     def push(

@@ -201,6 +201,7 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:
             curve_keys=curve.load(args.curve_keys) if args.curve_keys else None,
             timeout=args.step_timeout,
             nixl=config.nixl_options(args),
+            init=spec.init(args.seed) if args.rank == 0 else None,
         ) as client:
             log.info(
                 "joined %d server(s) over %s", len(servers), client.tx.transport_of(servers[0])

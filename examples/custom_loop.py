@@ -57,7 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     data = models.load("digits")
     rng = np.random.default_rng(1)
     try:
-        with PSClient(args.servers.split(","), rank=0, shapes=spec.shapes()) as ps:
+        with PSClient(
+            args.servers.split(","), rank=0, shapes=spec.shapes(), init=spec.init(0)
+        ) as ps:
             while (step := ps.wait_params()) is not None:
                 idx = rng.choice(len(data.x_train), 64, replace=False)  # our own batching
                 loss, grads, correct = models.loss_and_grads(

@@ -6,6 +6,7 @@ previous checkpoint intact.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -45,8 +46,14 @@ def save(
     params: dict[str, Array],
     state: dict[str, dict[str, Any]],
     fingerprint: str,
+    specs: dict[str, tuple[tuple[int, ...], str]],
 ) -> None:
-    arrays: dict[str, Any] = {"__step__": np.int64(step), "__fingerprint__": np.array(fingerprint)}
+    arrays: dict[str, Any] = {
+        "__step__": np.int64(step),
+        "__fingerprint__": np.array(fingerprint),
+        # the parameters' specs the job was started with: a resumed server knows them at once
+        "__specs__": np.array(json.dumps([[n, list(sh), dt] for n, (sh, dt) in specs.items()])),
+    }
     for key, value in params.items():
         arrays[f"p:{key}"] = value
     for key, slots in state.items():
@@ -58,6 +65,13 @@ def save(
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def specs_in(path: str) -> dict[str, tuple[tuple[int, ...], str]]:
+    """The parameters' specs a checkpoint was written for."""
+    with np.load(path, allow_pickle=False) as data:
+        listed = json.loads(str(data["__specs__"]))
+    return {str(n): (tuple(int(d) for d in shape), str(dt)) for n, shape, dt in listed}
 
 
 def load(path: str, fingerprint: str) -> tuple[int, dict[str, Array], dict[str, dict[str, Any]]]:

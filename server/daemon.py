@@ -15,7 +15,6 @@ import time
 from typing import Any
 
 import tensorwire as tw
-from tensorwire.client import models
 
 from . import checkpoint, config, optim
 from .progress import Progress
@@ -27,7 +26,8 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
     p = config.new_parser(
         prog,
         "A parameter-server shard: receives gradients one-sided into registered buffers, applies "
-        "the optimizer, writes parameters straight into the workers' memory.",
+        "the optimizer, writes parameters straight into the workers' memory. It runs no model "
+        "code: the workers bring the parameters' specs and rank 0 their initial values.",
         "ps",
     )
     p.add_argument("--bind", default=d.bind, help=f"control-plane endpoint (default {d.bind})")
@@ -39,7 +39,6 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
         default=d.workers,
         help=f"workers to wait for (default {d.workers})",
     )
-    p.add_argument("--model", default=d.model, choices=sorted(models.MODELS), help="model")
     p.add_argument("--steps", type=int, default=d.steps, help=f"steps (default {d.steps})")
     p.add_argument("--sync", default=d.sync, choices=SYNC_MODES, help="consistency model")
     p.add_argument("--staleness", type=int, default=d.staleness, help="ssp: max steps ahead")
@@ -149,10 +148,9 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-ps") -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.request_stop())
     logging.getLogger("tensorwire.ps").info(
-        "shard %d of %d serving %d chunks at %s; waiting for %d workers",
+        "shard %d of %d serving at %s; waiting for %d workers (they bring the model)",
         cfg.shard,
         cfg.shards,
-        len(server.chunks),
         server.address,
         cfg.workers,
     )

@@ -1,17 +1,26 @@
 """The parameter-server protocol: how parameters are sharded and what every tensor is called.
 
-Both ends derive everything from here. A server registers, for each worker, one gradient tensor per
-parameter chunk it owns; a worker registers each parameter with :meth:`Receiver.register_parts`,
-one part per chunk, so the servers' writes land side by side in the model's own parameter storage.
-A worker learns the plan from the servers' address books (the gradient tensors they publish), so a
-worker can never disagree with the servers about it.
+Both ends derive everything from here; the servers know no model. A worker *joins* each server by
+writing its receiver's address and its parameters' specs (name, shape, dtype) into its ``join``
+tensor; once every worker has joined with the same specs, each server computes the plan from them,
+registers, for each worker, one gradient tensor per parameter chunk it owns (and, unless it
+resumes from a checkpoint, an ``init`` tensor per chunk that rank 0 fills with the initial
+values), and each worker registers each parameter with :meth:`Receiver.register_parts`, one part
+per chunk, so the servers' writes land side by side in the model's own parameter storage. A worker
+learns the plan from the servers' address books (the gradient tensors they publish), so a worker
+can never disagree with the servers about it; it then says it is ready on the same ``join`` tensor.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
+
+import msgpack
 
 ITEM = 4  # float32 parameters
 
@@ -60,6 +69,74 @@ def plan(shapes: dict[str, tuple[int, ...]], servers: int, split_bytes: int) -> 
         owner[(name, part)] = s
         load[s] += math.prod(shape) * ITEM
     return [Chunk(n, p, lo, hi, shp, owner[(n, p)]) for n, p, lo, hi, shp in pieces]
+
+
+#: the largest join message (an address and every parameter's spec)
+JOIN_MAX_BYTES = 1 << 20
+
+#: a parameter's spec as it travels: shape and dtype name, by parameter name
+Specs = dict[str, tuple[tuple[int, ...], str]]
+
+
+def specs_of(params: Mapping[str, Any]) -> Specs:
+    """The specs of arrays (or of ``(shape, dtype)`` pairs), in the model's order."""
+    out: Specs = {}
+    for name, value in params.items():
+        if isinstance(value, tuple):
+            shape, dtype = value
+            out[name] = (tuple(int(d) for d in shape), str(dtype))
+        else:
+            out[name] = (tuple(int(d) for d in value.shape), str(value.dtype))
+    return out
+
+
+def encode_join(address: str, specs: Specs) -> bytes:
+    return msgpack.packb(
+        {"address": address, "specs": [[n, list(shape), dt] for n, (shape, dt) in specs.items()]}
+    )
+
+
+def encode_ready() -> bytes:
+    return msgpack.packb({"ready": True})
+
+
+def decode_join(payload: bytes) -> tuple[str, Specs] | None:
+    """``(address, specs)`` of a join message, or None for a ready message; ValueError if it is
+    neither."""
+    try:
+        msg = msgpack.unpackb(payload)
+        if msg.get("ready") is True:
+            return None
+        specs = {str(n): (tuple(int(d) for d in shape), str(dt)) for n, shape, dt in msg["specs"]}
+        return str(msg["address"]), specs
+    except (ValueError, TypeError, KeyError, AttributeError, msgpack.UnpackException) as exc:
+        raise ValueError(f"malformed join message: {exc}") from None
+
+
+def first_mismatch(ours: Specs, theirs: Specs) -> str | None:
+    """The first difference between two workers' parameters, in words; None if they agree."""
+    for name, (shape, dtype) in ours.items():
+        if name not in theirs:
+            return f"it has no parameter {name!r}"
+        if theirs[name] != (shape, dtype):
+            got_shape, got_dtype = theirs[name]
+            return f"{name!r} is {got_dtype}{list(got_shape)}, not {dtype}{list(shape)}"
+    extra = [n for n in theirs if n not in ours]
+    if extra:
+        return f"it has a parameter {extra[0]!r} the others lack"
+    if list(ours) != list(theirs):
+        return "it lists the parameters in another order"
+    return None
+
+
+def specs_digest(specs: Specs) -> str:
+    """A short digest of the parameters' specs: a checkpoint records what it was written for."""
+    text = ";".join(f"{n}:{dt}{list(shape)}" for n, (shape, dt) in specs.items())
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def init_name(cid: str) -> str:
+    return f"init/{cid}"
 
 
 def grad_name(rank: int, cid: str) -> str:

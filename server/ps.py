@@ -26,20 +26,25 @@ import numpy as np
 
 import tensorwire as tw
 from tensorwire import curve
-from tensorwire.client import models
 
 from . import checkpoint, optim
 from .plan import (
+    JOIN_MAX_BYTES,
     META_FIELDS,
     STATUS_FIELDS,
     STATUS_RUN,
     STATUS_STOP,
     Chunk,
+    Specs,
+    decode_join,
+    first_mismatch,
     grad_name,
+    init_name,
     join_name,
     meta_name,
     parse_grad_name,
     plan,
+    specs_digest,
     status_name,
 )
 
@@ -65,7 +70,6 @@ class PSConfig:
     shard: int = 0
     shards: int = 1
     workers: int = 1
-    model: str = "digits"
     steps: int = 300
     sync: str = "bsp"
     staleness: int = 2
@@ -105,7 +109,8 @@ class _Worker:
     got: set[str] = field(default_factory=set)
     meta: Any = None
     stopped: bool = False
-    alive: bool = True
+    alive: bool = False  # joined and ready, and not lost since
+    joined: bool = False  # its join (address, specs) arrived; alive once it says it is ready
 
 
 class ParameterServer:
@@ -122,41 +127,20 @@ class ParameterServer:
             )
         self.cfg = cfg
         self.on_step = on_step or (lambda report: None)
-        spec = models.model(cfg.model)
-        self.chunks: list[Chunk] = [
-            c for c in plan(spec.shapes(), cfg.shards, cfg.split_bytes) if c.server == cfg.shard
-        ]
-        init = spec.init(cfg.seed)
-        self.params = {c.cid: init[c.param][c.start : c.stop].copy() for c in self.chunks}
         self.opt = optim.make(cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.momentum)
-        self.fingerprint = (
-            f"{cfg.model}/shards={cfg.shards}/shard={cfg.shard}/split={cfg.split_bytes}/"
-            f"{cfg.optimizer}"
-        )
         self.step = 0
         self.ckpt = (
             checkpoint.path_for(cfg.checkpoint_dir, cfg.shard) if cfg.checkpoint_dir else None
         )
-        if cfg.resume:
-            if self.ckpt is None or not os.path.exists(self.ckpt):
-                raise PSError(f"--resume: no checkpoint at {self.ckpt or '(no --checkpoint-dir)'}")
-            try:
-                self.step, params, self.opt.state = checkpoint.load(self.ckpt, self.fingerprint)
-            except (ValueError, OSError, KeyError) as exc:
-                raise PSError(f"cannot resume: {exc}") from exc
-            for cid, value in params.items():
-                np.copyto(self.params[cid], value)
-            log.info("resumed shard %d from %s at step %d", cfg.shard, self.ckpt, self.step)
-        self.acc = {c.cid: np.zeros(c.shape, np.float32) for c in self.chunks}
-        # Parameters go out in the wire dtype: converted into these, allocated once.
-        self._outgoing = (
-            None
-            if cfg.wire_dtype == "float32"
-            else {
-                c.cid: np.empty(c.shape, tw.TensorSpec.create("w", (), cfg.wire_dtype).dtype)
-                for c in self.chunks
-            }
-        )
+        # Known once the workers join (or from the checkpoint when resuming): the parameters'
+        # specs, this shard's chunks of them, the values and the optimizer's accumulators.
+        self.specs: Specs = {}
+        self.chunks: list[Chunk] = []
+        self.params: dict[str, np.ndarray[Any, Any]] = {}
+        self.acc: dict[str, np.ndarray[Any, Any]] = {}
+        self._outgoing: dict[str, np.ndarray[Any, Any]] | None = None
+        self._needs_init = False
+        self.fingerprint = ""
         self.workers = [_Worker(r, step=self.step) for r in range(cfg.workers)]
         self.losses: list[float] = []
         self.last_accuracy: float | None = None
@@ -183,14 +167,76 @@ class ParameterServer:
         )
         try:
             for w in range(cfg.workers):
-                for c in self.chunks:
-                    self.rx.register(grad_name(w, c.cid), c.shape, cfg.wire_dtype)
-                self.rx.register(meta_name(w), (META_FIELDS,), "float64")
-                self.rx.register(join_name(w), (None,), "uint8", max_bytes=1024)
+                self.rx.register(join_name(w), (None,), "uint8", max_bytes=JOIN_MAX_BYTES)
+            if cfg.resume:
+                self._resume()
         except BaseException:
             self.close()
             raise
         self.address = self.rx.address
+
+    # -- the parameters, once known ------------------------------------------------------------
+
+    def _resume(self) -> None:
+        if self.ckpt is None or not os.path.exists(self.ckpt):
+            raise PSError(f"--resume: no checkpoint at {self.ckpt or '(no --checkpoint-dir)'}")
+        try:
+            specs = checkpoint.specs_in(self.ckpt)
+            self._setup(specs, needs_init=False)
+            self.step, params, self.opt.state = checkpoint.load(self.ckpt, self.fingerprint)
+        except (ValueError, OSError, KeyError) as exc:
+            raise PSError(f"cannot resume: {exc}") from exc
+        for cid, value in params.items():
+            np.copyto(self.params[cid], value)
+        for w in self.workers:
+            w.step = self.step
+        log.info("resumed shard %d from %s at step %d", self.cfg.shard, self.ckpt, self.step)
+
+    def _setup(self, specs: Specs, *, needs_init: bool) -> None:
+        """Plan this shard's chunks of ``specs`` and register what every worker writes."""
+        cfg = self.cfg
+        odd = [n for n, (_, dt) in specs.items() if dt != "float32"]
+        if odd:
+            raise PSError(
+                f"parameter {odd[0]!r} is {specs[odd[0]][1]}: the servers keep float32 "
+                "parameters (use --wire-dtype for 16-bit traffic)"
+            )
+        self.specs = specs
+        shapes = {n: shape for n, (shape, _) in specs.items()}
+        self.chunks = [
+            c for c in plan(shapes, cfg.shards, cfg.split_bytes) if c.server == cfg.shard
+        ]
+        self.fingerprint = (
+            f"{specs_digest(specs)}/shards={cfg.shards}/shard={cfg.shard}/"
+            f"split={cfg.split_bytes}/{cfg.optimizer}"
+        )
+        self.params = {c.cid: np.zeros(c.shape, np.float32) for c in self.chunks}
+        self.acc = {c.cid: np.zeros(c.shape, np.float32) for c in self.chunks}
+        # Parameters go out in the wire dtype: converted into these, allocated once.
+        wire = tw.TensorSpec.create("wire", (), cfg.wire_dtype).dtype
+        self._outgoing = (
+            None
+            if cfg.wire_dtype == "float32"
+            else {c.cid: np.empty(c.shape, wire) for c in self.chunks}
+        )
+        self._needs_init = needs_init
+        if needs_init:  # registered before the workers' tensors: rank 0 finds them with its own
+            for c in self.chunks:
+                self.rx.register(init_name(c.cid), c.shape, "float32", ring=1)
+        for w in range(cfg.workers):
+            for c in self.chunks:
+                self.rx.register(grad_name(w, c.cid), c.shape, cfg.wire_dtype)
+            self.rx.register(meta_name(w), (META_FIELDS,), "float64")  # last: workers wait for it
+
+    def _check_specs(self, rank: int, specs: Specs) -> None:
+        if not self.specs:
+            return
+        problem = first_mismatch(self.specs, specs)
+        if problem is not None:
+            raise PSError(
+                f"worker {rank}'s parameters differ from the job's: {problem} (every worker must "
+                "train the same model)"
+            )
 
     # -- lifetime ----------------------------------------------------------------------------
 
@@ -211,34 +257,74 @@ class ParameterServer:
     # -- protocol pieces -----------------------------------------------------------------------
 
     def _join(self) -> None:
+        """Every worker joins (address and specs: the first one's specs plan the job unless a
+        checkpoint did), then says it is ready, its parameters registered; rank 0 has then
+        written the initial values, unless we resumed."""
         deadline = time.monotonic() + self.cfg.join_timeout
-        pending = {w.rank for w in self.workers}
-        while pending:
-            left = deadline - time.monotonic()
-            try:
-                if left <= 0:
-                    raise tw.WireTimeoutError("join timeout")
-                name, view = self.rx.wait_any(timeout=min(left, 1.0))
-            except tw.WireTimeoutError:
-                if time.monotonic() < deadline and not self._stop_requested:
-                    continue
+        while not all(w.alive for w in self.workers):
+            progressed = self._take_join_messages(during_join=True)
+            if progressed:
+                continue
+            if time.monotonic() >= deadline or self._stop_requested:
+                missing = [w.rank for w in self.workers if not w.joined]
+                unready = [w.rank for w in self.workers if w.joined and not w.alive]
+                detail = (
+                    f"workers {', '.join(map(str, missing))} of {self.cfg.workers} did not join"
+                    if missing
+                    else f"workers {', '.join(map(str, unready))} joined but never got ready"
+                )
                 raise PSError(
-                    f"workers {', '.join(map(str, sorted(pending)))} of {self.cfg.workers} did "
-                    f"not join within {self.cfg.join_timeout:g} s (is each started with "
+                    f"{detail} within {self.cfg.join_timeout:g} s (is each started with "
                     f"--servers {self.address} and its --rank?)"
-                ) from None
-            rank = int(name.split("/")[1]) if name.startswith("join/") else -1
-            if rank not in pending:
-                self.rx.release(name)
-                raise PSError(f"unexpected {name!r} while workers were joining")
-            address = bytes(view).decode()
-            self.rx.release(name)
-            self.tx.add_peer(address)
-            self.workers[rank].address = address
-            pending.discard(rank)
-            log.info(
-                "worker %d joined from %s over %s", rank, address, self.tx.transport_of(address)
-            )
+                )
+            time.sleep(0.01)
+        if self._needs_init:
+            for c in self.chunks:
+                try:
+                    view = self.rx.wait(init_name(c.cid), timeout=self.cfg.step_timeout)
+                except tw.TensorWireError as exc:
+                    raise PSError(f"rank 0 did not send the initial {c.cid}: {exc}") from None
+                np.copyto(self.params[c.cid], view)
+                self.rx.release(init_name(c.cid))
+            self._needs_init = False
+
+    def _take_join_messages(self, *, during_join: bool) -> bool:
+        """Handle the join and ready messages that have landed, for workers not yet alive;
+        True if there was one."""
+        took = False
+        for w in self.workers:
+            while not w.alive and self.rx.pending(join_name(w.rank)):
+                took = True
+                view = self.rx.wait(join_name(w.rank), timeout=0)
+                try:
+                    joined = decode_join(bytes(view))
+                except ValueError as exc:
+                    raise PSError(f"worker {w.rank}: {exc}") from None
+                finally:
+                    self.rx.release(join_name(w.rank))
+                if joined is not None:  # address and specs
+                    address, specs = joined
+                    self._check_specs(w.rank, specs)
+                    if not self.specs:
+                        self._setup(specs, needs_init=True)
+                    if w.address and w.address != address:
+                        with contextlib.suppress(tw.TensorWireError):
+                            self.tx.remove_peer(w.address)
+                    w.address, w.joined = address, True
+                    self.tx.add_peer(address)
+                elif w.joined:  # ready: its parameters are registered
+                    w.alive, w.step = True, self.step
+                    how = "joined" if during_join else "rejoined"
+                    log.log(
+                        logging.INFO if during_join else logging.WARNING,
+                        "worker %d %s from %s over %s at step %d",
+                        w.rank,
+                        how,
+                        w.address,
+                        self.tx.transport_of(w.address),
+                        self.step,
+                    )
+        return took
 
     def _send(self, w: _Worker, flags: int) -> None:
         """Fresh parameter chunks, then the status word, into worker ``w``'s memory."""
@@ -259,7 +345,9 @@ class ParameterServer:
         if self.ckpt is None:
             return
         os.makedirs(os.path.dirname(self.ckpt) or ".", exist_ok=True)
-        checkpoint.save(self.ckpt, self.step, self.params, self.opt.state, self.fingerprint)
+        checkpoint.save(
+            self.ckpt, self.step, self.params, self.opt.state, self.fingerprint, self.specs
+        )
         log.info("checkpoint at step %d written to %s", self.step, self.ckpt)
 
     def _report(self, step: int, losses: list[float], accuracy: float | None, t0: float) -> None:
@@ -292,7 +380,7 @@ class ParameterServer:
 
     def _lose(self, w: _Worker, reason: str) -> None:
         """Go on without ``w``: forget what it left half sent, stop writing to it."""
-        w.alive = False
+        w.alive = w.joined = False
         log.warning(
             "worker %d lost at step %d (%s); going on with %d worker(s)",
             w.rank,
@@ -309,15 +397,7 @@ class ParameterServer:
 
     def _rejoin(self) -> None:
         """Workers (re)started after a loss join at the current step."""
-        for w in self.workers:
-            if w.alive or not self.rx.pending(join_name(w.rank)):
-                continue
-            view = self.rx.wait(join_name(w.rank), timeout=0)
-            w.address = bytes(view).decode()
-            self.rx.release(join_name(w.rank))
-            self.tx.add_peer(w.address)
-            w.alive, w.step = True, self.step
-            log.warning("worker %d rejoined from %s at step %d", w.rank, w.address, self.step)
+        self._take_join_messages(during_join=False)
 
     def _collect(self, w: _Worker) -> tuple[dict[str, Any], list[str]]:
         """All of ``w``'s gradient chunks and its meta for this step, held (not yet released)."""

@@ -530,3 +530,98 @@ def test_job_with_curve_keys_trains(job: Any, tmp_path: Path) -> None:
     j = job(ps=["--steps", "50", "--curve-keys", str(keys)], worker=["--curve-keys", str(keys)])
     _ok(j)
     assert j.metrics("w0")["steps"] == 50
+
+
+# -- servers know no model ----------------------------------------------------------------------
+
+
+def test_the_servers_import_no_model_code() -> None:
+    code = (
+        "import sys, tensorwire.server.daemon, tensorwire.server.ps\n"
+        "print(sorted(m for m in sys.modules if m.startswith('tensorwire.client')))\n"
+    )
+    out = _cli("-c", code)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_workers_that_disagree_on_the_model_stop_the_job_in_one_line(tmp_path: Path) -> None:
+    address = f"tcp://127.0.0.1:{free_port()}"
+    ps = subprocess.Popen(
+        [
+            PY,
+            "-m",
+            "tensorwire.server.daemon",
+            "--bind",
+            address,
+            "--workers",
+            "2",
+            "--no-progress",
+            "--join-timeout",
+            "60",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    workers = [
+        subprocess.Popen(
+            [
+                PY,
+                "-m",
+                "tensorwire.client.worker",
+                "--servers",
+                address,
+                "--workers",
+                "2",
+                "--rank",
+                str(rank),
+                "--model",
+                model,
+                "--no-progress",
+                "--reconnect-timeout",
+                "1",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for rank, model in enumerate(["digits", "large"])
+    ]
+    try:
+        code = ps.wait(120)
+        err = ps.stderr.read() if ps.stderr is not None else ""
+    finally:
+        for p in (ps, *workers):
+            if p.poll() is None:
+                p.kill()
+            p.wait(30)
+        if ps.stderr is not None:
+            ps.stderr.close()
+    assert code == 1 and "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert "parameters differ from the job's: 'layer0.weight' is float32[" in last, last
+    assert "every worker must train the same model" in last
+
+
+def test_rank_0_must_bring_the_initial_parameters(tmp_path: Path) -> None:
+    from tensorwire.client.psclient import PSClient, PSClientError
+
+    address = f"tcp://127.0.0.1:{free_port()}"
+    ps = subprocess.Popen(
+        [
+            PY,
+            "-m",
+            "tensorwire.server.daemon",
+            "--bind",
+            address,
+            "--no-progress",
+            "--join-timeout",
+            "20",
+        ],
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        shapes = models.model("digits").shapes()
+        with pytest.raises(PSClientError, match=r"give them to PSClient\(init=\.\.\.\)"):
+            PSClient([address], 0, shapes, connect_timeout=30)
+    finally:
+        ps.kill()
+        ps.wait(30)
