@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench lint proto fuzz soak rdma clean
+.PHONY: demo demo-torch test bench lint proto fuzz soak rdma clean
 
 # NIXL for the `nixl` transport. --no-deps: the wheel declares torch, which host memory does not
 # need. Pinned to the version the transport is tested with.
@@ -33,6 +33,11 @@ $(TORCH_STAMP): $(STAMP) Makefile
 
 demo: $(STAMP)
 	$(PY) -m tensorwire.client.demo
+
+# A PyTorch CNN (examples/torch_digits.py) trained by one server and two workers.
+demo-torch: $(STAMP) $(TORCH_STAMP)
+	$(PY) -m tensorwire.client.demo --transports shm --steps 600 \
+		--model examples/torch_digits.py:make --ps-args "--optimizer momentum --lr 0.05"
 
 test: $(STAMP) $(RDMA_STAMP) $(TORCH_STAMP)
 	$(PY) -m pytest -q

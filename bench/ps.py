@@ -9,11 +9,10 @@ bytes moved per step (every worker's gradients up and parameters down).
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 from typing import Any
 
-from tensorwire.client import models
+from tensorwire.client import tasks
 from tensorwire.client.launch import run_job
 
 from .common import machine_facts
@@ -31,7 +30,13 @@ def add_parser(sub: Any) -> None:
         default=DEFAULT_TRANSPORTS,
         help=f"comma-separated (default {DEFAULT_TRANSPORTS})",
     )
-    p.add_argument("--model", default="large", choices=sorted(models.MODELS))
+    p.add_argument(
+        "--model",
+        default="large",
+        help="what the workers train: large, digits, or a factory (package.module:factory, "
+        "path/to/file.py:factory, e.g. examples/torch_digits.py:make for a PyTorch CNN); "
+        "default large",
+    )
     p.add_argument("--steps", type=int, default=30, help="steps per job (default 30)")
     p.add_argument("--repeat", type=int, default=1, help="jobs per transport; medians reported")
     p.add_argument("--batch", type=int, default=32, help="batch per worker")
@@ -47,7 +52,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
         parser.error(f"unknown transport(s) {', '.join(bad) or '(none)'}")
     if min(args.workers, args.servers, args.steps, args.repeat) < 1:
         parser.error("--workers, --servers, --steps and --repeat must be at least 1")
-    param_bytes = sum(math.prod(s) * 4 for s in models.model(args.model).shapes().values())
+    try:
+        made = tasks.as_task(tasks.load_factory(args.model)(tasks.JobInfo(0, 1, args.batch, 0)))
+    except ValueError as exc:
+        parser.error(str(exc))
+    param_bytes = sum(a.nbytes for a in made.initial_params().values())
     rows = []
     samples: dict[str, list[Any]] = {t: [] for t in transports}
     for _ in range(args.repeat):
@@ -112,12 +121,12 @@ def render(result: dict[str, Any]) -> str:
             f"{r['step_ms']:.1f}",
             f"{r['compute_ms']:.1f}",
             f"{r['communication_ms']:.1f}",
-            f"{r['bytes_per_step'] / 1e6:.1f}",
+            f"{r['bytes_per_step'] / 1e6:.3g}",
         ]
         lines.append(" ".join(f"{c:>11}" for c in cells))
     cfg = result["config"]
     lines.append(
-        f"model {cfg['model']} ({result['param_bytes'] / 1e6:.1f} MB of parameters), "
+        f"model {cfg['model']} ({result['param_bytes'] / 1e6:.3g} MB of parameters), "
         f"{cfg['workers']} workers, {cfg['servers']} server(s), {cfg['steps']} steps"
     )
     return "\n".join(lines)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import shlex
 import sys
 
 import tensorwire as tw
@@ -29,6 +30,17 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="comma-separated transports to train over, one job each (default shm,grpc; grpc "
         "only where the gRPC baseline is installed)",
+    )
+    parser.add_argument(
+        "--model",
+        default="digits",
+        help="what the workers train (tensorwire-worker --model): digits, or a factory such as "
+        "examples/torch_digits.py:make (default digits)",
+    )
+    parser.add_argument(
+        "--ps-args",
+        default="",
+        help="extra flags for the servers, e.g. \"--optimizer momentum --lr 0.05\"",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
@@ -55,13 +67,18 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for transport in transports:
         print(
-            f"training the digits MLP: 1 server, {args.workers} workers, {args.steps} steps, "
+            f"training {args.model}: 1 server, {args.workers} workers, {args.steps} steps, "
             f"over {transport}",
             flush=True,
         )
         try:
             r = run_job(
-                transport=transport, steps=args.steps, workers=args.workers, progress=not args.quiet
+                transport=transport,
+                steps=args.steps,
+                workers=args.workers,
+                model=args.model,
+                ps_args=shlex.split(args.ps_args),
+                progress=not args.quiet,
             )
         except (RuntimeError, tw.TensorWireError) as exc:
             print(f"error: {exc}", file=sys.stderr)

@@ -1,8 +1,9 @@
 """``tensorwire-worker`` (also ``tensorwire worker``): a data-parallel training worker.
 
-It trains the numpy MLP of :mod:`.models` on its shard of the data through a :class:`PSClient`:
-wait for the servers' parameters (written straight into the model's registered storage), compute the
-gradient of its batch, push it one-sided into the servers. Rank 0 evaluates test accuracy every
+It trains a task (:mod:`.tasks`: a built-in numpy MLP, or a user's factory, numpy or PyTorch)
+on its shard of the data through a :class:`PSClient`: wait for the servers' parameters (written
+straight into the model's registered storage), compute the gradient of its batch, push it
+one-sided into the servers. Rank 0 evaluates test accuracy every
 ``--eval-every`` steps and at the end. Configured by flags, ``--config`` TOML or ``TENSORWIRE_*``
 variables. SIGTERM or Ctrl-C: finish the current step, then exit 0.
 """
@@ -24,8 +25,9 @@ from tensorwire import curve
 from tensorwire.server import config
 from tensorwire.server.progress import Progress
 
-from . import models
+from . import tasks
 from .psclient import PSClient
+from .tasks import Task
 
 log = logging.getLogger("tensorwire.worker")
 
@@ -56,7 +58,13 @@ def build_parser(prog: str = "tensorwire-worker") -> argparse.ArgumentParser:
         help="number of workers, i.e. data shards (default: WORLD_SIZE or SLURM_NTASKS as a "
         "launcher sets them, else 1)",
     )
-    p.add_argument("--model", default="digits", choices=sorted(models.MODELS))
+    p.add_argument(
+        "--model",
+        default="digits",
+        help="what to train: a built-in model (digits, large), package.module:factory or "
+        "path/to/file.py:factory (see tensorwire.client.tasks; a factory may build a PyTorch "
+        "nn.Module); default digits",
+    )
     p.add_argument("--batch", type=int, default=32, help="batch size per worker")
     p.add_argument(
         "--transport",
@@ -114,13 +122,9 @@ def build_parser(prog: str = "tensorwire-worker") -> argparse.ArgumentParser:
 
 def train(
     client: PSClient,
-    spec: models.ModelSpec,
-    data: models.Dataset,
+    task: Task,
     *,
     rank: int,
-    workers: int,
-    batch: int,
-    seed: int,
     eval_every: int,
     progress: Progress,
     stop: list[bool],
@@ -129,21 +133,27 @@ def train(
     compute = 0.0
     steps = 0
     losses: list[float] = []
+    task.bind(client.params)  # the model reads the buffers the servers write
     t0 = time.monotonic()
     while (step := client.wait_params()) is not None and not stop[0]:
-        x, y = models.batch_at(data, rank, workers, batch, step, seed)
         c0 = time.perf_counter()
-        loss, grads, correct = models.loss_and_grads(spec, client.params, x, y)
+        result = task.step(step)
         acc = None
         if rank == 0 and eval_every and step % eval_every == 0:
-            acc = models.accuracy(spec, client.params, data.x_test, data.y_test)
+            acc = task.evaluate()
         compute += time.perf_counter() - c0
-        client.push(grads, loss=loss, correct=correct, samples=len(y), accuracy=acc)
-        losses.append(loss)
+        client.push(
+            result.grads,
+            loss=result.loss,
+            correct=result.correct,
+            samples=result.samples,
+            accuracy=acc,
+        )
+        losses.append(result.loss)
         steps += 1
-        progress.update(step + 1, loss=loss, accuracy=acc)
+        progress.update(step + 1, loss=result.loss, accuracy=acc)
     secs = time.monotonic() - t0
-    final_acc = models.accuracy(spec, client.params, data.x_test, data.y_test)
+    final_acc = task.evaluate()
     return {
         "rank": rank,
         "steps": steps,
@@ -169,11 +179,19 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:
     if not 0 <= args.rank < args.workers:
         parser.error(f"--rank {args.rank} is not in 0..{args.workers - 1}")
     servers = [s.strip() for s in args.servers.split(",") if s.strip()]
-    spec = models.model(args.model)
     try:
-        data = models.load(args.model, args.seed)
+        factory = tasks.load_factory(args.model)
+    except ValueError as exc:
+        parser.error(str(exc))
+    job = tasks.JobInfo(args.rank, args.workers, args.batch, args.seed)
+    try:
+        task = tasks.as_task(factory(job))
+        initial = task.initial_params()
     except tw.MissingDependencyError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # the user's factory: say whose code failed, in one line
+        print(f"{prog}: error: model factory {args.model!r} failed: {exc!r}", file=sys.stderr)
         return 1
     stop = [False]
 
@@ -189,7 +207,7 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:
         with PSClient(
             servers,
             args.rank,
-            spec.shapes(),
+            {name: value.shape for name, value in initial.items()},
             transport=args.transport,
             secret=args.secret,
             bind=args.bind,
@@ -201,19 +219,15 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:
             curve_keys=curve.load(args.curve_keys) if args.curve_keys else None,
             timeout=args.step_timeout,
             nixl=config.nixl_options(args),
-            init=spec.init(args.seed) if args.rank == 0 else None,
+            init=initial if args.rank == 0 else None,
         ) as client:
             log.info(
                 "joined %d server(s) over %s", len(servers), client.tx.transport_of(servers[0])
             )
             metrics = train(
                 client,
-                spec,
-                data,
+                task,
                 rank=args.rank,
-                workers=args.workers,
-                batch=args.batch,
-                seed=args.seed,
                 eval_every=args.eval_every,
                 progress=progress,
                 stop=stop,

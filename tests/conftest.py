@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 from multiprocessing import resource_tracker
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -188,3 +189,22 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def job(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """Start parameter-server jobs (tests/jobs.py); every process is reaped at the end."""
+    from .jobs import Job
+
+    started: list[Job] = []
+
+    def make(**kw: Any) -> Job:
+        j = Job(tmp_path / f"job{len(started)}", **kw)
+        started.append(j)
+        return j
+
+    for i in range(8):
+        (tmp_path / f"job{i}").mkdir()
+    yield make
+    for j in started:
+        j.kill()

@@ -1,0 +1,170 @@
+"""What a worker trains: a *task* that a factory makes, in numpy or PyTorch.
+
+``tensorwire-worker --model SPEC`` names the factory: ``digits`` or ``large`` (the built-in numpy
+MLPs of :mod:`.models`), ``package.module:factory``, or ``path/to/file.py:factory``. A factory is
+called with a :class:`JobInfo` (this worker's rank, the number of workers, the batch size, the
+seed) and returns either a :class:`Task` or a triple ``(model, batches, evaluate)``:
+
+* ``model``: a ``torch.nn.Module`` (trained with cross-entropy on its output), or an object with
+  ``initial_params()`` and ``loss_and_grads(params, x, y) -> (loss, grads, correct)`` in numpy;
+* ``batches(step) -> (x, y)``: this worker's batch at a step (a function of the step, so a resumed
+  job sees the same batches);
+* ``evaluate(model_or_params) -> accuracy`` on held-out data.
+
+The servers never see any of it: the worker sends them the parameters' specs and (rank 0) their
+initial values, and from then on the model reads its parameters from the buffers the servers write.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from . import models
+
+Array = np.ndarray[Any, Any]
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """What a factory is told about the worker it builds for."""
+
+    rank: int
+    workers: int
+    batch: int
+    seed: int
+
+
+@dataclass
+class StepResult:
+    loss: float
+    grads: Mapping[str, Array]  # float32, by parameter name (views are fine: read before return)
+    correct: int
+    samples: int
+
+
+@runtime_checkable
+class Task(Protocol):
+    def initial_params(self) -> dict[str, Array]:
+        """The parameters' initial values (float32), in the model's order."""
+
+    def bind(self, params: Mapping[str, Array]) -> None:
+        """From now on the model reads its parameters from ``params`` (the buffers the servers
+        write, or float32 copies of them)."""
+
+    def step(self, step: int) -> StepResult:
+        """Forward and backward on this worker's batch of ``step``."""
+
+    def evaluate(self) -> float:
+        """Accuracy on held-out data with the current parameters."""
+
+
+class NumpyTask:
+    """A numpy model: ``initial_params()`` and ``loss_and_grads(params, x, y)``."""
+
+    def __init__(
+        self, model: Any, batches: Callable[[int], tuple[Any, Any]], evaluate: Callable[..., float]
+    ) -> None:
+        self.model, self.batches, self._evaluate = model, batches, evaluate
+        self.params: Mapping[str, Array] = {}
+
+    def initial_params(self) -> dict[str, Array]:
+        return {k: np.asarray(v, np.float32) for k, v in self.model.initial_params().items()}
+
+    def bind(self, params: Mapping[str, Array]) -> None:
+        self.params = params
+
+    def step(self, step: int) -> StepResult:
+        x, y = self.batches(step)
+        loss, grads, correct = self.model.loss_and_grads(self.params, x, y)
+        return StepResult(float(loss), grads, int(correct), len(y))
+
+    def evaluate(self) -> float:
+        return float(self._evaluate(self.params))
+
+
+class _Mlp:
+    """The built-in numpy MLPs as a NumpyTask's model."""
+
+    def __init__(self, spec: models.ModelSpec, seed: int) -> None:
+        self.spec, self.seed = spec, seed
+
+    def initial_params(self) -> dict[str, Array]:
+        return self.spec.init(self.seed)
+
+    def loss_and_grads(self, params: Mapping[str, Array], x: Array, y: Array) -> Any:
+        return models.loss_and_grads(self.spec, dict(params), x, y)
+
+
+def builtin(name: str) -> Callable[[JobInfo], NumpyTask]:
+    """The factory of a built-in model (``digits``, ``large``)."""
+
+    def factory(job: JobInfo) -> NumpyTask:
+        spec = models.model(name)
+        data = models.load(name, job.seed)
+        return NumpyTask(
+            _Mlp(spec, job.seed),
+            lambda step: models.batch_at(data, job.rank, job.workers, job.batch, step, job.seed),
+            lambda params: models.accuracy(spec, dict(params), data.x_test, data.y_test),
+        )
+
+    return factory
+
+
+def load_factory(spec: str) -> Callable[[JobInfo], Any]:
+    """The factory ``spec`` names (see the module's docstring); ValueError says what is wrong."""
+    if spec in models.MODELS:
+        return builtin(spec)
+    where, sep, attr = spec.rpartition(":")
+    if not sep or not where or not attr:
+        raise ValueError(
+            f"--model {spec!r}: give a built-in model ({', '.join(sorted(models.MODELS))}), "
+            "package.module:factory or path/to/file.py:factory"
+        )
+    try:
+        if where.endswith(".py"):
+            path = os.path.abspath(where)
+            name = f"tensorwire_user_{abs(hash(path))}"
+            loader = importlib.util.spec_from_file_location(name, path)
+            if loader is None or loader.loader is None:
+                raise ImportError(f"cannot load {where}")
+            module = importlib.util.module_from_spec(loader)
+            sys.modules[name] = module
+            loader.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+    except (ImportError, OSError) as exc:
+        raise ValueError(f"--model {spec!r}: cannot import {where}: {exc}") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ValueError(f"--model {spec!r}: {where} has no callable {attr!r}")
+    return factory
+
+
+def as_task(made: Any) -> Task:
+    """What a factory returned, as a :class:`Task`."""
+    if isinstance(made, Task):
+        return made
+    if not (isinstance(made, tuple) and len(made) == 3):
+        raise TypeError(
+            "a model factory returns a Task or (model, batches, evaluate); got "
+            f"{type(made).__name__}"
+        )
+    model, batches, evaluate = made
+    if type(model).__module__.startswith("torch") or _is_torch_module(model):
+        from .torch_task import TorchTask
+
+        return TorchTask(model, batches, evaluate)
+    return NumpyTask(model, batches, evaluate)
+
+
+def _is_torch_module(model: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(model, torch.nn.Module)

@@ -1,0 +1,127 @@
+"""Parameter-server jobs for the tests: real daemons as subprocesses on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .conftest import free_port
+
+PY = sys.executable
+
+
+class Job:
+    """One parameter-server job: S server daemons and N worker daemons, always reaped."""
+
+    def __init__(
+        self,
+        tmp: Path,
+        *,
+        servers: int = 1,
+        workers: int = 2,
+        ps: list[str] | None = None,
+        worker: list[str] | None = None,
+        start_workers: int | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.tmp = tmp
+        self.addresses = [f"tcp://127.0.0.1:{free_port()}" for _ in range(servers)]
+        self.env = {**os.environ, **(env or {})}
+        self.procs: list[subprocess.Popen[str]] = []
+        self.ps = [
+            self._spawn(
+                "tensorwire.server.daemon",
+                "--bind",
+                addr,
+                "--shard",
+                str(s),
+                "--shards",
+                str(servers),
+                "--workers",
+                str(workers),
+                "--no-progress",
+                "--metrics",
+                str(tmp / f"ps{s}.json"),
+                *(ps or []),
+                log=f"ps{s}",
+            )
+            for s, addr in enumerate(self.addresses)
+        ]
+        self.workers = [
+            self._spawn(
+                "tensorwire.client.worker",
+                "--servers",
+                ",".join(self.addresses),
+                "--rank",
+                str(r),
+                "--workers",
+                str(workers),
+                "--no-progress",
+                "--metrics",
+                str(tmp / f"w{r}.json"),
+                "--save-params",
+                str(tmp / f"w{r}.npz"),
+                *(worker or []),
+                log=f"w{r}",
+            )
+            for r in range(workers if start_workers is None else start_workers)
+        ]
+
+    def _spawn(self, module: str, *args: str, log: str) -> subprocess.Popen[str]:
+        out = open(self.tmp / f"{log}.log", "w")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(
+            [PY, "-m", module, *args], stdout=out, stderr=subprocess.STDOUT, text=True, env=self.env
+        )
+        out.close()
+        self.procs.append(proc)
+        return proc
+
+    def wait(self, timeout: float = 120) -> list[int]:
+        deadline = time.monotonic() + timeout
+        return [p.wait(max(deadline - time.monotonic(), 0.1)) for p in self.procs]
+
+    def restart_worker(self, rank: int, *extra: str) -> subprocess.Popen[str]:
+        """Start worker ``rank`` again (a new process, a new receiver, the same rank)."""
+        args = next(p.args for p in self.workers if f"--rank {rank} " in " ".join(p.args) + " ")
+        proc = self._spawn(*args[2:3], *args[3:], *extra, log=f"w{rank}-again")
+        self.workers.append(proc)
+        return proc
+
+    def log(self, name: str) -> str:
+        return (self.tmp / f"{name}.log").read_text()
+
+    def metrics(self, name: str) -> dict[str, Any]:
+        return json.loads((self.tmp / f"{name}.json").read_text())
+
+    def params(self, rank: int = 0) -> dict[str, np.ndarray[Any, Any]]:
+        with np.load(self.tmp / f"w{rank}.npz") as data:
+            return {k: data[k] for k in data.files}
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(10)
+
+
+def ok(j: Job, timeout: float = 120) -> None:
+    codes = j.wait(timeout)
+    assert codes == [0] * len(codes), "\n".join(j.log(p) for p in ["ps0", "w0"])
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PY, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )

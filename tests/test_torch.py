@@ -1,0 +1,106 @@
+"""PyTorch models and user factories through the parameter server (real daemons on loopback).
+
+The servers run no model code: the workers bring a torch ``nn.Module`` (examples/torch_digits.py)
+or a numpy model named by import path, and the servers learn the parameters from them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tensorwire.server import optim
+
+from .jobs import cli, ok
+
+torch = pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = str(ROOT / "examples" / "torch_digits.py") + ":make"
+
+
+def _torch_reference(steps: int, workers: int, batch: int, lr: float) -> dict[str, Any]:
+    """One process, the same module and seed, on the union of the workers' batches; the same
+    optimizer code the server runs, on numpy copies of the parameters."""
+    from tensorwire.client.tasks import JobInfo, load_factory
+
+    per_rank = [load_factory(EXAMPLE)(JobInfo(r, workers, batch, 0)) for r in range(workers)]
+    module = per_rank[0][0]
+    params = {n: p.detach().numpy().copy() for n, p in module.named_parameters()}
+    opt = optim.make("sgd", lr)
+    for step in range(steps):
+        with torch.no_grad():
+            for n, p in module.named_parameters():
+                p.copy_(torch.from_numpy(params[n]))
+        xs, ys = zip(*(made[1](step) for made in per_rank), strict=True)
+        module.zero_grad()
+        torch.nn.functional.cross_entropy(module(torch.cat(xs)), torch.cat(ys)).backward()
+        for n, p in module.named_parameters():
+            assert p.grad is not None
+            opt.step(n, params[n], p.grad.numpy().copy())
+    return params
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_torch_bsp_equals_one_process_on_the_union_of_batches(job: Any, transport: str) -> None:
+    steps, lr = 20, 0.05
+    j = job(
+        ps=["--steps", str(steps), "--lr", str(lr), "--split-bytes", "4096"],
+        servers=2,
+        worker=["--model", EXAMPLE, "--transport", transport],
+    )
+    ok(j)
+    ref = _torch_reference(steps, 2, 32, lr)
+    for rank in (0, 1):
+        got = j.params(rank)
+        assert list(got) == list(ref)  # the module's own parameter names, in its order
+        for name, want in ref.items():
+            err = np.linalg.norm(got[name] - want) / max(np.linalg.norm(want), 1e-12)
+            assert err < 1e-5, f"{name}: relative error {err:.2e}"
+
+
+def test_torch_cnn_trains_digits_to_97_percent(job: Any) -> None:
+    j = job(
+        ps=["--steps", "600", "--optimizer", "momentum", "--lr", "0.05"],
+        worker=["--model", EXAMPLE],
+    )
+    ok(j)
+    acc = j.metrics("w0")["test_accuracy"]
+    assert acc >= 0.97, f"test accuracy {acc}"
+
+
+def test_torch_job_resumes_from_its_checkpoint(job: Any, tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    common = ["--optimizer", "momentum", "--checkpoint-dir", str(ckpt)]
+    model = ["--model", EXAMPLE]
+    ok(job(ps=[*common, "--steps", "10"], worker=model))
+    resumed = job(ps=[*common, "--steps", "20", "--resume"], worker=model)
+    ok(resumed)
+    assert "resumed shard 0" in resumed.log("ps0") and "at step 10" in resumed.log("ps0")
+    straight = job(ps=["--optimizer", "momentum", "--steps", "20"], worker=model)
+    ok(straight)
+    a, b = resumed.params(0), straight.params(0)
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name])
+
+
+def test_a_user_factory_named_by_import_path_trains(job: Any) -> None:
+    j = job(ps=["--steps", "300", "--lr", "0.5"], worker=["--model", "tests.user_model:make"])
+    ok(j)
+    assert j.metrics("w0")["test_accuracy"] >= 0.9
+    assert set(j.params(0)) == {"w", "b"}
+
+
+def test_a_bad_model_spec_is_one_line() -> None:
+
+    for spec, says in (
+        ("nope", "give a built-in model"),
+        ("no.such.module:make", "cannot import no.such.module"),
+        ("tests.user_model:missing", "has no callable 'missing'"),
+    ):
+        out = cli("-m", "tensorwire.client.worker", "--model", spec, "--no-progress")
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+        assert says in out.stderr.strip().splitlines()[-1]
