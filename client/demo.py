@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--ps-args",
         default="",
-        help="extra flags for the servers, e.g. \"--optimizer momentum --lr 0.05\"",
+        help='extra flags for the servers, e.g. "--optimizer momentum --lr 0.05"',
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)

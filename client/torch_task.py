@@ -21,6 +21,26 @@ from .tasks import StepResult
 Array = np.ndarray[Any, Any]
 
 
+def bind_module(module: torch.nn.Module, params: Mapping[str, Array]) -> None:
+    """Point every parameter of ``module`` at ``params[name]`` (``PSClient.params``): no copy,
+    so what the servers write is what the next forward pass reads."""
+    with warnings.catch_warnings():
+        # The buffers are read-only to us (the servers write them); torch warns that it cannot
+        # mark a tensor read-only. The model only reads its parameters.
+        warnings.simplefilter("ignore", UserWarning)
+        for name, p in module.named_parameters():
+            p.data = torch.from_numpy(np.asarray(params[name]))
+
+
+def module_grads(module: torch.nn.Module) -> dict[str, Array]:
+    """Every parameter's gradient as a numpy view (zeros for one the forward pass did not use),
+    for ``PSClient.push``."""
+    return {
+        n: p.grad.numpy() if p.grad is not None else np.zeros(tuple(p.shape), np.float32)
+        for n, p in module.named_parameters()
+    }
+
+
 class TorchTask:
     def __init__(
         self,
@@ -40,12 +60,7 @@ class TorchTask:
         return {n: p.detach().numpy().copy() for n, p in self._params.items()}
 
     def bind(self, params: Mapping[str, Array]) -> None:
-        with warnings.catch_warnings():
-            # The buffers are read-only to us (the servers write them); torch warns that it
-            # cannot mark a tensor read-only. The model only reads its parameters.
-            warnings.simplefilter("ignore", UserWarning)
-            for name, p in self._params.items():
-                p.data = torch.from_numpy(np.asarray(params[name]))
+        bind_module(self.module, params)
 
     def step(self, step: int) -> StepResult:
         x, y = self.batches(step)

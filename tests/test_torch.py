@@ -104,3 +104,17 @@ def test_a_bad_model_spec_is_one_line() -> None:
         out = cli("-m", "tensorwire.client.worker", "--model", spec, "--no-progress")
         assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
         assert says in out.stderr.strip().splitlines()[-1]
+
+
+def test_a_custom_torch_loop_trains_through_psclient() -> None:
+    from .conftest import free_port
+
+    out = cli(
+        str(ROOT / "examples" / "torch_custom_loop.py"),
+        "--servers",
+        f"tcp://127.0.0.1:{free_port()}",
+        "--steps",
+        "300",
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "final test accuracy" in out.stdout
