@@ -21,6 +21,42 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def ps_command(
+    bind: str, *flags: str, shard: int = 0, shards: int = 1, workers: int = 1
+) -> list[str]:
+    """The command line of one server daemon of a job (``flags`` appended as given)."""
+    return [
+        sys.executable,
+        "-m",
+        "tensorwire.server.daemon",
+        "--bind",
+        bind,
+        "--shard",
+        str(shard),
+        "--shards",
+        str(shards),
+        "--workers",
+        str(workers),
+        *flags,
+    ]
+
+
+def worker_command(servers: list[str], *flags: str, rank: int = 0, workers: int = 1) -> list[str]:
+    """The command line of one worker daemon of a job (``flags`` appended as given)."""
+    return [
+        sys.executable,
+        "-m",
+        "tensorwire.client.worker",
+        "--servers",
+        ",".join(servers),
+        "--rank",
+        str(rank),
+        "--workers",
+        str(workers),
+        *flags,
+    ]
+
+
 @dataclass
 class JobResult:
     transport: str
@@ -54,52 +90,35 @@ def run_job(
     with tempfile.TemporaryDirectory(prefix="tensorwire-job-") as tmp:
         cmds = []
         for s, addr in enumerate(addresses):
-            cmd = [
-                sys.executable,
-                "-m",
-                "tensorwire.server.daemon",
-                "--bind",
+            cmd = ps_command(
                 addr,
-                "--shard",
-                str(s),
-                "--shards",
-                str(servers),
-                "--workers",
-                str(workers),
                 "--steps",
                 str(steps),
                 "--metrics",
                 f"{tmp}/ps{s}.json",
                 *common,
                 *(ps_args or []),
-            ]
+                shard=s,
+                shards=servers,
+                workers=workers,
+            )
             if not (progress and s == 0):
                 cmd.append("--no-progress")
             cmds.append((f"ps{s}", cmd))
         for r in range(workers):
-            cmds.append(
-                (
-                    f"w{r}",
-                    [
-                        sys.executable,
-                        "-m",
-                        "tensorwire.client.worker",
-                        "--servers",
-                        ",".join(addresses),
-                        "--rank",
-                        str(r),
-                        "--workers",
-                        str(workers),
-                        "--no-progress",
-                        "--metrics",
-                        f"{tmp}/w{r}.json",
-                        "--model",  # the servers learn it from the workers
-                        model,
-                        *common,
-                        *(worker_args or []),
-                    ],
-                )
+            cmd = worker_command(
+                addresses,
+                "--no-progress",
+                "--metrics",
+                f"{tmp}/w{r}.json",
+                "--model",  # the servers learn it from the workers
+                model,
+                *common,
+                *(worker_args or []),
+                rank=r,
+                workers=workers,
             )
+            cmds.append((f"w{r}", cmd))
         # Every process of the job shares this machine's cores: one BLAS thread each, or N + S
         # processes would each start a thread per core and fight over them.
         env = {**os.environ, "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", "1")}

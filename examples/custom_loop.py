@@ -13,13 +13,12 @@ server writes the fresh parameters into: the next forward pass reads them with n
 from __future__ import annotations
 
 import argparse
-import socket
 import subprocess
-import sys
 
 import numpy as np
 
 from tensorwire.client import models
+from tensorwire.client.launch import free_port, ps_command
 from tensorwire.client.psclient import PSClient
 
 
@@ -30,28 +29,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     server = None
     if args.servers is None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            args.servers = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+        args.servers = f"tcp://127.0.0.1:{free_port()}"
         server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tensorwire.server.daemon",
-                "--bind",
+            ps_command(
                 args.servers,
-                "--workers",
-                "1",
-                "--steps",
-                str(args.steps),
-                "--optimizer",
-                "adam",
-                "--lr",
-                "0.01",
-                "--no-progress",
-                "--log-level",
-                "WARNING",
-            ]
+                *("--steps", str(args.steps), "--optimizer", "adam", "--lr", "0.01"),
+                *("--no-progress", "--log-level", "WARNING"),
+            )
         )
     spec = models.model("digits")
     data = models.load("digits")

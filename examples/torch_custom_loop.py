@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 import subprocess
-import sys
 
 import torch
 import torch.nn.functional as F
 
 from tensorwire.client import models
+from tensorwire.client.launch import ps_command
 from tensorwire.client.psclient import PSClient
 from tensorwire.client.torch_task import bind_module, module_grads
 
@@ -29,24 +29,11 @@ def main() -> int:
     server = None
     if not args.no_server:
         server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tensorwire.server.daemon",
-                "--bind",
+            ps_command(
                 args.servers,
-                "--workers",
-                "1",
-                "--steps",
-                str(args.steps),
-                "--optimizer",
-                "momentum",
-                "--lr",
-                "0.05",
-                "--no-progress",
-                "--log-level",
-                "WARNING",
-            ]
+                *("--steps", str(args.steps), "--optimizer", "momentum", "--lr", "0.05"),
+                *("--no-progress", "--log-level", "WARNING"),
+            )
         )
     torch.manual_seed(0)
     torch.set_num_threads(1)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 import weakref
 from collections.abc import Callable
 
@@ -181,9 +182,21 @@ class ControlClient:
         """Send ``msg`` and return the reply; an :class:`~wire.ErrorReply` is raised as an error."""
         if self._sock is None:
             raise ClosedError("control client is closed")
-        self._sock.send(wire.encode(msg))
-        wait_ms = None if timeout is None else max(int(timeout * 1000), 0)
-        if not self._sock.poll(wait_ms, zmq.POLLIN):
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left_ms() -> int | None:
+            return None if deadline is None else max(int((deadline - time.monotonic()) * 1000), 0)
+
+        # A DEALER's send blocks while it has no connection to queue on (between reconnects,
+        # e.g. after a refused CURVE handshake): wait for one within the same deadline.
+        sent = False
+        if self._sock.poll(left_ms(), zmq.POLLOUT):
+            try:
+                self._sock.send(wire.encode(msg), zmq.NOBLOCK)
+                sent = True
+            except zmq.Again:
+                pass
+        if not sent or not self._sock.poll(left_ms(), zmq.POLLIN):
             self._sock.close()
             self._open()
             raise WireTimeoutError(

@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from tensorwire.client.launch import ps_command, worker_command
+
 from .conftest import free_port
 
 PY = sys.executable
@@ -37,48 +39,41 @@ class Job:
         self.procs: list[subprocess.Popen[str]] = []
         self.ps = [
             self._spawn(
-                "tensorwire.server.daemon",
-                "--bind",
-                addr,
-                "--shard",
-                str(s),
-                "--shards",
-                str(servers),
-                "--workers",
-                str(workers),
-                "--no-progress",
-                "--metrics",
-                str(tmp / f"ps{s}.json"),
-                *(ps or []),
+                ps_command(
+                    addr,
+                    "--no-progress",
+                    "--metrics",
+                    str(tmp / f"ps{s}.json"),
+                    *(ps or []),
+                    shard=s,
+                    shards=servers,
+                    workers=workers,
+                ),
                 log=f"ps{s}",
             )
             for s, addr in enumerate(self.addresses)
         ]
         self.workers = [
             self._spawn(
-                "tensorwire.client.worker",
-                "--servers",
-                ",".join(self.addresses),
-                "--rank",
-                str(r),
-                "--workers",
-                str(workers),
-                "--no-progress",
-                "--metrics",
-                str(tmp / f"w{r}.json"),
-                "--save-params",
-                str(tmp / f"w{r}.npz"),
-                *(worker or []),
+                worker_command(
+                    self.addresses,
+                    "--no-progress",
+                    "--metrics",
+                    str(tmp / f"w{r}.json"),
+                    "--save-params",
+                    str(tmp / f"w{r}.npz"),
+                    *(worker or []),
+                    rank=r,
+                    workers=workers,
+                ),
                 log=f"w{r}",
             )
             for r in range(workers if start_workers is None else start_workers)
         ]
 
-    def _spawn(self, module: str, *args: str, log: str) -> subprocess.Popen[str]:
+    def _spawn(self, cmd: list[str], *, log: str) -> subprocess.Popen[str]:
         out = open(self.tmp / f"{log}.log", "w")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen(
-            [PY, "-m", module, *args], stdout=out, stderr=subprocess.STDOUT, text=True, env=self.env
-        )
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True, env=self.env)
         out.close()
         self.procs.append(proc)
         return proc
@@ -90,7 +85,7 @@ class Job:
     def restart_worker(self, rank: int, *extra: str) -> subprocess.Popen[str]:
         """Start worker ``rank`` again (a new process, a new receiver, the same rank)."""
         args = next(p.args for p in self.workers if f"--rank {rank} " in " ".join(p.args) + " ")
-        proc = self._spawn(*args[2:3], *args[3:], *extra, log=f"w{rank}-again")
+        proc = self._spawn([*args, *extra], log=f"w{rank}-again")
         self.workers.append(proc)
         return proc
 

@@ -354,6 +354,24 @@ def test_curve_encrypted_control_plane(tmp_path: Path, transport: str) -> None:
         assert rx.pending("t") == 0
 
 
+def test_a_refused_curve_handshake_never_outlasts_the_timeout(tmp_path: Path) -> None:
+    """Once in CI a connect whose CURVE handshake the receiver refused hung in the DEALER's send
+    (no connection to queue on between reconnects) until pytest's timeout; the send now waits
+    within the request's deadline. (40 tries here did not reproduce the hang on the old code:
+    this checks the bound every time.)"""
+    from tensorwire import curve
+
+    curve.generate(str(tmp_path / "keys"))
+    keys = curve.load(str(tmp_path / "keys"))
+    with tw.Receiver(curve_keys=keys) as rx:
+        for i in range(20):  # bounded: 20 tries of 0.3 s
+            key = None if i % 2 else zmq.curve_keypair()[0]
+            started = time.monotonic()
+            with pytest.raises(tw.WireTimeoutError):
+                tw.Sender.connect(rx.address, transport="tcp", timeout=0.3, curve_server_key=key)
+            assert time.monotonic() - started < 5.0
+
+
 @pytest.mark.parametrize(
     "forge",
     [

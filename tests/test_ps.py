@@ -16,11 +16,12 @@ import pytest
 
 import tensorwire as tw
 from tensorwire.client import models
+from tensorwire.client.launch import ps_command, worker_command
 from tensorwire.server import optim
 from tensorwire.server.plan import plan
 
 from .conftest import free_port
-from .jobs import PY, Job
+from .jobs import Job
 from .jobs import cli as _cli
 from .jobs import ok as _ok
 
@@ -369,7 +370,7 @@ def test_server_killed_and_resumed_workers_reconnect(job: Any, tmp_path: Path) -
     j.ps[0].kill()
     assert j.ps[0].wait(10) == -signal.SIGKILL
     saved = int(j.log("ps0").rsplit("checkpoint at step ", 1)[1].split()[0])
-    again = j._spawn("tensorwire.server.daemon", *j.ps[0].args[3:], "--resume", log="ps0-again")
+    again = j._spawn([*j.ps[0].args, "--resume"], log="ps0-again")
     codes = [p.wait(180) for p in (again, *j.workers)]
     text = (j.tmp / "ps0-again.log").read_text()
     assert codes == [0, 0, 0], text
@@ -420,39 +421,22 @@ def test_the_servers_import_no_model_code() -> None:
 def test_workers_that_disagree_on_the_model_stop_the_job_in_one_line(tmp_path: Path) -> None:
     address = f"tcp://127.0.0.1:{free_port()}"
     ps = subprocess.Popen(
-        [
-            PY,
-            "-m",
-            "tensorwire.server.daemon",
-            "--bind",
-            address,
-            "--workers",
-            "2",
-            "--no-progress",
-            "--join-timeout",
-            "60",
-        ],
+        ps_command(address, "--no-progress", "--join-timeout", "60", workers=2),
         stderr=subprocess.PIPE,
         text=True,
     )
     workers = [
         subprocess.Popen(
-            [
-                PY,
-                "-m",
-                "tensorwire.client.worker",
-                "--servers",
-                address,
-                "--workers",
-                "2",
-                "--rank",
-                str(rank),
+            worker_command(
+                [address],
                 "--model",
                 model,
                 "--no-progress",
                 "--reconnect-timeout",
                 "1",
-            ],
+                rank=rank,
+                workers=2,
+            ),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -479,16 +463,7 @@ def test_rank_0_must_bring_the_initial_parameters(tmp_path: Path) -> None:
 
     address = f"tcp://127.0.0.1:{free_port()}"
     ps = subprocess.Popen(
-        [
-            PY,
-            "-m",
-            "tensorwire.server.daemon",
-            "--bind",
-            address,
-            "--no-progress",
-            "--join-timeout",
-            "20",
-        ],
+        ps_command(address, "--no-progress", "--join-timeout", "20"),
         stderr=subprocess.DEVNULL,
     )
     try:
