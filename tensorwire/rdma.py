@@ -48,6 +48,30 @@ _loaded: ModuleType | None = None
 _load_error: str | None = None
 
 
+#: UCX transports that can move CUDA memory (one of them must be allowed on a GPU host)
+CUDA_TRANSPORTS = frozenset({"cuda", "cuda_copy", "cuda_ipc", "gdr_copy"})
+
+
+def cuda_devices_present() -> bool:
+    """Does this host have an NVIDIA GPU (its driver lists one)? Checked without CUDA."""
+    try:
+        return bool(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return os.path.exists("/dev/nvidia0")
+
+
+def with_cuda_transport(tls: str) -> str:
+    """``tls`` with ``cuda_copy`` added where it names transports but none for CUDA memory.
+
+    On a host with GPUs NIXL's UCX backend refuses such a list ("NVIDIA GPU(s) are present, but
+    this setting does not enable CUDA memory support. Add cuda_copy"), even for host memory. An
+    exclusion list (``^...``) and ``all`` are left as they are."""
+    names = [t.strip() for t in tls.split(",") if t.strip()]
+    if tls.startswith("^") or "all" in names or CUDA_TRANSPORTS & set(names):
+        return tls
+    return ",".join([*names, "cuda_copy"])
+
+
 @dataclass(frozen=True)
 class NixlOptions:
     """How a ``nixl`` endpoint sets up NIXL and UCX (every field has a working default).
@@ -86,8 +110,9 @@ class NixlOptions:
             if not key.startswith("UCX_") or not isinstance(value, str):
                 raise ValueError(f"env takes UCX_* settings as strings, got {key!r}={value!r}")
 
-    def environment(self, loopback: bool) -> dict[str, str]:
-        """The ``UCX_*`` variables to set while creating an agent."""
+    def environment(self, loopback: bool, gpus: bool | None = None) -> dict[str, str]:
+        """The ``UCX_*`` variables to set while creating an agent. ``gpus``: whether this host
+        has NVIDIA GPUs (looked up when None)."""
         env = dict(self.env)
         if self.net_devices is not None:
             env["UCX_NET_DEVICES"] = self.net_devices
@@ -95,6 +120,9 @@ class NixlOptions:
             env["UCX_NET_DEVICES"] = "lo"
         if self.tls is not None:
             env["UCX_TLS"] = self.tls
+        tls = env.get("UCX_TLS")
+        if tls is not None and (cuda_devices_present() if gpus is None else gpus):
+            env["UCX_TLS"] = with_cuda_transport(tls)
         return env
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -177,7 +178,8 @@ def test_info_reports_the_installation() -> None:
     assert "transports: shm, tcp, nixl, grpc, grpc-stream" in out.stdout
     assert "shared memory" in out.stdout
     # make test installs NIXL: info names its version and the UCX transports it can open
-    assert "nixl: nixl_cu12 1.5.1" in out.stdout
+    # by behaviour, not by name: nixl_cu12 here, nixl_cu13 on a CUDA 13 host
+    assert re.search(r"^nixl: nixl_cu1\d \d+\.\d+", out.stdout, re.M), out.stdout
     ucx = next(line for line in out.stdout.splitlines() if line.startswith("ucx: "))
     assert "tcp/lo" in ucx and "cma/memory" in ucx
 

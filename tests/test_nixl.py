@@ -211,3 +211,19 @@ def test_the_suite_runs_without_nixl() -> None:
     out = run_conformance_hiding(NIXL_PACKAGES, "every_dtype_byte_exact and (nixl or tcp)")
     assert "1 passed, 1 skipped" in out, out
     assert "NIXL is not installed" in out
+
+
+def test_an_explicit_tls_list_gets_a_cuda_transport_on_a_gpu_host() -> None:
+    """NIXL refuses a UCX_TLS without a CUDA transport where GPUs are present (seen on an H100
+    host); the list is completed there and left alone elsewhere. (Which case applies here is
+    decided by whether the driver lists a GPU; both are computed explicitly below.)"""
+    from tensorwire.rdma import with_cuda_transport
+
+    assert NixlOptions(tls="cma,tcp").environment(True, gpus=True)["UCX_TLS"] == "cma,tcp,cuda_copy"
+    assert NixlOptions(tls="cma,tcp").environment(True, gpus=False)["UCX_TLS"] == "cma,tcp"
+    assert NixlOptions(env={"UCX_TLS": "rc"}).environment(False, gpus=True)["UCX_TLS"] == (
+        "rc,cuda_copy"
+    )
+    for kept in ("rc,cuda_copy", "tcp,cuda_ipc", "^ud", "all"):
+        assert with_cuda_transport(kept) == kept
+    assert "UCX_TLS" not in NixlOptions().environment(True, gpus=True)  # UCX's own choice
