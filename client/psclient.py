@@ -180,14 +180,22 @@ class PSClient:
         message = np.frombuffer(encode_join(self._me, self._specs), np.uint8)
         deadline = time.monotonic() + timeout
         for addr in self.servers:
-            while join_name(self.rank) not in self.tx.tensors(peer=addr):
-                if time.monotonic() >= deadline:
-                    raise PSClientError(
-                        f"server {addr} has no slot for rank {self.rank}: it expects fewer workers"
-                    )
-                time.sleep(0.1)
-                self.tx.refresh(peer=addr)
+            self._await_tensor(
+                addr,
+                join_name(self.rank),
+                deadline,
+                f"server {addr} has no slot for rank {self.rank}: it expects fewer workers",
+            )
             self.tx.write(join_name(self.rank), message, peer=addr)
+
+    def _await_tensor(self, addr: str, name: str, deadline: float, missing: str) -> None:
+        """Wait until server ``addr`` publishes tensor ``name``; PSClientError(``missing``) at
+        ``deadline``."""
+        while name not in self.tx.tensors(peer=addr):
+            if time.monotonic() >= deadline:
+                raise PSClientError(missing)
+            time.sleep(0.1)
+            self.tx.refresh(peer=addr)
 
     def _say_ready(self) -> None:
         """Our parameters are registered: rank 0 writes the initial values where a server asks
@@ -208,17 +216,17 @@ class PSClient:
             self.tx.write(join_name(self.rank), np.frombuffer(encode_ready(), np.uint8), peer=addr)
 
     def _await_registration(self, timeout: float) -> None:
-        """A server publishes its tensors while it registers them: wait until ours are all there
-        (our ``meta`` tensor is registered last)."""
+        """Once every worker has joined, each server registers the tensors it plans: wait until
+        ours are all there (our ``meta`` tensor is registered last)."""
         deadline = time.monotonic() + timeout
         for addr in self.servers:
-            while meta_name(self.rank) not in self.tx.tensors(peer=addr):
-                if time.monotonic() >= deadline:
-                    raise PSClientError(
-                        f"server {addr} has no slot for rank {self.rank}: it expects fewer workers"
-                    )
-                time.sleep(0.1)
-                self.tx.refresh(peer=addr)
+            self._await_tensor(
+                addr,
+                meta_name(self.rank),
+                deadline,
+                f"server {addr} registered no tensors for rank {self.rank} within {timeout:g} s "
+                "(has every worker of the job joined it?)",
+            )
 
     def _learn_plan(self, shapes: Mapping[str, tuple[int, ...]]) -> list[Chunk]:
         chunks: list[Chunk] = []
