@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import tensorwire as tw
+from tensorwire import extras
 
 from . import ps as ps_bench
 from . import report, soak
@@ -117,11 +118,8 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[st
             f"unknown transport(s) {', '.join(unknown) or '(none)'}; "
             f"choose from {', '.join(TRANSPORTS)}"
         )
-    if args.plot:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            parser.error("--plot needs matplotlib: pip install 'tensorwire[bench]'")
+    if args.plot and not extras.installed(extras.BENCH_PLOTS):
+        parser.error("--plot needs matplotlib: pip install 'tensorwire[bench]'")
     return chosen
 
 

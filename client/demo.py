@@ -8,11 +8,11 @@ flags an operator would type.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import shlex
 import sys
 
 import tensorwire as tw
+from tensorwire import extras
 
 from .launch import run_job
 
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.steps < 1 or args.workers < 1:
         parser.error("--steps and --workers must be at least 1")
-    if not _installed("sklearn"):
+    if not extras.installed(extras.PS):
         print(
             "error: the demo trains on scikit-learn's digits data set: "
             "pip install 'tensorwire[ps]'",
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.transports is not None:
         transports = [t.strip() for t in args.transports.split(",") if t.strip()]
-    elif _installed("grpc"):
+    elif extras.installed(extras.GRPC):
         transports = ["shm", "grpc"]
     else:
         print(
@@ -107,13 +107,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"accuracy below 95% over {', '.join(bad)}", file=sys.stderr)
         return 1
     return 0
-
-
-def _installed(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ImportError:  # a finder that refuses the name outright
-        return False
 
 
 if __name__ == "__main__":
