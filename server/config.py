@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 import configargparse
 
 import tensorwire as tw
+from tensorwire.endpoint import split_endpoint
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -135,12 +136,7 @@ def launcher_int(parser: argparse.ArgumentParser, *names: str) -> int | None:
 
 def check_endpoint(parser: argparse.ArgumentParser, flag: str, endpoint: str) -> None:
     """Refuse what is not ``tcp://HOST:PORT`` before anything uses it."""
-    try:
-        parts = urlsplit(endpoint)
-        ok = parts.scheme == "tcp" and bool(parts.hostname) and parts.port is not None
-    except ValueError:
-        ok = False
-    if not ok:
+    if split_endpoint(endpoint) is None:
         parser.error(f"{flag} {endpoint!r} is not an address: use tcp://HOST:PORT (PORT 0: any)")
 
 

@@ -78,7 +78,8 @@ def _keys(argv: list[str]) -> int:
 
 def _ping(argv: list[str]) -> int:
     import socket
-    from urllib.parse import urlsplit
+
+    from .endpoint import split_endpoint
 
     parser = argparse.ArgumentParser(
         prog="tensorwire ping",
@@ -88,15 +89,11 @@ def _ping(argv: list[str]) -> int:
     parser.add_argument("endpoint", help="e.g. tcp://127.0.0.1:5700 (a --bind of a daemon)")
     parser.add_argument("--timeout", type=float, default=2.0, help="seconds (default 2)")
     args = parser.parse_args(argv)
-    try:
-        parts = urlsplit(args.endpoint)
-        scheme, host, port = parts.scheme, parts.hostname, parts.port
-    except ValueError:  # a port that is not a number
-        scheme, host, port = "", None, None
-    if scheme != "tcp" or not host or port is None:
+    split = split_endpoint(args.endpoint)
+    if split is None:
         parser.error(f"endpoint must look like tcp://HOST:PORT, got {args.endpoint!r}")
     try:
-        socket.create_connection((host, port), timeout=args.timeout).close()
+        socket.create_connection(split, timeout=args.timeout).close()
     except OSError as exc:
         print(f"tensorwire ping: {args.endpoint}: {exc.strerror or exc}", file=sys.stderr)
         return 1

@@ -17,7 +17,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -25,6 +24,7 @@ from . import wire
 from .auth import client_mac, new_nonce, normalise_secret, server_proof, verify
 from .control import ControlClient, FencedError
 from .doorbell import deadline_of, remaining
+from .endpoint import split_endpoint
 from .errors import (
     AuthenticationError,
     ClosedError,
@@ -85,15 +85,12 @@ class _Peer:
         curve_server_key: bytes | None = None,
         nixl: NixlOptions | None = None,
     ) -> None:
-        try:
-            parts = urlsplit(address)
-            scheme, host, port = parts.scheme, parts.hostname, parts.port
-        except ValueError:
-            scheme, host, port = "", None, None
-        if scheme != "tcp" or not host or not port:
+        split = split_endpoint(address)
+        if split is None or split[1] == 0:
             raise TensorWireError(
                 f"receiver address must look like tcp://HOST:PORT, got {address!r}"
             )
+        host = split[0]
         check_name(transport)
         self.address = address
         self.host = host

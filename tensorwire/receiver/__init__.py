@@ -25,11 +25,11 @@ import logging
 import secrets
 from collections.abc import Iterable
 from typing import Any
-from urllib.parse import urlsplit
 
 from ..auth import normalise_secret
 from ..control import ControlServer
 from ..curve import CurveKeys
+from ..endpoint import split_endpoint
 from ..errors import AuthenticationError, TensorWireError
 from ..process import host_identity
 from ..rdma import NixlOptions, is_loopback_host
@@ -52,16 +52,12 @@ DEFAULT_REGION_BYTES = 8 << 20
 
 
 def _parse_bind(bind: str) -> tuple[str, str]:
-    try:
-        parts = urlsplit(bind)
-        port = parts.port
-    except ValueError:
-        port = None
-    if parts.scheme != "tcp" or not parts.hostname or port is None:
+    split = split_endpoint(bind)
+    if split is None:
         raise TensorWireError(
             f"bind address must look like tcp://HOST:PORT (PORT 0 picks a free one), got {bind!r}"
         )
-    host = parts.hostname
+    host = split[0]
     data_host = "0.0.0.0" if host in ("*", "0.0.0.0") else host
     return host, data_host
 
