@@ -58,7 +58,11 @@ _GRPC_RUNTIME = _start_grpc_runtime() if GRPC_INSTALLED else None
 
 def _start_ucx_runtime() -> None:
     """UCX initialises process-wide state (and a few descriptors) with the first NIXL agent and
-    keeps it: create and drop one agent now, so the per-test check counts only our own."""
+    keeps it: create and drop one agent now, so the per-test check counts only our own. The
+    nixl transport's module is loaded too: a receiver imports it when the first nixl sender
+    attaches, and a test that measures per-message allocations would count that one-time
+    import (as it did when its file ran alone)."""
+    import tensorwire.transports.nixl  # noqa: F401
     from tensorwire.rdma import NixlOptions, create_agent
 
     agent = create_agent("tensorwire-tests-warm-up", NixlOptions(), loopback=True)
