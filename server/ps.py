@@ -139,6 +139,7 @@ class ParameterServer:
         self.params: dict[str, np.ndarray[Any, Any]] = {}
         self.acc: dict[str, np.ndarray[Any, Any]] = {}
         self._outgoing: dict[str, np.ndarray[Any, Any]] | None = None
+        self._stale: set[str] = set()  # chunks updated since their wire copy was made
         self._needs_init = False
         self.fingerprint = ""
         self.workers = [_Worker(r, step=self.step) for r in range(cfg.workers)]
@@ -219,6 +220,7 @@ class ParameterServer:
             if cfg.wire_dtype == "float32"
             else {c.cid: np.empty(c.shape, wire) for c in self.chunks}
         )
+        self._stale = {c.cid for c in self.chunks}
         self._needs_init = needs_init
         if needs_init:  # registered before the workers' tensors: rank 0 finds them with its own
             for c in self.chunks:
@@ -326,13 +328,20 @@ class ParameterServer:
                     )
         return took
 
+    def _update(self, cid: str, scale: float = 1.0) -> None:
+        """One optimizer step of chunk ``cid`` with the gradient accumulated in ``acc``."""
+        self.opt.step(cid, self.params[cid], self.acc[cid], scale=scale)
+        self._stale.add(cid)
+
     def _send(self, w: _Worker, flags: int) -> None:
         """Fresh parameter chunks, then the status word, into worker ``w``'s memory."""
         for c in self.chunks:
             params = self.params[c.cid]
             if self._outgoing is not None:
                 out = self._outgoing[c.cid]
-                out[...] = params  # float32 -> the wire dtype, rounding to nearest
+                if c.cid in self._stale:  # converted once per update, not once per worker
+                    out[...] = params  # float32 -> the wire dtype, rounding to nearest
+                    self._stale.discard(c.cid)
                 params = out
             self.tx.write(c.cid, params, peer=w.address)
         status = np.array([w.step, flags, self.step, 0], dtype=np.int64)
@@ -447,9 +456,7 @@ class ParameterServer:
                 # The average over the workers that finished the step: a lost worker's share
                 # is rescaled away, not counted as zero.
                 for c in self.chunks:
-                    self.opt.step(
-                        c.cid, self.params[c.cid], self.acc[c.cid], scale=1.0 / contributors
-                    )
+                    self._update(c.cid, scale=1.0 / contributors)
                 self.step += 1
                 if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
                     self._checkpoint()
@@ -503,7 +510,7 @@ class ParameterServer:
                 cid = f"{param}@{part}"
                 # Applied as it lands: the gradient of one worker, one chunk, one step.
                 np.copyto(self.acc[cid], view)
-                self.opt.step(cid, self.params[cid], self.acc[cid])
+                self._update(cid)
                 w = by_rank[rank]
                 w.got.add(cid)
             elif name.startswith("meta/"):
