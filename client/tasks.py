@@ -158,7 +158,7 @@ def as_task(made: Any) -> Task:
             f"{type(made).__name__}"
         )
     model, batches, evaluate = made
-    if type(model).__module__.startswith("torch") or _is_torch_module(model):
+    if _is_torch_module(model):
         from .torch_task import TorchTask
 
         return TorchTask(model, batches, evaluate)

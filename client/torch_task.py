@@ -53,8 +53,6 @@ class TorchTask:
         odd = [n for n, p in self._params.items() if p.dtype != torch.float32 or p.is_cuda]
         if odd:
             raise TypeError(f"parameter {odd[0]!r}: the servers keep float32 CPU parameters")
-        # A parameter the forward pass did not use has no grad: it sends zeros.
-        self._zeros = {n: np.zeros(tuple(p.shape), np.float32) for n, p in self._params.items()}
 
     def initial_params(self) -> dict[str, Array]:
         return {n: p.detach().numpy().copy() for n, p in self._params.items()}
@@ -71,10 +69,7 @@ class TorchTask:
         out = self.module(x)
         loss = F.cross_entropy(out, y)
         loss.backward()
-        grads = {
-            n: (p.grad.numpy() if p.grad is not None else self._zeros[n])
-            for n, p in self._params.items()
-        }
+        grads = module_grads(self.module)
         correct = int((out.argmax(dim=1) == y).sum())
         return StepResult(float(loss.detach()), grads, correct, len(y))
 
