@@ -4,12 +4,16 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-torch test bench lint proto fuzz soak rdma clean
+.PHONY: demo demo-torch test test-gpu gpu-bundle bench lint proto fuzz soak rdma clean
 
 # NIXL for the `nixl` transport. --no-deps: the wheel declares torch, which host memory does not
 # need. Pinned to the version the transport is tested with.
 NIXL := nixl-cu12==1.5.1
 RDMA_STAMP := $(VENV)/.rdma-installed
+# cupy for the GPU code paths: on a machine without a GPU the tests check that they fail cleanly
+# and that host paths never import it; `make test-gpu` runs the GPU tests where there is one.
+CUPY := cupy-cuda12x==14.2.0
+GPU_STAMP := $(VENV)/.gpu-installed
 # PyTorch for the tests of torch tensors: 2.13.0 is the CPU build this machine and CI hold on disk
 # (from PyPI, that version is the CUDA build, several GB).
 TORCH := torch==2.13.0
@@ -31,6 +35,10 @@ $(TORCH_STAMP): $(STAMP) Makefile
 	$(PY) -m pip install --quiet '$(TORCH)'
 	@touch $(TORCH_STAMP)
 
+$(GPU_STAMP): $(STAMP) Makefile
+	$(PY) -m pip install --quiet '$(CUPY)'
+	@touch $(GPU_STAMP)
+
 demo: $(STAMP)
 	$(PY) -m tensorwire.client.demo
 
@@ -39,8 +47,16 @@ demo-torch: $(STAMP) $(TORCH_STAMP)
 	$(PY) -m tensorwire.client.demo --transports shm --steps 600 \
 		--model examples/torch_digits.py:make --ps-args "--optimizer momentum --lr 0.05"
 
-test: $(STAMP) $(RDMA_STAMP) $(TORCH_STAMP)
+test: $(STAMP) $(RDMA_STAMP) $(TORCH_STAMP) $(GPU_STAMP)
 	$(PY) -m pytest -q
+
+# The GPU tests alone (marked `gpu`; they skip with the reason where no CUDA device is present).
+test-gpu: $(STAMP) $(RDMA_STAMP) $(TORCH_STAMP) $(GPU_STAMP)
+	$(PY) -m pytest -q -m gpu -rs
+
+# What the lent GPU machine lacks, for the device tool's `carry` (../shared/gpu/README.md).
+gpu-bundle:
+	../shared/gpu/bundle.sh configargparse ml_dtypes msgpack
 
 bench: $(STAMP) $(RDMA_STAMP)
 	@mkdir -p bench-results

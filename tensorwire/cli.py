@@ -28,8 +28,28 @@ def _info() -> int:
     print(f"shared memory: {SHM_DIR} {'usable' if shm_available() else 'NOT usable (tcp only)'}")
     print(f"futex doorbells: {'yes' if HAVE_FUTEX else 'no (waiters poll with short sleeps)'}")
     print(f"host identity: {host_identity()}")
+    _gpu_info()
     _nixl_info()
     return 0
+
+
+def _gpu_info() -> None:
+    from .cuda import INSTALL_HINT, describe
+
+    gpu = describe()
+    if gpu["cupy"] is None:
+        print(f"gpu tensors: cupy not installed ({INSTALL_HINT})")
+        return
+    versions = f"cupy {gpu['cupy']}, CUDA runtime {gpu.get('runtime', '?')}"
+    if "error" in gpu:
+        print(f"gpu tensors: {versions}; no usable CUDA device ({gpu['error']})")
+        return
+    print(f"gpu tensors: {versions}, driver {gpu['driver']}")
+    for device in gpu["devices"]:
+        memory = device["memory"] / 2**30
+        print(f"  cuda:{device['index']}: {device['name']}, {memory:.0f} GiB")
+    if not gpu["devices"]:
+        print("  no CUDA device")
 
 
 def _nixl_info() -> None:
@@ -48,6 +68,11 @@ def _nixl_info() -> None:
     print(
         "rdma verbs: "
         + (", ".join(verbs) if verbs else "none (nixl runs over UCX's shared-memory and tcp here)")
+    )
+    gpu = [t for t in nixl["ucx_transports"] if t.startswith(("cuda", "gdr"))]
+    print(
+        "ucx gpu transports: "
+        + (", ".join(gpu) if gpu else "none (nixl moves host memory only here)")
     )
 
 

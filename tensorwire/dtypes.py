@@ -90,10 +90,10 @@ def _describe(obj: Any) -> str:
 def _from_torch(tensor: Any, name: str) -> np.ndarray[Any, Any]:
     import torch  # the caller holds a torch tensor, so torch is imported already
 
-    if tensor.device.type != "cpu":
+    if tensor.device.type != "cpu":  # CUDA tensors are read as GPU arrays (tensorwire.cuda)
         raise SpecMismatchError(
-            f"tensor {name!r}: got a torch tensor on {tensor.device}; this sender writes host "
-            "memory: move it with .cpu() first"
+            f"tensor {name!r}: got a torch tensor on {tensor.device}; tensorwire writes host and "
+            "CUDA memory: move it with .cpu() first"
         )
     if tensor.requires_grad:
         tensor = tensor.detach()  # the same memory, without the autograd graph

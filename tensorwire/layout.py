@@ -8,6 +8,8 @@ tensor's double (or deeper) buffer::
     slot headers (depth x H)    seq | nbytes | ndim | dims (dynamic only)
     payloads (depth x capacity) each aligned to 64 B, or to a page from 4 KiB up
 
+A GPU tensor's payloads live in a span of GPU memory instead (the layout's ``payload_region``);
+its control block and slot headers stay in host memory, where the words are stored and waited on.
 Each hot word sits on its own cache line so that the sender's and the receiver's stores do not
 false-share. The offsets here are the "remote address" published to senders; both ends compute
 nothing else about the layout.
@@ -75,6 +77,13 @@ class RingLayout:
     headers: tuple[int, ...]
     payloads: tuple[int, ...]
     capacity: int
+    #: the region the payloads are in, when not ``region`` (a GPU tensor's: -1 means ``region``)
+    payload_region: int = -1
+
+    @property
+    def payloads_in(self) -> int:
+        """Index of the region holding the payloads."""
+        return self.region if self.payload_region < 0 else self.payload_region
 
     @property
     def depth(self) -> int:
@@ -85,47 +94,73 @@ class RingLayout:
         return self.payloads[-1] + self.capacity
 
     def to_wire(self) -> list[Any]:
-        return [self.region, self.ctrl, list(self.headers), list(self.payloads), self.capacity]
+        out = [self.region, self.ctrl, list(self.headers), list(self.payloads), self.capacity]
+        if self.payload_region >= 0:
+            out.append(self.payload_region)
+        return out
 
     @classmethod
     def from_wire(cls, value: Any, region_sizes: list[int]) -> RingLayout:
         """Decode and bounds-check a layout received from a peer."""
         try:
-            region, ctrl, headers, payloads, capacity = value
+            region, ctrl, headers, payloads, capacity, *rest = value
+            if len(rest) > 1:
+                raise ValueError("too many fields")
             layout = cls(
                 region=int(region),
                 ctrl=int(ctrl),
                 headers=tuple(int(h) for h in headers),
                 payloads=tuple(int(p) for p in payloads),
                 capacity=int(capacity),
+                payload_region=int(rest[0]) if rest else -1,
             )
         except (TypeError, ValueError) as exc:
             raise LocalProtocolError(f"malformed ring layout: {value!r}") from exc
-        if not 0 <= layout.region < len(region_sizes):
-            raise LocalProtocolError(f"ring layout names unknown region {layout.region}")
+        for index in (layout.region, layout.payloads_in):
+            if not 0 <= index < len(region_sizes):
+                raise LocalProtocolError(f"ring layout names unknown region {index}")
         size = region_sizes[layout.region]
+        payload_size = region_sizes[layout.payloads_in]
+        # Payloads in the control region must keep clear of its header; another region (GPU
+        # memory) holds payloads only.
+        payload_floor = REGION_HEADER_SIZE if layout.payloads_in == layout.region else 0
         words = [layout.ctrl + RING_CTRL_SIZE, *(h + CACHE_LINE for h in layout.headers)]
         if (
             layout.depth == 0
             or len(layout.headers) != layout.depth
             or layout.capacity < 0
-            or min(layout.ctrl, *layout.headers, *layout.payloads) < REGION_HEADER_SIZE
-            or max(*words, *(p + layout.capacity for p in layout.payloads)) > size
+            or min(layout.ctrl, *layout.headers) < REGION_HEADER_SIZE
+            or max(words) > size
+            or min(layout.payloads) < payload_floor
+            or max(p + layout.capacity for p in layout.payloads) > payload_size
             or any(off % 8 for off in (layout.ctrl, *layout.headers))
         ):
             raise LocalProtocolError(f"ring layout out of bounds for a {size}-byte region")
         return layout
 
 
-def plan_ring(base: int, depth: int, capacity: int, ndim: int, dynamic: bool) -> RingLayout:
-    """Lay out a ring of ``depth`` slots of ``capacity`` bytes starting at ``base``."""
+def plan_ring(
+    base: int,
+    depth: int,
+    capacity: int,
+    ndim: int,
+    dynamic: bool,
+    payload_base: int | None = None,
+) -> RingLayout:
+    """Lay out a ring of ``depth`` slots of ``capacity`` bytes starting at ``base``.
+
+    With ``payload_base`` the payloads go to another region (GPU memory) from that offset on,
+    and only the control block and slot headers take room at ``base``."""
     if depth < 1:
         raise ValueError(f"a ring needs at least one slot, got depth={depth}")
     hsize = slot_header_size(ndim, dynamic)
     headers = tuple(base + RING_CTRL_SIZE + i * hsize for i in range(depth))
     palign = payload_alignment(capacity)
     stride = align(max(capacity, 1), palign)
-    first = align(base + RING_CTRL_SIZE + depth * hsize, palign)
+    if payload_base is None:
+        first = align(base + RING_CTRL_SIZE + depth * hsize, palign)
+    else:
+        first = align(payload_base, palign)
     payloads = tuple(first + i * stride for i in range(depth))
     return RingLayout(region=-1, ctrl=base, headers=headers, payloads=payloads, capacity=capacity)
 
@@ -135,16 +170,32 @@ def ring_footprint(depth: int, capacity: int, ndim: int, dynamic: bool) -> int:
     return plan_ring(0, depth, capacity, ndim, dynamic).end
 
 
-def plan_parts(base: int, capacities: list[int], ndim: int) -> list[RingLayout]:
+def control_footprint(depth: int, ndim: int, dynamic: bool) -> int:
+    """Bytes a ring's control block and slot headers take (a GPU tensor's host part)."""
+    return RING_CTRL_SIZE + depth * slot_header_size(ndim, dynamic)
+
+
+def payloads_footprint(depth: int, capacity: int) -> int:
+    """Bytes a ring's payloads take in a region of their own, from an aligned offset."""
+    return depth * align(max(capacity, 1), payload_alignment(capacity))
+
+
+def plan_parts(
+    base: int, capacities: list[int], ndim: int, payload_base: int | None = None
+) -> list[RingLayout]:
     """Lay out one-slot rings whose payloads follow each other with no gap.
 
     The parts of one tensor split along its first axis then form a single contiguous array, so a
     receiver can hand out the whole tensor as one view while each part is written (by different
-    senders) as a tensor of its own.
+    senders) as a tensor of its own. ``payload_base``: the payloads go to another region (GPU
+    memory) from that offset on.
     """
     hsize = slot_header_size(ndim, False)
     per_part = RING_CTRL_SIZE + hsize
-    start = align(base + len(capacities) * per_part, PAGE)
+    if payload_base is None:
+        start = align(base + len(capacities) * per_part, PAGE)
+    else:
+        start = align(payload_base, PAGE)
     out = []
     offset = start
     for k, capacity in enumerate(capacities):

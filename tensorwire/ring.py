@@ -12,6 +12,11 @@ the completion protocol is written once:
   complete exactly when some slot's ``seq`` equals ``n``. A writer that dies mid-copy never
   stores ``seq``, so a torn payload is never handed out.
 
+A GPU tensor's payloads are in GPU memory (``payload``, a
+:class:`~tensorwire.cuda.DeviceMemory` or the :class:`~tensorwire.cuda.OpenedMemory` a sender
+reaches it by); its words stay in the host region, and a writer stores ``seq`` only after its
+copy has been synchronised, so the protocol is the same.
+
 Word stores are single aligned 8-byte stores, which x86-64 keeps in program order for other cores
 (TSO). On weakly ordered CPUs the large copies release the GIL (a full barrier), but small ones may
 not: this port is untested there.
@@ -46,7 +51,12 @@ class RingMemory:
     """Word-level access to one ring, plus the receiver doorbell of the region it lives in."""
 
     def __init__(
-        self, spec: TensorSpec, layout: RingLayout, region: Region, bell_region: Region
+        self,
+        spec: TensorSpec,
+        layout: RingLayout,
+        region: Region,
+        bell_region: Region,
+        payload: Any = None,
     ) -> None:
         self.spec = spec
         self.layout = layout
@@ -68,12 +78,29 @@ class RingMemory:
         self._rx_bell = OFF_DOORBELL // 4
         self._rx_waiting = OFF_RX_WAITING // 4
         self.rx_bell_address = bell_region.address + OFF_DOORBELL
-        arr = region.array
-        self.payload_bytes = [arr[p : p + layout.capacity] for p in layout.payloads]
-        self.static_views: list[np.ndarray[Any, Any]] | None = None
+        #: the GPU the payloads are on (None: they are in ``region``, host memory)
+        self.device: int | None = None if payload is None else int(payload.device)
+        self._payload = payload
+        base = region.address if payload is None else int(payload.address)
+        #: each slot's payload address, in this process
+        self.payload_addresses = [base + p for p in layout.payloads]
+        #: each slot's payload as host bytes (none for GPU payloads)
+        self.payload_bytes: list[np.ndarray[Any, Any]] = []
+        #: static tensors: each slot as an array of the spec's dtype and shape (numpy or cupy)
+        self.static_views: list[Any] | None = None
+        if payload is None:
+            arr = region.array
+            self.payload_bytes = [arr[p : p + layout.capacity] for p in layout.payloads]
         if not spec.dynamic:
             shape = spec.static_shape
-            self.static_views = [b.view(spec.dtype).reshape(shape) for b in self.payload_bytes]
+            self.static_views = [self._over(slot, shape) for slot in range(self.depth)]
+
+    def _over(self, slot: int, shape: tuple[int, ...]) -> Any:
+        """``slot``'s payload as an array of ``shape`` (host or GPU memory)."""
+        if self._payload is not None:
+            return self._payload.view(self.layout.payloads[slot], self.spec.dtype, shape)
+        nbytes = int(np.prod(shape)) * self.spec.dtype.itemsize
+        return self.payload_bytes[slot][:nbytes].view(self.spec.dtype).reshape(shape)
 
     # -- sequence numbers ------------------------------------------------------------------
 
@@ -142,13 +169,13 @@ class RingMemory:
 
     # -- writer side -----------------------------------------------------------------------
 
-    def slot_view(self, slot: int, shape: tuple[int, ...] | None = None) -> np.ndarray[Any, Any]:
-        """A writable view of ``slot``'s payload, in the tensor's dtype (``shape`` if dynamic)."""
+    def slot_view(self, slot: int, shape: tuple[int, ...] | None = None) -> Any:
+        """A writable view of ``slot``'s payload, in the tensor's dtype (``shape`` if dynamic):
+        a numpy array, or a cupy array for a GPU tensor."""
         if self.static_views is not None:
             return self.static_views[slot]
         assert shape is not None
-        nbytes = int(np.prod(shape)) * self.spec.dtype.itemsize
-        return self.payload_bytes[slot][:nbytes].view(self.spec.dtype).reshape(shape)
+        return self._over(slot, shape)
 
     def publish(self, slot: int, seq: int, nbytes: int, shape: tuple[int, ...] | None) -> None:
         """Mark message ``seq`` complete in ``slot`` (payload in place) and ring the receiver."""
@@ -191,15 +218,14 @@ class RingMemory:
 
     # -- receiver side ---------------------------------------------------------------------
 
-    def view(self, slot: int) -> np.ndarray[Any, Any]:
-        """The landed tensor in ``slot`` (which must be complete), as a numpy view."""
+    def view(self, slot: int) -> Any:
+        """The landed tensor in ``slot`` (which must be complete): a numpy view, or a cupy one
+        for a GPU tensor."""
         if self.static_views is not None:
             return self.static_views[slot]
         ndim = self._i[self._ndim[slot]]
         base = self._dims[slot]
-        shape = tuple(int(self._q[base + k]) for k in range(ndim))
-        nbytes = int(self._q[self._nbytes[slot]])
-        return self.payload_bytes[slot][:nbytes].view(self.spec.dtype).reshape(shape)
+        return self._over(slot, tuple(int(self._q[base + k]) for k in range(ndim)))
 
     def release(self, upto: int) -> None:
         """Return credits for every message up to ``upto`` and wake a blocked writer."""

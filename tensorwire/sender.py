@@ -23,6 +23,7 @@ import numpy as np
 from . import wire
 from .auth import client_mac, new_nonce, normalise_secret, server_proof, verify
 from .control import ControlClient, FencedError
+from .cuda import cupy as cupy_module
 from .doorbell import deadline_of, remaining
 from .endpoint import split_endpoint
 from .errors import (
@@ -35,6 +36,7 @@ from .errors import (
 )
 from .heartbeat import Heartbeats, peers_of
 from .layout import RingLayout
+from .memory import RegionInfo
 from .process import host_identity
 from .rdma import NixlOptions
 from .resource import Resource
@@ -166,14 +168,14 @@ class _Peer:
             raise LocalProtocolError(f"receiver at {self.address} sent a malformed token")
         return reply
 
-    def _lookup(self) -> list[tuple[str | None, int]]:
+    def _lookup(self) -> list[RegionInfo]:
         assert self.control is not None
         book = self.control.request(wire.Lookup(self.generation), self._timeout)
         if not isinstance(book, wire.AddressBook):
             raise LocalProtocolError(f"expected an address book, got {book.TYPE}")
         try:
-            regions = [(str(name) or None, int(size)) for name, size in book.regions]
-            sizes = [size for _, size in regions]
+            regions = [RegionInfo.from_wire(entry) for entry in book.regions]
+            sizes = [r.size for r in regions]
             entries = {}
             for tid, spec_d, layout_w in book.tensors:
                 spec = TensorSpec.create(
@@ -185,7 +187,11 @@ class _Peer:
                 layout = RingLayout.from_wire(layout_w, sizes)
                 if layout.capacity < spec.max_bytes:
                     raise LocalProtocolError(f"tensor {spec.name!r}: slot smaller than its spec")
-                entries[spec.name] = TensorEntry(int(tid), spec, layout)
+                if regions[layout.region].on_device:
+                    raise LocalProtocolError(f"tensor {spec.name!r}: its words are in GPU memory")
+                payloads = regions[layout.payloads_in]
+                device = payloads.device if payloads.on_device else None
+                entries[spec.name] = TensorEntry(int(tid), spec, layout, device)
         except (TypeError, ValueError, KeyError) as exc:
             raise LocalProtocolError(f"malformed address book from {self.address}: {exc}") from exc
         self.entries = entries
@@ -445,7 +451,7 @@ class Sender(Resource):
             deadline = self._deadline(timeout)
             try:
                 w = p.writer(entry, deadline)
-                w.write(arr, deadline)
+                w.write(arr if w.takes_device else w.on_host(arr), deadline)
             except PeerLostError:
                 if not self.reconnect:
                     raise
@@ -454,7 +460,7 @@ class Sender(Resource):
                 p, entry = self._resolve(name, p.address)
                 arr = entry.spec.check_array(arr)
                 w = p.writer(entry, deadline)
-                w.write(arr, deadline)
+                w.write(arr if w.takes_device else w.on_host(arr), deadline)
             return WriteHandle(name, w.next_seq - 1, arr.nbytes)
 
     @contextlib.contextmanager
@@ -472,6 +478,9 @@ class Sender(Resource):
         (``np.matmul(a, b, out=...)``) writes the receiver's memory with no copy at all; over a
         network it is a reused staging buffer. The message is completed when the block exits
         normally; if the block raises, it is not sent. ``shape`` is needed for dynamic tensors.
+        For a tensor the receiver holds on a GPU the array is a cupy array on that GPU (over
+        ``shm``, the receiver's slot itself); the work queued on the current CUDA stream is
+        waited for before the message is completed.
         """
         with self._lock:
             p, entry = self._resolve(name, peer)
@@ -482,6 +491,15 @@ class Sender(Resource):
             spec.check_shape(shape)
             deadline = self._deadline(timeout)
             w = p.writer(entry, deadline)
+            if entry.device is not None and not w.takes_device:
+                # Produced on the GPU, sent from host memory: a GPU staging array, copied out
+                # (through pinned memory) when the block ends.
+                cp = cupy_module()
+                with cp.cuda.Device(entry.device):
+                    staging = cp.empty(shape, spec.dtype)
+                yield staging
+                w.write(w.on_host(staging), deadline)
+                return
             out = w.acquire(shape, deadline)
             try:
                 yield out

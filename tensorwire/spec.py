@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from .cuda import array_device, as_device_array, cupy
 from .dtypes import as_host_array, canonical_dtype, dtype_to_wire
 from .errors import SpecMismatchError
 
@@ -119,14 +120,21 @@ class TensorSpec:
             f"tensor {self.name!r}: {problem}: expected {self.describe()}, got {given}"
         )
 
-    def check_array(self, array: Any, *, allow_copy: bool = False) -> np.ndarray[Any, Any]:
-        """Return ``array`` as a C-contiguous ndarray that may be written under this spec.
+    def check_array(self, array: Any, *, allow_copy: bool = False) -> Any:
+        """Return ``array`` as a C-contiguous array that may be written under this spec: a
+        numpy array for host memory, a cupy array over the same memory for a GPU array (cupy,
+        torch CUDA, anything with ``__dlpack__`` or ``__cuda_array_interface__`` on a GPU).
 
         Refuses (with :class:`SpecMismatchError`) a dtype, shape or byte count that does not
         match, and a non-contiguous array unless ``allow_copy`` is set, in which case a
         contiguous copy is returned.
         """
-        arr = array if isinstance(array, np.ndarray) else as_host_array(array, self.name)
+        if isinstance(array, np.ndarray):
+            arr = array
+        elif array_device(array) is not None:
+            arr = as_device_array(array, self.name)
+        else:
+            arr = as_host_array(array, self.name)
         if arr.shape != self.shape or arr.dtype != self.dtype:  # the static fast path misses
             self.check_shape(arr.shape, arr.dtype)
         if not arr.flags.c_contiguous:
@@ -135,7 +143,8 @@ class TensorSpec:
                     f"tensor {self.name!r}: the array is not C-contiguous (strides {arr.strides}); "
                     "pass a contiguous array, or allow_copy=True to send a contiguous copy"
                 )
-            arr = np.ascontiguousarray(arr)
+            host = isinstance(arr, np.ndarray)
+            arr = np.ascontiguousarray(arr) if host else cupy().ascontiguousarray(arr)
         return arr
 
     def to_wire(self) -> dict[str, Any]:

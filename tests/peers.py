@@ -250,3 +250,50 @@ def run_conformance_hiding(packages: tuple[str, ...], selection: str) -> str:
     )
     assert out.returncode == 0, out.stdout + out.stderr
     return out.stdout
+
+
+# -- GPU peers (the gpu tests; cupy and torch are imported only here) ---------------------------
+
+
+def on_source(array: np.ndarray[Any, Any], source: str) -> Any:
+    """``array``'s bytes as ``source`` would hold them: ``numpy`` (host), ``cupy`` or ``torch``
+    (on cuda:0), of the same dtype and shape."""
+    if source == "numpy":
+        return array
+    raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+    if source == "cupy":
+        import cupy as cp
+
+        return cp.asarray(raw).view(array.dtype).reshape(array.shape)
+    import torch
+
+    flat = torch.from_numpy(raw.copy()).to("cuda:0")
+    return flat.view(getattr(torch, array.dtype.name)).reshape(array.shape)
+
+
+def send_plan_from(address: str, transport: str, plan: list[tuple[Any, ...]], source: str) -> None:
+    """:func:`send_plan` with every array on ``source`` (numpy, cupy or torch CUDA)."""
+    with tw.Sender.connect(address, transport=transport, timeout=60) as tx:
+        for name, dtype, shape, seed in plan:
+            tx.write(name, on_source(make_array(dtype, tuple(shape), seed), source))
+
+
+def send_uniform_gpu(address: str, transport: str, name: str, ready: Any) -> None:
+    """Write GPU messages whose every element equals the message number, until killed."""
+    import cupy as cp
+
+    with tw.Sender.connect(address, transport=transport, timeout=60) as tx:
+        spec = tx.spec(name)
+        arr = cp.empty(spec.static_shape, dtype=spec.dtype)
+        ready.send("go")
+        for k in range(1, 1_000_000):  # bounded; the test kills it long before
+            arr.fill(k)
+            tx.write(name, arr)
+
+
+def run_gpu_receiver(conn: Any, name: str, shape: tuple[int, ...]) -> None:
+    """A receiver with one GPU tensor, in a process of its own, until killed."""
+    with tw.Receiver() as rx:
+        rx.register(name, shape, "float32", device="cuda:0")
+        conn.send(rx.address)
+        time.sleep(600)

@@ -127,8 +127,8 @@ def test_torch_tensors_that_cannot_be_written_are_refused() -> None:
     with tw.Receiver() as rx:
         rx.register("t", (3,), "float32")
         with tw.Sender.connect(rx.address, transport="shm", timeout=10) as tx:
-            # A tensor off the host ("meta" has no memory at all; CUDA is refused the same way).
-            with pytest.raises(tw.SpecMismatchError, match="on meta; this sender writes host"):
+            # A tensor neither on the host nor on a GPU ("meta" has no memory at all).
+            with pytest.raises(tw.SpecMismatchError, match="on meta; tensorwire writes host and"):
                 tx.write("t", torch.empty(3, device="meta"))
             with pytest.raises(tw.SpecMismatchError, match="dtype mismatch"):
                 tx.write("t", torch.ones(3, dtype=torch.float64))

@@ -28,12 +28,12 @@ from typing import Any
 
 from ..auth import normalise_secret
 from ..control import ControlServer
+from ..cuda import parse_device
 from ..curve import CurveKeys
 from ..endpoint import split_endpoint
 from ..errors import AuthenticationError, TensorWireError
 from ..process import host_identity
 from ..rdma import NixlOptions, is_loopback_host
-from ..received import ReceivedArray
 from ..region import reap_stale_segments, shm_available
 from ..resource import Resource
 from ..spec import TensorSpec
@@ -170,38 +170,47 @@ class Receiver(Resource):
         *,
         max_bytes: int | None = None,
         ring: int | None = None,
+        device: Any = "cpu",
     ) -> TensorSpec:
         """Preallocate slots for tensor ``name`` and publish its address to senders.
 
         A shape with ``None`` dimensions is dynamic and needs ``max_bytes`` (its capacity).
-        Returns the registered :class:`TensorSpec`.
+        ``device``: where the slots are, ``"cpu"`` (host memory) or a GPU (``"cuda"``,
+        ``"cuda:1"``, a ``torch.device``; needs cupy, ``tensorwire[gpu]``). A GPU tensor's
+        :meth:`wait` hands out a cupy array over the slot (``torch.from_dlpack`` takes it
+        without a copy). Returns the registered :class:`TensorSpec`.
         """
         spec = TensorSpec.create(name, shape, dtype, max_bytes)
-        self._table.register(spec, ring)
+        self._table.register(spec, ring, parse_device(device))
         return spec
 
     def register_parts(
-        self, name: str, shape: Any, dtype: Any, rows: list[int]
+        self, name: str, shape: Any, dtype: Any, rows: list[int], *, device: Any = "cpu"
     ) -> list[TensorSpec]:
         """Register a static tensor as parts split along its first axis, stored back to back.
 
         Part ``k`` is a tensor of its own, named ``f"{name}@{k}"``, with ``rows[k]`` rows and one
         slot: each part may have its own writer (e.g. the parameter server shard that owns those
         rows), and :meth:`array` hands out the whole tensor as one read-only view of the slots the
-        parts land in. This is how a model's parameters can *be* registered memory.
+        parts land in. This is how a model's parameters can *be* registered memory. ``device``
+        as for :meth:`register`.
         """
-        return self._table.register_parts(name, shape, dtype, rows)
+        return self._table.register_parts(name, shape, dtype, rows, parse_device(device))
 
-    def array(self, name: str) -> ReceivedArray:
-        """The whole of a tensor registered with :meth:`register_parts`, as one read-only view.
+    def array(self, name: str) -> Any:
+        """The whole of a tensor registered with :meth:`register_parts`, as one read-only view
+        (a cupy array for a GPU tensor, which must not be written either).
 
         Its contents are whatever the parts' last messages put there; wait for each part's message
         before reading, and release the parts to let their writers send the next one.
         """
         return self._table.group(name)
 
-    def register_many(self, specs: Iterable[TensorSpec | tuple[Any, ...]]) -> list[TensorSpec]:
-        """Register several tensors; each item a :class:`TensorSpec` or ``(name, shape, dtype)``."""
+    def register_many(
+        self, specs: Iterable[TensorSpec | tuple[Any, ...]], *, device: Any = "cpu"
+    ) -> list[TensorSpec]:
+        """Register several tensors; each item a :class:`TensorSpec` or ``(name, shape, dtype)``,
+        all on ``device`` (as for :meth:`register`)."""
         out = []
         for item in specs:
             if isinstance(item, TensorSpec):
@@ -211,10 +220,11 @@ class Receiver(Resource):
                         item.shape,
                         item.dtype,
                         max_bytes=item.max_bytes if item.dynamic else None,
+                        device=device,
                     )
                 )
             else:
-                out.append(self.register(*item))
+                out.append(self.register(*item, device=device))
         return out
 
     @property
@@ -225,7 +235,7 @@ class Receiver(Resource):
     # Waiting and releasing (tensorwire.receiver.consumer)
     # ---------------------------------------------------------------------------------------
 
-    def wait(self, name: str, timeout: float | None = None) -> ReceivedArray:
+    def wait(self, name: str, timeout: float | None = None) -> Any:
         """Wait for the next message of ``name``; return a read-only zero-copy view of it.
 
         ``timeout``: None blocks, 0 polls, a positive number is seconds
@@ -233,11 +243,12 @@ class Receiver(Resource):
         itself (a :class:`~tensorwire.received.ReceivedArray`): it holds this message until
         :meth:`release` hands the slot back, and from then on the next message may overwrite it
         at any moment; copy what must outlive the release. Several threads may wait on one
-        tensor: each message goes to exactly one of them.
+        tensor: each message goes to exactly one of them. A GPU tensor's view is a cupy array
+        over the slot (it cannot be marked read-only: do not write it).
         """
         return self._consumer.wait(name, timeout)
 
-    def wait_any(self, timeout: float | None = None) -> tuple[str, ReceivedArray]:
+    def wait_any(self, timeout: float | None = None) -> tuple[str, Any]:
         """Wait for the next message of any tensor; return ``(name, view)``.
 
         Tensors are served round-robin so one busy sender cannot starve the others. Tensors whose
@@ -247,6 +258,10 @@ class Receiver(Resource):
 
     def release(self, name: str) -> None:
         """Hand the oldest held slot of ``name`` back to its sender (one credit).
+
+        For a GPU tensor, the work queued on the current CUDA stream (cupy's, which is torch's
+        default stream too) is waited for first, as it may still read the slot; synchronise
+        work on other streams before releasing.
 
         Safe from any thread; with several consumer threads on one tensor, each release hands
         back the oldest message still held, whichever thread took it. Never blocks: a credit the

@@ -14,10 +14,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..cuda import synchronize_current
 from ..doorbell import deadline_of, wait_for
 from ..errors import ClosedError, PeerLostError, TensorWireError
 from ..layout import OFF_DOORBELL, OFF_RX_WAITING
-from ..received import ReceivedArray, received
+from ..received import received
 from .state import ReceiverState
 from .tensors import RegisteredTensor, TensorTable
 
@@ -43,12 +44,14 @@ class Consumer:
         return None
 
     @staticmethod
-    def _take(tensor: RegisteredTensor, slot: int) -> ReceivedArray:
-        """Hand out the next message, found in ``slot`` by :meth:`_next_slot`."""
+    def _take(tensor: RegisteredTensor, slot: int) -> Any:
+        """Hand out the next message, found in ``slot`` by :meth:`_next_slot`: a
+        Any, or a cupy array for a GPU tensor."""
         tensor.consumed += 1
         if tensor.views is not None:
             return tensor.views[slot]
-        return received(tensor.ring.view(slot))
+        view = tensor.ring.view(slot)
+        return view if tensor.ring.device is not None else received(view)
 
     # -- waiting -------------------------------------------------------------------------------
 
@@ -91,7 +94,7 @@ class Consumer:
             return self._table.get(name)
         return tensor
 
-    def wait(self, name: str, timeout: float | None) -> ReceivedArray:
+    def wait(self, name: str, timeout: float | None) -> Any:
         tensor = self._lookup(name)
         if not tensor.slot_free:
             raise TensorWireError(
@@ -100,7 +103,7 @@ class Consumer:
             )
         lock = self._state.lock
 
-        def ready() -> ReceivedArray | None:
+        def ready() -> Any | None:
             # Finding the message and taking it are one step under the lock, so two consumer
             # threads are never handed the same message.
             with lock:
@@ -109,7 +112,7 @@ class Consumer:
                 slot = self._next_slot(tensor)
                 return None if slot is None else self._take(tensor, slot)
 
-        view: ReceivedArray = self._block(
+        view: Any = self._block(
             ready,
             timeout,
             lambda: (
@@ -120,11 +123,11 @@ class Consumer:
         )
         return view
 
-    def wait_any(self, timeout: float | None) -> tuple[str, ReceivedArray]:
+    def wait_any(self, timeout: float | None) -> tuple[str, Any]:
         lock = self._state.lock
         table = self._table
 
-        def ready() -> tuple[str, ReceivedArray] | None:
+        def ready() -> tuple[str, Any] | None:
             with lock:  # the cursor and the take are shared by every consumer thread
                 order = table.order
                 n = len(order)
@@ -135,7 +138,7 @@ class Consumer:
                         return tensor.spec.name, self._take(tensor, slot)
                 return None
 
-        got: tuple[str, ReceivedArray] = self._block(
+        got: tuple[str, Any] = self._block(
             ready,
             timeout,
             lambda: f"no message arrived within {timeout} s on {self._state.name}",
@@ -146,6 +149,12 @@ class Consumer:
     # -- handing slots back ----------------------------------------------------------------
 
     def release(self, name: str) -> None:
+        device = self._lookup(name).ring.device
+        if device is not None:
+            # The consumer's kernels reading the slot are queued on its current stream; the next
+            # message may overwrite the slot as soon as the credit is out. (Outside the lock:
+            # those kernels may take a while.)
+            synchronize_current(device)
         with self._state.lock:
             tensor = self._lookup(name)
             if tensor.released >= tensor.consumed:

@@ -5,7 +5,9 @@ by the token its session was welcomed with; each write's header is checked again
 (the session owns the tensor), the sequence (the next message, in order), the credits (a free
 slot, no overrun) and the spec (the exact byte count, a shape only for a dynamic tensor) before
 the server gets the slot's bytes to receive into, and the slot is completed only once the whole
-payload is there and its session still holds the claim. Nothing here copies a payload.
+payload is there and its session still holds the claim. Nothing here copies a host payload; a GPU
+tensor's payload is received into pinned host memory and copied to the slot before it completes
+(tcp and grpc move host bytes; nixl writes GPU memory itself and only reports it, ``landed``).
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ import dataclasses
 import time
 
 from .. import wire
+from ..cuda import PinnedBuffer, copier, data_pointer
 from ..errors import ClosedError, LocalProtocolError, SpecMismatchError
 from ..ring import SlotChooser
 from ..transports import TRANSPORTS
 from ..transports.base import CreditLink, DataSink
 from .sessions import Session, SessionHandler
 from .state import ReceiverState
-from .tensors import TensorTable
+from .tensors import RegisteredTensor, TensorTable
 
 
 class Landing(DataSink):
@@ -122,21 +125,48 @@ class Landing(DataSink):
             raise LocalProtocolError(
                 f"tensor {name!r}: header says {header.nbytes} bytes, the spec needs {nbytes}"
             )
+        if ring.device is not None:  # a GPU slot: the bytes arrive in pinned host memory first
+            if tensor.staging is None:
+                tensor.staging = PinnedBuffer()
+                tensor.staging.bytes(tensor.spec.max_bytes)
+            staged: memoryview = tensor.staging.bytes(nbytes).data
+            return staged
         return ring.payload_bytes[header.slot][:nbytes].data
 
     def end_write(self, session: object, header: wire.DataHeader) -> None:
         assert isinstance(session, Session)
+        tensor = self._table.by_id[header.tensor_id]
+        device = tensor.ring.device
+        if device is not None and header.nbytes:
+            # Into the slot before the completion store (no lock needed: this session's claim
+            # and the credits keep every other writer out of the slot, and the consumer does
+            # not look at it before the store).
+            copier().copy(
+                tensor.ring.payload_addresses[header.slot],
+                data_pointer(tensor.staging.array),
+                header.nbytes,
+                device,
+            )
         with self._state.lock:
-            tensor = self._table.by_id[header.tensor_id]
             tensor.inflight = None
-            if tensor.owner is not session:  # dropped while its payload was arriving
-                raise session.dropped_error(
-                    f" while message {header.seq} of {tensor.spec.name!r} was arriving (not "
-                    "completed)"
-                )
-            session.last_seen = time.monotonic()
-            tensor.ring.publish(header.slot, header.seq, header.nbytes, header.shape)
-            tensor.expected_seq = header.seq + 1
+            self._complete(session, tensor, header)
+
+    def landed(self, session: object, header: wire.DataHeader) -> None:
+        assert isinstance(session, Session)
+        with self._state.lock:
+            self._check_write(session, header)
+            self._complete(session, self._table.by_id[header.tensor_id], header)
+
+    def _complete(
+        self, session: Session, tensor: RegisteredTensor, header: wire.DataHeader
+    ) -> None:
+        if tensor.owner is not session:  # dropped while its payload was arriving
+            raise session.dropped_error(
+                f" while message {header.seq} of {tensor.spec.name!r} was arriving (not completed)"
+            )
+        session.last_seen = time.monotonic()
+        tensor.ring.publish(header.slot, header.seq, header.nbytes, header.shape)
+        tensor.expected_seq = header.seq + 1
 
     def abort_write(self, session: object, header: wire.DataHeader) -> None:
         with self._state.lock:

@@ -2,9 +2,11 @@
 
 Registering a tensor reserves its ring (slot headers, payloads, credit words) in the receiver's
 regions: page-aligned slabs of registered memory (:class:`~tensorwire.memory.Memory`), allocated
-a few megabytes at a time so that many small tensors share few registrations. Each new span is
-handed to ``on_new_memory`` (the data servers register it with their libraries). The first region
-also holds the doorbell every consumer waits on and every writer rings.
+a few megabytes at a time so that many small tensors share few registrations. A GPU tensor's
+payloads go to a span of GPU memory on its device (:class:`~tensorwire.cuda.DeviceMemory`,
+allocated the same way) while its words stay in host memory. Each new span is handed to
+``on_new_memory`` (the data servers register it with their libraries). The first region also
+holds the doorbell every consumer waits on and every writer rings.
 
 The registry knows each tensor's spec, ring, read-only views and claim state; the other parts of
 the receiver look tensors up here, by name (the consumer API) or by id (claims and writes).
@@ -32,13 +34,15 @@ from ..layout import (
     REGION_OPEN,
     RingLayout,
     align,
+    control_footprint,
+    payloads_footprint,
     plan_parts,
     plan_ring,
     ring_footprint,
 )
-from ..memory import Memory
+from ..memory import Memory, RegionInfo
 from ..process import ProcessWatch
-from ..received import ReceivedArray, received
+from ..received import received
 from ..region import Region
 from ..ring import RingMemory
 from ..spec import TensorSpec
@@ -55,7 +59,7 @@ class RegisteredTensor:
     tensor_id: int
     spec: TensorSpec
     ring: RingMemory
-    views: list[ReceivedArray] | None
+    views: list[Any] | None  # static tensors: each slot's view (ReceivedArray, or cupy)
     consumed: int = 0  # messages handed out by wait()
     released: int = 0  # messages handed back by release()
     owner: Session | None = None
@@ -70,6 +74,13 @@ class RegisteredTensor:
     stale_writer: ProcessWatch | None = None
     #: the session whose payload is landing right now through one of our own threads
     inflight: Session | None = None
+    #: a GPU tensor's host staging area for payloads that arrive over a network (pinned memory)
+    staging: Any = None
+
+    @property
+    def device(self) -> int | None:
+        """The CUDA device its slots are on (None: host memory)."""
+        return self.ring.device
 
     @property
     def slot_free(self) -> bool:
@@ -99,13 +110,17 @@ class TensorTable:
         #: regions in shared memory, so that senders on this host can map them
         self.shared = shared
         self._on_new_memory = on_new_memory
-        self.regions: list[Region] = []
-        self._next_offset = 0
+        #: every span, host and GPU, in the order the address book publishes them
+        self.regions: list[Any] = []
+        self._next_offset = 0  # in the newest host region
+        self._host_index = 0  # the newest host region's place in ``regions``
+        #: per CUDA device: its newest span's place in ``regions``, and the next free offset
+        self._device_cursor: dict[int, tuple[int, int]] = {}
         self.by_name: dict[str, RegisteredTensor] = {}
         self.by_id: dict[int, RegisteredTensor] = {}
         #: registration order, which wait_any() serves round-robin
         self.order: tuple[RegisteredTensor, ...] = ()
-        self._groups: dict[str, ReceivedArray] = {}  # register_parts: name -> whole view
+        self._groups: dict[str, Any] = {}  # register_parts: name -> whole view
         self.bell = self._new_region(self._region_bytes)
 
     # -- memory ------------------------------------------------------------------------------
@@ -116,28 +131,62 @@ class TensorTable:
         q[OFF_GENERATION // 8] = self._state.generation
         region.words32[OFF_STATE // 4] = REGION_OPEN
         q[OFF_MAGIC // 8] = REGION_MAGIC
-        self.regions.append(region)
+        self._publish(region)
+        self._host_index = len(self.regions) - 1
         self._next_offset = REGION_HEADER_SIZE
-        self._on_new_memory(region)
         return region
 
+    def _publish(self, memory: Memory) -> None:
+        self.regions.append(memory)
+        try:
+            self._on_new_memory(memory)
+        except BaseException:
+            self.regions.pop()
+            memory.close()
+            raise
+
     def _reserve(self, need: int) -> tuple[Region, int]:
-        """``need`` bytes in the last region (or a new one): the region and the base offset."""
-        region = self.regions[-1]
+        """``need`` bytes in the newest host region (or a new one): the region and the offset."""
+        region: Region = self.regions[self._host_index]
         if self._next_offset + need > region.size:
             region = self._new_region(
                 max(self._region_bytes, REGION_HEADER_SIZE + align(need, PAGE))
             )
         return region, self._next_offset
 
-    def _add(self, spec: TensorSpec, region: Region, layout: RingLayout) -> RegisteredTensor:
-        layout = dataclasses.replace(layout, region=len(self.regions) - 1)
-        self._next_offset = max(self._next_offset, align(layout.end, PAGE))
-        ring_mem = RingMemory(spec, layout, region, self.bell)
+    def _reserve_device(self, device: int, need: int) -> tuple[int, int]:
+        """``need`` bytes of GPU memory on ``device``: the span's index and the offset."""
+        from ..cuda import DeviceMemory  # only GPU tensors import cupy
+
+        index, offset = self._device_cursor.get(device, (-1, 0))
+        if index < 0 or align(offset, PAGE) + need > self.regions[index].size:
+            self._publish(DeviceMemory(max(self._region_bytes, align(need, PAGE)), device))
+            index, offset = len(self.regions) - 1, 0
+        return index, align(offset, PAGE)
+
+    def _add(
+        self, spec: TensorSpec, layout: RingLayout, payload_region: int | None = None
+    ) -> RegisteredTensor:
+        """Publish a tensor whose ring ``layout`` lies in the newest host region (its payloads
+        in GPU span ``payload_region`` when given)."""
+        region = self.regions[self._host_index]
+        payload = None
+        if payload_region is None:
+            layout = dataclasses.replace(layout, region=self._host_index)
+            self._next_offset = max(self._next_offset, align(layout.end, PAGE))
+        else:
+            layout = dataclasses.replace(
+                layout, region=self._host_index, payload_region=payload_region
+            )
+            self._next_offset = max(self._next_offset, align(layout.headers[-1] + 1, PAGE))
+            payload = self.regions[payload_region]
+            self._device_cursor[payload.device] = (payload_region, layout.end)
+        ring_mem = RingMemory(spec, layout, region, self.bell, payload)
         ring_mem.reset_slots()
-        views = None
+        views: list[Any] | None = None
         if ring_mem.static_views is not None:
-            views = [received(v) for v in ring_mem.static_views]
+            # GPU memory cannot be marked read-only: a device tensor's views are plain cupy arrays
+            views = [received(v) if payload is None else v for v in ring_mem.static_views]
         tensor = RegisteredTensor(len(self.by_id) + 1, spec, ring_mem, views)
         self.by_name[spec.name] = tensor
         self.by_id[tensor.tensor_id] = tensor
@@ -151,18 +200,25 @@ class TensorTable:
         if name in self.by_name or name in self._groups:
             raise SpecMismatchError(f"tensor {name!r} is already registered")
 
-    def register(self, spec: TensorSpec, ring: int | None) -> None:
+    def register(self, spec: TensorSpec, ring: int | None, device: int | None = None) -> None:
         depth = self._ring_depth if ring is None else int(ring)
         if depth < 1:
             raise ValueError(f"ring must be at least 1, got {ring}")
         with self._state.lock:
             self._check_new(spec.name)
-            need = ring_footprint(depth, spec.max_bytes, spec.ndim, spec.dynamic)
-            region, base = self._reserve(need)
-            self._add(spec, region, plan_ring(base, depth, spec.max_bytes, spec.ndim, spec.dynamic))
+            if device is None:
+                need = ring_footprint(depth, spec.max_bytes, spec.ndim, spec.dynamic)
+                _, base = self._reserve(need)
+                layout = plan_ring(base, depth, spec.max_bytes, spec.ndim, spec.dynamic)
+                self._add(spec, layout)
+                return
+            index, offset = self._reserve_device(device, payloads_footprint(depth, spec.max_bytes))
+            _, base = self._reserve(control_footprint(depth, spec.ndim, spec.dynamic))
+            layout = plan_ring(base, depth, spec.max_bytes, spec.ndim, spec.dynamic, offset)
+            self._add(spec, layout, index)
 
     def register_parts(
-        self, name: str, shape: Any, dtype: Any, rows: list[int]
+        self, name: str, shape: Any, dtype: Any, rows: list[int], device: int | None = None
     ) -> list[TensorSpec]:
         whole = TensorSpec.create(name, shape, dtype)
         dims = whole.static_shape
@@ -175,24 +231,32 @@ class TensorTable:
         parts = [
             TensorSpec.create(f"{name}@{k}", (r, *dims[1:]), dtype) for k, r in enumerate(rows)
         ]
+        capacities = [r * row_bytes for r in rows]
         with self._state.lock:
             self._check_new(name)
             for part in parts:
                 self._check_new(part.name)
-            layouts = plan_parts(0, [r * row_bytes for r in rows], len(dims))
-            region, base = self._reserve(layouts[-1].end)
-            for part, layout in zip(
-                parts, plan_parts(base, [p.max_bytes for p in parts], len(dims)), strict=True
-            ):
-                self._add(part, region, layout)
-            start = self.by_name[parts[0].name].ring.layout.payloads[0]
-            full = region.array[start : start + whole.max_bytes].view(whole.dtype).reshape(dims)
-            self._groups[name] = received(full)
+            index = None
+            if device is None:
+                region, base = self._reserve(plan_parts(0, capacities, len(dims))[-1].end)
+                layouts = plan_parts(base, capacities, len(dims))
+            else:
+                index, offset = self._reserve_device(device, whole.max_bytes)
+                region, base = self._reserve(control_footprint(1, len(dims), False) * len(rows))
+                layouts = plan_parts(base, capacities, len(dims), offset)
+            for part, layout in zip(parts, layouts, strict=True):
+                self._add(part, layout, index)
+            start = layouts[0].payloads[0]
+            if index is None:
+                whole_bytes = region.array[start : start + whole.max_bytes]
+                self._groups[name] = received(whole_bytes.view(whole.dtype).reshape(dims))
+            else:
+                self._groups[name] = self.regions[index].view(start, whole.dtype, dims)
         return parts
 
     # -- lookup ------------------------------------------------------------------------------
 
-    def group(self, name: str) -> ReceivedArray:
+    def group(self, name: str) -> Any:
         self._state.check_open()
         try:
             return self._groups[name]
@@ -214,8 +278,15 @@ class TensorTable:
             return {name: t.spec for name, t in self.by_name.items()}
 
     def address_book_regions(self) -> list[list[Any]]:
-        """Each region as the address book publishes it: its shared name ("" if private), size."""
-        return [[r.name if r.name is not None else "", r.size] for r in self.regions]
+        """Each span as the address book publishes it (:class:`~tensorwire.memory.RegionInfo`)."""
+        out = []
+        for r in self.regions:
+            if isinstance(r, Region):
+                out.append(RegionInfo(r.name, r.size).to_wire())
+            else:
+                info = RegionInfo(None, r.size, r.kind, r.device, r.ipc_handle(), r.address)
+                out.append(info.to_wire())
+        return out
 
     # -- the doorbell --------------------------------------------------------------------------
 
@@ -247,6 +318,7 @@ class TensorTable:
                     tensor.stale_writer.close()
                     tensor.stale_writer = None
                 tensor.views = None
+                tensor.staging = None
                 tensor.ring.static_views = None
                 tensor.ring.payload_bytes = []
             self.order = ()

@@ -21,9 +21,10 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
+from ..cuda import PinnedBuffer
 from ..errors import LocalProtocolError, PeerLostError, TransportError
 from ..layout import RingLayout
-from ..memory import Memory
+from ..memory import Memory, RegionInfo
 from ..spec import TensorSpec
 from ..wire import DataHeader, Message, Welcome
 
@@ -35,6 +36,8 @@ class TensorEntry:
     tensor_id: int
     spec: TensorSpec
     layout: RingLayout
+    #: the CUDA device its slots are on at the receiver (None: host memory)
+    device: int | None = None
 
 
 @dataclass(slots=True)
@@ -44,7 +47,7 @@ class PeerInfo:
     control_address: str
     control_host: str
     welcome: Welcome
-    regions: list[tuple[str | None, int]]
+    regions: list[RegionInfo]
     timeout: float | None
     #: a control-plane round trip to the receiver, for transports that must exchange details
     request: Callable[[Message, float | None], Message] | None = None
@@ -74,10 +77,13 @@ class TensorWriter(ABC):
 
     spec: TensorSpec
     next_seq: int  # sequence number the next message will carry
+    #: ``write`` takes GPU (cupy) arrays itself; otherwise the sender hands it a host copy
+    takes_device: ClassVar[bool] = False
 
     @abstractmethod
-    def write(self, array: np.ndarray[Any, Any], deadline: float | None) -> None:
-        """Move ``array`` (already checked against the spec) into the next slot and complete it."""
+    def write(self, array: Any, deadline: float | None) -> None:
+        """Move ``array`` (already checked against the spec; a numpy array, or a cupy one when
+        the writer ``takes_device``) into the next slot and complete it."""
 
     @abstractmethod
     def acquire(self, shape: tuple[int, ...], deadline: float | None) -> np.ndarray[Any, Any]:
@@ -89,6 +95,17 @@ class TensorWriter(ABC):
 
     def abort(self) -> None:  # noqa: B027 - most writers hold nothing between acquire and commit
         """Give up the message acquired through :meth:`acquire` (it is not sent)."""
+
+    _pinned: PinnedBuffer | None = None
+
+    def on_host(self, array: Any) -> np.ndarray[Any, Any]:
+        """``array`` in host memory, for a writer that sends from there (tcp, grpc): a GPU
+        array is copied into a pinned staging buffer this writer keeps."""
+        if isinstance(array, np.ndarray):
+            return array
+        if self._pinned is None:
+            self._pinned = PinnedBuffer()
+        return self._pinned.host_copy(array)
 
 
 class Channel(ABC):
@@ -117,7 +134,7 @@ class Channel(ABC):
         names the claim (a writer that writes the receiver's memory itself checks it, see
         :meth:`~tensorwire.ring.RingMemory.enter_write`)."""
 
-    def update_regions(self, regions: list[tuple[str | None, int]]) -> None:  # noqa: B027
+    def update_regions(self, regions: list[RegionInfo]) -> None:  # noqa: B027
         """The receiver registered more tensors (maybe in new regions)."""
 
     def goodbye(self, timeout: float) -> bool:
@@ -209,7 +226,11 @@ class DataSink(Protocol):
         """Validate a header; return the exact bytes of the slot its payload must land in."""
 
     def end_write(self, session: object, header: DataHeader) -> None:
-        """The payload is in place: complete the slot."""
+        """The payload is in the bytes :meth:`begin_write` gave: complete the slot."""
+
+    def landed(self, session: object, header: DataHeader) -> None:
+        """A one-sided write (NIXL) put the payload straight into the slot ``header`` aims at:
+        check the header as :meth:`begin_write` does, then complete the slot."""
 
     def abort_write(self, session: object, header: DataHeader) -> None:
         """The payload will not be completed, and the caller has stopped writing into the slot

@@ -12,7 +12,9 @@ address. From then on:
   registered memory: a source array is registered the first time it is written and kept registered
   (with its transfer requests prepared) while the caller still holds it, so a training loop that
   reuses its buffers pays registration once; small payloads are copied into a staging buffer
-  registered once per tensor, as is what ``Sender.buffer`` fills.
+  registered once per tensor, as is what ``Sender.buffer`` fills. GPU arrays are registered as
+  NIXL ``VRAM`` (and never staged); a GPU tensor's slots are ``VRAM`` at the receiver, so UCX
+  moves GPU memory to GPU memory (``cuda_ipc`` on one host, GPUDirect RDMA across a fabric).
 * **Receiver**: a thread polls the agent for notifications (NIXL offers no descriptor to block on),
   puts them back in counter order (UCX does not promise order across lanes), validates each header
   exactly as the ``tcp`` transport does and completes the slot: sequence number, doorbell. Credits
@@ -40,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from .. import wire
+from ..cuda import cupy, data_pointer, synchronize_current
 from ..doorbell import deadline_of
 from ..errors import (
     LocalProtocolError,
@@ -49,7 +52,7 @@ from ..errors import (
     WireTimeoutError,
 )
 from ..layout import OFF_SCRATCH, SCRATCH_SIZE
-from ..memory import HOST, Memory
+from ..memory import CUDA, HOST, Memory, RegionInfo
 from ..rdma import NixlOptions, create_agent, is_loopback_host
 from ..ring import SlotChooser
 from .base import (
@@ -80,7 +83,7 @@ NOTIFY_PROGRESS = 3
 #: A posted transfer that has not completed in this long means the receiver is unreachable.
 TRANSFER_TIMEOUT = 60.0
 #: what NIXL calls each kind of memory (tensorwire.memory) it registers
-_NIXL_MEMORY = {HOST: "DRAM"}
+_NIXL_MEMORY = {HOST: "DRAM", CUDA: "VRAM"}
 
 
 class Backoff:
@@ -139,12 +142,22 @@ def _name(value: str | bytes) -> str:
 class _Source:
     """A source array registered with the sender's agent, with its prepared transfer requests."""
 
-    __slots__ = ("array", "descs", "requests")
+    __slots__ = ("address", "array", "descs", "device", "memory", "requests")
 
-    def __init__(self, array: np.ndarray[Any, Any], descs: Any) -> None:
-        self.array: np.ndarray[Any, Any] | None = array  # keeps the memory alive while registered
+    def __init__(self, array: Any, descs: Any, memory: str, device: int) -> None:
+        self.array: Any = array  # keeps the memory alive while registered (numpy or cupy)
+        self.address = data_pointer(array)
         self.descs = descs
+        self.memory = memory  # NIXL's name for its kind: DRAM or VRAM
+        self.device = device
         self.requests: dict[int, Any] = {}  # remote address -> prepared transfer request
+
+
+def _memory_of(array: Any) -> tuple[str, int]:
+    """NIXL's memory type and device id for an array's memory."""
+    if isinstance(array, np.ndarray):
+        return "DRAM", 0
+    return "VRAM", int(array.device.id)
 
 
 class NixlChannel(Channel):
@@ -234,11 +247,11 @@ class NixlChannel(Channel):
             raise WireTimeoutError(f"receiver at {self._where} did not answer a NIXL ping")
         src = self._register(np.zeros(SCRATCH_SIZE, dtype=np.uint8))  # not cached: used once
         try:
-            self.put(src, self._bases[0] + OFF_SCRATCH, b"")
+            self.put(src, self._bases[0] + OFF_SCRATCH, b"", ("DRAM", 0))
         finally:
             _drop_source(self._agent, src)
 
-    def update_regions(self, regions: list[tuple[str | None, int]]) -> None:
+    def update_regions(self, regions: list[RegionInfo]) -> None:
         if len(regions) > len(self._bases):
             self._attach()  # the receiver registered new regions: fresh metadata and addresses
 
@@ -250,8 +263,10 @@ class NixlChannel(Channel):
         if entry.layout.region >= len(self._bases):
             raise LocalProtocolError(f"tensor {entry.spec.name!r} lies in an unpublished region")
         self._released[entry.tensor_id] = max(released, self._released.get(entry.tensor_id, 0))
-        base = self._bases[entry.layout.region]
-        slots = [base + offset for offset in entry.layout.payloads]
+        index = entry.layout.payloads_in
+        if index >= len(self._bases):
+            raise LocalProtocolError(f"tensor {entry.spec.name!r} lies in an unpublished region")
+        slots = [self._bases[index] + offset for offset in entry.layout.payloads]
         return NixlWriter(self, entry, next_seq, self._generation, slot_seqs, slots)
 
     # -- the data path ---------------------------------------------------------------------
@@ -271,12 +286,13 @@ class NixlChannel(Channel):
     def copy_below(self) -> int:
         return self._options.copy_below
 
-    def registered(self, array: np.ndarray[Any, Any]) -> bool:
-        return (array.ctypes.data, array.nbytes) in self._sources
+    def registered(self, array: Any) -> bool:
+        return (data_pointer(array), array.nbytes) in self._sources
 
-    def source(self, array: np.ndarray[Any, Any]) -> _Source:
-        """``array`` registered with our agent (from the cache when it was written before)."""
-        key = (array.ctypes.data, array.nbytes)
+    def source(self, array: Any) -> _Source:
+        """``array`` (host or GPU memory) registered with our agent (from the cache when it was
+        written before)."""
+        key = (data_pointer(array), array.nbytes)
         src = self._sources.get(key)
         if src is not None:
             self._sources.move_to_end(key)
@@ -287,13 +303,16 @@ class NixlChannel(Channel):
             _drop_source(self._agent, self._sources.popitem(last=False)[1])
         return src
 
-    def _register(self, array: np.ndarray[Any, Any]) -> _Source:
+    def _register(self, array: Any) -> _Source:
         agent = self._live_agent()
+        memory, device = _memory_of(array)
         try:
-            descs = agent.register_memory([(array.ctypes.data, array.nbytes, 0, "")], "DRAM")
+            descs = agent.register_memory([(data_pointer(array), array.nbytes, device, "")], memory)
         except Exception as exc:
-            raise TransportError(f"NIXL could not register {array.nbytes} bytes: {exc}") from exc
-        return _Source(array, descs)
+            raise TransportError(
+                f"NIXL could not register {array.nbytes} bytes of {memory}: {exc}"
+            ) from exc
+        return _Source(array, descs, memory, device)
 
     def _forget_unused(self) -> None:
         """Deregister sources the caller no longer holds: keeping them would only pin memory."""
@@ -302,7 +321,9 @@ class NixlChannel(Channel):
                 del self._sources[key]
                 _drop_source(self._agent, src)
 
-    def put(self, src: _Source, remote: int, notification: bytes) -> None:
+    def put(
+        self, src: _Source, remote: int, notification: bytes, far_memory: tuple[str, int]
+    ) -> None:
         """One WRITE of ``src`` into ``remote``, then ``notification`` (if any) behind it.
 
         The transfer is posted without NIXL's own notification and its completion (which
@@ -311,7 +332,8 @@ class NixlChannel(Channel):
         notification would do the same, but it is reported done only once the *receiving* agent
         has made progress, which put every write behind the receiver's polling thread (measured:
         ~70-200 µs a write, and a 3 s write against a receiver that stopped polling for 3 s).
-        Waiting here also keeps the caller's array untouched until the NIC has read it."""
+        Waiting here also keeps the caller's array untouched until the NIC has read it.
+        ``far_memory``: the slot's NIXL memory type and device id."""
         agent = self._live_agent()
         array = src.array
         assert array is not None
@@ -321,8 +343,9 @@ class NixlChannel(Channel):
             if request is None:
                 if len(src.requests) >= MAX_REQUESTS_PER_SOURCE:
                     _release_requests(src)
-                local = agent.get_xfer_descs([(array.ctypes.data, nbytes, 0)], "DRAM")
-                far = agent.get_xfer_descs([(remote, nbytes, 0)], "DRAM")
+                local = agent.get_xfer_descs([(src.address, nbytes, src.device)], src.memory)
+                far_type, far_device = far_memory
+                far = agent.get_xfer_descs([(remote, nbytes, far_device)], far_type)
                 request = src.requests[remote] = agent.initialize_xfer(
                     "WRITE", local, far, self._remote
                 )
@@ -503,11 +526,15 @@ class NixlWriter(TensorWriter):
         self._slots = SlotChooser(slot_seqs)
         self._staging: np.ndarray[Any, Any] | None = None
         self._copy_below = channel.copy_below
+        self._device = entry.device
+        #: the slots' NIXL memory type and device at the receiver
+        self._far: tuple[str, int] = ("DRAM", 0) if entry.device is None else ("VRAM", entry.device)
+        self._device_staging: Any = None  # what Sender.buffer fills for a GPU tensor
 
     def _wait_credit(self, deadline: float | None) -> None:
         wait_for_slot(self._channel, self._tid, self.spec, self.next_seq, self._depth, deadline)
 
-    def _send(self, source: np.ndarray[Any, Any], shape: tuple[int, ...]) -> None:
+    def _send(self, source: Any, shape: tuple[int, ...]) -> None:
         channel = self._channel
         # A receiver that dropped this session says so in a notification: read it before the
         # payload goes out, so that a revoked writer stops here rather than after its write.
@@ -526,7 +553,7 @@ class NixlWriter(TensorWriter):
         if source.nbytes == 0:
             channel.notify(notification)  # nothing to move; NIXL refuses empty descriptors
         else:
-            channel.put(channel.source(source), self._addresses[slot], notification)
+            channel.put(channel.source(source), self._addresses[slot], notification, self._far)
         self._slots.wrote(slot, seq)
         self.next_seq = seq + 1
 
@@ -535,10 +562,17 @@ class NixlWriter(TensorWriter):
             self._staging = np.empty(max(self.spec.max_bytes, 1), dtype=np.uint8)
         return self._staging
 
-    def write(self, array: np.ndarray[Any, Any], deadline: float | None) -> None:
+    takes_device = True  # GPU arrays are registered as VRAM and written from where they are
+
+    def write(self, array: Any, deadline: float | None) -> None:
         self._wait_credit(deadline)
         source = array.reshape(-1).view(np.uint8)
-        staged = 0 < source.nbytes <= self._copy_below and not self._channel.registered(source)
+        host = isinstance(source, np.ndarray)
+        if not host:  # NIXL reads it on its own stream: the work that produced it must be done
+            synchronize_current(int(source.device.id))
+        staged = (
+            host and 0 < source.nbytes <= self._copy_below and not self._channel.registered(source)
+        )
         if staged:
             # Registering and preparing a transfer cost more than copying a small payload (see
             # NixlOptions.copy_below): stage it, as UCX does below its zero-copy threshold.
@@ -547,16 +581,27 @@ class NixlWriter(TensorWriter):
             source = buffer
         self._send(source, array.shape)
 
-    def acquire(self, shape: tuple[int, ...], deadline: float | None) -> np.ndarray[Any, Any]:
-        # Produce in place into the staging buffer, registered once for the tensor's lifetime.
+    def acquire(self, shape: tuple[int, ...], deadline: float | None) -> Any:
+        # Produce in place into the staging buffer, registered once for the tensor's lifetime
+        # (in GPU memory for a GPU tensor).
         self._wait_credit(deadline)
         nbytes = int(np.prod(shape)) * self.spec.dtype.itemsize
-        return self._staging_bytes()[:nbytes].view(self.spec.dtype).reshape(shape)
+        return self._staging_for()[:nbytes].view(self.spec.dtype).reshape(shape)
+
+    def _staging_for(self) -> Any:
+        if self._device is None:
+            return self._staging_bytes()
+        if self._device_staging is None:
+            cp = cupy()
+            with cp.cuda.Device(self._device):
+                self._device_staging = cp.empty(max(self.spec.max_bytes, 1), dtype=cp.uint8)
+        return self._device_staging
 
     def commit(self, shape: tuple[int, ...]) -> None:
-        assert self._staging is not None
         nbytes = int(np.prod(shape)) * self.spec.dtype.itemsize
-        self._send(self._staging[:nbytes], shape)
+        if self._device is not None:
+            synchronize_current(self._device)  # the kernels that filled it
+        self._send(self._staging_for()[:nbytes], shape)
 
 
 # --------------------------------------------------------------------------------------------
@@ -716,8 +761,7 @@ class NixlDataServer(DataServer):
                     self._finish(peer, None)
                     return False
                 sink = self._sink()
-                sink.begin_write(peer.session, header)  # the checks; the bytes are already there
-                sink.end_write(peer.session, header)
+                sink.landed(peer.session, header)  # the checks; the bytes are already there
                 del sink
                 if peer.next not in peer.held:
                     return True

@@ -1,0 +1,387 @@
+"""Everything tensorwire asks of CUDA, in one place, through cupy (the ``gpu`` extra).
+
+cupy is imported only when GPU memory is asked for (a ``device="cuda"`` registration, a write of a
+GPU array, a GPU region in an address book): host-only code paths never import it, and a host
+without cupy or without a CUDA device gets a :class:`~tensorwire.errors.MissingDependencyError` or
+:class:`~tensorwire.errors.TransportError` that says which, at the first call that needs one.
+
+What lives here:
+
+* where a tensor lives: :func:`parse_device` (``"cpu"``, ``"cuda"``, ``"cuda:1"``, a
+  ``torch.device``) and :func:`array_device` (which GPU an array's memory is on, told from
+  ``__dlpack_device__``, a torch tensor's device or ``__cuda_array_interface__``, without
+  importing cupy for host arrays);
+* the receiver's GPU memory: :class:`DeviceMemory`, one ``cudaMalloc`` allocation registered
+  whole, exported to other processes by a CUDA IPC handle;
+* a sender's view of it: :class:`OpenedMemory`, opened from the handle once per region;
+* copies: :class:`Copier` moves bytes between any two of host memory, this process's GPU memory
+  and opened GPU memory, on a stream of its own, and returns only once they have landed (the
+  sequence number that completes a slot must never be seen before its bytes);
+* :class:`PinnedBuffer`: page-locked host memory, the staging area of the transports that send
+  GPU tensors from host memory (tcp, grpc).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from typing import Any
+
+import numpy as np
+
+from .errors import MissingDependencyError, SpecMismatchError, TransportError
+from .memory import CUDA
+
+#: DLPack device types (dlpack.h): kDLCPU, kDLCUDA, kDLCUDAHost (pinned host), kDLCUDAManaged.
+DLPACK_CPU = 1
+DLPACK_CUDA = 2
+DLPACK_CUDA_HOST = 3
+DLPACK_CUDA_MANAGED = 13
+INSTALL_HINT = (
+    "pip install 'tensorwire[gpu]' (cupy for CUDA 12; 'tensorwire[gpu-cu13]' for CUDA 13)"
+)
+
+
+# -- cupy, imported on demand -----------------------------------------------------------------
+
+
+@functools.cache
+def _cupy_or_none() -> Any:
+    try:
+        import cupy
+    except ImportError:
+        return None
+    return cupy
+
+
+def cupy() -> Any:
+    """The cupy module, or :class:`MissingDependencyError` saying how to install it."""
+    cp = _cupy_or_none()
+    if cp is None:
+        raise MissingDependencyError(
+            f"GPU tensors need cupy, which is not installed: {INSTALL_HINT}"
+        )
+    return cp
+
+
+def device_count() -> int:
+    """CUDA devices this process can use (0 without cupy, a driver or a device; never raises)."""
+    cp = _cupy_or_none()
+    if cp is None:
+        return 0
+    try:
+        return int(cp.cuda.runtime.getDeviceCount())
+    except Exception:  # cupy raises CUDARuntimeError for "no driver" and "no device" alike
+        return 0
+
+
+def available() -> bool:
+    return device_count() > 0
+
+
+def require_device(index: int) -> Any:
+    """The cupy module, once CUDA device ``index`` is known to exist here."""
+    cp = cupy()
+    count = device_count()
+    if index >= count:
+        have = (
+            f"has {count} CUDA device{'s' if count != 1 else ''}" if count else "has no CUDA device"
+        )
+        raise TransportError(f"cuda:{index} was asked for, but this host {have} visible to it")
+    return cp
+
+
+# -- where a tensor lives ---------------------------------------------------------------------
+
+
+def parse_device(value: Any) -> int | None:
+    """``None`` for host memory, else the CUDA device index ``value`` names.
+
+    Accepts ``None``, ``"cpu"``, ``"cuda"`` (the current device), ``"cuda:N"``, and objects
+    that print as those (``torch.device``). Anything else is a :class:`ValueError`.
+    """
+    if value is None:
+        return None
+    text = str(value).strip().lower()
+    if text == "cpu":
+        return None
+    if text == "cuda":
+        cp = require_device(0)
+        return int(cp.cuda.runtime.getDevice())
+    kind, _, index = text.partition(":")
+    if kind == "cuda" and index.isdigit():
+        require_device(int(index))
+        return int(index)
+    raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {value!r}")
+
+
+def describe_device(device: int | None) -> str:
+    return "cpu" if device is None else f"cuda:{device}"
+
+
+def array_device(obj: Any) -> int | None:
+    """The CUDA device ``obj``'s memory is on, or None for host memory (numpy, CPU tensors,
+    anything else: those are read as host arrays, which refuses what is not one)."""
+    if isinstance(obj, np.ndarray):
+        return None
+    device = getattr(obj, "device", None)
+    if type(obj).__module__.startswith("torch") and device is not None:
+        return int(device.index or 0) if device.type == "cuda" else None
+    dlpack_device = getattr(obj, "__dlpack_device__", None)
+    if dlpack_device is not None:
+        with contextlib.suppress(Exception):
+            kind, index = dlpack_device()
+            return int(index) if int(kind) in (DLPACK_CUDA, DLPACK_CUDA_MANAGED) else None
+    if hasattr(obj, "__cuda_array_interface__"):
+        return int(cupy().asarray(obj).device.id)
+    return None
+
+
+def as_device_array(obj: Any, name: str) -> Any:
+    """``obj`` (on a GPU) as a cupy array over the same memory.
+
+    Work that reads it must come after the work that produced it. A DLPack producer (torch) is
+    handed cupy's current stream and makes it wait for its own; :meth:`Copier.copy` with
+    ``ordered=True`` then waits for cupy's current stream."""
+    cp = cupy()
+    try:
+        if isinstance(obj, cp.ndarray):
+            return obj
+        if type(obj).__module__.startswith("torch") and obj.requires_grad:
+            obj = obj.detach()
+        if hasattr(obj, "__dlpack__"):
+            return cp.from_dlpack(obj)
+        return cp.asarray(obj)
+    except Exception as exc:  # cupy, DLPack and torch each raise their own kinds
+        raise SpecMismatchError(
+            f"tensor {name!r}: cannot read a {type(obj).__module__}.{type(obj).__qualname__} "
+            f"as a GPU array: {exc}"
+        ) from None
+
+
+def data_pointer(array: Any) -> int:
+    """The address of an array's first byte: numpy (host) or cupy (device)."""
+    if isinstance(array, np.ndarray):
+        return int(array.ctypes.data)
+    return int(array.data.ptr)
+
+
+def is_device_array(array: Any) -> bool:
+    return not isinstance(array, np.ndarray)
+
+
+# -- the receiver's GPU memory ----------------------------------------------------------------
+
+
+class DeviceMemory:
+    """One span of GPU memory a receiver registers (a :class:`~tensorwire.memory.Memory`).
+
+    A plain ``cudaMalloc`` allocation, not a slice of cupy's memory pool: a CUDA IPC handle
+    names a whole allocation, and the memory must go back to the device when the receiver
+    closes, not to a pool. Arrays handed out over it keep it alive, as the views of a host
+    region keep its mapping: :meth:`close` drops the receiver's reference, and the memory is
+    freed when the last view is gone.
+    """
+
+    kind = CUDA
+
+    def __init__(self, size: int, device: int) -> None:
+        cp = require_device(device)
+        self.device = device
+        self.size = size
+        try:
+            with cp.cuda.Device(device):
+                self._memory: Any = cp.cuda.memory.Memory(size)
+                cp.cuda.runtime.memset(self._memory.ptr, 0, size)
+        except cp.cuda.memory.OutOfMemoryError as exc:
+            raise TransportError(
+                f"cannot allocate {size} bytes on cuda:{device}: out of GPU memory"
+            ) from exc
+        self.address: int = int(self._memory.ptr)
+        self._handle: bytes | None = None
+
+    @property
+    def closed(self) -> bool:
+        return self._memory is None
+
+    def ipc_handle(self) -> bytes:
+        """The handle another process on this host opens this memory by."""
+        if self._handle is None:
+            cp = cupy()
+            with cp.cuda.Device(self.device):
+                self._handle = bytes(cp.cuda.runtime.ipcGetMemHandle(self.address))
+        return self._handle
+
+    def view(self, offset: int, dtype: np.dtype[Any], shape: tuple[int, ...]) -> Any:
+        """A cupy array over ``shape`` elements of ``dtype`` from byte ``offset``."""
+        return _array_over(self._memory, self.device, self.address + offset, dtype, shape, self)
+
+    def close(self) -> None:
+        self._memory = None
+
+
+class OpenedMemory:
+    """A receiver's :class:`DeviceMemory` as a sender on the same host reaches it.
+
+    Opened from its IPC handle (``cudaIpcOpenMemHandle``) once; a sender in the receiver's own
+    process uses the receiver's address instead, since CUDA refuses to open a process's own
+    handle."""
+
+    kind = CUDA
+
+    def __init__(self, handle: bytes, size: int, device: int, own_address: int | None) -> None:
+        cp = require_device(device)
+        self.device = device
+        self.size = size
+        self._opened = own_address is None
+        if own_address is not None:
+            self.address = own_address
+        else:
+            try:
+                with cp.cuda.Device(device):
+                    self.address = int(cp.cuda.runtime.ipcOpenMemHandle(handle))
+            except Exception as exc:
+                raise TransportError(
+                    f"cannot open the receiver's GPU memory on cuda:{device} through CUDA IPC: "
+                    f"{exc} (is the receiver on this host, and this GPU visible to both?)"
+                ) from exc
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def view(self, offset: int, dtype: np.dtype[Any], shape: tuple[int, ...]) -> Any:
+        return _array_over(None, self.device, self.address + offset, dtype, shape, self)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._opened:
+            cp = cupy()
+            with contextlib.suppress(Exception), cp.cuda.Device(self.device):
+                cp.cuda.runtime.ipcCloseMemHandle(self.address)
+
+
+def _array_over(
+    memory: Any, device: int, address: int, dtype: np.dtype[Any], shape: tuple[int, ...], owner: Any
+) -> Any:
+    cp = cupy()
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    # UnownedMemory keeps ``owner`` (and through it the allocation) alive for as long as the
+    # array lives.
+    span = cp.cuda.memory.UnownedMemory(address, max(nbytes, 1), (owner, memory), device)
+    return cp.ndarray(shape, dtype, memptr=cp.cuda.memory.MemoryPointer(span, 0))
+
+
+# -- copies ------------------------------------------------------------------------------------
+
+
+class Copier:
+    """Copies between host and GPU memory on streams of its own, one per device.
+
+    :meth:`copy` returns once the bytes are in place (its stream synchronised): a slot is
+    completed by a sequence-number store after it, and no reader may see that store first. A
+    process killed during the copy never makes that store, so a torn slot is never complete.
+    """
+
+    def __init__(self) -> None:
+        self._streams: dict[int, Any] = {}
+        self._lock = threading.Lock()
+
+    def stream(self, device: int) -> Any:
+        stream = self._streams.get(device)
+        if stream is None:
+            cp = require_device(device)
+            with self._lock, cp.cuda.Device(device):
+                stream = self._streams.setdefault(device, cp.cuda.Stream(non_blocking=True))
+        return stream
+
+    def copy(self, dst: int, src: int, nbytes: int, device: int, ordered: bool = False) -> None:
+        """``nbytes`` from address ``src`` to ``dst`` (each host or GPU memory: CUDA tells them
+        apart by unified addressing), on ``device``'s stream; returns once they landed.
+
+        ``ordered``: the source was produced on ``device`` by work queued on its current stream
+        (see :func:`as_device_array`): the copy starts after that work."""
+        if nbytes == 0:
+            return
+        cp = cupy()
+        stream = self.stream(device)
+        runtime = cp.cuda.runtime
+        with cp.cuda.Device(device):
+            if ordered:
+                stream.wait_event(cp.cuda.get_current_stream().record())
+            runtime.memcpyAsync(dst, src, nbytes, runtime.memcpyDefault, stream.ptr)
+            stream.synchronize()
+
+
+@functools.cache
+def copier() -> Copier:
+    """The process's copier (its streams are created on first use, per device)."""
+    return Copier()
+
+
+def synchronize_current(device: int) -> None:
+    """Wait for the work queued on ``device``'s current stream (cupy's, which is also the
+    legacy default stream torch uses unless told otherwise)."""
+    cp = cupy()
+    with cp.cuda.Device(device):
+        cp.cuda.get_current_stream().synchronize()
+
+
+class PinnedBuffer:
+    """Page-locked host memory, as a numpy byte array that grows on demand.
+
+    Copies between it and a GPU run at the bus's rate (51-55 GB/s on an H100's PCIe 5, against
+    8-15 GB/s for pageable memory: ../shared/gpu/README.md)."""
+
+    def __init__(self) -> None:
+        self._pinned: Any = None
+        self.array: np.ndarray[Any, np.dtype[np.uint8]] = np.empty(0, dtype=np.uint8)
+
+    def bytes(self, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        if nbytes > self.array.nbytes:
+            self._pinned = cupy().cuda.alloc_pinned_memory(nbytes)
+            self.array = np.frombuffer(self._pinned, dtype=np.uint8, count=nbytes)
+        return self.array[:nbytes]
+
+    def host_copy(self, array: Any) -> np.ndarray[Any, Any]:
+        """A GPU array's contents here, as a host array of its dtype and shape."""
+        out = self.bytes(array.nbytes)
+        device = int(array.device.id)
+        copier().copy(data_pointer(out), data_pointer(array), array.nbytes, device, ordered=True)
+        return out.view(array.dtype).reshape(array.shape)
+
+
+# -- facts for `tensorwire info` --------------------------------------------------------------
+
+
+def describe() -> dict[str, Any]:
+    """What this host offers for GPU tensors (for ``tensorwire info``); never raises."""
+    cp = _cupy_or_none()
+    if cp is None:
+        return {"cupy": None}
+    out: dict[str, Any] = {"cupy": cp.__version__, "devices": []}
+    try:
+        runtime = cp.cuda.runtime
+        out["runtime"] = _cuda_version(runtime.runtimeGetVersion())
+        out["driver"] = _cuda_version(runtime.driverGetVersion())
+        for index in range(runtime.getDeviceCount()):
+            props = runtime.getDeviceProperties(index)
+            name = props["name"]
+            out["devices"].append(
+                {
+                    "index": index,
+                    "name": name.decode() if isinstance(name, bytes) else str(name),
+                    "memory": int(props["totalGlobalMem"]),
+                }
+            )
+    except Exception as exc:
+        out["error"] = str(exc)
+    return out
+
+
+def _cuda_version(number: int) -> str:
+    return f"{number // 1000}.{number % 1000 // 10}"

@@ -1,0 +1,406 @@
+"""GPU tensors: device registration, any array in, and every transport over GPU memory.
+
+The first part runs everywhere: what a host without a GPU (or without cupy) says when GPU memory
+is asked for, that host paths never import cupy, and how GPU regions travel in the address book.
+The second part is marked ``gpu`` and needs a CUDA device (``make test-gpu``); elsewhere each of
+its tests is skipped with the reason. Sender processes are real, with arrays from numpy, cupy and
+torch CUDA tensors, and the receiver checks every byte that landed.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tensorwire as tw
+from tensorwire import cuda
+from tensorwire.layout import RingLayout
+from tensorwire.memory import CUDA, IPC_HANDLE_BYTES, RegionInfo
+
+from .conftest import Children
+from .peers import (
+    make_array,
+    on_source,
+    run_gpu_receiver,
+    run_hiding,
+    send_plan_from,
+    send_uniform_gpu,
+)
+
+# -- on any host ------------------------------------------------------------------------------
+
+
+def test_device_names_are_parsed_and_bad_ones_refused() -> None:
+    assert cuda.parse_device(None) is None
+    assert cuda.parse_device("cpu") is None
+    assert cuda.parse_device(" CPU ") is None
+    for bad in ("gpu", "cuda:", "cuda:x", "cuda:-1", "tpu:0", "cuda:0:1"):
+        with pytest.raises(ValueError, match="device must be 'cpu', 'cuda' or 'cuda:N'"):
+            cuda.parse_device(bad)
+
+
+@pytest.mark.skipif(cuda.available(), reason="checks what a host without a CUDA device says")
+def test_gpu_registration_without_a_device_is_refused_and_changes_nothing() -> None:
+    with tw.Receiver() as rx:
+        rx.register("host", (4,), "float32")
+        before = rx._table.address_book_regions()
+        for device in ("cuda", "cuda:0", "cuda:3"):
+            with pytest.raises((tw.TransportError, tw.MissingDependencyError)) as info:
+                rx.register("gpu", (4,), "float32", device=device)
+            assert "CUDA device" in str(info.value) or "cupy" in str(info.value)
+        with pytest.raises(tw.TensorWireError):
+            rx.register_parts("parts", (4, 2), "float32", [2, 2], device="cuda")
+        assert list(rx.specs) == ["host"]
+        assert rx._table.address_book_regions() == before
+        # the receiver still works for host tensors
+        with tw.Sender.connect(rx.address, transport="shm", timeout=10) as tx:
+            tx.write("host", np.arange(4, dtype=np.float32))
+            assert rx.wait("host", timeout=10).tolist() == [0, 1, 2, 3]
+            rx.release("host")
+
+
+def test_without_cupy_gpu_memory_names_the_extra_and_host_tensors_work() -> None:
+    lines = run_hiding(
+        ("cupy",),
+        """
+        import numpy as np
+        with tw.Receiver() as rx:
+            try:
+                rx.register("gpu", (4,), "float32", device="cuda")
+            except tw.MissingDependencyError as exc:
+                print("refused:", exc)
+            rx.register("t", (4,), "float32")
+            with tw.Sender.connect(rx.address, transport="tcp", timeout=10) as tx:
+                tx.write("t", np.ones(4, dtype=np.float32))
+                print("landed:", rx.wait("t", timeout=10).sum())
+                rx.release("t")
+        from tensorwire import cuda
+        print("devices:", cuda.device_count())
+        """,
+    )
+    assert lines[0].startswith("refused: GPU tensors need cupy") and "tensorwire[gpu]" in lines[0]
+    assert lines[1:] == ["landed: 4.0", "devices: 0"]
+
+
+def test_host_paths_never_import_cupy_or_torch() -> None:
+    code = textwrap.dedent(
+        """
+        import sys
+        import numpy as np
+        import tensorwire as tw
+        with tw.Receiver() as rx:
+            rx.register("a", (64,), "float32")
+            rx.register("b", (None, 4), "bfloat16", max_bytes=1024)
+            for transport in ("shm", "tcp"):
+                with tw.Sender.connect(rx.address, transport=transport, timeout=10) as tx:
+                    tx.write("a", np.ones(64, dtype=np.float32))
+                    with tx.buffer("b", shape=(3, 4)) as out:
+                        out[...] = 1
+                    rx.wait("a", timeout=10); rx.release("a")
+                    rx.wait("b", timeout=10); rx.release("b")
+        print(sorted(m for m in ("cupy", "torch") if m in sys.modules))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_gpu_regions_travel_in_the_address_book_and_bad_ones_are_refused() -> None:
+    host = RegionInfo("tensorwire.1.2.3.abc", 8192)
+    assert host.to_wire() == ["tensorwire.1.2.3.abc", 8192]
+    assert RegionInfo.from_wire(host.to_wire()) == host
+    assert RegionInfo.from_wire(["", 4096]) == RegionInfo(None, 4096)
+    handle = bytes(range(IPC_HANDLE_BYTES))
+    gpu = RegionInfo(None, 1 << 20, CUDA, 1, handle, 0x7F00_0000_0000)
+    assert RegionInfo.from_wire(gpu.to_wire()) == gpu and gpu.on_device
+    for bad in (
+        ["", 1 << 20, "cuda", 0, b"short", 0],  # not an IPC handle
+        ["", 1 << 20, "tpu", 0, handle, 0],  # unknown kind
+        ["", 1 << 20, "cuda", -1, handle, 0],  # negative device
+        ["", 0],  # empty region
+        ["", 1 << 20, "cuda"],  # truncated
+        "nonsense",
+    ):
+        with pytest.raises(tw.LocalProtocolError):
+            RegionInfo.from_wire(bad)
+
+
+def test_a_ring_with_payloads_in_another_region_is_bounds_checked() -> None:
+    layout = RingLayout(0, 4096, (4224, 4288), (0, 4096), 4096, payload_region=1)
+    wire = layout.to_wire()
+    assert wire[-1] == 1 and RingLayout.from_wire(wire, [8192, 8192]) == layout
+    # The payloads are checked against their own region, the words against theirs.
+    with pytest.raises(tw.LocalProtocolError, match="out of bounds"):
+        RingLayout.from_wire(wire, [8192, 4096])
+    with pytest.raises(tw.LocalProtocolError, match="unknown region 1"):
+        RingLayout.from_wire(wire, [8192])
+    with pytest.raises(tw.LocalProtocolError, match="malformed"):
+        RingLayout.from_wire([*wire, 7], [8192, 8192])
+    # A host ring (no payload region) is what it always was on the wire.
+    host = RingLayout(0, 4096, (4224,), (8192,), 64)
+    assert len(host.to_wire()) == 5 and RingLayout.from_wire(host.to_wire(), [16384]) == host
+
+
+class _CudaLooking:
+    """An object that says, through DLPack, that its memory is on cuda:1."""
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (cuda.DLPACK_CUDA, 1)
+
+
+def test_where_an_array_lives_is_told_without_importing_cupy() -> None:
+    assert cuda.array_device(np.zeros(3)) is None
+    assert cuda.array_device([1, 2, 3]) is None
+    assert cuda.array_device(_CudaLooking()) == 1
+    torch = pytest.importorskip("torch")
+    assert cuda.array_device(torch.zeros(3)) is None
+
+
+@pytest.mark.skipif(cuda.available(), reason="checks what a host without a CUDA device says")
+def test_a_gpu_array_on_a_host_without_a_gpu_is_refused_before_a_byte_moves() -> None:
+    with tw.Receiver() as rx:
+        rx.register("t", (3,), "float32")
+        with tw.Sender.connect(rx.address, transport="shm", timeout=10) as tx:
+            with pytest.raises(tw.TensorWireError):
+                tx.write("t", _CudaLooking())
+            assert rx.pending("t") == 0
+
+
+def test_info_reports_gpu_support() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "tensorwire", "info"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    line = next(x for x in out.stdout.splitlines() if x.startswith("gpu tensors:"))
+    if cuda._cupy_or_none() is None:
+        assert "cupy not installed" in line
+    elif cuda.available():
+        assert "cuda:0:" in out.stdout
+    else:
+        assert "no usable CUDA device" in line or "no CUDA device" in out.stdout
+
+
+# -- on a GPU ---------------------------------------------------------------------------------
+
+NO_GPU = "no CUDA device here (cupy and a GPU are needed: `make test-gpu` on a GPU machine)"
+requires_gpu = pytest.mark.skipif(not cuda.available(), reason=NO_GPU)
+SOURCES = ["numpy", "cupy", "torch"]
+GPU_DTYPES = ["bool", "int8", "int32", "int64", "uint8", "float16", "float32", "float64"]
+GPU_DTYPES += ["complex64", "bfloat16", "float8_e4m3fn"]
+
+
+def _cupy() -> Any:
+    import cupy
+
+    return cupy
+
+
+def _bytes(view: Any) -> bytes:
+    """A received GPU view's bytes (through uint8, which every dtype cupy holds can be)."""
+    cp = _cupy()
+    assert isinstance(view, cp.ndarray), type(view)
+    return bytes(cp.asnumpy(view.reshape(-1).view(cp.uint8)).tobytes())
+
+
+def _needs(source: str) -> None:
+    if source == "torch":
+        torch = pytest.importorskip("torch")
+        if not torch.cuda.is_available():
+            pytest.skip("this torch build has no CUDA")
+
+
+def _gpu(test: Any) -> Any:
+    """Mark a test ``gpu`` and skip it, with the reason, where there is no CUDA device."""
+    return pytest.mark.gpu(requires_gpu(test))
+
+
+@_gpu
+@pytest.mark.parametrize("source", SOURCES)
+def test_gpu_tensors_land_byte_exact_from_every_source(
+    transport: str, source: str, children: Children
+) -> None:
+    _needs(source)
+    shape = (3, 5, 7)
+    with tw.Receiver() as rx:
+        for dt in GPU_DTYPES:
+            rx.register(dt, shape, dt, device="cuda:0")
+        rx.register("big", (2048, 4096), "float32", device="cuda")  # 32 MiB
+        plan = [(dt, dt, shape, i) for i, dt in enumerate(GPU_DTYPES)]
+        plan.append(("big", "float32", (2048, 4096), 99))
+        proc = children.start(send_plan_from, rx.address, transport, plan, source)
+        for name, dt, shp, seed in plan:
+            got = rx.wait(name, timeout=60)
+            assert (
+                got.device.id == 0
+                and got.shape == shp
+                and got.dtype == np.dtype(make_array(dt, (1,), 0).dtype)
+            )
+            assert _bytes(got) == make_array(dt, shp, seed).tobytes(), name
+            rx.release(name)
+        children.join_ok(proc)
+
+
+@_gpu
+def test_dynamic_shapes_parts_and_host_slots_from_gpu_arrays(transport: str) -> None:
+    cp = _cupy()
+    with tw.Receiver() as rx:
+        rx.register("dyn", (None, 16), "float32", max_bytes=64 * 16 * 4, device="cuda")
+        rx.register_parts("whole", (6, 4), "int32", [2, 4], device="cuda:0")
+        rx.register("host", (8,), "float64")  # a host slot, written from GPU memory
+        with tw.Sender.connect(rx.address, transport=transport, timeout=30) as tx:
+            for rows in (1, 64, 0, 17):
+                tx.write("dyn", cp.full((rows, 16), rows, dtype=cp.float32))
+                got = rx.wait("dyn", timeout=30)
+                assert got.shape == (rows, 16) and bool((got == rows).all())
+                rx.release("dyn")
+            tx.write("whole@0", cp.zeros((2, 4), dtype=cp.int32))
+            tx.write("whole@1", np.ones((4, 4), dtype=np.int32))
+            for part in ("whole@0", "whole@1"):
+                rx.wait(part, timeout=30)
+            whole = rx.array("whole")
+            assert isinstance(whole, cp.ndarray) and cp.asnumpy(whole).sum() == 16
+            for part in ("whole@0", "whole@1"):
+                rx.release(part)
+            tx.write("host", cp.arange(8, dtype=cp.float64))
+            got = rx.wait("host", timeout=30)
+            assert isinstance(got, np.ndarray) and got.tolist() == list(range(8))
+            rx.release("host")
+
+
+@_gpu
+def test_wrong_shapes_are_refused_and_credits_hold(transport: str) -> None:
+    cp = _cupy()
+    with tw.Receiver(ring=2) as rx:
+        rx.register("t", (4, 4), "float32", device="cuda")
+        with tw.Sender.connect(rx.address, transport=transport, timeout=30) as tx:
+            for bad in (cp.zeros((4, 5), cp.float32), cp.zeros((4, 4), cp.float64)):
+                with pytest.raises(tw.SpecMismatchError):
+                    tx.write("t", bad)
+            with pytest.raises(tw.SpecMismatchError, match="not C-contiguous"):
+                tx.write("t", cp.zeros((4, 8), cp.float32)[:, ::2])
+            assert rx.pending("t") == 0
+            tx.write("t", cp.full((4, 4), 1, cp.float32))
+            tx.write("t", cp.full((4, 4), 2, cp.float32))
+            with pytest.raises(tw.WireTimeoutError):  # both slots hold unreleased messages
+                tx.write("t", cp.full((4, 4), 3, cp.float32), timeout=0.3)
+            for k in (1, 2):
+                assert float(rx.wait("t", timeout=30)[0, 0]) == k
+                rx.release("t")
+
+
+@_gpu
+def test_produce_in_place_with_buffer(transport: str) -> None:
+    cp = _cupy()
+    with tw.Receiver() as rx:
+        rx.register("t", (256,), "float32", device="cuda")
+        with tw.Sender.connect(rx.address, transport=transport, timeout=30) as tx:
+            for k in range(3):
+                with tx.buffer("t") as out:
+                    assert isinstance(out, cp.ndarray) and out.device.id == 0
+                    cp.multiply(cp.arange(256, dtype=cp.float32), k, out=out)
+                got = rx.wait("t", timeout=30)
+                assert cp.asnumpy(got).tolist() == [float(i * k) for i in range(256)]
+                rx.release("t")
+
+
+@_gpu
+def test_torch_reads_the_slot_without_a_copy() -> None:
+    torch = pytest.importorskip("torch")
+    _needs("torch")
+    with tw.Receiver() as rx:
+        rx.register("t", (1024,), "bfloat16", device="cuda")
+        with tw.Sender.connect(rx.address, transport="shm", timeout=30) as tx:
+            sent = torch.randn(1024, device="cuda").to(torch.bfloat16)
+            tx.write("t", sent)
+            view = rx.wait("t", timeout=30)
+            tensor = torch.from_dlpack(view)
+            assert tensor.data_ptr() == view.data.ptr and tensor.device.type == "cuda"
+            assert torch.equal(tensor, sent)
+            rx.release("t")
+
+
+@_gpu
+def test_a_sender_killed_mid_gpu_write_never_completes_a_slot(children: Children) -> None:
+    cp = _cupy()
+    shape = (4096, 4096)  # 64 MiB: the kill lands inside a copy often
+    with tw.Receiver(ring=2) as rx:
+        rx.register("t", shape, "float32", device="cuda")
+        parent, child = children.pipe()
+        proc = children.start(send_uniform_gpu, rx.address, "shm", "t", child)
+        assert parent.recv() == "go"
+        seen = 0
+        for _ in range(20):  # bounded: each message is checked whole
+            got = rx.wait("t", timeout=60)
+            first = float(got[0, 0])
+            assert bool((got == first).all()), "a torn message was handed out"
+            seen += 1
+            rx.release("t")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(30)
+        while True:  # whatever landed before the kill is whole
+            try:
+                got = rx.wait("t", timeout=0.5)
+            except (tw.PeerLostError, tw.WireTimeoutError):
+                break
+            assert bool((got == got[0, 0]).all())
+            rx.release("t")
+        assert seen == 20 and cp.cuda.runtime.getDeviceCount() > 0  # the context is sound
+
+
+@_gpu
+def test_a_dead_receiver_is_a_peer_lost_error_not_a_cuda_crash(
+    transport: str, children: Children
+) -> None:
+    cp = _cupy()
+    parent, child = children.pipe()
+    proc = children.start(run_gpu_receiver, child, "t", (1024,))
+    assert parent.poll(60)
+    address = parent.recv()
+    with tw.Sender.connect(address, transport=transport, timeout=10, heartbeat=0.2) as tx:
+        tx.write("t", cp.ones(1024, cp.float32))
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(30)
+        with pytest.raises(tw.PeerLostError):
+            for _ in range(50):  # bounded: the loss is seen within a heartbeat or two
+                tx.write("t", cp.ones(1024, cp.float32), timeout=1)
+    cp.cuda.Device(0).synchronize()  # the sender's CUDA context survived
+
+
+@_gpu
+def test_closing_a_receiver_gives_its_gpu_memory_back() -> None:
+    cp = _cupy()
+    size = 512 << 20
+    gc.collect()
+    free_before, _ = cp.cuda.runtime.memGetInfo()
+    rx = tw.Receiver()
+    rx.register("big", (size // 4,), "float32", device="cuda")
+    free_during, _ = cp.cuda.runtime.memGetInfo()
+    assert free_before - free_during >= size
+    rx.close()
+    gc.collect()
+    free_after, _ = cp.cuda.runtime.memGetInfo()
+    assert free_before - free_after < 64 << 20, (free_before, free_after)
+
+
+@_gpu
+def test_sources_convert_without_a_copy() -> None:
+    cp = _cupy()
+    array = make_array("float32", (4, 4), 1)
+    for source in SOURCES[1:]:
+        _needs(source)
+        obj = on_source(array, source)
+        assert cuda.array_device(obj) == 0
+        spec = tw.TensorSpec.create("t", (4, 4), "float32")
+        checked = spec.check_array(obj)
+        assert isinstance(checked, cp.ndarray)
+        pointer = obj.data_ptr() if source == "torch" else obj.data.ptr
+        assert checked.data.ptr == pointer
