@@ -194,10 +194,9 @@ class DeviceMemory:
             with cp.cuda.Device(device):
                 self._memory: Any = cp.cuda.memory.Memory(size)
                 cp.cuda.runtime.memset(self._memory.ptr, 0, size)
-        except cp.cuda.memory.OutOfMemoryError as exc:
-            raise TransportError(
-                f"cannot allocate {size} bytes on cuda:{device}: out of GPU memory"
-            ) from exc
+        except (cp.cuda.memory.OutOfMemoryError, cp.cuda.runtime.CUDARuntimeError) as exc:
+            # cudaMalloc's own failure is a CUDARuntimeError (cudaErrorMemoryAllocation)
+            raise TransportError(f"cannot allocate {size} bytes on cuda:{device}: {exc}") from exc
         self.address: int = int(self._memory.ptr)
         self._handle: bytes | None = None
 
