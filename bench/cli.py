@@ -20,13 +20,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import tensorwire as tw
+from tensorwire import cuda as tw_cuda
 from tensorwire import extras
 
 from . import ps as ps_bench
 from . import report, soak
 from .common import machine_facts, parse_size, parse_sizes
 from .peer import serve
-from .runner import REFERENCES, TRANSPORTS, Runner, summarise, sweep
+from .runner import GPU_REFERENCES, REFERENCES, TRANSPORTS, Runner, summarise, sweep
 
 DEFAULT_SIZES = "4K,64K,1M,16M,64M"
 
@@ -60,6 +61,14 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="tensor size of the ping-pong (default 4K)",
     )
     parser.add_argument("--ring", type=int, default=2, help="slots per tensor (default 2)")
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        metavar="cpu|cuda|cuda:N",
+        help="where the tensors live at both ends (default cpu); cuda adds the GPU's "
+        "device-to-device and pinned host-to-device copies as references (needs cupy: "
+        "pip install 'tensorwire[gpu]')",
+    )
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
     parser.add_argument(
         "--plot",
@@ -109,6 +118,11 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[st
         parser.error("--repeat and --round-trips must be at least 1")
     if args.ring < 1:
         parser.error("--ring must be at least 1")
+    try:
+        device = tw_cuda.parse_device(args.device)
+    except (ValueError, tw.TensorWireError) as exc:
+        parser.error(f"--device {args.device}: {exc}")
+    args.device = tw_cuda.describe_device(device)
     if args.transports is None:
         return list(TRANSPORTS)
     chosen = [t.strip() for t in args.transports.split(",") if t.strip()]
@@ -159,10 +173,12 @@ def _measure(
         ring=args.ring,
         optional=not explicit,
         secret=args.secret,
+        device=args.device,
     )
     try:
         usable = runner.transports
-        methods = ["memcpy", *usable, "zmq", "raw-tcp"]
+        gpu = GPU_REFERENCES if args.device != "cpu" else []
+        methods = ["memcpy", *gpu, *usable, "zmq", "raw-tcp"]
         latency = [*usable, "zmq"]
         total = args.repeat * (len(args.sizes) * len(methods) + len(latency))
         with _progress(total, not args.no_progress) as tick:
@@ -178,7 +194,8 @@ def _measure(
             "config": {
                 "sizes": args.sizes,
                 "transports": usable,
-                "references": REFERENCES,
+                "references": [*REFERENCES, *gpu],
+                "device": args.device,
                 "repeat": args.repeat,
                 "round_trips": args.round_trips,
                 "latency_bytes": args.latency_size,

@@ -42,10 +42,11 @@ class _Session:
         self.pair.linger = 0
         self.pair_port = self.pair.bind_to_random_port(f"tcp://{host}")
         self.buffer = np.empty(max([*self.sizes, self.latency_bytes]), dtype=np.uint8)
+        device = setup.get("device", "cpu")  # where the tensors live (--device)
         for t in self.transports:
             for size in self.sizes:
-                self.rx.register(tensor_name(t, size), (size,), "uint8")
-            self.rx.register(tensor_name(t, "ping"), (self.latency_bytes,), "uint8")
+                self.rx.register(tensor_name(t, size), (size,), "uint8", device=device)
+            self.rx.register(tensor_name(t, "ping"), (self.latency_bytes,), "uint8", device=device)
 
     def info(self) -> dict[str, Any]:
         return {

@@ -13,6 +13,11 @@ References measured alongside: ``memcpy`` (a single-threaded ``np.copyto`` of th
 this process: the limit of any one-copy path), ``raw-tcp`` (a plain socket, ``sendall`` into
 ``recv_into`` one buffer: the limit of any TCP path) and ``zmq`` (pyzmq ``send(copy=False)`` and
 ``recv`` plus a copy into a preallocated array: what a Python user would write by hand).
+
+With ``device="cuda:N"`` the tensors live on that GPU at both ends (the runner writes cupy
+arrays into GPU slots) and two GPU references join: ``d2d`` (a cupy device-to-device copy of the
+same bytes, the limit of the ``shm`` path) and ``h2d-pinned`` (a copy from pinned host memory to
+the GPU, the limit of any path through host memory).
 """
 
 from __future__ import annotations
@@ -29,11 +34,13 @@ import numpy as np
 import zmq
 
 import tensorwire as tw
+from tensorwire import cuda as tw_cuda
 
 from .common import MiB, machine_facts, tensor_name, tune_socket
 
 TRANSPORTS = ["shm", "tcp", "nixl", "grpc", "grpc-stream"]
 REFERENCES = ["memcpy", "zmq", "raw-tcp"]
+GPU_REFERENCES = ["d2d", "h2d-pinned"]
 TARGET_BYTES = 256 * MiB
 MIN_COUNT, MAX_COUNT = 4, 2000
 
@@ -67,9 +74,11 @@ class Runner:
         timeout: float = 120.0,
         optional: bool = False,
         secret: str | None = None,
+        device: str = "cpu",
     ) -> None:
         """Connect to the peer at ``connect``. With ``optional``, a transport that cannot reach
-        the peer (shm to another host) is skipped with a note instead of failing the run."""
+        the peer (shm to another host) is skipped with a note instead of failing the run.
+        ``device``: where the tensors live at both ends (``cpu`` or ``cuda:N``)."""
         self.host = connect.split("://", 1)[1].rsplit(":", 1)[0]
         self.timeout = timeout
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -87,9 +96,16 @@ class Runner:
                 f"tcp://{local_address_towards(self.host)}:0", ring=ring, secret=secret
             )
             for t in transports:
-                self.pong_rx.register(tensor_name(t, "pong"), (latency_bytes,), "uint8")
+                self.pong_rx.register(
+                    tensor_name(t, "pong"), (latency_bytes,), "uint8", device=device
+                )
             info = self.call(
-                "setup", sizes=sizes, transports=transports, latency_bytes=latency_bytes, ring=ring
+                "setup",
+                sizes=sizes,
+                transports=transports,
+                latency_bytes=latency_bytes,
+                ring=ring,
+                device=device,
             )
             for t in transports:
                 try:
@@ -117,6 +133,19 @@ class Runner:
         self.dst = {s: np.empty(s, dtype=np.uint8) for s in sizes}
         self.ping = rng.integers(0, 256, latency_bytes, dtype=np.uint8)
         self.pong_buf = np.empty(latency_bytes, dtype=np.uint8)
+        #: what the transports write: the host arrays, or copies of them on the GPU
+        self.payload: dict[int, Any] = dict(self.src)
+        self.ping_payload: Any = self.ping
+        self.device = device
+        self._gpu: Any = None
+        if device != "cpu":
+            try:
+                self._gpu = _GpuReferences(device, sizes)
+                self.payload = {s: self._gpu.on_device(a) for s, a in self.src.items()}
+                self.ping_payload = self._gpu.on_device(self.ping)
+            except BaseException:
+                self.close()
+                raise
 
     # -- the command channel -----------------------------------------------------------------
 
@@ -147,7 +176,7 @@ class Runner:
         return time.perf_counter() - t0
 
     def transport(self, name: str, size: int, count: int) -> float:
-        tx, src, tensor = self.senders[name], self.src[size], tensor_name(name, size)
+        tx, src, tensor = self.senders[name], self.payload[size], tensor_name(name, size)
         self._send("consume", name=tensor, count=count)
         t0 = time.perf_counter()
         for _ in range(count):
@@ -185,6 +214,9 @@ class Runner:
             return self.raw_tcp(size, count)
         if method == "zmq":
             return self.zmq(size, count)
+        if method in GPU_REFERENCES:
+            assert self._gpu is not None, "the GPU references need --device cuda"
+            return float(self._gpu.measure(method, size, count))
         return self.transport(method, size, count)
 
     # -- latency: round-trip seconds of each ping -----------------------------------------------
@@ -207,7 +239,7 @@ class Runner:
             self._send("echo", transport=method, count=count)
             for _ in range(count):
                 t0 = time.perf_counter()
-                tx.write(ping, self.ping)
+                tx.write(ping, self.ping_payload)
                 rx.wait(pong, timeout=self.timeout)
                 rx.release(pong)
                 out.append(time.perf_counter() - t0)
@@ -228,6 +260,40 @@ class Runner:
         self._ctx.term()
         if self.pong_rx is not None:
             self.pong_rx.close()
+
+
+class _GpuReferences:
+    """The GPU's own limits for the same bytes, timed like the transports (cupy)."""
+
+    def __init__(self, device: str, sizes: list[int]) -> None:
+        self.cp = tw_cuda.cupy()
+        self.index = tw_cuda.parse_device(device)
+        assert self.index is not None
+        self.pinned = tw_cuda.PinnedBuffer()
+        self.pinned.bytes(max(sizes))
+        with self.cp.cuda.Device(self.index):
+            self.src = {s: self.cp.zeros(s, dtype=self.cp.uint8) for s in sizes}
+            self.dst = {s: self.cp.empty(s, dtype=self.cp.uint8) for s in sizes}
+
+    def on_device(self, array: np.ndarray[Any, Any]) -> Any:
+        with self.cp.cuda.Device(self.index):
+            return self.cp.asarray(array)
+
+    def measure(self, method: str, size: int, count: int) -> float:
+        cp = self.cp
+        src, dst = self.src[size], self.dst[size]
+        host = tw_cuda.data_pointer(self.pinned.bytes(size))
+        runtime = cp.cuda.runtime
+        with cp.cuda.Device(self.index):
+            cp.cuda.Device().synchronize()
+            t0 = time.perf_counter()
+            for _ in range(count):
+                if method == "d2d":
+                    cp.copyto(dst, src)
+                else:  # h2d-pinned: synchronous, as every one-sided write completes
+                    runtime.memcpy(dst.data.ptr, host, size, runtime.memcpyHostToDevice)
+            cp.cuda.Device().synchronize()
+            return time.perf_counter() - t0
 
 
 def sweep(
@@ -265,7 +331,8 @@ def summarise(samples: dict[str, Any], sizes: list[int], latency_bytes: int) -> 
     """Medians and ratios: to both gRPC baselines (``grpc``, TensorFlow-style, and
     ``grpc-stream``, gRPC at its best), to memcpy, and to the raw mechanism's limit."""
     med = {m: {s: statistics.median(v) for s, v in by.items()} for m, by in samples["gbps"].items()}
-    raw_limit = {"shm": "memcpy", "tcp": "raw-tcp"}
+    # GPU tensors (--device cuda): shm's limit is the GPU's own copy
+    raw_limit = {"shm": "d2d" if "d2d" in med else "memcpy", "tcp": "raw-tcp"}
     rows = []
     for size in sizes:
         for m, by in med.items():
@@ -303,4 +370,12 @@ def summarise(samples: dict[str, Any], sizes: list[int], latency_bytes: int) -> 
     return {"throughput": rows, "latency": lat}
 
 
-__all__ = ["REFERENCES", "TRANSPORTS", "Runner", "machine_facts", "summarise", "sweep"]
+__all__ = [
+    "GPU_REFERENCES",
+    "REFERENCES",
+    "TRANSPORTS",
+    "Runner",
+    "machine_facts",
+    "summarise",
+    "sweep",
+]

@@ -175,6 +175,19 @@ def test_a_gpu_array_on_a_host_without_a_gpu_is_refused_before_a_byte_moves() ->
             assert rx.pending("t") == 0
 
 
+@pytest.mark.skipif(cuda.available(), reason="checks what a host without a CUDA device says")
+def test_bench_on_a_gpu_needs_one() -> None:
+    for device, says in (("cuda", "CUDA device"), ("tpu", "device must be")):
+        out = subprocess.run(
+            [sys.executable, "-m", "tensorwire.bench", "--device", device, "--repeat", "1"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 2 and f"--device {device}:" in out.stderr, out.stderr
+        assert says in out.stderr or "cupy" in out.stderr
+
+
 def test_info_reports_gpu_support() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "tensorwire", "info"], capture_output=True, text=True, timeout=60
