@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
-from tensorwire import extras
+from tensorwire import cuda, extras
 from tensorwire.rdma import installed as rdma_installed
 
 # `make fuzz`: the wire decoders under a long hypothesis run, outside CI.
@@ -94,6 +94,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 item.add_marker(pytest.mark.skip(reason=reason))
 
 
+def _start_cuda_runtime() -> None:
+    """Where there is a GPU: create the CUDA context (cupy's, and torch's on the same device)
+    now, with a stream and pinned memory, so that the per-test check does not count the driver's
+    descriptors that live as long as the context."""
+    import cupy
+
+    with cupy.cuda.Device(0):
+        cupy.zeros(1).sum()
+        cupy.cuda.Stream(non_blocking=True).synchronize()
+        cupy.cuda.alloc_pinned_memory(1)
+    try:
+        import torch
+    except ImportError:
+        return
+    if torch.cuda.is_available():
+        torch.zeros(1, device="cuda:0").sum().item()
+
+
+if cuda.available():
+    _start_cuda_runtime()
+
+
 def _start_zmq_runtime() -> None:
     """Every control socket shares the process's one ZeroMQ context, which lives as long as the
     process (its I/O thread and descriptors): start it now, as tensorwire would on first use."""
@@ -114,7 +136,17 @@ def shm_entries() -> set[str]:
 
 
 def open_fds() -> set[int]:
-    return {int(fd) for fd in os.listdir("/proc/self/fd")}
+    """This process's descriptors, less those of the NVIDIA driver (a CUDA context opens them
+    as it needs them and keeps them for its lifetime: they are not ours to close)."""
+    fds = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("/dev/nvidia"):
+                continue
+        except OSError:
+            continue  # closed meanwhile (listdir's own descriptor)
+        fds.add(int(fd))
+    return fds
 
 
 @pytest.fixture(autouse=True)

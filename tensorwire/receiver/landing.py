@@ -77,13 +77,22 @@ class Landing(DataSink):
     def begin_write(self, session: object, header: wire.DataHeader) -> memoryview:
         assert isinstance(session, Session)
         with self._state.lock:
-            dst = self._check_write(session, header)
-            self._table.by_id[header.tensor_id].inflight = session
-            return dst
+            tensor, nbytes = self._check_write(session, header)
+            tensor.inflight = session
+            if tensor.ring.device is None:
+                return tensor.ring.payload_bytes[header.slot][:nbytes].data
+            # A GPU slot: the bytes arrive in pinned host memory first (end_write copies them).
+            if tensor.staging is None:
+                tensor.staging = PinnedBuffer()
+                tensor.staging.bytes(tensor.spec.max_bytes)
+            staged: memoryview = tensor.staging.bytes(nbytes).data
+            return staged
 
-    def _check_write(self, session: Session, header: wire.DataHeader) -> memoryview:
-        """The bytes of the slot ``header`` aims at, exactly as many as its payload, once the
-        header is found true to the claim, the sequence, the credits and the spec."""
+    def _check_write(
+        self, session: Session, header: wire.DataHeader
+    ) -> tuple[RegisteredTensor, int]:
+        """The tensor ``header`` writes and its payload's byte count, once the header is found
+        true to the claim, the sequence, the credits and the spec."""
         if not session.alive:
             raise session.dropped_error()
         tensor = self._table.by_id.get(header.tensor_id)
@@ -125,13 +134,7 @@ class Landing(DataSink):
             raise LocalProtocolError(
                 f"tensor {name!r}: header says {header.nbytes} bytes, the spec needs {nbytes}"
             )
-        if ring.device is not None:  # a GPU slot: the bytes arrive in pinned host memory first
-            if tensor.staging is None:
-                tensor.staging = PinnedBuffer()
-                tensor.staging.bytes(tensor.spec.max_bytes)
-            staged: memoryview = tensor.staging.bytes(nbytes).data
-            return staged
-        return ring.payload_bytes[header.slot][:nbytes].data
+        return tensor, nbytes
 
     def end_write(self, session: object, header: wire.DataHeader) -> None:
         assert isinstance(session, Session)
@@ -154,8 +157,8 @@ class Landing(DataSink):
     def landed(self, session: object, header: wire.DataHeader) -> None:
         assert isinstance(session, Session)
         with self._state.lock:
-            self._check_write(session, header)
-            self._complete(session, self._table.by_id[header.tensor_id], header)
+            tensor, _ = self._check_write(session, header)
+            self._complete(session, tensor, header)
 
     def _complete(
         self, session: Session, tensor: RegisteredTensor, header: wire.DataHeader
