@@ -3,7 +3,9 @@
 Each job is real daemons on this machine (S servers, N workers) training the chosen model for a
 fixed number of steps. Reported per transport: steps/s (at the slowest server), time per step split
 into the workers' compute and communication (waiting for parameters and pushing gradients), and
-bytes moved per step (every worker's gradients up and parameters down).
+bytes moved per step (every worker's gradients up and parameters down), and the communication
+per tensor (a worker's communication time per step over the number of tensors: what each tensor
+of the model costs a step).
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--model",
         default="large",
-        help="what the workers train: large, digits, or a factory (package.module:factory, "
+        help="what the workers train: large, many (200 small tensors), digits, or a factory "
+        "(package.module:factory, "
         "path/to/file.py:factory, e.g. examples/torch_digits.py:make for a PyTorch CNN); "
         "default large",
     )
@@ -56,7 +59,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
         made = tasks.as_task(tasks.load_factory(args.model)(tasks.JobInfo(0, 1, args.batch, 0)))
     except ValueError as exc:
         parser.error(str(exc))
-    param_bytes = sum(a.nbytes for a in made.initial_params().values())
+    initial = made.initial_params()
+    param_bytes = sum(a.nbytes for a in initial.values())
     rows = []
     samples: dict[str, list[Any]] = {t: [] for t in transports}
     for _ in range(args.repeat):
@@ -88,6 +92,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
                 "compute_ms": compute * 1000,
                 "communication_ms": comm * 1000,
                 "bytes_per_step": 2 * param_bytes * args.workers,
+                # a worker's communication per step, spread over the tensors it pushes and pulls
+                "communication_us_per_tensor": comm * 1e6 / len(initial),
                 "samples_steps_per_s": [j.steps_per_s for j in jobs],
             }
         )
@@ -104,13 +110,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
             k: getattr(args, k) for k in ("workers", "servers", "model", "steps", "repeat", "batch")
         },
         "param_bytes": param_bytes,
+        "tensors": len(initial),
         "rows": rows,
     }
 
 
 def render(result: dict[str, Any]) -> str:
     head = ["transport", "steps/s", "vs grpc", "vs stream", "step ms", "compute ms", "comm ms"]
-    head.append("MB/step")
+    head += ["MB/step", "us/tensor"]
     lines = [" ".join(f"{h:>11}" for h in head)]
     for r in result["rows"]:
         ratios = [r.get(k) for k in ("x_grpc", "x_grpc_stream")]
@@ -122,11 +129,13 @@ def render(result: dict[str, Any]) -> str:
             f"{r['compute_ms']:.1f}",
             f"{r['communication_ms']:.1f}",
             f"{r['bytes_per_step'] / 1e6:.3g}",
+            f"{r['communication_us_per_tensor']:.0f}" if "communication_us_per_tensor" in r else "",
         ]
         lines.append(" ".join(f"{c:>11}" for c in cells))
     cfg = result["config"]
     lines.append(
-        f"model {cfg['model']} ({result['param_bytes'] / 1e6:.3g} MB of parameters), "
+        f"model {cfg['model']} ({result.get('tensors', '?')} tensors, "
+        f"{result['param_bytes'] / 1e6:.3g} MB of parameters), "
         f"{cfg['workers']} workers, {cfg['servers']} server(s), {cfg['steps']} steps"
     )
     return "\n".join(lines)

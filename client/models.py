@@ -2,7 +2,10 @@
 
 ``digits``: scikit-learn's bundled 8x8 digits (1797 images, no download), 64 -> 128 -> 10 with ReLU
 and softmax cross-entropy. ``large``: the same network shape scaled to several million parameters on
-synthetic data, to load the network in benchmarks. Parameters are a dict of float32 arrays; the
+synthetic data, to load the network in benchmarks. ``many``: a parameter list shaped like a
+convolutional network's, for the per-tensor cost of a step: 100 layers, 200 tensors from 256 B
+(biases) to 256 KiB (weights), 7 MB in all, on synthetic data (a plain chain that deep barely
+learns: it is there for its shape). Parameters are a dict of float32 arrays; the
 training code never allocates them itself, so they can be views of registered receive buffers.
 """
 
@@ -50,10 +53,14 @@ class ModelSpec:
         return len(self.widths) - 1
 
 
+#: hidden widths of ``many``, repeated: weights of 16 KiB to 256 KiB, biases of 256 B to 1 KiB
+_MANY_WIDTHS = (256, 64, 128, 256, 64, 192, 96, 256, 128, 64)
+
 MODELS = {
     "digits": ModelSpec("digits", (64, 128, 10)),
     # ~6.4 M parameters (25.6 MB of float32): several MB of gradients per step per worker.
     "large": ModelSpec("large", (1024, 2048, 2048, 10)),
+    "many": ModelSpec("many", (256, *(_MANY_WIDTHS[i % len(_MANY_WIDTHS)] for i in range(99)), 64)),
 }
 
 
@@ -112,7 +119,7 @@ class Dataset:
 
 
 def load(name: str, seed: int = 0) -> Dataset:
-    """The data of a model: ``digits`` (bundled with scikit-learn) or synthetic for ``large``."""
+    """The data of a model: ``digits`` (bundled with scikit-learn), or synthetic for the others."""
     rng = np.random.default_rng(seed)
     if name == "digits":
         try:

@@ -61,7 +61,7 @@ def build_parser(prog: str = "tensorwire-worker") -> argparse.ArgumentParser:
     p.add_argument(
         "--model",
         default="digits",
-        help="what to train: a built-in model (digits, large), package.module:factory or "
+        help="what to train: a built-in model (digits, large, many), package.module:factory or "
         "path/to/file.py:factory (see tensorwire.client.tasks; a factory may build a PyTorch "
         "nn.Module); default digits",
     )
