@@ -60,7 +60,13 @@ def _common(parser: argparse.ArgumentParser) -> None:
         default=4096,
         help="tensor size of the ping-pong (default 4K)",
     )
-    parser.add_argument("--ring", type=int, default=2, help="slots per tensor (default 2)")
+    parser.add_argument(
+        "--ring",
+        type=int,
+        default=None,
+        help="slots per tensor (default: the receiver's choice by size, 8 up to 64 KiB, down to 2 "
+        "from 256 KiB)",
+    )
     parser.add_argument(
         "--device",
         default="cpu",
@@ -116,7 +122,7 @@ def build_parser(prog: str = "tensorwire bench") -> argparse.ArgumentParser:
 def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
     if args.repeat < 1 or args.round_trips < 1:
         parser.error("--repeat and --round-trips must be at least 1")
-    if args.ring < 1:
+    if args.ring is not None and args.ring < 1:
         parser.error("--ring must be at least 1")
     try:
         device = tw_cuda.parse_device(args.device)

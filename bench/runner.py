@@ -70,7 +70,7 @@ class Runner:
         transports: list[str],
         sizes: list[int],
         latency_bytes: int,
-        ring: int = 2,
+        ring: int | None = None,
         timeout: float = 120.0,
         optional: bool = False,
         secret: str | None = None,

@@ -4,8 +4,9 @@
 and softmax cross-entropy. ``large``: the same network shape scaled to several million parameters on
 synthetic data, to load the network in benchmarks. ``many``: a parameter list shaped like a
 convolutional network's, for the per-tensor cost of a step: 100 layers, 200 tensors from 256 B
-(biases) to 256 KiB (weights), 7 MB in all, on synthetic data (a plain chain that deep barely
-learns: it is there for its shape). Parameters are a dict of float32 arrays; the
+(biases) to 256 KiB (weights), 7 MB in all, on synthetic data (a plain chain that deep does not
+learn in a few hundred steps, it is there for its shape; small initial weights keep it
+finite). Parameters are a dict of float32 arrays; the
 training code never allocates them itself, so they can be views of registered receive buffers.
 """
 
@@ -27,6 +28,8 @@ class ModelSpec:
 
     name: str
     widths: tuple[int, ...]
+    #: weights start at N(0, gain / fan_in): 2 (He) suits ReLU; a deep chain diverges with it
+    gain: float = 2.0
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         out: dict[str, tuple[int, ...]] = {}
@@ -36,12 +39,13 @@ class ModelSpec:
         return out
 
     def init(self, seed: int = 0) -> dict[str, Array]:
-        """He-initialised weights and zero biases, float32, deterministic in ``seed``."""
+        """Weights of variance ``gain / fan_in`` (He for 2) and zero biases, float32,
+        deterministic in ``seed``."""
         rng = np.random.default_rng(seed)
         params = {}
         for name, shape in self.shapes().items():
             if name.endswith("weight"):
-                params[name] = (rng.standard_normal(shape) * np.sqrt(2.0 / shape[0])).astype(
+                params[name] = (rng.standard_normal(shape) * np.sqrt(self.gain / shape[0])).astype(
                     np.float32
                 )
             else:
@@ -60,7 +64,9 @@ MODELS = {
     "digits": ModelSpec("digits", (64, 128, 10)),
     # ~6.4 M parameters (25.6 MB of float32): several MB of gradients per step per worker.
     "large": ModelSpec("large", (1024, 2048, 2048, 10)),
-    "many": ModelSpec("many", (256, *(_MANY_WIDTHS[i % len(_MANY_WIDTHS)] for i in range(99)), 64)),
+    "many": ModelSpec(
+        "many", (256, *(_MANY_WIDTHS[i % len(_MANY_WIDTHS)] for i in range(99)), 64), gain=1.0
+    ),
 }
 
 

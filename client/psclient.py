@@ -288,13 +288,16 @@ class PSClient:
         while True:
             self._release()
             try:
-                steps, stop = set(), False
-                for s in range(len(self.servers)):
-                    status = self._take(status_name(s), wait)
-                    steps.add(int(status[0]))
-                    stop = stop or int(status[1]) == STATUS_STOP
-                for c in self.chunks:
-                    self._take(c.cid, wait)
+                # Every server's status and every parameter chunk, taken together once all
+                # have landed (one wake-up for the step, not one per tensor); on a loss none
+                # is taken.
+                names = [*(status_name(s) for s in range(len(self.servers)))]
+                names += [c.cid for c in self.chunks]
+                got = self.rx.wait_all(names, timeout=wait)
+                self._held = names
+                statuses = [got[status_name(s)] for s in range(len(self.servers))]
+                steps = {int(status[0]) for status in statuses}
+                stop = any(int(status[1]) == STATUS_STOP for status in statuses)
                 break
             except tw.PeerLostError as exc:
                 self._recover(str(exc))
@@ -305,20 +308,13 @@ class PSClient:
         self.step = None if stop else max(steps)
         return self.step
 
-    def _take(self, name: str, timeout: float | None) -> Array:
-        assert self.rx is not None
-        view = self.rx.wait(name, timeout=timeout)
-        self._held.append(name)
-        return view
-
     def pull(self) -> dict[str, Array]:
         """The parameters of the current step (views; valid until the next push)."""
         return self.params
 
     def _release(self) -> None:
-        if self.rx is not None:
-            for name in self._held:
-                self.rx.release(name)
+        if self.rx is not None and self._held:
+            self.rx.release_many(self._held)
         self._held = []
 
     def _recover(self, reason: str) -> None:
@@ -369,6 +365,7 @@ class PSClient:
         t0 = time.perf_counter()
         self._release()
         try:
+            batch: list[tuple[str, Array, str]] = []
             for c in self.chunks:
                 g = grads[c.param]
                 rows = g[c.start : c.stop] if g.ndim else g
@@ -376,9 +373,7 @@ class PSClient:
                 if out is not None:  # a 16-bit wire: rounded into a buffer allocated once
                     out[...] = rows
                     rows = out
-                self.tx.write(
-                    grad_name(self.rank, c.cid), rows, peer=self.servers[c.server], allow_copy=True
-                )
+                batch.append((grad_name(self.rank, c.cid), rows, self.servers[c.server]))
             self._meta[:] = (
                 self.step,
                 loss,
@@ -386,8 +381,9 @@ class PSClient:
                 samples,
                 -1.0 if accuracy is None else accuracy,
             )
-            for addr in self.servers:
-                self.tx.write(meta_name(self.rank), self._meta, peer=addr)
+            batch += [(meta_name(self.rank), self._meta, addr) for addr in self.servers]
+            # One operation: every array checked first, one doorbell or sendmsg per server.
+            self.tx.write_many(batch, allow_copy=True)
         except tw.PeerLostError as exc:
             self._recover(str(exc))
         self.comm_seconds += time.perf_counter() - t0

@@ -227,7 +227,8 @@ class ParameterServer:
                 self.rx.register(init_name(c.cid), c.shape, "float32", ring=1)
         for w in range(cfg.workers):
             for c in self.chunks:
-                self.rx.register(grad_name(w, c.cid), c.shape, cfg.wire_dtype)
+                # two slots: this step's gradients, and the next step's arriving early (ASP, SSP)
+                self.rx.register(grad_name(w, c.cid), c.shape, cfg.wire_dtype, ring=2)
             self.rx.register(meta_name(w), (META_FIELDS,), "float64")  # last: workers wait for it
 
     def _check_specs(self, rank: int, specs: Specs) -> None:
@@ -335,6 +336,7 @@ class ParameterServer:
 
     def _send(self, w: _Worker, flags: int) -> None:
         """Fresh parameter chunks, then the status word, into worker ``w``'s memory."""
+        batch: list[tuple[str, Any]] = []
         for c in self.chunks:
             params = self.params[c.cid]
             if self._outgoing is not None:
@@ -343,10 +345,12 @@ class ParameterServer:
                     out[...] = params  # float32 -> the wire dtype, rounding to nearest
                     self._stale.discard(c.cid)
                 params = out
-            self.tx.write(c.cid, params, peer=w.address)
+            batch.append((c.cid, params))
         status = np.array([w.step, flags, self.step, 0], dtype=np.int64)
         assert status.shape == (STATUS_FIELDS,)
-        self.tx.write(status_name(self.cfg.shard), status, peer=w.address)
+        batch.append((status_name(self.cfg.shard), status))
+        # One operation per worker: one doorbell (shm) or sendmsg (tcp) for the step's tensors.
+        self.tx.write_many(batch, peer=w.address)
         if flags == STATUS_STOP:
             w.stopped = True
 
@@ -410,20 +414,15 @@ class ParameterServer:
 
     def _collect(self, w: _Worker) -> tuple[dict[str, Any], list[str]]:
         """All of ``w``'s gradient chunks and its meta for this step, held (not yet released)."""
-        got: dict[str, Any] = {}
+        names = self._worker_tensors(w)
         try:
-            for name in self._worker_tensors(w):
-                try:
-                    got[name] = self.rx.wait(name, timeout=self.cfg.step_timeout)
-                except tw.PeerLostError as exc:
-                    raise _WorkerLost(str(exc)) from None
-                except tw.WireTimeoutError:
-                    raise _WorkerLost(f"nothing for {self.cfg.step_timeout:g} s") from None
-        except _WorkerLost:
-            for name in got:
-                self.rx.release(name)
-            raise
-        return got, list(got)
+            # Taken together once all have landed: on a loss or a timeout none is held.
+            got = self.rx.wait_all(names, timeout=self.cfg.step_timeout)
+        except tw.PeerLostError as exc:
+            raise _WorkerLost(str(exc)) from None
+        except tw.WireTimeoutError:
+            raise _WorkerLost(f"nothing for {self.cfg.step_timeout:g} s") from None
+        return got, names
 
     def _run_bsp(self) -> None:
         while self.step < self.cfg.steps:
@@ -450,8 +449,7 @@ class ParameterServer:
                 contributors += 1
                 losses.append(float(meta[1]))
                 accuracy = self._accuracy(meta) if accuracy is None else accuracy
-                for name in held:
-                    self.rx.release(name)
+                self.rx.release_many(held)
             if contributors:
                 # The average over the workers that finished the step: a lost worker's share
                 # is rescaled away, not counted as zero.

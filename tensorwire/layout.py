@@ -38,6 +38,21 @@ SCRATCH_SIZE = CACHE_LINE
 REGION_OPEN = 1
 REGION_CLOSED = 2
 
+#: What a ring of automatic depth holds at least: enough messages in flight that the credits
+#: coming back cover the time they take (the bandwidth-delay product of a loopback or LAN link
+#: is tens to hundreds of KiB), so small tensors stream instead of waiting for each credit.
+CREDIT_WINDOW = 512 << 10
+MIN_AUTO_DEPTH, MAX_AUTO_DEPTH = 2, 8
+
+
+def auto_depth(max_bytes: int) -> int:
+    """Slots for a tensor of ``max_bytes`` when the user chose no depth: 8 up to 64 KiB, 4 at
+    128 KiB, 2 (double buffering) from 256 KiB. (Not more than 8: a consumer looks for its next
+    message among the slots, and beyond 8 that search costs a 4 KiB message more than the wait for
+    a credit it saves.)"""
+    return max(MIN_AUTO_DEPTH, min(MAX_AUTO_DEPTH, -(-CREDIT_WINDOW // max(max_bytes, 1))))
+
+
 # Ring control block (offsets from the ring start).
 RING_CTRL_SIZE = 2 * CACHE_LINE
 OFF_RELEASED = 0  # u64: how many messages the receiver has released (credits returned)

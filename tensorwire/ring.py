@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .doorbell import ring_bell, wait_for
+from .doorbell import futex_wake, ring_bell, wait_for
 from .layout import (
     OFF_CREDIT_BELL,
     OFF_DIMS,
@@ -177,8 +177,11 @@ class RingMemory:
         assert shape is not None
         return self._over(slot, shape)
 
-    def publish(self, slot: int, seq: int, nbytes: int, shape: tuple[int, ...] | None) -> None:
-        """Mark message ``seq`` complete in ``slot`` (payload in place) and ring the receiver."""
+    def publish(
+        self, slot: int, seq: int, nbytes: int, shape: tuple[int, ...] | None, bell: bool = True
+    ) -> None:
+        """Mark message ``seq`` complete in ``slot`` (payload in place) and ring the receiver
+        (``bell=False``: the caller rings it once for several messages, :meth:`ring_receiver`)."""
         q = self._q
         if shape is not None:
             base = self._dims[slot]
@@ -187,6 +190,16 @@ class RingMemory:
             self._i[self._ndim[slot]] = len(shape)
         q[self._nbytes[slot]] = nbytes
         q[self._seq[slot]] = seq  # the completion store: after the payload and the shape
+        if bell:
+            # ring_bell, inline: this is the per-message path
+            b = self._bell32
+            i = self._rx_bell
+            b[i] = (b[i] + 1) & 0xFFFFFFFF
+            if b[self._rx_waiting]:
+                futex_wake(self.rx_bell_address)
+
+    def ring_receiver(self) -> None:
+        """Ring the receiver's doorbell (after publishing with ``bell=False``)."""
         ring_bell(self._bell32, self._rx_bell, self.rx_bell_address, self._bell32, self._rx_waiting)
 
     def wait_credit(
@@ -251,8 +264,13 @@ class SlotChooser:
 
     def __init__(self, slot_seqs: list[int]) -> None:
         self.seqs = list(slot_seqs)
+        #: the slot written last (it holds the newest message): the answer whenever it is free
+        self.last = max(range(len(self.seqs)), key=self.seqs.__getitem__)
 
     def choose(self, released: int) -> int:
+        last = self.last
+        if self.seqs[last] <= released:
+            return last
         best = -1
         best_seq = -1
         for slot, seq in enumerate(self.seqs):
@@ -264,3 +282,4 @@ class SlotChooser:
 
     def wrote(self, slot: int, seq: int) -> None:
         self.seqs[slot] = seq
+        self.last = slot

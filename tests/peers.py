@@ -297,3 +297,17 @@ def run_gpu_receiver(conn: Any, name: str, shape: tuple[int, ...]) -> None:
         rx.register(name, shape, "float32", device="cuda:0")
         conn.send(rx.address)
         time.sleep(600)
+
+
+def send_batches(address: str, transport: str, plan: list[tuple[Any, ...]], rounds: int) -> None:
+    """``rounds`` times, every ``(name, dtype, shape, seed)`` of ``plan`` in one write_many (the
+    seed moved on by the round), checking the handles it returns."""
+    with tw.Sender.connect(address, transport=transport, timeout=30) as tx:
+        for r in range(rounds):
+            items = [
+                (name, make_array(dt, tuple(shape), seed + r)) for name, dt, shape, seed in plan
+            ]
+            handles = tx.write_many(items)
+            assert [h.name for h in handles] == [name for name, *_ in plan]
+            assert all(h.seq == r + 1 for h in handles), handles
+            assert [h.nbytes for h in handles] == [a.nbytes for _, a in items]

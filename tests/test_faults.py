@@ -378,7 +378,7 @@ def test_a_refused_curve_handshake_never_outlasts_the_timeout(tmp_path: Path) ->
         {"nbytes": 1 << 40},  # oversized length
         {"generation_delta": 1},  # a replayed or forged generation
         {"seq_delta": 5},  # out of order
-        {"slot": 7},  # a slot that does not exist
+        {"slot": 99},  # a slot that does not exist (rings have at most 8 unless asked)
         {"tensor_id": 999},  # a tensor never claimed
     ],
     ids=["oversized", "generation", "sequence", "slot", "tensor"],

@@ -39,7 +39,7 @@ def test_regions_are_private_unguessable_and_unlinked() -> None:
 
 
 def test_few_regions_for_many_tensors() -> None:
-    with tw.Receiver(region_bytes=8 << 20) as rx:
+    with tw.Receiver(region_bytes=8 << 20, ring=2) as rx:
         for k in range(200):
             rx.register(f"p{k}", (64, 64), "float32")  # 200 x 2 slots x 16 KiB = 6.4 MiB
         assert len(shm_entries()) == 1

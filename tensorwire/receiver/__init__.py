@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ..auth import normalise_secret
@@ -67,7 +67,10 @@ class Receiver(Resource):
 
     ``bind`` is the control-plane endpoint (``tcp://127.0.0.1:0`` picks a free loopback port; give a
     routable address to accept senders from other hosts). ``secret`` turns on HMAC authentication
-    of every sender. ``ring`` is the default number of slots per tensor (2: double buffering).
+    of every sender. ``ring`` is the default number of slots per tensor; None (the default) chooses
+    by size: 2 (double buffering) from 256 KiB up, more for smaller tensors, 8 at 64 KiB and
+    below, so that the credits in flight cover the time one takes to come back
+    (:func:`tensorwire.layout.auto_depth`).
     Limits on what a peer can make it do: at most ``max_connections`` data connections, and a
     connection that stops in the middle of a frame is dropped after ``frame_timeout`` seconds (an
     idle one between frames is kept). Frame sizes are bounded by the registered specs. A sender
@@ -89,7 +92,7 @@ class Receiver(Resource):
         bind: str = DEFAULT_BIND,
         *,
         secret: str | bytes | None = None,
-        ring: int = 2,
+        ring: int | None = None,
         region_bytes: int = DEFAULT_REGION_BYTES,
         name: str | None = None,
         grpc: bool | None = None,
@@ -101,7 +104,7 @@ class Receiver(Resource):
         insecure: bool = False,
     ) -> None:
         bind_host, data_host = _parse_bind(bind)
-        if ring < 1:
+        if ring is not None and ring < 1:
             raise ValueError(f"ring must be at least 1, got {ring}")
         if secret is None and not insecure and not is_loopback_host(bind_host):
             raise AuthenticationError(
@@ -178,7 +181,8 @@ class Receiver(Resource):
         ``device``: where the slots are, ``"cpu"`` (host memory) or a GPU (``"cuda"``,
         ``"cuda:1"``, a ``torch.device``; needs cupy, ``tensorwire[gpu]``). A GPU tensor's
         :meth:`wait` hands out a cupy array over the slot (``torch.from_dlpack`` takes it
-        without a copy). Returns the registered :class:`TensorSpec`.
+        without a copy). ``ring``: its number of slots (default: the receiver's choice). Returns
+        the registered :class:`TensorSpec`.
         """
         spec = TensorSpec.create(name, shape, dtype, max_bytes)
         self._table.register(spec, ring, parse_device(device))
@@ -255,6 +259,35 @@ class Receiver(Resource):
         slots are all held by the consumer are skipped until released.
         """
         return self._consumer.wait_any(timeout)
+
+    def wait_all(self, names: Iterable[str], timeout: float | None = None) -> dict[str, Any]:
+        """Wait until every tensor of ``names`` has its next message; return ``{name: view}``.
+
+        All or nothing: the messages are taken together once all have landed, so when the wait
+        raises (:class:`~tensorwire.errors.WireTimeoutError` at ``timeout`` for the whole set,
+        :class:`~tensorwire.errors.PeerLostError` for a tensor whose writer was lost) none is
+        taken. Each tensor is named once. The views are as :meth:`wait` gives; release them
+        with :meth:`release_many`. Cheaper than a :meth:`wait` per tensor: the consumer wakes
+        up for the set, not for each message.
+        """
+        return self._consumer.wait_all(names, timeout)
+
+    def wait_each(
+        self, names: Iterable[str], timeout: float | None = None
+    ) -> Iterator[tuple[str, Any]]:
+        """Yield ``(name, view)`` for the next message of each tensor of ``names``, in the order
+        they land (each tensor once), to work on each as soon as it is there.
+
+        ``timeout`` bounds the whole iteration, from the first message asked for. A message
+        is taken when it is yielded; what was yielded before an error stays taken (release it).
+        """
+        return self._consumer.wait_each(names, timeout)
+
+    def release_many(self, names: Iterable[str]) -> None:
+        """:meth:`release` each of ``names`` (a name as often as it is given), checking them all
+        first: if one holds no message, nothing is released. A networked sender gets all its
+        credits of the batch at once."""
+        self._consumer.release_many(names)
 
     def release(self, name: str) -> None:
         """Hand the oldest held slot of ``name`` back to its sender (one credit).

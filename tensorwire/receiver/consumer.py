@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ..cuda import synchronize_current
-from ..doorbell import deadline_of, wait_for
+from ..doorbell import deadline_of, remaining, wait_for
 from ..errors import ClosedError, PeerLostError, TensorWireError
 from ..layout import OFF_DOORBELL, OFF_RX_WAITING
 from ..received import received
+from ..transports.base import CreditLink
 from .state import ReceiverState
 from .tensors import RegisteredTensor, TensorTable
 
@@ -112,6 +114,10 @@ class Consumer:
                 slot = self._next_slot(tensor)
                 return None if slot is None else self._take(tensor, slot)
 
+        got = ready()  # the message is often there already: no need to set up a wait
+        if got is not None:
+            return got
+
         view: Any = self._block(
             ready,
             timeout,
@@ -146,6 +152,88 @@ class Consumer:
         )
         return got
 
+    def _lookup_all(self, names: Iterable[str]) -> list[RegisteredTensor]:
+        tensors = [self._lookup(n) for n in names]
+        if len({id(t) for t in tensors}) != len(tensors):
+            raise TensorWireError("each tensor may be named once in a wait for several")
+        for t in tensors:
+            if not t.slot_free:
+                raise TensorWireError(
+                    f"tensor {t.spec.name!r}: all {t.ring.depth} slots are held by the consumer; "
+                    "release() one before waiting for the next message"
+                )
+        return tensors
+
+    def wait_all(self, names: Iterable[str], timeout: float | None) -> dict[str, Any]:
+        tensors = self._lookup_all(names)
+        lock = self._state.lock
+        cursor = 0  # tensors before it had their next message complete when last looked at
+
+        def ready() -> dict[str, Any] | None:
+            nonlocal cursor
+            with lock:
+                # Messages stay complete until taken, so each wake-up looks on from where the
+                # last one stopped: the whole wait costs one pass over the names, not one per
+                # message that lands.
+                while cursor < len(tensors):
+                    t = tensors[cursor]
+                    if not t.slot_free or self._next_slot(t) is None:
+                        return None
+                    cursor += 1
+                slots = [self._next_slot(t) if t.slot_free else None for t in tensors]
+                if None in slots:  # another consumer thread took one meanwhile: look again
+                    cursor = 0
+                    return None
+                return {
+                    t.spec.name: self._take(t, slot)
+                    for t, slot in zip(tensors, slots, strict=True)
+                    if slot is not None
+                }
+
+        got = ready()
+        if got is not None:
+            return got
+        out: dict[str, Any] = self._block(
+            ready,
+            timeout,
+            lambda: (
+                f"{len(tensors) - cursor} of {len(tensors)} tensors (first "
+                f"{tensors[min(cursor, len(tensors) - 1)].spec.name!r}) had no message within "
+                f"{timeout} s on {self._state.name}"
+            ),
+            busy=any(t.sender_completes for t in tensors),
+        )
+        return out
+
+    def wait_each(self, names: Iterable[str], timeout: float | None) -> Iterator[tuple[str, Any]]:
+        tensors = self._lookup_all(names)
+        deadline = deadline_of(timeout)
+        lock = self._state.lock
+
+        def ready() -> tuple[str, Any] | None:
+            with lock:
+                # In order: messages mostly land in the order they were sent, so the first
+                # tensor looked at is usually the one.
+                for k, t in enumerate(tensors):
+                    if t.slot_free and (slot := self._next_slot(t)) is not None:
+                        del tensors[k]
+                        return t.spec.name, self._take(t, slot)
+                return None
+
+        while tensors:
+            got = ready()
+            if got is None:
+                got = self._block(
+                    ready,
+                    remaining(deadline),
+                    lambda: (
+                        f"{len(tensors)} tensors (first {tensors[0].spec.name!r}) had no "
+                        f"message within {timeout} s on {self._state.name}"
+                    ),
+                    busy=any(t.sender_completes for t in tensors),
+                )
+            yield got
+
     # -- handing slots back ----------------------------------------------------------------
 
     def release(self, name: str) -> None:
@@ -159,11 +247,44 @@ class Consumer:
             tensor = self._lookup(name)
             if tensor.released >= tensor.consumed:
                 raise TensorWireError(f"tensor {name!r}: no message is held, nothing to release")
-            tensor.released += 1
-            tensor.ring.release(tensor.released)
-            owner = tensor.owner
-            if owner is not None and owner.link is not None and not tensor.sender_completes:
-                owner.link.send_credit(tensor.tensor_id, tensor.released)
+            link = self._hand_back(tensor)
+            if link is not None:
+                link.send_credit(tensor.tensor_id, tensor.released)
+
+    @staticmethod
+    def _hand_back(tensor: RegisteredTensor) -> CreditLink | None:
+        """Release the tensor's oldest held message; the link its credit must travel by (None:
+        the writer reads it from the ring). Under the lock."""
+        tensor.released += 1
+        tensor.ring.release(tensor.released)
+        owner = tensor.owner
+        if owner is not None and owner.link is not None and not tensor.sender_completes:
+            return owner.link
+        return None
+
+    def release_many(self, names: Iterable[str]) -> None:
+        names = tuple(names)
+        for device in {d for n in names if (d := self._lookup(n).ring.device) is not None}:
+            synchronize_current(device)  # as in release()
+        credits: dict[int, tuple[CreditLink, list[tuple[int, int]]]] = {}
+        with self._state.lock:
+            tensors = [self._lookup(n) for n in names]
+            times = Counter(id(t) for t in tensors)
+            for tensor in tensors:  # every name checked before any slot is handed back
+                if tensor.consumed - tensor.released < times[id(tensor)]:
+                    raise TensorWireError(
+                        f"tensor {tensor.spec.name!r}: released {times[id(tensor)]} times, but "
+                        f"{tensor.consumed - tensor.released} message(s) held; nothing released"
+                    )
+            for tensor in tensors:
+                link = self._hand_back(tensor)
+                if link is not None:
+                    credits.setdefault(id(link), (link, []))[1].append(
+                        (tensor.tensor_id, tensor.released)
+                    )
+            # Each networked sender hears of all its credits of the batch at once.
+            for link, pairs in credits.values():
+                link.send_credits(pairs)
 
     def drain(self, name: str) -> int:
         with self._state.lock:

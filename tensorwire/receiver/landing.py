@@ -136,7 +136,7 @@ class Landing(DataSink):
             )
         return tensor, nbytes
 
-    def end_write(self, session: object, header: wire.DataHeader) -> None:
+    def end_write(self, session: object, header: wire.DataHeader, bell: bool = True) -> None:
         assert isinstance(session, Session)
         tensor = self._table.by_id[header.tensor_id]
         device = tensor.ring.device
@@ -152,7 +152,7 @@ class Landing(DataSink):
             )
         with self._state.lock:
             tensor.inflight = None
-            self._complete(session, tensor, header)
+            self._complete(session, tensor, header, bell)
 
     def landed(self, session: object, header: wire.DataHeader) -> None:
         assert isinstance(session, Session)
@@ -160,15 +160,23 @@ class Landing(DataSink):
             tensor, _ = self._check_write(session, header)
             self._complete(session, tensor, header)
 
+    def ring(self) -> None:
+        with self._state.lock:
+            self._table.wake()
+
     def _complete(
-        self, session: Session, tensor: RegisteredTensor, header: wire.DataHeader
+        self,
+        session: Session,
+        tensor: RegisteredTensor,
+        header: wire.DataHeader,
+        bell: bool = True,
     ) -> None:
         if tensor.owner is not session:  # dropped while its payload was arriving
             raise session.dropped_error(
                 f" while message {header.seq} of {tensor.spec.name!r} was arriving (not completed)"
             )
         session.last_seen = time.monotonic()
-        tensor.ring.publish(header.slot, header.seq, header.nbytes, header.shape)
+        tensor.ring.publish(header.slot, header.seq, header.nbytes, header.shape, bell)
         tensor.expected_seq = header.seq + 1
 
     def abort_write(self, session: object, header: wire.DataHeader) -> None:

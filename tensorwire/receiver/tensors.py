@@ -34,6 +34,7 @@ from ..layout import (
     REGION_OPEN,
     RingLayout,
     align,
+    auto_depth,
     control_footprint,
     payloads_footprint,
     plan_parts,
@@ -99,7 +100,7 @@ class TensorTable:
         self,
         state: ReceiverState,
         *,
-        ring_depth: int,
+        ring_depth: int | None,
         region_bytes: int,
         shared: bool,
         on_new_memory: Callable[[Memory], None],
@@ -201,7 +202,9 @@ class TensorTable:
             raise SpecMismatchError(f"tensor {name!r} is already registered")
 
     def register(self, spec: TensorSpec, ring: int | None, device: int | None = None) -> None:
-        depth = self._ring_depth if ring is None else int(ring)
+        if ring is None:
+            ring = self._ring_depth
+        depth = auto_depth(spec.max_bytes) if ring is None else int(ring)
         if depth < 1:
             raise ValueError(f"ring must be at least 1, got {ring}")
         with self._state.lock:

@@ -134,6 +134,13 @@ class Channel(ABC):
         names the claim (a writer that writes the receiver's memory itself checks it, see
         :meth:`~tensorwire.ring.RingMemory.enter_write`)."""
 
+    def write_batch(self, writes: list[tuple[TensorWriter, Any]], deadline: float | None) -> None:
+        """Write several messages in order (each array already checked, on the host unless its
+        writer ``takes_device``), all by ``deadline``. Transports that can move a batch for
+        less than one write each (one doorbell, one syscall) override this."""
+        for w, array in writes:
+            w.write(array, deadline)
+
     def update_regions(self, regions: list[RegionInfo]) -> None:  # noqa: B027
         """The receiver registered more tensors (maybe in new regions)."""
 
@@ -205,6 +212,10 @@ class CreditLink(Protocol):
         """Tell the sender that ``released`` messages of ``tensor_id`` are released. Never
         blocks the consumer: what cannot be sent now is sent as soon as it can."""
 
+    def send_credits(self, credits: list[tuple[int, int]]) -> None:
+        """Several ``(tensor_id, released)`` credits at once (a batch release), in as few
+        messages as the transport allows; never blocks either."""
+
     def cut(self) -> None:
         """The receiver dropped the session: end its data path, so that the sender's next write
         fails with PeerLostError instead of landing."""
@@ -225,8 +236,13 @@ class DataSink(Protocol):
     def begin_write(self, session: object, header: DataHeader) -> memoryview:
         """Validate a header; return the exact bytes of the slot its payload must land in."""
 
-    def end_write(self, session: object, header: DataHeader) -> None:
-        """The payload is in the bytes :meth:`begin_write` gave: complete the slot."""
+    def end_write(self, session: object, header: DataHeader, bell: bool = True) -> None:
+        """The payload is in the bytes :meth:`begin_write` gave: complete the slot, and ring the
+        consumers' doorbell unless ``bell`` is False (the caller then calls :meth:`ring` soon,
+        e.g. once for several messages that arrived together)."""
+
+    def ring(self) -> None:
+        """Ring the consumers' doorbell (after completions with ``bell=False``)."""
 
     def landed(self, session: object, header: DataHeader) -> None:
         """A one-sided write (NIXL) put the payload straight into the slot ``header`` aims at:

@@ -101,6 +101,9 @@ class _SessionLink:
     def send_credit(self, tensor_id: int, released: int) -> None:
         pass  # a write waiting for this slot sees the ring's released word change
 
+    def send_credits(self, credits: list[tuple[int, int]]) -> None:
+        pass
+
     def close(self) -> None:
         self.closed = True
 

@@ -412,17 +412,23 @@ class NixlChannel(Channel):
             raise self._lose(f"NIXL progress towards {self._where} failed: {exc}") from exc
         if not notifs:
             return False
-        for messages in notifs.values():  # only the receiver holds our metadata
-            for raw in messages:
-                credit = wire.decode_credit(raw)
-                if credit.tensor_id == BYE_ACK:
-                    self._bye_acked = True
-                elif credit.tensor_id == PING:
-                    self._ponged = True
-                elif credit.tensor_id == SESSION_ENDED:
-                    self.mark_lost(f"receiver at {self._where} ended the session")
-                elif credit.released > self._released.get(credit.tensor_id, 0):
-                    self._released[credit.tensor_id] = credit.released
+        size = wire.CREDIT.size
+        frames = (
+            raw[at : at + size]
+            for messages in notifs.values()  # only the receiver holds our metadata
+            for raw in messages
+            for at in range(0, max(len(raw), 1), size)  # a batch release: several credits
+        )
+        for frame in frames:
+            credit = wire.decode_credit(frame)
+            if credit.tensor_id == BYE_ACK:
+                self._bye_acked = True
+            elif credit.tensor_id == PING:
+                self._ponged = True
+            elif credit.tensor_id == SESSION_ENDED:
+                self.mark_lost(f"receiver at {self._where} ended the session")
+            elif credit.released > self._released.get(credit.tensor_id, 0):
+                self._released[credit.tensor_id] = credit.released
         return True
 
     def released(self, tensor_id: int) -> int:
@@ -621,6 +627,10 @@ class NixlPeer:
 
     def send_credit(self, tensor_id: int, released: int) -> None:
         self._server.notify(self.agent, wire.encode_credit(tensor_id, released))
+
+    def send_credits(self, credits: list[tuple[int, int]]) -> None:
+        # One notification carries them all: the sender reads every frame of a notification.
+        self._server.notify(self.agent, b"".join(wire.encode_credit(t, r) for t, r in credits))
 
     def cut(self) -> None:
         self._server.notify(self.agent, wire.encode_credit(SESSION_ENDED, 0))

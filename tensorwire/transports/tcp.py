@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import select
 import socket
 import struct
@@ -56,6 +57,8 @@ HELLO_ACK = 0xFFFFFFFF
 SOCKET_BUFFER = 4 << 20
 HELLO_TIMEOUT = 10.0
 CREDIT_SEND_TIMEOUT = 10.0
+#: Most messages a connection completes before it wakes the consumers, while more keep coming.
+BELL_EVERY = 16
 
 
 def _tune(sock: socket.socket) -> None:
@@ -88,6 +91,15 @@ def recv_exact_into(sock: socket.socket, view: memoryview, idle_ok: bool = False
     return True
 
 
+def _recv_now(sock: socket.socket, view: memoryview) -> int:
+    """Read into ``view`` what is already there, without waiting: the byte count, 0 when nothing
+    is (or the peer closed: the blocking read that follows sees that)."""
+    try:
+        return sock.recv_into(view, len(view), socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return 0
+
+
 def set_receive_timeout(sock: socket.socket, seconds: float) -> None:
     """Kernel-level receive timeout on a blocking socket: costs nothing per read."""
     whole = int(seconds)
@@ -98,6 +110,8 @@ def set_receive_timeout(sock: socket.socket, seconds: float) -> None:
     )
 
 
+#: Most buffers one sendmsg takes (Linux: 1024).
+_IOV_MAX = max(os.sysconf("SC_IOV_MAX"), 16) if hasattr(os, "sysconf") else 1024
 _POLLRDHUP = getattr(select, "POLLRDHUP", 0)  # Linux: the peer shut down its sending side
 #: Longest a blocked send sleeps before it looks again at its deadline and the peer's state.
 SEND_CHECK_MS = 100
@@ -285,6 +299,33 @@ class TcpChannel(Channel):
         except OSError as exc:
             raise PeerLostError(f"tcp data connection to {self._where} failed: {exc}") from exc
 
+    def write_batch(self, writes: list[tuple[TensorWriter, Any]], deadline: float | None) -> None:
+        """The batch's frames in as few ``sendmsg`` calls as the kernel allows: frames are
+        gathered until a writer must wait for a credit (the frames before it are sent first, as
+        the receiver may be waiting for them to release one), a writer comes again, or
+        ``IOV_MAX`` buffers are gathered."""
+        pending: list[memoryview] = []
+        framed: dict[int, TcpWriter] = {}  # by id, in order
+
+        def flush() -> None:
+            if framed:
+                self.send(pending, deadline)
+                for w in framed.values():
+                    w.sent()
+                pending.clear()
+                framed.clear()
+
+        for w, array in writes:
+            assert isinstance(w, TcpWriter)
+            if id(w) in framed or len(pending) + 2 > _IOV_MAX:
+                flush()
+            if self.released(w._tid) < w.next_seq - w._depth:
+                flush()
+                w._wait_credit(deadline)
+            pending += w.frame(_bytes_of(array), array.shape)
+            framed[id(w)] = w
+        flush()
+
     def _shutdown(self) -> None:
         if self._sock is not None:
             with contextlib.suppress(OSError):
@@ -347,11 +388,14 @@ class TcpWriter(TensorWriter):
         self._staging: np.ndarray[Any, Any] | None = None
         self._deadline: float | None = None  # of the message being produced through acquire()
         self._slots = SlotChooser(slot_seqs)
+        self._framed = -1  # the slot of the message frame() made
 
     def _wait_credit(self, deadline: float | None) -> None:
         wait_for_slot(self._channel, self._tid, self.spec, self.next_seq, self._depth, deadline)
 
-    def _send(self, payload: memoryview, shape: tuple[int, ...], deadline: float | None) -> None:
+    def frame(self, payload: memoryview, shape: tuple[int, ...]) -> list[memoryview]:
+        """The next message's header and payload, ready to send (its slot chosen, which
+        :meth:`sent` records once they are on their way). Needs a credit."""
         seq = self.next_seq
         slot = self._slots.choose(self._channel.released(self._tid))
         header = wire.DataHeader(
@@ -363,9 +407,17 @@ class TcpWriter(TensorWriter):
             shape if self.spec.dynamic else None,
         )
         used = wire.pack_data_header(self._header, header)
-        self._channel.send([self._header_view[:used], payload], deadline)
-        self._slots.wrote(slot, seq)
-        self.next_seq = seq + 1
+        self._framed = slot
+        return [self._header_view[:used], payload]
+
+    def sent(self) -> None:
+        """The message :meth:`frame` made has been handed to the kernel."""
+        self._slots.wrote(self._framed, self.next_seq)
+        self.next_seq += 1
+
+    def _send(self, payload: memoryview, shape: tuple[int, ...], deadline: float | None) -> None:
+        self._channel.send(self.frame(payload, shape), deadline)
+        self.sent()
 
     def write(self, array: np.ndarray[Any, Any], deadline: float | None) -> None:
         self._wait_credit(deadline)
@@ -411,8 +463,13 @@ class _Connection:
     def send_credit(self, tensor_id: int, released: int) -> None:
         """Never blocks the consumer that released: what the socket cannot take now is sent by
         the server's accept thread as soon as the sender reads again."""
+        self.send_credits([(tensor_id, released)])
+
+    def send_credits(self, credits: list[tuple[int, int]]) -> None:
+        """Several credits in one ``send`` (a batch release)."""
         with self._send_lock:
-            self._unsent[tensor_id] = released
+            for tensor_id, released in credits:
+                self._unsent[tensor_id] = released
             behind = self._flush_locked()
         if behind:
             self._backlog(self)
@@ -568,11 +625,23 @@ class TcpDataServer(DataServer):
             reader = wire.HeaderReader()
             hbuf = bytearray(wire.MAX_HEADER_BYTES)
             hview = memoryview(hbuf)
+            owed = 0  # messages completed without waking the consumers yet
             while not self._closed:
                 header = None
                 fresh = True  # between frames a sender may be idle for as long as it likes
                 while header is None:
                     need = reader.need
+                    if owed:
+                        # Messages that arrived together are completed together: while the
+                        # next header is already here, the consumers are not woken (a wake-up
+                        # costs both threads more than the message), up to BELL_EVERY.
+                        got = _recv_now(sock, hview[:need])
+                        if got:
+                            fresh = False
+                            header = reader.feed(hview[:got])
+                            continue
+                        self._sink().ring()
+                        owed = 0
                     if not recv_exact_into(sock, hview[:need], idle_ok=fresh):
                         return
                     fresh = False
@@ -584,7 +653,10 @@ class TcpDataServer(DataServer):
                 dst = sink.begin_write(session, header)
                 if not recv_exact_into(sock, dst):
                     raise ConnectionError("connection closed before the payload")
-                sink.end_write(session, header)
+                owed += 1
+                if owed >= BELL_EVERY:
+                    owed = 0
+                sink.end_write(session, header, bell=not owed)
                 del sink, dst
         except (LocalProtocolError, TensorWireError) as exc:
             reason = f"protocol error: {exc}"
@@ -597,6 +669,7 @@ class TcpDataServer(DataServer):
         finally:
             sink_or_none = self._sink_ref()
             if session is not None and sink_or_none is not None:
+                sink_or_none.ring()  # for what landed last, whatever ends the connection
                 sink_or_none.disconnected(session, reason)
             del sink_or_none
             with self._lock:

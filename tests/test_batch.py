@@ -1,0 +1,175 @@
+"""The batch API: ``Sender.write_many``, ``Receiver.wait_all`` / ``wait_each`` / ``release_many``,
+over every transport, and the ring depth a receiver chooses by size.
+
+A batch is checked whole before a byte moves, and a wait for several tensors takes all of them
+or none: these tests hold both ends to that, with real sender processes and real sockets.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tensorwire as tw
+from tensorwire.layout import auto_depth
+
+from .conftest import Children
+from .peers import make_array, send_batches
+
+#: a model-like mix: small and large, every kind of dtype, 16-bit floats through ml_dtypes
+PLAN = [
+    (f"t{i}", dt, shape, 100 * i)
+    for i, (dt, shape) in enumerate(
+        [
+            ("float32", (64,)),
+            ("float32", (256, 64)),
+            ("bfloat16", (33,)),
+            ("int64", (4,)),
+            ("uint8", (70000,)),
+            ("float16", (3, 5, 7)),
+            ("complex64", (16,)),
+            ("float64", ()),
+            ("bool", (9,)),
+            ("float8_e4m3fn", (100,)),
+        ]
+        * 3
+    )
+]
+ROUNDS = 3
+
+
+def test_write_many_then_wait_all_byte_exact(transport: str, children: Children) -> None:
+    names = [name for name, *_ in PLAN]
+    with tw.Receiver(ring=1) as rx:  # one slot: every round waits for the last one's credits
+        for name, dt, shape, _ in PLAN:
+            rx.register(name, shape, dt)
+        proc = children.start(send_batches, rx.address, transport, PLAN, ROUNDS)
+        for r in range(ROUNDS):
+            got = rx.wait_all(names, timeout=30)
+            assert list(got) == names
+            for name, dt, shape, seed in PLAN:
+                assert got[name].tobytes() == make_array(dt, shape, seed + r).tobytes(), name
+                assert not got[name].flags.writeable
+            rx.release_many(names)
+        children.join_ok(proc)
+        assert all(rx.pending(n) == 0 for n in names)
+
+
+def test_wait_each_yields_every_tensor_once(transport: str, children: Children) -> None:
+    names = [name for name, *_ in PLAN]
+    with tw.Receiver(ring=1) as rx:
+        for name, dt, shape, _ in PLAN:
+            rx.register(name, shape, dt)
+        proc = children.start(send_batches, rx.address, transport, PLAN, ROUNDS)
+        for r in range(ROUNDS):
+            seen = []
+            for name, view in rx.wait_each(names, timeout=30):
+                _, dt, shape, seed = PLAN[names.index(name)]
+                assert view.tobytes() == make_array(dt, shape, seed + r).tobytes(), name
+                rx.release(name)  # each as soon as it is done with: the sender may go on
+                seen.append(name)
+            assert sorted(seen) == sorted(names)
+        children.join_ok(proc)
+
+
+def test_a_bad_item_writes_nothing(transport: str) -> None:
+    with tw.Receiver() as rx:
+        for k in range(4):
+            rx.register(f"a{k}", (8,), "float32")
+        with tw.Sender.connect(rx.address, transport=transport, timeout=10) as tx:
+            good = np.ones(8, np.float32)
+            for bad, error in (
+                (np.ones(9, np.float32), tw.SpecMismatchError),
+                (np.ones(8, np.float64), tw.SpecMismatchError),
+                (np.ones((2, 8), np.float32)[:, 0], tw.SpecMismatchError),
+            ):
+                with pytest.raises(error, match="'a3'"):
+                    tx.write_many([("a0", good), ("a1", good), ("a2", good), ("a3", bad)])
+            with pytest.raises(tw.UnknownTensorError, match="nope"):
+                tx.write_many({"a0": good, "nope": good})
+            # nothing landed: the next batch's messages are the first of each tensor
+            handles = tx.write_many({f"a{k}": good * k for k in range(4)})
+            assert [h.seq for h in handles] == [1, 1, 1, 1]
+            got = rx.wait_all([f"a{k}" for k in range(4)], timeout=10)
+            for k in range(4):
+                assert np.array_equal(got[f"a{k}"], good * k)
+                assert rx.pending(f"a{k}") == 0
+
+
+def test_one_tensor_twice_in_a_batch(transport: str) -> None:
+    with tw.Receiver(ring=2) as rx:
+        rx.register("x", (4,), "int32")
+        rx.register("y", (4,), "int32")
+        with tw.Sender.connect(rx.address, transport=transport, timeout=10) as tx:
+            a, b, c = (np.full(4, k, np.int32) for k in (1, 2, 3))
+            handles = tx.write_many([("x", a), ("y", c), ("x", b)])
+            assert [(h.name, h.seq) for h in handles] == [("x", 1), ("y", 1), ("x", 2)]
+            assert np.array_equal(rx.wait("x", timeout=10), a)
+            assert np.array_equal(rx.wait("x", timeout=10), b)
+            assert np.array_equal(rx.wait("y", timeout=10), c)
+            rx.release_many(["x", "x", "y"])
+
+
+def test_wait_all_takes_nothing_when_one_is_missing() -> None:
+    with tw.Receiver() as rx:
+        rx.register("here", (4,), "float32")
+        rx.register("late", (4,), "float32")
+        with tw.Sender.connect(rx.address, transport="shm", timeout=10) as tx:
+            tx.write("here", np.arange(4, dtype=np.float32))
+            with pytest.raises(tw.WireTimeoutError, match="'late'"):
+                rx.wait_all(["here", "late"], timeout=0.2)
+            assert rx.pending("here") == 1  # still there for the next wait
+            with pytest.raises(tw.TensorWireError, match="nothing released"):
+                rx.release_many(["here"])
+            tx.write("late", np.ones(4, np.float32))
+            got = rx.wait_all(["here", "late"], timeout=10)
+            assert np.array_equal(got["here"], np.arange(4, dtype=np.float32))
+            with pytest.raises(tw.TensorWireError, match="named once"):
+                rx.wait_all(["here", "here"], timeout=0)
+            rx.release_many(["here", "late"])
+
+
+def test_release_many_checks_every_name_first() -> None:
+    with tw.Receiver(ring=1) as rx:
+        rx.register("a", (2,), "uint8")
+        rx.register("b", (2,), "uint8")
+        with tw.Sender.connect(rx.address, transport="shm", timeout=10) as tx:
+            tx.write("a", np.zeros(2, np.uint8))
+            rx.wait("a", timeout=10)
+            with pytest.raises(tw.TensorWireError, match="'b'"):
+                rx.release_many(["a", "b"])
+            with pytest.raises(tw.WireTimeoutError):
+                tx.write("a", np.ones(2, np.uint8), timeout=0)  # 'a' is still held
+            rx.release_many(["a"])
+            tx.write("a", np.ones(2, np.uint8), timeout=5)
+
+
+def test_a_tcp_batch_longer_than_one_sendmsg_takes() -> None:
+    count = 700  # 1400 buffers: more than IOV_MAX (1024) in one sendmsg
+    names = [f"s{k}" for k in range(count)]
+    with tw.Receiver() as rx:
+        for n in names:
+            rx.register(n, (4,), "int32")
+        with tw.Sender.connect(rx.address, transport="tcp", timeout=30) as tx:
+            tx.write_many({n: np.full(4, k, np.int32) for k, n in enumerate(names)})
+            got = rx.wait_all(names, timeout=30)
+            assert all(int(got[n][0]) == k for k, n in enumerate(names))
+            rx.release_many(names)
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "depth"), [(4096, 8), (64 << 10, 8), (128 << 10, 4), (1 << 20, 2)]
+)
+def test_ring_depth_by_size(nbytes: int, depth: int) -> None:
+    assert auto_depth(nbytes) == depth
+    with tw.Receiver() as rx:  # no ring given: chosen by size
+        rx.register("t", (nbytes,), "uint8")
+        rx.register("mine", (nbytes,), "uint8", ring=3)  # the user's choice wins
+        with tw.Sender.connect(rx.address, transport="shm", timeout=10) as tx:
+            data = np.zeros(nbytes, np.uint8)
+            for name, slots in (("t", depth), ("mine", 3)):
+                tx.write(name, data)  # the first write claims the tensor (a round trip)
+                for _ in range(slots - 1):
+                    tx.write(name, data, timeout=0)  # every slot free: no wait
+                with pytest.raises(tw.WireTimeoutError, match=f"ring depth {slots}"):
+                    tx.write(name, data, timeout=0)
