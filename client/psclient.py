@@ -291,11 +291,11 @@ class PSClient:
                 # Every server's status and every parameter chunk, taken together once all
                 # have landed (one wake-up for the step, not one per tensor); on a loss none
                 # is taken.
-                names = [*(status_name(s) for s in range(len(self.servers)))]
-                names += [c.cid for c in self.chunks]
+                status_names = [status_name(s) for s in range(len(self.servers))]
+                names = status_names + [c.cid for c in self.chunks]
                 got = self.rx.wait_all(names, timeout=wait)
                 self._held = names
-                statuses = [got[status_name(s)] for s in range(len(self.servers))]
+                statuses = [got[n] for n in status_names]
                 steps = {int(status[0]) for status in statuses}
                 stop = any(int(status[1]) == STATUS_STOP for status in statuses)
                 break

@@ -445,11 +445,9 @@ class Sender(Resource):
         every slot is held by the receiver, up to ``timeout``.
         """
         with self._lock:
-            p, entry = self._routes.get((name, peer)) or self._resolve(name, peer)
-            if self._closed:
-                self._check_open()
+            p, entry = self._resolve(name, peer)
             arr = entry.spec.check_array(array, allow_copy=allow_copy)
-            deadline = deadline_of(self.timeout if timeout is _DEFAULT else timeout)
+            deadline = self._deadline(timeout)
             try:
                 w = p.writers.get(entry.tensor_id) or p.writer(entry, deadline)
                 w.write(arr if w.takes_device else w.on_host(arr), deadline)
@@ -497,9 +495,9 @@ class Sender(Resource):
             for item in pairs:
                 name, array = item[0], item[1]
                 where = item[2] if len(item) > 2 else peer
-                p, entry = self._routes.get((name, where)) or self._resolve(name, where)
+                p, entry = self._resolve(name, where)
                 planned.append((p, entry, entry.spec.check_array(array, allow_copy=allow_copy)))
-            deadline = deadline_of(self.timeout if timeout is _DEFAULT else timeout)
+            deadline = self._deadline(timeout)
             groups: dict[str, list[int]] = {}
             for k, (p, _, _) in enumerate(planned):
                 groups.setdefault(p.address, []).append(k)

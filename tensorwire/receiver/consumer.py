@@ -98,11 +98,7 @@ class Consumer:
 
     def wait(self, name: str, timeout: float | None) -> Any:
         tensor = self._lookup(name)
-        if not tensor.slot_free:
-            raise TensorWireError(
-                f"tensor {name!r}: all {tensor.ring.depth} slots are held by the consumer; "
-                "release() one before waiting for the next message"
-            )
+        self._check_slot_free(tensor)
         lock = self._state.lock
 
         def ready() -> Any | None:
@@ -157,12 +153,17 @@ class Consumer:
         if len({id(t) for t in tensors}) != len(tensors):
             raise TensorWireError("each tensor may be named once in a wait for several")
         for t in tensors:
-            if not t.slot_free:
-                raise TensorWireError(
-                    f"tensor {t.spec.name!r}: all {t.ring.depth} slots are held by the consumer; "
-                    "release() one before waiting for the next message"
-                )
+            self._check_slot_free(t)
         return tensors
+
+    @staticmethod
+    def _check_slot_free(tensor: RegisteredTensor) -> None:
+        """Refuse a wait that could never end: the consumer holds every slot itself."""
+        if not tensor.slot_free:
+            raise TensorWireError(
+                f"tensor {tensor.spec.name!r}: all {tensor.ring.depth} slots are held by the "
+                "consumer; release() one before waiting for the next message"
+            )
 
     def wait_all(self, names: Iterable[str], timeout: float | None) -> dict[str, Any]:
         tensors = self._lookup_all(names)

@@ -319,9 +319,9 @@ class TcpChannel(Channel):
             assert isinstance(w, TcpWriter)
             if id(w) in framed or len(pending) + 2 > _IOV_MAX:
                 flush()
-            if self.released(w._tid) < w.next_seq - w._depth:
+            if not w.has_credit():
                 flush()
-                w._wait_credit(deadline)
+                w.wait_credit(deadline)
             pending += w.frame(_bytes_of(array), array.shape)
             framed[id(w)] = w
         flush()
@@ -390,7 +390,11 @@ class TcpWriter(TensorWriter):
         self._slots = SlotChooser(slot_seqs)
         self._framed = -1  # the slot of the message frame() made
 
-    def _wait_credit(self, deadline: float | None) -> None:
+    def has_credit(self) -> bool:
+        """May the next message be sent without waiting for a credit?"""
+        return self._channel.released(self._tid) >= self.next_seq - self._depth
+
+    def wait_credit(self, deadline: float | None) -> None:
         wait_for_slot(self._channel, self._tid, self.spec, self.next_seq, self._depth, deadline)
 
     def frame(self, payload: memoryview, shape: tuple[int, ...]) -> list[memoryview]:
@@ -420,13 +424,13 @@ class TcpWriter(TensorWriter):
         self.sent()
 
     def write(self, array: np.ndarray[Any, Any], deadline: float | None) -> None:
-        self._wait_credit(deadline)
+        self.wait_credit(deadline)
         self._send(_bytes_of(array), array.shape, deadline)
 
     def acquire(self, shape: tuple[int, ...], deadline: float | None) -> np.ndarray[Any, Any]:
         # Produce-in-place over a network has to stage somewhere: one buffer per tensor, allocated
         # once, reused for every message.
-        self._wait_credit(deadline)
+        self.wait_credit(deadline)
         self._deadline = deadline
         if self._staging is None:
             self._staging = np.empty(self.spec.max_bytes, dtype=np.uint8)
