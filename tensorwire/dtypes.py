@@ -88,23 +88,32 @@ def _describe(obj: Any) -> str:
 
 
 def _from_torch(tensor: Any, name: str) -> np.ndarray[Any, Any]:
-    import torch  # the caller holds a torch tensor, so torch is imported already
-
     if tensor.device.type != "cpu":  # CUDA tensors are read as GPU arrays (tensorwire.cuda)
         raise SpecMismatchError(
             f"tensor {name!r}: got a torch tensor on {tensor.device}; tensorwire writes host and "
             "CUDA memory: move it with .cpu() first"
         )
+    exportable, ml = torch_for_dlpack(tensor)
+    array = np.from_dlpack(exportable)
+    return array if ml is None else array.view(ml)
+
+
+def torch_for_dlpack(tensor: Any) -> tuple[Any, np.dtype[Any] | None]:
+    """A torch tensor (CPU or CUDA) made ready for a DLPack import over the same memory: without
+    its autograd graph, lazy conjugate/negative views materialised, and a dtype DLPack importers
+    lack (bfloat16, float8: numpy and cupy have no DLPack code for them) replaced by a plain
+    integer of the same size, returned with the ml_dtypes dtype to view the import as."""
+    import torch  # the caller holds a torch tensor, so torch is imported already
+
     if tensor.requires_grad:
         tensor = tensor.detach()  # the same memory, without the autograd graph
     if tensor.is_conj() or tensor.is_neg():
-        tensor = tensor.resolve_conj().resolve_neg()  # lazy views numpy cannot see: materialise
-    dtype_name = str(tensor.dtype).removeprefix("torch.")
-    ml = ml_dtypes_by_name().get(dtype_name)
-    if ml is not None:  # numpy's DLPack import has no bfloat16/float8: view the same bytes
-        same_size = {1: torch.uint8, 2: torch.int16}[ml.itemsize]
-        return np.from_dlpack(tensor.view(same_size)).view(ml)
-    return np.from_dlpack(tensor)
+        tensor = tensor.resolve_conj().resolve_neg()  # lazy views DLPack cannot carry
+    ml = ml_dtypes_by_name().get(str(tensor.dtype).removeprefix("torch."))
+    if ml is None:
+        return tensor, None
+    same_size = {1: torch.uint8, 2: torch.int16}[ml.itemsize]
+    return tensor.view(same_size), ml
 
 
 def as_host_array(obj: Any, name: str) -> np.ndarray[Any, Any]:

@@ -14,7 +14,7 @@ import pytest
 
 import tensorwire as tw
 from tensorwire import wire
-from tensorwire.rdma import NixlOptions
+from tensorwire.rdma import NixlOptions, cuda_devices_present
 
 from .peers import run_conformance_hiding, run_hiding
 
@@ -192,7 +192,10 @@ def test_options_are_checked_and_applied_only_while_creating_an_agent() -> None:
         NixlOptions(registered_sources=0)
     opts = NixlOptions(tls="cma,tcp", env={"UCX_RNDV_THRESH": "8192"})
     env = opts.environment(loopback=True)
-    assert env["UCX_TLS"] == "cma,tcp" and env["UCX_RNDV_THRESH"] == "8192"
+    # on a GPU host the list gets the CUDA transport NIXL insists on (the test below)
+    expected_tls = "cma,tcp,cuda_copy" if cuda_devices_present() else "cma,tcp"
+    assert env["UCX_TLS"] == expected_tls
+    assert env["UCX_RNDV_THRESH"] == "8192"
     assert env.get("UCX_NET_DEVICES", "lo") == "lo"  # loopback stays on lo unless told otherwise
     assert "UCX_NET_DEVICES" not in NixlOptions().environment(loopback=False)
     assert NixlOptions(net_devices="mlx5_0:1").environment(True)["UCX_NET_DEVICES"] == "mlx5_0:1"

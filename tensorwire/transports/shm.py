@@ -242,7 +242,7 @@ class ShmWriter(TensorWriter):
                     np.copyto(dst, array, casting="no")
             else:  # GPU memory at either end: CUDA copies (synchronised before the store)
                 host = isinstance(array, np.ndarray)
-                device = ring.device if host else int(array.device.id)
+                device = ring.device if host else int(array.data.device_id)
                 assert device is not None
                 dst_address = ring.payload_addresses[self._slot]
                 copier().copy(
