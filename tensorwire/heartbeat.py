@@ -49,8 +49,10 @@ class Heartbeats:
                     clients.pop(address).close()  # the peer was removed: its socket goes too
                     missed.pop(address, None)
                 for peer in peers:
+                    # a peer without a channel yet is being set up: kept alive, never marked lost
+                    # (its set-up fails on its own if the receiver is gone)
                     channel = peer.channel
-                    if channel is None or channel.lost is not None or not peer.token:
+                    if not peer.token or (channel is not None and channel.lost is not None):
                         continue
                     client = clients.get(peer.address)
                     if client is None:
@@ -62,14 +64,15 @@ class Heartbeats:
                         missed[peer.address] = 0
                     except WireTimeoutError:
                         missed[peer.address] = missed.get(peer.address, 0) + 1
-                        if missed[peer.address] >= self.misses:
+                        if missed[peer.address] >= self.misses and channel is not None:
                             channel.mark_lost(
                                 f"receiver at {peer.address} missed {self.misses} heartbeats "
                                 f"({self.misses * self.interval:g} s)"
                             )
                     except TensorWireError as exc:  # session or generation gone
-                        channel.mark_lost(f"receiver at {peer.address}: {exc}")
-                    if channel.lost is not None:
+                        if channel is not None:
+                            channel.mark_lost(f"receiver at {peer.address}: {exc}")
+                    if channel is not None and channel.lost is not None:
                         log.warning("%s", channel.lost)
         finally:
             for client in clients.values():
@@ -82,11 +85,12 @@ class Heartbeats:
 
 
 def peers_of(owner: Any) -> Callable[[], list[Any]]:
-    """A weak view of ``owner._peers``: the thread must not keep its sender alive."""
+    """A weak view of ``owner._peers`` and ``owner._joining`` (peers being connected): the
+    thread must not keep its sender alive."""
     ref = weakref.ref(owner)
 
     def peers() -> list[Any]:
         obj = ref()
-        return [] if obj is None else list(obj._peers.values())
+        return [] if obj is None else [*obj._peers.values(), *obj._joining.values()]
 
     return peers

@@ -82,7 +82,6 @@ class _Peer:
         secret: bytes | None,
         timeout: float | None,
         client: str,
-        connect_timeout: float | None = None,
         curve_server_key: bytes | None = None,
         nixl: NixlOptions | None = None,
     ) -> None:
@@ -108,7 +107,6 @@ class _Peer:
         self.token = b""
         self.curve_server_key = curve_server_key
         self.nixl = nixl
-        self.open(connect_timeout)
 
     def open(self, connect_timeout: float | None = None) -> None:
         """(Re)connect: hello, authenticate, fetch the address book, open the data channel.
@@ -282,6 +280,7 @@ class Sender(Resource):
         self.reconnect = reconnect
         self.name = name or f"sender-{os.getpid()}-{secrets.token_hex(3)}"
         self._peers: dict[str, _Peer] = {}
+        self._joining: dict[str, _Peer] = {}  # peers whose connection is being set up
         # (name, peer) -> where it goes; cleared whenever an address book changes.
         self._routes: dict[tuple[str, str | None], tuple[_Peer, TensorEntry]] = {}
         self._lock = threading.RLock()
@@ -335,16 +334,23 @@ class Sender(Resource):
                 self._heartbeats = Heartbeats(
                     peers_of(self), self._heartbeat, name=f"tensorwire-heartbeat-{self.name}"
                 )
-            self._peers[address] = _Peer(
+            peer = _Peer(
                 address,
                 transport=transport or self._transport,
                 secret=self._secret,
                 timeout=self.timeout,
                 client=self.name,
-                connect_timeout=connect_timeout,
                 curve_server_key=self._curve,
                 nixl=self._nixl,
             )
+            # Heartbeated from the welcome on: opening a data channel can take longer than the
+            # receiver waits for a silent session (creating NIXL agents on a GPU host: >1 s).
+            self._joining[address] = peer
+            try:
+                peer.open(connect_timeout)
+            finally:
+                del self._joining[address]
+            self._peers[address] = peer
 
     def remove_peer(self, address: str) -> None:
         """Disconnect from one receiver (say goodbye if it is still there)."""

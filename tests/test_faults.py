@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -284,6 +285,30 @@ def test_a_silent_sender_is_declared_lost(transport: str, children: Children) ->
         finally:
             os.kill(proc.pid, signal.SIGCONT)
         _healthy(rx, transport)
+
+
+def test_a_slow_channel_set_up_is_kept_alive(
+    transport: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opening a data channel can outlast the receiver's patience with a silent session (NIXL's
+    agents take over a second to create on a GPU host, seen on an H100): the sender heartbeats
+    the session from its welcome on, so a set-up slower than the heartbeat timeout still works.
+    The slow set-up is made here by delaying the channel's opening by 1.5 s."""
+    from tensorwire import transports
+
+    real = transports.CHANNELS[transport]
+
+    def slow(info: Any) -> Any:
+        time.sleep(1.5)  # longer than the receiver's heartbeat timeout below
+        return real(info)
+
+    monkeypatch.setitem(transports.CHANNELS, transport, slow)
+    with tw.Receiver(heartbeat_timeout=1.0) as rx:
+        rx.register("t", (8,), "float32")
+        with tw.Sender.connect(rx.address, transport=transport, timeout=10, heartbeat=0.2) as tx:
+            tx.write("t", np.arange(8, dtype=np.float32))
+            assert rx.wait("t", timeout=10).tolist() == list(range(8))
+            rx.release("t")
 
 
 def test_a_silent_receiver_is_declared_lost(transport: str, children: Children) -> None:
