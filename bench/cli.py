@@ -194,7 +194,7 @@ def _measure(
         result = {
             "schema": report.SCHEMA,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": " ".join(["tensorwire", "bench", *sys.argv[1:]]),
+            "command": args.command_line,
             "machine": machine_facts(),
             "peer_machine": runner.remote_machine,
             "config": {
@@ -255,6 +255,8 @@ def _secret(parser: argparse.ArgumentParser, args: argparse.Namespace, endpoint:
 def main(argv: list[str] | None = None, prog: str = "tensorwire bench") -> int:
     parser = build_parser(prog)
     args = parser.parse_args(argv)
+    # what the user typed, for the report (argv is None when run as `python -m tensorwire.bench`)
+    args.command_line = " ".join([prog, *(sys.argv[1:] if argv is None else argv)])
     try:
         if args.command == "serve":
             secret = _secret(parser, args, args.bind)

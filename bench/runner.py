@@ -43,11 +43,20 @@ REFERENCES = ["memcpy", "zmq", "raw-tcp"]
 GPU_REFERENCES = ["d2d", "h2d-pinned"]
 TARGET_BYTES = 256 * MiB
 MIN_COUNT, MAX_COUNT = 4, 2000
+#: a measurement lasts at least about this long where MAX_COUNT allows: 256 MiB moves through
+#: GPU memory in a third of a millisecond, where the start and end handshakes of a measurement
+#: (a command to the peer, its reply) would count as much as the transfer
+MIN_SECONDS = 0.05
 
 
-def count_for(size: int) -> int:
-    """Messages per measurement: about TARGET_BYTES, within bounds."""
-    return max(MIN_COUNT, min(MAX_COUNT, TARGET_BYTES // size))
+def count_for(size: int, seconds_each: float | None = None) -> int:
+    """Messages per measurement: about TARGET_BYTES, or more where a warm-up measured each to
+    take ``seconds_each`` (start and end included, so an over-estimate) and TARGET_BYTES would
+    last less than MIN_SECONDS; within bounds."""
+    count = TARGET_BYTES // size
+    if seconds_each is not None and seconds_each > 0:
+        count = max(count, int(MIN_SECONDS / seconds_each))
+    return max(MIN_COUNT, min(MAX_COUNT, count))
 
 
 def local_address_towards(host: str) -> str:
@@ -308,16 +317,18 @@ def sweep(
     """Measure every method at every size ``repeat`` times, interleaved; return raw samples."""
     gbps: dict[str, dict[int, list[float]]] = {m: {s: [] for s in sizes} for m in methods}
     rtts: dict[str, list[float]] = {m: [] for m in latency_methods}
+    seconds_each: dict[tuple[str, int], float] = {}
     for size in sizes:  # warm-up: first touches, connections, claims, gRPC channels
         for m in methods:
             runner.throughput(m, size, 2)
+            seconds_each[m, size] = runner.throughput(m, size, MIN_COUNT) / MIN_COUNT
     for m in latency_methods:
         runner.round_trips(m, 50)
     for r in range(repeat):
         order = methods[r % len(methods) :] + methods[: r % len(methods)]  # rotate: no fixed order
         for size in sizes:
-            count = count_for(size)
             for m in order:
+                count = count_for(size, seconds_each[m, size])
                 secs = runner.throughput(m, size, count)
                 gbps[m][size].append(size * count / secs / 1e9)
                 tick(f"{m} {size}")
