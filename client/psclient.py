@@ -89,10 +89,14 @@ class PSClient:
         curve_keys: CurveKeys | None = None,
         nixl: tw.NixlOptions | None = None,
         init: Mapping[str, Array] | None = None,
+        device: str = "cpu",
     ) -> None:
         """``shapes``: every parameter's shape (float32), in the model's order. ``init``: their
         initial values, required of rank 0 (the servers start from them unless they resume from
-        a checkpoint); other ranks' are not used."""
+        a checkpoint); other ranks' are not used. ``device``: where the parameters' buffers
+        live (``cpu``, ``cuda``, ``cuda:N``); on a GPU :attr:`params` are cupy arrays over GPU
+        memory the servers write into, and :meth:`push` takes GPU gradients (cupy, torch CUDA)
+        as they are."""
         if not servers:
             raise PSClientError("no parameter servers given")
         if init is not None:
@@ -103,6 +107,7 @@ class PSClient:
                     f"{tuple(shapes[wrong[0]])} for every parameter"
                 )
         self._init = init
+        self.device = device
         self._specs = specs_of({n: (tuple(s), "float32") for n, s in shapes.items()})
         self.rank = rank
         self.servers = list(servers)
@@ -137,9 +142,14 @@ class PSClient:
             self._join(connect_timeout)
             self._await_registration(connect_timeout)
             self.chunks = self._learn_plan(shapes)
+            if device != "cpu" and self.wire_dtype != np.float32:
+                raise PSClientError(
+                    f"parameters on {device} travel as float32: start the servers without "
+                    f"--wire-dtype {self.wire_dtype} (16-bit wires are converted on the host)"
+                )
             for param, shape in shapes.items():
                 rows = [c.stop - c.start for c in self._parts[param]]
-                self.rx.register_parts(param, shape, self.wire_dtype, rows)
+                self.rx.register_parts(param, shape, self.wire_dtype, rows, device=device)
             for s in range(len(self.servers)):
                 self.rx.register(status_name(s), (STATUS_FIELDS,), "int64", ring=1)
             landed: dict[str, Array] = {p: self.rx.array(p) for p in shapes}
@@ -312,6 +322,14 @@ class PSClient:
         """The parameters of the current step (views; valid until the next push)."""
         return self.params
 
+    def host_params(self) -> dict[str, Array]:
+        """Copies of the current parameters in host memory (numpy), wherever they live."""
+        if self.device == "cpu":
+            return {p: np.array(v) for p, v in self.params.items()}
+        import cupy  # the GPU buffers are cupy arrays, so cupy is there
+
+        return {p: cupy.asnumpy(v) for p, v in self.params.items()}
+
     def _release(self) -> None:
         if self.rx is not None and self._held:
             self.rx.release_many(self._held)
@@ -344,7 +362,7 @@ class PSClient:
         if [(c.cid, c.shape, c.server) for c in self.chunks] != before:
             raise PSClientError("the restarted servers hold a different plan")
         if self.rank == 0:
-            self._init = dict(self.params)  # a server that restarted afresh starts from ours
+            self._init = self.host_params()  # a server that restarted afresh starts from ours
         self._say_ready()
         log.warning("rejoined the parameter servers")
 

@@ -9,7 +9,8 @@ seed) and returns either a :class:`Task` or a triple ``(model, batches, evaluate
   ``initial_params()`` and ``loss_and_grads(params, x, y) -> (loss, grads, correct)`` in numpy;
 * ``batches(step) -> (x, y)``: this worker's batch at a step (a function of the step, so a resumed
   job sees the same batches);
-* ``evaluate(model_or_params) -> accuracy`` on held-out data.
+* ``evaluate(model_or_params) -> accuracy`` on held-out data (a torch module is given on the
+  worker's ``--device``: move the data there).
 
 The servers never see any of it: the worker sends them the parameters' specs and (rank 0) their
 initial values, and from then on the model reads its parameters from the buffers the servers write.
@@ -68,6 +69,8 @@ class Task(Protocol):
 
 class NumpyTask:
     """A numpy model: ``initial_params()`` and ``loss_and_grads(params, x, y)``."""
+
+    device = "cpu"  # where its parameters' buffers live
 
     def __init__(
         self, model: Any, batches: Callable[[int], tuple[Any, Any]], evaluate: Callable[..., float]
@@ -148,9 +151,20 @@ def load_factory(spec: str) -> Callable[[JobInfo], Any]:
     return factory
 
 
-def as_task(made: Any) -> Task:
-    """What a factory returned, as a :class:`Task`."""
+_CPU_ONLY = (
+    "numpy models train on the CPU; a GPU needs a torch module (or a ready-made task built on "
+    "the GPU, with a 'device' attribute naming it)"
+)
+
+
+def as_task(made: Any, device: str = "cpu") -> Task:
+    """What a factory returned, as a :class:`Task` training on ``device`` (``cpu``, ``cuda``,
+    ``cuda:N``: a torch module is moved there; numpy models and ready-made tasks train on the
+    CPU, and ValueError says so when a GPU is asked of them)."""
     if isinstance(made, Task):
+        task_device = getattr(made, "device", "cpu")
+        if device != "cpu" and task_device == "cpu":
+            raise ValueError(f"device {device!r}: {_CPU_ONLY}")
         return made
     if not (isinstance(made, tuple) and len(made) == 3):
         raise TypeError(
@@ -161,7 +175,9 @@ def as_task(made: Any) -> Task:
     if _is_torch_module(model):
         from .torch_task import TorchTask
 
-        return TorchTask(model, batches, evaluate)
+        return TorchTask(model, batches, evaluate, device)
+    if device != "cpu":
+        raise ValueError(f"device {device!r}: {_CPU_ONLY}")
     return NumpyTask(model, batches, evaluate)
 
 

@@ -2,8 +2,13 @@
 
 :meth:`TorchTask.bind` points every parameter's storage at the buffer the servers write
 (``torch.from_numpy``: no copy), so a server's write lands in the memory the next forward pass
-reads. The gradients go out from ``param.grad`` as numpy views of the same memory. Trained with
-cross-entropy on the module's output; CPU tensors here (GPU buffers come with the GPU issue).
+reads. The gradients go out from ``param.grad`` without a copy. Trained with cross-entropy on the
+module's output.
+
+On a GPU (``device="cuda"``, the worker's ``--device``) the module is moved there, the client
+registers the parameters' buffers in GPU memory, and each parameter is bound to its buffer through
+DLPack (``torch.from_dlpack`` of the cupy array the receiver hands out: the same memory); the
+batches are moved to the GPU before the forward pass and the gradients leave from GPU memory.
 """
 
 from __future__ import annotations
@@ -29,16 +34,22 @@ def bind_module(module: torch.nn.Module, params: Mapping[str, Array]) -> None:
         # mark a tensor read-only. The model only reads its parameters.
         warnings.simplefilter("ignore", UserWarning)
         for name, p in module.named_parameters():
-            p.data = torch.from_numpy(np.asarray(params[name]))
+            buffer = params[name]
+            if isinstance(buffer, np.ndarray):
+                p.data = torch.from_numpy(buffer)
+            else:  # a GPU buffer (cupy): shared through DLPack, no copy
+                p.data = torch.from_dlpack(buffer)
 
 
-def module_grads(module: torch.nn.Module) -> dict[str, Array]:
-    """Every parameter's gradient as a numpy view (zeros for one the forward pass did not use),
-    for ``PSClient.push``."""
-    return {
-        n: p.grad.numpy() if p.grad is not None else np.zeros(tuple(p.shape), np.float32)
-        for n, p in module.named_parameters()
-    }
+def module_grads(module: torch.nn.Module) -> dict[str, Any]:
+    """Every parameter's gradient, without a copy (zeros for one the forward pass did not use),
+    for ``PSClient.push``: numpy views on the CPU, the CUDA tensors themselves on a GPU (the
+    transport reads GPU memory directly)."""
+    grads: dict[str, Any] = {}
+    for n, p in module.named_parameters():
+        g = p.grad if p.grad is not None else torch.zeros_like(p)
+        grads[n] = g.detach() if g.is_cuda else g.detach().numpy()
+    return grads
 
 
 class TorchTask:
@@ -47,22 +58,40 @@ class TorchTask:
         module: torch.nn.Module,
         batches: Callable[[int], tuple[Any, Any]],
         evaluate: Callable[[torch.nn.Module], float],
+        device: str = "cpu",
     ) -> None:
+        """``device``: where the module trains (``cpu``, ``cuda``, ``cuda:N``); it is moved
+        there, and ``evaluate`` is given it there."""
         self.module, self.batches, self._evaluate = module, batches, evaluate
+        try:
+            self.torch_device = torch.device(device)
+        except RuntimeError:  # torch's message lists every backend it knows
+            raise ValueError(f"device {device!r}: use cpu, cuda or cuda:N") from None
+        if self.torch_device.type == "cuda":
+            if not torch.cuda.is_available():
+                raise ValueError(f"device {device!r}: this torch build or machine has no CUDA")
+            if self.torch_device.index is None:
+                self.torch_device = torch.device("cuda", torch.cuda.current_device())
+        elif self.torch_device.type != "cpu":
+            raise ValueError(f"device {device!r}: use cpu, cuda or cuda:N")
+        #: where the parameters' buffers live, as tensorwire names it (``cpu`` or ``cuda:N``)
+        self.device = str(self.torch_device)
+        module.to(self.torch_device)
         self._params = dict(module.named_parameters())
-        odd = [n for n, p in self._params.items() if p.dtype != torch.float32 or p.is_cuda]
+        odd = [n for n, p in self._params.items() if p.dtype != torch.float32]
         if odd:
-            raise TypeError(f"parameter {odd[0]!r}: the servers keep float32 CPU parameters")
+            raise TypeError(f"parameter {odd[0]!r}: the servers keep float32 parameters")
 
     def initial_params(self) -> dict[str, Array]:
-        return {n: p.detach().numpy().copy() for n, p in self._params.items()}
+        return {n: p.detach().cpu().numpy().copy() for n, p in self._params.items()}
 
     def bind(self, params: Mapping[str, Array]) -> None:
         bind_module(self.module, params)
 
     def step(self, step: int) -> StepResult:
         x, y = self.batches(step)
-        x, y = torch.as_tensor(x), torch.as_tensor(y)
+        x = torch.as_tensor(x).to(self.torch_device, non_blocking=True)
+        y = torch.as_tensor(y).to(self.torch_device, non_blocking=True)
         self.module.train()
         for p in self._params.values():
             p.grad = None

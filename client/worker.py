@@ -67,6 +67,14 @@ def build_parser(prog: str = "tensorwire-worker") -> argparse.ArgumentParser:
     )
     p.add_argument("--batch", type=int, default=32, help="batch size per worker")
     p.add_argument(
+        "--device",
+        default="cpu",
+        metavar="cpu|cuda|cuda:N",
+        help="where a torch model trains and its parameters' buffers live; on a GPU the servers "
+        "write the parameters into GPU memory (default cpu; needs torch with CUDA and cupy: "
+        "pip install 'tensorwire[torch,gpu]')",
+    )
+    p.add_argument(
         "--transport",
         default="auto",
         choices=tw.TRANSPORT_NAMES,
@@ -185,13 +193,18 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:
         parser.error(str(exc))
     job = tasks.JobInfo(args.rank, args.workers, args.batch, args.seed)
     try:
-        task = tasks.as_task(factory(job))
-        initial = task.initial_params()
+        made = factory(job)
     except tw.MissingDependencyError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:  # the user's factory: say whose code failed, in one line
         print(f"{prog}: error: model factory {args.model!r} failed: {exc!r}", file=sys.stderr)
+        return 1
+    try:
+        task = tasks.as_task(made, args.device)  # a torch module is moved to --device here
+        initial = task.initial_params()
+    except (ValueError, TypeError) as exc:  # what the model cannot do (e.g. a GPU for numpy)
+        print(f"{prog}: error: --model {args.model!r}: {exc}", file=sys.stderr)
         return 1
     stop = [False]
 
@@ -220,6 +233,7 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:
             timeout=args.step_timeout,
             nixl=config.nixl_options(args),
             init=initial if args.rank == 0 else None,
+            device=getattr(task, "device", "cpu"),
         ) as client:
             log.info(
                 "joined %d server(s) over %s", len(servers), client.tx.transport_of(servers[0])
@@ -233,7 +247,7 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:
                 stop=stop,
             )
             if args.save_params:
-                arrays: dict[str, Any] = {k: np.array(v) for k, v in client.params.items()}
+                arrays: dict[str, Any] = client.host_params()
                 np.savez(args.save_params, **arrays)
     except tw.TensorWireError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)

@@ -4,9 +4,11 @@
     tensorwire-worker --rank 0 --workers 2 --model examples/torch_digits.py:make &
     tensorwire-worker --rank 1 --workers 2 --model examples/torch_digits.py:make
 
-(``make demo-torch`` runs exactly this.) The factory returns the module, this worker's batch at
-each step, and an evaluation: the worker does the rest. Every parameter of the module is a view of
-the buffer the servers write, so their updates land in the memory the next forward pass reads.
+(``make demo-torch`` runs exactly this; ``--device cuda`` on the workers trains on a GPU, the
+servers writing the parameters straight into GPU memory.) The factory returns the module, this
+worker's batch at each step, and an evaluation: the worker does the rest. Every parameter of the
+module is a view of the buffer the servers write, so their updates land in the memory the next
+forward pass reads.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ def make(job: JobInfo) -> tuple[nn.Module, Any, Any]:
     y_test = torch.from_numpy(data.y_test)
 
     def evaluate(model: nn.Module) -> float:
-        return float((model(x_test).argmax(dim=1) == y_test).float().mean())
+        device = next(model.parameters()).device  # the worker's --device
+        predicted = model(x_test.to(device)).argmax(dim=1).cpu()
+        return float((predicted == y_test).float().mean())
 
     return DigitsCNN(), batches, evaluate

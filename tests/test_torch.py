@@ -118,3 +118,43 @@ def test_a_custom_torch_loop_trains_through_psclient() -> None:
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "final test accuracy" in out.stdout
+
+
+def test_a_gpu_asked_of_what_cannot_use_one_is_one_line() -> None:
+    """--device cuda with a numpy model, or on a machine or torch build without CUDA, stops the
+    worker before it joins anything, with one line saying why."""
+    cases = [("digits", "numpy models train on the CPU"), (EXAMPLE, "use cpu, cuda or cuda:N")]
+    args = {"digits": "cuda", EXAMPLE: "tpu"}
+    if not torch.cuda.is_available():
+        cases.append((EXAMPLE, "has no CUDA"))
+    for i, (model, says) in enumerate(cases):
+        device = "cuda" if i == 2 else args[model]
+        out = cli(
+            "-m", "tensorwire.client.worker", "--model", model, "--device", device, "--no-progress"
+        )
+        assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+        assert says in out.stderr.strip().splitlines()[-1], out.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch with CUDA)")
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_torch_bsp_on_gpu_workers_equals_one_process(job: Any, transport: str) -> None:
+    """Workers with --device cuda: the servers write the parameters into GPU memory, the module
+    reads them there through DLPack, gradients leave from GPU memory. The reference runs on the
+    CPU; GPU convolutions may use TF32 (torch's default for cuDNN), hence the looser bound."""
+    steps, lr = 20, 0.05
+    j = job(
+        ps=["--steps", str(steps), "--lr", str(lr), "--split-bytes", "4096"],
+        servers=2,
+        worker=["--model", EXAMPLE, "--transport", transport, "--device", "cuda"],
+    )
+    ok(j)
+    ref = _torch_reference(steps, 2, 32, lr)
+    for rank in (0, 1):
+        got = j.params(rank)
+        assert list(got) == list(ref)
+        for name, want in ref.items():
+            err = np.linalg.norm(got[name] - want) / max(np.linalg.norm(want), 1e-12)
+            assert err < 1e-2, f"{name}: relative error {err:.2e}"
+    assert j.metrics("w0")["steps"] == steps
