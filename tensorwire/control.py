@@ -30,8 +30,11 @@ from .errors import (
     UnknownTensorError,
     WireTimeoutError,
 )
+from .quietlog import QuietLog
 
 log = logging.getLogger(__name__)
+#: warnings about what any peer can send: rate-limited per reason (one per process is enough)
+quiet = QuietLog(log)
 
 MAX_CONTROL_MESSAGE = 16 << 20
 TICK_SECONDS = 0.1
@@ -111,7 +114,11 @@ class ControlServer:
         except zmq.Again:
             return
         if len(frames) != 2:
-            log.warning("dropping a control message of %d frames (want 2)", len(frames))
+            quiet.warning(
+                "control messages of a wrong frame count",
+                "dropping a control message of %d frames (want 2)",
+                len(frames),
+            )
             return
         identity, payload = frames
         handler = self._handler()
@@ -120,7 +127,9 @@ class ControlServer:
         try:
             reply = handler(identity, wire.decode(payload))
         except LocalProtocolError as exc:
-            log.warning("refusing a malformed control message: %s", exc)
+            quiet.warning(
+                "malformed control messages", "refusing a malformed control message: %s", exc
+            )
             reply = wire.ErrorReply("protocol", str(exc))
         except Exception as exc:
             log.exception("control handler failed")
@@ -129,7 +138,9 @@ class ControlServer:
             try:
                 self._sock.send_multipart([identity, wire.encode(reply)], zmq.NOBLOCK)
             except zmq.ZMQError as exc:
-                log.warning("could not answer a control request: %s", exc)
+                quiet.warning(
+                    "unanswered control requests", "could not answer a control request: %s", exc
+                )
 
     def close(self) -> None:
         if self._stop.is_set():

@@ -108,6 +108,73 @@ def test_garbage_on_control_port_keeps_serving(transport: str) -> None:
         _healthy(rx, transport)
 
 
+def test_garbage_from_many_peers_leaves_a_bounded_log(caplog: pytest.LogCaptureFixture) -> None:
+    """Fifty peers each sending a malformed control message: each is refused (an error reply),
+    the log shows the first few in full and then one line with the count of the rest."""
+    import logging
+
+    from tensorwire import control
+    from tensorwire.quietlog import BURST
+
+    peers = 50
+    control.quiet.flush()  # earlier tests' windows: start this one afresh
+    caplog.clear()
+    with tw.Receiver() as rx:
+        rx.register("other", (8,), "float32")
+        ctx = zmq.Context()
+        try:
+            with caplog.at_level(logging.WARNING, logger="tensorwire"):
+                for _ in range(peers):
+                    dealer = ctx.socket(zmq.DEALER)
+                    dealer.linger = 0
+                    dealer.connect(rx.address)
+                    dealer.send(b"\xc1" + os.urandom(64))
+                    assert dealer.poll(5000)
+                    assert msgpack.unpackb(dealer.recv())["t"] == "error"
+                    dealer.close()
+                control.quiet.flush()
+        finally:
+            ctx.term()
+        _healthy(rx, "tcp")
+    lines = [r.getMessage() for r in caplog.records if r.name == "tensorwire.control"]
+    shown = [m for m in lines if m.startswith("refusing a malformed control message")]
+    counts = [m for m in lines if m.startswith("malformed control messages: ")]
+    assert len(shown) == BURST and len(lines) == BURST + 1, lines
+    assert counts == [counts[0]] and f": {peers - BURST} more in the last" in counts[0], counts
+
+
+def test_a_quiet_log_reports_each_period() -> None:
+    """The rate limit itself, on a clock the test moves: a burst per period, then a count."""
+    import logging
+
+    from tensorwire.quietlog import QuietLog
+
+    now = [0.0]
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    logger = logging.getLogger("tensorwire.test-quietlog")
+    logger.addHandler(Keep())
+    logger.propagate = False
+    quiet = QuietLog(logger, burst=2, period=10.0, clock=lambda: now[0])
+    for i in range(5):
+        quiet.warning("bad", "bad input %d", i)
+    quiet.warning("other", "other input")
+    now[0] = 11.0
+    quiet.warning("bad", "bad input again")
+    quiet.flush()
+    assert records == [
+        "bad input 0",
+        "bad input 1",
+        "other input",
+        "bad: 3 more in the last 11 s, not logged one by one",
+        "bad input again",
+    ]
+
+
 def test_garbage_on_data_port_keeps_serving(transport: str) -> None:
     with tw.Receiver() as rx:
         rx.register("other", (8,), "float32")

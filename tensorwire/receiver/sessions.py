@@ -24,6 +24,7 @@ from ..auth import client_mac, new_nonce, server_proof, verify
 from ..doorbell import barrier_everywhere
 from ..errors import PeerLostError, TensorWireError
 from ..process import ProcessWatch
+from ..quietlog import QuietLog
 from ..transports import TRANSPORTS
 from ..transports.base import CreditLink
 from .servers import DataServers
@@ -31,6 +32,7 @@ from .state import ReceiverState
 from .tensors import RegisteredTensor, TensorTable
 
 log = logging.getLogger(__name__)
+quiet = QuietLog(log)  # refusals anyone can provoke: rate-limited per reason
 
 
 @dataclass(eq=False)
@@ -149,7 +151,7 @@ class SessionHandler:
         expected = client_mac(self._secret, session.server_nonce, session.client_nonce)
         if not verify(expected, msg.mac):
             self._sessions.pop(session.identity, None)
-            log.warning("refused %s: wrong secret", session.describe())
+            quiet.warning("wrong secrets", "refused %s: wrong secret", session.describe())
             return wire.ErrorReply("auth", "wrong secret")
         return self._welcome(session)
 

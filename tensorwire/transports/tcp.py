@@ -36,6 +36,7 @@ from ..errors import (
     TransportError,
     WireTimeoutError,
 )
+from ..quietlog import QuietLog
 from ..ring import SlotChooser
 from .base import (
     Channel,
@@ -50,6 +51,7 @@ from .base import (
 )
 
 log = logging.getLogger(__name__)
+quiet = QuietLog(log)  # what any peer can provoke: rate-limited per reason
 
 #: Tensor id of the credit frame that acknowledges a data hello (carries the generation).
 HELLO_ACK = 0xFFFFFFFF
@@ -594,7 +596,12 @@ class TcpDataServer(DataServer):
                 continue
             with self._lock:
                 if self._closed or len(self._conns) >= self._max:
-                    log.warning("refusing data connection from %s (limit %d)", addr, self._max)
+                    quiet.warning(
+                        "data connections over the limit",
+                        "refusing data connection from %s (limit %d)",
+                        addr,
+                        self._max,
+                    )
                     sock.close()
                     continue
                 conn = _Connection(sock, f"{addr[0]}:{addr[1]}", self._note_backlog)
@@ -664,10 +671,20 @@ class TcpDataServer(DataServer):
                 del sink, dst
         except (LocalProtocolError, TensorWireError) as exc:
             reason = f"protocol error: {exc}"
-            log.warning("dropping data connection from %s: %s", conn.peer, exc)
+            quiet.warning(
+                "data connections with protocol errors",
+                "dropping data connection from %s: %s",
+                conn.peer,
+                exc,
+            )
         except TimeoutError as exc:
             reason = f"stalled mid-frame: {exc}"
-            log.warning("dropping data connection from %s: %s", conn.peer, exc)
+            quiet.warning(
+                "data connections stalled mid-frame",
+                "dropping data connection from %s: %s",
+                conn.peer,
+                exc,
+            )
         except (OSError, ConnectionError) as exc:
             reason = f"connection error: {exc}"
         finally:
