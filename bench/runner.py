@@ -49,12 +49,12 @@ MIN_COUNT, MAX_COUNT = 4, 2000
 MIN_SECONDS = 0.05
 
 
-def count_for(size: int, seconds_each: float | None = None) -> int:
+def count_for(size: int, seconds_each: float) -> int:
     """Messages per measurement: about TARGET_BYTES, or more where a warm-up measured each to
     take ``seconds_each`` (start and end included, so an over-estimate) and TARGET_BYTES would
     last less than MIN_SECONDS; within bounds."""
     count = TARGET_BYTES // size
-    if seconds_each is not None and seconds_each > 0:
+    if seconds_each > 0:
         count = max(count, int(MIN_SECONDS / seconds_each))
     return max(MIN_COUNT, min(MAX_COUNT, count))
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .dtypes import torch_for_dlpack
+from .dtypes import import_torch
 from .errors import MissingDependencyError, SpecMismatchError, TransportError
 from .memory import CUDA
 
@@ -155,9 +155,7 @@ def as_device_array(obj: Any, name: str) -> Any:
         if isinstance(obj, cp.ndarray):
             return obj
         if type(obj).__module__.startswith("torch"):
-            exportable, ml = torch_for_dlpack(obj)
-            array = cp.from_dlpack(exportable)
-            return array if ml is None else array.view(ml)
+            return import_torch(obj, cp.from_dlpack)
         if hasattr(obj, "__dlpack__"):
             return cp.from_dlpack(obj)
         return cp.asarray(obj)

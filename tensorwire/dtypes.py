@@ -17,6 +17,7 @@ objects through numpy. Anything else is refused with a :class:`SpecMismatchError
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -93,16 +94,15 @@ def _from_torch(tensor: Any, name: str) -> np.ndarray[Any, Any]:
             f"tensor {name!r}: got a torch tensor on {tensor.device}; tensorwire writes host and "
             "CUDA memory: move it with .cpu() first"
         )
-    exportable, ml = torch_for_dlpack(tensor)
-    array = np.from_dlpack(exportable)
-    return array if ml is None else array.view(ml)
+    array: np.ndarray[Any, Any] = import_torch(tensor, np.from_dlpack)
+    return array
 
 
-def torch_for_dlpack(tensor: Any) -> tuple[Any, np.dtype[Any] | None]:
-    """A torch tensor (CPU or CUDA) made ready for a DLPack import over the same memory: without
-    its autograd graph, lazy conjugate/negative views materialised, and a dtype DLPack importers
-    lack (bfloat16, float8: numpy and cupy have no DLPack code for them) replaced by a plain
-    integer of the same size, returned with the ml_dtypes dtype to view the import as."""
+def import_torch(tensor: Any, from_dlpack: Callable[[Any], Any]) -> Any:
+    """A torch tensor (CPU or CUDA) imported through DLPack over the same memory, by
+    ``from_dlpack`` (numpy's or cupy's): without its autograd graph, lazy conjugate/negative
+    views materialised, and a dtype the importers lack (bfloat16, float8: numpy and cupy have
+    no DLPack code for them) imported as a plain integer of the same size and viewed back."""
     import torch  # the caller holds a torch tensor, so torch is imported already
 
     if tensor.requires_grad:
@@ -111,9 +111,9 @@ def torch_for_dlpack(tensor: Any) -> tuple[Any, np.dtype[Any] | None]:
         tensor = tensor.resolve_conj().resolve_neg()  # lazy views DLPack cannot carry
     ml = ml_dtypes_by_name().get(str(tensor.dtype).removeprefix("torch."))
     if ml is None:
-        return tensor, None
+        return from_dlpack(tensor)
     same_size = {1: torch.uint8, 2: torch.int16}[ml.itemsize]
-    return tensor.view(same_size), ml
+    return from_dlpack(tensor.view(same_size)).view(ml)
 
 
 def as_host_array(obj: Any, name: str) -> np.ndarray[Any, Any]:

@@ -60,7 +60,9 @@ class QuietLog:
         self._logger.warning(msg, *args)
 
     def flush(self) -> None:
-        """Report every count not reported yet (when the owner closes)."""
+        """Report every count not reported yet and start afresh. (Nothing calls it on a timer: a
+        count is otherwise reported when the next warning of its reason comes after the
+        period.)"""
         now = self._clock()
         with self._lock:
             for reason, window in self._windows.items():
@@ -75,4 +77,3 @@ class QuietLog:
                 window.hidden,
                 now - window.start,
             )
-        window.hidden = 0
