@@ -22,6 +22,7 @@ from typing import Any
 import tensorwire as tw
 from tensorwire import cuda as tw_cuda
 from tensorwire import extras
+from tensorwire.server.config import add_metrics_flags, start_metrics
 
 from . import ps as ps_bench
 from . import report, soak
@@ -114,6 +115,7 @@ def build_parser(prog: str = "tensorwire bench") -> argparse.ArgumentParser:
     )
     srv.add_argument("--once", action="store_true", help="exit after the first runner")
     srv.add_argument("--secret-file", metavar="PATH", help="shared secret (or TENSORWIRE_SECRET)")
+    add_metrics_flags(srv)
     ps_bench.add_parser(sub)
     soak.add_parser(sub)
     return parser
@@ -260,8 +262,13 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire bench") -> int:
     try:
         if args.command == "serve":
             secret = _secret(parser, args, args.bind)
-            with contextlib.suppress(KeyboardInterrupt):
-                serve(args.bind, once=args.once, secret=secret)
+            scrape = start_metrics(args, args.bind)
+            try:
+                with contextlib.suppress(KeyboardInterrupt):
+                    serve(args.bind, once=args.once, secret=secret)
+            finally:
+                if scrape is not None:
+                    scrape.close()
             return 0
         whole_jobs = {"ps": ps_bench, "soak": soak}  # each: run(args, parser), render(result)
         if args.command in whole_jobs:

@@ -168,7 +168,10 @@ class PSClient:
             raise
         self._meta = np.zeros(META_FIELDS, np.float64)
         self.step: int | None = None
-        self.comm_seconds = 0.0
+        #: seconds spent waiting for the servers' parameters, converting 16-bit ones into the
+        #: model's float32 ("pull"), and pushing gradients: the step's communication
+        self.phase_seconds = {"wait": 0.0, "pull": 0.0, "push": 0.0}
+        self.reconnects = 0
 
     def _connect(self, timeout: float) -> None:
         """Reach every server, retrying while they start up."""
@@ -311,10 +314,12 @@ class PSClient:
                 break
             except tw.PeerLostError as exc:
                 self._recover(str(exc))
+        t1 = time.perf_counter()
+        self.phase_seconds["wait"] += t1 - t0
         if self._landed is not None:
             for p, landed in self._landed.items():
                 np.copyto(self.params[p], landed)  # 16-bit wire -> the model's float32
-        self.comm_seconds += time.perf_counter() - t0
+            self.phase_seconds["pull"] += time.perf_counter() - t1
         self.step = None if stop else max(steps)
         return self.step
 
@@ -364,6 +369,7 @@ class PSClient:
         if self.rank == 0:
             self._init = self.host_params()  # a server that restarted afresh starts from ours
         self._say_ready()
+        self.reconnects += 1
         log.warning("rejoined the parameter servers")
 
     def push(
@@ -404,7 +410,12 @@ class PSClient:
             self.tx.write_many(batch, allow_copy=True)
         except tw.PeerLostError as exc:
             self._recover(str(exc))
-        self.comm_seconds += time.perf_counter() - t0
+        self.phase_seconds["push"] += time.perf_counter() - t0
+
+    @property
+    def comm_seconds(self) -> float:
+        """Every second spent communicating (waiting, pulling, pushing)."""
+        return sum(self.phase_seconds.values())
 
     def close(self) -> None:
         self.tx.close()

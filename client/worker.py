@@ -22,10 +22,12 @@ import numpy as np
 
 import tensorwire as tw
 from tensorwire import curve
+from tensorwire import metrics as tw_metrics
 from tensorwire.server import config
 from tensorwire.server.progress import Progress
 
 from . import tasks
+from .metrics import WorkerStats, worker_metrics
 from .psclient import PSClient
 from .tasks import Task
 
@@ -121,6 +123,7 @@ def build_parser(prog: str = "tensorwire-worker") -> argparse.ArgumentParser:
         "--heartbeat-timeout", type=float, default=30.0, help="a server silent this long is lost"
     )
     p.add_argument("--metrics", metavar="PATH", help="write a JSON summary here at the end")
+    config.add_metrics_flags(p)
     p.add_argument("--save-params", metavar="PATH.npz", help="save the final parameters")
     p.add_argument("--steps-hint", type=int, default=0, help="total steps, for the progress bar")
     p.add_argument("--no-progress", action="store_true", help="no progress output")
@@ -136,20 +139,23 @@ def train(
     eval_every: int,
     progress: Progress,
     stop: list[bool],
+    stats: WorkerStats | None = None,
 ) -> dict[str, Any]:
-    """The training loop; returns its metrics."""
-    compute = 0.0
-    steps = 0
+    """The training loop; returns its summary. ``stats`` is kept up to date as it goes."""
+    stats = stats or WorkerStats(rank)
+    stats.client = client
     losses: list[float] = []
     task.bind(client.params)  # the model reads the buffers the servers write
     t0 = time.monotonic()
     while (step := client.wait_params()) is not None and not stop[0]:
         c0 = time.perf_counter()
         result = task.step(step)
+        c1 = time.perf_counter()
+        stats.compute_seconds += c1 - c0
         acc = None
         if rank == 0 and eval_every and step % eval_every == 0:
-            acc = task.evaluate()
-        compute += time.perf_counter() - c0
+            acc = stats.accuracy = task.evaluate()
+            stats.evaluate_seconds += time.perf_counter() - c1
         client.push(
             result.grads,
             loss=result.loss,
@@ -158,20 +164,23 @@ def train(
             accuracy=acc,
         )
         losses.append(result.loss)
-        steps += 1
+        stats.steps += 1
+        stats.loss = result.loss
         progress.update(step + 1, loss=result.loss, accuracy=acc)
     secs = time.monotonic() - t0
-    final_acc = task.evaluate()
+    final_acc = stats.accuracy = task.evaluate()
+    steps = stats.steps
     return {
         "rank": rank,
         "steps": steps,
         "seconds": secs,
         "steps_per_s": steps / secs if secs else 0.0,
-        "compute_s": compute,
+        "compute_s": stats.compute_seconds + stats.evaluate_seconds,
         "communication_s": client.comm_seconds,
         "final_loss": losses[-1] if losses else None,
         "test_accuracy": final_acc,
         "stopped_by_signal": stop[0],
+        "traffic": tw_metrics.totals(),
     }
 
 
@@ -182,7 +191,7 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:
         args.rank = config.launcher_int(parser, "RANK", "SLURM_PROCID") or 0
     if args.workers is None:
         args.workers = config.launcher_int(parser, "WORLD_SIZE", "SLURM_NTASKS") or 1
-    config.setup_logging(args.log_level, f"worker{args.rank}")
+    config.setup_logging(args.log_level, f"worker{args.rank}", args.log_format)
     args.secret = config.resolve_secret(parser, args, args.bind)
     if not 0 <= args.rank < args.workers:
         parser.error(f"--rank {args.rank} is not in 0..{args.workers - 1}")
@@ -216,7 +225,10 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:
     progress = Progress(
         f"worker{args.rank}", args.steps_hint, enabled=not args.no_progress and args.steps_hint > 0
     )
+    stats = WorkerStats(args.rank)
+    scrape = None
     try:
+        scrape = config.start_metrics(args, args.bind, lambda: worker_metrics(stats))
         with PSClient(
             servers,
             args.rank,
@@ -245,6 +257,7 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:
                 eval_every=args.eval_every,
                 progress=progress,
                 stop=stop,
+                stats=stats,
             )
             if args.save_params:
                 arrays: dict[str, Any] = client.host_params()
@@ -254,6 +267,8 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:
         return 1
     finally:
         progress.close()
+        if scrape is not None:
+            scrape.close()
     print(
         f"worker{args.rank}: {metrics['steps']} steps, {metrics['steps_per_s']:.1f} steps/s, "
         f"test accuracy {metrics['test_accuracy']:.4f}",

@@ -10,17 +10,22 @@ flag, and which file or variable it came from; ``--help`` shows each setting's v
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import re
 import sys
+from collections.abc import Callable, Iterable
+from datetime import datetime, timezone
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 import configargparse
 
 import tensorwire as tw
+from tensorwire import metrics as tw_metrics
 from tensorwire.endpoint import split_endpoint
+from tensorwire.metrics import Metric, MetricsServer
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -29,6 +34,7 @@ else:  # pragma: no cover
 
 ENV_PREFIX = "TENSORWIRE_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_FORMATS = ("text", "json")
 
 
 class _TomlTable(configargparse.TomlConfigParser):
@@ -112,13 +118,80 @@ def add_logging_flags(parser: argparse.ArgumentParser) -> None:
         choices=LOG_LEVELS,
         help="DEBUG, INFO, WARNING or ERROR, in any case (default INFO)",
     )
-
-
-def setup_logging(level: str, who: str) -> None:
-    """Log lines with their time, daemon and level on stderr."""
-    logging.basicConfig(
-        level=level, format=f"%(asctime)s {who} %(levelname)s %(message)s", stream=sys.stderr
+    parser.add_argument(
+        "--log-format",
+        default="text",
+        type=str.lower,
+        choices=LOG_FORMATS,
+        help="text: one readable line per record; json: one JSON object per line (time, level, "
+        "daemon, logger, message), for log collectors (default text)",
     )
+
+
+def setup_logging(level: str, who: str, fmt: str = "text") -> None:
+    """Log records with their time, daemon and level on stderr, as text or JSON lines."""
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JsonLines(who))
+    else:
+        handler.setFormatter(logging.Formatter(f"%(asctime)s {who} %(levelname)s %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+
+
+class JsonLines(logging.Formatter):
+    """One JSON object per record: what log collectors (Loki, Fluent Bit, CloudWatch) parse."""
+
+    def __init__(self, who: str) -> None:
+        super().__init__()
+        self.who = who
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {
+            "time": datetime.fromtimestamp(record.created, timezone.utc).isoformat(
+                timespec="milliseconds"
+            ),
+            "level": record.levelname,
+            "daemon": self.who,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+def add_metrics_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics while running (0: a free "
+        "port, logged); needs prometheus-client: pip install 'tensorwire[metrics]'",
+    )
+    parser.add_argument(
+        "--metrics-host",
+        default=None,
+        metavar="HOST",
+        help="the interface --metrics-port listens on (default: the host of --bind)",
+    )
+
+
+def start_metrics(
+    args: argparse.Namespace, bind: str, source: Callable[[], Iterable[Metric]] | None = None
+) -> MetricsServer | None:
+    """Serve ``/metrics`` if ``--metrics-port`` was given (tensorwire's metrics and
+    ``source``'s); None otherwise. Raises TensorWireError (one line) when it cannot."""
+    if args.metrics_port is None:
+        return None
+    if not 0 <= args.metrics_port < 65536:
+        raise tw.TensorWireError(f"--metrics-port {args.metrics_port} is not a port")
+    host = args.metrics_host or urlsplit(bind).hostname or "127.0.0.1"
+    if host == "*":
+        host = "0.0.0.0"
+    server = tw_metrics.serve(args.metrics_port, host, sources=[source] if source else [])
+    logging.getLogger("tensorwire").info("metrics at %s", server.url)
+    return server
 
 
 def launcher_int(parser: argparse.ArgumentParser, *names: str) -> int | None:

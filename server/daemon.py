@@ -15,8 +15,10 @@ import time
 from typing import Any
 
 import tensorwire as tw
+from tensorwire import metrics as tw_metrics
 
 from . import checkpoint, config, optim
+from .metrics import ps_metrics
 from .progress import Progress
 from .ps import SYNC_MODES, WIRE_DTYPES, ParameterServer, PSConfig, PSError, StepReport
 
@@ -117,6 +119,7 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
         help=f"a worker silent this long is lost (default {d.heartbeat_timeout:g})",
     )
     p.add_argument("--metrics", metavar="PATH", help="write a JSON summary here at the end")
+    config.add_metrics_flags(p)
     p.add_argument("--no-progress", action="store_true", help="no progress output")
     config.add_logging_flags(p)
     return p
@@ -125,7 +128,7 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None, prog: str = "tensorwire-ps") -> int:
     parser = build_parser(prog)
     args = config.parse(parser, argv)
-    config.setup_logging(args.log_level, f"ps{args.shard}")
+    config.setup_logging(args.log_level, f"ps{args.shard}", args.log_format)
     args.secret = config.resolve_secret(parser, args, args.bind)
     if args.checkpoint_dir is not None:
         problem = checkpoint.unusable(args.checkpoint_dir)
@@ -143,6 +146,12 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-ps") -> int:
     try:
         server = ParameterServer(cfg, on_step)
     except (tw.TensorWireError, ValueError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1
+    try:
+        scrape = config.start_metrics(args, cfg.bind, lambda: ps_metrics(server))
+    except tw.TensorWireError as exc:
+        server.close()
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -163,6 +172,8 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-ps") -> int:
     finally:
         bar.close()
         server.close()
+        if scrape is not None:
+            scrape.close()
     secs = time.monotonic() - server.started_at
     steps = server.step - start
     summary = {
@@ -173,6 +184,7 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-ps") -> int:
         "accuracy": server.last_accuracy,
         "sync": cfg.sync,
         "transport": cfg.transport,
+        "traffic": tw_metrics.totals(),
     }
     print(
         f"ps{cfg.shard}: done at step {server.step}: {steps} steps in {secs:.2f} s "

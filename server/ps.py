@@ -102,6 +102,25 @@ class StepReport:
 
 
 @dataclass
+class PSStats:
+    """What the shard has done, as plain numbers (read by :mod:`.metrics` when scraped)."""
+
+    steps: int = 0  # steps done since the daemon started (the step number may start higher)
+    step_seconds: float = 0.0  # their total duration
+    loss: float = float("nan")
+    accuracy: float | None = None
+    #: per worker rank: seconds a BSP step spent waiting for that worker's gradients after the
+    #: workers before it had sent theirs (the straggler's figure grows fastest)
+    gradient_wait: dict[int, float] = field(default_factory=dict)
+    checkpoints: int = 0
+    checkpoint_seconds: float = 0.0
+    #: worker events: "joined", "lost", "rejoined"
+    worker_events: dict[str, int] = field(
+        default_factory=lambda: {"joined": 0, "lost": 0, "rejoined": 0}
+    )
+
+
+@dataclass
 class _Worker:
     rank: int
     address: str = ""
@@ -145,6 +164,7 @@ class ParameterServer:
         self.workers = [_Worker(r, step=self.step) for r in range(cfg.workers)]
         self.losses: list[float] = []
         self.last_accuracy: float | None = None
+        self.stats = PSStats(gradient_wait={r: 0.0 for r in range(cfg.workers)})
         self._stop_requested = False
         self.started_at = time.monotonic()
         keys = curve.load(cfg.curve_keys) if cfg.curve_keys else None
@@ -318,6 +338,7 @@ class ParameterServer:
                 elif w.joined:  # ready: its parameters are registered
                     w.alive, w.step = True, self.step
                     how = "joined" if during_join else "rejoined"
+                    self.stats.worker_events[how] += 1
                     log.log(
                         logging.INFO if during_join else logging.WARNING,
                         "worker %d %s from %s over %s at step %d",
@@ -357,10 +378,13 @@ class ParameterServer:
     def _checkpoint(self) -> None:
         if self.ckpt is None:
             return
+        started = time.monotonic()
         os.makedirs(os.path.dirname(self.ckpt) or ".", exist_ok=True)
         checkpoint.save(
             self.ckpt, self.step, self.params, self.opt.state, self.fingerprint, self.specs
         )
+        self.stats.checkpoints += 1
+        self.stats.checkpoint_seconds += time.monotonic() - started
         log.info("checkpoint at step %d written to %s", self.step, self.ckpt)
 
     def _report(self, step: int, losses: list[float], accuracy: float | None, t0: float) -> None:
@@ -368,7 +392,12 @@ class ParameterServer:
         self.losses.append(loss)
         if accuracy is not None:
             self.last_accuracy = accuracy
-        self.on_step(StepReport(step, loss, self.last_accuracy, time.monotonic() - t0))
+        seconds = time.monotonic() - t0
+        stats = self.stats
+        stats.steps += 1
+        stats.step_seconds += seconds
+        stats.loss, stats.accuracy = loss, self.last_accuracy
+        self.on_step(StepReport(step, loss, self.last_accuracy, seconds))
 
     @staticmethod
     def _accuracy(meta: Any) -> float | None:
@@ -394,6 +423,7 @@ class ParameterServer:
     def _lose(self, w: _Worker, reason: str) -> None:
         """Go on without ``w``: forget what it left half sent, stop writing to it."""
         w.alive = w.joined = False
+        self.stats.worker_events["lost"] += 1
         log.warning(
             "worker %d lost at step %d (%s); going on with %d worker(s)",
             w.rank,
@@ -432,11 +462,14 @@ class ParameterServer:
             for w in self.workers:
                 if not w.alive:
                     continue
+                waited = time.monotonic()
                 try:
                     got, held = self._collect(w)
                 except _WorkerLost as exc:
                     self._lose(w, str(exc))
                     continue
+                finally:
+                    self.stats.gradient_wait[w.rank] += time.monotonic() - waited
                 meta = got[meta_name(w.rank)]
                 if int(meta[0]) != self.step:
                     raise PSError(f"worker {w.rank} sent step {int(meta[0])}, expected {self.step}")

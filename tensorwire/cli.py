@@ -130,12 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="tensorwire",
         description="Zero-copy, RDMA-style tensor transport. Commands: demo, bench, keys, ps (a "
-        "parameter-server shard), worker (a training worker), ping (health check), info.",
+        "parameter-server shard), worker (a training worker), top (live view of running daemons), "
+        "ping (health check), info.",
     )
     parser.add_argument("--version", action="version", version=f"tensorwire {__version__}")
     parser.add_argument(
         "command",
-        choices=["demo", "bench", "ps", "worker", "keys", "ping", "info"],
+        choices=["demo", "bench", "ps", "worker", "top", "keys", "ping", "info"],
         help="what to run",
     )
     parser.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of the command")
@@ -143,8 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         print(
             "tensorwire: error: name a command: demo (train a model with a local parameter "
-            "server), bench, ps, worker, keys, ping or info; `tensorwire COMMAND --help` for its "
-            "options",
+            "server), bench, ps, worker, top, keys, ping or info; `tensorwire COMMAND --help` "
+            "for its options",
             file=sys.stderr,
         )
         return 2
@@ -161,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
         from .client.worker import main as worker
 
         return worker(ns.rest, prog="tensorwire worker")
+    if ns.command == "top":
+        from .top import main as top
+
+        return top(ns.rest)
     if ns.command == "keys":
         return _keys(ns.rest)
     if ns.command == "ping":

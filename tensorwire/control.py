@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import zmq
 
-from . import curve, wire
+from . import curve, metrics, quietlog, wire
 from .curve import CurveKeys
 from .errors import (
     AuthenticationError,
@@ -102,6 +102,7 @@ class ControlServer:
                     return  # the owner was collected
                 try:
                     tick()
+                    quietlog.report_due()  # counts of warnings not logged one by one
                 except Exception:  # a liveness check must never kill the control thread
                     log.exception("control-plane tick failed")
                 del tick
@@ -135,6 +136,8 @@ class ControlServer:
             log.exception("control handler failed")
             reply = wire.ErrorReply("protocol", f"internal error: {exc}")
         if reply is not None:
+            if isinstance(reply, wire.ErrorReply):
+                metrics.count("tensorwire_control_errors_total", reply.code)
             try:
                 self._sock.send_multipart([identity, wire.encode(reply)], zmq.NOBLOCK)
             except zmq.ZMQError as exc:

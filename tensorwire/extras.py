@@ -24,6 +24,8 @@ class Extra:
 GRPC = Extra("grpc", "grpc", "the gRPC baseline transports (grpc, grpc-stream)")
 PS = Extra("ps", "sklearn", "the digits data set of the parameter-server demo")
 BENCH_PLOTS = Extra("bench", "matplotlib", "benchmark plots")
+METRICS = Extra("metrics", "prometheus_client", "serving Prometheus metrics")
+RICH = Extra("metrics", "rich", "live terminal views")
 
 
 def installed(extra: Extra) -> bool:

@@ -73,6 +73,7 @@ class Heartbeats:
                         if channel is not None:
                             channel.mark_lost(f"receiver at {peer.address}: {exc}")
                     if channel is not None and channel.lost is not None:
+                        peer.note_lost()
                         log.warning("%s", channel.lost)
         finally:
             for client in clients.values():

@@ -3,8 +3,11 @@
 Whoever can reach a receiver's ports can send it garbage, one connection after another; a warning
 per bad message would let them fill the host's disk. A :class:`QuietLog` logs the first few
 warnings of each *reason* in full, then counts the rest and logs the count once per period
-(when the next warning of that reason comes, or when :meth:`QuietLog.flush` is called). Reasons
+(when the next warning of that reason comes, or at the first :func:`report_due` after the period:
+every receiver's control thread calls it on its tick). Reasons
 are fixed strings chosen by the code, never taken from the input, so the bookkeeping is bounded.
+Every warning, logged or not, is counted in the metrics (``tensorwire_bad_input_total``, labelled
+with the reason in snake case).
 """
 
 from __future__ import annotations
@@ -12,8 +15,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from . import metrics
 
 #: warnings of one reason logged in full per period
 BURST = 5
@@ -42,10 +48,12 @@ class QuietLog:
         self._clock = clock
         self._windows: dict[str, _Window] = {}
         self._lock = threading.Lock()  # warnings come from control, data and accept threads
+        _ALL.add(self)
 
     def warning(self, reason: str, msg: str, *args: object) -> None:
         """Log ``msg % args`` at WARNING unless ``reason`` already had ``burst`` warnings in this
         period; those are counted and reported as one line when the period is over."""
+        metrics.count("tensorwire_bad_input_total", reason.replace(" ", "_"))
         now = self._clock()
         with self._lock:
             window = self._windows.get(reason)
@@ -59,10 +67,17 @@ class QuietLog:
             window.shown += 1
         self._logger.warning(msg, *args)
 
+    def report_due(self) -> None:
+        """Report the counts of the periods that are over (and forget those windows)."""
+        now = self._clock()
+        with self._lock:
+            due = [r for r, w in self._windows.items() if now - w.start >= self.period]
+            for reason in due:
+                self._report(reason, self._windows.pop(reason), now)
+
     def flush(self) -> None:
-        """Report every count not reported yet and start afresh. (Nothing calls it on a timer: a
-        count is otherwise reported when the next warning of its reason comes after the
-        period.)"""
+        """Report every count not reported yet, whether its period is over or not, and start
+        afresh."""
         now = self._clock()
         with self._lock:
             for reason, window in self._windows.items():
@@ -77,3 +92,12 @@ class QuietLog:
                 window.hidden,
                 now - window.start,
             )
+
+
+_ALL: weakref.WeakSet[QuietLog] = weakref.WeakSet()
+
+
+def report_due() -> None:
+    """Every quiet log of the process reports the counts of its periods that are over."""
+    for quiet in list(_ALL):
+        quiet.report_due()

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import wire
+from . import metrics, wire
 from .auth import client_mac, new_nonce, normalise_secret, server_proof, verify
 from .control import ControlClient, FencedError
 from .cuda import cupy as cupy_module
@@ -107,6 +107,13 @@ class _Peer:
         self.token = b""
         self.curve_server_key = curve_server_key
         self.nixl = nixl
+        self._lost_counted = False  # this connection's loss is in the metrics
+
+    def note_lost(self) -> None:
+        """Count this connection's loss once, however many writes and heartbeats see it."""
+        if not self._lost_counted:
+            self._lost_counted = True
+            metrics.count("tensorwire_peers_lost_total", "sender")
 
     def open(self, connect_timeout: float | None = None) -> None:
         """(Re)connect: hello, authenticate, fetch the address book, open the data channel.
@@ -127,6 +134,7 @@ class _Peer:
             )
             self.transport = choose(self.requested, info)
             self.channel = open_channel(self.transport, info)
+            self._lost_counted = False
         except BaseException:
             self.close_quietly()
             raise
@@ -223,6 +231,7 @@ class _Peer:
             if len(slots) != entry.layout.depth:
                 raise LocalProtocolError(f"claim of {entry.spec.name!r}: malformed slot list")
             w = self.channel.writer(entry, claimed.next_seq, claimed.released, slots, claimed.epoch)
+            w.traffic = metrics.traffic("sent", entry.spec.name, self.transport)
             self.writers[entry.tensor_id] = w
         return w
 
@@ -287,6 +296,7 @@ class Sender(Resource):
         self._closed = False
         self._heartbeat = heartbeat
         self._heartbeats: Heartbeats | None = None
+        metrics.watch(self)
 
     @classmethod
     def connect(
@@ -351,6 +361,7 @@ class Sender(Resource):
             finally:
                 del self._joining[address]
             self._peers[address] = peer
+            metrics.count("tensorwire_peers_connected_total", "sender")
 
     def remove_peer(self, address: str) -> None:
         """Disconnect from one receiver (say goodbye if it is still there)."""
@@ -458,12 +469,14 @@ class Sender(Resource):
                 w = p.writers.get(entry.tensor_id) or p.writer(entry, deadline)
                 w.write(arr if w.takes_device else w.on_host(arr), deadline)
             except PeerLostError:
+                p.note_lost()
                 if not self.reconnect:
                     raise
                 p, entry = self._reopen(p, name)
                 arr = entry.spec.check_array(arr)
                 w = p.writer(entry, deadline)
                 w.write(arr if w.takes_device else w.on_host(arr), deadline)
+            w.traffic.add(arr.nbytes)
             return WriteHandle(name, w.next_seq - 1, arr.nbytes)
 
     def _reopen(self, p: _Peer, name: str) -> tuple[_Peer, TensorEntry]:
@@ -512,9 +525,10 @@ class Sender(Resource):
                 try:
                     self._write_group(planned, indices, handles, deadline)
                 except PeerLostError:
+                    lost, first = planned[indices[0]][0], planned[indices[0]][1]
+                    lost.note_lost()
                     if not self.reconnect:
                         raise
-                    lost, first = planned[indices[0]][0], planned[indices[0]][1]
                     self._reopen(lost, first.spec.name)
                     for k in indices:
                         _, entry, arr = planned[k]
@@ -539,6 +553,8 @@ class Sender(Resource):
             writes.append((w, arr if w.takes_device else w.on_host(arr)))
         assert p.channel is not None
         p.channel.write_batch(writes, deadline)
+        for w, arr in writes:
+            w.traffic.add(arr.nbytes)
         # A writer's messages of this batch end at its next_seq - 1, the earlier ones before it.
         later: dict[int, int] = {}
         for k, (w, arr) in reversed(list(zip(indices, writes, strict=True))):
@@ -582,6 +598,7 @@ class Sender(Resource):
                     staging = cp.empty(shape, spec.dtype)
                 yield staging
                 w.write(w.on_host(staging), deadline)
+                w.traffic.add(staging.nbytes)
                 return
             out = w.acquire(shape, deadline)
             try:
@@ -590,6 +607,7 @@ class Sender(Resource):
                 w.abort()
                 raise
             w.commit(shape)
+            w.traffic.add(out.nbytes)
 
     def ping(self, peer: str | None = None, timeout: float | None = _DEFAULT) -> None:
         """A control-plane heartbeat round trip (raises if the receiver does not answer)."""
@@ -625,6 +643,10 @@ class Sender(Resource):
         for p in peers:
             p.goodbye()
             p.close_quietly()
+
+    def metric_gauges(self) -> Iterator[tuple[str, tuple[str, ...], float]]:
+        """Its connected receivers, for :mod:`tensorwire.metrics`."""
+        yield "peers", ("sender",), float(len(self._peers))
 
     def __repr__(self) -> str:
         return f"<Sender {self.name} peers={self.peers}{' closed' if self._closed else ''}>"

@@ -40,10 +40,19 @@ def _interpolate(value: str, env: dict[str, str]) -> str:
     return re.sub(r"\$\{(\w+)(:-|:\?)([^}]*)\}", one, value)
 
 
+def _daemons(spec: dict[str, Any]) -> dict[str, Any]:
+    """The compose file's tensorwire services (not the monitoring profile's)."""
+    return {
+        name: svc
+        for name, svc in spec["services"].items()
+        if str(svc.get("command", [""])[0]).startswith("tensorwire")
+    }
+
+
 def test_compose_refuses_to_start_without_a_secret() -> None:
     """No default secret gets around the daemons' refusal to listen beyond loopback without one."""
     spec = yaml.safe_load((ROOT / "docker/compose.yaml").read_text())
-    for svc in spec["services"].values():
+    for svc in _daemons(spec).values():
         value = svc["environment"]["TENSORWIRE_SECRET"]
         with pytest.raises(MissingVariable, match="TENSORWIRE_SECRET"):
             _interpolate(value, {})
@@ -54,8 +63,9 @@ def test_compose_refuses_to_start_without_a_secret() -> None:
 
 def test_compose_file_declares_real_daemons() -> None:
     spec = yaml.safe_load((ROOT / "docker/compose.yaml").read_text())
-    services = spec["services"]
+    services = _daemons(spec)
     assert set(services) == {"ps", "worker0", "worker1"}
+    assert set(spec["services"]) - set(services) == {"prometheus", "grafana"}
     for name, svc in services.items():
         assert svc["command"][0] in ("tensorwire-ps", "tensorwire-worker")
         assert "tcp" in svc["command"][svc["command"].index("--transport") + 1]
@@ -106,7 +116,7 @@ def test_build_context_leaves_out_what_the_image_does_not_need() -> None:
 
 def test_compose_services_run_locally(tmp_path: Path) -> None:
     spec = yaml.safe_load((ROOT / "docker/compose.yaml").read_text())
-    services: dict[str, Any] = spec["services"]
+    services: dict[str, Any] = _daemons(spec)
     hosts = {svc.get("hostname", name) for name, svc in services.items()}
     ports: dict[tuple[str, str], int] = {}
 
@@ -125,6 +135,8 @@ def test_compose_services_run_locally(tmp_path: Path) -> None:
     try:
         for name, svc in services.items():
             cmd = [str(BIN / svc["command"][0])] + [local(name, a) for a in svc["command"][1:]]
+            # each container has its own port 9100; here they share one host
+            cmd[cmd.index("--metrics-port") + 1] = "0"
             if name.startswith("worker"):
                 cmd += ["--metrics", str(tmp_path / f"{name}.json")]
             declared = svc["environment"].items()
@@ -158,3 +170,57 @@ def test_compose_services_run_locally(tmp_path: Path) -> None:
     metrics = json.loads((tmp_path / "worker0.json").read_text())
     assert metrics["steps"] == 300 and metrics["test_accuracy"] >= 0.95
     assert (tmp_path / "checkpoints" / "ps-shard0.npz").exists()
+
+
+def _exported_metric_names() -> set[str]:
+    """Every sample name the daemons can export: the library's, a parameter server's and a
+    worker's (a summary as its _sum and _count), from the code that exports them."""
+    from tensorwire import metrics
+    from tensorwire.client.metrics import WorkerStats, worker_metrics
+    from tensorwire.server.metrics import ps_metrics
+    from tensorwire.server.ps import ParameterServer, PSConfig
+
+    server = ParameterServer(PSConfig(bind=f"tcp://127.0.0.1:{free_port()}"))
+    try:
+        families = [*metrics.snapshot(), *ps_metrics(server), *worker_metrics(WorkerStats(0))]
+    finally:
+        server.close()
+    names = set()
+    for m in families:
+        names |= {m.name + "_sum", m.name + "_count"} if m.kind == "summary" else {m.name}
+    return names
+
+
+def test_monitoring_profile_scrapes_every_daemon_and_the_dashboard_queries_real_metrics() -> None:
+    spec = yaml.safe_load((ROOT / "docker/compose.yaml").read_text())
+    daemons = _daemons(spec)
+    # Prometheus scrapes each daemon at the port its command serves metrics on.
+    scrape = yaml.safe_load((ROOT / "docker/prometheus.yml").read_text())
+    targets = {
+        t for job in scrape["scrape_configs"] for c in job["static_configs"] for t in c["targets"]
+    }
+    served = {
+        f"{svc.get('hostname', name)}:{svc['command'][svc['command'].index('--metrics-port') + 1]}"
+        for name, svc in daemons.items()
+    }
+    assert targets == served
+    for name in ("prometheus", "grafana"):
+        assert spec["services"][name]["profiles"] == ["monitoring"]
+        for volume in spec["services"][name]["volumes"]:
+            assert (ROOT / "docker" / volume.split(":")[0]).exists(), volume
+    # Grafana's provisioning names the data source the dashboard's panels use.
+    source = yaml.safe_load(
+        (ROOT / "docker/grafana/provisioning/datasources/prometheus.yaml").read_text()
+    )["datasources"][0]
+    assert source["url"] == "http://prometheus:9090"
+    dashboard = json.loads((ROOT / "docker/grafana/dashboards/tensorwire.json").read_text())
+    exported = _exported_metric_names()
+    queried = set()
+    for panel in dashboard["panels"]:
+        assert panel["datasource"]["uid"] == source["uid"]
+        for target in panel["targets"]:
+            names = set(re.findall(r"\btensorwire_\w+", target["expr"]))
+            assert names, target
+            assert names <= exported, (panel["title"], names - exported)
+            queried |= names
+    assert len(queried) >= 20  # the dashboard covers the job, not a token panel

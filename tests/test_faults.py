@@ -110,12 +110,20 @@ def test_garbage_on_control_port_keeps_serving(transport: str) -> None:
 
 def test_garbage_from_many_peers_leaves_a_bounded_log(caplog: pytest.LogCaptureFixture) -> None:
     """Fifty peers each sending a malformed control message: each is refused (an error reply),
-    the log shows the first few in full and then one line with the count of the rest."""
+    the log shows the first few in full and then one line with the count of the rest, and the
+    metrics count every one."""
     import logging
 
-    from tensorwire import control
+    from tensorwire import control, metrics
     from tensorwire.quietlog import BURST
 
+    def counted() -> tuple[float, float]:
+        got = {m.name: m for m in metrics.snapshot()}
+        bad = got["tensorwire_bad_input_total"].value("malformed_control_messages")
+        errors = got["tensorwire_control_errors_total"].value("protocol")
+        return float(bad or 0), float(errors or 0)  # type: ignore[arg-type]
+
+    before = counted()
     peers = 50
     control.quiet.flush()  # earlier tests' windows: start this one afresh
     caplog.clear()
@@ -141,6 +149,8 @@ def test_garbage_from_many_peers_leaves_a_bounded_log(caplog: pytest.LogCaptureF
     counts = [m for m in lines if m.startswith("malformed control messages: ")]
     assert len(shown) == BURST and len(lines) == BURST + 1, lines
     assert counts == [counts[0]] and f": {peers - BURST} more in the last" in counts[0], counts
+    after = counted()
+    assert (after[0] - before[0], after[1] - before[1]) == (peers, peers)
 
 
 def test_a_quiet_log_reports_each_period() -> None:
@@ -165,6 +175,11 @@ def test_a_quiet_log_reports_each_period() -> None:
     quiet.warning("other", "other input")
     now[0] = 11.0
     quiet.warning("bad", "bad input again")
+    for i in range(3):
+        quiet.warning("bad", "bad input %d", i)
+    quiet.report_due()  # the new period is not over: nothing yet
+    now[0] = 21.5
+    quiet.report_due()  # it is now, with no warning to trigger it (the control tick calls this)
     quiet.flush()
     assert records == [
         "bad input 0",
@@ -172,6 +187,8 @@ def test_a_quiet_log_reports_each_period() -> None:
         "other input",
         "bad: 3 more in the last 11 s, not logged one by one",
         "bad input again",
+        "bad input 0",
+        "bad: 2 more in the last 10 s, not logged one by one",
     ]
 
 

@@ -26,6 +26,7 @@ import secrets
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from .. import metrics
 from ..auth import normalise_secret
 from ..control import ControlServer
 from ..cuda import parse_device
@@ -160,6 +161,7 @@ class Receiver(Resource):
             self.close()
             raise
         self.address: str = self._control.address
+        metrics.watch(self)
 
     # ---------------------------------------------------------------------------------------
     # Registration (tensorwire.receiver.tensors)
@@ -343,6 +345,17 @@ class Receiver(Resource):
             sessions.close()
         if table is not None:
             table.close()
+
+    def metric_gauges(self) -> Iterator[tuple[str, tuple[str, ...], float]]:
+        """Its held slots and connected senders, for :mod:`tensorwire.metrics`."""
+        with self._state.lock:
+            if self._closed:
+                return
+            held = [(t.spec.name, t.consumed - t.released) for t in self._table.by_name.values()]
+            connected = self._sessions.connected
+        for name, n in held:
+            yield "slots_held", (name,), float(n)
+        yield "peers", ("receiver",), float(connected)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self.specs)} tensors"

@@ -51,8 +51,10 @@ class Consumer:
         Any, or a cupy array for a GPU tensor."""
         tensor.consumed += 1
         if tensor.views is not None:
+            tensor.traffic.add(tensor.spec.max_bytes)
             return tensor.views[slot]
         view = tensor.ring.view(slot)
+        tensor.traffic.add(view.nbytes)
         return view if tensor.ring.device is not None else received(view)
 
     # -- waiting -------------------------------------------------------------------------------

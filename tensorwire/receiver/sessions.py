@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import wire
+from .. import metrics, wire
 from ..auth import client_mac, new_nonce, server_proof, verify
 from ..doorbell import barrier_everywhere
 from ..errors import PeerLostError, TensorWireError
@@ -87,6 +87,11 @@ class SessionHandler:
 
     def by_token(self, token: bytes) -> Session | None:
         return self._tokens.get(token)
+
+    @property
+    def connected(self) -> int:
+        """Senders welcomed and not dropped since."""
+        return len(self._tokens)
 
     # -- the protocol --------------------------------------------------------------------------
 
@@ -171,6 +176,7 @@ class SessionHandler:
                 transports[name] = {}  # the sender maps our regions by the address book's names
         transports.update(self._servers.published())
         log.debug("welcomed %s", session.describe())
+        metrics.count("tensorwire_peers_connected_total", "receiver")
         return wire.Welcome(
             state.generation, os.getpid(), state.host, proof, session.token, transports
         )
@@ -220,6 +226,7 @@ class SessionHandler:
         tensor.ring.set_owner(tensor.epoch)
         tensor.owner = session
         tensor.transport = msg.transport
+        tensor.traffic = metrics.traffic("received", tensor.spec.name, msg.transport)
         tensor.sender_completes = key is None
         tensor.expected_seq = max(tensor.ring.last_complete(), tensor.consumed) + 1
         tensor.lost = None
@@ -310,6 +317,7 @@ class SessionHandler:
                         tensor.stale_writer = ProcessWatch(session.pid)
         session.claims.clear()
         if reason is not None:
+            metrics.count("tensorwire_peers_lost_total", "receiver")
             log.warning("%s lost: %s", session.describe(), reason)
             self._table.wake()
 

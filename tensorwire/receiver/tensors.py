@@ -42,6 +42,7 @@ from ..layout import (
     ring_footprint,
 )
 from ..memory import Memory, RegionInfo
+from ..metrics import Traffic
 from ..process import ProcessWatch
 from ..received import received
 from ..region import Region
@@ -77,6 +78,8 @@ class RegisteredTensor:
     inflight: Session | None = None
     #: a GPU tensor's host staging area for payloads that arrive over a network (pinned memory)
     staging: Any = None
+    #: where messages handed to the consumer are counted (by name and the claim's transport)
+    traffic: Traffic = dataclasses.field(default_factory=Traffic)
 
     @property
     def device(self) -> int | None:

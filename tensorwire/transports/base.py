@@ -14,6 +14,7 @@ memory itself. Which transport is carried by which server is declared once, in
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from ..cuda import PinnedBuffer
 from ..errors import LocalProtocolError, PeerLostError, TransportError
 from ..layout import RingLayout
 from ..memory import Memory, RegionInfo
+from ..metrics import Traffic
 from ..spec import TensorSpec
 from ..wire import DataHeader, Message, Welcome
 
@@ -72,6 +74,9 @@ class PeerInfo:
         return host, port
 
 
+_UNREPORTED = Traffic()
+
+
 class TensorWriter(ABC):
     """Writes successive messages of one tensor into the receiver's ring."""
 
@@ -79,6 +84,9 @@ class TensorWriter(ABC):
     next_seq: int  # sequence number the next message will carry
     #: ``write`` takes GPU (cupy) arrays itself; otherwise the sender hands it a host copy
     takes_device: ClassVar[bool] = False
+    #: where its messages and credit waits are counted (the sender sets it on every writer it
+    #: makes; a writer made outside a sender counts into this, which nothing reports)
+    traffic: Traffic = _UNREPORTED
 
     @abstractmethod
     def write(self, array: Any, deadline: float | None) -> None:
@@ -190,10 +198,13 @@ def wait_for_slot(
     next_seq: int,
     depth: int,
     deadline: float | None,
+    traffic: Traffic,
 ) -> None:
-    """Block until message ``next_seq`` of a ring of ``depth`` slots has a free slot."""
+    """Block until message ``next_seq`` of a ring of ``depth`` slots has a free slot (a wait is
+    counted in ``traffic``)."""
     need = next_seq - depth
     if channel.released(tensor_id) < need:
+        started = time.perf_counter()
         channel.await_credit(
             tensor_id,
             need,
@@ -203,6 +214,7 @@ def wait_for_slot(
                 f"released {channel.released(tensor_id)} of {next_seq - 1} (ring depth {depth})"
             ),
         )
+        traffic.waited(time.perf_counter() - started)
 
 
 class CreditLink(Protocol):

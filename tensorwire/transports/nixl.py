@@ -538,7 +538,9 @@ class NixlWriter(TensorWriter):
         self._device_staging: Any = None  # what Sender.buffer fills for a GPU tensor
 
     def _wait_credit(self, deadline: float | None) -> None:
-        wait_for_slot(self._channel, self._tid, self.spec, self.next_seq, self._depth, deadline)
+        wait_for_slot(
+            self._channel, self._tid, self.spec, self.next_seq, self._depth, deadline, self.traffic
+        )
 
     def _send(self, source: Any, shape: tuple[int, ...]) -> None:
         channel = self._channel

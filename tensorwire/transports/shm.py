@@ -195,7 +195,9 @@ class ShmWriter(TensorWriter):
         channel.check_peer()
         if not ring.has_credit(seq):
             channel.ring_receiver()  # never wait on a consumer we have not told about a batch
+            started = time.perf_counter()
             ring.wait_credit(seq, deadline, channel.check_peer)
+            self.traffic.waited(time.perf_counter() - started)
         if not ring.enter_write(self._epoch):
             raise PeerLostError(
                 f"tensor {self.spec.name!r}: the receiver at {channel.address} revoked this "

@@ -397,7 +397,9 @@ class TcpWriter(TensorWriter):
         return self._channel.released(self._tid) >= self.next_seq - self._depth
 
     def wait_credit(self, deadline: float | None) -> None:
-        wait_for_slot(self._channel, self._tid, self.spec, self.next_seq, self._depth, deadline)
+        wait_for_slot(
+            self._channel, self._tid, self.spec, self.next_seq, self._depth, deadline, self.traffic
+        )
 
     def frame(self, payload: memoryview, shape: tuple[int, ...]) -> list[memoryview]:
         """The next message's header and payload, ready to send (its slot chosen, which

@@ -1,0 +1,85 @@
+"""The parameter server's figures as metrics (``tensorwire-ps --metrics-port``): steps, loss,
+accuracy, step time, stragglers, checkpoints and workers, labelled with the shard.
+
+Read from :class:`~.ps.PSStats` at each scrape; the transport's own counts (messages, bytes,
+credit waits, peers) come from :mod:`tensorwire.metrics` in the same page.
+"""
+
+from __future__ import annotations
+
+from tensorwire.metrics import Metric
+
+from .ps import ParameterServer
+
+
+def ps_metrics(server: ParameterServer) -> list[Metric]:
+    stats = server.stats
+    shard = (str(server.cfg.shard),)
+    return [
+        Metric(
+            "tensorwire_ps_steps_total",
+            "counter",
+            "Steps done since the server started (bsp: global steps; asp and ssp: each "
+            "worker's steps)",
+            ("shard",),
+            [(shard, stats.steps)],
+        ),
+        Metric(
+            "tensorwire_ps_step",
+            "gauge",
+            "The global step the job is at (after a resume, counted from the checkpoint's)",
+            ("shard",),
+            [(shard, server.step)],
+        ),
+        Metric(
+            "tensorwire_ps_step_seconds",
+            "summary",
+            "Duration of the steps (bsp: from waiting for the first gradient to sending the "
+            "last parameters)",
+            ("shard",),
+            [(shard, (stats.steps, stats.step_seconds))],
+        ),
+        Metric(
+            "tensorwire_ps_loss",
+            "gauge",
+            "Training loss of the last step (mean over the workers that sent it)",
+            ("shard",),
+            [(shard, stats.loss)],
+        ),
+        Metric(
+            "tensorwire_ps_gradient_wait_seconds_total",
+            "counter",
+            "Seconds bsp steps waited for each worker's gradients once the workers before it "
+            "had sent theirs: the straggler's grows fastest",
+            ("shard", "worker"),
+            [((shard[0], str(rank)), secs) for rank, secs in sorted(stats.gradient_wait.items())],
+        ),
+        Metric(
+            "tensorwire_ps_checkpoint_seconds",
+            "summary",
+            "Checkpoints written, and the time they took",
+            ("shard",),
+            [(shard, (stats.checkpoints, stats.checkpoint_seconds))],
+        ),
+        Metric(
+            "tensorwire_ps_workers",
+            "gauge",
+            "Workers taking part now (joined, ready and not lost)",
+            ("shard",),
+            [(shard, sum(w.alive for w in server.workers))],
+        ),
+        Metric(
+            "tensorwire_ps_worker_events_total",
+            "counter",
+            "Workers that joined at the start, were lost, or rejoined after a loss",
+            ("shard", "event"),
+            [((shard[0], event), n) for event, n in stats.worker_events.items()],
+        ),
+        Metric(
+            "tensorwire_ps_accuracy",
+            "gauge",
+            "Test accuracy rank 0 last reported (no sample before its first evaluation)",
+            ("shard",),
+            [] if stats.accuracy is None else [(shard, stats.accuracy)],
+        ),
+    ]

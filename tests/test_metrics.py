@@ -1,0 +1,281 @@
+"""Metrics (issue 12): the library's counts agree with what moved, the /metrics page parses with
+prometheus-client's own parser, and a real job's daemons serve figures that agree with the job.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tensorwire as tw
+from tensorwire import metrics
+
+from .conftest import free_port
+from .jobs import Job, ok
+
+prometheus_client = pytest.importorskip("prometheus_client")
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+
+def _unique(prefix: str) -> str:
+    # the counts are per process and per tensor name: each test counts its own names
+    return f"{prefix}-{secrets.token_hex(4)}"
+
+
+def _traffic(direction: str, tensor: str) -> metrics.Traffic:
+    rows = [t for (name, _), t in metrics._LEDGER.traffic[direction].items() if name == tensor]
+    assert len(rows) == 1, (direction, tensor, rows)
+    return rows[0]
+
+
+def _scrape(url: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """``{sample name: {sorted labels: value}}`` of one scrape, parsed by prometheus-client."""
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def test_every_message_is_counted_once_each_way(transport: str) -> None:
+    """write, write_many and buffer() each count their messages and bytes at the sender; wait()
+    counts them at the receiver, labelled with the tensor and the claim's transport."""
+    static, dynamic = _unique("static"), _unique("dynamic")
+    with tw.Receiver() as rx:
+        rx.register(static, (64,), "float32")
+        rx.register(dynamic, (None,), "int16", max_bytes=4096)
+        with tw.Sender.connect(rx.address, transport=transport, timeout=20) as tx:
+            sizes = [3, 100, 0, 2048]
+            for k in range(10):
+                tx.write(static, np.full(64, k, np.float32))
+                rx.wait(static, timeout=10)
+                rx.release(static)
+            for n in sizes:
+                tx.write_many([(dynamic, np.ones(n, np.int16)), (static, np.zeros(64, np.float32))])
+                for name in (dynamic, static):
+                    rx.wait(name, timeout=10)
+                    rx.release(name)
+            with tx.buffer(static) as out:
+                out[...] = 7
+            assert rx.wait(static, timeout=10)[0] == 7
+            rx.release(static)
+            used = tx.transport_of()
+    for direction in ("sent", "received"):
+        s, d = _traffic(direction, static), _traffic(direction, dynamic)
+        assert (s.messages, s.bytes) == (10 + len(sizes) + 1, (10 + len(sizes) + 1) * 256)
+        assert (d.messages, d.bytes) == (len(sizes), 2 * sum(sizes))
+    by_label = {key: t for key, t in metrics._LEDGER.traffic["received"].items()}
+    assert (static, used) in by_label and (dynamic, used) in by_label
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_full_ring_counts_a_credit_wait(transport: str) -> None:
+    """A write that finds every slot held waits for the consumer's release, and says so."""
+    name = _unique("full")
+    with tw.Receiver(ring=1) as rx:
+        rx.register(name, (16,), "float32")
+        with tw.Sender.connect(rx.address, transport=transport, timeout=20) as tx:
+            tx.write(name, np.ones(16, np.float32))
+            rx.wait(name, timeout=10)  # held: the only slot
+            releaser = threading.Timer(0.3, rx.release, (name,))
+            releaser.start()
+            try:
+                tx.write(name, np.ones(16, np.float32))  # waits for that release
+            finally:
+                releaser.join()
+            rx.wait(name, timeout=10)
+            rx.release(name)
+    t = _traffic("sent", name)
+    assert t.messages == 2 and t.waits == 1
+    assert 0.1 < t.wait_seconds < 20  # it waited about 0.3 s for the release
+
+
+def test_the_metrics_page_serves_what_the_library_counts() -> None:
+    name = _unique("page")
+    server = metrics.serve(0, "127.0.0.1")
+    try:
+        with tw.Receiver() as rx:
+            rx.register(name, (8,), "float64")
+            with tw.Sender.connect(rx.address, transport="tcp", timeout=20) as tx:
+                for _ in range(3):
+                    tx.write(name, np.ones(8))
+                rx.wait(name, timeout=10)  # one held, two landed and not taken yet
+                page = _scrape(server.url)
+                labels = (("tensor", name), ("transport", "tcp"))
+                assert page["tensorwire_sent_messages_total"][labels] == 3
+                assert page["tensorwire_sent_bytes_total"][labels] == 3 * 64
+                assert page["tensorwire_received_messages_total"][labels] == 1
+                assert page["tensorwire_slots_held"][(("tensor", name),)] == 1
+                assert page["tensorwire_peers"][(("role", "receiver"),)] >= 1
+                assert page["tensorwire_peers"][(("role", "sender"),)] >= 1
+                rx.release(name)
+                for _ in range(2):
+                    rx.wait(name, timeout=10)
+                    rx.release(name)
+                page = _scrape(server.url)
+                assert page["tensorwire_received_messages_total"][labels] == 3
+                assert page["tensorwire_slots_held"][(("tensor", name),)] == 0
+                assert "process_cpu_seconds_total" in page  # prometheus-client's own, alongside
+    finally:
+        server.close()
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(server.url, timeout=2)
+
+
+def test_a_port_in_use_is_a_one_line_error() -> None:
+    first = metrics.serve(0, "127.0.0.1")
+    try:
+        with pytest.raises(
+            tw.TensorWireError, match=f"cannot serve metrics on 127.0.0.1:{first.port}"
+        ):
+            metrics.serve(first.port, "127.0.0.1")
+    finally:
+        first.close()
+
+
+def test_tensor_labels_are_bounded() -> None:
+    """Past MAX_TENSOR_LABELS names, further tensors count together under _other."""
+    prefix = _unique("many")
+    table = metrics._LEDGER.traffic["sent"]
+    room = metrics.MAX_TENSOR_LABELS - len({t for t, _ in table})
+    made = [metrics.traffic("sent", f"{prefix}-{k}", "tcp") for k in range(max(room, 0) + 3)]
+    names = {t for t, _ in table}
+    assert len(names) <= metrics.MAX_TENSOR_LABELS + 1 and metrics.OTHER in names
+    assert made[-1] is made[-2] is metrics.traffic("sent", metrics.OTHER, "tcp")
+
+
+def _samples(page: dict[str, Any], name: str) -> dict[Any, float]:
+    return page.get(name, {})
+
+
+def test_a_job_serves_metrics_that_agree_with_it(job: Any, tmp_path: Path) -> None:
+    """A real job (one server, two workers, each with --metrics-port): scraped while it runs,
+    the counters only grow; at the end, what the server received is what the workers sent and
+    the other way round, and its steps are the job's. The server logs JSON lines."""
+    ps_port = free_port()
+    steps = 1500
+    j: Job = job(
+        ps=["--steps", str(steps), "--metrics-port", str(ps_port), "--log-format", "json"],
+        worker=["--metrics-port", "0"],  # a free port each, which its log names
+    )
+    url = f"http://127.0.0.1:{ps_port}/metrics"
+    worker_url = ""
+    scrapes: list[dict[str, Any]] = []
+    worker_scrapes: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and len(scrapes) < 200:
+        if j.ps[0].poll() is not None:
+            break
+        found = re.search(r"metrics at (http://\S+/metrics)", j.log("w0"))
+        worker_url = found.group(1) if found else ""
+        try:
+            scrapes.append(_scrape(url))
+            if worker_url:
+                worker_scrapes.append(_scrape(worker_url))
+        except (urllib.error.URLError, ConnectionError):
+            pass  # not serving yet, or just finished
+        time.sleep(0.05)
+    ok(j)
+    running = [s for s in scrapes if _samples(s, "tensorwire_ps_steps_total")]
+    assert len(running) >= 2, f"{len(scrapes)} scrapes, none while the job ran"
+    for name in (
+        "tensorwire_ps_steps_total",
+        "tensorwire_received_messages_total",
+        "tensorwire_sent_bytes_total",
+        "tensorwire_ps_gradient_wait_seconds_total",
+    ):
+        series = [sum(_samples(s, name).values()) for s in running]
+        assert series == sorted(series), (name, series)  # monotonic
+    last = running[-1]
+    assert 0 < sum(_samples(last, "tensorwire_ps_steps_total").values()) <= steps
+    assert set(_samples(last, "tensorwire_ps_gradient_wait_seconds_total")) == {
+        (("shard", "0"), ("worker", "0")),
+        (("shard", "0"), ("worker", "1")),
+    }
+    assert _samples(last, "tensorwire_ps_workers")[(("shard", "0"),)] == 2
+    ps, workers = j.metrics("ps0"), [j.metrics("w0"), j.metrics("w1")]
+    assert ps["steps"] == steps
+    sent = sum(w["traffic"]["sent_messages"] for w in workers)
+    assert ps["traffic"]["received_messages"] == sent > 2 * steps
+    assert ps["traffic"]["sent_messages"] == sum(w["traffic"]["received_messages"] for w in workers)
+    assert ps["traffic"]["received_bytes"] == sum(w["traffic"]["sent_bytes"] for w in workers)
+    records = [json.loads(line) for line in j.log("ps0").splitlines() if line.startswith("{")]
+    assert any("metrics at http://127.0.0.1:" in r["message"] for r in records)
+    assert all({"time", "level", "daemon", "logger", "message"} <= set(r) for r in records)
+    assert any(r["message"].startswith("worker 1 joined") for r in records)
+    running = [s for s in worker_scrapes if _samples(s, "tensorwire_worker_steps_total")]
+    assert running, "the worker's metrics were never scraped while it ran"
+    series = [_samples(s, "tensorwire_worker_steps_total")[(("rank", "0"),)] for s in running]
+    assert series == sorted(series) and 0 < series[-1] <= steps
+    phases = {
+        dict(k)["phase"] for k in _samples(running[-1], "tensorwire_worker_phase_seconds_total")
+    }
+    assert phases == {"compute", "evaluate", "wait", "pull", "push"}
+
+
+def test_top_shows_a_live_job(job: Any) -> None:
+    """`tensorwire top` against a running server and a port nobody serves: a table per refresh,
+    with the server's step, steps/s and traffic, and the other endpoint marked unreachable."""
+    ps_port, nobody = free_port(), free_port()
+    j: Job = job(ps=["--steps", "6000", "--metrics-port", str(ps_port)])
+    url = f"http://127.0.0.1:{ps_port}/metrics"
+    for _ in range(200):  # bounded: until the job is training (steps counted)
+        try:
+            if _samples(_scrape(url), "tensorwire_ps_steps_total"):
+                break
+        except (urllib.error.URLError, ConnectionError):
+            pass
+        time.sleep(0.05)
+    top = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tensorwire",
+            "top",
+            f"127.0.0.1:{ps_port}",
+            f"http://127.0.0.1:{nobody}/metrics",
+            "--interval",
+            "0.5",
+            "--count",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    j.kill()
+    assert top.returncode == 0, top.stderr
+    frames = top.stdout.split("tensorwire top")
+    assert len(frames) == 3, top.stdout  # two tables (and what precedes the first)
+    ps_rows = [line for line in top.stdout.splitlines() if f"ps0 127.0.0.1:{ps_port}" in line]
+    assert len(ps_rows) == 2, top.stdout
+    cells = [c.strip() for c in ps_rows[-1].split("│")]
+    step, rate = int(cells[2]), float(cells[3])
+    assert 0 < step <= 6000 and rate > 0, ps_rows
+    assert "tcp" in ps_rows[-1] or "shm" in ps_rows[-1]  # bytes/s per transport
+    assert top.stdout.count("unreachable") == 2
+
+
+def test_top_refuses_what_is_not_a_metrics_address() -> None:
+    top = subprocess.run(
+        [sys.executable, "-m", "tensorwire", "top", "ftp://host/metrics"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert top.returncode == 2 and "is not an http address" in top.stderr
