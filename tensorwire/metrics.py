@@ -37,9 +37,10 @@ Sample = tuple[tuple[str, ...], "float | tuple[float, float]"]
 
 class Traffic:
     """Messages and bytes of one tensor in one direction over one transport, and the writer's
-    waits for a free slot. Plain attributes, added to without a lock: each is updated by the
-    thread that moves the tensor's messages (one per tensor, as writes of a tensor are ordered).
-    """
+    waits for a free slot. Plain attributes, added to without a lock (and inline on the
+    per-message paths: a method call would cost more than the additions): each is updated by
+    the thread that moves the tensor's messages (one per tensor, as writes of a tensor are
+    ordered)."""
 
     __slots__ = ("bytes", "messages", "wait_seconds", "waits")
 
@@ -48,10 +49,6 @@ class Traffic:
         self.bytes = 0
         self.waits = 0
         self.wait_seconds = 0.0
-
-    def add(self, nbytes: int) -> None:
-        self.messages += 1
-        self.bytes += nbytes
 
     def waited(self, seconds: float) -> None:
         self.waits += 1

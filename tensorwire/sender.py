@@ -476,8 +476,11 @@ class Sender(Resource):
                 arr = entry.spec.check_array(arr)
                 w = p.writer(entry, deadline)
                 w.write(arr if w.takes_device else w.on_host(arr), deadline)
-            w.traffic.add(arr.nbytes)
-            return WriteHandle(name, w.next_seq - 1, arr.nbytes)
+            nbytes = arr.nbytes
+            counts = w.traffic  # inline, not a method call: this is the per-message path
+            counts.messages += 1
+            counts.bytes += nbytes
+            return WriteHandle(name, w.next_seq - 1, nbytes)
 
     def _reopen(self, p: _Peer, name: str) -> tuple[_Peer, TensorEntry]:
         """After a PeerLostError with ``reconnect``: reconnect to ``p`` and resolve ``name``
@@ -554,7 +557,9 @@ class Sender(Resource):
         assert p.channel is not None
         p.channel.write_batch(writes, deadline)
         for w, arr in writes:
-            w.traffic.add(arr.nbytes)
+            counts = w.traffic
+            counts.messages += 1
+            counts.bytes += arr.nbytes
         # A writer's messages of this batch end at its next_seq - 1, the earlier ones before it.
         later: dict[int, int] = {}
         for k, (w, arr) in reversed(list(zip(indices, writes, strict=True))):
@@ -598,7 +603,8 @@ class Sender(Resource):
                     staging = cp.empty(shape, spec.dtype)
                 yield staging
                 w.write(w.on_host(staging), deadline)
-                w.traffic.add(staging.nbytes)
+                w.traffic.messages += 1
+                w.traffic.bytes += staging.nbytes
                 return
             out = w.acquire(shape, deadline)
             try:
@@ -607,7 +613,8 @@ class Sender(Resource):
                 w.abort()
                 raise
             w.commit(shape)
-            w.traffic.add(out.nbytes)
+            w.traffic.messages += 1
+            w.traffic.bytes += out.nbytes
 
     def ping(self, peer: str | None = None, timeout: float | None = _DEFAULT) -> None:
         """A control-plane heartbeat round trip (raises if the receiver does not answer)."""

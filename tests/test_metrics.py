@@ -29,6 +29,13 @@ prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def fresh_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Counts of this test alone: the process's table, which earlier tests filled with other
+    tensor names (past the label limit), is set aside meanwhile."""
+    monkeypatch.setattr(metrics, "_LEDGER", metrics._Ledger())
+
+
 def _unique(prefix: str) -> str:
     # the counts are per process and per tensor name: each test counts its own names
     return f"{prefix}-{secrets.token_hex(4)}"
