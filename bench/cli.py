@@ -22,7 +22,12 @@ from typing import Any
 import tensorwire as tw
 from tensorwire import cuda as tw_cuda
 from tensorwire import extras
-from tensorwire.server.config import add_metrics_flags, start_metrics
+from tensorwire.server.config import (
+    add_logging_flags,
+    add_metrics_flags,
+    setup_logging,
+    start_metrics,
+)
 
 from . import ps as ps_bench
 from . import report, soak
@@ -116,6 +121,7 @@ def build_parser(prog: str = "tensorwire bench") -> argparse.ArgumentParser:
     srv.add_argument("--once", action="store_true", help="exit after the first runner")
     srv.add_argument("--secret-file", metavar="PATH", help="shared secret (or TENSORWIRE_SECRET)")
     add_metrics_flags(srv)
+    add_logging_flags(srv)
     ps_bench.add_parser(sub)
     soak.add_parser(sub)
     return parser
@@ -261,6 +267,7 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire bench") -> int:
     args.command_line = " ".join([prog, *(sys.argv[1:] if argv is None else argv)])
     try:
         if args.command == "serve":
+            setup_logging(args.log_level, "bench-serve", args.log_format)
             secret = _secret(parser, args, args.bind)
             scrape = start_metrics(args, args.bind)
             try:

@@ -286,3 +286,48 @@ def test_top_refuses_what_is_not_a_metrics_address() -> None:
         check=False,
     )
     assert top.returncode == 2 and "is not an http address" in top.stderr
+
+
+def test_bench_serve_serves_metrics_and_logs_json(tmp_path: Path) -> None:
+    """`tensorwire bench serve --metrics-port`: the library's metrics are scrapable while it
+    waits for a runner; its log lines are JSON; Ctrl-C ends it cleanly."""
+    import signal
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tensorwire",
+            "bench",
+            "serve",
+            "--bind",
+            f"tcp://127.0.0.1:{free_port()}",
+            "--metrics-port",
+            str(port),
+            "--log-format",
+            "json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        page: dict[str, Any] = {}
+        for _ in range(200):  # bounded: until it serves
+            try:
+                page = _scrape(f"http://127.0.0.1:{port}/metrics")
+                break
+            except (urllib.error.URLError, ConnectionError):
+                time.sleep(0.05)
+        assert "process_cpu_seconds_total" in page
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    record = json.loads(err.splitlines()[0])
+    assert record["daemon"] == "bench-serve" and record["message"].startswith("metrics at ")
+    assert "serving on" in out
