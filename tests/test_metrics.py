@@ -331,3 +331,30 @@ def test_bench_serve_serves_metrics_and_logs_json(tmp_path: Path) -> None:
     record = json.loads(err.splitlines()[0])
     assert record["daemon"] == "bench-serve" and record["message"].startswith("metrics at ")
     assert "serving on" in out
+
+
+def test_grpc_calls_with_forged_tokens_are_refused_and_counted() -> None:
+    """Anyone reaching the gRPC data port can call it: each call with a token the receiver never
+    issued is refused and counted, and nothing lands."""
+    grpc = pytest.importorskip("grpc")
+    from tensorwire.transports import tensor_service_pb2 as pb
+    from tensorwire.transports import tensor_service_pb2_grpc as pb_grpc
+
+    def counted() -> dict[str, float]:
+        bad = {m.name: m for m in metrics.snapshot()}["tensorwire_bad_input_total"]
+        return {key[0]: float(v) for key, v in bad.samples}  # type: ignore[arg-type]
+
+    with tw.Receiver(grpc=True) as rx:
+        rx.register("t", (4,), "float32")
+        port = rx._servers["grpc"].port
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.TensorServiceStub(channel)
+            for _ in range(3):
+                with pytest.raises(grpc.RpcError) as opened:
+                    stub.Open(pb.OpenRequest(token=secrets.token_bytes(16)), timeout=10)
+                assert opened.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+                with pytest.raises(grpc.RpcError) as wrote:
+                    stub.Write(pb.TensorProto(token=secrets.token_bytes(16)), timeout=10)
+                assert wrote.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert rx.pending("t") == 0
+    assert counted() == {"grpc_opens_refused": 3, "grpc_calls_with_unknown_tokens": 3}

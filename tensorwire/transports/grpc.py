@@ -35,7 +35,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 import grpc
 import numpy as np
 
-from .. import wire
+from .. import metrics, wire
 from ..errors import (
     LocalProtocolError,
     PeerLostError,
@@ -43,11 +43,14 @@ from ..errors import (
     TensorWireError,
     WireTimeoutError,
 )
+from ..quietlog import QuietLog
 from . import tensor_service_pb2 as pb
 from . import tensor_service_pb2_grpc as pb_grpc
 from .base import Channel, DataServer, DataSink, PeerInfo, ServerSettings, TensorEntry, TensorWriter
 
 log = logging.getLogger(__name__)
+#: warnings about what a peer can send: rate-limited per reason, each counted in the metrics
+quiet = QuietLog(log)
 
 #: gRPC's default 4 MiB message cap would refuse large tensors: lift it on both ends.
 GRPC_OPTIONS = [
@@ -161,6 +164,7 @@ class GrpcDataServer(pb_grpc.TensorServiceServicer, DataServer):
         with self._lock:
             entry = self._sessions.get(bytes(token))
         if entry is None:
+            metrics.count("tensorwire_bad_input_total", "grpc_calls_with_unknown_tokens")
             _abort(context, grpc.StatusCode.FAILED_PRECONDITION, "unknown or closed session token")
         if entry[1].closed:
             _abort(context, grpc.StatusCode.ABORTED, "the receiver dropped this session")
@@ -174,7 +178,7 @@ class GrpcDataServer(pb_grpc.TensorServiceServicer, DataServer):
         if entry is not None and sink is not None:
             entry[1].close()
             sink.disconnected(entry[0], f"protocol error: {exc}")
-        log.warning("refusing a grpc write: %s", exc)
+        quiet.warning("grpc writes refused", "refusing a grpc write: %s", exc)
         lost = isinstance(exc, PeerLostError)  # the receiver dropped the session: not a bad write
         code = grpc.StatusCode.ABORTED if lost else grpc.StatusCode.FAILED_PRECONDITION
         _abort(context, code, str(exc))
@@ -186,6 +190,7 @@ class GrpcDataServer(pb_grpc.TensorServiceServicer, DataServer):
         try:
             session = self._sink(context).admit(request.token, request.generation, link, "grpc")
         except TensorWireError as exc:
+            metrics.count("tensorwire_bad_input_total", "grpc_opens_refused")
             _abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         with self._lock:
             self._sessions[bytes(request.token)] = (session, link)

@@ -53,6 +53,7 @@ from ..errors import (
 )
 from ..layout import OFF_SCRATCH, SCRATCH_SIZE
 from ..memory import CUDA, HOST, Memory, RegionInfo
+from ..quietlog import QuietLog
 from ..rdma import NixlOptions, create_agent, is_loopback_host
 from ..ring import SlotChooser
 from .base import (
@@ -69,6 +70,8 @@ from .base import (
 )
 
 log = logging.getLogger(__name__)
+#: warnings about what a peer can send: rate-limited per reason, each counted in the metrics
+quiet = QuietLog(log)
 
 #: Credit-frame tensor ids with a meaning of their own.
 BYE_ACK = 0xFFFFFFFE  # every notification up to the sender's goodbye has been completed
@@ -779,7 +782,7 @@ class NixlDataServer(DataServer):
                     return True
                 header = peer.held.pop(peer.next)
         except (LocalProtocolError, TensorWireError) as exc:
-            log.warning("cutting off nixl sender %s: %s", peer.agent, exc)
+            quiet.warning("nixl senders cut off", "cutting off nixl sender %s: %s", peer.agent, exc)
             self.notify(peer.agent, wire.encode_credit(SESSION_ENDED, 0))
             self._finish(peer, f"protocol error: {exc}")
             return False
