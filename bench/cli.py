@@ -33,7 +33,15 @@ from . import ps as ps_bench
 from . import report, soak
 from .common import machine_facts, parse_size, parse_sizes
 from .peer import serve
-from .runner import GPU_REFERENCES, REFERENCES, TRANSPORTS, Runner, summarise, sweep
+from .runner import (
+    GPU_REFERENCES,
+    RAW_NIXL,
+    REFERENCES,
+    TRANSPORTS,
+    Runner,
+    summarise,
+    sweep,
+)
 
 DEFAULT_SIZES = "4K,64K,1M,16M,64M"
 
@@ -192,8 +200,9 @@ def _measure(
     try:
         usable = runner.transports
         gpu = GPU_REFERENCES if args.device != "cpu" else []
-        methods = ["memcpy", *gpu, *usable, "zmq", "raw-tcp"]
-        latency = [*usable, "zmq"]
+        raw_nixl = [RAW_NIXL] if runner.raw_nixl is not None else []
+        methods = ["memcpy", *gpu, *usable, "zmq", "raw-tcp", *raw_nixl]
+        latency = [*usable, "zmq", *raw_nixl]
         total = args.repeat * (len(args.sizes) * len(methods) + len(latency))
         with _progress(total, not args.no_progress) as tick:
             samples = sweep(
@@ -208,7 +217,7 @@ def _measure(
             "config": {
                 "sizes": args.sizes,
                 "transports": usable,
-                "references": [*REFERENCES, *gpu],
+                "references": [*REFERENCES, *gpu, *raw_nixl],
                 "device": args.device,
                 "repeat": args.repeat,
                 "round_trips": args.round_trips,

@@ -19,8 +19,10 @@ import numpy as np
 import zmq
 
 import tensorwire as tw
+from tensorwire.rdma import is_loopback_host
 
 from .common import MiB, machine_facts, raw_recv, tensor_name, tune_socket
+from .raw_nixl import RawNixl
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,8 @@ class _Session:
         self.pair.linger = 0
         self.pair_port = self.pair.bind_to_random_port(f"tcp://{host}")
         self.buffer = np.empty(max([*self.sizes, self.latency_bytes]), dtype=np.uint8)
+        self.host = host
+        self.raw_nixl: RawNixl | None = None
         device = setup.get("device", "cpu")  # where the tensors live (--device)
         for t in self.transports:
             for size in self.sizes:
@@ -87,6 +91,13 @@ class _Session:
             raw_recv(self.raw, view)
         self.raw.sendall(b"k")
 
+    def raw_nixl_setup(self, details: dict[str, Any]) -> dict[str, Any]:
+        if self.raw_nixl is None:
+            nbytes = max([*self.sizes, self.latency_bytes])
+            self.raw_nixl = RawNixl("peer", nbytes, is_loopback_host(self.host))
+            self.raw_nixl.connect(details)
+        return {"details": self.raw_nixl.details()}
+
     def zmq_sink(self, size: int, count: int, echo: bool) -> None:
         dst = self.buffer[:size]
         for _ in range(count):
@@ -100,6 +111,8 @@ class _Session:
     def close(self) -> None:
         for tx in self.senders.values():
             tx.close()
+        if self.raw_nixl is not None:
+            self.raw_nixl.close()
         if self.raw is not None:
             self.raw.close()
         self.raw_listener.close()
@@ -154,6 +167,15 @@ def serve(bind: str, ready: Any = None, once: bool = False, secret: str | None =
                 elif op == "raw":
                     assert session is not None
                     session.raw_sink(cmd["size"], cmd["count"])
+                elif op == "raw-nixl-setup":
+                    assert session is not None
+                    reply.update(session.raw_nixl_setup(cmd["details"]))
+                elif op == "raw-nixl":
+                    assert session is not None and session.raw_nixl is not None
+                    session.raw_nixl.sink()
+                elif op == "raw-nixl-echo":
+                    assert session is not None and session.raw_nixl is not None
+                    session.raw_nixl.echo(cmd["size"], cmd["count"])
                 elif op == "zmq":
                     assert session is not None
                     session.zmq_sink(cmd["size"], cmd["count"], cmd.get("echo", False))

@@ -11,8 +11,10 @@ run, interleaved, so that the machine's drift hits all alike:
 
 References measured alongside: ``memcpy`` (a single-threaded ``np.copyto`` of the same bytes in
 this process: the limit of any one-copy path), ``raw-tcp`` (a plain socket, ``sendall`` into
-``recv_into`` one buffer: the limit of any TCP path) and ``zmq`` (pyzmq ``send(copy=False)`` and
-``recv`` plus a copy into a preallocated array: what a Python user would write by hand).
+``recv_into`` one buffer: the limit of any TCP path), ``zmq`` (pyzmq ``send(copy=False)`` and
+``recv`` plus a copy into a preallocated array: what a Python user would write by hand) and, where
+the ``nixl`` transport runs on host memory, ``raw-nixl`` (NIXL's own API driven by hand: the limit
+of the ``nixl`` path; :mod:`.raw_nixl`).
 
 With ``device="cuda:N"`` the tensors live on that GPU at both ends (the runner writes cupy
 arrays into GPU slots) and two GPU references join: ``d2d`` (a cupy device-to-device copy of the
@@ -35,11 +37,15 @@ import zmq
 
 import tensorwire as tw
 from tensorwire import cuda as tw_cuda
+from tensorwire.rdma import is_loopback_host
 
 from .common import MiB, machine_facts, tensor_name, tune_socket
+from .raw_nixl import RawNixl
 
 TRANSPORTS = ["shm", "tcp", "nixl", "grpc", "grpc-stream"]
 REFERENCES = ["memcpy", "zmq", "raw-tcp"]
+#: measured beside the ``nixl`` transport, on host memory
+RAW_NIXL = "raw-nixl"
 GPU_REFERENCES = ["d2d", "h2d-pinned"]
 TARGET_BYTES = 256 * MiB
 MIN_COUNT, MAX_COUNT = 4, 2000
@@ -98,6 +104,7 @@ class Runner:
         self.pong_rx: tw.Receiver | None = None
         self._raw: socket.socket | None = None
         self._pair: zmq.Socket[bytes] | None = None
+        self.raw_nixl: RawNixl | None = None
         self.notes: list[str] = []
         try:
             self.remote_machine = self.call("hello")["machine"]
@@ -132,6 +139,14 @@ class Runner:
             self._pair = self._ctx.socket(zmq.PAIR)
             self._pair.linger = 0
             self._pair.connect(f"tcp://{self.host}:{info['zmq_port']}")
+            if "nixl" in self.senders and device == "cpu":
+                self.raw_nixl = RawNixl(
+                    "runner", max([*sizes, latency_bytes]), is_loopback_host(self.host)
+                )
+                far = self.call(
+                    "raw-nixl-setup", details=self.raw_nixl.details(), nbytes=max(sizes)
+                )
+                self.raw_nixl.connect(far["details"])
         except BaseException:
             self.close()
             raise
@@ -205,6 +220,14 @@ class Runner:
         self._reply()
         return time.perf_counter() - t0
 
+    def raw_nixl_write(self, size: int, count: int) -> float:
+        assert self.raw_nixl is not None
+        self._send("raw-nixl")
+        t0 = time.perf_counter()
+        self.raw_nixl.send(size, count)
+        self._reply()
+        return time.perf_counter() - t0
+
     def zmq(self, size: int, count: int) -> float:
         assert self._pair is not None
         src = self.src[size]
@@ -223,6 +246,8 @@ class Runner:
             return self.raw_tcp(size, count)
         if method == "zmq":
             return self.zmq(size, count)
+        if method == RAW_NIXL:
+            return self.raw_nixl_write(size, count)
         if method in GPU_REFERENCES:
             assert self._gpu is not None, "the GPU references need --device cuda"
             return float(self._gpu.measure(method, size, count))
@@ -240,6 +265,14 @@ class Runner:
                 self._pair.send(self.ping.data, copy=False)
                 frame = self._pair.recv(copy=False)
                 np.copyto(self.pong_buf, np.frombuffer(frame.buffer, dtype=np.uint8))
+                out.append(time.perf_counter() - t0)
+        elif method == RAW_NIXL:
+            raw = self.raw_nixl
+            assert raw is not None
+            self._send("raw-nixl-echo", size=self.latency_bytes, count=count)
+            for _ in range(count):
+                t0 = time.perf_counter()
+                raw.ping(self.latency_bytes)
                 out.append(time.perf_counter() - t0)
         else:
             assert self.pong_rx is not None
@@ -265,6 +298,8 @@ class Runner:
             self._raw.close()
         if self._pair is not None:
             self._pair.close()
+        if self.raw_nixl is not None:
+            self.raw_nixl.close()
         self._req.close()
         self._ctx.term()
         if self.pong_rx is not None:
@@ -343,7 +378,7 @@ def summarise(samples: dict[str, Any], sizes: list[int], latency_bytes: int) -> 
     ``grpc-stream``, gRPC at its best), to memcpy, and to the raw mechanism's limit."""
     med = {m: {s: statistics.median(v) for s, v in by.items()} for m, by in samples["gbps"].items()}
     # GPU tensors (--device cuda): shm's limit is the GPU's own copy
-    raw_limit = {"shm": "d2d" if "d2d" in med else "memcpy", "tcp": "raw-tcp"}
+    raw_limit = {"shm": "d2d" if "d2d" in med else "memcpy", "tcp": "raw-tcp", "nixl": RAW_NIXL}
     rows = []
     for size in sizes:
         for m, by in med.items():
@@ -383,6 +418,7 @@ def summarise(samples: dict[str, Any], sizes: list[int], latency_bytes: int) -> 
 
 __all__ = [
     "GPU_REFERENCES",
+    "RAW_NIXL",
     "REFERENCES",
     "TRANSPORTS",
     "Runner",

@@ -42,7 +42,9 @@ def _check_result(result: dict[str, Any], sizes: list[int], transports: list[str
     machine = result["machine"]
     assert machine["cpu_count"] >= 1 and machine["python"] and machine["versions"]["tensorwire"]
     rows = {(r["method"], r["size"]): r for r in result["throughput"]}
-    methods = {"memcpy", "zmq", "raw-tcp", *transports}
+    # NIXL driven by hand is measured beside the nixl transport: its limit
+    raw_nixl = ["raw-nixl"] if "nixl" in transports else []
+    methods = {"memcpy", "zmq", "raw-tcp", *transports, *raw_nixl}
     for size in sizes:
         assert {m for m, s in rows if s == size} == methods
         for method in methods:
@@ -54,8 +56,12 @@ def _check_result(result: dict[str, Any], sizes: list[int], transports: list[str
                     assert row[key] is None
                     continue
                 assert row[key] == pytest.approx(row["gbps"] / rows[(ref, size)]["gbps"])
+        if raw_nixl:
+            nixl, raw = rows[("nixl", size)], rows[("raw-nixl", size)]
+            assert nixl["limit"] == "raw-nixl"
+            assert nixl["x_limit"] == pytest.approx(nixl["gbps"] / raw["gbps"])
     lat = {r["method"]: r for r in result["latency"]}
-    assert set(lat) == {*transports, "zmq"}
+    assert set(lat) == {*transports, "zmq", *raw_nixl}
     for r in lat.values():
         assert 0 < r["median_us"] <= r["p99_us"]
         assert r["lower_than_grpc"] == pytest.approx(lat["grpc"]["median_us"] / r["median_us"])

@@ -1,0 +1,110 @@
+"""The ``raw-nixl`` reference: NIXL driven by hand, the limit of the ``nixl`` transport.
+
+Each end is a NIXL agent with the UCX backend (created as the transport creates its own: no
+progress thread, the same UCX settings) and one registered host buffer; the ends exchange their
+metadata and buffer addresses once. Throughput: ``count`` WRITEs of the runner's buffer into the
+peer's, each awaited to completion (as a one-sided write of the transport is), then one
+notification that the peer polls for. Round trip: a WRITE carrying a notification, and the same
+back from the peer once it has seen it: what ``nixl`` does per message without tensorwire's
+headers, credits, spec checks or threads. Only NIXL's public API; no tensorwire data path.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from tensorwire import NixlOptions, TensorWireError, rdma
+
+#: the notification that ends a throughput measurement, and the ping of a round trip
+END, PING = b"end", b"p"
+
+
+class RawNixl:
+    """One end: an agent, its registered buffer and, once connected, the other end's."""
+
+    def __init__(self, role: str, nbytes: int, loopback: bool) -> None:
+        self.name = f"tensorwire-bench-raw-{role}-{os.getpid()}"
+        self.agent: Any = rdma.create_agent(self.name, NixlOptions(), loopback)
+        self.buffer = np.zeros(nbytes, dtype=np.uint8)
+        self.address = int(self.buffer.ctypes.data)
+        self._descs = self.agent.register_memory([(self.address, nbytes, 0, "")], "DRAM")
+        self.remote = ""
+        self.remote_address = 0
+        self._requests: dict[tuple[int, bytes], Any] = {}
+
+    def details(self) -> dict[str, Any]:
+        return {"metadata": self.agent.get_agent_metadata(), "address": self.address}
+
+    def connect(self, details: dict[str, Any]) -> None:
+        name = self.agent.add_remote_agent(details["metadata"])
+        self.remote = name.decode() if isinstance(name, bytes) else str(name)
+        self.remote_address = int(details["address"])
+        self.agent.make_connection(self.remote)
+
+    def _request(self, size: int, notification: bytes) -> Any:
+        request = self._requests.get((size, notification))
+        if request is None:
+            local = self.agent.get_xfer_descs([(self.address, size, 0)], "DRAM")
+            far = self.agent.get_xfer_descs([(self.remote_address, size, 0)], "DRAM")
+            request = self.agent.initialize_xfer("WRITE", local, far, self.remote, notification)
+            self._requests[size, notification] = request
+        return request
+
+    def write(self, size: int, notification: bytes = b"", timeout: float = 60.0) -> None:
+        """One WRITE of ``size`` bytes into the other end's buffer, awaited to completion."""
+        request = self._request(size, notification)
+        state = self.agent.transfer(request)
+        give_up = time.monotonic() + timeout
+        spins = 0
+        while state == "PROC":
+            state = self.agent.check_xfer_state(request)
+            spins += 1
+            if spins % 1024 == 0 and time.monotonic() > give_up:
+                raise TensorWireError(f"raw NIXL write of {size} bytes did not complete")
+        if state != "DONE":
+            raise TensorWireError(f"raw NIXL write of {size} bytes failed ({state})")
+
+    def notify(self, message: bytes) -> None:
+        self.agent.send_notif(self.remote, message)
+
+    def await_notification(self, message: bytes, timeout: float = 120.0) -> None:
+        """Poll (which is also what makes this agent progress) until ``message`` arrives."""
+        give_up = time.monotonic() + timeout
+        while True:
+            for messages in self.agent.get_new_notifs().values():
+                if message in messages:
+                    return
+            if time.monotonic() > give_up:
+                raise TensorWireError(f"no raw NIXL notification {message!r} in {timeout:g} s")
+
+    # -- the two measurements, each end's half -------------------------------------------------
+
+    def send(self, size: int, count: int) -> None:
+        for _ in range(count):
+            self.write(size)
+        self.notify(END)
+
+    def sink(self) -> None:
+        self.await_notification(END)
+
+    def ping(self, size: int) -> None:
+        self.write(size, PING)
+        self.await_notification(PING)
+
+    def echo(self, size: int, count: int) -> None:
+        for _ in range(count):
+            self.await_notification(PING)
+            self.write(size, PING)
+
+    def close(self) -> None:
+        for request in self._requests.values():
+            request.release()
+        self._requests.clear()
+        if self.remote:
+            self.agent.remove_remote_agent(self.remote)
+            self.remote = ""
+        self.agent.deregister_memory(self._descs)
