@@ -1,0 +1,152 @@
+"""deploy/k8s: the manifests validate offline against the Kubernetes schemas, and the commands
+they contain run locally, pod by pod, as a cluster would start them (no cluster runs here: host
+names, the downward API and the secret are mapped onto loopback and a temporary directory)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from .conftest import free_port
+
+kubernetes_validate = pytest.importorskip("kubernetes_validate")
+
+ROOT = Path(__file__).resolve().parent.parent
+K8S = ROOT / "deploy/k8s"
+BIN = Path(sys.executable).parent
+#: the oldest Kubernetes the manifests promise to work with: the pod-index label of StatefulSet
+#: pods and backoffLimitPerIndex of Indexed Jobs are there from 1.28 on (beta, on by default)
+KUBERNETES = "1.29"
+
+
+def _documents() -> list[dict[str, Any]]:
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    docs = []
+    for name in kustomization["resources"]:
+        docs += [d for d in yaml.safe_load_all((K8S / name).read_text()) if d]
+    return docs
+
+
+def test_kustomization_lists_every_manifest() -> None:
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    manifests = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    assert set(kustomization["resources"]) == manifests
+
+
+def test_manifests_validate_against_the_kubernetes_schemas() -> None:
+    docs = _documents()
+    assert {d["kind"] for d in docs} == {"Service", "StatefulSet", "Job"}
+    for doc in docs:
+        kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+    # the validator does reject what Kubernetes would: a misspelt field
+    broken = copy.deepcopy(next(d for d in docs if d["kind"] == "StatefulSet"))
+    broken["spec"]["replica"] = broken["spec"].pop("replicas")
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, KUBERNETES, strict=True)
+
+
+def _pods(docs: list[dict[str, Any]]) -> list[tuple[str, int, dict[str, Any]]]:
+    """(workload, index, pod spec) of every pod the workloads make: a StatefulSet's ordinals and
+    an Indexed Job's completion indexes."""
+    pods = []
+    for doc in docs:
+        if doc["kind"] == "StatefulSet":
+            count = doc["spec"]["replicas"]
+        elif doc["kind"] == "Job":
+            assert doc["spec"]["completionMode"] == "Indexed"
+            count = doc["spec"]["completions"]
+        else:
+            continue
+        name = doc["metadata"]["name"]
+        pods += [(name, i, doc["spec"]["template"]["spec"]) for i in range(count)]
+    return pods
+
+
+def test_every_pod_has_the_secret_shared_memory_and_probes_where_it_serves() -> None:
+    for workload, _, spec in _pods(_documents()):
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        for container in spec["containers"]:
+            env = {e["name"]: e for e in container["env"]}
+            secret = env["TENSORWIRE_SECRET"]["valueFrom"]["secretKeyRef"]
+            assert secret == {"name": "tensorwire", "key": "secret"}  # never a value in a file
+            mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+            assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
+            assert container["resources"]["requests"]["cpu"]
+            command = container["command"]
+            assert command[command.index("--metrics-port") + 1] == "9100"
+            if workload == "tensorwire-ps":
+                port = container["readinessProbe"]["tcpSocket"]["port"]
+                named = {p["name"]: p["containerPort"] for p in container["ports"]}
+                assert f"tcp://0.0.0.0:{named[port]}" == command[command.index("--bind") + 1]
+
+
+def test_the_pods_commands_train_locally(tmp_path: Path) -> None:
+    """Every pod's command, with its environment as Kubernetes would set it, started at once
+    (as a cluster starts them: the workers retry until the server is up); the job trains."""
+    docs = _documents()
+    pods = _pods(docs)
+    service = next(d for d in docs if d["kind"] == "Service")["metadata"]["name"]
+    secret = secrets.token_hex(16)
+    ports: dict[tuple[str, str], int] = {}
+
+    def local(pod: str, arg: str) -> str:
+        def endpoint(m: re.Match[str]) -> str:
+            host, port = m.group(1), m.group(2)
+            owner = pod if host == "0.0.0.0" else host.removesuffix(f".{service}")
+            return f"tcp://127.0.0.1:{ports.setdefault((owner, port), free_port())}"
+
+        return re.sub(r"tcp://([\w.-]+):(\d+)", endpoint, arg).replace("/data", str(tmp_path))
+
+    def env_of(container: dict[str, Any], index: int) -> dict[str, str]:
+        fields = {
+            "metadata.labels['apps.kubernetes.io/pod-index']": str(index),
+            "metadata.annotations['batch.kubernetes.io/job-completion-index']": str(index),
+            "status.podIP": "127.0.0.1",
+        }
+        out = {}
+        for e in container["env"]:
+            source = e["valueFrom"]
+            if "fieldRef" in source:
+                out[e["name"]] = fields[source["fieldRef"]["fieldPath"]]
+            else:
+                out[e["name"]] = secret
+        return out
+
+    procs: list[tuple[str, subprocess.Popen[str]]] = []
+    try:
+        for workload, index, spec in pods:
+            pod = f"{workload}-{index}"
+            (container,) = spec["containers"]
+            command = container["command"]
+            cmd = [str(BIN / command[0])] + [local(pod, a) for a in command[1:]]
+            cmd[cmd.index("--metrics-port") + 1] = "0"  # one host here, a port each
+            if workload != "tensorwire-ps":
+                cmd += ["--metrics", str(tmp_path / f"{pod}.json")]
+            env = {**os.environ, **env_of(container, index)}
+            log = open(tmp_path / f"{pod}.log", "w")  # noqa: SIM115 - closed with the process
+            procs.append((pod, subprocess.Popen(cmd, env=env, stdout=log, stderr=log, text=True)))
+            log.close()
+        codes = {pod: p.wait(180) for pod, p in procs}
+    finally:
+        for _, p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    logs = {pod: (tmp_path / f"{pod}.log").read_text() for pod, _ in procs}
+    assert codes == {pod: 0 for pod, _ in procs}, logs
+    workers = [json.loads((tmp_path / f"{pod}.json").read_text()) for pod, _ in procs[1:]]
+    assert [w["rank"] for w in workers] == [0, 1]
+    assert all(w["steps"] == 300 for w in workers) and workers[0]["test_accuracy"] >= 0.95
+    assert (tmp_path / "checkpoints" / "ps-shard0.npz").exists()
+    records = [json.loads(line) for line in logs["tensorwire-ps-0"].splitlines() if line[:1] == "{"]
+    assert any("joined" in r["message"] and "over tcp" in r["message"] for r in records)
