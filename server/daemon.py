@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -82,6 +83,12 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
     )
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     p.add_argument(
+        "--resume-if-present",
+        action="store_true",
+        help="continue from the last checkpoint if there is one, else start afresh: for "
+        "orchestrators that restart a server with the command it first ran with (Kubernetes)",
+    )
+    p.add_argument(
         "--join-timeout",
         type=float,
         default=d.join_timeout,
@@ -134,6 +141,15 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-ps") -> int:
         problem = checkpoint.unusable(args.checkpoint_dir)
         if problem:
             parser.error(f"--checkpoint-dir {args.checkpoint_dir}: {problem}")
+    if args.resume_if_present:
+        if args.checkpoint_dir is None:
+            parser.error("--resume-if-present needs --checkpoint-dir (where to look)")
+        found = os.path.exists(checkpoint.path_for(args.checkpoint_dir, args.shard))
+        if not found:
+            logging.getLogger("tensorwire.ps").info(
+                "no checkpoint in %s yet: starting afresh", args.checkpoint_dir
+            )
+        args.resume = args.resume or found
     values: dict[str, Any] = {
         k: getattr(args, k) for k in PSConfig.__dataclass_fields__ if k != "nixl"
     }

@@ -176,6 +176,23 @@ def test_resume_continues_from_the_checkpoint_with_identical_parameters(
         np.testing.assert_array_equal(a[name], b[name])
 
 
+def test_resume_if_present_starts_afresh_then_resumes(job: Any, tmp_path: Path) -> None:
+    """The same command twice, as an orchestrator restarts a server: the first run finds no
+    checkpoint and starts at step 0, the second continues from the first's checkpoint."""
+    ckpt = tmp_path / "ckpt"
+    common = ["--checkpoint-dir", str(ckpt), "--resume-if-present", "--log-level", "INFO"]
+    first = job(ps=[*common, "--steps", "10", "--checkpoint-every", "5"])
+    _ok(first)
+    assert "no checkpoint in" in first.log("ps0") and "resumed" not in first.log("ps0")
+    assert first.metrics("w0")["steps"] == 10
+    again = job(ps=[*common, "--steps", "20"])
+    _ok(again)
+    assert "resumed shard 0" in again.log("ps0") and "at step 10" in again.log("ps0")
+    assert again.metrics("w0")["steps"] == 10
+    refused = _cli("-m", "tensorwire.server.daemon", "--resume-if-present")
+    assert refused.returncode == 2 and "needs --checkpoint-dir" in refused.stderr
+
+
 def test_a_worker_that_never_arrives_is_named(job: Any) -> None:
     j = job(workers=2, start_workers=1, ps=["--join-timeout", "2"])
     ps_code = j.ps[0].wait(60)
