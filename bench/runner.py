@@ -143,9 +143,7 @@ class Runner:
                 self.raw_nixl = RawNixl(
                     "runner", max([*sizes, latency_bytes]), is_loopback_host(self.host)
                 )
-                far = self.call(
-                    "raw-nixl-setup", details=self.raw_nixl.details(), nbytes=max(sizes)
-                )
+                far = self.call("raw-nixl-setup", details=self.raw_nixl.details())
                 self.raw_nixl.connect(far["details"])
         except BaseException:
             self.close()

@@ -160,39 +160,30 @@ def _library() -> Iterator[Metric]:
         received = list(_LEDGER.traffic["received"].items())
         events = list(_LEDGER.events.items())
         live = list(_LEDGER.live)
-    labels = ("tensor", "transport")
-    for direction, rows, what in (
-        ("sent", sent, "written by this process's senders"),
-        ("received", received, "handed to this process's consumers by its receivers"),
-    ):
-        yield Metric(
-            f"tensorwire_{direction}_messages_total",
-            "counter",
-            f"Messages {what}",
-            labels,
-            [(key, t.messages) for key, t in rows],
-        )
-        yield Metric(
-            f"tensorwire_{direction}_bytes_total",
-            "counter",
-            f"Payload bytes {what}",
-            labels,
-            [(key, t.bytes) for key, t in rows],
-        )
-    yield Metric(
-        "tensorwire_credit_waits_total",
-        "counter",
-        "Writes that found every slot of the receiver's ring held and waited for a credit",
-        labels,
-        [(key, t.waits) for key, t in sent],
+    sent_by = "written by this process's senders"
+    received_by = "handed to this process's consumers by its receivers"
+    # (name, help, rows, the Traffic field counted)
+    traffic_families = (
+        ("tensorwire_sent_messages_total", f"Messages {sent_by}", sent, "messages"),
+        ("tensorwire_sent_bytes_total", f"Payload bytes {sent_by}", sent, "bytes"),
+        ("tensorwire_received_messages_total", f"Messages {received_by}", received, "messages"),
+        ("tensorwire_received_bytes_total", f"Payload bytes {received_by}", received, "bytes"),
+        (
+            "tensorwire_credit_waits_total",
+            "Writes that found every slot of the receiver's ring held and waited for a credit",
+            sent,
+            "waits",
+        ),
+        (
+            "tensorwire_credit_wait_seconds_total",
+            "Seconds writers spent waiting for credits",
+            sent,
+            "wait_seconds",
+        ),
     )
-    yield Metric(
-        "tensorwire_credit_wait_seconds_total",
-        "counter",
-        "Seconds writers spent waiting for credits",
-        labels,
-        [(key, t.wait_seconds) for key, t in sent],
-    )
+    for name, help_text, rows, field_name in traffic_families:
+        samples: list[Sample] = [(key, getattr(t, field_name)) for key, t in rows]
+        yield Metric(name, "counter", help_text, ("tensor", "transport"), samples)
     for name, (help_text, label) in EVENTS.items():
         yield Metric(
             name,
