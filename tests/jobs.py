@@ -1,4 +1,7 @@
-"""Parameter-server jobs for the tests: real daemons as subprocesses on loopback."""
+"""Parameter-server jobs for the tests: real daemons as subprocesses on loopback.
+
+:class:`Processes` starts daemons with a log file each and always reaps them (the job harness
+below, and the tests that run docker/compose.yaml's and deploy/k8s's commands)."""
 
 from __future__ import annotations
 
@@ -19,7 +22,43 @@ from .conftest import free_port
 PY = sys.executable
 
 
-class Job:
+class Processes:
+    """Daemons started as subprocesses, each logging to ``tmp/NAME.log``; :meth:`kill` reaps
+    every one still running."""
+
+    def __init__(self, tmp: Path, env: dict[str, str] | None = None) -> None:
+        self.tmp = tmp
+        self.env = {**os.environ, **(env or {})}
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def start(
+        self, cmd: list[str], *, log: str, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[str]:
+        """Start ``cmd`` with stdout and stderr in ``log``.log and ``env`` over the base one."""
+        out = open(self.tmp / f"{log}.log", "w")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, text=True, env={**self.env, **(env or {})}
+        )
+        out.close()
+        self.procs.append(proc)
+        return proc
+
+    def wait(self, timeout: float = 120) -> list[int]:
+        """Every process's exit code, in start order, all within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        return [p.wait(max(deadline - time.monotonic(), 0.1)) for p in self.procs]
+
+    def log(self, name: str) -> str:
+        return (self.tmp / f"{name}.log").read_text()
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(10)
+
+
+class Job(Processes):
     """One parameter-server job: S server daemons and N worker daemons, always reaped."""
 
     def __init__(
@@ -33,12 +72,10 @@ class Job:
         start_workers: int | None = None,
         env: dict[str, str] | None = None,
     ) -> None:
-        self.tmp = tmp
+        super().__init__(tmp, env)
         self.addresses = [f"tcp://127.0.0.1:{free_port()}" for _ in range(servers)]
-        self.env = {**os.environ, **(env or {})}
-        self.procs: list[subprocess.Popen[str]] = []
         self.ps = [
-            self._spawn(
+            self.start(
                 ps_command(
                     addr,
                     "--no-progress",
@@ -54,7 +91,7 @@ class Job:
             for s, addr in enumerate(self.addresses)
         ]
         self.workers = [
-            self._spawn(
+            self.start(
                 worker_command(
                     self.addresses,
                     "--no-progress",
@@ -71,26 +108,12 @@ class Job:
             for r in range(workers if start_workers is None else start_workers)
         ]
 
-    def _spawn(self, cmd: list[str], *, log: str) -> subprocess.Popen[str]:
-        out = open(self.tmp / f"{log}.log", "w")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True, env=self.env)
-        out.close()
-        self.procs.append(proc)
-        return proc
-
-    def wait(self, timeout: float = 120) -> list[int]:
-        deadline = time.monotonic() + timeout
-        return [p.wait(max(deadline - time.monotonic(), 0.1)) for p in self.procs]
-
     def restart_worker(self, rank: int, *extra: str) -> subprocess.Popen[str]:
         """Start worker ``rank`` again (a new process, a new receiver, the same rank)."""
         args = next(p.args for p in self.workers if f"--rank {rank} " in " ".join(p.args) + " ")
-        proc = self._spawn([*args, *extra], log=f"w{rank}-again")
+        proc = self.start([*args, *extra], log=f"w{rank}-again")
         self.workers.append(proc)
         return proc
-
-    def log(self, name: str) -> str:
-        return (self.tmp / f"{name}.log").read_text()
 
     def metrics(self, name: str) -> dict[str, Any]:
         return json.loads((self.tmp / f"{name}.json").read_text())
@@ -98,12 +121,6 @@ class Job:
     def params(self, rank: int = 0) -> dict[str, np.ndarray[Any, Any]]:
         with np.load(self.tmp / f"w{rank}.npz") as data:
             return {k: data[k] for k in data.files}
-
-    def kill(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait(10)
 
 
 def ok(j: Job, timeout: float = 120) -> None:

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from .conftest import free_port
+from .jobs import Processes
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -131,7 +132,7 @@ def test_compose_services_run_locally(tmp_path: Path) -> None:
         return "127.0.0.1" if arg in hosts else arg
 
     outer = {**os.environ, "TENSORWIRE_SECRET": secrets.token_hex(16)}  # as the README says
-    procs: list[tuple[str, subprocess.Popen[str]]] = []
+    procs = Processes(tmp_path)
     try:
         for name, svc in services.items():
             cmd = [str(BIN / svc["command"][0])] + [local(name, a) for a in svc["command"][1:]]
@@ -140,10 +141,7 @@ def test_compose_services_run_locally(tmp_path: Path) -> None:
             if name.startswith("worker"):
                 cmd += ["--metrics", str(tmp_path / f"{name}.json")]
             declared = svc["environment"].items()
-            env = {**os.environ, **{k: _interpolate(v, outer) for k, v in declared}}
-            log = open(tmp_path / f"{name}.log", "w")  # noqa: SIM115
-            procs.append((name, subprocess.Popen(cmd, env=env, stdout=log, stderr=log, text=True)))
-            log.close()
+            proc = procs.start(cmd, log=name, env={k: _interpolate(v, outer) for k, v in declared})
             # As compose's depends_on (service_healthy): each service's health check passes
             # before the next starts.
             probe = [local(name, a) for a in svc["healthcheck"]["test"][1:]]
@@ -151,21 +149,18 @@ def test_compose_services_run_locally(tmp_path: Path) -> None:
             for _ in range(120):  # bounded: at most about a minute
                 if subprocess.run(probe, capture_output=True, timeout=30).returncode == 0:
                     break
-                code = procs[-1][1].poll()
+                code = proc.poll()
                 if code == 0:  # a worker may finish the job before a probe catches it
                     break
                 assert code is None, f"{name} exited with {code} before it was healthy"
                 time.sleep(0.5)
             else:
                 raise AssertionError(f"{name} never passed its health check {probe}")
-        codes = {name: p.wait(120) for name, p in procs}
+        codes = dict(zip(services, procs.wait(120), strict=True))
     finally:
-        for _, p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    logs = {name: (tmp_path / f"{name}.log").read_text() for name, _ in procs}
-    assert codes == {name: 0 for name, _ in procs}, logs
+        procs.kill()
+    logs = {name: procs.log(name) for name in services}
+    assert codes == {name: 0 for name in services}, logs
     assert "over tcp" in logs["ps"]
     metrics = json.loads((tmp_path / "worker0.json").read_text())
     assert metrics["steps"] == 300 and metrics["test_accuracy"] >= 0.95

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
 import secrets
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,7 @@ import pytest
 import yaml
 
 from .conftest import free_port
+from .jobs import Processes
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
@@ -122,7 +121,8 @@ def test_the_pods_commands_train_locally(tmp_path: Path) -> None:
                 out[e["name"]] = secret
         return out
 
-    procs: list[tuple[str, subprocess.Popen[str]]] = []
+    procs = Processes(tmp_path)
+    names = [f"{workload}-{index}" for workload, index, _ in pods]
     try:
         for workload, index, spec in pods:
             pod = f"{workload}-{index}"
@@ -132,19 +132,13 @@ def test_the_pods_commands_train_locally(tmp_path: Path) -> None:
             cmd[cmd.index("--metrics-port") + 1] = "0"  # one host here, a port each
             if workload != "tensorwire-ps":
                 cmd += ["--metrics", str(tmp_path / f"{pod}.json")]
-            env = {**os.environ, **env_of(container, index)}
-            log = open(tmp_path / f"{pod}.log", "w")  # noqa: SIM115 - closed with the process
-            procs.append((pod, subprocess.Popen(cmd, env=env, stdout=log, stderr=log, text=True)))
-            log.close()
-        codes = {pod: p.wait(180) for pod, p in procs}
+            procs.start(cmd, log=pod, env=env_of(container, index))
+        codes = dict(zip(names, procs.wait(180), strict=True))
     finally:
-        for _, p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    logs = {pod: (tmp_path / f"{pod}.log").read_text() for pod, _ in procs}
-    assert codes == {pod: 0 for pod, _ in procs}, logs
-    workers = [json.loads((tmp_path / f"{pod}.json").read_text()) for pod, _ in procs[1:]]
+        procs.kill()
+    logs = {pod: procs.log(pod) for pod in names}
+    assert codes == {pod: 0 for pod in names}, logs
+    workers = [json.loads((tmp_path / f"{pod}.json").read_text()) for pod in names[1:]]
     assert [w["rank"] for w in workers] == [0, 1]
     assert all(w["steps"] == 300 for w in workers) and workers[0]["test_accuracy"] >= 0.95
     assert (tmp_path / "checkpoints" / "ps-shard0.npz").exists()

@@ -21,12 +21,12 @@ import pytest
 
 import tensorwire as tw
 from tensorwire import metrics
+from tensorwire.top import scrape
 
 from .conftest import free_port
 from .jobs import Job, ok
 
 prometheus_client = pytest.importorskip("prometheus_client")
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -45,16 +45,6 @@ def _traffic(direction: str, tensor: str) -> metrics.Traffic:
     rows = [t for (name, _), t in metrics._LEDGER.traffic[direction].items() if name == tensor]
     assert len(rows) == 1, (direction, tensor, rows)
     return rows[0]
-
-
-def _scrape(url: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
-    """``{sample name: {sorted labels: value}}`` of one scrape, parsed by prometheus-client."""
-    text = urllib.request.urlopen(url, timeout=10).read().decode()
-    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
-    return out
 
 
 def test_every_message_is_counted_once_each_way(transport: str) -> None:
@@ -120,7 +110,7 @@ def test_the_metrics_page_serves_what_the_library_counts() -> None:
                 for _ in range(3):
                     tx.write(name, np.ones(8))
                 rx.wait(name, timeout=10)  # one held, two landed and not taken yet
-                page = _scrape(server.url)
+                page = scrape(server.url, timeout=10)
                 labels = (("tensor", name), ("transport", "tcp"))
                 assert page["tensorwire_sent_messages_total"][labels] == 3
                 assert page["tensorwire_sent_bytes_total"][labels] == 3 * 64
@@ -132,7 +122,7 @@ def test_the_metrics_page_serves_what_the_library_counts() -> None:
                 for _ in range(2):
                     rx.wait(name, timeout=10)
                     rx.release(name)
-                page = _scrape(server.url)
+                page = scrape(server.url, timeout=10)
                 assert page["tensorwire_received_messages_total"][labels] == 3
                 assert page["tensorwire_slots_held"][(("tensor", name),)] == 0
                 assert "process_cpu_seconds_total" in page  # prometheus-client's own, alongside
@@ -189,9 +179,9 @@ def test_a_job_serves_metrics_that_agree_with_it(job: Any, tmp_path: Path) -> No
         found = re.search(r"metrics at (http://\S+/metrics)", j.log("w0"))
         worker_url = found.group(1) if found else ""
         try:
-            scrapes.append(_scrape(url))
+            scrapes.append(scrape(url, timeout=10))
             if worker_url:
-                worker_scrapes.append(_scrape(worker_url))
+                worker_scrapes.append(scrape(worker_url, timeout=10))
         except (urllib.error.URLError, ConnectionError):
             pass  # not serving yet, or just finished
         time.sleep(0.05)
@@ -241,7 +231,7 @@ def test_top_shows_a_live_job(job: Any) -> None:
     url = f"http://127.0.0.1:{ps_port}/metrics"
     for _ in range(200):  # bounded: until the job is training (steps counted)
         try:
-            if _samples(_scrape(url), "tensorwire_ps_steps_total"):
+            if _samples(scrape(url, timeout=10), "tensorwire_ps_steps_total"):
                 break
         except (urllib.error.URLError, ConnectionError):
             pass
@@ -316,7 +306,7 @@ def test_bench_serve_serves_metrics_and_logs_json(tmp_path: Path) -> None:
         page: dict[str, Any] = {}
         for _ in range(200):  # bounded: until it serves
             try:
-                page = _scrape(f"http://127.0.0.1:{port}/metrics")
+                page = scrape(f"http://127.0.0.1:{port}/metrics", timeout=10)
                 break
             except (urllib.error.URLError, ConnectionError):
                 time.sleep(0.05)

@@ -387,7 +387,7 @@ def test_server_killed_and_resumed_workers_reconnect(job: Any, tmp_path: Path) -
     j.ps[0].kill()
     assert j.ps[0].wait(10) == -signal.SIGKILL
     saved = int(j.log("ps0").rsplit("checkpoint at step ", 1)[1].split()[0])
-    again = j._spawn([*j.ps[0].args, "--resume"], log="ps0-again")
+    again = j.start([*j.ps[0].args, "--resume"], log="ps0-again")
     codes = [p.wait(180) for p in (again, *j.workers)]
     text = (j.tmp / "ps0-again.log").read_text()
     assert codes == [0, 0, 0], text
