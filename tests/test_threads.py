@@ -21,12 +21,13 @@ def os_threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("transport", ["shm", "tcp", "nixl"])
 def test_two_consumer_threads_never_get_the_same_message(transport: str) -> None:
     """Two threads wait on one tensor while a sender writes 64 numbered messages into a ring
     deeper than that, and nobody releases (a release frees the oldest message held, whichever
     thread holds it, and the writer may then reuse that slot): every message is handed out
-    exactly once."""
+    exactly once. Over nixl both waiting threads also poll the NIXL agent, beside its polling
+    thread: each notification is still completed once, in order."""
     old_interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)  # switch threads as often as possible: races show up
     try:

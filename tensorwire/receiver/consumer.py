@@ -62,9 +62,21 @@ class Consumer:
     # -- waiting -------------------------------------------------------------------------------
 
     def _block(
-        self, check: Callable[[], Any], timeout: float | None, what: Callable[[], str], busy: bool
+        self,
+        check: Callable[[], Any],
+        timeout: float | None,
+        what: Callable[[], str],
+        tensors: Iterable[RegisteredTensor],
     ) -> Any:
+        """Wait until ``check()`` has something for us. Spin first where the writer completes
+        messages itself (shm); where the message is completed by a data server that must be
+        polled (nixl), this thread polls it while it spins, instead of being woken by the
+        server's thread."""
         state = self._state
+        tensors = tuple(tensors)
+        # one poll per server (bound methods of one server compare equal)
+        drive = tuple(dict.fromkeys(t.poll for t in tensors if t.poll is not None))
+        busy = bool(drive) or any(t.sender_completes for t in tensors)
         with state.lock:
             if state.closed:
                 state.check_open()
@@ -74,6 +86,8 @@ class Consumer:
             def guarded() -> Any:
                 if state.closed:
                     raise ClosedError(f"receiver {state.name} was closed while waiting")
+                for poll in drive:
+                    poll()
                 return check()
 
             bell = self._table.bell
@@ -125,7 +139,7 @@ class Consumer:
                 f"tensor {name!r}: message {tensor.consumed + 1} did not arrive within "
                 f"{timeout} s on {self._state.name}"
             ),
-            busy=tensor.sender_completes,
+            (tensor,),
         )
         return view
 
@@ -148,7 +162,7 @@ class Consumer:
             ready,
             timeout,
             lambda: f"no message arrived within {timeout} s on {self._state.name}",
-            busy=any(t.sender_completes for t in table.order),
+            table.order,
         )
         return got
 
@@ -206,7 +220,7 @@ class Consumer:
                 f"{tensors[min(cursor, len(tensors) - 1)].spec.name!r}) had no message within "
                 f"{timeout} s on {self._state.name}"
             ),
-            busy=any(t.sender_completes for t in tensors),
+            tensors,
         )
         return out
 
@@ -235,7 +249,7 @@ class Consumer:
                         f"{len(tensors)} tensors (first {tensors[0].spec.name!r}) had no "
                         f"message within {timeout} s on {self._state.name}"
                     ),
-                    busy=any(t.sender_completes for t in tensors),
+                    tensors,
                 )
             yield got
 

@@ -228,6 +228,8 @@ class SessionHandler:
         tensor.transport = msg.transport
         tensor.traffic = metrics.traffic("received", tensor.spec.name, msg.transport)
         tensor.sender_completes = key is None
+        server = None if key is None else self._servers.get(key)
+        tensor.poll = server.poll if server is not None and server.pollable else None
         tensor.expected_seq = max(tensor.ring.last_complete(), tensor.consumed) + 1
         tensor.lost = None
         session.claims.add(tensor.tensor_id)
