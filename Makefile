@@ -18,6 +18,8 @@ GPU_STAMP := $(VENV)/.gpu-installed
 # (from PyPI, that version is the CUDA build, several GB).
 TORCH := torch==2.13.0
 TORCH_STAMP := $(VENV)/.torch-installed
+# Ray for the tests of `tensorwire ray-job` (a two-node cluster in network namespaces)
+RAY_STAMP := $(VENV)/.ray-installed
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +37,10 @@ $(TORCH_STAMP): $(STAMP) Makefile
 	$(PY) -m pip install --quiet '$(TORCH)'
 	@touch $(TORCH_STAMP)
 
+$(RAY_STAMP): $(STAMP) Makefile
+	$(PY) -m pip install --quiet -e '.[ray]'
+	@touch $(RAY_STAMP)
+
 $(GPU_STAMP): $(STAMP) Makefile
 	$(PY) -m pip install --quiet '$(CUPY)'
 	@touch $(GPU_STAMP)
@@ -47,7 +53,7 @@ demo-torch: $(STAMP) $(TORCH_STAMP)
 	$(PY) -m tensorwire.client.demo --transports shm --steps 600 \
 		--model examples/torch_digits.py:make --ps-args "--optimizer momentum --lr 0.05"
 
-test: $(STAMP) $(RDMA_STAMP) $(TORCH_STAMP) $(GPU_STAMP)
+test: $(STAMP) $(RDMA_STAMP) $(TORCH_STAMP) $(GPU_STAMP) $(RAY_STAMP)
 	$(PY) -m pytest -q
 
 # The GPU tests alone (marked `gpu`; they skip with the reason where no CUDA device is present).

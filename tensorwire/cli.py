@@ -130,13 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="tensorwire",
         description="Zero-copy, RDMA-style tensor transport. Commands: demo, bench, keys, ps (a "
-        "parameter-server shard), worker (a training worker), top (live view of running daemons), "
-        "ping (health check), info.",
+        "parameter-server shard), worker (a training worker), ray-job (a whole job on a Ray "
+        "cluster), top (live view of running daemons), ping (health check), info.",
     )
     parser.add_argument("--version", action="version", version=f"tensorwire {__version__}")
     parser.add_argument(
         "command",
-        choices=["demo", "bench", "ps", "worker", "top", "keys", "ping", "info"],
+        choices=["demo", "bench", "ps", "worker", "ray-job", "top", "keys", "ping", "info"],
         help="what to run",
     )
     parser.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of the command")
@@ -144,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         print(
             "tensorwire: error: name a command: demo (train a model with a local parameter "
-            "server), bench, ps, worker, top, keys, ping or info; `tensorwire COMMAND --help` "
+            "server), bench, ps, worker, ray-job, top, keys, ping or info; `tensorwire COMMAND "
+            "--help` "
             "for its options",
             file=sys.stderr,
         )
@@ -162,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
         from .client.worker import main as worker
 
         return worker(ns.rest, prog="tensorwire worker")
+    if ns.command == "ray-job":
+        from .ray import main as ray_job
+
+        return ray_job(ns.rest)
     if ns.command == "top":
         from .top import main as top
 

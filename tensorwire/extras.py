@@ -26,6 +26,7 @@ PS = Extra("ps", "sklearn", "the digits data set of the parameter-server demo")
 BENCH_PLOTS = Extra("bench", "matplotlib", "benchmark plots")
 METRICS = Extra("metrics", "prometheus_client", "serving Prometheus metrics")
 RICH = Extra("metrics", "rich", "live terminal views")
+RAY = Extra("ray", "ray", "launching jobs on a Ray cluster")
 
 
 def installed(extra: Extra) -> bool:

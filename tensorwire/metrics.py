@@ -227,10 +227,15 @@ def snapshot() -> list[Metric]:
 
 
 def totals() -> dict[str, Any]:
-    """The library's counts summed over tensors and transports: for end-of-job summaries."""
+    """The library's counts summed over tensors and transports, and the bytes sent over each
+    transport (what ``auto`` chose, peer by peer): for end-of-job summaries."""
     with _LEDGER.lock:
-        sent = list(_LEDGER.traffic["sent"].values())
+        sent_by = list(_LEDGER.traffic["sent"].items())
         received = list(_LEDGER.traffic["received"].values())
+    sent = [t for _, t in sent_by]
+    by_transport: Counter[str] = Counter()
+    for (_tensor, transport), t in sent_by:
+        by_transport[transport] += t.bytes
     return {
         "sent_messages": sum(t.messages for t in sent),
         "sent_bytes": sum(t.bytes for t in sent),
@@ -238,6 +243,7 @@ def totals() -> dict[str, Any]:
         "received_bytes": sum(t.bytes for t in received),
         "credit_waits": sum(t.waits for t in sent),
         "credit_wait_seconds": sum(t.wait_seconds for t in sent),
+        "sent_bytes_by_transport": dict(sorted(by_transport.items())),
     }
 
 

@@ -6,7 +6,6 @@ removed afterwards, even when the test fails."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,43 +15,17 @@ from pathlib import Path
 
 import pytest
 
+from .netns import ip, log_has, namespaces
+
 NET = "10.231"  # addresses inside this test's own namespaces only
-
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
 
 
 @pytest.fixture
 def hosts() -> Iterator[dict[str, str]]:
-    if shutil.which("ip") is None:
-        pytest.skip("iproute2's `ip` is not installed")
-    if os.geteuid() != 0:
-        pytest.skip("network namespaces need root")
     tag = f"tw{os.getpid() % 100000}"
-    names = {"ps": f"{tag}ps", "w0": f"{tag}w0", "w1": f"{tag}w1"}
-    try:
-        _ip("netns", "add", names["ps"])
-    except subprocess.CalledProcessError as exc:
-        pytest.skip(f"cannot create a network namespace here: {exc.stderr.strip()}")
-    try:
-        for ns in ("w0", "w1"):
-            _ip("netns", "add", names[ns])
-        for ns in names.values():
-            _ip("-n", ns, "link", "set", "lo", "up")
-        for k in (0, 1):
-            a, b = f"{tag}v{k}a", f"{tag}v{k}b"
-            _ip("link", "add", a, "type", "veth", "peer", "name", b)
-            _ip("link", "set", a, "netns", names["ps"])
-            _ip("link", "set", b, "netns", names[f"w{k}"])
-            _ip("-n", names["ps"], "addr", "add", f"{NET}.{k}.1/24", "dev", a)
-            _ip("-n", names[f"w{k}"], "addr", "add", f"{NET}.{k}.2/24", "dev", b)
-            _ip("-n", names["ps"], "link", "set", a, "up")
-            _ip("-n", names[f"w{k}"], "link", "set", b, "up")
-        yield {**names, "tag": tag}
-    finally:
-        for ns in names.values():  # the veth pairs go with their namespaces
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+    links = [("ps", f"{NET}.{k}.1/24", f"w{k}", f"{NET}.{k}.2/24") for k in (0, 1)]
+    with namespaces(tag, ["ps", "w0", "w1"], links) as made:
+        yield {**made, "tag": tag}
 
 
 def _start(
@@ -104,14 +77,6 @@ def _worker(k: int, *extra: str) -> list[str]:
     ]
 
 
-def _log_has(path: Path, text: str, timeout: float) -> float:
-    start = time.monotonic()
-    while text not in path.read_text():
-        assert time.monotonic() - start < timeout, f"{text!r} not in:\n{path.read_text()}"
-        time.sleep(0.05)
-    return time.monotonic() - start
-
-
 def test_worker_link_down_is_detected_and_the_worker_rejoins(
     hosts: dict[str, str], tmp_path: Path
 ) -> None:
@@ -147,14 +112,14 @@ def test_worker_link_down_is_detected_and_the_worker_rejoins(
                 *_worker(k, "--reconnect-timeout", "60", *common),
             )
         log = tmp_path / "ps.log"
-        _log_has(log, "worker 1 joined", 60)
+        log_has(log, "worker 1 joined", 60)
         time.sleep(1.0)
         link = f"{hosts['tag']}v1b"
-        _ip("-n", hosts["w1"], "link", "set", link, "down")
-        detected = _log_has(log, "worker 1 lost", 30)
+        ip("-n", hosts["w1"], "link", "set", link, "down")
+        detected = log_has(log, "worker 1 lost", 30)
         assert detected < 2 + 3  # the heartbeat timeout, plus a step and a tick
-        _ip("-n", hosts["w1"], "link", "set", link, "up")
-        _log_has(log, "worker 1 rejoined", 60)
+        ip("-n", hosts["w1"], "link", "set", link, "up")
+        log_has(log, "worker 1 rejoined", 60)
         time.sleep(1.0)
         ps.send_signal(signal.SIGTERM)
         codes = [p.wait(60) for p in procs]

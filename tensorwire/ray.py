@@ -1,0 +1,599 @@
+"""A parameter-server job on a Ray cluster: ``tensorwire ray-job``, ``python -m tensorwire.ray``,
+and :func:`run_job` for scripts.
+
+Ray places the processes, restarts the ones that fail and tells each where it runs; the tensors
+move over tensorwire's own data plane, never through Ray. Every server shard and every worker is
+a Ray actor whose only job is to run the very daemon an operator would start by hand
+(``tensorwire-ps``, ``tensorwire-worker``) as its child process, with the flags the launcher
+works out:
+
+* **Placement**: one placement-group bundle per process (CPUs and GPUs as asked), spread across
+  nodes by default (``--placement pack`` keeps them together). A restarted actor goes back to its
+  bundle, so a server comes back on its node, at its address.
+* **Addresses**: a server binds ``tcp://<its node's IP>:<--port + shard>`` and the launcher hands
+  the list to the workers (no address flags to type); workers bind a free port on their node.
+* **Transport**: ``auto`` unless told otherwise, i.e. shared memory between daemons on one node
+  and TCP across nodes (``--transport nixl`` for RDMA across nodes).
+* **Secret**: ``--secret-file`` or ``TENSORWIRE_SECRET``, else one made for the job; it reaches
+  the daemons in their environment (never on a command line), through Ray's own control plane.
+* **Failures**: a daemon that dies (or whose actor is killed) is started again by Ray, up to
+  ``--max-restarts`` times: a worker rejoins at the current step; a server resumes from its
+  last checkpoint (``--checkpoint-dir``, node-local by default, so on the same node).
+* **Cleanup**: at the end, on an error, a timeout or Ctrl-C, every actor and the placement group
+  are removed; the daemons die with their actors (``PR_SET_PDEATHSIG``).
+
+Needs the ``ray`` extra (``pip install 'tensorwire[ray]'``) here and tensorwire on every node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import MissingDependencyError, TensorWireError
+from .extras import RAY, require
+
+#: exit status of a daemon that was given unusable flags: starting it again cannot help
+USAGE_ERROR = 2
+#: flags the launcher sets for each process itself (refused on the command line)
+LAUNCHER_SETS = (
+    "--bind",
+    "--shard",
+    "--shards",
+    "--rank",
+    "--workers",
+    "--servers",
+    "--advertise",
+    "--resume",
+    "--resume-if-present",
+    "--checkpoint-dir",
+    "--metrics",
+    "--secret",
+    "--secret-file",
+    "--config",
+)
+
+
+class RayJobError(TensorWireError):
+    """A job launched on Ray failed: a daemon exhausted its restarts, or the job timed out."""
+
+
+@dataclass
+class RayJob:
+    """What to run: ``ps_args`` and ``worker_args`` are the daemons' own flags (``--steps``,
+    ``--model``, ``--transport``...); the rest is where and how Ray runs them."""
+
+    shards: int = 1
+    workers: int = 1
+    ps_args: list[str] = field(default_factory=list)
+    worker_args: list[str] = field(default_factory=list)
+    cpus_per_server: float = 1.0
+    cpus_per_worker: float = 1.0
+    gpus_per_server: float = 0.0
+    gpus_per_worker: float = 0.0
+    placement: str = "spread"  # or "pack"
+    port: int = 5700  # shard k listens on port + k on its node
+    max_restarts: int = 3
+    checkpoint_dir: str | None = None  # default: a node-local directory per job
+    secret: str | None = None  # default: made for the job
+    timeout: float = 3600.0
+    env: dict[str, str] = field(default_factory=dict)  # for every daemon (OPENBLAS_NUM_THREADS)
+
+    def check(self) -> None:
+        if self.shards < 1 or self.workers < 1:
+            raise ValueError("a job needs at least one server shard and one worker")
+        if self.placement not in ("spread", "pack"):
+            raise ValueError(f"placement must be 'spread' or 'pack', got {self.placement!r}")
+        if not 0 < self.port <= 65535 - self.shards:
+            raise ValueError(f"port {self.port} leaves no room for {self.shards} shards")
+        if self.max_restarts < 0:
+            raise ValueError("max_restarts must be 0 or more")
+        for flag in (*self.ps_args, *self.worker_args):
+            if flag.split("=", 1)[0] in LAUNCHER_SETS:
+                raise ValueError(
+                    f"{flag.split('=', 1)[0]} is set by the launcher for each process; "
+                    "leave it out (see tensorwire ray-job --help)"
+                )
+
+
+@dataclass
+class RayJobResult:
+    servers: list[dict[str, Any]]  # each shard's end-of-job JSON, with its node
+    workers: list[dict[str, Any]]  # each worker's (the last run of a restarted one)
+    wall_seconds: float  # from the call to the last daemon's exit
+    setup_seconds: float  # from the call to the first step: placement, start-up, joining
+    restarts: dict[str, int]  # per process ("ps0", "w1"): how often Ray started it again
+
+
+# --------------------------------------------------------------------------------------------
+# The actor: one daemon, started with its actor and killed with it
+# --------------------------------------------------------------------------------------------
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child
+    """In the daemon, before exec: the kernel kills it when its actor dies, however it dies."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+class DaemonActor:
+    """Runs one daemon. Its constructor starts it (again, when Ray restarts the actor);
+    :meth:`wait` returns its end-of-job JSON once it exits 0. A daemon that fails takes its actor
+    down with it, so that Ray restarts both; a usage error (exit 2) is reported instead, since
+    the same flags would fail again."""
+
+    def __init__(
+        self, name: str, module: str, flags: list[str], env: dict[str, str], port: int, job: str
+    ) -> None:
+        import ray
+
+        self.name = name
+        self.host = ray.util.get_node_ip_address()
+        self.bind = f"tcp://{self.host}:{port}"
+        # The job's directory on this node: metrics, default checkpoints, and the count of
+        # starts (an actor restarted by Ray comes back to its node: its placement bundle).
+        self._dir = job_directory(job)
+        os.makedirs(self._dir, exist_ok=True)
+        self._metrics = os.path.join(self._dir, f"{name}.json")
+        starts = os.path.join(self._dir, f"{name}.starts")
+        with open(starts, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        with open(starts) as f:
+            self.restarts = len(f.read().split()) - 1
+        # this node's Python, which may live elsewhere than the driver's
+        argv = [sys.executable, "-m", module, "--metrics", self._metrics]
+        fill = {"{bind}": self.bind, "{host}": self.host, "{job}": self._dir}
+        for flag in flags:
+            for key, value in fill.items():
+                flag = flag.replace(key, value)
+            argv.append(flag)
+        # The daemon's output goes to the actor's, which Ray keeps and shows the driver.
+        self._proc = subprocess.Popen(
+            argv, env={**os.environ, **env}, preexec_fn=_die_with_parent, stdin=subprocess.DEVNULL
+        )
+
+    def info(self) -> dict[str, Any]:
+        """Where it runs: node address, endpoint, pids, and how often Ray restarted it."""
+        return {
+            "host": self.host,
+            "bind": self.bind,
+            "actor_pid": os.getpid(),
+            "daemon_pid": self._proc.pid,
+            "restarts": self.restarts,
+        }
+
+    def wait(self) -> dict[str, Any]:
+        code = self._proc.wait()
+        if code == 0:
+            with open(self._metrics) as f:
+                summary: dict[str, Any] = json.load(f)
+            summary["host"] = self.host
+            return summary
+        if code == USAGE_ERROR:
+            return {"failed": f"{self.name} refused its flags (exit {code}): see its log"}
+        print(f"tensorwire: {self.name} exited with {code}; Ray restarts it", file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(1)  # the actor dies with its daemon: Ray restarts it (and this call)
+
+    def finish(self) -> None:
+        """Stop the daemon if it still runs (SIGTERM: it finishes its step; SIGKILL after 10 s)
+        and remove the job's directory on this node (the first actor there to finish does)."""
+        if self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def job_directory(token: str) -> str:
+    """A job's directory on a node (the same path on every node)."""
+    return os.path.join(tempfile.gettempdir(), f"tensorwire-ray-{token}")
+
+
+# --------------------------------------------------------------------------------------------
+# The launcher
+# --------------------------------------------------------------------------------------------
+
+
+def _ray() -> Any:
+    require(RAY, "launching a job on Ray")
+    import ray
+
+    return ray
+
+
+def _worker_flags(job: RayJob, servers: list[str]) -> list[list[str]]:
+    """Each worker's flags (``{host}`` is filled in on its node)."""
+    return [
+        [
+            "--servers",
+            ",".join(servers),
+            "--rank",
+            str(rank),
+            "--workers",
+            str(job.workers),
+            "--bind",
+            "tcp://{host}:0",
+            *job.worker_args,
+        ]
+        for rank in range(job.workers)
+    ]
+
+
+def _server_flags(job: RayJob, shard: int, checkpoints: str) -> list[str]:
+    """A shard's flags (``{bind}`` is filled in on its node)."""
+    return [
+        "--bind",
+        "{bind}",
+        "--shard",
+        str(shard),
+        "--shards",
+        str(job.shards),
+        "--workers",
+        str(job.workers),
+        "--checkpoint-dir",
+        checkpoints,
+        "--resume-if-present",  # a restarted shard continues from its checkpoint
+        # the daemon's default (50) suits checkpoints asked for; these are always on
+        *([] if _has(job.ps_args, "--checkpoint-every") else ["--checkpoint-every", "500"]),
+        *job.ps_args,
+    ]
+
+
+def _has(flags: list[str], flag: str) -> bool:
+    return any(f == flag or f.startswith(flag + "=") for f in flags)
+
+
+def run_job(job: RayJob, *, log: Any = None) -> RayJobResult:
+    """Run ``job`` on the Ray cluster this process is connected to (``ray.init`` first; a
+    local one is started if there is none) and return every daemon's summary. Raises
+    :class:`RayJobError` when a daemon fails for good or the job runs past ``job.timeout``."""
+    job.check()
+    ray = _ray()
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    say = log or (lambda message: print(f"tensorwire ray-job: {message}", file=sys.stderr))
+    if not ray.is_initialized():
+        ray.init()
+    started = time.monotonic()
+    token = secrets.token_hex(4)
+    secret = job.secret or secrets.token_hex(32)
+    env = {"OPENBLAS_NUM_THREADS": "1", **job.env, "TENSORWIRE_SECRET": secret}
+    checkpoints = job.checkpoint_dir or "{job}/checkpoints"  # filled in on each node
+    bundles = [_bundle(job.cpus_per_server, job.gpus_per_server) for _ in range(job.shards)] + [
+        _bundle(job.cpus_per_worker, job.gpus_per_worker) for _ in range(job.workers)
+    ]
+    group = placement_group(bundles, strategy=job.placement.upper(), name=f"tensorwire-{token}")
+    actors: dict[str, Any] = {}
+    remote = ray.remote(DaemonActor)
+    try:
+        if not _ready(ray, group.ready(), job.timeout):
+            raise RayJobError(
+                f"Ray could not place {len(bundles)} processes ({_describe(bundles)}) within "
+                f"{job.timeout:g} s: the cluster lacks the resources"
+            )
+
+        def start(name: str, index: int, cpus: float, gpus: float, *args: Any) -> Any:
+            actor = remote.options(
+                name=f"tensorwire-{token}-{name}",
+                num_cpus=cpus,
+                num_gpus=gpus,
+                max_restarts=job.max_restarts,
+                max_task_retries=-1,  # a call in flight when the actor died goes to its successor
+                max_concurrency=2,  # finish() may come while wait() is in flight
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=group, placement_group_bundle_index=index
+                ),
+            ).remote(name, *args, token)
+            actors[name] = actor
+            return actor
+
+        for shard in range(job.shards):
+            start(
+                f"ps{shard}",
+                shard,
+                job.cpus_per_server,
+                job.gpus_per_server,
+                "tensorwire.server.daemon",
+                _server_flags(job, shard, checkpoints),
+                env,
+                job.port + shard,
+            )
+        servers = ray.get([actors[f"ps{s}"].info.remote() for s in range(job.shards)])
+        addresses = [s["bind"] for s in servers]
+        say(f"job tensorwire-{token}: servers at {', '.join(addresses)}")
+        for rank, flags in enumerate(_worker_flags(job, addresses)):
+            start(
+                f"w{rank}",
+                job.shards + rank,
+                job.cpus_per_worker,
+                job.gpus_per_worker,
+                "tensorwire.client.worker",
+                flags,
+                env,
+                0,
+            )
+        names = list(actors)
+        summaries = _wait_all(ray, {n: actors[n].wait.remote() for n in names}, job.timeout, say)
+        wall = time.monotonic() - started
+        training = max(summaries[f"ps{s}"]["seconds"] for s in range(job.shards))
+        return RayJobResult(
+            servers=[summaries[f"ps{s}"] for s in range(job.shards)],
+            workers=[summaries[f"w{r}"] for r in range(job.workers)],
+            wall_seconds=wall,
+            setup_seconds=max(wall - training, 0.0),
+            restarts=_restarts(ray, actors),
+        )
+    finally:
+        with contextlib.suppress(Exception):  # best effort: the kills below are the guarantee
+            ray.get([actor.finish.remote() for actor in actors.values()], timeout=15)
+        for actor in actors.values():
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)  # its daemon dies with it
+        with contextlib.suppress(Exception):
+            remove_placement_group(group)
+
+
+def _bundle(cpus: float, gpus: float) -> dict[str, float]:
+    return {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
+
+
+def _describe(bundles: list[dict[str, float]]) -> str:
+    cpus = sum(b.get("CPU", 0) for b in bundles)
+    gpus = sum(b.get("GPU", 0) for b in bundles)
+    return f"{cpus:g} CPUs" + (f", {gpus:g} GPUs" if gpus else "")
+
+
+def _ready(ray: Any, ref: Any, timeout: float) -> bool:
+    done, _ = ray.wait([ref], timeout=timeout)
+    return bool(done)
+
+
+def _wait_all(
+    ray: Any, calls: dict[str, Any], timeout: float, say: Any
+) -> dict[str, dict[str, Any]]:
+    """Every daemon's summary; RayJobError at the first that fails for good (the others are
+    stopped by the caller), or when the job runs past ``timeout``."""
+    from ray.exceptions import RayActorError
+
+    names = {ref: name for name, ref in calls.items()}
+    pending = list(calls.values())
+    out: dict[str, dict[str, Any]] = {}
+    deadline = time.monotonic() + timeout
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise RayJobError(
+                f"the job ran past its timeout of {timeout:g} s; still running: "
+                + ", ".join(names[r] for r in pending)
+            )
+        done, pending = ray.wait(pending, num_returns=1, timeout=min(left, 5.0))
+        for ref in done:
+            name = names[ref]
+            try:
+                summary = ray.get(ref)
+            except RayActorError as exc:
+                raise RayJobError(
+                    f"{name} failed and was not restarted again (its restarts are used up, or "
+                    f"its node is gone): {exc}. Its log is above, or in Ray's logs"
+                ) from None
+            if "failed" in summary:
+                raise RayJobError(summary["failed"])
+            out[name] = summary
+            say(f"{name} done")
+    return out
+
+
+def _restarts(ray: Any, actors: dict[str, Any]) -> dict[str, int]:
+    """How many times Ray started each process again."""
+    infos = ray.get([actor.info.remote() for actor in actors.values()])
+    return {name: info["restarts"] for name, info in zip(actors, infos, strict=True)}
+
+
+# --------------------------------------------------------------------------------------------
+# The command
+# --------------------------------------------------------------------------------------------
+
+
+def _split_flags(rest: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Share the daemons' flags out: each goes to the daemon that has it (both, for flags they
+    share, like --transport or --seed). Unknown flags are an error naming them."""
+    from .client.worker import build_parser as worker_parser
+    from .server.daemon import build_parser as ps_parser
+
+    known = [ps_parser()._option_string_actions, worker_parser()._option_string_actions]
+    ps: list[str] = []
+    worker: list[str] = []
+    tokens = list(rest)
+    while tokens:
+        token = tokens.pop(0)
+        flag, has_value, _ = token.partition("=")
+        actions = [k.get(flag) for k in known]
+        if not token.startswith("--") or not any(actions):
+            raise ValueError(
+                f"unknown flag {token!r}: neither tensorwire-ps nor tensorwire-worker has it"
+            )
+        if flag in LAUNCHER_SETS:
+            raise ValueError(f"{flag} is set by the launcher for each process; leave it out")
+        takes = next(a for a in actions if a is not None).nargs != 0
+        words = [token]
+        if takes and not has_value:
+            if not tokens:
+                raise ValueError(f"{flag} needs a value")
+            words.append(tokens.pop(0))
+        if actions[0] is not None:
+            ps += words
+        if actions[1] is not None:
+            worker += words
+    return ps, worker
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tensorwire ray-job",
+        description="Run a parameter-server job on a Ray cluster: server shards and workers as "
+        "Ray actors, placed by Ray, restarted by Ray when they fail, talking over tensorwire "
+        "(shared memory within a node, TCP or NIXL across nodes). Every other flag is a "
+        "daemon flag (tensorwire-ps --help, tensorwire-worker --help), handed to the daemons "
+        "that have it, e.g. --steps 300 --model digits --transport auto.",
+        epilog="The launcher sets --bind, --shard(s), --rank, --workers, --servers, "
+        "--checkpoint-dir, --resume-if-present and --metrics for each daemon.",
+    )
+    parser.add_argument(
+        "--address",
+        default=None,
+        help="the Ray cluster (host:port of its head, or ray://...; default: RAY_ADDRESS, "
+        "else a local cluster started for the job)",
+    )
+    parser.add_argument("--shards", type=int, default=1, help="server shards (default 1)")
+    parser.add_argument("--workers", type=int, default=1, help="workers (default 1)")
+    parser.add_argument("--cpus-per-server", type=float, default=1.0, help="default 1")
+    parser.add_argument("--cpus-per-worker", type=float, default=1.0, help="default 1")
+    parser.add_argument("--gpus-per-server", type=float, default=0.0, help="default 0")
+    parser.add_argument(
+        "--gpus-per-worker",
+        type=float,
+        default=0.0,
+        help="default 0; with GPUs, add --device cuda to train on them",
+    )
+    parser.add_argument(
+        "--placement",
+        choices=["spread", "pack"],
+        default="spread",
+        help="spread the processes over the nodes (default) or pack them onto few",
+    )
+    parser.add_argument(
+        "--port", type=int, default=5700, help="shard k listens on PORT+k on its node (5700)"
+    )
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=3,
+        help="how often Ray may start a failed daemon again (default 3)",
+    )
+    parser.add_argument(
+        "--checkpoint-dir",
+        default=None,
+        help="where servers checkpoint (--checkpoint-every sets how often, default 500 steps "
+        "here); shared storage lets a shard resume on another node (default: a directory on "
+        "each server's node, removed at the end)",
+    )
+    parser.add_argument(
+        "--secret-file",
+        default=None,
+        metavar="PATH",
+        help="the job's shared secret (or TENSORWIRE_SECRET; default: one made for the job)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=3600.0, help="seconds for the whole job (default 3600)"
+    )
+    parser.add_argument("--metrics", default=None, metavar="PATH", help="write the summary here")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    try:
+        ps_args, worker_args = _split_flags(rest)
+    except ValueError as exc:
+        parser.error(str(exc))
+    secret = os.environ.get("TENSORWIRE_SECRET")
+    if args.secret_file:
+        try:
+            with open(args.secret_file) as f:
+                secret = f.read().strip()
+        except OSError as exc:
+            parser.error(f"cannot read --secret-file {args.secret_file}: {exc.strerror}")
+    job = RayJob(
+        shards=args.shards,
+        workers=args.workers,
+        ps_args=ps_args,
+        worker_args=worker_args,
+        cpus_per_server=args.cpus_per_server,
+        cpus_per_worker=args.cpus_per_worker,
+        gpus_per_server=args.gpus_per_server,
+        gpus_per_worker=args.gpus_per_worker,
+        placement=args.placement,
+        port=args.port,
+        max_restarts=args.max_restarts,
+        checkpoint_dir=args.checkpoint_dir,
+        secret=secret or None,
+        timeout=args.timeout,
+    )
+    try:
+        job.check()
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        ray = _ray()
+    except MissingDependencyError as exc:
+        print(f"tensorwire ray-job: error: {exc}", file=sys.stderr)
+        return 1
+    with _interrupt_as_exception():
+        try:
+            ray.init(address=args.address, log_to_driver=True)
+            result = run_job(job)
+        except (RayJobError, ValueError, ConnectionError) as exc:
+            print(f"tensorwire ray-job: error: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            if ray.is_initialized():
+                ray.shutdown()
+    summary = {
+        "wall_seconds": result.wall_seconds,
+        "setup_seconds": result.setup_seconds,
+        "restarts": result.restarts,
+        "servers": result.servers,
+        "workers": result.workers,
+    }
+    accuracy = result.workers[0].get("test_accuracy")
+    print(
+        f"tensorwire ray-job: done in {result.wall_seconds:.1f} s ({result.setup_seconds:.1f} s "
+        f"to the first step); worker 0's test accuracy {accuracy}",
+        file=sys.stderr,
+    )
+    if args.metrics:
+        with open(args.metrics, "w") as f:
+            json.dump(summary, f, indent=2)
+    return 0
+
+
+@contextlib.contextmanager
+def _interrupt_as_exception() -> Iterator[None]:
+    """SIGTERM ends the launcher like Ctrl-C does, through run_job's cleanup."""
+
+    def stop(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
+
+__all__ = ["DaemonActor", "RayJob", "RayJobError", "RayJobResult", "main", "run_job"]

@@ -1,0 +1,240 @@
+"""`tensorwire ray-job` on a real Ray cluster of two nodes: a head and a worker node started with
+`ray start` on this machine, each in a network namespace of its own, so that traffic between
+the nodes goes over TCP on a veth link. The cluster, its processes and the namespaces are removed
+at the end, even when a test fails."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tensorwire.client.launch import run_job
+
+from .netns import kill_everything_in, log_has, namespaces
+
+pytest.importorskip("ray", reason="Ray is not installed (`make test` installs tensorwire[ray])")
+
+NET = "10.232.0"  # addresses inside this module's own namespaces only
+HEAD = f"{NET}.1"
+GCS_PORT = 6379
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+def _in(ns: str, *cmd: str) -> list[str]:
+    return ["ip", "netns", "exec", ns, *cmd]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """Two Ray nodes, 2 CPUs each: the head in namespace ``head``, a worker node in ``node``."""
+    tag = f"tr{os.getpid() % 100000}"
+    logs = tmp_path_factory.mktemp("ray")
+    # Ray keeps its sockets under its temp dir: a short path (a Unix socket's is limited)
+    temp = f"/tmp/{tag}"
+    with namespaces(tag, ["head", "node"], [("head", f"{HEAD}/24", "node", f"{NET}.2/24")]) as ns:
+        common = [
+            "--block",
+            "--num-cpus",
+            "2",
+            "--object-store-memory",
+            str(100 << 20),
+            "--disable-usage-stats",
+        ]
+        starts = []
+        try:
+            for name, args in (
+                (
+                    "head",
+                    [
+                        "--head",
+                        "--node-ip-address",
+                        HEAD,
+                        "--port",
+                        str(GCS_PORT),
+                        "--include-dashboard=false",
+                        f"--temp-dir={temp}",
+                    ],
+                ),
+                ("node", ["--address", f"{HEAD}:{GCS_PORT}", "--node-ip-address", f"{NET}.2"]),
+            ):
+                out = open(logs / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
+                starts.append(
+                    subprocess.Popen(
+                        _in(ns[name], RAY, "start", *args, *common),
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
+                out.close()
+                _until_nodes(ns["head"], 1 if name == "head" else 2, logs / f"{name}.log")
+            yield {**ns, "address": f"{HEAD}:{GCS_PORT}"}
+        finally:
+            for name in ("node", "head"):  # every Ray process of a node lives in its namespace
+                kill_everything_in(ns[name])
+            for p in starts:
+                p.wait(10)
+            shutil.rmtree(temp, ignore_errors=True)
+
+
+def _until_nodes(ns: str, count: int, log: Path, timeout: float = 90.0) -> None:
+    """Wait (bounded) until the cluster has ``count`` live nodes."""
+    probe = (
+        f"import ray; ray.init(address='{HEAD}:{GCS_PORT}', log_to_driver=False); "
+        "print(sum(n['Alive'] for n in ray.nodes()))"
+    )
+    deadline = time.monotonic() + timeout
+    while True:
+        done = subprocess.run(
+            _in(ns, sys.executable, "-c", probe), capture_output=True, text=True, timeout=60
+        )
+        if done.returncode == 0 and done.stdout.strip().splitlines()[-1:] == [str(count)]:
+            return
+        assert time.monotonic() < deadline, f"{count} Ray nodes not up:\n{log.read_text()}"
+        time.sleep(1.0)
+
+
+def _ray_job(
+    cluster: dict[str, str], tmp: Path, *flags: str, log: str = "job"
+) -> tuple[subprocess.Popen[str], Path, Path]:
+    """Start `tensorwire ray-job` as a driver on the head node; its log and summary paths."""
+    summary, out_path = tmp / f"{log}.json", tmp / f"{log}.log"
+    out = open(out_path, "w")  # noqa: SIM115 - closed with the process
+    proc = subprocess.Popen(
+        _in(
+            cluster["head"],
+            sys.executable,
+            "-m",
+            "tensorwire",
+            "ray-job",
+            "--address",
+            cluster["address"],
+            "--metrics",
+            str(summary),
+            *flags,
+        ),
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    out.close()
+    return proc, out_path, summary
+
+
+def _finish(proc: subprocess.Popen[str], log: Path, timeout: float) -> None:
+    try:
+        code = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise AssertionError(
+            f"ray-job still running after {timeout} s:\n{log.read_text()}"
+        ) from None
+    assert code == 0, log.read_text()
+
+
+def test_a_job_spread_over_two_nodes_trains_as_well_as_by_hand(
+    cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """One server and two workers spread over the two nodes by Ray: daemons on one node talk
+    over shared memory, across nodes over TCP, and the model reaches the accuracy of the same
+    job started by hand on this machine."""
+    began = time.time()
+    by_hand = run_job(transport="auto", steps=300, workers=2)
+    proc, log, out = _ray_job(
+        cluster, tmp_path, "--workers", "2", "--steps", "300", "--no-progress"
+    )
+    _finish(proc, log, 240)
+    summary: dict[str, Any] = json.loads(out.read_text())
+    server = summary["servers"][0]
+    hosts = {server["host"], *(w["host"] for w in summary["workers"])}
+    assert hosts == {HEAD, f"{NET}.2"}, "spread placement uses both nodes"
+    for w in summary["workers"]:
+        used = set(w["traffic"]["sent_bytes_by_transport"])
+        assert used == ({"shm"} if w["host"] == server["host"] else {"tcp"}), w
+        assert w["steps"] == 300
+    assert server["steps"] == 300
+    accuracy = summary["workers"][0]["test_accuracy"]
+    assert accuracy >= by_hand.accuracy - 0.02, (accuracy, by_hand.accuracy)
+    assert summary["restarts"] == {"ps0": 0, "w0": 0, "w1": 0}
+    assert 0 < summary["setup_seconds"] < summary["wall_seconds"]
+    left = [p for p in Path("/tmp").glob("tensorwire-ray-*") if p.stat().st_mtime >= began]
+    assert not left, "each node's job directory is removed at the end"
+
+
+def test_a_killed_worker_actor_is_restarted_by_ray_and_rejoins(
+    cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """Kill worker 1's actor (ray.kill, restart allowed) mid-training: Ray starts it again in
+    its placement bundle, its daemon rejoins the server at the current step, and the job ends
+    with every step done and the accuracy bar reached."""
+    proc, log, out = _ray_job(
+        cluster,
+        tmp_path,
+        "--workers",
+        "2",
+        "--steps",
+        "6000",
+        "--no-progress",
+        "--log-level",
+        "INFO",
+    )
+    try:
+        log_has(log, "joined from", 120, count=2)  # the server took both workers in
+        time.sleep(1.0)
+        job = log.read_text().split("ray-job: job ")[1].split(":")[0]  # its actors' prefix
+        killer = (
+            "import ray, sys\n"
+            "ray.init(address=sys.argv[1], log_to_driver=False)\n"
+            "found = [a for a in ray.util.list_named_actors(all_namespaces=True)\n"
+            "         if a['name'] == sys.argv[2]]\n"
+            "assert len(found) == 1, found\n"
+            "ray.kill(ray.get_actor(found[0]['name'], namespace=found[0]['namespace']),\n"
+            "         no_restart=False)\n"
+        )
+        killed = subprocess.run(
+            _in(cluster["head"], sys.executable, "-c", killer, cluster["address"], f"{job}-w1"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert killed.returncode == 0, killed.stderr
+        log_has(log, "worker 1 rejoined", 120)
+        _finish(proc, log, 240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    summary: dict[str, Any] = json.loads(out.read_text())
+    text = log.read_text()
+    assert "worker 1 lost at step" in text
+    assert summary["restarts"]["w1"] == 1 and summary["restarts"]["w0"] == 0
+    assert summary["servers"][0]["steps"] == 6000
+    assert summary["workers"][1]["steps"] < 6000  # the second worker 1 joined mid-job
+    assert summary["workers"][0]["test_accuracy"] >= 0.95
+
+
+def test_bad_flags_are_refused_before_anything_starts(tmp_path: Path) -> None:
+    """Flags neither daemon has, or that the launcher sets itself, are one clear line each."""
+    for flags, says in (
+        (["--stepz", "3"], "unknown flag '--stepz'"),
+        (["--bind", "tcp://0.0.0.0:1"], "--bind is set by the launcher"),
+        (["--steps"], "--steps needs a value"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "tensorwire", "ray-job", *flags],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 2, done.stderr
+        assert says in done.stderr, done.stderr
