@@ -6,8 +6,9 @@ the completion protocol is written once:
 
 * the writer may start message ``n`` (1-based) only when ``n - released <= depth`` (credits);
 * it writes into a *free* slot, one whose message has been released, choosing the one it wrote
-  most recently (a :class:`SlotChooser`): when the consumer keeps up, every message goes into the
-  same slot, which is still in the writer's cache, instead of alternating between two;
+  most recently when it is free (a :class:`SlotChooser`): when the consumer keeps up, every
+  message goes into the same slot, which is still in the writer's cache, instead of alternating
+  between two; otherwise the slot of the oldest message;
 * the writer copies the payload, then the dynamic shape, then stores ``seq = n``; message ``n`` is
   complete exactly when some slot's ``seq`` equals ``n``. A writer that dies mid-copy never
   stores ``seq``, so a torn payload is never handed out.
@@ -24,6 +25,7 @@ not: this port is untested there.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -73,6 +75,10 @@ class RingMemory:
         self._tx_waiting = (layout.ctrl + OFF_TX_WAITING) // 4
         self._owner = (layout.ctrl + OFF_OWNER) // 8
         self._writing = (layout.ctrl + OFF_WRITING) // 8
+        # find()'s guess: the last message found, and which slot followed each slot last time
+        self._found_seq = 0
+        self._found_slot = 0
+        self._after = [0] * self.depth
         # The receiver's doorbell lives in its first region, shared by every ring.
         self._bell32 = bell_region.words32
         self._rx_bell = OFF_DOORBELL // 4
@@ -111,12 +117,29 @@ class RingMemory:
         return [int(self._q[i]) for i in self._seq]
 
     def find(self, seq: int) -> int:
-        """The slot holding complete message ``seq``, or -1."""
+        """The slot holding complete message ``seq``, or -1.
+
+        It looks first where the message after the last one found went the last time: writers
+        reuse slots in a stable order (the same slot while the consumer keeps up, round the ring
+        in release order while it lags), so the guess nearly always holds and a deep ring costs
+        no more than a shallow one; a miss scans the slots."""
         q = self._q
-        for slot, i in enumerate(self._seq):
-            if q[i] == seq:
-                return slot
-        return -1
+        seqs = self._seq
+        follows = seq == self._found_seq + 1
+        guess = self._after[self._found_slot] if follows else self._found_slot
+        if q[seqs[guess]] == seq:
+            slot = guess
+        else:
+            for slot, i in enumerate(seqs):  # noqa: B007 - the slot found is used below
+                if q[i] == seq:
+                    break
+            else:
+                return -1
+        if follows:
+            self._after[self._found_slot] = slot
+        self._found_seq = seq
+        self._found_slot = slot
+        return slot
 
     def last_complete(self) -> int:
         """Highest sequence number present in any slot (0 when none was ever written)."""
@@ -258,28 +281,36 @@ class SlotChooser:
     """The writer's side of slot choice: which free slot the next message goes into.
 
     It mirrors the sequence number in each slot (the writer put them there, or read them at claim
-    time). A slot is free when its message has been released; among the free slots it returns the
-    one holding the newest message, i.e. the one this writer touched last.
+    time). A slot is free when its message has been released. The slot written last is taken
+    whenever it is free (it is still in the writer's cache: a consumer that keeps up sees every
+    message in one slot); otherwise the slot with the oldest message, which is free whenever any
+    is, since messages are released in order. Both in constant time, whatever the depth.
     """
 
     def __init__(self, slot_seqs: list[int]) -> None:
         self.seqs = list(slot_seqs)
+        #: slots from the oldest message to the newest (ties: by index)
+        self._order = deque(sorted(range(len(self.seqs)), key=self.seqs.__getitem__))
         #: the slot written last (it holds the newest message): the answer whenever it is free
-        self.last = max(range(len(self.seqs)), key=self.seqs.__getitem__)
+        self.last = self._order[-1]
 
     def choose(self, released: int) -> int:
         last = self.last
         if self.seqs[last] <= released:
             return last
-        best = -1
-        best_seq = -1
-        for slot, seq in enumerate(self.seqs):
-            if seq <= released and seq > best_seq:
-                best, best_seq = slot, seq
-        if best < 0:  # cannot happen while credits are honoured: a bug, not a peer's fault
+        oldest = self._order[0]
+        if self.seqs[oldest] > released:  # cannot happen while credits are honoured: a bug
             raise RuntimeError(f"no free slot: slots hold {self.seqs}, released {released}")
-        return best
+        return oldest
 
     def wrote(self, slot: int, seq: int) -> None:
         self.seqs[slot] = seq
         self.last = slot
+        order = self._order
+        if order[-1] == slot:
+            return
+        if order[0] == slot:
+            order.rotate(-1)  # the oldest became the newest
+        else:
+            order.remove(slot)
+            order.append(slot)

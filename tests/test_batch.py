@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import tensorwire as tw
 from tensorwire.layout import auto_depth
+from tensorwire.ring import SlotChooser
 
 from .conftest import Children
 from .peers import make_array, send_batches
@@ -173,3 +176,48 @@ def test_ring_depth_by_size(nbytes: int, depth: int) -> None:
                     tx.write(name, data, timeout=0)  # every slot free: no wait
                 with pytest.raises(tw.WireTimeoutError, match=f"ring depth {slots}"):
                     tx.write(name, data, timeout=0)
+
+
+@given(st.lists(st.integers(min_value=0, max_value=40), min_size=1, max_size=200))
+@settings(max_examples=200, deadline=None)
+def test_slot_choice_is_a_free_slot_and_the_last_one_when_it_is_free(lags: list[int]) -> None:
+    """A writer of a 32-slot ring whose consumer lags by a changing amount: every slot chosen
+    is free (its message released), it is the slot written last whenever that one is free, and
+    the ring never refuses a write that has a credit."""
+    depth = 32
+    chooser = SlotChooser([0] * depth)
+    held = [0] * depth
+    released = 0
+    for seq, lag in enumerate(lags, start=1):
+        released = max(released, seq - 1 - min(lag, depth - 1))  # credits come back in order
+        slot = chooser.choose(released)
+        assert held[slot] <= released, "a slot still holding an unreleased message was chosen"
+        if held[chooser.last] <= released:
+            assert slot == chooser.last
+        chooser.wrote(slot, seq)
+        held[slot] = seq
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_deep_ring_hands_out_every_message_in_order_whatever_the_lag(transport: str) -> None:
+    """A 32-slot ring whose consumer falls behind by 0 to 31 messages and catches up again, over
+    and over: every message comes out once, in order (the consumer's guess of the next slot is
+    checked against the slots' sequence numbers, never trusted)."""
+    rng = np.random.default_rng(7)
+    with tw.Receiver() as rx:
+        rx.register("t", (4,), "int64", ring=32)
+        with tw.Sender.connect(rx.address, transport=transport, timeout=30) as tx:
+            sent = got = 0
+            for _ in range(60):
+                burst = int(rng.integers(0, 33 - (sent - got)))  # never more than the credits
+                for _ in range(burst):
+                    tx.write("t", np.full(4, sent, np.int64), timeout=10)
+                    sent += 1
+                for _ in range(int(rng.integers(0, sent - got + 1))):
+                    assert int(rx.wait("t", timeout=10)[0]) == got
+                    rx.release("t")
+                    got += 1
+            while got < sent:
+                assert int(rx.wait("t", timeout=10)[0]) == got
+                rx.release("t")
+                got += 1
