@@ -11,7 +11,6 @@ variables. SIGTERM or Ctrl-C: finish the current step, then exit 0.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import signal
 import sys
@@ -274,9 +273,7 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:
         f"test accuracy {metrics['test_accuracy']:.4f}",
         file=sys.stderr,
     )
-    if args.metrics:
-        with open(args.metrics, "w") as f:
-            json.dump(metrics, f, indent=2)
+    config.write_summary(args.metrics, metrics)
     return 0
 
 

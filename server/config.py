@@ -271,13 +271,7 @@ def resolve_secret(
     check_endpoint(parser, "--bind", bind)
     secret = args.secret
     if args.secret_file:
-        try:
-            with open(args.secret_file) as f:
-                secret = f.read().strip()
-        except OSError as exc:
-            parser.error(f"cannot read --secret-file {args.secret_file}: {exc.strerror}")
-        if not secret:
-            parser.error(f"--secret-file {args.secret_file} is empty")
+        secret = read_secret_file(parser, args.secret_file)
     if not secret and not is_loopback(bind):
         parser.error(
             f"--bind {bind} accepts connections from other hosts, so a shared secret is "
@@ -285,6 +279,26 @@ def resolve_secret(
             "server and worker)"
         )
     return secret or None
+
+
+def read_secret_file(parser: argparse.ArgumentParser, path: str) -> str:
+    """The shared secret in ``path`` (--secret-file), stripped; a usage error naming the file
+    when it cannot be read or is empty."""
+    try:
+        with open(path) as f:
+            secret = f.read().strip()
+    except OSError as exc:
+        parser.error(f"cannot read --secret-file {path}: {exc.strerror}")
+    if not secret:
+        parser.error(f"--secret-file {path} is empty")
+    return secret
+
+
+def write_summary(path: str | None, summary: dict[str, Any]) -> None:
+    """Write an end-of-job summary as JSON to ``path`` (--metrics), when one was given."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(summary, f, indent=2)
 
 
 def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:

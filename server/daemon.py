@@ -7,7 +7,6 @@ or Ctrl-C: finish the current step, checkpoint, tell the workers to stop, exit 0
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
@@ -207,9 +206,7 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-ps") -> int:
         f"({summary['steps_per_s']:.1f} steps/s), loss {summary['final_loss']}",
         file=sys.stderr,
     )
-    if args.metrics:
-        with open(args.metrics, "w") as f:
-            json.dump(summary, f, indent=2)
+    config.write_summary(args.metrics, summary)
     return 0
 
 

@@ -101,10 +101,11 @@ class RayJob:
             raise ValueError(f"port {self.port} leaves no room for {self.shards} shards")
         if self.max_restarts < 0:
             raise ValueError("max_restarts must be 0 or more")
-        for flag in (*self.ps_args, *self.worker_args):
-            if flag.split("=", 1)[0] in LAUNCHER_SETS:
+        for token in (*self.ps_args, *self.worker_args):
+            flag = token.split("=", 1)[0]
+            if flag in LAUNCHER_SETS:
                 raise ValueError(
-                    f"{flag.split('=', 1)[0]} is set by the launcher for each process; "
+                    f"{flag} is set by the launcher for each process; "
                     "leave it out (see tensorwire ray-job --help)"
                 )
 
@@ -292,8 +293,8 @@ def run_job(job: RayJob, *, log: Any = None) -> RayJobResult:
                 f"{job.timeout:g} s: the cluster lacks the resources"
             )
 
-        def start(name: str, index: int, cpus: float, gpus: float, *args: Any) -> Any:
-            actor = remote.options(
+        def start(name: str, index: int, cpus: float, gpus: float, *args: Any) -> None:
+            actors[name] = remote.options(
                 name=f"tensorwire-{token}-{name}",
                 num_cpus=cpus,
                 num_gpus=gpus,
@@ -304,8 +305,6 @@ def run_job(job: RayJob, *, log: Any = None) -> RayJobResult:
                     placement_group=group, placement_group_bundle_index=index
                 ),
             ).remote(name, *args, token)
-            actors[name] = actor
-            return actor
 
         for shard in range(job.shards):
             start(
@@ -332,8 +331,8 @@ def run_job(job: RayJob, *, log: Any = None) -> RayJobResult:
                 env,
                 0,
             )
-        names = list(actors)
-        summaries = _wait_all(ray, {n: actors[n].wait.remote() for n in names}, job.timeout, say)
+        calls = {name: actor.wait.remote() for name, actor in actors.items()}
+        summaries = _wait_all(ray, calls, job.timeout, say)
         wall = time.monotonic() - started
         training = max(summaries[f"ps{s}"]["seconds"] for s in range(job.shards))
         return RayJobResult(
@@ -432,8 +431,6 @@ def _split_flags(rest: Sequence[str]) -> tuple[list[str], list[str]]:
             raise ValueError(
                 f"unknown flag {token!r}: neither tensorwire-ps nor tensorwire-worker has it"
             )
-        if flag in LAUNCHER_SETS:
-            raise ValueError(f"{flag} is set by the launcher for each process; leave it out")
         takes = next(a for a in actions if a is not None).nargs != 0
         words = [token]
         if takes and not has_value:
@@ -511,6 +508,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .server import config  # the daemons' own reading of secrets and writing of summaries
+
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     try:
@@ -519,11 +518,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     secret = os.environ.get("TENSORWIRE_SECRET")
     if args.secret_file:
-        try:
-            with open(args.secret_file) as f:
-                secret = f.read().strip()
-        except OSError as exc:
-            parser.error(f"cannot read --secret-file {args.secret_file}: {exc.strerror}")
+        secret = config.read_secret_file(parser, args.secret_file)
     job = RayJob(
         shards=args.shards,
         workers=args.workers,
@@ -572,9 +567,7 @@ def main(argv: list[str] | None = None) -> int:
         f"to the first step); worker 0's test accuracy {accuracy}",
         file=sys.stderr,
     )
-    if args.metrics:
-        with open(args.metrics, "w") as f:
-            json.dump(summary, f, indent=2)
+    config.write_summary(args.metrics, summary)
     return 0
 
 
