@@ -1,7 +1,8 @@
 """Parameter-server jobs for the tests: real daemons as subprocesses on loopback.
 
 :class:`Processes` starts daemons with a log file each and always reaps them (the job harness
-below, and the tests that run docker/compose.yaml's and deploy/k8s's commands)."""
+below, and the tests that run docker/compose.yaml's and deploy/k8s's commands); :func:`log_has`
+waits for a line in a daemon's log."""
 
 from __future__ import annotations
 
@@ -20,6 +21,15 @@ from tensorwire.client.launch import ps_command, worker_command
 from .conftest import free_port
 
 PY = sys.executable
+
+
+def log_has(path: Path, text: str, timeout: float, count: int = 1) -> float:
+    """Wait until ``text`` is ``count`` times in the file at ``path``; seconds it took."""
+    start = time.monotonic()
+    while path.read_text(errors="replace").count(text) < count:
+        assert time.monotonic() - start < timeout, f"{text!r} not in:\n{path.read_text()}"
+        time.sleep(0.05)
+    return time.monotonic() - start
 
 
 class Processes:

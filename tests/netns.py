@@ -11,7 +11,6 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -73,12 +72,3 @@ def _pids(ns: str) -> list[int]:
         return [int(p) for p in ip("netns", "pids", ns).split()]
     except subprocess.CalledProcessError:
         return []
-
-
-def log_has(path: Path, text: str, timeout: float, count: int = 1) -> float:
-    """Wait until ``text`` is ``count`` times in the file at ``path``; seconds it took."""
-    start = time.monotonic()
-    while path.read_text(errors="replace").count(text) < count:
-        assert time.monotonic() - start < timeout, f"{text!r} not in:\n{path.read_text()}"
-        time.sleep(0.05)
-    return time.monotonic() - start

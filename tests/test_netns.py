@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from .netns import ip, log_has, namespaces
+from .jobs import log_has
+from .netns import ip, namespaces
 
 NET = "10.231"  # addresses inside this test's own namespaces only
 

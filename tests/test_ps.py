@@ -21,7 +21,7 @@ from tensorwire.server import optim
 from tensorwire.server.plan import plan
 
 from .conftest import free_port
-from .jobs import Job
+from .jobs import Job, log_has
 from .jobs import cli as _cli
 from .jobs import ok as _ok
 
@@ -204,10 +204,7 @@ def test_a_worker_that_never_arrives_is_named(job: Any) -> None:
 def test_sigterm_finishes_the_step_checkpoints_and_exits_zero(job: Any, tmp_path: Path) -> None:
     ckpt = tmp_path / "sig"
     j = job(ps=["--steps", "100000", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "0"])
-    deadline = time.monotonic() + 60
-    while not (j.tmp / "ps0.log").read_text().count("joined") >= 2:
-        assert time.monotonic() < deadline, j.log("ps0")
-        time.sleep(0.1)
+    _wait_for(j, "joined", 2)
     time.sleep(0.5)
     j.ps[0].send_signal(signal.SIGTERM)
     _ok(j, 60)
@@ -337,10 +334,7 @@ def test_secret_protected_job_trains(job: Any, tmp_path: Path) -> None:
 
 
 def _wait_for(j: Job, text: str, count: int = 1, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while j.log("ps0").count(text) < count:
-        assert time.monotonic() < deadline, j.log("ps0")
-        time.sleep(0.05)
+    log_has(j.tmp / "ps0.log", text, timeout, count)
 
 
 def test_bsp_survives_a_killed_worker_and_takes_it_back(job: Any) -> None:

@@ -19,7 +19,8 @@ import pytest
 
 from tensorwire.client.launch import run_job
 
-from .netns import kill_everything_in, log_has, namespaces
+from .jobs import log_has
+from .netns import kill_everything_in, namespaces
 
 pytest.importorskip("ray", reason="Ray is not installed (`make test` installs tensorwire[ray])")
 
