@@ -202,7 +202,7 @@ def _measure(
         gpu = GPU_REFERENCES if args.device != "cpu" else []
         raw_nixl = [RAW_NIXL] if runner.raw_nixl is not None else []
         methods = ["memcpy", *gpu, *usable, "zmq", "raw-tcp", *raw_nixl]
-        latency = [*usable, "zmq", *raw_nixl]
+        latency = [*usable, "zmq", "raw-tcp", *raw_nixl]
         total = args.repeat * (len(args.sizes) * len(methods) + len(latency))
         with _progress(total, not args.no_progress) as tick:
             samples = sweep(

@@ -80,16 +80,29 @@ class _Session:
             tx.write(pong, view)
             self.rx.release(ping)
 
-    def raw_sink(self, size: int, count: int) -> None:
+    def _raw_socket(self) -> socket.socket:
         if self.raw is None:
             self.raw_listener.settimeout(30)
             self.raw, _ = self.raw_listener.accept()
             self.raw.settimeout(None)
             tune_socket(self.raw)
+        return self.raw
+
+    def raw_sink(self, size: int, count: int) -> None:
+        sock = self._raw_socket()
         view = self.buffer[:size].data
         for _ in range(count):
-            raw_recv(self.raw, view)
-        self.raw.sendall(b"k")
+            raw_recv(sock, view)
+        sock.sendall(b"k")
+
+    def raw_echo(self, size: int, count: int) -> None:
+        """The round trip's far end over a plain socket: each ping is received into our
+        buffer and sent back from it."""
+        sock = self._raw_socket()
+        view = self.buffer[:size].data
+        for _ in range(count):
+            raw_recv(sock, view)
+            sock.sendall(view)
 
     def raw_nixl_setup(self, details: dict[str, Any]) -> dict[str, Any]:
         if self.raw_nixl is None:
@@ -167,6 +180,9 @@ def serve(bind: str, ready: Any = None, once: bool = False, secret: str | None =
                 elif op == "raw":
                     assert session is not None
                     session.raw_sink(cmd["size"], cmd["count"])
+                elif op == "raw-echo":
+                    assert session is not None
+                    session.raw_echo(cmd["size"], cmd["count"])
                 elif op == "raw-nixl-setup":
                     assert session is not None
                     reply.update(session.raw_nixl_setup(cmd["details"]))

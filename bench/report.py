@@ -35,6 +35,7 @@ def table_rows(result: dict[str, Any]) -> tuple[list[list[str]], list[list[str]]
             f"{r['p99_us']:.1f}",
             _ratio(r["lower_than_grpc"]),
             _ratio(r.get("lower_than_grpc_stream")),
+            f"{_ratio(r['x_limit'])} {r['limit']}" if r.get("limit") else "",
         ]
         for r in result["latency"]
     ]
@@ -42,7 +43,15 @@ def table_rows(result: dict[str, Any]) -> tuple[list[list[str]], list[list[str]]
 
 
 TPUT_HEAD = ["size", "method", "GB/s", "vs grpc", "vs grpc-stream", "vs memcpy", "vs raw limit"]
-LAT_HEAD = ["round trip", "tensor", "median us", "p99 us", "grpc / this", "grpc-stream / this"]
+LAT_HEAD = [
+    "round trip",
+    "tensor",
+    "median us",
+    "p99 us",
+    "grpc / this",
+    "grpc-stream / this",
+    "vs raw limit",
+]
 
 
 def render_plain(result: dict[str, Any]) -> str:

@@ -39,7 +39,7 @@ import tensorwire as tw
 from tensorwire import cuda as tw_cuda
 from tensorwire.rdma import is_loopback_host
 
-from .common import MiB, machine_facts, tensor_name, tune_socket
+from .common import MiB, machine_facts, raw_recv, tensor_name, tune_socket
 from .raw_nixl import RawNixl
 
 TRANSPORTS = ["shm", "tcp", "nixl", "grpc", "grpc-stream"]
@@ -264,6 +264,16 @@ class Runner:
                 frame = self._pair.recv(copy=False)
                 np.copyto(self.pong_buf, np.frombuffer(frame.buffer, dtype=np.uint8))
                 out.append(time.perf_counter() - t0)
+        elif method == "raw-tcp":
+            sock = self._raw
+            assert sock is not None
+            self._send("raw-echo", size=self.latency_bytes, count=count)
+            into = self.pong_buf.data
+            for _ in range(count):
+                t0 = time.perf_counter()
+                sock.sendall(self.ping.data)
+                raw_recv(sock, into)
+                out.append(time.perf_counter() - t0)
         elif method == RAW_NIXL:
             raw = self.raw_nixl
             assert raw is not None
@@ -397,9 +407,11 @@ def summarise(samples: dict[str, Any], sizes: list[int], latency_bytes: int) -> 
     rtts = samples["rtts"]
     grpc_rtt = statistics.median(rtts["grpc"]) if "grpc" in rtts else None
     stream_rtt = statistics.median(rtts["grpc-stream"]) if "grpc-stream" in rtts else None
+    rtt_median = {m: statistics.median(xs) for m, xs in rtts.items()}
     for m, xs in samples["rtts"].items():
         ordered = sorted(xs)
-        median = statistics.median(ordered)
+        median = rtt_median[m]
+        limit = raw_limit.get(m)
         lat.append(
             {
                 "method": m,
@@ -409,6 +421,9 @@ def summarise(samples: dict[str, Any], sizes: list[int], latency_bytes: int) -> 
                 "p99_us": ordered[int(0.99 * (len(ordered) - 1))] * 1e6,
                 "lower_than_grpc": grpc_rtt / median if grpc_rtt else None,
                 "lower_than_grpc_stream": stream_rtt / median if stream_rtt else None,
+                # how many times the raw mechanism's round trip (higher is slower)
+                "limit": limit if limit in rtt_median else None,
+                "x_limit": median / rtt_median[limit] if limit in rtt_median else None,
             }
         )
     return {"throughput": rows, "latency": lat}

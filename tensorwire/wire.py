@@ -361,6 +361,11 @@ class HeaderReader:
     def need(self) -> int:
         return self._want - len(self._buf)
 
+    @property
+    def between_frames(self) -> bool:
+        """Nothing of the next header has been fed yet."""
+        return not self._buf
+
     def feed(self, data: bytes | bytearray | memoryview) -> DataHeader | None:
         if len(data) > self.need:
             raise LocalProtocolError(

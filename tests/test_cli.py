@@ -61,8 +61,13 @@ def _check_result(result: dict[str, Any], sizes: list[int], transports: list[str
             assert nixl["limit"] == "raw-nixl"
             assert nixl["x_limit"] == pytest.approx(nixl["gbps"] / raw["gbps"])
     lat = {r["method"]: r for r in result["latency"]}
-    assert set(lat) == {*transports, "zmq", *raw_nixl}
-    for r in lat.values():
+    assert set(lat) == {*transports, "zmq", "raw-tcp", *raw_nixl}
+    limits = {"tcp": "raw-tcp", "nixl": "raw-nixl"}  # each transport's raw round trip
+    for method, r in lat.items():
+        limit = limits.get(method) if limits.get(method) in lat else None
+        assert r["limit"] == limit
+        if limit is not None:
+            assert r["x_limit"] == pytest.approx(r["median_us"] / lat[limit]["median_us"])
         assert 0 < r["median_us"] <= r["p99_us"]
         assert r["lower_than_grpc"] == pytest.approx(lat["grpc"]["median_us"] / r["median_us"])
         if "grpc-stream" in lat:

@@ -6,6 +6,8 @@ that rebuild their arrays from seeds, so the receiver can check every byte that 
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -388,3 +390,30 @@ def test_negative_dynamic_shape_is_refused_before_any_byte_moves(transport: str)
         rx.release("d")
         with pytest.raises(tw.WireTimeoutError):
             rx.wait("d", timeout=0.2)  # the refused message never landed
+
+
+def test_a_waiting_consumer_sees_a_goodbye_as_a_clean_end(transport: str) -> None:
+    """The consumer is waiting (and, over tcp and nixl, reading the connection itself) when
+    its sender's goodbye arrives: whichever thread reads the goodbye, the session ends cleanly,
+    never as a lost sender. Repeated, as the goodbye races the connection's own thread."""
+
+    def send_three(first: int) -> None:
+        with tw.Sender.connect(rx.address, transport=transport, timeout=30) as tx:
+            for k in range(first, first + 3):
+                tx.write("t", np.full(16, k, np.int64))
+
+    with tw.Receiver() as rx:
+        rx.register("t", (16,), "int64")
+        for round_ in range(12):
+            sender = threading.Thread(target=send_three, args=(3 * round_,))
+            sender.start()
+            try:
+                for k in range(3 * round_, 3 * round_ + 3):
+                    assert int(rx.wait("t", timeout=10)[0]) == k
+                    rx.release("t")
+                # waiting while the goodbye arrives: a lost sender would raise PeerLostError
+                with pytest.raises(tw.WireTimeoutError):
+                    rx.wait("t", timeout=0.2)
+            finally:
+                sender.join(30)
+            assert not sender.is_alive()

@@ -229,7 +229,8 @@ class SessionHandler:
         tensor.traffic = metrics.traffic("received", tensor.spec.name, msg.transport)
         tensor.sender_completes = key is None
         server = None if key is None else self._servers.get(key)
-        tensor.poll = server.poll if server is not None and server.pollable else None
+        link = session.link
+        tensor.poll = None if server is None or link is None else server.poller(link)
         tensor.expected_seq = max(tensor.ring.last_complete(), tensor.consumed) + 1
         tensor.lost = None
         session.claims.add(tensor.tensor_id)
@@ -310,6 +311,7 @@ class SessionHandler:
             tensor = self._table.by_id[tid]
             if tensor.owner is session:
                 tensor.owner = None
+                tensor.poll = None
                 tensor.ring.set_owner(0)  # fences a shared-memory writer out of the ring
                 if reason is not None:
                     tensor.lost = f"{session.describe()} was lost: {reason}"

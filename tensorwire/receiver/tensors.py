@@ -69,7 +69,7 @@ class RegisteredTensor:
     #: the writer stores into our memory and completes slots itself (shm), rather than one of
     #: our own threads doing it for the data it receives
     sender_completes: bool = False
-    #: the claim's data server, when a waiting consumer should poll it (DataServer.pollable)
+    #: what a waiting consumer calls to complete the owner's messages itself (DataServer.poller)
     poll: Callable[[], bool] | None = None
     expected_seq: int = 1  # next sequence number a networked writer must send
     lost: str | None = None  # set when the owner died: the next wait() reports it

@@ -301,16 +301,13 @@ class DataServer:
     def detach(self, session: object) -> None:
         """The session ended, for whatever reason: forget what the server holds for it."""
 
-    #: Does :meth:`poll` do anything? A server whose library offers no descriptor to block on
-    #: (NIXL) polls from a thread of its own; a consumer waiting for one of its messages polls
-    #: too, so the message is completed by the thread that wants it instead of being handed
-    #: over by a wake-up (the hand-off costs more than a small message itself).
-    pollable: bool = False
-
-    def poll(self) -> bool:
-        """Deliver what has arrived, from the calling thread; True if anything was delivered.
-        Only called where :attr:`pollable` is set."""
-        return False
+    def poller(self, link: CreditLink) -> Callable[[], bool] | None:
+        """What a consumer waiting for a message of ``link``'s sender calls while it spins, so
+        that the message is completed by the thread that wants it instead of being handed over
+        by a wake-up from the server's thread (the hand-off costs more than a small message
+        itself); the call returns True if it delivered anything. None: the consumer just waits
+        to be woken."""
+        return None
 
     def close(self) -> None:
         """Stop serving; every thread ends. Idempotent."""

@@ -727,7 +727,8 @@ class NixlDataServer(DataServer):
 
     # -- polling: the server's thread, or a consumer waiting for a message -----------------
 
-    pollable = True
+    def poller(self, link: CreditLink) -> Callable[[], bool]:
+        return self.poll  # one agent for every sender: its notifications are polled as one
 
     def poll(self) -> bool:
         """One round of progress from a consumer's thread that waits for a message: it completes

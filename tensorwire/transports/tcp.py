@@ -40,6 +40,7 @@ from ..quietlog import QuietLog
 from ..ring import SlotChooser
 from .base import (
     Channel,
+    CreditLink,
     DataServer,
     DataSink,
     PeerInfo,
@@ -61,6 +62,10 @@ HELLO_TIMEOUT = 10.0
 CREDIT_SEND_TIMEOUT = 10.0
 #: Most messages a connection completes before it wakes the consumers, while more keep coming.
 BELL_EVERY = 16
+#: How long a connection's thread leaves the socket to a consumer that polls it.
+STAND_BACK = 100e-6
+#: Longest a connection's thread waits for data before it looks at close() and stalls again.
+IDLE_CHECK_MS = 100
 
 
 def _tune(sock: socket.socket) -> None:
@@ -93,13 +98,13 @@ def recv_exact_into(sock: socket.socket, view: memoryview, idle_ok: bool = False
     return True
 
 
-def _recv_now(sock: socket.socket, view: memoryview) -> int:
-    """Read into ``view`` what is already there, without waiting: the byte count, 0 when nothing
-    is (or the peer closed: the blocking read that follows sees that)."""
+def _recv_some(sock: socket.socket, view: memoryview) -> int | None:
+    """Read into ``view`` what is already there: the byte count (0: the peer closed), or None
+    when nothing is."""
     try:
         return sock.recv_into(view, len(view), socket.MSG_DONTWAIT)
     except BlockingIOError:
-        return 0
+        return None
 
 
 def set_receive_timeout(sock: socket.socket, seconds: float) -> None:
@@ -452,8 +457,23 @@ class TcpWriter(TensorWriter):
 # --------------------------------------------------------------------------------------------
 
 
+class _Ended(Exception):
+    """The sender ended the stream at a frame boundary; ``reason`` None for a goodbye frame."""
+
+    def __init__(self, reason: str | None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 class _Connection:
-    """One accepted data connection; the credit link back to its sender."""
+    """One accepted data connection: the frame it is reading, and the credit link back to its
+    sender.
+
+    Frames are read by whichever thread holds :attr:`reading`: the connection's serving thread,
+    or a consumer waiting for one of its messages (:meth:`poll`), which then completes the
+    message itself instead of being woken by the serving thread (on a 2-core host that hand-off
+    costs more than a small message). What has been read of the frame in progress lives here, so
+    either can pick it up where the other left off."""
 
     def __init__(
         self, sock: socket.socket, peer: str, backlog: Callable[[_Connection], None]
@@ -467,6 +487,108 @@ class _Connection:
         self._unsent: dict[int, int] = {}
         self._backlog = backlog  # hands credits the socket could not take to the flusher
         self.stuck_since: float | None = None
+        # -- receiving ---------------------------------------------------------------------
+        self.reading = threading.Lock()
+        self._sink: DataSink | None = None  # set once admitted
+        self._session: object = None
+        self._reader = wire.HeaderReader()
+        self._hview = memoryview(bytearray(wire.MAX_HEADER_BYTES))
+        self._header: wire.DataHeader | None = None  # whose payload is being read into _dst
+        self._dst: memoryview | None = None
+        self._got = 0
+        self.read_at = 0.0  # when bytes last arrived (monotonic): stall detection mid-frame
+        self.driven_at = 0.0  # when a consumer last polled (monotonic)
+        self.failure: BaseException | None = None  # what a consumer's poll ran into
+        self.ended = False
+
+    def admitted(self, sink: DataSink, session: object) -> None:
+        self._sink = sink
+        self._session = session
+
+    @property
+    def mid_frame(self) -> bool:
+        return self._header is not None or not self._reader.between_frames
+
+    def pump(self, wait: bool, bell_every: int = 0) -> int:
+        """Read and complete every frame that has arrived; the count completed. Under
+        :attr:`reading`. With ``wait`` (the serving thread) a frame begun is read to its end
+        in blocking reads (bounded by the socket's receive timeout); without (a consumer) nothing
+        blocks, and a frame begun is left for the next call. Raises :class:`_Ended` at the
+        stream's end, anything else for a broken one."""
+        if self.failure is not None:  # set by a consumer that held the lock before us
+            raise self.failure
+        sink, session, sock, reader = self._sink, self._session, self.sock, self._reader
+        assert sink is not None
+        done = 0
+        while True:
+            if self._dst is None:
+                need = reader.need
+                view = self._hview[:need]
+                if wait and self.mid_frame:
+                    if not recv_exact_into(sock, view):
+                        raise ConnectionError("connection closed in the middle of a header")
+                    n = need
+                else:
+                    got = _recv_some(sock, view)
+                    if got is None:
+                        return done
+                    if got == 0:
+                        if self.mid_frame:
+                            raise ConnectionError("connection closed in the middle of a header")
+                        raise _Ended("closed without a goodbye")
+                    n = got
+                self.read_at = time.monotonic()
+                header = reader.feed(view[:n])
+                if header is None:
+                    continue
+                if header.bye:
+                    raise _Ended(None)  # clean: every frame before the goodbye has landed
+                self._dst = sink.begin_write(session, header)
+                self._header = header
+                self._got = 0
+            dst, total = self._dst, len(self._dst)
+            while self._got < total:
+                if wait:
+                    if not recv_exact_into(sock, dst[self._got :]):
+                        raise ConnectionError("connection closed before the payload")
+                    self._got = total
+                else:
+                    got = _recv_some(sock, dst[self._got :])
+                    if got is None:
+                        return done
+                    if got == 0:
+                        raise ConnectionError("connection closed before the payload")
+                    self._got += got
+                self.read_at = time.monotonic()
+            header, self._header, self._dst = self._header, None, None
+            assert header is not None
+            done += 1
+            sink.end_write(session, header, bell=bool(bell_every) and done % bell_every == 0)
+
+    def poll(self) -> bool:
+        """From a consumer waiting for one of this connection's messages: complete what has
+        arrived; True if anything was. The serving thread stands back meanwhile, and takes over
+        (and reports) whatever goes wrong here."""
+        self.driven_at = time.monotonic()
+        if self.ended or self.failure is not None or not self.reading.acquire(blocking=False):
+            return False
+        try:
+            done = self.pump(wait=False)
+        except Exception as exc:  # the serving thread reports it
+            self.failure = exc
+            if not isinstance(exc, _Ended):  # an ended stream wakes the serving thread itself
+                self.shutdown()
+            return False
+        except BaseException:  # interrupted mid-frame (Ctrl-C): the stream's framing is lost
+            self.failure = ConnectionError("a consumer reading the connection was interrupted")
+            self.shutdown()
+            raise
+        finally:
+            self.reading.release()
+        if done:
+            assert self._sink is not None
+            self._sink.ring()  # other consumers may wait for what we completed
+        return bool(done)
 
     def send_credit(self, tensor_id: int, released: int) -> None:
         """Never blocks the consumer that released: what the socket cannot take now is sent by
@@ -547,6 +669,9 @@ class TcpDataServer(DataServer):
 
     def details(self) -> dict[str, Any]:
         return {"host": self.host, "port": self.port}
+
+    def poller(self, link: CreditLink) -> Callable[[], bool] | None:
+        return link.poll if isinstance(link, _Connection) else None
 
     def _wake(self) -> None:
         with contextlib.suppress(OSError):  # a full wake pipe already says "look again"
@@ -635,42 +760,10 @@ class TcpDataServer(DataServer):
             # A peer that stops in the middle of a frame is cut off after frame_timeout.
             set_receive_timeout(sock, self._frame_timeout)
             conn.send_credit(HELLO_ACK, msg.generation)
-            reader = wire.HeaderReader()
-            hbuf = bytearray(wire.MAX_HEADER_BYTES)
-            hview = memoryview(hbuf)
-            owed = 0  # messages completed without waking the consumers yet
-            while not self._closed:
-                header = None
-                fresh = True  # between frames a sender may be idle for as long as it likes
-                while header is None:
-                    need = reader.need
-                    if owed:
-                        # Messages that arrived together are completed together: while the
-                        # next header is already here, the consumers are not woken (a wake-up
-                        # costs both threads more than the message), up to BELL_EVERY.
-                        got = _recv_now(sock, hview[:need])
-                        if got:
-                            fresh = False
-                            header = reader.feed(hview[:got])
-                            continue
-                        self._sink().ring()
-                        owed = 0
-                    if not recv_exact_into(sock, hview[:need], idle_ok=fresh):
-                        return
-                    fresh = False
-                    header = reader.feed(hview[:need])
-                if header.bye:
-                    reason = None  # clean: every frame before the goodbye has landed
-                    return
-                sink = self._sink()
-                dst = sink.begin_write(session, header)
-                if not recv_exact_into(sock, dst):
-                    raise ConnectionError("connection closed before the payload")
-                owed += 1
-                if owed >= BELL_EVERY:
-                    owed = 0
-                sink.end_write(session, header, bell=not owed)
-                del sink, dst
+            conn.admitted(self._sink(), session)
+            self._receive(conn)
+        except _Ended as end:
+            reason = end.reason
         except (LocalProtocolError, TensorWireError) as exc:
             reason = f"protocol error: {exc}"
             quiet.warning(
@@ -699,7 +792,38 @@ class TcpDataServer(DataServer):
                 self._conns.pop(conn, None)
                 self._backlog.discard(conn)
             conn.shutdown()
-            sock.close()
+            with conn.reading:  # a consumer polling it is done with the socket
+                conn.ended = True
+                sock.close()
+
+    def _receive(self, conn: _Connection) -> None:
+        """Read the connection's frames until it ends (:class:`_Ended`) or breaks. Between
+        frames this thread waits for data in ``poll``, outside :attr:`_Connection.reading`; while
+        a consumer polls the connection itself, this thread stands back."""
+        poller = select.poll()
+        poller.register(conn.sock, select.POLLIN | _POLLRDHUP)
+        while not self._closed:
+            if conn.failure is not None:
+                raise conn.failure
+            if time.monotonic() - conn.driven_at < STAND_BACK:
+                # A consumer reads: competing with it for the socket and the GIL only slows it.
+                # Once it stops (it got its message, or sleeps on the doorbell), we read again.
+                time.sleep(STAND_BACK)
+                continue
+            if not poller.poll(IDLE_CHECK_MS):
+                # A sender that stops in the middle of a frame is cut off after frame_timeout.
+                if conn.mid_frame and time.monotonic() - conn.read_at > self._frame_timeout:
+                    raise TimeoutError("peer stalled in the middle of a frame")
+                continue
+            if time.monotonic() - conn.driven_at < STAND_BACK:
+                continue
+            with conn.reading:
+                done = conn.pump(wait=True, bell_every=BELL_EVERY)
+            if done:
+                # Messages that arrived together are completed together and the consumers
+                # woken once (a wake-up costs both threads more than the message), at most
+                # every BELL_EVERY messages while more keep coming.
+                self._sink().ring()
 
     def close(self) -> None:
         if self._closed:
