@@ -221,3 +221,21 @@ def test_a_deep_ring_hands_out_every_message_in_order_whatever_the_lag(transport
                 assert int(rx.wait("t", timeout=10)[0]) == got
                 rx.release("t")
                 got += 1
+
+
+def test_a_released_slot_reaches_a_writer_in_the_same_thread(transport: str) -> None:
+    """Credits of a small tensor may travel in batches, yet a writer never waits for a slot its
+    consumer has given back: one thread fills the ring, then over and over takes and releases
+    one message and at once writes into the freed slot (no other release is coming)."""
+    with tw.Receiver() as rx:
+        rx.register("t", (4,), "int64", ring=8)
+        with tw.Sender.connect(rx.address, transport=transport, timeout=30) as tx:
+            for k in range(8):
+                tx.write("t", np.full(4, k, np.int64), timeout=5)
+            for k in range(8, 40):
+                assert int(rx.wait("t", timeout=5)[0]) == k - 8
+                rx.release("t")
+                tx.write("t", np.full(4, k, np.int64), timeout=5)
+            for k in range(32, 40):
+                assert int(rx.wait("t", timeout=5)[0]) == k
+                rx.release("t")

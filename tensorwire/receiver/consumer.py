@@ -32,6 +32,8 @@ class Consumer:
         self._active = 0  # threads inside a wait; close() lets them leave before unmapping
         self._idle = threading.Condition(state.lock)
         self._rr = 0  # wait_any's round-robin cursor
+        #: links holding back credits (release's ``defer``), by id
+        self._owed: dict[int, CreditLink] = {}
 
     # -- one message -------------------------------------------------------------------------
 
@@ -81,6 +83,7 @@ class Consumer:
             if state.closed:
                 state.check_open()
             self._active += 1
+            self._pay_owed()  # a writer must never wait for credits a waiting consumer holds
         try:
 
             def guarded() -> Any:
@@ -268,7 +271,7 @@ class Consumer:
                 raise TensorWireError(f"tensor {name!r}: no message is held, nothing to release")
             link = self._hand_back(tensor)
             if link is not None:
-                link.send_credit(tensor.tensor_id, tensor.released)
+                link.send_credit(tensor.tensor_id, tensor.released, self._may_defer(tensor, link))
 
     @staticmethod
     def _hand_back(tensor: RegisteredTensor) -> CreditLink | None:
@@ -281,11 +284,33 @@ class Consumer:
             return owner.link
         return None
 
+    def _may_defer(self, tensor: RegisteredTensor, link: CreditLink) -> bool:
+        """May the credit of the release just made wait for the next ones (``defer``)? While
+        the consumer holds nothing more of the tensor and fewer than ``credit_batch`` (half the
+        ring) of its releases are untold: a writer then always knows of more than half the ring
+        free, so it is never held up by what it has not heard, and the link sends it within
+        CREDIT_DEFER_LIMIT anyway, or as soon as a consumer of this receiver waits
+        (:meth:`_pay_owed`). Under the lock."""
+        if (
+            tensor.consumed == tensor.released
+            and tensor.released - tensor.credited < tensor.credit_batch
+        ):
+            self._owed[id(link)] = link
+            return True
+        tensor.credited = tensor.released
+        return False
+
+    def _pay_owed(self) -> None:
+        """Have every link send the credits it holds back. Under the lock."""
+        owed, self._owed = self._owed, {}
+        for link in owed.values():
+            link.send_credits([])
+
     def release_many(self, names: Iterable[str]) -> None:
         names = tuple(names)
         for device in {d for n in names if (d := self._lookup(n).ring.device) is not None}:
             synchronize_current(device)  # as in release()
-        credits: dict[int, tuple[CreditLink, list[tuple[int, int]]]] = {}
+        credits: dict[int, tuple[CreditLink, list[tuple[int, int]], list[bool]]] = {}
         with self._state.lock:
             tensors = [self._lookup(n) for n in names]
             times = Counter(id(t) for t in tensors)
@@ -298,12 +323,12 @@ class Consumer:
             for tensor in tensors:
                 link = self._hand_back(tensor)
                 if link is not None:
-                    credits.setdefault(id(link), (link, []))[1].append(
-                        (tensor.tensor_id, tensor.released)
-                    )
+                    _, pairs, defer = credits.setdefault(id(link), (link, [], []))
+                    pairs.append((tensor.tensor_id, tensor.released))
+                    defer.append(self._may_defer(tensor, link))
             # Each networked sender hears of all its credits of the batch at once.
-            for link, pairs in credits.values():
-                link.send_credits(pairs)
+            for link, pairs, defer in credits.values():
+                link.send_credits(pairs, all(defer))
 
     def drain(self, name: str) -> int:
         with self._state.lock:

@@ -202,6 +202,7 @@ class SessionHandler:
         if owner is session:  # claimed again (a writer rebuilt): same claim, same epoch
             if tensor.inflight is None:
                 tensor.expected_seq = max(tensor.ring.last_complete(), tensor.consumed) + 1
+            tensor.credited = tensor.released  # the claim's reply tells the writer
             return self._claimed(tensor)
         if owner is not None:
             return wire.ErrorReply(
@@ -232,6 +233,7 @@ class SessionHandler:
         link = session.link
         tensor.poll = None if server is None or link is None else server.poller(link)
         tensor.expected_seq = max(tensor.ring.last_complete(), tensor.consumed) + 1
+        tensor.credited = tensor.released  # the claim's reply tells the new writer
         tensor.lost = None
         session.claims.add(tensor.tensor_id)
         return self._claimed(tensor)

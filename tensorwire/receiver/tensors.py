@@ -53,6 +53,11 @@ from .state import ReceiverState
 if TYPE_CHECKING:
     from .sessions import Session
 
+#: A networked writer hears of released slots in batches of up to depth // CREDIT_BATCH_DIVISOR
+#: (Consumer.release): a credit message per release costs the receiver of a small message about
+#: as much as the message itself.
+CREDIT_BATCH_DIVISOR = 2
+
 
 @dataclass(eq=False)
 class RegisteredTensor:
@@ -64,6 +69,7 @@ class RegisteredTensor:
     views: list[Any] | None  # static tensors: each slot's view (ReceivedArray, or cupy)
     consumed: int = 0  # messages handed out by wait()
     released: int = 0  # messages handed back by release()
+    credited: int = 0  # of those, how many the owner has been told of (networked writers)
     owner: Session | None = None
     transport: str = ""
     #: the writer stores into our memory and completes slots itself (shm), rather than one of
@@ -87,6 +93,11 @@ class RegisteredTensor:
     def device(self) -> int | None:
         """The CUDA device its slots are on (None: host memory)."""
         return self.ring.device
+
+    @property
+    def credit_batch(self) -> int:
+        """Releases a networked writer may hear of together (see Consumer.release)."""
+        return max(1, self.ring.depth // CREDIT_BATCH_DIVISOR)
 
     @property
     def slot_free(self) -> bool:

@@ -217,16 +217,23 @@ def wait_for_slot(
         traffic.waited(time.perf_counter() - started)
 
 
+#: Longest a credit that a link holds back (``defer``) waits before it is sent anyway.
+CREDIT_DEFER_LIMIT = 1e-3
+
+
 class CreditLink(Protocol):
     """Receiver side: how a released slot's credit reaches a networked sender."""
 
-    def send_credit(self, tensor_id: int, released: int) -> None:
+    def send_credit(self, tensor_id: int, released: int, defer: bool = False) -> None:
         """Tell the sender that ``released`` messages of ``tensor_id`` are released. Never
-        blocks the consumer: what cannot be sent now is sent as soon as it can."""
+        blocks the consumer: what cannot be sent now is sent as soon as it can. ``defer``: the
+        consumer is about to release more, so the link may hold the credit back to send it
+        with the next ones, or at the latest after :data:`CREDIT_DEFER_LIMIT` seconds (or when
+        :meth:`send_credits` is called, with no credits, to send what is held)."""
 
-    def send_credits(self, credits: list[tuple[int, int]]) -> None:
+    def send_credits(self, credits: list[tuple[int, int]], defer: bool = False) -> None:
         """Several ``(tensor_id, released)`` credits at once (a batch release), in as few
-        messages as the transport allows; never blocks either."""
+        messages as the transport allows, with anything held back; never blocks either."""
 
     def cut(self) -> None:
         """The receiver dropped the session: end its data path, so that the sender's next write

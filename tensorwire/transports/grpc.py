@@ -101,10 +101,10 @@ class _SessionLink:
     def __init__(self) -> None:
         self.closed = False
 
-    def send_credit(self, tensor_id: int, released: int) -> None:
+    def send_credit(self, tensor_id: int, released: int, defer: bool = False) -> None:
         pass  # a write waiting for this slot sees the ring's released word change
 
-    def send_credits(self, credits: list[tuple[int, int]]) -> None:
+    def send_credits(self, credits: list[tuple[int, int]], defer: bool = False) -> None:
         pass
 
     def close(self) -> None:

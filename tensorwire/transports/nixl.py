@@ -632,12 +632,14 @@ class NixlPeer:
         self.next = 0  # counter of the next notification to complete
         self.held: dict[int, wire.DataHeader] = {}  # arrived ahead of their turn
 
-    def send_credit(self, tensor_id: int, released: int) -> None:
+    def send_credit(self, tensor_id: int, released: int, defer: bool = False) -> None:
+        # Never held back: nothing here would send it later (see the tcp link).
         self._server.notify(self.agent, wire.encode_credit(tensor_id, released))
 
-    def send_credits(self, credits: list[tuple[int, int]]) -> None:
+    def send_credits(self, credits: list[tuple[int, int]], defer: bool = False) -> None:
         # One notification carries them all: the sender reads every frame of a notification.
-        self._server.notify(self.agent, b"".join(wire.encode_credit(t, r) for t, r in credits))
+        if credits:
+            self._server.notify(self.agent, b"".join(wire.encode_credit(t, r) for t, r in credits))
 
     def cut(self) -> None:
         self._server.notify(self.agent, wire.encode_credit(SESSION_ENDED, 0))

@@ -39,6 +39,7 @@ from ..errors import (
 from ..quietlog import QuietLog
 from ..ring import SlotChooser
 from .base import (
+    CREDIT_DEFER_LIMIT,
     Channel,
     CreditLink,
     DataServer,
@@ -487,6 +488,7 @@ class _Connection:
         self._unsent: dict[int, int] = {}
         self._backlog = backlog  # hands credits the socket could not take to the flusher
         self.stuck_since: float | None = None
+        self.deferred_at: float | None = None  # since when credits are held back (defer)
         # -- receiving ---------------------------------------------------------------------
         self.reading = threading.Lock()
         self._sink: DataSink | None = None  # set once admitted
@@ -590,16 +592,22 @@ class _Connection:
             self._sink.ring()  # other consumers may wait for what we completed
         return bool(done)
 
-    def send_credit(self, tensor_id: int, released: int) -> None:
+    def send_credit(self, tensor_id: int, released: int, defer: bool = False) -> None:
         """Never blocks the consumer that released: what the socket cannot take now is sent by
-        the server's accept thread as soon as the sender reads again."""
-        self.send_credits([(tensor_id, released)])
+        the server's accept thread as soon as the sender reads again. A deferred credit waits
+        for the next one sent, or for this connection's thread (within CREDIT_DEFER_LIMIT):
+        a send per release costs a small message's receiver about as much as the message."""
+        self.send_credits([(tensor_id, released)], defer)
 
-    def send_credits(self, credits: list[tuple[int, int]]) -> None:
-        """Several credits in one ``send`` (a batch release)."""
+    def send_credits(self, credits: list[tuple[int, int]], defer: bool = False) -> None:
+        """Several credits in one ``send`` (a batch release), with any held back."""
         with self._send_lock:
             for tensor_id, released in credits:
                 self._unsent[tensor_id] = released
+            if defer:
+                if self.deferred_at is None:
+                    self.deferred_at = time.monotonic()
+                return
             behind = self._flush_locked()
         if behind:
             self._backlog(self)
@@ -610,6 +618,7 @@ class _Connection:
             return self._flush_locked()
 
     def _flush_locked(self) -> bool:
+        self.deferred_at = None
         if not self._pending and self._unsent:
             for tensor_id, released in self._unsent.items():
                 self._pending += wire.encode_credit(tensor_id, released)
@@ -805,12 +814,16 @@ class TcpDataServer(DataServer):
         while not self._closed:
             if conn.failure is not None:
                 raise conn.failure
+            held = conn.deferred_at
+            if held is not None and time.monotonic() - held >= CREDIT_DEFER_LIMIT:
+                conn.send_credits([])  # the consumer did not release more in time
             if time.monotonic() - conn.driven_at < STAND_BACK:
                 # A consumer reads: competing with it for the socket and the GIL only slows it.
                 # Once it stops (it got its message, or sleeps on the doorbell), we read again.
                 time.sleep(STAND_BACK)
                 continue
-            if not poller.poll(IDLE_CHECK_MS):
+            # while credits are held back, wake in time to send them
+            if not poller.poll(1 if conn.deferred_at is not None else IDLE_CHECK_MS):
                 # A sender that stops in the middle of a frame is cut off after frame_timeout.
                 if conn.mid_frame and time.monotonic() - conn.read_at > self._frame_timeout:
                     raise TimeoutError("peer stalled in the middle of a frame")
