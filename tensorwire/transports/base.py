@@ -217,6 +217,10 @@ def wait_for_slot(
         traffic.waited(time.perf_counter() - started)
 
 
+#: How long a data server's thread leaves its messages to a consumer that has just polled for
+#: them itself (DataServer.poller), before it completes them again (seconds).
+STAND_BACK = 100e-6
+
 #: Longest a credit that a link holds back (``defer``) waits before it is sent anyway.
 CREDIT_DEFER_LIMIT = 1e-3
 

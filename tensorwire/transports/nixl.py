@@ -57,6 +57,7 @@ from ..quietlog import QuietLog
 from ..rdma import NixlOptions, create_agent, is_loopback_host
 from ..ring import SlotChooser
 from .base import (
+    STAND_BACK,
     Channel,
     CreditLink,
     DataServer,
@@ -85,8 +86,6 @@ MAX_REQUESTS_PER_SOURCE = 64
 NOTIFY_PROGRESS = 3
 #: A posted transfer that has not completed in this long means the receiver is unreachable.
 TRANSFER_TIMEOUT = 60.0
-#: How long the polling thread leaves the agent to a consumer that polled it (seconds).
-STAND_BACK = 100e-6
 #: what NIXL calls each kind of memory (tensorwire.memory) it registers
 _NIXL_MEMORY = {HOST: "DRAM", CUDA: "VRAM"}
 

@@ -40,6 +40,7 @@ from ..quietlog import QuietLog
 from ..ring import SlotChooser
 from .base import (
     CREDIT_DEFER_LIMIT,
+    STAND_BACK,
     Channel,
     CreditLink,
     DataServer,
@@ -63,8 +64,6 @@ HELLO_TIMEOUT = 10.0
 CREDIT_SEND_TIMEOUT = 10.0
 #: Most messages a connection completes before it wakes the consumers, while more keep coming.
 BELL_EVERY = 16
-#: How long a connection's thread leaves the socket to a consumer that polls it.
-STAND_BACK = 100e-6
 #: Longest a connection's thread waits for data before it looks at close() and stalls again.
 IDLE_CHECK_MS = 100
 
