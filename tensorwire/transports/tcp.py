@@ -490,7 +490,8 @@ class _Connection:
         self.deferred_at: float | None = None  # since when credits are held back (defer)
         # -- receiving ---------------------------------------------------------------------
         self.reading = threading.Lock()
-        self._sink: DataSink | None = None  # set once admitted
+        # set once admitted; weak, as the server's own (its threads never keep a receiver alive)
+        self._sink_ref: Callable[[], DataSink | None] = lambda: None
         self._session: object = None
         self._reader = wire.HeaderReader()
         self._hview = memoryview(bytearray(wire.MAX_HEADER_BYTES))
@@ -502,8 +503,8 @@ class _Connection:
         self.failure: BaseException | None = None  # what a consumer's poll ran into
         self.ended = False
 
-    def admitted(self, sink: DataSink, session: object) -> None:
-        self._sink = sink
+    def admitted(self, sink_ref: Callable[[], DataSink | None], session: object) -> None:
+        self._sink_ref = sink_ref
         self._session = session
 
     @property
@@ -518,8 +519,8 @@ class _Connection:
         stream's end, anything else for a broken one."""
         if self.failure is not None:  # set by a consumer that held the lock before us
             raise self.failure
-        sink, session, sock, reader = self._sink, self._session, self.sock, self._reader
-        assert sink is not None
+        sink = live_sink(self._sink_ref)
+        session, sock, reader = self._session, self.sock, self._reader
         done = 0
         while True:
             if self._dst is None:
@@ -587,8 +588,9 @@ class _Connection:
         finally:
             self.reading.release()
         if done:
-            assert self._sink is not None
-            self._sink.ring()  # other consumers may wait for what we completed
+            sink = self._sink_ref()
+            if sink is not None:
+                sink.ring()  # other consumers may wait for what we completed
         return bool(done)
 
     def send_credit(self, tensor_id: int, released: int, defer: bool = False) -> None:
@@ -768,7 +770,7 @@ class TcpDataServer(DataServer):
             # A peer that stops in the middle of a frame is cut off after frame_timeout.
             set_receive_timeout(sock, self._frame_timeout)
             conn.send_credit(HELLO_ACK, msg.generation)
-            conn.admitted(self._sink(), session)
+            conn.admitted(self._sink_ref, session)
             self._receive(conn)
         except _Ended as end:
             reason = end.reason
