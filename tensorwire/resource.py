@@ -3,20 +3,40 @@
 A :class:`Resource` is a context manager whose ``close()`` is idempotent, reports ``closed``, and
 warns with a :class:`ResourceWarning` when it is collected without having been closed (then closes
 itself), in the manner of pyzmq and UCX-Py.
+
+One still open when the interpreter exits is closed by an :mod:`atexit` hook, newest first (a
+sender says goodbye before the receiver it writes to closes). It cannot be left to ``__del__``:
+by the time the interpreter collects what its modules held, the daemon threads a close waits for
+(grpcio's server, a data server's connection threads) are frozen, and the close would wait for
+them forever, so that the program never exits; a close at that point would also leave regions in
+``/dev/shm``.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import itertools
+import sys
 import warnings
+import weakref
 from typing import Any, TypeVar
 
 R = TypeVar("R", bound="Resource")
+
+#: every Resource made and not yet collected, by creation order (closed ones too: cheap to skip)
+_live: weakref.WeakValueDictionary[int, Resource] = weakref.WeakValueDictionary()
+_made = itertools.count()
 
 
 class Resource:
     _closed: bool = True  # until a subclass's __init__ has opened something
     name: str = ""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        self = super().__new__(cls)
+        _live[next(_made)] = self
+        return self
 
     @property
     def closed(self) -> bool:
@@ -31,12 +51,28 @@ class Resource:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    def _close_unclosed(self) -> None:
+        """Close what its owner forgot to, saying so."""
+        if self._closed:
+            return
+        warnings.warn(
+            f"unclosed tensorwire {type(self).__name__} {self.name}",
+            ResourceWarning,
+            stacklevel=2,
+        )
+        with contextlib.suppress(Exception):
+            self.close()
+
     def __del__(self) -> None:
-        if not self._closed:
-            warnings.warn(
-                f"unclosed tensorwire {type(self).__name__} {self.name}",
-                ResourceWarning,
-                stacklevel=1,
-            )
-            with contextlib.suppress(Exception):
-                self.close()
+        # Once the interpreter is finalizing, closing could wait forever on a frozen daemon
+        # thread; the atexit hook below has closed everything that was open by then.
+        if not sys.is_finalizing():
+            self._close_unclosed()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    for key in sorted(_live.keys(), reverse=True):
+        resource = _live.get(key)
+        if resource is not None:
+            resource._close_unclosed()

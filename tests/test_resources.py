@@ -136,6 +136,36 @@ def test_unclosed_objects_warn() -> None:
     assert sum("unclosed tensorwire" in str(w.message) for w in caught) >= 2
 
 
+_LEFT_OPEN = """
+import numpy as np, sys, tensorwire as tw
+rx = tw.Receiver()
+rx.register("t", (4,), "float32")
+tx = tw.Sender.connect(rx.address, transport=sys.argv[1], timeout=10)
+tx.write("t", np.ones(4, np.float32))
+assert rx.wait("t", timeout=10).sum() == 4
+print("wrote", flush=True)
+"""
+
+
+@pytest.mark.parametrize("transport_name", ["shm", "tcp", "grpc", "grpc-stream"])
+def test_a_program_that_leaves_both_ends_open_exits_and_cleans_up(transport_name: str) -> None:
+    """Closed at exit, newest first (the goodbye is answered), warned about, regions unlinked;
+    it used to hang for ever over grpc (its handler threads were gone when __del__ closed it)."""
+    before = shm_entries()
+    run = subprocess.run(
+        [sys.executable, "-W", "always::ResourceWarning", "-c", _LEFT_OPEN, transport_name],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "wrote"
+    assert "unclosed tensorwire Sender" in run.stderr
+    assert "unclosed tensorwire Receiver" in run.stderr
+    assert "Traceback" not in run.stderr, run.stderr
+    assert shm_entries() - before == set()
+
+
 def test_views_outlive_close_safely() -> None:
     rx = tw.Receiver()
     rx.register("t", (4,), "float64")

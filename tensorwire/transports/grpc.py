@@ -22,9 +22,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import Any, NoReturn
 
@@ -65,6 +66,71 @@ DEADLINE_MARGIN = 0.05
 SERVER_THREADS = 32
 CLOSE_TIMEOUT = 0.5
 LOSS_CHECK = 0.1  # how often a call in flight looks whether the receiver was declared lost
+
+
+#: a call for a handler thread: its future, the function and its arguments
+_Work = tuple[futures.Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+
+
+class _HandlerThreads(futures.Executor):
+    """grpcio's handler threads for a data server: up to ``most`` daemon threads, started as
+    work comes and none is idle (as ``ThreadPoolExecutor`` does).
+
+    Not a ``ThreadPoolExecutor``: its workers stop, and it refuses work, as soon as the
+    interpreter begins to exit, before any :mod:`atexit` hook runs. A receiver left open at exit
+    is closed by such a hook (:mod:`tensorwire.resource`), and its data server must still answer
+    the goodbyes of the senders closed with it; with the stdlib pool grpcio's serving thread died
+    on the refused work and the close waited for it forever.
+    """
+
+    def __init__(self, most: int, prefix: str) -> None:
+        self._most = most
+        self._prefix = prefix
+        self._work: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._shut = False
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> futures.Future[Any]:
+        future: futures.Future[Any] = futures.Future()
+        with self._lock:
+            if self._shut:
+                raise RuntimeError("the grpc data server is closed")
+            self._work.put((future, fn, args, kwargs))
+            if not self._idle.acquire(timeout=0) and len(self._threads) < self._most:
+                thread = threading.Thread(
+                    target=self._serve, name=f"{self._prefix}_{len(self._threads)}", daemon=True
+                )
+                thread.start()
+                self._threads.append(thread)
+        return future
+
+    def _serve(self) -> None:
+        while (item := self._work.get()) is not None:
+            future, fn, args, kwargs = item
+            del item
+            if future.set_running_or_notify_cancel():
+                try:
+                    result = fn(*args, **kwargs)
+                except BaseException as exc:
+                    future.set_exception(exc)
+                    del exc  # no traceback (and the frames it holds) kept by this thread
+                else:
+                    future.set_result(result)
+                    del result
+            del future, fn, args, kwargs
+            self._idle.release()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._lock:
+            self._shut = True
+            threads = list(self._threads)
+        for _ in threads:
+            self._work.put(None)
+        if wait:
+            for thread in threads:
+                thread.join()
 
 
 def _rpc_error(
@@ -130,9 +196,7 @@ class GrpcDataServer(pb_grpc.TensorServiceServicer, DataServer):
         self._sink_ref = weakref.ref(sink)
         self._sessions: dict[bytes, tuple[object, _SessionLink]] = {}
         self._lock = threading.Lock()
-        self._pool = futures.ThreadPoolExecutor(
-            SERVER_THREADS, thread_name_prefix="tensorwire-grpc"
-        )
+        self._pool = _HandlerThreads(SERVER_THREADS, "tensorwire-grpc")
         self._server = grpc.server(self._pool, options=GRPC_OPTIONS)
         pb_grpc.add_TensorServiceServicer_to_server(self, self._server)
         self._server.add_generic_rpc_handlers(
