@@ -94,9 +94,13 @@ class RingMemory:
         self.payload_bytes: list[np.ndarray[Any, Any]] = []
         #: static tensors: each slot as an array of the spec's dtype and shape (numpy or cupy)
         self.static_views: list[Any] | None = None
+        #: the same as byte memoryviews, for small copies (a plain memcpy, less call overhead
+        #: than numpy's)
+        self.slot_bytes: list[memoryview] = []
         if payload is None:
             arr = region.array
             self.payload_bytes = [arr[p : p + layout.capacity] for p in layout.payloads]
+            self.slot_bytes = [b.data.cast("B") for b in self.payload_bytes]
         if not spec.dynamic:
             shape = spec.static_shape
             self.static_views = [self._over(slot, shape) for slot in range(self.depth)]
@@ -125,21 +129,24 @@ class RingMemory:
         no more than a shallow one; a miss scans the slots."""
         q = self._q
         seqs = self._seq
+        last = self._found_slot
         follows = seq == self._found_seq + 1
-        guess = self._after[self._found_slot] if follows else self._found_slot
-        if q[seqs[guess]] == seq:
-            slot = guess
-        else:
-            for slot, i in enumerate(seqs):  # noqa: B007 - the slot found is used below
-                if q[i] == seq:
-                    break
-            else:
-                return -1
         if follows:
-            self._after[self._found_slot] = slot
-        self._found_seq = seq
-        self._found_slot = slot
-        return slot
+            guess = self._after[last]
+            if q[seqs[guess]] == seq:  # the usual case, first and with the fewest steps
+                self._found_seq = seq
+                self._found_slot = guess
+                return guess
+        elif q[seqs[last]] == seq:
+            return last
+        for slot, i in enumerate(seqs):
+            if q[i] == seq:
+                if follows:
+                    self._after[last] = slot
+                self._found_seq = seq
+                self._found_slot = slot
+                return slot
+        return -1
 
     def last_complete(self) -> int:
         """Highest sequence number present in any slot (0 when none was ever written)."""
@@ -147,7 +154,7 @@ class RingMemory:
 
     @property
     def released(self) -> int:
-        return int(self._q[self._released])
+        return self._q[self._released]  # a "Q" memoryview: an int already
 
     def has_credit(self, seq: int) -> bool:
         return seq - self._q[self._released] <= self.depth
@@ -221,6 +228,34 @@ class RingMemory:
             if b[self._rx_waiting]:
                 futex_wake(self.rx_bell_address)
 
+    def write_bytes(self, slot: int, seq: int, epoch: int, data: memoryview, bell: bool) -> bool:
+        """Writer: message ``seq`` of a static host tensor, whole, in one call: announce the write
+        (:meth:`enter_write`), copy ``data`` (the payload as bytes) into ``slot``,
+        :meth:`publish` it and leave (:meth:`leave_write`). False, and nothing written, when
+        claim ``epoch`` may no longer write. The same steps in the same order as those methods,
+        inline: this is the per-message path of small ``shm`` messages, where each method call
+        costs as much as the copy."""
+        q = self._q
+        writing = self._writing
+        q[writing] = epoch
+        if q[self._owner] != epoch:
+            q[writing] = 0
+            return False
+        try:
+            nbytes = len(data)
+            self.slot_bytes[slot][:nbytes] = data
+            q[self._nbytes[slot]] = nbytes
+            q[self._seq[slot]] = seq  # the completion store: after the payload
+            if bell:
+                b = self._bell32
+                i = self._rx_bell
+                b[i] = (b[i] + 1) & 0xFFFFFFFF
+                if b[self._rx_waiting]:
+                    futex_wake(self.rx_bell_address)
+        finally:
+            q[writing] = 0  # after the completion store: a new claim sees the message
+        return True
+
     def ring_receiver(self) -> None:
         """Ring the receiver's doorbell (after publishing with ``bell=False``)."""
         ring_bell(self._bell32, self._rx_bell, self.rx_bell_address, self._bell32, self._rx_waiting)
@@ -266,7 +301,12 @@ class RingMemory:
     def release(self, upto: int) -> None:
         """Return credits for every message up to ``upto`` and wake a blocked writer."""
         self._q[self._released] = upto
-        ring_bell(self._i, self._credit_bell, self.credit_bell_address, self._i, self._tx_waiting)
+        # ring_bell, inline: this is the per-message path
+        b = self._i
+        i = self._credit_bell
+        b[i] = (b[i] + 1) & 0xFFFFFFFF
+        if b[self._tx_waiting]:
+            futex_wake(self.credit_bell_address)
 
     def reset_slots(self) -> None:
         """Forget all messages (a fresh registration)."""

@@ -340,6 +340,7 @@ class TensorTable:
                 tensor.staging = None
                 tensor.ring.static_views = None
                 tensor.ring.payload_bytes = []
+                tensor.ring.slot_bytes = []
             self.order = ()
             self.by_name.clear()
             self.by_id.clear()
