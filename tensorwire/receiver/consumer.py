@@ -32,8 +32,8 @@ class Consumer:
         self._active = 0  # threads inside a wait; close() lets them leave before unmapping
         self._idle = threading.Condition(state.lock)
         self._rr = 0  # wait_any's round-robin cursor
-        #: links holding back credits (release's ``defer``), by id
-        self._owed: dict[int, CreditLink] = {}
+        #: links holding back credits (release's ``defer``), with the tensors whose, by id
+        self._owed: dict[int, tuple[CreditLink, dict[int, RegisteredTensor]]] = {}
 
     # -- one message -------------------------------------------------------------------------
 
@@ -83,7 +83,8 @@ class Consumer:
             if state.closed:
                 state.check_open()
             self._active += 1
-            self._pay_owed()  # a writer must never wait for credits a waiting consumer holds
+            if self._owed:  # a writer must never wait for credits a waiting consumer holds
+                self._pay_owed(tensors)
         try:
 
             def guarded() -> Any:
@@ -303,22 +304,39 @@ class Consumer:
         the consumer holds nothing more of the tensor and fewer than ``credit_batch`` (half the
         ring) of its releases are untold: a writer then always knows of more than half the ring
         free, so it is never held up by what it has not heard, and the link sends it within
-        CREDIT_DEFER_LIMIT anyway, or as soon as a consumer of this receiver waits
-        (:meth:`_pay_owed`). Under the lock."""
+        CREDIT_DEFER_LIMIT anyway, or as soon as a consumer of this receiver waits where the
+        writer could be waiting for them (:meth:`_pay_owed`). Under the lock."""
         if (
             tensor.consumed == tensor.released
             and tensor.released - tensor.credited < tensor.credit_batch
         ):
-            self._owed[id(link)] = link
+            owed = self._owed.get(id(link))
+            if owed is None:
+                owed = self._owed[id(link)] = (link, {})
+            owed[1][id(tensor)] = tensor
             return True
         tensor.credited = tensor.released
         return False
 
-    def _pay_owed(self) -> None:
-        """Have every link send the credits it holds back. Under the lock."""
-        owed, self._owed = self._owed, {}
-        for link in owed.values():
-            link.send_credits([])
+    def _pay_owed(self, waited: tuple[RegisteredTensor, ...]) -> None:
+        """Before a wait for ``waited``: have each link send the credits it holds back where
+        its writer could be waiting for them. Under the lock.
+
+        A writer waits for credits when it has ``depth`` messages of a tensor beyond the last
+        credit it heard of. With fewer than half the ring's releases untold (``_may_defer``),
+        the rest of those messages are held by the consumer, landed and not taken, or still on
+        their way. A wait for the deferred tensor itself while holding none of it leaves only
+        the last: they land, wake this very wait, and their releases tell the writer. So the
+        common loop (take, release, wait for the next) keeps its credits batched; a wait for
+        other tensors, or while holding some of this one, pays at once: the messages it waits
+        for may be behind the credits."""
+        waiting_for = {id(t) for t in waited}
+        for key, (link, tensors) in list(self._owed.items()):
+            if any(
+                id(t) not in waiting_for or t.consumed != t.released for t in tensors.values()
+            ):
+                del self._owed[key]
+                link.send_credits([])
 
     def release_many(self, names: Iterable[str]) -> None:
         names = tuple(names)
