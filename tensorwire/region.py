@@ -109,6 +109,7 @@ class Region:
         self.name = name
         self.size = size
         self.owner = owner
+        self._pid = os.getpid()  # a forked child's copy never unlinks its parent's region
         self._lock_fd = lock_fd  # the owner's open segment, locked: "its owner lives"
         self._mm: mmap.mmap | None = mm
         self.array: np.ndarray[Any, np.dtype[np.uint8]] = np.frombuffer(mm, dtype=np.uint8)
@@ -192,7 +193,7 @@ class Region:
         mm, self._mm = self._mm, None
         if mm is None:
             return
-        if self.owner and self.name is not None:
+        if self.owner and self.name is not None and os.getpid() == self._pid:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(SHM_DIR, self.name))
         if self._lock_fd >= 0:

@@ -4,6 +4,10 @@ A :class:`Resource` is a context manager whose ``close()`` is idempotent, report
 warns with a :class:`ResourceWarning` when it is collected without having been closed (then closes
 itself), in the manner of pyzmq and UCX-Py.
 
+A forked child leaves the objects it inherited alone: they are its parent's (closing the copy
+would unlink the parent's regions and wait for threads the child does not have); the kernel drops
+the child's copies of the mappings and sockets when it exits.
+
 One still open when the interpreter exits is closed by an :mod:`atexit` hook, newest first (a
 sender says goodbye before the receiver it writes to closes). It cannot be left to ``__del__``:
 by the time the interpreter collects what its modules held, the daemon threads a close waits for
@@ -17,6 +21,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import itertools
+import os
 import sys
 import warnings
 import weakref
@@ -33,8 +38,11 @@ class Resource:
     _closed: bool = True  # until a subclass's __init__ has opened something
     name: str = ""
 
+    _pid: int = 0  # the process that made it
+
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         self = super().__new__(cls)
+        self._pid = os.getpid()
         _live[next(_made)] = self
         return self
 
@@ -52,8 +60,8 @@ class Resource:
         self.close()
 
     def _close_unclosed(self) -> None:
-        """Close what its owner forgot to, saying so."""
-        if self._closed:
+        """Close what its owner forgot to, saying so (in the process that made it only)."""
+        if self._closed or self._pid != os.getpid():
             return
         warnings.warn(
             f"unclosed tensorwire {type(self).__name__} {self.name}",

@@ -166,6 +166,32 @@ def test_a_program_that_leaves_both_ends_open_exits_and_cleans_up(transport_name
     assert shm_entries() - before == set()
 
 
+_FORKS = """
+import os, sys, numpy as np, tensorwire as tw
+rx = tw.Receiver()
+rx.register("t", (4,), "float32")
+pid = os.fork()
+if pid == 0:
+    sys.exit(0)  # the child ends normally: atexit hooks and collection run in it
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status), flush=True)
+with tw.Sender.connect(rx.address, transport="shm", timeout=10) as tx:
+    tx.write("t", np.ones(4, np.float32))
+print("received", rx.wait("t", timeout=10).sum(), flush=True)
+rx.close()
+"""
+
+
+def test_a_forked_child_that_exits_leaves_its_parents_receiver_alone() -> None:
+    """The child's copy of the receiver is its parent's: the child neither closes it (it hung
+    waiting for threads the child does not have) nor unlinks its regions."""
+    before = shm_entries()
+    run = subprocess.run([sys.executable, "-c", _FORKS], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["child", "0", "received", "4.0"], run.stdout + run.stderr
+    assert shm_entries() - before == set()
+
+
 def test_views_outlive_close_safely() -> None:
     rx = tw.Receiver()
     rx.register("t", (4,), "float64")

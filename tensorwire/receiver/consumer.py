@@ -332,9 +332,7 @@ class Consumer:
         for may be behind the credits."""
         waiting_for = {id(t) for t in waited}
         for key, (link, tensors) in list(self._owed.items()):
-            if any(
-                id(t) not in waiting_for or t.consumed != t.released for t in tensors.values()
-            ):
+            if any(id(t) not in waiting_for or t.consumed != t.released for t in tensors.values()):
                 del self._owed[key]
                 link.send_credits([])
 
