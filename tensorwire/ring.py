@@ -232,9 +232,9 @@ class RingMemory:
         """Writer: message ``seq`` of a static host tensor, whole, in one call: announce the write
         (:meth:`enter_write`), copy ``data`` (the payload as bytes) into ``slot``,
         :meth:`publish` it and leave (:meth:`leave_write`). False, and nothing written, when
-        claim ``epoch`` may no longer write. The same steps in the same order as those methods,
-        inline: this is the per-message path of small ``shm`` messages, where each method call
-        costs as much as the copy."""
+        claim ``epoch`` may no longer write. The steps of enter_write and leave_write inline:
+        this is the per-message path of small ``shm`` messages, where each method call costs as
+        much as the copy."""
         q = self._q
         writing = self._writing
         q[writing] = epoch
@@ -244,14 +244,7 @@ class RingMemory:
         try:
             nbytes = len(data)
             self.slot_bytes[slot][:nbytes] = data
-            q[self._nbytes[slot]] = nbytes
-            q[self._seq[slot]] = seq  # the completion store: after the payload
-            if bell:
-                b = self._bell32
-                i = self._rx_bell
-                b[i] = (b[i] + 1) & 0xFFFFFFFF
-                if b[self._rx_waiting]:
-                    futex_wake(self.rx_bell_address)
+            self.publish(slot, seq, nbytes, None, bell)
         finally:
             q[writing] = 0  # after the completion store: a new claim sees the message
         return True
@@ -301,12 +294,7 @@ class RingMemory:
     def release(self, upto: int) -> None:
         """Return credits for every message up to ``upto`` and wake a blocked writer."""
         self._q[self._released] = upto
-        # ring_bell, inline: this is the per-message path
-        b = self._i
-        i = self._credit_bell
-        b[i] = (b[i] + 1) & 0xFFFFFFFF
-        if b[self._tx_waiting]:
-            futex_wake(self.credit_bell_address)
+        ring_bell(self._i, self._credit_bell, self.credit_bell_address, self._i, self._tx_waiting)
 
     def reset_slots(self) -> None:
         """Forget all messages (a fresh registration)."""

@@ -465,15 +465,14 @@ class Sender(Resource):
         every slot is held by the receiver, up to ``timeout``.
         """
         # The per-message path: every step below costs about what a small message's copy does,
-        # so it takes the lock without ``with`` (half the cost), looks the route up inline
-        # (_resolve on a miss) and makes the handle without NamedTuple's argument parsing.
+        # so it takes the lock without ``with`` (half the cost) and makes the handle without
+        # NamedTuple's argument parsing.
         lock = self._lock
         lock.acquire()
         try:
-            route = None if self._closed else self._routes.get((name, peer))
-            p, entry = self._resolve(name, peer) if route is None else route
+            p, entry = self._resolve(name, peer)
             arr = entry.spec.check_array(array, allow_copy=allow_copy)
-            deadline = deadline_of(self.timeout if timeout is _DEFAULT else timeout)
+            deadline = self._deadline(timeout)
             try:
                 w = p.writers.get(entry.tensor_id) or p.writer(entry, deadline)
                 w.write(arr if w.takes_device else w.on_host(arr), deadline)

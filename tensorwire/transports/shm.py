@@ -190,22 +190,24 @@ class ShmWriter(TensorWriter):
 
     def _enter(self, deadline: float | None) -> None:
         """Wait for a credit, announce the write and choose its slot."""
+        released = self._credit(deadline)
+        if not self._ring.enter_write(self._epoch):
+            raise self._revoked()
+        self._slot = self._slots.choose(released)
+
+    def _credit(self, deadline: float | None) -> int:
+        """Check the receiver, wait for a credit for the next message; the ring's released
+        count (a slot free by it stays free)."""
         seq = self.next_seq
         ring = self._ring
         channel = self._channel
         channel.check_peer()
         if not ring.has_credit(seq):
-            self._wait_credit(seq, deadline)
-        if not ring.enter_write(self._epoch):
-            raise self._revoked()
-        self._slot = self._slots.choose(ring.released)
-
-    def _wait_credit(self, seq: int, deadline: float | None) -> None:
-        channel = self._channel
-        channel.ring_receiver()  # never wait on a consumer we have not told about a batch
-        started = time.perf_counter()
-        self._ring.wait_credit(seq, deadline, channel.check_peer)
-        self.traffic.waited(time.perf_counter() - started)
+            channel.ring_receiver()  # never wait on a consumer we have not told about a batch
+            started = time.perf_counter()
+            ring.wait_credit(seq, deadline, channel.check_peer)
+            self.traffic.waited(time.perf_counter() - started)
+        return ring.released
 
     def _revoked(self) -> PeerLostError:
         return PeerLostError(
@@ -228,36 +230,30 @@ class ShmWriter(TensorWriter):
         self._ring.leave_write()
 
     def _publish(self, nbytes: int, shape: tuple[int, ...], bell: bool = True) -> None:
-        seq = self.next_seq
         ring = self._ring
-        ring.publish(self._slot, seq, nbytes, shape if self._dynamic else None, bell)
+        ring.publish(self._slot, self.next_seq, nbytes, shape if self._dynamic else None, bell)
         ring.leave_write()  # after the completion store: a new claim sees the message
-        self._slots.wrote(self._slot, seq)
+        self._published(self._slot, bell)
+
+    def _published(self, slot: int, bell: bool) -> None:
+        """The next message is complete in ``slot`` (``bell=False``: the doorbell is owed)."""
+        seq = self.next_seq
+        self._slots.wrote(slot, seq)
         self.next_seq = seq + 1
         if not bell:
-            self._channel.bell_owed = ring
+            self._channel.bell_owed = self._ring
 
     def write(self, array: Any, deadline: float | None, bell: bool = True) -> None:
         """``bell=False``: publish without ringing the receiver (the channel rings it once for
         a batch, :meth:`ShmChannel.write_batch`)."""
         ring = self._ring
         if self._whole and isinstance(array, np.ndarray):
-            # The per-message path of small tensors, as few calls as it takes: the same steps
-            # as _enter and _publish below.
-            seq = self.next_seq
-            channel = self._channel
-            channel.check_peer()
-            released = ring.released
-            if seq - released > ring.depth:
-                self._wait_credit(seq, deadline)
-                released = ring.released
-            slot = self._slots.choose(released)
-            if not ring.write_bytes(slot, seq, self._epoch, array.data.cast("B"), bell):
+            # The per-message path of small tensors: announcing, copying, publishing and
+            # leaving in one ring call.
+            slot = self._slots.choose(self._credit(deadline))
+            if not ring.write_bytes(slot, self.next_seq, self._epoch, array.data.cast("B"), bell):
                 raise self._revoked()
-            self._slots.wrote(slot, seq)
-            self.next_seq = seq + 1
-            if not bell:
-                channel.bell_owed = ring
+            self._published(slot, bell)
             return
         self._enter(deadline)
         try:
