@@ -29,7 +29,10 @@ class RawNixl:
     def __init__(self, role: str, nbytes: int, loopback: bool) -> None:
         self.name = f"tensorwire-bench-raw-{role}-{os.getpid()}"
         self.agent: Any = rdma.create_agent(self.name, NixlOptions(), loopback)
-        self.buffer = np.zeros(nbytes, dtype=np.uint8)
+        # Real bytes, as the transport's writes carry: a buffer never written reads as the
+        # kernel's zero page, which stays in the cache, and made raw NIXL look faster than
+        # memcpy from 16 MiB up (BENCHMARKS.md, "Receiver memory").
+        self.buffer = np.random.default_rng(1).integers(0, 256, nbytes, dtype=np.uint8)
         self.address = int(self.buffer.ctypes.data)
         self._descs = self.agent.register_memory([(self.address, nbytes, 0, "")], "DRAM")
         self.remote = ""
