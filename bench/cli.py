@@ -82,6 +82,14 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "from 256 KiB)",
     )
     parser.add_argument(
+        "--receiver-memory",
+        choices=("shared", "private"),
+        default="shared",
+        help="where the receivers keep their slots: shared (the default; /dev/shm, which the shm "
+        "transport needs) or private (tw.Receiver(shm=False): this process's memory, on huge "
+        "pages where the kernel allows, as for senders on other hosts; shm is then skipped)",
+    )
+    parser.add_argument(
         "--device",
         default="cpu",
         metavar="cpu|cuda|cuda:N",
@@ -193,6 +201,7 @@ def _measure(
         args.sizes,
         args.latency_size,
         ring=args.ring,
+        shm=args.receiver_memory == "shared",
         optional=not explicit,
         secret=args.secret,
         device=args.device,
@@ -223,6 +232,7 @@ def _measure(
                 "round_trips": args.round_trips,
                 "latency_bytes": args.latency_size,
                 "ring": args.ring,
+                "receiver_memory": args.receiver_memory,
             },
             "notes": runner.notes,
         }

@@ -35,7 +35,12 @@ class _Session:
         self.sizes: list[int] = setup["sizes"]
         self.transports: list[str] = setup["transports"]
         self.latency_bytes: int = setup["latency_bytes"]
-        self.rx = tw.Receiver(f"tcp://{host}:0", ring=setup.get("ring"), secret=secret)
+        self.rx = tw.Receiver(
+            f"tcp://{host}:0",
+            ring=setup.get("ring"),
+            secret=secret,
+            shm=None if setup.get("shm", True) else False,
+        )
         self.senders: dict[str, tw.Sender] = {}
         self.raw_listener = socket.create_server((host, 0))
         self.raw: socket.socket | None = None

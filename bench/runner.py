@@ -86,6 +86,7 @@ class Runner:
         sizes: list[int],
         latency_bytes: int,
         ring: int | None = None,
+        shm: bool = True,
         timeout: float = 120.0,
         optional: bool = False,
         secret: str | None = None,
@@ -93,7 +94,9 @@ class Runner:
     ) -> None:
         """Connect to the peer at ``connect``. With ``optional``, a transport that cannot reach
         the peer (shm to another host) is skipped with a note instead of failing the run.
-        ``device``: where the tensors live at both ends (``cpu`` or ``cuda:N``)."""
+        ``device``: where the tensors live at both ends (``cpu`` or ``cuda:N``). ``shm``: the
+        receivers at both ends keep their slots in shared memory (else private memory, and the
+        ``shm`` transport cannot reach them)."""
         self.host = connect.split("://", 1)[1].rsplit(":", 1)[0]
         self.timeout = timeout
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -109,7 +112,10 @@ class Runner:
         try:
             self.remote_machine = self.call("hello")["machine"]
             self.pong_rx = tw.Receiver(
-                f"tcp://{local_address_towards(self.host)}:0", ring=ring, secret=secret
+                f"tcp://{local_address_towards(self.host)}:0",
+                ring=ring,
+                secret=secret,
+                shm=None if shm else False,
             )
             for t in transports:
                 self.pong_rx.register(
@@ -121,6 +127,7 @@ class Runner:
                 transports=transports,
                 latency_bytes=latency_bytes,
                 ring=ring,
+                shm=shm,
                 device=device,
             )
             for t in transports:

@@ -88,6 +88,7 @@ class PSClient:
         heartbeat_timeout: float = 30.0,
         curve_keys: CurveKeys | None = None,
         nixl: tw.NixlOptions | None = None,
+        shm: bool | None = None,
         init: Mapping[str, Array] | None = None,
         device: str = "cpu",
     ) -> None:
@@ -96,7 +97,8 @@ class PSClient:
         a checkpoint); other ranks' are not used. ``device``: where the parameters' buffers
         live (``cpu``, ``cuda``, ``cuda:N``); on a GPU :attr:`params` are cupy arrays over GPU
         memory the servers write into, and :meth:`push` takes GPU gradients (cupy, torch CUDA)
-        as they are."""
+        as they are. ``shm``: as :class:`tensorwire.Receiver`'s, for the receiver the servers write
+        parameters into (False: private memory, for servers on other hosts)."""
         if not servers:
             raise PSClientError("no parameter servers given")
         if init is not None:
@@ -135,6 +137,7 @@ class PSClient:
                 heartbeat_timeout=heartbeat_timeout,
                 curve_keys=curve_keys,
                 nixl=nixl,
+                shm=shm,
             )
             self._connect(connect_timeout)
             me = _advertised(self.rx.address, advertise, self.servers[0])

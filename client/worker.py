@@ -82,6 +82,7 @@ def build_parser(prog: str = "tensorwire-worker") -> argparse.ArgumentParser:
         help="data plane towards the servers",
     )
     config.add_nixl_flags(p)
+    config.add_memory_flags(p)
     config.add_secret_flags(p)
     p.add_argument("--bind", default="tcp://127.0.0.1:0", help="this worker's receiver endpoint")
     p.add_argument(
@@ -243,6 +244,7 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:
             curve_keys=curve.load(args.curve_keys) if args.curve_keys else None,
             timeout=args.step_timeout,
             nixl=config.nixl_options(args),
+            shm=args.shm,
             init=initial if args.rank == 0 else None,
             device=getattr(task, "device", "cpu"),
         ) as client:

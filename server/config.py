@@ -252,6 +252,21 @@ def add_nixl_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_memory_flags(parser: argparse.ArgumentParser) -> None:
+    """Where a daemon's receiver keeps the slots its peers write into (tensorwire.Receiver's
+    ``shm``)."""
+    parser.add_argument(
+        "--no-shm",
+        dest="shm",
+        action="store_const",
+        const=False,
+        default=None,
+        help="keep the receiving slots in this process's private memory (huge pages where the "
+        "kernel allows) instead of /dev/shm: for peers on other hosts (tcp, nixl), whose writes "
+        "land faster there; peers on this host then cannot use shm",
+    )
+
+
 def nixl_options(args: argparse.Namespace) -> tw.NixlOptions | None:
     """The NIXL settings of a daemon (None unless it runs ``--transport nixl``)."""
     if args.transport != "nixl":

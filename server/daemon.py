@@ -67,6 +67,7 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
         "float32 parameters and optimizer state, and the workers learn the choice from it",
     )
     config.add_nixl_flags(p)
+    config.add_memory_flags(p)
     config.add_secret_flags(p)
     p.add_argument(
         "--checkpoint-dir",

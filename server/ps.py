@@ -90,6 +90,7 @@ class PSConfig:
     heartbeat_timeout: float = 30.0  # a worker silent this long is lost
     curve_keys: str | None = None  # directory of the job's CURVE key pair
     nixl: tw.NixlOptions | None = None  # NIXL/UCX settings when transport is "nixl"
+    shm: bool | None = None  # tw.Receiver's: False keeps the slots in private memory
     wire_dtype: str = "float32"  # one of WIRE_DTYPES
 
 
@@ -176,6 +177,7 @@ class ParameterServer:
             curve_keys=keys,
             # None: nixl is served on demand if installed; given: started now, with these
             nixl=cfg.nixl,
+            shm=cfg.shm,
         )
         self.tx = tw.Sender(
             transport=cfg.transport,

@@ -121,7 +121,10 @@ def test_bsp_equals_single_process_on_the_union_of_batches(
     steps, lr = 25, 0.05
     # nixl: the UCX settings go through the daemons' own flags (here: cma for data, tcp for
     # notifications, which is what UCX picks on one host anyway)
-    ucx = ["--ucx-tls", "cma,tcp"] if transport == "nixl" else []
+    extra = ["--ucx-tls", "cma,tcp"] if transport == "nixl" else []
+    # tcp and nixl as between hosts: every receiver's slots in private memory, none in /dev/shm
+    if transport in ("tcp", "nixl"):
+        extra.append("--no-shm")
     j = job(
         servers=servers,
         ps=[
@@ -135,9 +138,9 @@ def test_bsp_equals_single_process_on_the_union_of_batches(
             "8192",
             "--transport",
             transport,
-            *ucx,
+            *extra,
         ],
-        worker=["--transport", transport, *ucx],
+        worker=["--transport", transport, *extra],
     )
     _ok(j)
     if transport == "nixl":

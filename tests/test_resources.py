@@ -19,10 +19,11 @@ import numpy as np
 import pytest
 
 import tensorwire as tw
+from tensorwire import region as region_module
 from tensorwire.region import Region, reap_stale_segments
 
 from .conftest import ZERO_COPY, Children, shm_entries
-from .peers import run_receiver, send_uniform
+from .peers import make_array, run_receiver, send_plan, send_uniform
 
 
 def test_regions_are_private_unguessable_and_unlinked() -> None:
@@ -36,6 +37,81 @@ def test_regions_are_private_unguessable_and_unlinked() -> None:
             assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.getuid()
             assert len(name.rsplit(".", 1)[1]) == 32  # 128 random bits
     assert not shm_entries()
+
+
+def _mapping_of(address: int) -> dict[str, str]:
+    """The /proc/self/smaps fields of the mapping that holds ``address``."""
+    fields: dict[str, str] = {}
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(maxsplit=1)[0]
+            if "-" in head and ":" not in head:  # a mapping's first line: "lo-hi perms ..."
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                if inside:
+                    break
+                inside = lo <= address < hi
+            elif inside:
+                key, _, value = line.partition(":")
+                fields[key] = value.strip()
+    assert fields, f"no mapping holds {address:#x}"
+    return fields
+
+
+def _all_resident(address: int, nbytes: int) -> bool:
+    """Is every page of ``[address, address + nbytes)`` in memory (/proc/self/pagemap, bit 63)?"""
+    page = os.sysconf("SC_PAGE_SIZE")
+    first, last = address // page, (address + nbytes - 1) // page
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek(first * 8)
+        entries = np.frombuffer(f.read((last - first + 1) * 8), dtype=np.uint64)
+    return bool(np.all(entries >> np.uint64(63)))
+
+
+def _thp_mode() -> str:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return f.read().split("[", 1)[1].split("]", 1)[0]
+    except (OSError, IndexError):
+        return "never"
+
+
+@pytest.mark.parametrize("transport_name", ["auto", "tcp", "nixl", "grpc"])
+def test_a_receiver_without_shared_memory_takes_every_network_transport(
+    transport_name: str, children: Children
+) -> None:
+    """``shm=False``: nothing in /dev/shm; the regions are private memory, faulted in and advised
+    for huge pages; tcp, nixl and grpc land byte-exact (``auto`` falls back to tcp on this host),
+    and an ``shm`` sender is refused with the reason."""
+    plan = [("w", "float32", (1 << 20,), 7), ("b", "uint8", (4096,), 8)]
+    with tw.Receiver(shm=False) as rx:
+        for name, dtype, shape, _ in plan:
+            rx.register(name, shape, dtype)
+        assert not shm_entries()
+        regions = rx._table.regions
+        assert regions and all(r.name is None for r in regions)  # anonymous, unnamed
+        for r in regions:
+            assert _all_resident(r.address, r.size)  # faulted in before any write
+            if _thp_mode() != "never":
+                assert "hg" in _mapping_of(r.address)["VmFlags"].split()  # MADV_HUGEPAGE
+        proc = children.start(send_plan, rx.address, transport_name, plan)
+        for name, dtype, shape, seed in plan:
+            got = rx.wait(name, timeout=30)
+            assert np.array_equal(got, make_array(dtype, shape, seed)), name
+            rx.release(name)
+        children.join_ok(proc)
+        with pytest.raises(tw.TransportError, match="shm=False"):
+            tw.Sender.connect(rx.address, transport="shm", timeout=10)
+    assert not shm_entries()
+
+
+def test_shm_true_needs_a_usable_dev_shm(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(region_module, "SHM_DIR", "/nonexistent-tensorwire-test")
+    with pytest.raises(tw.TransportError, match="/dev/shm is missing"):
+        tw.Receiver(shm=True)
+    with tw.Receiver() as rx:  # the default falls back to private memory
+        rx.register("t", (16,), "float32")
+        assert not shm_entries()
 
 
 def test_few_regions_for_many_tensors() -> None:

@@ -32,7 +32,7 @@ from ..control import ControlServer
 from ..cuda import parse_device
 from ..curve import CurveKeys
 from ..endpoint import split_endpoint
-from ..errors import AuthenticationError, TensorWireError
+from ..errors import AuthenticationError, TensorWireError, TransportError
 from ..process import host_identity
 from ..rdma import NixlOptions, is_loopback_host
 from ..region import reap_stale_segments, shm_available
@@ -85,7 +85,13 @@ class Receiver(Resource):
     never. ``nixl``: serve the ``nixl`` (RDMA) transport. ``None`` (the default) serves it when
     NIXL is installed, starting its agent when the first sender attaches; ``True`` or a
     :class:`~tensorwire.rdma.NixlOptions` start it now (and fail if NIXL is missing); ``False``
-    never serves it.
+    never serves it. ``shm``: keep the regions in shared memory (``/dev/shm``), so that senders
+    on this host write them directly (the ``shm`` transport): ``None`` (the default) when
+    ``/dev/shm`` is usable, ``True`` always (an error without it), ``False`` never. Without it
+    the regions are this process's private memory, on transparent huge pages where the kernel
+    allows; every other transport still reaches them, and ``nixl`` writes into them faster (a
+    16 MiB write 1.45x on one host, BENCHMARKS.md, "Receiver memory"): the choice for a receiver
+    whose senders are on other hosts.
     """
 
     def __init__(
@@ -102,9 +108,15 @@ class Receiver(Resource):
         heartbeat_timeout: float | None = 30.0,
         curve_keys: CurveKeys | None = None,
         nixl: bool | NixlOptions | None = None,
+        shm: bool | None = None,
         insecure: bool = False,
     ) -> None:
         bind_host, data_host = _parse_bind(bind)
+        if shm and not shm_available():
+            raise TransportError(
+                "shm=True, but /dev/shm is missing or not writable here; pass shm=None to fall "
+                "back to private memory (senders then come over tcp, nixl or grpc)"
+            )
         if ring is not None and ring < 1:
             raise ValueError(f"ring must be at least 1, got {ring}")
         if secret is None and not insecure and not is_loopback_host(bind_host):
@@ -137,7 +149,7 @@ class Receiver(Resource):
                 self._state,
                 ring_depth=ring,
                 region_bytes=region_bytes,
-                shared=shm_available(),
+                shared=shm_available() if shm is None else shm,
                 on_new_memory=self._servers.add_memory,
             )
             self._sessions = SessionHandler(

@@ -43,7 +43,10 @@ _STATE_WORD = OFF_STATE // 4
 def unavailable_reason(info: PeerInfo) -> str | None:
     """Why shm cannot reach this receiver, or None when it can."""
     if "shm" not in info.welcome.transports:
-        return "the receiver's regions are not in shared memory"
+        return (
+            "the receiver's regions are not in shared memory (it was made with shm=False, or "
+            "has no usable /dev/shm)"
+        )
     if info.welcome.host != host_identity():
         return "the receiver is on another host (or in another container/namespace)"
     return None
