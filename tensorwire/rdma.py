@@ -90,6 +90,14 @@ class NixlOptions:
     preparing its transfer cost ~30 µs here (far more where registration pins pages, as on
     InfiniBand), copying 64 KiB under 2 µs. 0 never copies.
     Settings a user exported in the environment are kept unless a field here overrides them.
+
+    One UCX default is changed: ``UCX_MM_ERROR_HANDLING=y``. NIXL creates its endpoints with
+    peer-failure handling, which UCX's shared-memory transports (``posix``, ``sysv``) offer only
+    with that setting; without it UCX carries every notification between two processes of one host
+    over ``tcp/lo``. With it they travel through shared memory: on the 2-core VM a 4 KiB
+    tensorwire round trip over ``nixl`` fell from 123 to 80 µs, and raw NIXL's from 32 to 7 µs
+    (BENCHMARKS.md, "Notifications through shared memory"). Set it to ``n`` in ``env`` (or the
+    environment) to keep UCX's default.
     """
 
     progress_thread: bool = False
@@ -114,6 +122,8 @@ class NixlOptions:
         """The ``UCX_*`` variables to set while creating an agent. ``gpus``: whether this host
         has NVIDIA GPUs (looked up when None)."""
         env = dict(self.env)
+        if "UCX_MM_ERROR_HANDLING" not in os.environ and "UCX_MM_ERROR_HANDLING" not in env:
+            env["UCX_MM_ERROR_HANDLING"] = "y"  # notifications through shared memory on one host
         if self.net_devices is not None:
             env["UCX_NET_DEVICES"] = self.net_devices
         elif loopback and "UCX_NET_DEVICES" not in os.environ and "UCX_NET_DEVICES" not in env:
@@ -185,8 +195,10 @@ def create_agent(name: str, options: NixlOptions, loopback: bool) -> Any:
     the threads that release slots (and so send credits) use it at the same time.
     """
     api = load()
-    env = options.environment(loopback)
     with _ENV_LOCK:
+        # Under the lock: another thread's agent may be in its window, its settings exported
+        # for the moment, and they must not pass for the user's own (which environment() keeps).
+        env = options.environment(loopback)
         saved = {key: os.environ.get(key) for key in env}
         os.environ.update(env)
         try:

@@ -173,6 +173,19 @@ def run_receiver(
                 conn.send(("error", type(exc).__name__))
 
 
+def echo_over(conn: Any, transport: str, count: int) -> None:
+    """A receiver of "ping" that answers each ping with the same bytes as "pong" to the test's
+    receiver; it connects to the test while the test connects to it."""
+    with tw.Receiver() as rx:
+        rx.register("ping", (1024,), "float32")
+        conn.send(rx.address)
+        with tw.Sender.connect(conn.recv(), transport=transport, timeout=30) as tx:
+            for _ in range(count):
+                got = np.array(rx.wait("ping", timeout=30))
+                rx.release("ping")
+                tx.write("pong", got)
+
+
 def write_then_idle(address: str, transport: str, name: str, heartbeat: float, ready: Any) -> None:
     """Claim ``name`` with one write, then stay connected (heartbeating) until killed."""
     with tw.Sender.connect(address, transport=transport, timeout=30, heartbeat=heartbeat) as tx:

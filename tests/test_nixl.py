@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -16,7 +18,8 @@ import tensorwire as tw
 from tensorwire import wire
 from tensorwire.rdma import NixlOptions, cuda_devices_present
 
-from .peers import run_conformance_hiding, run_hiding
+from .conftest import Children
+from .peers import echo_over, run_conformance_hiding, run_hiding
 
 NIXL_PACKAGES = ("nixl_cu12", "nixl_cu13", "nixl")
 
@@ -90,6 +93,78 @@ def test_ucx_over_tcp_byte_exact() -> None:
             got = rx.wait("dyn", timeout=30)
             assert got.shape == (7, 3) and got[-1, -1] == 20
             rx.release("dyn")
+
+
+_NOTIFY_LANE = """
+import sys
+import numpy as np
+import tensorwire as tw
+opts = tw.NixlOptions(env=dict(a.split("=", 1) for a in sys.argv[1:]))
+with tw.Receiver(nixl=opts) as rx:
+    rx.register("t", (4,), "float32")
+    with tw.Sender.connect(rx.address, transport="nixl", timeout=30, nixl=opts) as tx:
+        tx.write("t", np.ones(4, np.float32))
+        assert rx.wait("t", timeout=30)[0] == 1
+        rx.release("t")
+"""
+
+
+def _notification_lanes(*env: str) -> set[str]:
+    """The UCX transports that carry small active messages (NIXL's notifications) between two
+    agents of a child process, as UCX itself reports them (``UCX_PROTO_INFO``)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _NOTIFY_LANE, *env],
+        env={**os.environ, "UCX_PROTO_INFO": "y"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lanes: set[str] = set()
+    table = False
+    for line in (proc.stdout + proc.stderr).splitlines():
+        if "active message by ucp_am_send* from host memory" in line:
+            table = True
+        elif table and "| short " in line:
+            lanes.add(line.rsplit("|", 2)[-2].strip())  # the Config column
+            table = False
+    assert lanes, "UCX printed no protocol table for active messages"
+    return lanes
+
+
+@pytest.mark.nixl
+def test_notifications_between_processes_of_one_host_go_through_shared_memory() -> None:
+    """UCX's shared-memory transports offer NIXL's peer-failure handling only with
+    UCX_MM_ERROR_HANDLING=y, which NixlOptions turns on unless told otherwise: the headers and
+    credits then travel through shared memory, not through tcp/lo."""
+    assert NixlOptions().environment(True)["UCX_MM_ERROR_HANDLING"] == "y"
+    kept = NixlOptions(env={"UCX_MM_ERROR_HANDLING": "n"}).environment(True)
+    assert kept["UCX_MM_ERROR_HANDLING"] == "n"
+    assert all(lane.endswith("/memory") for lane in _notification_lanes())
+    assert all(lane.startswith("tcp/") for lane in _notification_lanes("UCX_MM_ERROR_HANDLING=n"))
+
+
+@pytest.mark.nixl
+def test_two_processes_that_connect_to_each_other_at_once(children: Children) -> None:
+    """Each side's receiver starts its agent (on demand, on its control thread) while the main
+    thread creates the sender's agents. An agent created while another's UCX settings were
+    exported for the moment once took those for the user's own and was created with none of
+    them: without ``lo`` for a loopback endpoint, and without the shared-memory error handling
+    its peer had, so that UCX found no transport between them and NIXL crashed the process."""
+    here, there = children.pipe()
+    proc = children.start(echo_over, there, "nixl", 50)
+    with tw.Receiver() as rx:
+        rx.register("pong", (1024,), "float32")
+        assert here.poll(30)
+        peer = here.recv()
+        here.send(rx.address)  # the echo connects to us now, while we connect to it
+        with tw.Sender.connect(peer, transport="nixl", timeout=30) as tx:
+            for k in range(50):
+                tx.write("ping", np.full(1024, k, np.float32))
+                got = rx.wait("pong", timeout=30)
+                assert got[0] == k and got[-1] == k
+                rx.release("pong")
+        children.join_ok(proc)
 
 
 @pytest.mark.nixl
