@@ -94,10 +94,10 @@ class NixlOptions:
     One UCX default is changed: ``UCX_MM_ERROR_HANDLING=y``. NIXL creates its endpoints with
     peer-failure handling, which UCX's shared-memory transports (``posix``, ``sysv``) offer only
     with that setting; without it UCX carries every notification between two processes of one host
-    over ``tcp/lo``. With it they travel through shared memory: on the 2-core VM a 4 KiB
-    tensorwire round trip over ``nixl`` fell from 123 to 80 µs, and raw NIXL's from 32 to 7 µs
-    (BENCHMARKS.md, "Notifications through shared memory"). Set it to ``n`` in ``env`` (or the
-    environment) to keep UCX's default.
+    over ``tcp/lo``. With it they travel through shared memory: on the 2-core VM raw NIXL's 4 KiB
+    round trip fell from 31 to 7 µs (BENCHMARKS.md, "Notifications through shared memory"). Both
+    ends on one host must agree (an agent with it and one without find no transport to each
+    other); set it to ``n`` in ``env`` (or the environment) at both to keep UCX's default.
     """
 
     progress_thread: bool = False

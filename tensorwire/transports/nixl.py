@@ -290,9 +290,6 @@ class NixlChannel(Channel):
     def copy_below(self) -> int:
         return self._options.copy_below
 
-    def registered(self, array: Any) -> bool:
-        return (data_pointer(array), array.nbytes) in self._sources
-
     def source(self, array: Any) -> _Source:
         """``array`` (host or GPU memory) registered with our agent (from the cache when it was
         written before)."""
@@ -306,6 +303,10 @@ class NixlChannel(Channel):
         while len(self._sources) > self._options.registered_sources:
             _drop_source(self._agent, self._sources.popitem(last=False)[1])
         return src
+
+    def touch(self, src: _Source) -> None:
+        """``src`` (still registered) was used again: last in line to be deregistered."""
+        self._sources.move_to_end((src.address, src.array.nbytes))
 
     def _register(self, array: Any) -> _Source:
         agent = self._live_agent()
@@ -535,6 +536,7 @@ class NixlWriter(TensorWriter):
         self._generation = generation
         self._slots = SlotChooser(slot_seqs)
         self._staging: np.ndarray[Any, Any] | None = None
+        self._staged: _Source | None = None  # the registered part of _staging last written
         self._copy_below = channel.copy_below
         self._device = entry.device
         #: the slots' NIXL memory type and device at the receiver
@@ -546,7 +548,9 @@ class NixlWriter(TensorWriter):
             self._channel, self._tid, self.spec, self.next_seq, self._depth, deadline, self.traffic
         )
 
-    def _send(self, source: Any, shape: tuple[int, ...]) -> None:
+    def _send(self, src: _Source | None, nbytes: int, shape: tuple[int, ...]) -> None:
+        """Write ``nbytes`` from the registered ``src`` (None: nothing to move) into the next
+        slot, then its header."""
         channel = self._channel
         # A receiver that dropped this session says so in a notification: read it before the
         # payload goes out, so that a revoked writer stops here rather than after its write.
@@ -558,14 +562,14 @@ class NixlWriter(TensorWriter):
             slot,
             self._generation,
             seq,
-            source.nbytes,
+            nbytes,
             shape if self.spec.dynamic else None,
         )
         notification = wire.encode_notification(channel.counter, header)
-        if source.nbytes == 0:
+        if src is None:
             channel.notify(notification)  # nothing to move; NIXL refuses empty descriptors
         else:
-            channel.put(channel.source(source), self._addresses[slot], notification, self._far)
+            channel.put(src, self._addresses[slot], notification, self._far)
         self._slots.wrote(slot, seq)
         self.next_seq = seq + 1
 
@@ -574,24 +578,35 @@ class NixlWriter(TensorWriter):
             self._staging = np.empty(max(self.spec.max_bytes, 1), dtype=np.uint8)
         return self._staging
 
+    def _staged_source(self, nbytes: int) -> _Source:
+        """The first ``nbytes`` of the host staging buffer, registered: the same registration
+        for every message of that size, found without computing an address (which numpy makes
+        cost ~1 µs, a tenth of a small write's Python)."""
+        src = self._staged
+        if src is None or src.array is None or src.array.nbytes != nbytes:
+            src = self._staged = self._channel.source(self._staging_bytes()[:nbytes])
+        else:
+            self._channel.touch(src)
+        return src
+
     takes_device = True  # GPU arrays are registered as VRAM and written from where they are
 
     def write(self, array: Any, deadline: float | None) -> None:
         self._wait_credit(deadline)
         source = array.reshape(-1).view(np.uint8)
-        host = isinstance(source, np.ndarray)
-        if not host:  # NIXL reads it on its own stream: the work that produced it must be done
+        nbytes = source.nbytes
+        if isinstance(source, np.ndarray):
+            if 0 < nbytes <= self._copy_below:
+                # Registering and preparing a transfer cost more than copying a small payload
+                # (see NixlOptions.copy_below): stage it, as UCX does below its zero-copy
+                # threshold.
+                staged = self._staged_source(nbytes)
+                np.copyto(staged.array, source)
+                self._send(staged, nbytes, array.shape)
+                return
+        else:  # NIXL reads it on its own stream: the work that produced it must be done
             synchronize_current(int(source.device.id))
-        staged = (
-            host and 0 < source.nbytes <= self._copy_below and not self._channel.registered(source)
-        )
-        if staged:
-            # Registering and preparing a transfer cost more than copying a small payload (see
-            # NixlOptions.copy_below): stage it, as UCX does below its zero-copy threshold.
-            buffer = self._staging_bytes()[: source.nbytes]
-            np.copyto(buffer, source)
-            source = buffer
-        self._send(source, array.shape)
+        self._send(self._channel.source(source) if nbytes else None, nbytes, array.shape)
 
     def acquire(self, shape: tuple[int, ...], deadline: float | None) -> Any:
         # Produce in place into the staging buffer, registered once for the tensor's lifetime
@@ -611,9 +626,12 @@ class NixlWriter(TensorWriter):
 
     def commit(self, shape: tuple[int, ...]) -> None:
         nbytes = int(np.prod(shape)) * self.spec.dtype.itemsize
-        if self._device is not None:
-            synchronize_current(self._device)  # the kernels that filled it
-        self._send(self._staging_for()[:nbytes], shape)
+        if self._device is None:
+            self._send(self._staged_source(nbytes) if nbytes else None, nbytes, shape)
+            return
+        synchronize_current(self._device)  # the kernels that filled it
+        staging = self._staging_for()[:nbytes]
+        self._send(self._channel.source(staging) if nbytes else None, nbytes, shape)
 
 
 # --------------------------------------------------------------------------------------------
