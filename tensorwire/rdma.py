@@ -136,6 +136,16 @@ class NixlOptions:
         return env
 
 
+def shared_memory_notifications(options: NixlOptions, loopback: bool) -> bool:
+    """Would an agent created now with ``options`` have UCX's shared-memory error handling
+    (``UCX_MM_ERROR_HANDLING``; UCX's default is off)? Two agents on one host must agree on it."""
+    with _ENV_LOCK:  # as create_agent: another agent's temporary settings are not the user's
+        value = options.environment(loopback).get(
+            "UCX_MM_ERROR_HANDLING", os.environ.get("UCX_MM_ERROR_HANDLING", "n")
+        )
+    return value.strip().lower() in ("y", "yes", "on", "1", "true")
+
+
 def is_loopback_host(host: str) -> bool:
     """Is ``host`` (a name or an address) this machine's loopback?"""
     if host == "localhost":

@@ -145,6 +145,22 @@ def test_notifications_between_processes_of_one_host_go_through_shared_memory() 
 
 
 @pytest.mark.nixl
+def test_ends_that_disagree_on_shared_memory_error_handling_are_refused_not_crashed() -> None:
+    """Two agents of one host with and without UCX_MM_ERROR_HANDLING find no transport to each
+    other, and NIXL 1.5.1 then crashed the process that loaded the other's metadata. The receiver
+    refuses such a sender at attach, with the setting's name; ends that agree work."""
+    off = NixlOptions(env={"UCX_MM_ERROR_HANDLING": "n"})
+    with tw.Receiver(nixl=off) as rx:
+        rx.register("t", (4,), "float32")
+        with pytest.raises(tw.ProtocolError, match="UCX_MM_ERROR_HANDLING=y and this receiver"):
+            tw.Sender.connect(rx.address, transport="nixl", timeout=10)
+        with tw.Sender.connect(rx.address, transport="nixl", timeout=10, nixl=off) as tx:
+            tx.write("t", np.full(4, 7, np.float32))
+            assert rx.wait("t", timeout=10)[0] == 7
+            rx.release("t")
+
+
+@pytest.mark.nixl
 def test_two_processes_that_connect_to_each_other_at_once(children: Children) -> None:
     """Each side's receiver starts its agent (on demand, on its control thread) while the main
     thread creates the sender's agents. An agent created while another's UCX settings were

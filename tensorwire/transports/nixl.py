@@ -53,8 +53,9 @@ from ..errors import (
 )
 from ..layout import OFF_SCRATCH, SCRATCH_SIZE
 from ..memory import CUDA, HOST, Memory, RegionInfo
+from ..process import host_identity
 from ..quietlog import QuietLog
-from ..rdma import NixlOptions, create_agent, is_loopback_host
+from ..rdma import NixlOptions, create_agent, is_loopback_host, shared_memory_notifications
 from ..ring import SlotChooser
 from .base import (
     STAND_BACK,
@@ -198,6 +199,7 @@ class NixlChannel(Channel):
         try:
             name = f"tw-tx-{os.getpid()}-{secrets.token_hex(6)}"
             loopback = is_loopback_host(info.control_host)
+            self._mm_errh = shared_memory_notifications(self._options, loopback)
             self._agent = create_agent(name, self._options, loopback)
             self._notifier = create_agent(f"{name}-n", self._options, loopback)
             self._attach()
@@ -212,9 +214,10 @@ class NixlChannel(Channel):
         """Send our notifier's metadata (the receiver answers that agent); load the receiver's
         into both of our agents, with every region's base address."""
         md = self._notifier.get_agent_metadata()
-        reply = self._request(
-            wire.Attach(self._generation, "nixl", {"metadata": md}), self._timeout
-        )
+        # The host and UCX_MM_ERROR_HANDLING let the receiver refuse an agent it could not
+        # reach, before loading its metadata (which would crash NIXL: see _check_peer_agent).
+        details = {"metadata": md, "host": host_identity(), "mm_error_handling": self._mm_errh}
+        reply = self._request(wire.Attach(self._generation, "nixl", details), self._timeout)
         if not isinstance(reply, wire.Attached):
             raise LocalProtocolError(f"expected attached from {self._where}, got {reply.TYPE}")
         metadata, regions = reply.details.get("metadata"), reply.details.get("regions")
@@ -668,6 +671,7 @@ class NixlDataServer(DataServer):
 
     def __init__(self, sink: DataSink, options: NixlOptions, loopback: bool, name: str) -> None:
         self._sink_ref = weakref.ref(sink)  # the polling thread must not keep the receiver alive
+        self._mm_errh = shared_memory_notifications(options, loopback)
         self._agent: Any = create_agent(f"tw-rx-{name}-{secrets.token_hex(6)}", options, loopback)
         self._lock = threading.Lock()
         self._regions: list[tuple[int, int]] = []
@@ -709,7 +713,23 @@ class NixlDataServer(DataServer):
         metadata = details.get("metadata")
         if not isinstance(metadata, bytes):
             raise LocalProtocolError("attach without NIXL agent metadata")
+        self._check_peer_agent(details)
         return self._attach_agent(session, metadata), self._attached_details()
+
+    def _check_peer_agent(self, details: dict[str, Any]) -> None:
+        """Refuse a sender on this host whose agent disagrees with ours on UCX's shared-memory
+        error handling: UCX would find no transport between the two, and NIXL 1.5.1 crashes the
+        process that loads such a peer's metadata (docs/rdma.md). Older senders do not say."""
+        theirs = details.get("mm_error_handling")
+        if not isinstance(theirs, bool) or details.get("host") != host_identity():
+            return
+        if theirs != self._mm_errh:
+            on = {True: "y", False: "n"}
+            raise TransportError(
+                f"the sender's NIXL agent has UCX_MM_ERROR_HANDLING={on[theirs]} and this "
+                f"receiver's has {on[self._mm_errh]}: on one host both ends must agree (set it, "
+                "or NixlOptions(env=...), alike at both, or leave it to tensorwire's default)"
+            )
 
     def _attach_agent(self, session: object, metadata: bytes) -> NixlPeer:
         if self._closed:
