@@ -87,7 +87,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
         default="shared",
         help="where the receivers keep their slots: shared (the default; /dev/shm, which the shm "
         "transport needs) or private (tw.Receiver(shm=False): this process's memory, on huge "
-        "pages where the kernel allows, as for senders on other hosts; shm is then skipped)",
+        "pages where the kernel allows, as for senders on other hosts; shm is then skipped, or an "
+        "error when --transports names it)",
     )
     parser.add_argument(
         "--device",
@@ -201,7 +202,7 @@ def _measure(
         args.sizes,
         args.latency_size,
         ring=args.ring,
-        shm=args.receiver_memory == "shared",
+        shm=None if args.receiver_memory == "shared" else False,
         optional=not explicit,
         secret=args.secret,
         device=args.device,

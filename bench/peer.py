@@ -39,7 +39,7 @@ class _Session:
             f"tcp://{host}:0",
             ring=setup.get("ring"),
             secret=secret,
-            shm=None if setup.get("shm", True) else False,
+            shm=setup.get("shm"),
         )
         self.senders: dict[str, tw.Sender] = {}
         self.raw_listener = socket.create_server((host, 0))

@@ -86,7 +86,7 @@ class Runner:
         sizes: list[int],
         latency_bytes: int,
         ring: int | None = None,
-        shm: bool = True,
+        shm: bool | None = None,
         timeout: float = 120.0,
         optional: bool = False,
         secret: str | None = None,
@@ -94,9 +94,9 @@ class Runner:
     ) -> None:
         """Connect to the peer at ``connect``. With ``optional``, a transport that cannot reach
         the peer (shm to another host) is skipped with a note instead of failing the run.
-        ``device``: where the tensors live at both ends (``cpu`` or ``cuda:N``). ``shm``: the
-        receivers at both ends keep their slots in shared memory (else private memory, and the
-        ``shm`` transport cannot reach them)."""
+        ``device``: where the tensors live at both ends (``cpu`` or ``cuda:N``). ``shm``: as
+        ``tw.Receiver``'s, for the receivers at both ends (False: private memory, which the
+        ``shm`` transport cannot reach)."""
         self.host = connect.split("://", 1)[1].rsplit(":", 1)[0]
         self.timeout = timeout
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -115,7 +115,7 @@ class Runner:
                 f"tcp://{local_address_towards(self.host)}:0",
                 ring=ring,
                 secret=secret,
-                shm=None if shm else False,
+                shm=shm,
             )
             for t in transports:
                 self.pong_rx.register(
