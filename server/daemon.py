@@ -66,6 +66,14 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
         help="what gradients and parameters travel as (default float32); the server keeps "
         "float32 parameters and optimizer state, and the workers learn the choice from it",
     )
+    p.add_argument(
+        "--device",
+        default=d.device,
+        metavar="cpu|cuda|cuda:N",
+        help="where the shard keeps its parameters, the workers' gradients and the optimizer's "
+        "state (default cpu); on a GPU the gradients land in its memory and the update runs "
+        "there (needs cupy: pip install 'tensorwire[gpu]'; float32 on the wire)",
+    )
     config.add_nixl_flags(p)
     config.add_memory_flags(p)
     config.add_secret_flags(p)

@@ -1,5 +1,8 @@
 """Optimizers that run on the parameter server, in place, one parameter chunk at a time.
 
+The arrays are numpy's or, on a server with ``--device cuda``, cupy's: an optimizer calls the
+array module it was made with (``xp``), whose functions are the same.
+
 Weight decay is L2: ``weight_decay * param`` is added to the gradient before the update.
 ``step`` receives the gradient in a scratch buffer it may overwrite, and a ``scale`` to apply to it
 (1/N for an average of N workers' sums), so an update of a large chunk allocates nothing.
@@ -7,20 +10,36 @@ Weight decay is L2: ``weight_decay * param`` is added to the gradient before the
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import numpy as np
 
-Array = np.ndarray[Any, Any]
+Array = Any  # numpy.ndarray, or cupy.ndarray on a GPU server
 
 
 class Optimizer:
-    def __init__(self, lr: float, weight_decay: float = 0.0) -> None:
+    #: state slots kept in host memory wherever the parameters are (counters read every step)
+    HOST_SLOTS: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self, lr: float, weight_decay: float = 0.0, xp: Any = np) -> None:
         if lr <= 0:
             raise ValueError(f"learning rate must be positive, got {lr}")
         self.lr = lr
         self.weight_decay = weight_decay
+        self.xp = xp
         self.state: dict[str, dict[str, Any]] = {}
+
+    def adopt(self, state: dict[str, dict[str, Any]], to_device: Callable[[Any], Any]) -> None:
+        """Take ``state`` (host arrays, from a checkpoint), its device slots moved by
+        ``to_device``."""
+        self.state = {
+            key: {
+                slot: value if slot in self.HOST_SLOTS else to_device(value)
+                for slot, value in slots.items()
+            }
+            for key, slots in state.items()
+        }
 
     def _grad(self, param: Array, grad: Array, scale: float) -> Array:
         """The effective gradient, computed in ``grad``'s own buffer."""
@@ -46,20 +65,26 @@ class SGD(Optimizer):
 
 
 class Momentum(Optimizer):
-    def __init__(self, lr: float, weight_decay: float = 0.0, momentum: float = 0.9) -> None:
-        super().__init__(lr, weight_decay)
+    def __init__(
+        self, lr: float, weight_decay: float = 0.0, momentum: float = 0.9, xp: Any = np
+    ) -> None:
+        super().__init__(lr, weight_decay, xp)
         self.momentum = momentum
 
     def step(self, key: str, param: Array, grad: Array, scale: float = 1.0) -> None:
-        st = self.state.setdefault(key, {"v": np.zeros_like(param)})
+        st = self.state.get(key)
+        if st is None:
+            st = self.state[key] = {"v": self.xp.zeros_like(param)}
         v = st["v"]
         v *= self.momentum
         v += self._grad(param, grad, scale)
-        np.multiply(v, self.lr, out=grad)
+        self.xp.multiply(v, self.lr, out=grad)
         param -= grad
 
 
 class Adam(Optimizer):
+    HOST_SLOTS = frozenset({"t"})
+
     def __init__(
         self,
         lr: float,
@@ -67,14 +92,20 @@ class Adam(Optimizer):
         beta1: float = 0.9,
         beta2: float = 0.999,
         eps: float = 1e-8,
+        xp: Any = np,
     ) -> None:
-        super().__init__(lr, weight_decay)
+        super().__init__(lr, weight_decay, xp)
         self.beta1, self.beta2, self.eps = beta1, beta2, eps
 
     def step(self, key: str, param: Array, grad: Array, scale: float = 1.0) -> None:
-        st = self.state.setdefault(
-            key, {"m": np.zeros_like(param), "v": np.zeros_like(param), "t": np.zeros((), np.int64)}
-        )
+        st = self.state.get(key)
+        if st is None:
+            zeros = self.xp.zeros_like
+            st = self.state[key] = {
+                "m": zeros(param),
+                "v": zeros(param),
+                "t": np.zeros((), np.int64),  # in HOST_SLOTS: read each step without a sync
+            }
         g = self._grad(param, grad, scale)
         st["t"] += 1
         t = int(st["t"])
@@ -84,17 +115,20 @@ class Adam(Optimizer):
         st["v"] += (1 - self.beta2) * g * g
         m_hat = st["m"] / (1 - self.beta1**t)
         v_hat = st["v"] / (1 - self.beta2**t)
-        param -= (self.lr * m_hat / (np.sqrt(v_hat) + self.eps)).astype(param.dtype)
+        param -= (self.lr * m_hat / (self.xp.sqrt(v_hat) + self.eps)).astype(param.dtype)
 
 
 OPTIMIZERS = ("sgd", "momentum", "adam")
 
 
-def make(name: str, lr: float, weight_decay: float = 0.0, momentum: float = 0.9) -> Optimizer:
+def make(
+    name: str, lr: float, weight_decay: float = 0.0, momentum: float = 0.9, xp: Any = np
+) -> Optimizer:
+    """Optimizer ``name``, computing with array module ``xp`` (numpy, or cupy on a GPU)."""
     if name == "sgd":
-        return SGD(lr, weight_decay)
+        return SGD(lr, weight_decay, xp)
     if name == "momentum":
-        return Momentum(lr, weight_decay, momentum)
+        return Momentum(lr, weight_decay, momentum, xp)
     if name == "adam":
-        return Adam(lr, weight_decay)
+        return Adam(lr, weight_decay, xp=xp)
     raise ValueError(f"unknown optimizer {name!r}; choose one of: {', '.join(OPTIMIZERS)}")

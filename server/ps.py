@@ -28,6 +28,7 @@ import tensorwire as tw
 from tensorwire import curve
 
 from . import checkpoint, optim
+from .placement import Placement
 from .plan import (
     JOIN_MAX_BYTES,
     META_FIELDS,
@@ -92,6 +93,8 @@ class PSConfig:
     nixl: tw.NixlOptions | None = None  # NIXL/UCX settings when transport is "nixl"
     shm: bool | None = None  # tw.Receiver's: False keeps the slots in private memory
     wire_dtype: str = "float32"  # one of WIRE_DTYPES
+    #: where the shard's parameters, gradient slots and optimizer state live: cpu, cuda, cuda:N
+    device: str = "cpu"
 
 
 @dataclass
@@ -145,9 +148,21 @@ class ParameterServer:
             raise PSError(
                 f"unknown wire dtype {cfg.wire_dtype!r}; choose one of {', '.join(WIRE_DTYPES)}"
             )
+        if cfg.wire_dtype != "float32" and str(cfg.device).strip().lower() != "cpu":
+            # cupy has no bfloat16, and a server on a GPU converts nothing on the host
+            raise PSError(
+                f"a server on {cfg.device} takes float32 on the wire, not {cfg.wire_dtype}: "
+                "leave out --wire-dtype or run the server on the cpu"
+            )
+        try:
+            self.place = Placement(cfg.device)
+        except ValueError as exc:
+            raise PSError(str(exc)) from None
         self.cfg = cfg
         self.on_step = on_step or (lambda report: None)
-        self.opt = optim.make(cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.momentum)
+        self.opt = optim.make(
+            cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.momentum, xp=self.place.xp
+        )
         self.step = 0
         self.ckpt = (
             checkpoint.path_for(cfg.checkpoint_dir, cfg.shard) if cfg.checkpoint_dir else None
@@ -156,8 +171,9 @@ class ParameterServer:
         # specs, this shard's chunks of them, the values and the optimizer's accumulators.
         self.specs: Specs = {}
         self.chunks: list[Chunk] = []
-        self.params: dict[str, np.ndarray[Any, Any]] = {}
-        self.acc: dict[str, np.ndarray[Any, Any]] = {}
+        #: on the shard's device (numpy or cupy arrays)
+        self.params: dict[str, Any] = {}
+        self.acc: dict[str, Any] = {}
         self._outgoing: dict[str, np.ndarray[Any, Any]] | None = None
         self._stale: set[str] = set()  # chunks updated since their wire copy was made
         self._needs_init = False
@@ -206,11 +222,12 @@ class ParameterServer:
         try:
             specs = checkpoint.specs_in(self.ckpt)
             self._setup(specs, needs_init=False)
-            self.step, params, self.opt.state = checkpoint.load(self.ckpt, self.fingerprint)
+            self.step, params, state = checkpoint.load(self.ckpt, self.fingerprint)
         except (ValueError, OSError, KeyError) as exc:
             raise PSError(f"cannot resume: {exc}") from exc
         for cid, value in params.items():
-            np.copyto(self.params[cid], value)
+            self.params[cid][...] = self.place.from_host(value)
+        self.opt.adopt(state, self.place.from_host)
         for w in self.workers:
             w.step = self.step
         log.info("resumed shard %d from %s at step %d", self.cfg.shard, self.ckpt, self.step)
@@ -233,8 +250,8 @@ class ParameterServer:
             f"{specs_digest(specs)}/shards={cfg.shards}/shard={cfg.shard}/"
             f"split={cfg.split_bytes}/{cfg.optimizer}"
         )
-        self.params = {c.cid: np.zeros(c.shape, np.float32) for c in self.chunks}
-        self.acc = {c.cid: np.zeros(c.shape, np.float32) for c in self.chunks}
+        self.params = {c.cid: self.place.zeros(c.shape) for c in self.chunks}
+        self.acc = {c.cid: self.place.zeros(c.shape) for c in self.chunks}
         # Parameters go out in the wire dtype: converted into these, allocated once.
         wire = tw.TensorSpec.create("wire", (), cfg.wire_dtype).dtype
         self._outgoing = (
@@ -244,13 +261,16 @@ class ParameterServer:
         )
         self._stale = {c.cid for c in self.chunks}
         self._needs_init = needs_init
+        device = self.place.name  # gradients and initial values land where they are used
         if needs_init:  # registered before the workers' tensors: rank 0 finds them with its own
             for c in self.chunks:
-                self.rx.register(init_name(c.cid), c.shape, "float32", ring=1)
+                self.rx.register(init_name(c.cid), c.shape, "float32", ring=1, device=device)
         for w in range(cfg.workers):
             for c in self.chunks:
                 # two slots: this step's gradients, and the next step's arriving early (ASP, SSP)
-                self.rx.register(grad_name(w, c.cid), c.shape, cfg.wire_dtype, ring=2)
+                self.rx.register(
+                    grad_name(w, c.cid), c.shape, cfg.wire_dtype, ring=2, device=device
+                )
             self.rx.register(meta_name(w), (META_FIELDS,), "float64")  # last: workers wait for it
 
     def _check_specs(self, rank: int, specs: Specs) -> None:
@@ -309,7 +329,7 @@ class ParameterServer:
                     view = self.rx.wait(init_name(c.cid), timeout=self.cfg.step_timeout)
                 except tw.TensorWireError as exc:
                     raise PSError(f"rank 0 did not send the initial {c.cid}: {exc}") from None
-                np.copyto(self.params[c.cid], view)
+                self.params[c.cid][...] = view
                 self.rx.release(init_name(c.cid))
             self._needs_init = False
 
@@ -382,8 +402,14 @@ class ParameterServer:
             return
         started = time.monotonic()
         os.makedirs(os.path.dirname(self.ckpt) or ".", exist_ok=True)
+        host = self.place.to_host
         checkpoint.save(
-            self.ckpt, self.step, self.params, self.opt.state, self.fingerprint, self.specs
+            self.ckpt,
+            self.step,
+            {cid: host(value) for cid, value in self.params.items()},
+            {k: {s: host(v) for s, v in slots.items()} for k, slots in self.opt.state.items()},
+            self.fingerprint,
+            self.specs,
         )
         self.stats.checkpoints += 1
         self.stats.checkpoint_seconds += time.monotonic() - started
@@ -478,7 +504,7 @@ class ParameterServer:
                 for c in self.chunks:
                     grad = got[grad_name(w.rank, c.cid)]
                     if contributors == 0:
-                        np.copyto(self.acc[c.cid], grad)
+                        self.acc[c.cid][...] = grad
                     else:
                         self.acc[c.cid] += grad
                 contributors += 1
@@ -542,7 +568,7 @@ class ParameterServer:
                 rank, param, part = parsed
                 cid = f"{param}@{part}"
                 # Applied as it lands: the gradient of one worker, one chunk, one step.
-                np.copyto(self.acc[cid], view)
+                self.acc[cid][...] = view
                 self._update(cid)
                 w = by_rank[rank]
                 w.got.add(cid)

@@ -16,7 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from tensorwire.client import models
 from tensorwire.client.launch import ps_command, worker_command
+from tensorwire.server import optim
 
 from .conftest import free_port
 
@@ -147,3 +149,19 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
         env={**os.environ, **(env or {})},
         check=False,
     )
+
+
+def digits_reference(steps: int, workers: int, batch: int, opt: optim.Optimizer) -> dict[str, Any]:
+    """What a BSP job of the digits model computes: one process training on the union of the
+    workers' batches, with the optimizer code the servers run."""
+    spec = models.model("digits")
+    data = models.load("digits")
+    params = spec.init(0)
+    for step in range(steps):
+        xs, ys = zip(
+            *(models.batch_at(data, r, workers, batch, step) for r in range(workers)), strict=True
+        )
+        _, grads, _ = models.loss_and_grads(spec, params, np.concatenate(xs), np.concatenate(ys))
+        for name in params:
+            opt.step(name, params[name], grads[name])
+    return params

@@ -21,7 +21,7 @@ from tensorwire.server import optim
 from tensorwire.server.plan import plan
 
 from .conftest import free_port
-from .jobs import Job, log_has
+from .jobs import Job, digits_reference, log_has
 from .jobs import cli as _cli
 from .jobs import ok as _ok
 
@@ -94,21 +94,6 @@ def test_sixteen_bit_wire_trains_digits_to_95_percent(job: Any, wire: str, trans
     assert all(np.array_equal(v, v.astype(wire_dtype).astype(np.float32)) for v in final.values())
 
 
-def _reference(steps: int, workers: int, batch: int, opt: optim.Optimizer) -> dict[str, Any]:
-    """One process training on the union of the workers' batches."""
-    spec = models.model("digits")
-    data = models.load("digits")
-    params = spec.init(0)
-    for step in range(steps):
-        xs, ys = zip(
-            *(models.batch_at(data, r, workers, batch, step) for r in range(workers)), strict=True
-        )
-        _, grads, _ = models.loss_and_grads(spec, params, np.concatenate(xs), np.concatenate(ys))
-        for name in params:
-            opt.step(name, params[name], grads[name])
-    return params
-
-
 @pytest.mark.parametrize(
     ("servers", "optimizer", "transport"),
     [(1, "sgd", "shm"), (2, "adam", "tcp"), (2, "sgd", "nixl"), (2, "momentum", "grpc")],
@@ -152,7 +137,7 @@ def test_bsp_equals_single_process_on_the_union_of_batches(
             if c.param == "layer0.weight"
         }
         assert shards == {0, 1}
-    ref = _reference(steps, 2, 32, optim.make(optimizer, lr))
+    ref = digits_reference(steps, 2, 32, optim.make(optimizer, lr))
     for rank in (0, 1):
         got = j.params(rank)
         for name, want in ref.items():

@@ -138,14 +138,29 @@ def test_a_gpu_asked_of_what_cannot_use_one_is_one_line() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch with CUDA)")
-@pytest.mark.parametrize("transport", ["shm", "tcp"])
-def test_torch_bsp_on_gpu_workers_equals_one_process(job: Any, transport: str) -> None:
+@pytest.mark.parametrize(
+    ("transport", "server_device"),
+    [("shm", "cpu"), ("tcp", "cpu"), ("shm", "cuda"), ("tcp", "cuda")],
+)
+def test_torch_bsp_on_gpu_workers_equals_one_process(
+    job: Any, transport: str, server_device: str
+) -> None:
     """Workers with --device cuda: the servers write the parameters into GPU memory, the module
-    reads them there through DLPack, gradients leave from GPU memory. The reference runs on the
-    CPU; GPU convolutions may use TF32 (torch's default for cuDNN), hence the looser bound."""
+    reads them there through DLPack, gradients leave from GPU memory (into the servers' GPU
+    memory too, with their --device cuda). The reference runs on the CPU; GPU convolutions may
+    use TF32 (torch's default for cuDNN), hence the looser bound."""
     steps, lr = 20, 0.05
     j = job(
-        ps=["--steps", str(steps), "--lr", str(lr), "--split-bytes", "4096"],
+        ps=[
+            "--steps",
+            str(steps),
+            "--lr",
+            str(lr),
+            "--split-bytes",
+            "4096",
+            "--device",
+            server_device,
+        ],
         servers=2,
         worker=["--model", EXAMPLE, "--transport", transport, "--device", "cuda"],
     )

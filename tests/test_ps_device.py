@@ -1,0 +1,112 @@
+"""A parameter-server shard on a GPU (``tensorwire-ps --device cuda``): real daemons on loopback.
+
+The first test runs everywhere: a device the server cannot use stops it in one line. The others
+are marked ``gpu`` and need a CUDA device (``make test-gpu``); elsewhere they are skipped with the
+reason. There, the shard's parameters, gradient slots and optimizer state are cupy arrays, and a
+job must compute what one process computes on the union of the workers' batches.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tensorwire import cuda
+from tensorwire.server import optim
+
+from .jobs import cli, digits_reference, ok
+
+NO_GPU = "no CUDA device here (cupy and a GPU are needed: `make test-gpu` on a GPU machine)"
+
+
+def _gpu(test: Any) -> Any:
+    """Mark a test ``gpu`` and skip it, with the reason, where there is no CUDA device."""
+    return pytest.mark.gpu(pytest.mark.skipif(not cuda.available(), reason=NO_GPU)(test))
+
+
+def _close(got: dict[str, Any], want: dict[str, Any], bound: float) -> None:
+    assert list(got) == list(want)
+    for name, value in want.items():
+        err = np.linalg.norm(got[name] - value) / max(float(np.linalg.norm(value)), 1e-12)
+        assert err < bound, f"{name}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--device", "tpu"], "device must be 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),
+        (["--device", "cuda:99"], "cuda:99 was asked for, but this host has"),
+        (
+            ["--device", "cuda", "--wire-dtype", "bfloat16"],
+            "a server on cuda takes float32 on the wire, not bfloat16",
+        ),
+    ],
+)
+def test_a_device_the_server_cannot_use_is_one_line(args: list[str], says: str) -> None:
+    """Checked before the server binds or waits for anyone (without cupy, the line says how to
+    install it instead)."""
+    out = cli("-m", "tensorwire.server.daemon", "--no-progress", *args)
+    last = out.stderr.strip().splitlines()[-1]
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    if importlib.util.find_spec("cupy") is None and "tpu" not in args:
+        assert "pip install 'tensorwire[gpu]'" in last
+    else:
+        assert says in last, out.stderr
+
+
+@_gpu
+@pytest.mark.parametrize(
+    ("optimizer", "transport"), [("adam", "shm"), ("momentum", "tcp"), ("sgd", "nixl")]
+)
+def test_bsp_with_the_server_on_a_gpu_equals_one_process(
+    job: Any, optimizer: str, transport: str
+) -> None:
+    """CPU workers write their gradients into the servers' GPU slots (a host-to-device crossing
+    on every transport), the update runs in cupy, the parameters leave from GPU memory; two
+    servers, a weight matrix split across them."""
+    steps, lr = 25, 0.05
+    common = ["--transport", transport]
+    j = job(
+        servers=2,
+        ps=[
+            *common,
+            "--device",
+            "cuda",
+            "--steps",
+            str(steps),
+            "--optimizer",
+            optimizer,
+            "--lr",
+            str(lr),
+            "--split-bytes",
+            "8192",
+        ],
+        worker=common,
+    )
+    ok(j)
+    ref = digits_reference(steps, 2, 32, optim.make(optimizer, lr))
+    for rank in (0, 1):
+        _close(j.params(rank), ref, 1e-5)
+
+
+@_gpu
+def test_a_gpu_server_checkpoints_to_host_and_resumes_on_the_gpu(job: Any, tmp_path: Path) -> None:
+    """Adam's moments go to the checkpoint from GPU memory and come back into it; the resumed
+    job ends where one straight job on the CPU ends."""
+    ckpt = tmp_path / "ckpt"
+    common = ["--optimizer", "adam", "--lr", "0.01"]
+    gpu = [*common, "--device", "cuda", "--checkpoint-dir", str(ckpt)]
+    first = job(ps=[*gpu, "--steps", "10", "--checkpoint-every", "5"])
+    ok(first)
+    with np.load(ckpt / "ps-shard0.npz") as saved:
+        assert any(name.endswith(":m") for name in saved.files)  # host arrays, readable here
+    resumed = job(ps=[*gpu, "--steps", "20", "--resume"])
+    ok(resumed)
+    assert "at step 10" in resumed.log("ps0")
+    straight = job(ps=[*common, "--steps", "20"])
+    ok(straight)
+    _close(resumed.params(0), straight.params(0), 1e-5)
