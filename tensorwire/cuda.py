@@ -27,6 +27,7 @@ import contextlib
 import functools
 import sys
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -323,6 +324,23 @@ class Copier:
             runtime.memcpyAsync(dst, src, nbytes, runtime.memcpyDefault, stream.ptr)
             stream.synchronize()
 
+    def queue(self, dst: int, src: int, nbytes: int, device: int) -> None:
+        """As :meth:`copy` on ``device``'s own stream, without waiting: :meth:`copy` (or
+        :meth:`wait`) on that device later returns once this copy has landed too."""
+        if nbytes == 0:
+            return
+        cp = cupy()
+        runtime = cp.cuda.runtime
+        with cp.cuda.Device(device):
+            stream = self.stream(device)
+            runtime.memcpyAsync(dst, src, nbytes, runtime.memcpyDefault, stream.ptr)
+
+    def wait(self, device: int) -> None:
+        """Return once every copy queued on ``device``'s own stream has landed."""
+        cp = cupy()
+        with cp.cuda.Device(device):
+            self.stream(device).synchronize()
+
 
 @functools.cache
 def copier() -> Copier:
@@ -338,6 +356,21 @@ def synchronize_current(device: int) -> None:
         cp.cuda.get_current_stream().synchronize()
 
 
+def device_bytes(device: int, nbytes: int) -> Any:
+    """``nbytes`` of uninitialised memory on GPU ``device``, as a cupy uint8 array (at least one
+    byte: a staging buffer that a writer fills in place)."""
+    cp = cupy()
+    with cp.cuda.Device(device):
+        return cp.empty(max(nbytes, 1), dtype=cp.uint8)
+
+
+#: What a GPU payload sent from host memory is staged in at a time (:meth:`PinnedBuffer.chunks`):
+#: small enough that the copy of the first chunk, which nothing overlaps, is short (~30 us at the
+#: 36 GB/s an H100 copies 1 MiB to pinned memory), large enough that the per-chunk cost (a copy
+#: launched, an event waited for, a send) is a few percent of a chunk's send at loopback rates.
+STAGING_CHUNK_BYTES = 1 << 20
+
+
 class PinnedBuffer:
     """Page-locked host memory, as a numpy byte array that grows on demand.
 
@@ -347,6 +380,7 @@ class PinnedBuffer:
     def __init__(self) -> None:
         self._pinned: Any = None
         self.array: np.ndarray[Any, np.dtype[np.uint8]] = np.empty(0, dtype=np.uint8)
+        self._events: dict[int, tuple[Any, Any]] = {}  # per device: one per half (chunks)
 
     def bytes(self, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
         if nbytes > self.array.nbytes:
@@ -360,6 +394,53 @@ class PinnedBuffer:
         device = int(array.device.id)
         copier().copy(data_pointer(out), data_pointer(array), array.nbytes, device, ordered=True)
         return out.view(array.dtype).reshape(array.shape)
+
+    def chunks(self, array: Any, chunk_bytes: int = STAGING_CHUNK_BYTES) -> Iterator[memoryview]:
+        """A C-contiguous GPU array's bytes in host memory, ``chunk_bytes`` at a time, for a
+        sender that sends each chunk while the GPU copies the next: the copy of chunk k+1 into
+        one half of this buffer is started before chunk k, in the other half, is handed out. A
+        chunk is valid until the next one is asked for.
+
+        The copies are queued on the device's current stream, behind the work that produced the
+        array (see :func:`as_device_array`). Closing the iterator early waits for the copy in
+        flight, so the buffer is never written behind its next user's back."""
+        nbytes = int(array.nbytes)
+        if nbytes == 0:
+            return
+        chunk = min(chunk_bytes, nbytes)
+        count = -(-nbytes // chunk)
+        device = int(array.device.id)
+        src = data_pointer(array)
+        halves = self.bytes(2 * chunk if count > 1 else chunk)
+        base = data_pointer(halves)
+        cp = cupy()
+        runtime = cp.cuda.runtime
+        events = self._events.get(device)
+        if events is None:
+            with cp.cuda.Device(device):
+                events = (cp.cuda.Event(disable_timing=True), cp.cuda.Event(disable_timing=True))
+            self._events[device] = events
+
+        def start(k: int) -> None:
+            at, size = k * chunk, min(chunk, nbytes - k * chunk)
+            with cp.cuda.Device(device):
+                stream = cp.cuda.get_current_stream()
+                runtime.memcpyAsync(
+                    base + (k % 2) * chunk, src + at, size, runtime.memcpyDeviceToHost, stream.ptr
+                )
+                events[k % 2].record(stream)
+
+        start(0)
+        try:
+            for k in range(count):
+                if k + 1 < count:
+                    start(k + 1)  # into the half of chunk k-1, which the caller is done with
+                events[k % 2].synchronize()
+                at = (k % 2) * chunk
+                yield halves[at : at + min(chunk, nbytes - k * chunk)].data
+        finally:
+            for event in events:
+                event.synchronize()
 
 
 # -- facts for `tensorwire info` --------------------------------------------------------------

@@ -247,8 +247,12 @@ def test_gpu_tensors_land_byte_exact_from_every_source(
         for dt in GPU_DTYPES:
             rx.register(dt, shape, dt, device="cuda:0")
         rx.register("big", (2048, 4096), "float32", device="cuda")  # 32 MiB
+        # tcp stages GPU payloads through host memory 1 MiB at a time at both ends: a size
+        # that leaves a part of a chunk at the end
+        rx.register("odd", (1_300_001,), "float32", device="cuda")
         plan = [(dt, dt, shape, i) for i, dt in enumerate(GPU_DTYPES)]
         plan.append(("big", "float32", (2048, 4096), 99))
+        plan.append(("odd", "float32", (1_300_001,), 98))
         proc = children.start(send_plan_from, rx.address, transport, plan, source)
         for name, dt, shp, seed in plan:
             got = rx.wait(name, timeout=60)
@@ -342,13 +346,16 @@ def test_torch_reads_the_slot_without_a_copy() -> None:
 
 
 @_gpu
-def test_a_sender_killed_mid_gpu_write_never_completes_a_slot(children: Children) -> None:
+@pytest.mark.parametrize("via", ["shm", "tcp"])
+def test_a_sender_killed_mid_gpu_write_never_completes_a_slot(children: Children, via: str) -> None:
+    """shm: the kill lands inside a CUDA IPC copy often; tcp: inside a payload staged through
+    host memory a chunk at a time at both ends."""
     cp = _cupy()
-    shape = (4096, 4096)  # 64 MiB: the kill lands inside a copy often
+    shape = (4096, 4096)  # 64 MiB
     with tw.Receiver(ring=2) as rx:
         rx.register("t", shape, "float32", device="cuda")
         parent, child = children.pipe()
-        proc = children.start(send_uniform_gpu, rx.address, "shm", "t", child)
+        proc = children.start(send_uniform_gpu, rx.address, via, "t", child)
         assert parent.recv() == "go"
         seen = 0
         for _ in range(20):  # bounded: each message is checked whole

@@ -81,10 +81,12 @@ class Landing(DataSink):
             tensor.inflight = session
             if tensor.ring.device is None:
                 return tensor.ring.payload_bytes[header.slot][:nbytes].data
-            # A GPU slot: the bytes arrive in pinned host memory first (end_write copies them).
+            # A GPU slot: the bytes arrive in pinned host memory first (arrived() and end_write
+            # copy them on).
             if tensor.staging is None:
                 tensor.staging = PinnedBuffer()
                 tensor.staging.bytes(tensor.spec.max_bytes)
+            tensor.staged_upto = 0
             staged: memoryview = tensor.staging.bytes(nbytes).data
             return staged
 
@@ -136,6 +138,23 @@ class Landing(DataSink):
             )
         return tensor, nbytes
 
+    def arrived(self, session: object, header: wire.DataHeader, nbytes: int) -> bool:
+        # No lock, as in end_write: the tensor's staging and staged_upto belong to the payload
+        # being received, which only the caller's connection writes.
+        tensor = self._table.by_id.get(header.tensor_id)
+        if tensor is None or tensor.ring.device is None or tensor.staging is None:
+            return False
+        done = tensor.staged_upto
+        if nbytes > done:  # on its way into the slot while the next part arrives
+            copier().queue(
+                tensor.ring.payload_addresses[header.slot] + done,
+                data_pointer(tensor.staging.array) + done,
+                nbytes - done,
+                tensor.ring.device,
+            )
+            tensor.staged_upto = nbytes
+        return True
+
     def end_write(self, session: object, header: wire.DataHeader, bell: bool = True) -> None:
         assert isinstance(session, Session)
         tensor = self._table.by_id[header.tensor_id]
@@ -143,13 +162,17 @@ class Landing(DataSink):
         if device is not None and header.nbytes:
             # Into the slot before the completion store (no lock needed: this session's claim
             # and the credits keep every other writer out of the slot, and the consumer does
-            # not look at it before the store).
-            copier().copy(
-                tensor.ring.payload_addresses[header.slot],
-                data_pointer(tensor.staging.array),
-                header.nbytes,
-                device,
-            )
+            # not look at it before the store). What arrived() queued is on the same stream.
+            done = tensor.staged_upto
+            if done < header.nbytes:
+                copier().copy(
+                    tensor.ring.payload_addresses[header.slot] + done,
+                    data_pointer(tensor.staging.array) + done,
+                    header.nbytes - done,
+                    device,
+                )
+            else:
+                copier().wait(device)
         with self._state.lock:
             tensor.inflight = None
             self._complete(session, tensor, header, bell)

@@ -86,6 +86,8 @@ class RegisteredTensor:
     inflight: Session | None = None
     #: a GPU tensor's host staging area for payloads that arrive over a network (pinned memory)
     staging: Any = None
+    #: how much of the payload arriving there has been queued for the copy into the slot
+    staged_upto: int = 0
     #: where messages handed to the consumer are counted (by name and the claim's transport)
     traffic: Traffic = dataclasses.field(default_factory=Traffic)
 

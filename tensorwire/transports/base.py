@@ -259,6 +259,12 @@ class DataSink(Protocol):
     def begin_write(self, session: object, header: DataHeader) -> memoryview:
         """Validate a header; return the exact bytes of the slot its payload must land in."""
 
+    def arrived(self, session: object, header: DataHeader, nbytes: int) -> bool:
+        """The first ``nbytes`` of the payload :meth:`begin_write` was asked for are there (a
+        large payload, read in parts). True if the sink wants to hear of each further part: a
+        GPU slot, whose bytes arrive in host staging, copies each part on while the next one is
+        received. Called first with 0, to ask."""
+
     def end_write(self, session: object, header: DataHeader, bell: bool = True) -> None:
         """The payload is in the bytes :meth:`begin_write` gave: complete the slot, and ring the
         consumers' doorbell unless ``bell`` is False (the caller then calls :meth:`ring` soon,

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from .. import wire
-from ..cuda import cupy, data_pointer, synchronize_current
+from ..cuda import data_pointer, device_bytes, synchronize_current
 from ..doorbell import deadline_of
 from ..errors import (
     LocalProtocolError,
@@ -622,9 +622,7 @@ class NixlWriter(TensorWriter):
         if self._device is None:
             return self._staging_bytes()
         if self._device_staging is None:
-            cp = cupy()
-            with cp.cuda.Device(self._device):
-                self._device_staging = cp.empty(max(self.spec.max_bytes, 1), dtype=cp.uint8)
+            self._device_staging = device_bytes(self._device, self.spec.max_bytes)
         return self._device_staging
 
     def commit(self, shape: tuple[int, ...]) -> None:

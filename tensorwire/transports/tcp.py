@@ -2,7 +2,8 @@
 
 Sender: after the control-plane hello, it opens one TCP connection to the receiver's data port and
 presents the session token it was issued; each write is one ``sendmsg`` of a fixed header plus the
-array's own memory (no ``tobytes()``, no staging copy).
+array's own memory (no ``tobytes()``, no staging copy). A GPU array goes through pinned host memory
+a chunk at a time, the GPU copying the next chunk while the last one is sent.
 
 Receiver: one thread per connection reads a header, asks the receiver where that payload must land
 (which also validates tensor id, slot, generation, sequence number, credits and size) and
@@ -22,12 +23,13 @@ import struct
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
 from .. import wire
+from ..cuda import STAGING_CHUNK_BYTES, PinnedBuffer, device_bytes
 from ..doorbell import deadline_of
 from ..errors import (
     LocalProtocolError,
@@ -306,11 +308,48 @@ class TcpChannel(Channel):
         except OSError as exc:
             raise PeerLostError(f"tcp data connection to {self._where} failed: {exc}") from exc
 
+    def send_staged(
+        self, header: memoryview, pieces: Iterator[memoryview], deadline: float | None
+    ) -> None:
+        """One frame whose payload becomes ready piece by piece (a GPU array staged through
+        pinned memory): the header goes with the first piece, as :meth:`send` sends a frame.
+        After that the stream is mid-frame, so whatever stops the rest (a timeout, the receiver
+        gone, a failed copy, an interrupt) closes the connection: the receiver drops the half
+        frame and never completes the slot."""
+        try:
+            first = next(pieces, None)  # a copy that fails here has sent nothing
+            self.send([header] if first is None else [header, first], deadline)
+            try:
+                for piece in pieces:
+                    sock = self._sock
+                    if sock is None:
+                        raise PeerLostError(f"tcp channel to {self._where} is closed")
+                    send_all(sock, [piece], deadline, self.raise_if_lost)
+            except BaseException as exc:
+                why = "timed out" if isinstance(exc, _SendTimeout) else f"{exc!s}".strip()
+                reason = (
+                    f"tcp data connection to {self._where}: a GPU payload stopped part way "
+                    f"({why or type(exc).__name__}); the connection was closed (the message was "
+                    "not delivered)"
+                )
+                self.mark_lost(reason)
+                self._shutdown()
+                if isinstance(exc, _SendTimeout):
+                    raise WireTimeoutError(reason) from None
+                if isinstance(exc, OSError):
+                    raise PeerLostError(reason) from exc
+                raise
+        finally:
+            close = getattr(pieces, "close", None)
+            if close is not None:
+                close()  # waits for a copy in flight into the staging buffer
+
     def write_batch(self, writes: list[tuple[TensorWriter, Any]], deadline: float | None) -> None:
         """The batch's frames in as few ``sendmsg`` calls as the kernel allows: frames are
         gathered until a writer must wait for a credit (the frames before it are sent first, as
         the receiver may be waiting for them to release one), a writer comes again, or
-        ``IOV_MAX`` buffers are gathered."""
+        ``IOV_MAX`` buffers are gathered. A GPU array is sent on its own, staged
+        (:meth:`TcpWriter.write`), after the frames gathered before it."""
         pending: list[memoryview] = []
         framed: dict[int, TcpWriter] = {}  # by id, in order
 
@@ -324,6 +363,10 @@ class TcpChannel(Channel):
 
         for w, array in writes:
             assert isinstance(w, TcpWriter)
+            if not isinstance(array, np.ndarray):  # in GPU memory
+                flush()
+                w.write(array, deadline)
+                continue
             if id(w) in framed or len(pending) + 2 > _IOV_MAX:
                 flush()
             if not w.has_credit():
@@ -393,6 +436,8 @@ class TcpWriter(TensorWriter):
         self._header = bytearray(wire.MAX_HEADER_BYTES)
         self._header_view = memoryview(self._header)
         self._staging: np.ndarray[Any, Any] | None = None
+        self._device = entry.device  # a GPU tensor: what acquire() hands out is GPU memory
+        self._device_staging: Any = None
         self._deadline: float | None = None  # of the message being produced through acquire()
         self._slots = SlotChooser(slot_seqs)
         self._framed = -1  # the slot of the message frame() made
@@ -409,19 +454,21 @@ class TcpWriter(TensorWriter):
     def frame(self, payload: memoryview, shape: tuple[int, ...]) -> list[memoryview]:
         """The next message's header and payload, ready to send (its slot chosen, which
         :meth:`sent` records once they are on their way). Needs a credit."""
-        seq = self.next_seq
+        return [self._frame_header(len(payload), shape), payload]
+
+    def _frame_header(self, nbytes: int, shape: tuple[int, ...]) -> memoryview:
         slot = self._slots.choose(self._channel.released(self._tid))
         header = wire.DataHeader(
             self._tid,
             slot,
             self._generation,
-            seq,
-            len(payload),
+            self.next_seq,
+            nbytes,
             shape if self.spec.dynamic else None,
         )
         used = wire.pack_data_header(self._header, header)
         self._framed = slot
-        return [self._header_view[:used], payload]
+        return self._header_view[:used]
 
     def sent(self) -> None:
         """The message :meth:`frame` made has been handed to the kernel."""
@@ -432,23 +479,48 @@ class TcpWriter(TensorWriter):
         self._channel.send(self.frame(payload, shape), deadline)
         self.sent()
 
-    def write(self, array: np.ndarray[Any, Any], deadline: float | None) -> None:
-        self.wait_credit(deadline)
-        self._send(_bytes_of(array), array.shape, deadline)
+    #: a GPU array is sent from pinned host memory, staged a chunk at a time (_send_from_gpu)
+    takes_device = True
 
-    def acquire(self, shape: tuple[int, ...], deadline: float | None) -> np.ndarray[Any, Any]:
+    def write(self, array: Any, deadline: float | None) -> None:
+        self.wait_credit(deadline)
+        if isinstance(array, np.ndarray):
+            self._send(_bytes_of(array), array.shape, deadline)
+        else:
+            self._send_from_gpu(array.reshape(-1).view(np.uint8), array.shape, deadline)
+
+    def _send_from_gpu(self, flat: Any, shape: tuple[int, ...], deadline: float | None) -> None:
+        """Send a GPU array's bytes (``flat``, uint8) while they are copied out: the copy of
+        each chunk into pinned memory overlaps the send of the chunk before it, so the copy
+        out costs one chunk's copy rather than the whole array's. Needs a credit."""
+        if self._pinned is None:
+            self._pinned = PinnedBuffer()
+        header = self._frame_header(int(flat.nbytes), shape)
+        self._channel.send_staged(header, self._pinned.chunks(flat), deadline)
+        self.sent()
+
+    def acquire(self, shape: tuple[int, ...], deadline: float | None) -> Any:
         # Produce-in-place over a network has to stage somewhere: one buffer per tensor, allocated
-        # once, reused for every message.
+        # once, reused for every message (in GPU memory for a GPU tensor, as the producer's
+        # kernels write there).
         self.wait_credit(deadline)
         self._deadline = deadline
+        nbytes = int(np.prod(shape)) * self.spec.dtype.itemsize
+        if self._device is not None:
+            if self._device_staging is None:
+                self._device_staging = device_bytes(self._device, self.spec.max_bytes)
+            return self._device_staging[:nbytes].view(self.spec.dtype).reshape(shape)
         if self._staging is None:
             self._staging = np.empty(self.spec.max_bytes, dtype=np.uint8)
-        nbytes = int(np.prod(shape)) * self.spec.dtype.itemsize
         return self._staging[:nbytes].view(self.spec.dtype).reshape(shape)
 
     def commit(self, shape: tuple[int, ...]) -> None:
-        assert self._staging is not None
         nbytes = int(np.prod(shape)) * self.spec.dtype.itemsize
+        if self._device is not None:
+            # the chunks' copies queue behind the kernels that filled it (the current stream)
+            self._send_from_gpu(self._device_staging[:nbytes], shape, self._deadline)
+            return
+        assert self._staging is not None
         self._send(self._staging[:nbytes].data, shape, self._deadline)
 
 
@@ -498,6 +570,7 @@ class _Connection:
         self._header: wire.DataHeader | None = None  # whose payload is being read into _dst
         self._dst: memoryview | None = None
         self._got = 0
+        self._in_parts = False  # the sink hears of each STAGING_CHUNK_BYTES of this payload
         self.read_at = 0.0  # when bytes last arrived (monotonic): stall detection mid-frame
         self.driven_at = 0.0  # when a consumer last polled (monotonic)
         self.failure: BaseException | None = None  # what a consumer's poll ran into
@@ -548,20 +621,29 @@ class _Connection:
                 self._dst = sink.begin_write(session, header)
                 self._header = header
                 self._got = 0
+                # A large payload for a GPU slot is read in parts, each copied on to the GPU
+                # while the next arrives; any other is read whole.
+                self._in_parts = len(self._dst) > STAGING_CHUNK_BYTES and sink.arrived(
+                    session, header, 0
+                )
             dst, total = self._dst, len(self._dst)
             while self._got < total:
+                stop = min(total, self._got + STAGING_CHUNK_BYTES) if self._in_parts else total
                 if wait:
-                    if not recv_exact_into(sock, dst[self._got :]):
+                    if not recv_exact_into(sock, dst[self._got : stop]):
                         raise ConnectionError("connection closed before the payload")
-                    self._got = total
+                    self._got = stop
                 else:
-                    got = _recv_some(sock, dst[self._got :])
+                    got = _recv_some(sock, dst[self._got : stop])
                     if got is None:
                         return done
                     if got == 0:
                         raise ConnectionError("connection closed before the payload")
                     self._got += got
                 self.read_at = time.monotonic()
+                if self._in_parts and self._got == stop:
+                    assert self._header is not None
+                    sink.arrived(session, self._header, stop)
             header, self._header, self._dst = self._header, None, None
             assert header is not None
             done += 1
