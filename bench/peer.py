@@ -51,7 +51,7 @@ class _Session:
         self.buffer = np.empty(max([*self.sizes, self.latency_bytes]), dtype=np.uint8)
         self.host = host
         self.raw_nixl: RawNixl | None = None
-        device = setup.get("device", "cpu")  # where the tensors live (--device)
+        self.device = device = setup.get("device", "cpu")  # where the tensors live (--device)
         for t in self.transports:
             for size in self.sizes:
                 self.rx.register(tensor_name(t, size), (size,), "uint8", device=device)
@@ -112,7 +112,7 @@ class _Session:
     def raw_nixl_setup(self, details: dict[str, Any]) -> dict[str, Any]:
         if self.raw_nixl is None:
             nbytes = max([*self.sizes, self.latency_bytes])
-            self.raw_nixl = RawNixl("peer", nbytes, is_loopback_host(self.host))
+            self.raw_nixl = RawNixl("peer", nbytes, is_loopback_host(self.host), self.device)
             self.raw_nixl.connect(details)
         return {"details": self.raw_nixl.details()}
 

@@ -1,12 +1,14 @@
 """The ``raw-nixl`` reference: NIXL driven by hand, the limit of the ``nixl`` transport.
 
 Each end is a NIXL agent with the UCX backend (created as the transport creates its own: no
-progress thread, the same UCX settings) and one registered host buffer; the ends exchange their
-metadata and buffer addresses once. Throughput: ``count`` WRITEs of the runner's buffer into the
-peer's, each awaited to completion (as a one-sided write of the transport is), then one
-notification that the peer polls for. Round trip: a WRITE carrying a notification, and the same
-back from the peer once it has seen it: what ``nixl`` does per message without tensorwire's
-headers, credits, spec checks or threads. Only NIXL's public API; no tensorwire data path.
+progress thread, the same UCX settings) and one registered buffer, in host memory (``DRAM``) or,
+with ``--device cuda``, in GPU memory (``VRAM``: UCX moves it GPU to GPU, as the transport does
+for GPU tensors); the ends exchange their metadata and buffer addresses once. Throughput:
+``count`` WRITEs of the runner's buffer into the peer's, each awaited to completion (as a
+one-sided write of the transport is), then one notification that the peer polls for. Round
+trip: a WRITE carrying a notification, and the same back from the peer once it has seen it: what
+``nixl`` does per message without tensorwire's headers, credits, spec checks or threads. Only
+NIXL's public API; no tensorwire data path.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from tensorwire import NixlOptions, TensorWireError, rdma
+from tensorwire import cuda as tw_cuda
 
 #: the notification that ends a throughput measurement, and the ping of a round trip
 END, PING = b"end", b"p"
@@ -26,33 +29,53 @@ END, PING = b"end", b"p"
 class RawNixl:
     """One end: an agent, its registered buffer and, once connected, the other end's."""
 
-    def __init__(self, role: str, nbytes: int, loopback: bool) -> None:
+    def __init__(self, role: str, nbytes: int, loopback: bool, device: str = "cpu") -> None:
         self.name = f"tensorwire-bench-raw-{role}-{os.getpid()}"
         self.agent: Any = rdma.create_agent(self.name, NixlOptions(), loopback)
         # Real bytes, as the transport's writes carry: a buffer never written reads as the
         # kernel's zero page, which stays in the cache, and made raw NIXL look faster than
         # memcpy from 16 MiB up (BENCHMARKS.md, "Receiver memory").
-        self.buffer = np.random.default_rng(1).integers(0, 256, nbytes, dtype=np.uint8)
-        self.address = int(self.buffer.ctypes.data)
-        self._descs = self.agent.register_memory([(self.address, nbytes, 0, "")], "DRAM")
+        host = np.random.default_rng(1).integers(0, 256, nbytes, dtype=np.uint8)
+        index = tw_cuda.parse_device(device)
+        self.buffer: Any = host
+        self.memory, self.device = "DRAM", 0
+        if index is not None:
+            cp = tw_cuda.cupy()
+            with cp.cuda.Device(index):
+                self.buffer = cp.asarray(host)
+            self.memory, self.device = "VRAM", index
+        self.address = tw_cuda.data_pointer(self.buffer)
+        self._descs = self.agent.register_memory(
+            [(self.address, nbytes, self.device, "")], self.memory
+        )
         self.remote = ""
         self.remote_address = 0
+        self.remote_memory, self.remote_device = "DRAM", 0
         self._requests: dict[tuple[int, bytes], Any] = {}
 
     def details(self) -> dict[str, Any]:
-        return {"metadata": self.agent.get_agent_metadata(), "address": self.address}
+        return {
+            "metadata": self.agent.get_agent_metadata(),
+            "address": self.address,
+            "memory": self.memory,
+            "device": self.device,
+        }
 
     def connect(self, details: dict[str, Any]) -> None:
         name = self.agent.add_remote_agent(details["metadata"])
         self.remote = name.decode() if isinstance(name, bytes) else str(name)
         self.remote_address = int(details["address"])
+        self.remote_memory = str(details.get("memory", "DRAM"))
+        self.remote_device = int(details.get("device", 0))
         self.agent.make_connection(self.remote)
 
     def _request(self, size: int, notification: bytes) -> Any:
         request = self._requests.get((size, notification))
         if request is None:
-            local = self.agent.get_xfer_descs([(self.address, size, 0)], "DRAM")
-            far = self.agent.get_xfer_descs([(self.remote_address, size, 0)], "DRAM")
+            local = self.agent.get_xfer_descs([(self.address, size, self.device)], self.memory)
+            far = self.agent.get_xfer_descs(
+                [(self.remote_address, size, self.remote_device)], self.remote_memory
+            )
             request = self.agent.initialize_xfer("WRITE", local, far, self.remote, notification)
             self._requests[size, notification] = request
         return request

@@ -13,8 +13,8 @@ References measured alongside: ``memcpy`` (a single-threaded ``np.copyto`` of th
 this process: the limit of any one-copy path), ``raw-tcp`` (a plain socket, ``sendall`` into
 ``recv_into`` one buffer: the limit of any TCP path), ``zmq`` (pyzmq ``send(copy=False)`` and
 ``recv`` plus a copy into a preallocated array: what a Python user would write by hand) and, where
-the ``nixl`` transport runs on host memory, ``raw-nixl`` (NIXL's own API driven by hand: the limit
-of the ``nixl`` path; :mod:`.raw_nixl`).
+the ``nixl`` transport runs, ``raw-nixl`` (NIXL's own API driven by hand, on buffers where the
+tensors are: the limit of the ``nixl`` path; :mod:`.raw_nixl`).
 
 With ``device="cuda:N"`` the tensors live on that GPU at both ends (the runner writes cupy
 arrays into GPU slots) and two GPU references join: ``d2d`` (a cupy device-to-device copy of the
@@ -146,9 +146,9 @@ class Runner:
             self._pair = self._ctx.socket(zmq.PAIR)
             self._pair.linger = 0
             self._pair.connect(f"tcp://{self.host}:{info['zmq_port']}")
-            if "nixl" in self.senders and device == "cpu":
+            if "nixl" in self.senders:  # its buffers where the tensors are (DRAM or VRAM)
                 self.raw_nixl = RawNixl(
-                    "runner", max([*sizes, latency_bytes]), is_loopback_host(self.host)
+                    "runner", max([*sizes, latency_bytes]), is_loopback_host(self.host), device
                 )
                 far = self.call("raw-nixl-setup", details=self.raw_nixl.details())
                 self.raw_nixl.connect(far["details"])

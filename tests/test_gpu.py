@@ -10,6 +10,7 @@ torch CUDA tensors, and the receiver checks every byte that landed.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import signal
 import subprocess
@@ -25,7 +26,7 @@ from tensorwire import cuda
 from tensorwire.layout import RingLayout
 from tensorwire.memory import CUDA, IPC_HANDLE_BYTES, RegionInfo
 
-from .conftest import Children
+from .conftest import NIXL_INSTALLED, Children
 from .peers import (
     make_array,
     on_source,
@@ -424,3 +425,47 @@ def test_sources_convert_without_a_copy() -> None:
         assert isinstance(checked, cp.ndarray)
         pointer = obj.data_ptr() if source == "torch" else obj.data.ptr
         assert checked.data.ptr == pointer
+
+
+@_gpu
+def test_bench_on_a_gpu_measures_each_transport_beside_its_limit(tmp_path: Any) -> None:
+    """GPU tensors at both ends: shm against a device-to-device copy, nixl against NIXL's own
+    VRAM-to-VRAM WRITE, every transport against a pinned host-to-device copy."""
+    transports = ["shm", "tcp", *(["nixl"] if NIXL_INSTALLED else [])]
+    path = tmp_path / "gpu.json"
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tensorwire.bench",
+            "--device",
+            "cuda",
+            "--sizes",
+            "64K,3M",
+            "--transports",
+            ",".join(transports),
+            "--repeat",
+            "1",
+            "--round-trips",
+            "20",
+            "--no-progress",
+            "--json",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(path.read_text())
+    rows = {(r["method"], r["size"]): r for r in result["throughput"]}
+    raw = ["raw-nixl"] if NIXL_INSTALLED else []
+    for size in (65536, 3 << 20):
+        assert {m for m, s in rows if s == size} >= {*transports, "d2d", "h2d-pinned", *raw}
+        assert rows[("shm", size)]["limit"] == "d2d"
+        if raw:
+            nixl, limit = rows[("nixl", size)], rows[("raw-nixl", size)]
+            assert nixl["limit"] == "raw-nixl" and limit["gbps"] > 0
+            assert nixl["x_limit"] == pytest.approx(nixl["gbps"] / limit["gbps"])
+    lat = {r["method"] for r in result["latency"]}
+    assert lat >= {*transports, *raw}
