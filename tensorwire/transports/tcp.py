@@ -487,16 +487,16 @@ class TcpWriter(TensorWriter):
         if isinstance(array, np.ndarray):
             self._send(_bytes_of(array), array.shape, deadline)
         else:
-            self._send_from_gpu(array.reshape(-1).view(np.uint8), array.shape, deadline)
+            self._send_from_gpu(array, array.shape, deadline)
 
-    def _send_from_gpu(self, flat: Any, shape: tuple[int, ...], deadline: float | None) -> None:
-        """Send a GPU array's bytes (``flat``, uint8) while they are copied out: the copy of
-        each chunk into pinned memory overlaps the send of the chunk before it, so the copy
-        out costs one chunk's copy rather than the whole array's. Needs a credit."""
+    def _send_from_gpu(self, array: Any, shape: tuple[int, ...], deadline: float | None) -> None:
+        """Send a C-contiguous GPU array's bytes while they are copied out: the copy of each
+        chunk into pinned memory overlaps the send of the chunk before it, so the copy out
+        costs one chunk's copy rather than the whole array's. Needs a credit."""
         if self._pinned is None:
             self._pinned = PinnedBuffer()
-        header = self._frame_header(int(flat.nbytes), shape)
-        self._channel.send_staged(header, self._pinned.chunks(flat), deadline)
+        header = self._frame_header(int(array.nbytes), shape)
+        self._channel.send_staged(header, self._pinned.chunks(array), deadline)
         self.sent()
 
     def acquire(self, shape: tuple[int, ...], deadline: float | None) -> Any:
