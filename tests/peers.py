@@ -6,6 +6,7 @@ parent can rebuild exactly the arrays a child sent and compare them byte for byt
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -184,6 +185,21 @@ def echo_over(conn: Any, transport: str, count: int) -> None:
                 got = np.array(rx.wait("ping", timeout=30))
                 rx.release("ping")
                 tx.write("pong", got)
+
+
+def count_empty_messages(conn: Any, count: int) -> None:
+    """A receiver of ``count`` empty messages of a dynamic tensor (a ring that holds them all):
+    reports its address, and on "go" counts what arrives within 5 s, without releasing."""
+    with tw.Receiver() as rx:
+        rx.register("t", (None,), "uint8", max_bytes=64, ring=count)
+        conn.send(rx.address)
+        conn.recv()
+        landed, deadline = 0, time.monotonic() + 5
+        while landed < count and time.monotonic() < deadline:  # bounded by time and count
+            with contextlib.suppress(tw.WireTimeoutError):
+                rx.wait("t", timeout=0.2)
+                landed += 1
+        conn.send(landed)
 
 
 def write_then_idle(address: str, transport: str, name: str, heartbeat: float, ready: Any) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 
@@ -19,7 +20,7 @@ from tensorwire import wire
 from tensorwire.rdma import NixlOptions, cuda_devices_present
 
 from .conftest import Children
-from .peers import echo_over, run_conformance_hiding, run_hiding
+from .peers import count_empty_messages, echo_over, run_conformance_hiding, run_hiding
 
 NIXL_PACKAGES = ("nixl_cu12", "nixl_cu13", "nixl")
 
@@ -181,6 +182,33 @@ def test_two_processes_that_connect_to_each_other_at_once(children: Children) ->
                 assert got[0] == k and got[-1] == k
                 rx.release("pong")
         children.join_ok(proc)
+
+
+@pytest.mark.nixl
+def test_headers_that_could_not_leave_at_once_arrive_while_the_sender_is_quiet(
+    children: Children,
+) -> None:
+    """Empty messages are headers alone. Written while the receiver is stopped, the first ~250
+    fill its notification queue and the rest wait in UCX for progress on the sending side;
+    write() has returned for all of them. The sender then makes no call at all: its idle
+    progress must send them (without it, 50 of 300 were missing 5 s after the receiver
+    resumed)."""
+    count = 300
+    here, there = children.pipe()
+    proc = children.start(count_empty_messages, there, count)
+    assert here.poll(30)
+    with tw.Sender.connect(here.recv(), transport="nixl", timeout=30) as tx:
+        tx.write("t", np.zeros(0, np.uint8))  # claimed while the receiver runs
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            for _ in range(count - 1):
+                tx.write("t", np.zeros(0, np.uint8))
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        here.send("go")
+        assert here.poll(30)
+        assert here.recv() == count  # the sender made no call meanwhile
+    children.join_ok(proc)
 
 
 @pytest.mark.nixl

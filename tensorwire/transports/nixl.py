@@ -83,8 +83,10 @@ PING = 0xFFFFFFFC  # sender -> receiver at connect (a credit frame, not a header
 MAX_OUT_OF_ORDER = 4096
 #: Prepared transfer requests kept per registered source array (one per slot it went to).
 MAX_REQUESTS_PER_SOURCE = 64
-#: Progress calls after a bare notification (the socket is writable: one nearly always suffices).
-NOTIFY_PROGRESS = 3
+#: How often every open channel's notifier is given progress while its writer does not call
+#: (:class:`_IdleProgress`): a notification that could not leave at once waits in UCX for
+#: progress on our side, and only that progress sends it.
+IDLE_PROGRESS_INTERVAL = 0.02
 #: A posted transfer that has not completed in this long means the receiver is unreachable.
 TRANSFER_TIMEOUT = 60.0
 #: what NIXL calls each kind of memory (tensorwire.memory) it registers
@@ -196,6 +198,9 @@ class NixlChannel(Channel):
         self._bye_acked = False
         self._ponged = False
         self._backoff = Backoff()
+        # Held while notifications are taken in: by the writer's thread, or by the idle
+        # progress, which skips a channel whose writer is at it.
+        self._absorbing = threading.Lock()
         try:
             name = f"tw-tx-{os.getpid()}-{secrets.token_hex(6)}"
             loopback = is_loopback_host(info.control_host)
@@ -207,6 +212,7 @@ class NixlChannel(Channel):
         except BaseException:
             self.close()
             raise
+        _IDLE_PROGRESS.add(self)
 
     # -- set-up ----------------------------------------------------------------------------
 
@@ -400,10 +406,11 @@ class NixlChannel(Channel):
         except Exception as exc:
             raise self._lose(f"NIXL notification to {self._where} failed: {exc}") from exc
         self._counter += 1
-        # NIXL does not track a notification that could not leave at once: only progress on
-        # our side sends it, and nothing else may call into the agent for a while.
-        for _ in range(NOTIFY_PROGRESS):
-            self._absorb()
+        # NIXL does not track a notification that could not leave at once (the receiver's queue
+        # full: it has not taken in the ones before): only progress on our side sends it. One
+        # round now (NIXL progresses until nothing moves); the idle progress does the rest if
+        # the caller goes quiet.
+        self._absorb()
 
     @property
     def counter(self) -> int:
@@ -412,7 +419,26 @@ class NixlChannel(Channel):
     # -- credits ---------------------------------------------------------------------------
 
     def _absorb(self) -> bool:
-        """Take in whatever the receiver sent us; True if anything came."""
+        """Take in whatever the receiver sent us (and send what UCX still holds of ours); True
+        if anything came."""
+        with self._absorbing:
+            return self._absorb_locked()
+
+    def progress_idle(self) -> None:
+        """From the idle progress: the same as :meth:`_absorb`, unless another thread is at it
+        or the channel is done."""
+        if self._notifier is None or self.lost is not None:
+            return
+        if not self._absorbing.acquire(blocking=False):
+            return
+        try:
+            self._absorb_locked()
+        except TensorWireError:
+            pass  # marked lost: the writer reports it at its next call
+        finally:
+            self._absorbing.release()
+
+    def _absorb_locked(self) -> bool:
         agent = self._live_agent(notifier=True)
         try:
             notifs = agent.get_new_notifs()
@@ -480,10 +506,12 @@ class NixlChannel(Channel):
             return False
 
     def close(self) -> None:
-        agent, self._agent = self._agent, None
-        notifier, self._notifier = self._notifier, None
-        if self.lost is None:
-            self.lost = f"nixl channel to {self._where} is closed"
+        _IDLE_PROGRESS.discard(self)
+        with self._absorbing:
+            agent, self._agent = self._agent, None
+            notifier, self._notifier = self._notifier, None
+            if self.lost is None:
+                self.lost = f"nixl channel to {self._where} is closed"
         if agent is not None:
             for src in self._sources.values():
                 _drop_source(agent, src)
@@ -493,6 +521,50 @@ class NixlChannel(Channel):
                 with contextlib.suppress(Exception):
                     one.remove_remote_agent(self._remote)
         del agent, notifier  # the last references: NIXL tears the agents (and UCX) down
+
+
+class _IdleProgress:
+    """One thread per process that gives every open channel's notifier a round of progress
+    each IDLE_PROGRESS_INTERVAL.
+
+    A header or goodbye that UCX could not send at once (the receiver had not taken in the
+    ones before: stopped, descheduled, swapped out) waits in UCX for progress on the sending
+    side. A writer gives it progress at its next call; without this thread, a sender that then
+    stays quiet would leave the message unannounced, its slot never completed (measured: of
+    300 empty messages written while the receiver was stopped, 50 were still missing 5 s after
+    it resumed). Costs a wake-up per interval while channels are open; the thread ends with the
+    last of them."""
+
+    def __init__(self) -> None:
+        self._channels: weakref.WeakSet[NixlChannel] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._running = False
+
+    def add(self, channel: NixlChannel) -> None:
+        with self._lock:
+            self._channels.add(channel)
+            if not self._running:
+                self._running = True
+                threading.Thread(target=self._run, name="tensorwire-nixl-idle", daemon=True).start()
+
+    def discard(self, channel: NixlChannel) -> None:
+        with self._lock:
+            self._channels.discard(channel)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(IDLE_PROGRESS_INTERVAL)
+            with self._lock:
+                channels = list(self._channels)
+                if not channels:
+                    self._running = False
+                    return
+            for channel in channels:
+                channel.progress_idle()
+            del channels  # held strongly only while progressing: a dropped channel can go
+
+
+_IDLE_PROGRESS = _IdleProgress()
 
 
 def _held_elsewhere(array: np.ndarray[Any, Any]) -> bool:
