@@ -26,6 +26,23 @@ from .state import ReceiverState
 from .tensors import RegisteredTensor, TensorTable
 
 
+def _queue_staged(tensor: RegisteredTensor, slot: int, upto: int) -> None:
+    """Queue the copy of the staged payload's bytes not yet on their way, up to ``upto``, into
+    the GPU slot (on the device's own stream). No lock: the staging and ``staged_upto`` belong
+    to the payload being received, which only its connection's reader touches, and the claim
+    and the credits keep every other writer out of the slot."""
+    done, device = tensor.staged_upto, tensor.ring.device
+    assert device is not None
+    if upto > done:
+        copier().queue(
+            tensor.ring.payload_addresses[slot] + done,
+            data_pointer(tensor.staging.array) + done,
+            upto - done,
+            device,
+        )
+        tensor.staged_upto = upto
+
+
 class Landing(DataSink):
     def __init__(self, state: ReceiverState, table: TensorTable, sessions: SessionHandler) -> None:
         self._state = state
@@ -139,20 +156,10 @@ class Landing(DataSink):
         return tensor, nbytes
 
     def arrived(self, session: object, header: wire.DataHeader, nbytes: int) -> bool:
-        # No lock, as in end_write: the tensor's staging and staged_upto belong to the payload
-        # being received, which only the caller's connection writes.
         tensor = self._table.by_id.get(header.tensor_id)
         if tensor is None or tensor.ring.device is None or tensor.staging is None:
             return False
-        done = tensor.staged_upto
-        if nbytes > done:  # on its way into the slot while the next part arrives
-            copier().queue(
-                tensor.ring.payload_addresses[header.slot] + done,
-                data_pointer(tensor.staging.array) + done,
-                nbytes - done,
-                tensor.ring.device,
-            )
-            tensor.staged_upto = nbytes
+        _queue_staged(tensor, header.slot, nbytes)  # into the slot while the next part arrives
         return True
 
     def end_write(self, session: object, header: wire.DataHeader, bell: bool = True) -> None:
@@ -163,16 +170,8 @@ class Landing(DataSink):
             # Into the slot before the completion store (no lock needed: this session's claim
             # and the credits keep every other writer out of the slot, and the consumer does
             # not look at it before the store). What arrived() queued is on the same stream.
-            done = tensor.staged_upto
-            if done < header.nbytes:
-                copier().copy(
-                    tensor.ring.payload_addresses[header.slot] + done,
-                    data_pointer(tensor.staging.array) + done,
-                    header.nbytes - done,
-                    device,
-                )
-            else:
-                copier().wait(device)
+            _queue_staged(tensor, header.slot, header.nbytes)
+            copier().wait(device)
         with self._state.lock:
             tensor.inflight = None
             self._complete(session, tensor, header, bell)

@@ -23,7 +23,7 @@ import struct
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from typing import Any
 
 import numpy as np
@@ -309,7 +309,7 @@ class TcpChannel(Channel):
             raise PeerLostError(f"tcp data connection to {self._where} failed: {exc}") from exc
 
     def send_staged(
-        self, header: memoryview, pieces: Iterator[memoryview], deadline: float | None
+        self, header: memoryview, pieces: Generator[memoryview, None, None], deadline: float | None
     ) -> None:
         """One frame whose payload becomes ready piece by piece (a GPU array staged through
         pinned memory): the header goes with the first piece, as :meth:`send` sends a frame.
@@ -340,9 +340,7 @@ class TcpChannel(Channel):
                     raise PeerLostError(reason) from exc
                 raise
         finally:
-            close = getattr(pieces, "close", None)
-            if close is not None:
-                close()  # waits for a copy in flight into the staging buffer
+            pieces.close()  # waits for a copy in flight into the staging buffer
 
     def write_batch(self, writes: list[tuple[TensorWriter, Any]], deadline: float | None) -> None:
         """The batch's frames in as few ``sendmsg`` calls as the kernel allows: frames are
