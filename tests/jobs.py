@@ -165,3 +165,39 @@ def digits_reference(steps: int, workers: int, batch: int, opt: optim.Optimizer)
         for name in params:
             opt.step(name, params[name], grads[name])
     return params
+
+
+def digits_bsp_job(
+    job: Any,
+    *,
+    servers: int,
+    optimizer: str,
+    lr: float,
+    steps: int,
+    ps: list[str],
+    worker: list[str],
+) -> Job:
+    """A BSP job of the digits model (two workers, batch 32, weights split at 8 KiB) that
+    :func:`digits_reference` computes in one process; ``ps`` and ``worker``: more flags."""
+    return job(  # type: ignore[no-any-return]
+        servers=servers,
+        ps=[
+            "--steps",
+            str(steps),
+            "--optimizer",
+            optimizer,
+            "--lr",
+            str(lr),
+            "--split-bytes",
+            "8192",
+            *ps,
+        ],
+        worker=worker,
+    )
+
+
+def assert_params_close(got: dict[str, Any], want: dict[str, Any], bound: float) -> None:
+    """Each of ``want``'s parameters is in ``got`` within ``bound`` relative error."""
+    for name, value in want.items():
+        err = np.linalg.norm(got[name] - value) / max(float(np.linalg.norm(value)), 1e-12)
+        assert err < bound, f"{name}: relative error {err:.2e}"

@@ -21,7 +21,7 @@ from tensorwire.server import optim
 from tensorwire.server.plan import plan
 
 from .conftest import free_port
-from .jobs import Job, digits_reference, log_has
+from .jobs import Job, assert_params_close, digits_bsp_job, digits_reference, log_has
 from .jobs import cli as _cli
 from .jobs import ok as _ok
 
@@ -110,22 +110,9 @@ def test_bsp_equals_single_process_on_the_union_of_batches(
     # tcp and nixl as between hosts: every receiver's slots in private memory, none in /dev/shm
     if transport in ("tcp", "nixl"):
         extra.append("--no-shm")
-    j = job(
-        servers=servers,
-        ps=[
-            "--steps",
-            str(steps),
-            "--optimizer",
-            optimizer,
-            "--lr",
-            str(lr),
-            "--split-bytes",
-            "8192",
-            "--transport",
-            transport,
-            *extra,
-        ],
-        worker=["--transport", transport, *extra],
+    common = ["--transport", transport, *extra]
+    j = digits_bsp_job(
+        job, servers=servers, optimizer=optimizer, lr=lr, steps=steps, ps=common, worker=common
     )
     _ok(j)
     if transport == "nixl":
@@ -139,10 +126,7 @@ def test_bsp_equals_single_process_on_the_union_of_batches(
         assert shards == {0, 1}
     ref = digits_reference(steps, 2, 32, optim.make(optimizer, lr))
     for rank in (0, 1):
-        got = j.params(rank)
-        for name, want in ref.items():
-            err = np.linalg.norm(got[name] - want) / max(np.linalg.norm(want), 1e-12)
-            assert err < 1e-6, f"{name}: relative error {err:.2e}"
+        assert_params_close(j.params(rank), ref, 1e-6)
 
 
 def test_resume_continues_from_the_checkpoint_with_identical_parameters(

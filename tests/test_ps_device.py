@@ -18,7 +18,7 @@ import pytest
 from tensorwire import cuda
 from tensorwire.server import optim
 
-from .jobs import cli, digits_reference, ok
+from .jobs import assert_params_close, cli, digits_bsp_job, digits_reference, ok
 
 NO_GPU = "no CUDA device here (cupy and a GPU are needed: `make test-gpu` on a GPU machine)"
 
@@ -26,13 +26,6 @@ NO_GPU = "no CUDA device here (cupy and a GPU are needed: `make test-gpu` on a G
 def _gpu(test: Any) -> Any:
     """Mark a test ``gpu`` and skip it, with the reason, where there is no CUDA device."""
     return pytest.mark.gpu(pytest.mark.skipif(not cuda.available(), reason=NO_GPU)(test))
-
-
-def _close(got: dict[str, Any], want: dict[str, Any], bound: float) -> None:
-    assert list(got) == list(want)
-    for name, value in want.items():
-        err = np.linalg.norm(got[name] - value) / max(float(np.linalg.norm(value)), 1e-12)
-        assert err < bound, f"{name}: relative error {err:.2e}"
 
 
 @pytest.mark.parametrize(
@@ -70,27 +63,21 @@ def test_bsp_with_the_server_on_a_gpu_equals_one_process(
     servers, a weight matrix split across them."""
     steps, lr = 25, 0.05
     common = ["--transport", transport]
-    j = job(
+    j = digits_bsp_job(
+        job,
         servers=2,
-        ps=[
-            *common,
-            "--device",
-            "cuda",
-            "--steps",
-            str(steps),
-            "--optimizer",
-            optimizer,
-            "--lr",
-            str(lr),
-            "--split-bytes",
-            "8192",
-        ],
+        optimizer=optimizer,
+        lr=lr,
+        steps=steps,
+        ps=[*common, "--device", "cuda"],
         worker=common,
     )
     ok(j)
     ref = digits_reference(steps, 2, 32, optim.make(optimizer, lr))
     for rank in (0, 1):
-        _close(j.params(rank), ref, 1e-5)
+        got = j.params(rank)
+        assert list(got) == list(ref)
+        assert_params_close(got, ref, 1e-5)
 
 
 @_gpu
@@ -109,4 +96,6 @@ def test_a_gpu_server_checkpoints_to_host_and_resumes_on_the_gpu(job: Any, tmp_p
     assert "at step 10" in resumed.log("ps0")
     straight = job(ps=[*common, "--steps", "20"])
     ok(straight)
-    _close(resumed.params(0), straight.params(0), 1e-5)
+    got, want = resumed.params(0), straight.params(0)
+    assert list(got) == list(want)
+    assert_params_close(got, want, 1e-5)

@@ -14,7 +14,7 @@ import pytest
 
 from tensorwire.server import optim
 
-from .jobs import cli, ok
+from .jobs import assert_params_close, cli, ok
 
 torch = pytest.importorskip("torch")
 
@@ -57,9 +57,7 @@ def test_torch_bsp_equals_one_process_on_the_union_of_batches(job: Any, transpor
     for rank in (0, 1):
         got = j.params(rank)
         assert list(got) == list(ref)  # the module's own parameter names, in its order
-        for name, want in ref.items():
-            err = np.linalg.norm(got[name] - want) / max(np.linalg.norm(want), 1e-12)
-            assert err < 1e-5, f"{name}: relative error {err:.2e}"
+        assert_params_close(got, ref, 1e-5)
 
 
 def test_torch_cnn_trains_digits_to_97_percent(job: Any) -> None:
@@ -169,7 +167,5 @@ def test_torch_bsp_on_gpu_workers_equals_one_process(
     for rank in (0, 1):
         got = j.params(rank)
         assert list(got) == list(ref)
-        for name, want in ref.items():
-            err = np.linalg.norm(got[name] - want) / max(np.linalg.norm(want), 1e-12)
-            assert err < 1e-2, f"{name}: relative error {err:.2e}"
+        assert_params_close(got, ref, 1e-2)
     assert j.metrics("w0")["steps"] == steps
