@@ -193,6 +193,11 @@ class RingMemory:
         q[self._writing] = 0
         return False
 
+    def owned_by(self, epoch: int) -> bool:
+        """Writer: may claim ``epoch`` still write? (For a writer whose WRITING announcement
+        is still up from an earlier message: see ShmWriter's deferred completions.)"""
+        return bool(self._q[self._owner] == epoch)
+
     def leave_write(self) -> None:
         """Writer: the write is complete (or abandoned)."""
         self._q[self._writing] = 0

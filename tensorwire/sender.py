@@ -463,6 +463,12 @@ class Sender(Resource):
         The array must match the published dtype and shape exactly (a dynamic dimension may take
         any size within the capacity) and be C-contiguous, unless ``allow_copy=True``. Blocks while
         every slot is held by the receiver, up to ``timeout``.
+
+        On return ``array`` may be reused, with one exception: a GPU array of 1 MiB or more
+        written over ``shm`` into GPU slots is copied asynchronously on the current CUDA stream
+        (the message completes once the copy has landed), so work queued on that stream after
+        this call sees the copy done, as with any asynchronous CUDA copy, while another stream
+        or the host must synchronise that stream before changing the array.
         """
         # The per-message path: every step below costs about what a small message's copy does,
         # so it takes the lock without ``with`` (half the cost) and makes the handle without

@@ -320,6 +320,27 @@ def send_uniform_gpu(address: str, transport: str, name: str, ready: Any) -> Non
             tx.write(name, arr)
 
 
+def send_rewritten_gpu_source(address: str, name: str, count: int) -> None:
+    """Messages 1..``count`` of ``name`` (a GPU tensor over shm), message k all k: one cupy
+    source refilled by a kernel before each write with no synchronisation between (a write of
+    a large GPU source returns once its copy is queued), every fifth from host memory instead;
+    then two produced in place by a kernel (count+1, count+2), and close at once."""
+    import cupy as cp
+
+    with tw.Sender.connect(address, transport="shm", timeout=60) as tx:
+        spec = tx.spec(name)
+        src = cp.empty(spec.static_shape, dtype=spec.dtype)
+        for k in range(1, count + 1):
+            if k % 5 == 0:
+                tx.write(name, np.full(spec.static_shape, k, dtype=spec.dtype))
+            else:
+                src.fill(k)
+                tx.write(name, src)
+        for k in (count + 1, count + 2):
+            with tx.buffer(name) as out:
+                out.fill(k)
+
+
 def run_gpu_receiver(conn: Any, name: str, shape: tuple[int, ...]) -> None:
     """A receiver with one GPU tensor, in a process of its own, until killed."""
     with tw.Receiver() as rx:

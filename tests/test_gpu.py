@@ -33,6 +33,7 @@ from .peers import (
     run_gpu_receiver,
     run_hiding,
     send_plan_from,
+    send_rewritten_gpu_source,
     send_uniform_gpu,
 )
 
@@ -328,6 +329,24 @@ def test_produce_in_place_with_buffer(transport: str) -> None:
                 got = rx.wait("t", timeout=30)
                 assert cp.asnumpy(got).tolist() == [float(i * k) for i in range(256)]
                 rx.release("t")
+
+
+@_gpu
+def test_large_gpu_writes_complete_behind_their_copies_in_order(children: Children) -> None:
+    """A large GPU source over shm is completed by the channel's completion thread once its copy
+    has landed: each message carries the value its source had when written, though the sender
+    refills that source right after (stream order), messages from host memory in between wait
+    their turn, and the sender's close completes what is still in flight."""
+    count = 30
+    shape = (1 << 20,)  # 4 MiB of float32: every GPU-sourced write is deferred
+    with tw.Receiver(ring=3) as rx:
+        rx.register("t", shape, "float32", device="cuda")
+        proc = children.start(send_rewritten_gpu_source, rx.address, "t", count)
+        for k in range(1, count + 3):
+            got = rx.wait("t", timeout=60)
+            assert float(got.min()) == float(got.max()) == k, f"message {k}"
+            rx.release("t")
+        children.join_ok(proc)
 
 
 @_gpu

@@ -6,9 +6,13 @@ receiver's doorbell. The receiver's CPU does nothing per byte. Credits come back
 ``released`` word in the same memory, so there is no per-message control traffic at all.
 
 A GPU tensor's slots are in the receiver's GPU memory: the sender opens each of its GPU regions
-once by the CUDA IPC handle the address book publishes, copies the payload (from host or GPU
-memory) with ``cudaMemcpyAsync`` on a stream of its own, synchronises that stream and only then
-stores the sequence number. A sender killed mid-copy never makes that store.
+once by the CUDA IPC handle the address book publishes and copies the payload with
+``cudaMemcpyAsync``; the sequence number is stored only once the copy has landed. A small payload,
+or one from host memory, is copied and its stream synchronised inside ``write``. A GPU source of
+``DEFERRED_COMPLETION_BYTES`` or more is copied on the producer's stream and ``write`` returns
+once the copy is queued: the channel's completion thread (:class:`~tensorwire.cuda.Completions`)
+waits for it and then stores the sequence number, so consecutive copies run back to back on the
+GPU. Either way a sender killed mid-copy never makes that store.
 
 The receiver is watched through a pidfd and the region's state word: a write to a receiver that died
 or closed raises :class:`~tensorwire.errors.PeerLostError` instead of landing in orphaned memory.
@@ -16,14 +20,24 @@ or closed raises :class:`~tensorwire.errors.PeerLostError` instead of landing in
 
 from __future__ import annotations
 
+import functools
 import os
+import threading
 import time
 from typing import Any
 
 import numpy as np
 
-from ..cuda import OpenedMemory, copier, data_pointer, synchronize_current
-from ..errors import PeerLostError, TransportError
+from ..cuda import (
+    Completions,
+    OpenedMemory,
+    copier,
+    current_stream,
+    data_pointer,
+    synchronize_current,
+)
+from ..doorbell import deadline_of
+from ..errors import PeerLostError, TransportError, WireTimeoutError
 from ..layout import OFF_STATE, REGION_CLOSED
 from ..memory import RegionInfo
 from ..process import ProcessWatch, host_identity
@@ -37,6 +51,15 @@ WATCH_INTERVAL = 0.005
 #: 0.84 us for 64 KiB, a one-off timing on the 2-core machine); larger ones by ``np.copyto``,
 #: which releases the GIL while it copies (a memoryview copy holds it, for at most ~2 us here).
 SMALL_COPY = 256 << 10
+#: A GPU source at least this large, written into a GPU slot, is completed by the channel's
+#: completion thread once its copy has landed, and ``write`` returns once the copy is queued
+#: (smaller ones: synchronised in ``write``, which is the shorter way to a small message's
+#: completion: no hand-off between threads). At 1 MiB a device-to-device copy on an H100 takes
+#: ~5 us, of the order of a synchronisation; from there on the GPU idles between messages when
+#: each is waited for. (Chosen from those figures; not yet measured on a GPU.)
+DEFERRED_COMPLETION_BYTES = 1 << 20
+#: How long closing a channel waits for its queued GPU copies to land and be completed.
+COMPLETION_DRAIN_TIMEOUT = 10.0
 _STATE_WORD = OFF_STATE // 4
 
 
@@ -67,6 +90,10 @@ class ShmChannel(Channel):
         self._watch = ProcessWatch(info.welcome.pid)
         self._next_watch = 0.0
         self._closed = False
+        #: completes deferred GPU writes (started on the first one); ``_completing`` is held
+        #: while a completion stores into a ring, and by close() before it unmaps them
+        self._completions: Completions | None = None
+        self._completing = threading.Lock()
         #: a ring published into without ringing the receiver (write_batch), to ring once
         self.bell_owed: RingMemory | None = None
         try:
@@ -150,15 +177,47 @@ class ShmChannel(Channel):
         )
         return ShmWriter(ring, next_seq, epoch, self)
 
+    def completions(self) -> Completions:
+        if self._completions is None:
+            self._completions = Completions(f"tensorwire-shm-completions-{self.address}")
+        return self._completions
+
+    def drain(self, deadline: float | None) -> None:
+        """Return once every deferred GPU write has been completed (or failed: then the channel
+        is lost and this raises)."""
+        completions = self._completions
+        if completions is not None and not completions.drain(deadline):
+            raise WireTimeoutError(
+                f"GPU copies to {self.address} did not land in time (the GPU is busy with "
+                "work queued before them, or stuck)"
+            )
+        self.raise_if_lost()
+
+    def complete(self, finish: Any, error: BaseException | None) -> None:
+        """From the completion thread: ``finish(error)`` (the completion store, or after a
+        failed copy only the end of the write), unless the channel has been closed (its rings
+        unmapped) meanwhile. A failed copy loses the channel: the next call says why."""
+        with self._completing:
+            if self._closed:
+                return
+            if error is not None and self.lost is None:
+                self.lost = f"a GPU copy to {self.address} failed: {error}"
+            finish(error)
+
     def goodbye(self, timeout: float) -> bool:
         self._next_watch = 0.0  # look at the receiver now, not at the next interval
+        self.drain(deadline_of(timeout))  # the goodbye goes after every message we wrote
         self.check_peer()
         return False
 
     def close(self) -> None:
         if self._closed:
             return
-        self._closed = True
+        completions, self._completions = self._completions, None
+        if completions is not None and not completions.close(COMPLETION_DRAIN_TIMEOUT):
+            self.lost = self.lost or f"GPU copies to {self.address} did not land in time"
+        with self._completing:  # a completion still storing finishes first; later ones skip
+            self._closed = True
         self.lost = f"channel to {self.address} is closed"
         self._watch.close()
         for region in self._regions.values():
@@ -186,6 +245,12 @@ class ShmWriter(TensorWriter):
         self._by_bytes = ring.device is None and _exports_buffer(ring.spec.dtype)
         #: every message is small, static and in host memory: :meth:`write` in one ring call
         self._whole = self._by_bytes and not self._dynamic and 0 < ring.spec.max_bytes < SMALL_COPY
+        #: GPU slots: messages entered and not yet complete (deferred completions included).
+        #: The WRITING announcement stays up while there are any: the receiver must not hand
+        #: the ring to a new claim while a completion of ours may still store into it.
+        self._device = ring.device
+        self._unfinished = 0
+        self._unfinished_lock = threading.Lock()
 
     def acquire(self, shape: tuple[int, ...], deadline: float | None) -> Any:
         self._enter(deadline)
@@ -194,9 +259,32 @@ class ShmWriter(TensorWriter):
     def _enter(self, deadline: float | None) -> None:
         """Wait for a credit, announce the write and choose its slot."""
         released = self._credit(deadline)
-        if not self._ring.enter_write(self._epoch):
+        if self._device is not None:
+            self._enter_counted()
+        elif not self._ring.enter_write(self._epoch):
             raise self._revoked()
         self._slot = self._slots.choose(released)
+
+    def _enter_counted(self) -> None:
+        """GPU slots: announce the write, unless the announcement is still up for an unfinished
+        message (then only check that the claim still holds)."""
+        with self._unfinished_lock:
+            if self._unfinished:
+                if not self._ring.owned_by(self._epoch):
+                    raise self._revoked()
+            elif not self._ring.enter_write(self._epoch):
+                raise self._revoked()
+            self._unfinished += 1
+
+    def _leave(self) -> None:
+        """The message entered is complete or abandoned."""
+        if self._device is None:
+            self._ring.leave_write()
+            return
+        with self._unfinished_lock:
+            self._unfinished -= 1
+            if not self._unfinished:
+                self._ring.leave_write()
 
     def _credit(self, deadline: float | None) -> int:
         """Check the receiver, wait for a credit for the next message; the ring's released
@@ -221,22 +309,58 @@ class ShmWriter(TensorWriter):
 
     def commit(self, shape: tuple[int, ...]) -> None:
         nbytes = int(np.prod(shape)) * self.spec.dtype.itemsize
-        if self._ring.device is not None:
+        device = self._device
+        if device is not None:
             try:  # the kernels that filled the slot are queued on the current stream
-                synchronize_current(self._ring.device)
+                if nbytes >= DEFERRED_COMPLETION_BYTES or self._unfinished > 1:
+                    self._complete_later(current_stream(device), device, nbytes, shape, None)
+                    return
+                synchronize_current(device)
             except BaseException:
                 self.abort()
                 raise
         self._publish(nbytes, shape)
 
     def abort(self) -> None:
-        self._ring.leave_write()
+        self._leave()
 
     def _publish(self, nbytes: int, shape: tuple[int, ...], bell: bool = True) -> None:
         ring = self._ring
         ring.publish(self._slot, self.next_seq, nbytes, shape if self._dynamic else None, bell)
-        ring.leave_write()  # after the completion store: a new claim sees the message
+        self._leave()  # after the completion store: a new claim sees the message
         self._published(self._slot, bell)
+
+    def _complete_later(
+        self, stream: Any, device: int, nbytes: int, shape: tuple[int, ...], source: Any
+    ) -> None:
+        """The message entered is complete once the work queued on ``stream`` so far has
+        finished: the channel's completion thread stores its sequence number then (and rings
+        the receiver). ``source`` is kept alive until then: the memory of an array its owner
+        dropped could otherwise be handed out again before the copy has read it."""
+        slot, seq = self._slot, self.next_seq
+        finish = functools.partial(
+            self._finish, slot, seq, nbytes, shape if self._dynamic else None, source
+        )
+        channel = self._channel
+        channel.completions().after(stream, device, functools.partial(channel.complete, finish))
+        self._slots.wrote(slot, seq)
+        self.next_seq = seq + 1
+
+    def _finish(
+        self,
+        slot: int,
+        seq: int,
+        nbytes: int,
+        shape: tuple[int, ...] | None,
+        source: Any,
+        error: BaseException | None,
+    ) -> None:
+        """From the completion thread: message ``seq``'s copy into ``slot`` has landed (or
+        failed: then the message is never completed, and only the write ends)."""
+        del source  # held until now (see _complete_later)
+        if error is None:
+            self._ring.publish(slot, seq, nbytes, shape, True)
+        self._leave()
 
     def _published(self, slot: int, bell: bool) -> None:
         """The next message is complete in ``slot`` (``bell=False``: the doorbell is owed)."""
@@ -258,27 +382,50 @@ class ShmWriter(TensorWriter):
                 raise self._revoked()
             self._published(slot, bell)
             return
+        if self._device is not None:
+            self._write_to_device(array, deadline, bell)
+            return
         self._enter(deadline)
         try:
-            if ring.device is None and isinstance(array, np.ndarray):
+            if isinstance(array, np.ndarray):
                 nbytes = array.nbytes
                 if 0 < nbytes < SMALL_COPY and self._by_bytes:
                     ring.slot_bytes[self._slot][:nbytes] = array.data.cast("B")
                 else:
                     dst = ring.slot_view(self._slot, array.shape if self._dynamic else None)
                     np.copyto(dst, array, casting="no")
-            else:  # GPU memory at either end: CUDA copies (synchronised before the store)
-                host = isinstance(array, np.ndarray)
-                device = ring.device if host else int(array.data.device_id)
-                assert device is not None
+            else:  # a GPU source into a host slot (synchronised before the store)
+                device = int(array.data.device_id)
                 dst_address = ring.payload_addresses[self._slot]
-                copier().copy(
-                    dst_address, data_pointer(array), array.nbytes, device, ordered=not host
-                )
+                copier().copy(dst_address, data_pointer(array), array.nbytes, device, True)
         except BaseException:
             self.abort()
             raise
         self._publish(array.nbytes, array.shape, bell)
+
+    def _write_to_device(self, array: Any, deadline: float | None, bell: bool) -> None:
+        """A message into GPU slots, from host or GPU memory: a CUDA copy, synchronised before
+        the completion store or (a large GPU source, or others still unfinished) completed by
+        the completion thread behind it. Messages complete in the order they were written."""
+        host = isinstance(array, np.ndarray)
+        nbytes = array.nbytes
+        deferred = not host and (nbytes >= DEFERRED_COMPLETION_BYTES or self._unfinished > 0)
+        if self._unfinished and not deferred:
+            self._channel.drain(deadline)  # a host source: after the deferred ones before it
+        self._enter(deadline)
+        try:
+            device = self._device if host else int(array.data.device_id)
+            assert device is not None
+            dst, src = self._ring.payload_addresses[self._slot], data_pointer(array)
+            if deferred:  # on the producer's stream, behind the work that made the source
+                stream = copier().queue(dst, src, nbytes, device, ordered=True)
+                self._complete_later(stream, device, nbytes, array.shape, array)
+                return
+            copier().copy(dst, src, nbytes, device, ordered=not host)
+        except BaseException:
+            self.abort()
+            raise
+        self._publish(nbytes, array.shape, bell)
 
 
 def _exports_buffer(dtype: np.dtype[Any]) -> bool:
