@@ -402,11 +402,6 @@ class Completions:
         self._queued = 0  # callbacks queued so far
         self._done = 0  # callbacks run so far
 
-    @property
-    def pending(self) -> int:
-        """Callbacks queued and not yet run."""
-        return self._queued - self._done
-
     def after(self, stream: Any, device: int, then: Callable[[BaseException | None], None]) -> None:
         """Run ``then`` once the work queued on ``stream`` (of ``device``) so far has finished."""
         cp = cupy()

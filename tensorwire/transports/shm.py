@@ -21,9 +21,11 @@ or closed raises :class:`~tensorwire.errors.PeerLostError` instead of landing in
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -44,6 +46,8 @@ from ..process import ProcessWatch, host_identity
 from ..region import Region
 from ..ring import RingMemory, SlotChooser
 from .base import Channel, PeerInfo, TensorEntry, TensorWriter
+
+log = logging.getLogger(__name__)
 
 #: How often a writer asks the kernel whether the receiver process still lives.
 WATCH_INTERVAL = 0.005
@@ -193,7 +197,9 @@ class ShmChannel(Channel):
             )
         self.raise_if_lost()
 
-    def complete(self, finish: Any, error: BaseException | None) -> None:
+    def complete(
+        self, finish: Callable[[BaseException | None], None], error: BaseException | None
+    ) -> None:
         """From the completion thread: ``finish(error)`` (the completion store, or after a
         failed copy only the end of the write), unless the channel has been closed (its rings
         unmapped) meanwhile. A failed copy loses the channel: the next call says why."""
@@ -215,7 +221,12 @@ class ShmChannel(Channel):
             return
         completions, self._completions = self._completions, None
         if completions is not None and not completions.close(COMPLETION_DRAIN_TIMEOUT):
-            self.lost = self.lost or f"GPU copies to {self.address} did not land in time"
+            log.warning(
+                "closing the shm channel to %s: GPU copies still in flight after %g s; their "
+                "messages will not be completed",
+                self.address,
+                COMPLETION_DRAIN_TIMEOUT,
+            )
         with self._completing:  # a completion still storing finishes first; later ones skip
             self._closed = True
         self.lost = f"channel to {self.address} is closed"
@@ -312,6 +323,7 @@ class ShmWriter(TensorWriter):
         device = self._device
         if device is not None:
             try:  # the kernels that filled the slot are queued on the current stream
+                # > 1: this message, entered by acquire(), counts itself
                 if nbytes >= DEFERRED_COMPLETION_BYTES or self._unfinished > 1:
                     self._complete_later(current_stream(device), device, nbytes, shape, None)
                     return
