@@ -4,7 +4,7 @@
     tensorwire bench serve --bind tcp://0.0.0.0:PORT     the receiving end, on one host
     tensorwire bench run --connect tcp://HOST:PORT       the sending end, on another host
 
-Options: --sizes, --transports, --repeat, --round-trips, --latency-size, --json PATH,
+Options: --sizes, --transports, --repeat, --round-trips, --latency-size, --batch N, --json PATH,
 --plot PATH.png, --no-progress. Uses only the public API of tensorwire.
 """
 
@@ -31,7 +31,7 @@ from tensorwire.server.config import (
 
 from . import ps as ps_bench
 from . import report, soak
-from .common import machine_facts, parse_size, parse_sizes
+from .common import BATCH_MAX_BYTES, human, machine_facts, parse_size, parse_sizes
 from .peer import serve
 from .runner import (
     GPU_REFERENCES,
@@ -80,6 +80,15 @@ def _common(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="slots per tensor (default: the receiver's choice by size, 8 up to 64 KiB, down to 2 "
         "from 256 KiB)",
+    )
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also measure each transport writing N tensors of each size per write_many, the "
+        "receiver taking them with wait_all and release_many (rows 'shm xN'...; sizes up to "
+        f"{human(BATCH_MAX_BYTES)}; default 0: single writes only)",
     )
     parser.add_argument(
         "--receiver-memory",
@@ -149,6 +158,8 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[st
         parser.error("--repeat and --round-trips must be at least 1")
     if args.ring is not None and args.ring < 1:
         parser.error("--ring must be at least 1")
+    if args.batch < 0 or args.batch == 1:
+        parser.error("--batch must be 0 (off) or at least 2")
     try:
         device = tw_cuda.parse_device(args.device)
     except (ValueError, tw.TensorWireError) as exc:
@@ -206,14 +217,16 @@ def _measure(
         optional=not explicit,
         secret=args.secret,
         device=args.device,
+        batch=args.batch,
     )
     try:
         usable = runner.transports
         gpu = GPU_REFERENCES if args.device != "cpu" else []
         raw_nixl = [RAW_NIXL] if runner.raw_nixl is not None else []
-        methods = ["memcpy", *gpu, *usable, "zmq", "raw-tcp", *raw_nixl]
+        methods = ["memcpy", *gpu, *usable, *runner.batched, "zmq", "raw-tcp", *raw_nixl]
         latency = [*usable, "zmq", "raw-tcp", *raw_nixl]
-        total = args.repeat * (len(args.sizes) * len(methods) + len(latency))
+        measured = sum(runner.measures(m, s) for m in methods for s in args.sizes)
+        total = args.repeat * (measured + len(latency))
         with _progress(total, not args.no_progress) as tick:
             samples = sweep(
                 runner, args.sizes, methods, latency, args.repeat, args.round_trips, tick
@@ -233,6 +246,7 @@ def _measure(
                 "round_trips": args.round_trips,
                 "latency_bytes": args.latency_size,
                 "ring": args.ring,
+                "batch": args.batch,
                 "receiver_memory": args.receiver_memory,
             },
             "notes": runner.notes,

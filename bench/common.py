@@ -10,6 +10,8 @@ from importlib import metadata
 from typing import Any
 
 MiB = 1 << 20
+#: batches are measured up to this size: above it a message's time is its copy, not its calls
+BATCH_MAX_BYTES = MiB
 _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
@@ -42,6 +44,11 @@ def human(n: int) -> str:
 def tensor_name(transport: str, what: int | str) -> str:
     """Each transport writes its own tensors: a tensor has one writer at a time."""
     return f"{transport}/{what}"
+
+
+def batch_tensor_names(transport: str, size: int, batch: int) -> list[str]:
+    """The tensors a batch row of ``transport`` writes together at ``size``."""
+    return [tensor_name(transport, f"{size}-{i}") for i in range(batch)]
 
 
 def tune_socket(sock: socket.socket) -> None:

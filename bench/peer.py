@@ -21,7 +21,15 @@ import zmq
 import tensorwire as tw
 from tensorwire.rdma import is_loopback_host
 
-from .common import MiB, machine_facts, raw_recv, tensor_name, tune_socket
+from .common import (
+    BATCH_MAX_BYTES,
+    MiB,
+    batch_tensor_names,
+    machine_facts,
+    raw_recv,
+    tensor_name,
+    tune_socket,
+)
 from .raw_nixl import RawNixl
 
 log = logging.getLogger(__name__)
@@ -56,6 +64,9 @@ class _Session:
             for size in self.sizes:
                 self.rx.register(tensor_name(t, size), (size,), "uint8", device=device)
             self.rx.register(tensor_name(t, "ping"), (self.latency_bytes,), "uint8", device=device)
+            for size in (s for s in self.sizes if s <= BATCH_MAX_BYTES):
+                for name in batch_tensor_names(t, size, setup.get("batch", 0)):
+                    self.rx.register(name, (size,), "uint8", device=device)
 
     def info(self) -> dict[str, Any]:
         return {
@@ -76,6 +87,13 @@ class _Session:
         for _ in range(count):
             self.rx.wait(name, timeout=120)
             self.rx.release(name)
+
+    def consume_batch(self, names: list[str], count: int) -> None:
+        """``count`` batches: each one message of each of ``names``, taken and released
+        together."""
+        for _ in range(count):
+            self.rx.wait_all(names, timeout=120)
+            self.rx.release_many(names)
 
     def echo(self, transport: str, count: int) -> None:
         ping, pong = tensor_name(transport, "ping"), tensor_name(transport, "pong")
@@ -179,6 +197,9 @@ def serve(bind: str, ready: Any = None, once: bool = False, secret: str | None =
                 elif op == "consume":
                     assert session is not None
                     session.consume(cmd["name"], cmd["count"])
+                elif op == "consume-batch":
+                    assert session is not None
+                    session.consume_batch(cmd["names"], cmd["count"])
                 elif op == "echo":
                     assert session is not None
                     session.echo(cmd["transport"], cmd["count"])

@@ -119,7 +119,8 @@ def plot(path: str, result: dict[str, Any]) -> None:
         methods.setdefault(r["method"], []).append((r["size"], r["gbps"]))
     for m, pts in methods.items():
         pts.sort()
-        style = "--" if m in ("memcpy", "raw-tcp", "zmq") else "-"
+        # references dashed, batch rows ("shm x32") dotted beside their transport's line
+        style = "--" if m in ("memcpy", "raw-tcp", "zmq") else ":" if " x" in m else "-"
         ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", label=m)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")

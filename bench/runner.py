@@ -7,7 +7,11 @@ run, interleaved, so that the machine's drift hits all alike:
 * throughput: pipelined one-way writes of ``count`` messages, the peer consuming (and releasing)
   each one; the clock stops when the peer reports the last one consumed;
 * latency: a ping-pong of a small tensor, the peer echoing each ping back into the runner's own
-  receiver; median and p99 of the round trips.
+  receiver; median and p99 of the round trips;
+* batches (``batch=N``): beside each transport's single writes, the same transport writing ``N``
+  tensors of the size with one ``write_many`` while the peer takes them with ``wait_all`` and
+  ``release_many`` (the rows ``"shm x32"``...), at sizes up to :data:`BATCH_MAX_BYTES`; what the
+  per-message cost of the batch calls is, against the same references.
 
 References measured alongside: ``memcpy`` (a single-threaded ``np.copyto`` of the same bytes in
 this process: the limit of any one-copy path), ``raw-tcp`` (a plain socket, ``sendall`` into
@@ -39,7 +43,15 @@ import tensorwire as tw
 from tensorwire import cuda as tw_cuda
 from tensorwire.rdma import is_loopback_host
 
-from .common import MiB, machine_facts, raw_recv, tensor_name, tune_socket
+from .common import (
+    BATCH_MAX_BYTES,
+    MiB,
+    batch_tensor_names,
+    machine_facts,
+    raw_recv,
+    tensor_name,
+    tune_socket,
+)
 from .raw_nixl import RawNixl
 
 TRANSPORTS = ["shm", "tcp", "nixl", "grpc", "grpc-stream"]
@@ -74,6 +86,16 @@ def local_address_towards(host: str) -> str:
         return str(s.getsockname()[0])
 
 
+def batch_method(transport: str, batch: int) -> str:
+    """The row of ``transport`` writing ``batch`` tensors per ``write_many``."""
+    return f"{transport} x{batch}"
+
+
+def base_method(method: str) -> str:
+    """The transport (or reference) a row measures: ``"shm x32"`` -> ``"shm"``."""
+    return method.split(" x", 1)[0]
+
+
 class BenchError(tw.TensorWireError):
     """The benchmark peer refused or failed a command."""
 
@@ -91,12 +113,14 @@ class Runner:
         optional: bool = False,
         secret: str | None = None,
         device: str = "cpu",
+        batch: int = 0,
     ) -> None:
         """Connect to the peer at ``connect``. With ``optional``, a transport that cannot reach
         the peer (shm to another host) is skipped with a note instead of failing the run.
         ``device``: where the tensors live at both ends (``cpu`` or ``cuda:N``). ``shm``: as
         ``tw.Receiver``'s, for the receivers at both ends (False: private memory, which the
-        ``shm`` transport cannot reach)."""
+        ``shm`` transport cannot reach). ``batch``: also measure each transport writing that
+        many tensors per ``write_many`` (0: not)."""
         self.host = connect.split("://", 1)[1].rsplit(":", 1)[0]
         self.timeout = timeout
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -129,6 +153,7 @@ class Runner:
                 ring=ring,
                 shm=shm,
                 device=device,
+                batch=batch,
             )
             for t in transports:
                 try:
@@ -157,6 +182,15 @@ class Runner:
             raise
         self.transports = list(self.senders)
         self.latency_bytes = latency_bytes
+        self.batch = batch
+        #: the batch rows: method -> (transport, at each size the tensors it writes)
+        self.batched: dict[str, tuple[str, dict[int, list[str]]]] = {
+            batch_method(t, batch): (
+                t,
+                {s: batch_tensor_names(t, s, batch) for s in sizes if s <= BATCH_MAX_BYTES},
+            )
+            for t in (self.transports if batch else [])
+        }
         rng = np.random.default_rng(0)
         self.src = {s: rng.integers(0, 256, s, dtype=np.uint8) for s in sizes}
         self.dst = {s: np.empty(s, dtype=np.uint8) for s in sizes}
@@ -213,6 +247,29 @@ class Runner:
         self._reply()
         return time.perf_counter() - t0
 
+    def messages(self, method: str, count: int) -> int:
+        """``count`` rounded up to what ``method`` moves: whole batches for a batch row."""
+        if method in self.batched:
+            return -(-count // self.batch) * self.batch
+        return count
+
+    def measures(self, method: str, size: int) -> bool:
+        return method not in self.batched or size in self.batched[method][1]
+
+    def transport_batch(self, method: str, size: int, count: int) -> float:
+        """``count`` messages (a multiple of the batch) as ``count / batch`` calls of
+        ``write_many``, each one message of each of the batch's tensors."""
+        transport, names = self.batched[method]
+        tx, src = self.senders[transport], self.payload[size]
+        items = [(name, src) for name in names[size]]
+        steps = count // self.batch
+        self._send("consume-batch", names=names[size], count=steps)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            tx.write_many(items)
+        self._reply()
+        return time.perf_counter() - t0
+
     def raw_tcp(self, size: int, count: int) -> float:
         assert self._raw is not None
         view = self.src[size].data
@@ -256,6 +313,8 @@ class Runner:
         if method in GPU_REFERENCES:
             assert self._gpu is not None, "the GPU references need --device cuda"
             return float(self._gpu.measure(method, size, count))
+        if method in self.batched:
+            return self.transport_batch(method, size, self.messages(method, count))
         return self.transport(method, size, count)
 
     # -- latency: round-trip seconds of each ping -----------------------------------------------
@@ -364,21 +423,29 @@ def sweep(
     round_trips: int,
     tick: Callable[[str], None],
 ) -> dict[str, Any]:
-    """Measure every method at every size ``repeat`` times, interleaved; return raw samples."""
-    gbps: dict[str, dict[int, list[float]]] = {m: {s: [] for s in sizes} for m in methods}
+    """Measure every method at every size ``repeat`` times, interleaved; return raw samples.
+    (A batch row is measured at the sizes it has tensors for.)"""
+    gbps: dict[str, dict[int, list[float]]] = {
+        m: {s: [] for s in sizes if runner.measures(m, s)} for m in methods
+    }
     rtts: dict[str, list[float]] = {m: [] for m in latency_methods}
     seconds_each: dict[tuple[str, int], float] = {}
     for size in sizes:  # warm-up: first touches, connections, claims, gRPC channels
         for m in methods:
+            if not runner.measures(m, size):
+                continue
             runner.throughput(m, size, 2)
-            seconds_each[m, size] = runner.throughput(m, size, MIN_COUNT) / MIN_COUNT
+            warm = runner.messages(m, MIN_COUNT)
+            seconds_each[m, size] = runner.throughput(m, size, warm) / warm
     for m in latency_methods:
         runner.round_trips(m, 50)
     for r in range(repeat):
         order = methods[r % len(methods) :] + methods[: r % len(methods)]  # rotate: no fixed order
         for size in sizes:
             for m in order:
-                count = count_for(size, seconds_each[m, size])
+                if not runner.measures(m, size):
+                    continue
+                count = runner.messages(m, count_for(size, seconds_each[m, size]))
                 secs = runner.throughput(m, size, count)
                 gbps[m][size].append(size * count / secs / 1e9)
                 tick(f"{m} {size}")
@@ -397,6 +464,8 @@ def summarise(samples: dict[str, Any], sizes: list[int], latency_bytes: int) -> 
     rows = []
     for size in sizes:
         for m, by in med.items():
+            if size not in by:  # a batch row above BATCH_MAX_BYTES
+                continue
             row: dict[str, Any] = {
                 "method": m,
                 "size": size,
@@ -406,7 +475,7 @@ def summarise(samples: dict[str, Any], sizes: list[int], latency_bytes: int) -> 
             for ref in ("grpc", "grpc-stream", "memcpy"):
                 key = "x_" + ref.replace("-", "_")
                 row[key] = by[size] / med[ref][size] if ref in med else None
-            limit = raw_limit.get(m)
+            limit = raw_limit.get(base_method(m))
             row["limit"] = limit
             row["x_limit"] = by[size] / med[limit][size] if limit in med else None
             rows.append(row)
@@ -442,6 +511,7 @@ __all__ = [
     "REFERENCES",
     "TRANSPORTS",
     "Runner",
+    "batch_method",
     "machine_facts",
     "summarise",
     "sweep",

@@ -37,14 +37,21 @@ def test_demo_moves_tensors_byte_exact() -> None:
     assert all(int(ln.split()[1]) == 12 for ln in lines)  # 3 steps x 4 tensors
 
 
-def _check_result(result: dict[str, Any], sizes: list[int], transports: list[str]) -> None:
+def _check_result(
+    result: dict[str, Any], sizes: list[int], transports: list[str], batch: int = 0
+) -> None:
     assert result["schema"] == "tensorwire.bench/1"
+    assert result["config"]["batch"] == batch
     machine = result["machine"]
     assert machine["cpu_count"] >= 1 and machine["python"] and machine["versions"]["tensorwire"]
     rows = {(r["method"], r["size"]): r for r in result["throughput"]}
     # NIXL driven by hand is measured beside the nixl transport: its limit
     raw_nixl = ["raw-nixl"] if "nixl" in transports else []
-    methods = {"memcpy", "zmq", "raw-tcp", *transports, *raw_nixl}
+    # --batch N: each transport also writing N tensors per write_many, against its own limit
+    batched = {f"{t} x{batch}": t for t in transports} if batch else {}
+    for method, transport in batched.items():
+        assert rows[(method, sizes[0])]["limit"] == rows[(transport, sizes[0])]["limit"]
+    methods = {"memcpy", "zmq", "raw-tcp", *transports, *raw_nixl, *batched}
     for size in sizes:
         assert {m for m, s in rows if s == size} == methods
         for method in methods:
@@ -78,6 +85,7 @@ def _check_result(result: dict[str, Any], sizes: list[int], transports: list[str
 def test_bench_runs_end_to_end_with_json_and_plot(tmp_path: Path) -> None:
     path, png, md = tmp_path / "bench.json", tmp_path / "bench.png", tmp_path / "bench.md"
     small = ["--sizes", "4K,64K", "--repeat", "1", "--round-trips", "20", "--no-progress"]
+    small += ["--batch", "3"]
     out = run(
         "-m",
         "tensorwire.bench",
@@ -94,12 +102,13 @@ def test_bench_runs_end_to_end_with_json_and_plot(tmp_path: Path) -> None:
     measured = ["shm", "tcp", "nixl", "grpc", "grpc-stream"]
     if not NIXL_INSTALLED:  # the default run measures what is installed
         measured.remove("nixl")
-    _check_result(result, [4096, 65536], measured)
+    _check_result(result, [4096, 65536], measured, batch=3)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     assert "vs grpc" in out.stdout and "median us" in out.stdout
     table = md.read_text()
     assert table.startswith("| size | method | GB/s | vs grpc | vs grpc-stream |")
     assert "| 64 KiB | grpc-stream |" in table and "| grpc-stream / this |" in table
+    assert "| 4 KiB | tcp x3 |" in table
 
 
 def test_bench_serve_and_run_as_two_hosts_would(tmp_path: Path) -> None:
@@ -159,6 +168,7 @@ def test_bench_serve_and_run_as_two_hosts_would(tmp_path: Path) -> None:
         ["-m", "tensorwire.bench", "--sizes", "12Q"],
         ["-m", "tensorwire.bench", "--transports", "carrier-pigeon"],
         ["-m", "tensorwire.bench", "--repeat", "0"],
+        ["-m", "tensorwire.bench", "--batch", "1"],
         ["-m", "tensorwire.bench", "run"],
         ["-m", "tensorwire.bench", "--bogus"],
         ["-m", "tensorwire.bench", "serve", "--bind", "tcp://0.0.0.0:5999"],
