@@ -233,26 +233,38 @@ class RingMemory:
             if b[self._rx_waiting]:
                 futex_wake(self.rx_bell_address)
 
-    def write_bytes(self, slot: int, seq: int, epoch: int, data: memoryview, bell: bool) -> bool:
-        """Writer: message ``seq`` of a static host tensor, whole, in one call: announce the write
-        (:meth:`enter_write`), copy ``data`` (the payload as bytes) into ``slot``,
-        :meth:`publish` it and leave (:meth:`leave_write`). False, and nothing written, when
-        claim ``epoch`` may no longer write. The steps of enter_write and leave_write inline:
-        this is the per-message path of small ``shm`` messages, where each method call costs as
-        much as the copy."""
+    def write_next(
+        self, slots: SlotChooser, seq: int, epoch: int, data: memoryview, bell: bool
+    ) -> int:
+        """Writer: message ``seq`` of a static host tensor, whole, in one call, where a credit
+        is there: choose its slot (``slots``, told of the write), announce the write
+        (:meth:`enter_write`), copy ``data`` (the payload as bytes), :meth:`publish` it and leave
+        (:meth:`leave_write`). Returns 1 when written; 0 when there is no credit for ``seq``
+        (nothing done: wait for one and call again); -1 when claim ``epoch`` may no longer write
+        (nothing written). The steps of the calls named inline: this is the per-message path of
+        small ``shm`` messages, where each method call costs as much as the copy."""
         q = self._q
+        released = q[self._released]
+        if seq - released > self.depth:
+            return 0
+        last = slots.last
+        slot = last if slots.seqs[last] <= released else slots.choose(released)
         writing = self._writing
         q[writing] = epoch
         if q[self._owner] != epoch:
             q[writing] = 0
-            return False
+            return -1
         try:
             nbytes = len(data)
             self.slot_bytes[slot][:nbytes] = data
             self.publish(slot, seq, nbytes, None, bell)
         finally:
             q[writing] = 0  # after the completion store: a new claim sees the message
-        return True
+        if slot == last:  # the chooser's wrote(), when the slot written last is reused
+            slots.seqs[slot] = seq
+        else:
+            slots.wrote(slot, seq)
+        return 1
 
     def ring_receiver(self) -> None:
         """Ring the receiver's doorbell (after publishing with ``bell=False``)."""

@@ -94,6 +94,49 @@ def test_wait_any_from_two_threads_hands_out_each_message_once() -> None:
         sys.setswitchinterval(old_interval)
 
 
+def test_wait_all_from_two_threads_takes_whole_sets_once() -> None:
+    """Two threads wait for the pair (a, b) while a sender writes a's message, pauses, then b's:
+    a waiting thread finds a first and, on a later wake-up, b, while the other thread may have
+    taken that pair in between (wait_all then looks again from the start). Each pair is taken
+    once, whole: a thread never gets message k of one tensor with another message of the
+    other."""
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with tw.Receiver(ring=N_MESSAGES + 1) as rx:
+            for name in ("a", "b"):
+                rx.register(name, (1,), "int64")
+            got: list[list[tuple[int, int]]] = [[], []]
+            errors: list[BaseException] = []
+
+            def consume(mine: list[tuple[int, int]]) -> None:
+                try:
+                    for _ in range(N_MESSAGES):
+                        try:
+                            views = rx.wait_all(["a", "b"], timeout=2)
+                        except tw.WireTimeoutError:
+                            return
+                        mine.append((int(views["a"][0]), int(views["b"][0])))
+                except BaseException as exc:
+                    errors.append(exc)
+
+            threads = [threading.Thread(target=consume, args=(g,)) for g in got]
+            for t in threads:
+                t.start()
+            with tw.Sender.connect(rx.address, transport="shm", timeout=10) as tx:
+                for k in range(N_MESSAGES):
+                    tx.write("a", np.array([k], np.int64))
+                    time.sleep(0.001)  # the waiting threads see a alone first
+                    tx.write("b", np.array([k], np.int64))
+            for t in threads:
+                t.join(30)
+            assert not errors, errors
+            assert all(a == b for a, b in got[0] + got[1]), "a set was taken torn"
+            assert sorted(a for a, _ in got[0] + got[1]) == list(range(N_MESSAGES))
+    finally:
+        sys.setswitchinterval(old_interval)
+
+
 def test_heartbeat_sockets_go_with_their_peer_and_one_context_serves_all() -> None:
     """A sender whose receivers come and go (workers restarted on new addresses) must not grow:
     the heartbeat socket of a removed peer is closed, and no peer gets ZeroMQ threads of its

@@ -173,11 +173,15 @@ class Consumer:
         return got
 
     def _lookup_all(self, names: Iterable[str]) -> list[RegisteredTensor]:
-        tensors = [self._lookup(n) for n in names]
+        by_name = self._table.by_name
+        if self._state.closed:
+            self._state.check_open()
+        tensors = [by_name.get(n) or self._lookup(n) for n in names]
         if len({id(t) for t in tensors}) != len(tensors):
             raise TensorWireError("each tensor may be named once in a wait for several")
         for t in tensors:
-            self._check_slot_free(t)
+            if t.consumed - t.released >= t.ring.depth:  # slot_free, inline
+                self._check_slot_free(t)
         return tensors
 
     @staticmethod
@@ -193,27 +197,36 @@ class Consumer:
         tensors = self._lookup_all(names)
         lock = self._state.lock
         cursor = 0  # tensors before it had their next message complete when last looked at
+        slots = [0] * len(tensors)  # where: found under the lock, and valid while it is held
+        take = self._take
 
         def ready() -> dict[str, Any] | None:
             nonlocal cursor
             with lock:
                 # Messages stay complete until taken, so each wake-up looks on from where the
                 # last one stopped: the whole wait costs one pass over the names, not one per
-                # message that lands.
+                # message that lands. (slot_free and _next_slot inline: per tensor.)
+                start = cursor
                 while cursor < len(tensors):
                     t = tensors[cursor]
-                    if not t.slot_free or self._next_slot(t) is None:
+                    if t.consumed - t.released >= t.ring.depth:
                         return None
+                    slot = t.ring.find(t.consumed + 1)
+                    if slot < 0:
+                        self._next_slot(t)  # raises for a lost writer
+                        return None
+                    slots[cursor] = slot
                     cursor += 1
-                slots = [self._next_slot(t) if t.slot_free else None for t in tensors]
-                if None in slots:  # another consumer thread took one meanwhile: look again
-                    cursor = 0
-                    return None
-                return {
-                    t.spec.name: self._take(t, slot)
-                    for t, slot in zip(tensors, slots, strict=True)
-                    if slot is not None
-                }
+                # Found on an earlier wake-up, with the lock let go since: another consumer
+                # thread may have taken them meanwhile. Then look again from the start.
+                for k in range(start):
+                    t = tensors[k]
+                    again = self._next_slot(t) if t.consumed - t.released < t.ring.depth else None
+                    if again is None:
+                        cursor = 0
+                        return None
+                    slots[k] = again
+                return {t.spec.name: take(t, slot) for t, slot in zip(tensors, slots, strict=True)}
 
         got = ready()
         if got is not None:
@@ -332,19 +345,25 @@ class Consumer:
                 link.send_credits([])
 
     def release_many(self, names: Iterable[str]) -> None:
-        names = tuple(names)
-        for device in {d for n in names if (d := self._lookup(n).ring.device) is not None}:
+        lookup = self._table.by_name.get
+        tensors = [lookup(n) or self._lookup(n) for n in names]
+        for device in {d for t in tensors if (d := t.ring.device) is not None}:
             synchronize_current(device)  # as in release()
         credits: dict[int, tuple[CreditLink, list[tuple[int, int]], list[bool]]] = {}
-        with self._state.lock:
-            tensors = [self._lookup(n) for n in names]
-            times = Counter(id(t) for t in tensors)
-            for tensor in tensors:  # every name checked before any slot is handed back
-                if tensor.consumed - tensor.released < times[id(tensor)]:
-                    raise TensorWireError(
-                        f"tensor {tensor.spec.name!r}: released {times[id(tensor)]} times, but "
-                        f"{tensor.consumed - tensor.released} message(s) held; nothing released"
-                    )
+        state = self._state
+        with state.lock:
+            if state.closed:  # closed since the lookup: the rings may be unmapped by now
+                state.check_open()
+            # Every name checked before any slot is handed back.
+            if len({id(t) for t in tensors}) == len(tensors):  # each once: the usual batch
+                for tensor in tensors:
+                    if tensor.consumed == tensor.released:
+                        self._release_refused(tensor, 1)
+            else:
+                times = Counter(id(t) for t in tensors)
+                for tensor in tensors:
+                    if tensor.consumed - tensor.released < times[id(tensor)]:
+                        self._release_refused(tensor, times[id(tensor)])
             for tensor in tensors:
                 link = self._hand_back(tensor)
                 if link is not None:
@@ -354,6 +373,13 @@ class Consumer:
             # Each networked sender hears of all its credits of the batch at once.
             for link, pairs, defer in credits.values():
                 link.send_credits(pairs, all(defer))
+
+    @staticmethod
+    def _release_refused(tensor: RegisteredTensor, times: int) -> None:
+        raise TensorWireError(
+            f"tensor {tensor.spec.name!r}: released {times} times, but "
+            f"{tensor.consumed - tensor.released} message(s) held; nothing released"
+        )
 
     def drain(self, name: str) -> int:
         with self._state.lock:

@@ -387,12 +387,19 @@ class ShmWriter(TensorWriter):
         a batch, :meth:`ShmChannel.write_batch`)."""
         ring = self._ring
         if self._whole and isinstance(array, np.ndarray):
-            # The per-message path of small tensors: announcing, copying, publishing and
-            # leaving in one ring call.
-            slot = self._slots.choose(self._credit(deadline))
-            if not ring.write_bytes(slot, self.next_seq, self._epoch, array.data.cast("B"), bell):
+            # The per-message path of small tensors: the credit check, slot choice, announcing,
+            # copying, publishing and leaving in one ring call, which waits for nothing.
+            self._channel.check_peer()
+            data = array.data.cast("B")
+            done = ring.write_next(self._slots, self.next_seq, self._epoch, data, bell)
+            if not done:  # no credit: wait for one, then there is
+                self._credit(deadline)
+                done = ring.write_next(self._slots, self.next_seq, self._epoch, data, bell)
+            if done < 0:
                 raise self._revoked()
-            self._published(slot, bell)
+            self.next_seq += 1
+            if not bell:
+                self._channel.bell_owed = ring
             return
         if self._device is not None:
             self._write_to_device(array, deadline, bell)
