@@ -19,6 +19,7 @@ import pytest
 import zmq
 
 import tensorwire as tw
+from tensorwire import wire
 
 from .conftest import Children, free_port, shm_entries
 from .peers import die_mid_write, run_receiver, send_plan
@@ -310,9 +311,11 @@ def test_receiver_close_unblocks_waiter_and_sender(transport: str) -> None:
     assert not shm_entries()
 
 
-def test_peer_stalling_mid_frame_is_dropped_and_others_keep_going() -> None:
-    from tensorwire import wire
-
+@pytest.mark.parametrize("cut", [20, wire.DATA_HEADER.size + 1000], ids=["header", "payload"])
+def test_peer_stalling_mid_frame_is_dropped_and_others_keep_going(cut: int) -> None:
+    """A TCP peer that stops in the middle of a frame (of its header, or of a small payload,
+    which the receiver reads through its read-ahead buffer) is cut off after the frame
+    timeout; nothing of the frame lands, and an idle connection between frames is no stall."""
     with tw.Receiver(frame_timeout=0.3) as rx:
         rx.register("t", (1024,), "float32")
         rx.register("other", (8,), "float32")
@@ -325,7 +328,8 @@ def test_peer_stalling_mid_frame_is_dropped_and_others_keep_going() -> None:
             header = wire.encode_data_header(
                 wire.DataHeader(peer.entries["t"].tensor_id, 0, peer.generation, 2, 4096, None)
             )
-            sock.sendall(header[:20])  # half a header, then silence
+            frame = header + b"\x01" * 4096
+            sock.sendall(frame[:cut])  # part of the frame, then silence
             start = time.monotonic()
             sock.settimeout(10)
             while sock.recv(4096):  # credits may still arrive; then the receiver hangs up
@@ -495,8 +499,6 @@ def test_a_refused_curve_handshake_never_outlasts_the_timeout(tmp_path: Path) ->
 def test_forged_headers_on_a_live_data_connection(forge: dict[str, int]) -> None:
     """An authenticated TCP peer that lies in a header is cut off before a byte reaches a slot;
     the slot keeps its contents and other senders keep going."""
-    from tensorwire import wire
-
     with tw.Receiver() as rx:
         rx.register("t", (256,), "float32")
         rx.register("other", (8,), "float32")
