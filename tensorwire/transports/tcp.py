@@ -575,6 +575,10 @@ class _Connection:
         # are always taken before pump() returns, so a frame never waits here for more data.
         self._ahead = memoryview(bytearray(READ_AHEAD))
         self._start = self._end = 0
+        # After a payload larger than COPY_BELOW the next header is read alone: a stream of
+        # large frames then has each payload received straight into its slot, not mostly
+        # copied out of what was read ahead with the header before it.
+        self._header_alone = False
         self._header: wire.DataHeader | None = None  # whose payload is being read into _dst
         self._dst: memoryview | None = None
         self._got = 0
@@ -605,7 +609,9 @@ class _Connection:
         done = 0
         while True:
             if self._dst is None:
-                if self._start == self._end and not self._fill(wait and self.mid_frame):
+                if self._start == self._end and not self._fill(
+                    wait and self.mid_frame, reader.need if self._header_alone else READ_AHEAD
+                ):
                     return done
                 n = min(reader.need, self._end - self._start)
                 header = reader.feed(ahead[self._start : self._start + n])
@@ -632,7 +638,7 @@ class _Connection:
                     self._start += n
                     self._got = got + n
                 elif stop - got <= COPY_BELOW:
-                    if not self._fill(wait):
+                    if not self._fill(wait, READ_AHEAD):
                         return done
                     continue
                 elif wait:
@@ -653,6 +659,7 @@ class _Connection:
                     sink.arrived(session, self._header, stop)
             header, self._header, self._dst = self._header, None, None
             assert header is not None
+            self._header_alone = total > COPY_BELOW
             done += 1
             sink.end_write(session, header, bell=bool(bell_every) and done % bell_every == 0)
 
@@ -661,12 +668,12 @@ class _Connection:
         of the receiver's memory, which could not be unmapped while this held it."""
         self._header = self._dst = None
 
-    def _fill(self, block: bool) -> bool:
-        """Read what has arrived into the read-ahead buffer (which is empty); False when
-        nothing has and not ``block``. ``block`` (mid-frame, from the serving thread): wait for
-        at least a byte, bounded by the socket's receive timeout."""
+    def _fill(self, block: bool, most: int) -> bool:
+        """Read what has arrived, ``most`` bytes at most, into the read-ahead buffer (which is
+        empty); False when nothing has and not ``block``. ``block`` (mid-frame, from the
+        serving thread): wait for at least a byte, bounded by the socket's receive timeout."""
         try:
-            n = self.sock.recv_into(self._ahead, READ_AHEAD, 0 if block else socket.MSG_DONTWAIT)
+            n = self.sock.recv_into(self._ahead, most, 0 if block else socket.MSG_DONTWAIT)
         except BlockingIOError:  # nothing there, or SO_RCVTIMEO expired while blocked
             if block:
                 raise TimeoutError("peer stalled in the middle of a frame") from None
