@@ -593,8 +593,9 @@ class Sender(Resource):
         if len({id(w) for w, _ in writes}) != len(writes):
             taken: dict[int, int] = {}
             for k, (w, _) in enumerate(writes):
-                seqs[k] += taken.get(id(w), 0)
-                taken[id(w)] = taken.get(id(w), 0) + 1
+                earlier = taken.get(id(w), 0)
+                seqs[k] += earlier
+                taken[id(w)] = earlier + 1
         assert p.channel is not None
         p.channel.write_batch(writes, deadline)
         new = _new_tuple

@@ -3,10 +3,13 @@ process, heartbeat sockets closed with their peer, credits that never block the 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import numpy as np
 import pytest
@@ -21,6 +24,42 @@ def os_threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
+T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def two_consumers(take: Callable[[], T], most: int) -> Iterator[list[list[T]]]:
+    """Two threads each call ``take`` (a wait) up to ``most`` times, until it times out, and
+    keep what it returns, one list per thread, while the body sends. Threads switch as often as
+    possible meanwhile, so that races show up. After the body the threads are joined, and
+    neither may have raised anything but the timeout that ends it."""
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    got: list[list[T]] = [[], []]
+    errors: list[BaseException] = []
+
+    def consume(mine: list[T]) -> None:
+        try:
+            for _ in range(most):
+                try:
+                    mine.append(take())
+                except tw.WireTimeoutError:
+                    return  # the sender is done and the other thread took the rest
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=consume, args=(g,)) for g in got]
+    try:
+        for t in threads:
+            t.start()
+        yield got
+    finally:
+        for t in threads:
+            t.join(30)
+        sys.setswitchinterval(old_interval)
+    assert not errors, errors
+
+
 @pytest.mark.parametrize("transport", ["shm", "tcp", "nixl"])
 def test_two_consumer_threads_never_get_the_same_message(transport: str) -> None:
     """Two threads wait on one tensor while a sender writes 64 numbered messages into a ring
@@ -28,70 +67,35 @@ def test_two_consumer_threads_never_get_the_same_message(transport: str) -> None
     thread holds it, and the writer may then reuse that slot): every message is handed out
     exactly once. Over nixl both waiting threads also poll the NIXL agent, beside its polling
     thread: each notification is still completed once, in order."""
-    old_interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)  # switch threads as often as possible: races show up
-    try:
-        with tw.Receiver(ring=N_MESSAGES + 1) as rx:
-            rx.register("t", (1,), "int64")
-            got: list[list[int]] = [[], []]
-            errors: list[BaseException] = []
-
-            def consume(mine: list[int]) -> None:
-                try:
-                    while True:
-                        try:
-                            view = rx.wait("t", timeout=2)
-                        except tw.WireTimeoutError:
-                            return  # the sender is done and the other thread took the rest
-                        mine.append(int(view[0]))
-                except BaseException as exc:
-                    errors.append(exc)
-
-            threads = [threading.Thread(target=consume, args=(g,)) for g in got]
-            for t in threads:
-                t.start()
-            with tw.Sender.connect(rx.address, transport=transport, timeout=10) as tx:
-                for k in range(N_MESSAGES):
-                    tx.write("t", np.array([k], np.int64))
-            for t in threads:
-                t.join(30)
-            assert not errors, errors
-            taken = got[0] + got[1]
-            assert sorted(taken) == list(range(N_MESSAGES)), "a message was handed out twice"
-    finally:
-        sys.setswitchinterval(old_interval)
+    with tw.Receiver(ring=N_MESSAGES + 1) as rx:
+        rx.register("t", (1,), "int64")
+        with (
+            two_consumers(lambda: int(rx.wait("t", timeout=2)[0]), N_MESSAGES + 1) as got,
+            tw.Sender.connect(rx.address, transport=transport, timeout=10) as tx,
+        ):
+            for k in range(N_MESSAGES):
+                tx.write("t", np.array([k], np.int64))
+        taken = got[0] + got[1]
+        assert sorted(taken) == list(range(N_MESSAGES)), "a message was handed out twice"
 
 
 def test_wait_any_from_two_threads_hands_out_each_message_once() -> None:
-    old_interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        with tw.Receiver(ring=N_MESSAGES + 1) as rx:
-            for name in ("a", "b"):
-                rx.register(name, (1,), "int64")
-            got: list[list[tuple[str, int]]] = [[], []]
+    def take() -> tuple[str, int]:
+        name, view = rx.wait_any(timeout=2)
+        return name, int(view[0])
 
-            def consume(mine: list[tuple[str, int]]) -> None:
-                for _ in range(2 * N_MESSAGES):
-                    try:
-                        name, view = rx.wait_any(timeout=2)
-                    except tw.WireTimeoutError:
-                        return
-                    mine.append((name, int(view[0])))
-
-            threads = [threading.Thread(target=consume, args=(g,)) for g in got]
-            for t in threads:
-                t.start()
-            with tw.Sender.connect(rx.address, transport="shm", timeout=10) as tx:
-                for k in range(N_MESSAGES):
-                    tx.write("a", np.array([k], np.int64))
-                    tx.write("b", np.array([k], np.int64))
-            for t in threads:
-                t.join(30)
-            taken = sorted(got[0] + got[1])
-            assert taken == sorted((n, k) for n in "ab" for k in range(N_MESSAGES))
-    finally:
-        sys.setswitchinterval(old_interval)
+    with tw.Receiver(ring=N_MESSAGES + 1) as rx:
+        for name in ("a", "b"):
+            rx.register(name, (1,), "int64")
+        with (
+            two_consumers(take, 2 * N_MESSAGES) as got,
+            tw.Sender.connect(rx.address, transport="shm", timeout=10) as tx,
+        ):
+            for k in range(N_MESSAGES):
+                tx.write("a", np.array([k], np.int64))
+                tx.write("b", np.array([k], np.int64))
+        taken = sorted(got[0] + got[1])
+        assert taken == sorted((n, k) for n in "ab" for k in range(N_MESSAGES))
 
 
 def test_wait_all_from_two_threads_takes_whole_sets_once() -> None:
@@ -100,41 +104,24 @@ def test_wait_all_from_two_threads_takes_whole_sets_once() -> None:
     taken that pair in between (wait_all then looks again from the start). Each pair is taken
     once, whole: a thread never gets message k of one tensor with another message of the
     other."""
-    old_interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        with tw.Receiver(ring=N_MESSAGES + 1) as rx:
-            for name in ("a", "b"):
-                rx.register(name, (1,), "int64")
-            got: list[list[tuple[int, int]]] = [[], []]
-            errors: list[BaseException] = []
 
-            def consume(mine: list[tuple[int, int]]) -> None:
-                try:
-                    for _ in range(N_MESSAGES):
-                        try:
-                            views = rx.wait_all(["a", "b"], timeout=2)
-                        except tw.WireTimeoutError:
-                            return
-                        mine.append((int(views["a"][0]), int(views["b"][0])))
-                except BaseException as exc:
-                    errors.append(exc)
+    def take() -> tuple[int, int]:
+        views = rx.wait_all(["a", "b"], timeout=2)
+        return int(views["a"][0]), int(views["b"][0])
 
-            threads = [threading.Thread(target=consume, args=(g,)) for g in got]
-            for t in threads:
-                t.start()
-            with tw.Sender.connect(rx.address, transport="shm", timeout=10) as tx:
-                for k in range(N_MESSAGES):
-                    tx.write("a", np.array([k], np.int64))
-                    time.sleep(0.001)  # the waiting threads see a alone first
-                    tx.write("b", np.array([k], np.int64))
-            for t in threads:
-                t.join(30)
-            assert not errors, errors
-            assert all(a == b for a, b in got[0] + got[1]), "a set was taken torn"
-            assert sorted(a for a, _ in got[0] + got[1]) == list(range(N_MESSAGES))
-    finally:
-        sys.setswitchinterval(old_interval)
+    with tw.Receiver(ring=N_MESSAGES + 1) as rx:
+        for name in ("a", "b"):
+            rx.register(name, (1,), "int64")
+        with (
+            two_consumers(take, N_MESSAGES) as got,
+            tw.Sender.connect(rx.address, transport="shm", timeout=10) as tx,
+        ):
+            for k in range(N_MESSAGES):
+                tx.write("a", np.array([k], np.int64))
+                time.sleep(0.001)  # the waiting threads see a alone first
+                tx.write("b", np.array([k], np.int64))
+        assert all(a == b for a, b in got[0] + got[1]), "a set was taken torn"
+        assert sorted(a for a, _ in got[0] + got[1]) == list(range(N_MESSAGES))
 
 
 def test_heartbeat_sockets_go_with_their_peer_and_one_context_serves_all() -> None:

@@ -172,11 +172,15 @@ class Consumer:
         )
         return got
 
-    def _lookup_all(self, names: Iterable[str]) -> list[RegisteredTensor]:
+    def _lookup_each(self, names: Iterable[str]) -> list[RegisteredTensor]:
+        """:meth:`_lookup` of each name, its dict lookup inline (per name of a batch)."""
         by_name = self._table.by_name
+        return [by_name.get(n) or self._lookup(n) for n in names]
+
+    def _lookup_all(self, names: Iterable[str]) -> list[RegisteredTensor]:
         if self._state.closed:
             self._state.check_open()
-        tensors = [by_name.get(n) or self._lookup(n) for n in names]
+        tensors = self._lookup_each(names)
         if len({id(t) for t in tensors}) != len(tensors):
             raise TensorWireError("each tensor may be named once in a wait for several")
         for t in tensors:
@@ -345,8 +349,7 @@ class Consumer:
                 link.send_credits([])
 
     def release_many(self, names: Iterable[str]) -> None:
-        lookup = self._table.by_name.get
-        tensors = [lookup(n) or self._lookup(n) for n in names]
+        tensors = self._lookup_each(names)
         for device in {d for t in tensors if (d := t.ring.device) is not None}:
             synchronize_current(device)  # as in release()
         credits: dict[int, tuple[CreditLink, list[tuple[int, int]], list[bool]]] = {}
@@ -354,16 +357,17 @@ class Consumer:
         with state.lock:
             if state.closed:  # closed since the lookup: the rings may be unmapped by now
                 state.check_open()
-            # Every name checked before any slot is handed back.
-            if len({id(t) for t in tensors}) == len(tensors):  # each once: the usual batch
-                for tensor in tensors:
-                    if tensor.consumed == tensor.released:
-                        self._release_refused(tensor, 1)
-            else:
-                times = Counter(id(t) for t in tensors)
-                for tensor in tensors:
-                    if tensor.consumed - tensor.released < times[id(tensor)]:
-                        self._release_refused(tensor, times[id(tensor)])
+            # Every name checked before any slot is handed back. (Counted only when a name
+            # repeats: each once is the usual batch, and a Counter costs more than the check.)
+            repeats = len({id(t) for t in tensors}) != len(tensors)
+            times = Counter(id(t) for t in tensors) if repeats else None
+            for tensor in tensors:
+                want = 1 if times is None else times[id(tensor)]
+                if tensor.consumed - tensor.released < want:
+                    raise TensorWireError(
+                        f"tensor {tensor.spec.name!r}: released {want} times, but "
+                        f"{tensor.consumed - tensor.released} message(s) held; nothing released"
+                    )
             for tensor in tensors:
                 link = self._hand_back(tensor)
                 if link is not None:
@@ -373,13 +377,6 @@ class Consumer:
             # Each networked sender hears of all its credits of the batch at once.
             for link, pairs, defer in credits.values():
                 link.send_credits(pairs, all(defer))
-
-    @staticmethod
-    def _release_refused(tensor: RegisteredTensor, times: int) -> None:
-        raise TensorWireError(
-            f"tensor {tensor.spec.name!r}: released {times} times, but "
-            f"{tensor.consumed - tensor.released} message(s) held; nothing released"
-        )
 
     def drain(self, name: str) -> int:
         with self._state.lock:
