@@ -691,7 +691,12 @@ class _Connection:
         arrived; True if anything was. The serving thread stands back meanwhile, and takes over
         (and reports) whatever goes wrong here."""
         self.driven_at = time.monotonic()
-        if self.ended or self.failure is not None or not self.reading.acquire(blocking=False):
+        if (
+            self._session is None  # not admitted yet: nothing of it to complete
+            or self.ended
+            or self.failure is not None
+            or not self.reading.acquire(blocking=False)
+        ):
             return False
         try:
             done = self.pump(wait=False)
@@ -885,11 +890,13 @@ class TcpDataServer(DataServer):
                 return
             msg = wire.decode_data_hello(hello)
             session = self._sink().admit(msg.token, msg.generation, conn, "tcp")
+            # Before the sender hears it is in: from then on a consumer may read the connection
+            # itself (poll), and one that did so before this found no receiver and cut it off.
+            conn.admitted(self._sink_ref, session)
             sock.settimeout(None)
             # A peer that stops in the middle of a frame is cut off after frame_timeout.
             set_receive_timeout(sock, self._frame_timeout)
             conn.send_credit(HELLO_ACK, msg.generation)
-            conn.admitted(self._sink_ref, session)
             self._receive(conn)
         except _Ended as end:
             reason = end.reason
