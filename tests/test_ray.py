@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -184,27 +186,77 @@ def test_a_job_spread_over_two_nodes_trains_as_well_as_by_hand(
     assert not left, "each node's job directory is removed at the end"
 
 
-KILL_ACTOR = """
+#: A driver that connects once and then kills the actors named on its stdin, one per line:
+#: connecting (importing Ray, joining the cluster) takes seconds under load, and a job can end in
+#: that time, before the kill that the test is about.
+ACTOR_KILLER = """
 import ray, sys
 ray.init(address=sys.argv[1], log_to_driver=False)
-found = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"] == sys.argv[2]]
-assert len(found) == 1, found
-ray.kill(ray.get_actor(found[0]["name"], namespace=found[0]["namespace"]), no_restart=False)
+print("ready", flush=True)
+for line in sys.stdin:
+    name = line.strip()
+    found = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"] == name]
+    if len(found) != 1:
+        print(f"error: actors named {name!r}: {found}", flush=True)
+        continue
+    ray.kill(ray.get_actor(name, namespace=found[0]["namespace"]), no_restart=False)
+    print(f"killed {name}", flush=True)
 """
 
 
-def _kill_actor(cluster: dict[str, str], name: str) -> None:
-    """ray.kill the actor ``name``, letting Ray restart it (as a crash of its process would)."""
-    killed = subprocess.run(
-        _in(cluster["head"], sys.executable, "-c", KILL_ACTOR, cluster["address"], name),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=ENV,
-    )
-    assert killed.returncode == 0, killed.stderr
+class ActorKiller:
+    """ray.kill actors by name, letting Ray restart them (as a crash of their process would),
+    through one driver connected in advance (:data:`ACTOR_KILLER`)."""
+
+    def __init__(self, cluster: dict[str, str]) -> None:
+        self._proc = subprocess.Popen(
+            _in(cluster["head"], sys.executable, "-c", ACTOR_KILLER, cluster["address"]),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=ENV,
+        )
+        self._lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        self._expect("ready", 90)
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            self._lines.put(line.rstrip("\n"))
+        self._lines.put("(ended)")
+
+    def _expect(self, reply: str, timeout: float) -> None:
+        """Skip the driver's own log lines until ``reply``; bounded."""
+        deadline = time.monotonic() + timeout
+        seen: list[str] = []
+        while True:
+            try:
+                line = self._lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+            except queue.Empty:
+                raise AssertionError(f"no {reply!r} from the actor killer: {seen}") from None
+            if line == reply:
+                return
+            seen.append(line)
+            assert line != "(ended)" and not line.startswith("error"), seen
+
+    def kill(self, name: str) -> None:
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(name + "\n")
+        self._proc.stdin.flush()
+        self._expect(f"killed {name}", 60)
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._proc.wait(10)
+        for pipe in (self._proc.stdin, self._proc.stdout):
+            if pipe is not None:
+                pipe.close()
 
 
+@pytest.mark.timeout(360)  # above its own bounded waits, which fail with the job's log
 def test_killed_worker_and_server_actors_are_restarted_by_ray_and_the_job_goes_on(
     cluster: dict[str, str], tmp_path: Path
 ) -> None:
@@ -214,6 +266,7 @@ def test_killed_worker_and_server_actors_are_restarted_by_ray_and_the_job_goes_o
     checkpoint and both workers reconnect. The job ends with every step done and the accuracy
     bar reached."""
     steps = 12000
+    killer = ActorKiller(cluster)
     proc, log, out = _ray_job(
         cluster,
         tmp_path,
@@ -231,13 +284,14 @@ def test_killed_worker_and_server_actors_are_restarted_by_ray_and_the_job_goes_o
         log_has(log, "joined from", 120, count=2)  # the server took both workers in
         time.sleep(1.0)
         job = log.read_text().split("ray-job: job ")[1].split(":")[0]  # its actors' prefix
-        _kill_actor(cluster, f"{job}-w1")
+        killer.kill(f"{job}-w1")
         log_has(log, "worker 1 rejoined", 120)
         log_has(log, "checkpoint at step", 120)
-        _kill_actor(cluster, f"{job}-ps0")
+        killer.kill(f"{job}-ps0")
         log_has(log, "resumed shard 0 from", 120)
         _finish(proc, log, 240)
     finally:
+        killer.close()
         if proc.poll() is None:
             proc.kill()
             proc.wait()
