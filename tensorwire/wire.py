@@ -404,32 +404,49 @@ class HeaderReader:
 NOTIFICATION_COUNTER = struct.Struct("<Q")
 
 
-def encode_notification(counter: int, header: DataHeader) -> bytes:
-    """A data header sent as a NIXL notification, behind the channel's message counter (which
-    lets the receiver put notifications back in order: UCX does not promise it across lanes)."""
-    out = bytearray(NOTIFICATION_COUNTER.size + MAX_HEADER_BYTES)
+#: Most data headers one NIXL notification carries (a batch sends its headers together).
+MAX_NOTIFICATION_HEADERS = 32
+
+
+def encode_notification(counter: int, *headers: DataHeader) -> bytes:
+    """Data headers sent as one NIXL notification, behind the channel's message counter (which
+    lets the receiver put notifications back in order: UCX does not promise it across lanes).
+    One header for a write; up to MAX_NOTIFICATION_HEADERS for a batch, completed in order."""
+    if not 0 < len(headers) <= MAX_NOTIFICATION_HEADERS:
+        raise ValueError(f"a notification carries 1 to {MAX_NOTIFICATION_HEADERS} headers")
+    out = bytearray(NOTIFICATION_COUNTER.size + MAX_HEADER_BYTES * len(headers))
     NOTIFICATION_COUNTER.pack_into(out, 0, counter)
-    used = pack_data_header(memoryview(out)[NOTIFICATION_COUNTER.size :], header)
-    return bytes(out[: NOTIFICATION_COUNTER.size + used])
+    used = NOTIFICATION_COUNTER.size
+    for header in headers:
+        used += pack_data_header(memoryview(out)[used:], header)
+    return bytes(out[:used])
 
 
-def decode_notification(data: bytes | bytearray | memoryview) -> tuple[int, DataHeader]:
-    """The counter and the header of one notification; exactly one header, nothing after it."""
+def decode_notification(data: bytes | bytearray | memoryview) -> tuple[int, list[DataHeader]]:
+    """The counter and the headers of one notification: one to MAX_NOTIFICATION_HEADERS,
+    nothing after the last; a goodbye only alone."""
     if len(data) < NOTIFICATION_COUNTER.size + DATA_HEADER.size:
         raise LocalProtocolError(f"notification too short: {len(data)} bytes")
     (counter,) = NOTIFICATION_COUNTER.unpack_from(data, 0)
     reader = HeaderReader()
     rest = memoryview(data)[NOTIFICATION_COUNTER.size :]
-    header = None
-    while header is None:
-        need = reader.need
-        if len(rest) < need:
-            raise LocalProtocolError("notification ends inside its header")
-        header = reader.feed(rest[:need])
-        rest = rest[need:]
-    if len(rest):
-        raise LocalProtocolError(f"notification has {len(rest)} bytes after its header")
-    return counter, header
+    headers: list[DataHeader] = []
+    while len(rest):
+        if len(headers) == MAX_NOTIFICATION_HEADERS:
+            raise LocalProtocolError(
+                f"notification has bytes after its {MAX_NOTIFICATION_HEADERS} headers"
+            )
+        header = None
+        while header is None:
+            need = reader.need
+            if len(rest) < need:
+                raise LocalProtocolError("notification ends inside a header")
+            header = reader.feed(rest[:need])
+            rest = rest[need:]
+        headers.append(header)
+    if len(headers) > 1 and any(h.bye for h in headers):
+        raise LocalProtocolError("a goodbye shares a notification with other headers")
+    return counter, headers
 
 
 def encode_credit(tensor_id: int, released: int) -> bytes:

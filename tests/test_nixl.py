@@ -272,6 +272,34 @@ def test_a_sender_breaking_the_rules_is_cut_off(forgery: str) -> None:
 
 
 @pytest.mark.nixl
+def test_a_batch_of_small_tensors_shares_notifications_and_lands_in_order() -> None:
+    """write_many stages small payloads, posts their WRITEs together and sends their headers
+    in one notification (at most MAX_NOTIFICATION_HEADERS each); a large payload goes on its
+    own, after what was posted before it. Every message lands byte-exact, in order."""
+    names = [f"s{k}" for k in range(40)]
+    with tw.Receiver(ring=2) as rx:
+        for name in names:
+            rx.register(name, (16,), "int32")
+        rx.register("big", (1 << 15,), "float32")  # 128 KiB: above copy_below, registered
+        with tw.Sender.connect(rx.address, transport="nixl", timeout=10) as tx:
+            channel = _peer(tx, rx.address).channel
+            sent = channel.counter
+            tx.write_many([(name, np.full(16, k, np.int32)) for k, name in enumerate(names)])
+            assert channel.counter - sent == 2  # 32 headers, then 8
+            got = rx.wait_all(names, timeout=10)
+            assert all(np.array_equal(got[n], np.full(16, k)) for k, n in enumerate(names))
+            rx.release_many(names)
+            a, b, c, d = (np.full(16, 100 + k, np.int32) for k in range(4))
+            big = np.arange(1 << 15, dtype=np.float32)
+            sent = channel.counter
+            tx.write_many([("s0", a), ("s1", b), ("big", big), ("s2", c), ("s0", d)])
+            assert channel.counter - sent == 3  # s0 s1 | big | s2 s0 (its second slot)
+            for name, want in (("s0", a), ("s0", d), ("s1", b), ("big", big), ("s2", c)):
+                assert np.array_equal(rx.wait(name, timeout=10), want), name
+            rx.release_many(["s0", "s0", "s1", "big", "s2"])
+
+
+@pytest.mark.nixl
 def test_sources_stay_registered_while_the_caller_holds_them() -> None:
     n = 1 << 15  # 128 KiB of float32: above copy_below, so written from the array itself
     with tw.Receiver(ring=4) as rx:
@@ -300,7 +328,32 @@ def test_sources_stay_registered_while_the_caller_holds_them() -> None:
                 tx.write("small", np.full(16, k, np.float32))
                 assert rx.wait("small", timeout=5)[15] == k
                 rx.release("small")
-            assert len(set(channel._sources) - before) <= 1  # the staging buffer, once
+            assert set(channel._sources) == before  # not among the callers' arrays
+            assert len(channel._staging) == 1  # the staging buffer, once
+
+
+def test_more_tensors_than_registered_sources_register_each_staging_buffer_once() -> None:
+    """A step writes many small tensors in turn: each one's staging buffer stays registered
+    (the cache of callers' arrays is smaller than the step), and a prefix of it of any length
+    goes out byte-exact."""
+    names = [f"t{k}" for k in range(6)]
+    options = NixlOptions(registered_sources=2)
+    with tw.Receiver(ring=2) as rx:
+        for name in names:
+            rx.register(name, (None,), "int32", max_bytes=64 * 4)
+        with tw.Sender.connect(rx.address, transport="nixl", timeout=10, nixl=options) as tx:
+            channel = _peer(tx, rx.address).channel
+            for length in (64, 3, 64, 17, 1):
+                items = [
+                    (name, np.arange(length, dtype=np.int32) + k) for k, name in enumerate(names)
+                ]
+                tx.write_many(items)
+                got = rx.wait_all(names, timeout=5)
+                for k, name in enumerate(names):
+                    assert np.array_equal(got[name], np.arange(length, dtype=np.int32) + k)
+                rx.release_many(names)
+            assert len(channel._staging) == len(names)
+            assert not channel._sources  # nothing of the caller's was registered
 
 
 @pytest.mark.nixl

@@ -198,14 +198,31 @@ def test_credit_round_trip(tid: int, released: int) -> None:
     assert wire.decode_credit(wire.encode_credit(tid, released)) == wire.Credit(tid, released)
 
 
-@given(u64, headers)
-def test_notification_round_trip(counter: int, header: wire.DataHeader) -> None:
-    raw = wire.encode_notification(counter, header)
-    assert wire.decode_notification(raw) == (counter, header)
-    with pytest.raises(LocalProtocolError, match="after its header"):
+@given(u64, st.lists(headers, min_size=1, max_size=wire.MAX_NOTIFICATION_HEADERS))
+def test_notification_round_trip(counter: int, many: list[wire.DataHeader]) -> None:
+    raw = wire.encode_notification(counter, *many)
+    assert wire.decode_notification(raw) == (counter, many)
+    with pytest.raises(LocalProtocolError, match="inside a header"):
         wire.decode_notification(raw + b"x")
     with pytest.raises(LocalProtocolError):
         wire.decode_notification(raw[:-1])
+
+
+def test_a_notification_refuses_too_many_headers_and_a_goodbye_among_others() -> None:
+    one = wire.DataHeader(1, 0, 3, 7, 16, None)
+    bye = wire.DataHeader(0, 0, 0, 0, 0, None, bye=True)
+    with pytest.raises(ValueError, match="1 to"):
+        wire.encode_notification(5, *[one] * (wire.MAX_NOTIFICATION_HEADERS + 1))
+    with pytest.raises(ValueError, match="1 to"):
+        wire.encode_notification(5)
+    full = wire.encode_notification(5, *[one] * wire.MAX_NOTIFICATION_HEADERS)
+    extra = wire.encode_notification(5, one)[wire.NOTIFICATION_COUNTER.size :]
+    most = wire.MAX_NOTIFICATION_HEADERS
+    with pytest.raises(LocalProtocolError, match=f"after its {most} headers"):
+        wire.decode_notification(full + extra)
+    mixed = wire.encode_notification(5, one) + wire.encode_notification(6, bye)[8:]  # 8: counter
+    with pytest.raises(LocalProtocolError, match="goodbye shares"):
+        wire.decode_notification(mixed)
 
 
 @settings(max_examples=300)

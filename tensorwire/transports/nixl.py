@@ -37,7 +37,7 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -157,7 +157,22 @@ class _Source:
         self.descs = descs
         self.memory = memory  # NIXL's name for its kind: DRAM or VRAM
         self.device = device
-        self.requests: dict[int, Any] = {}  # remote address -> prepared transfer request
+        #: (remote address, bytes) -> prepared transfer request (a staging buffer sends
+        #: prefixes of several lengths from one registration)
+        self.requests: dict[tuple[int, int], Any] = {}
+
+
+#: A posted WRITE: its source, its request's key there, the request and its state at posting.
+_Transfer = tuple[_Source, tuple[int, int], Any, str]
+
+
+class _Posted(NamedTuple):
+    """A message of a batch whose WRITE is posted and whose header is not sent yet."""
+
+    writer: NixlWriter
+    slot: int
+    header: wire.DataHeader
+    transfer: _Transfer
 
 
 def _memory_of(array: Any) -> tuple[str, int]:
@@ -193,6 +208,8 @@ class NixlChannel(Channel):
         self._remote = ""
         self._bases: list[int] = []  # each receiver region's address in the receiver's memory
         self._sources: OrderedDict[tuple[int, int], _Source] = OrderedDict()
+        #: the writers' staging buffers, registered once each for the channel's lifetime
+        self._staging: list[_Source] = []
         self._released: dict[int, int] = {}
         self._counter = 0  # notifications sent so far (the next one's counter)
         self._bye_acked = False
@@ -313,9 +330,16 @@ class NixlChannel(Channel):
             _drop_source(self._agent, self._sources.popitem(last=False)[1])
         return src
 
-    def touch(self, src: _Source) -> None:
-        """``src`` (still registered) was used again: last in line to be deregistered."""
-        self._sources.move_to_end((src.address, src.array.nbytes))
+    def staging(self, array: Any) -> _Source:
+        """A writer's staging buffer, registered for as long as the channel lives.
+
+        Not in the cache of callers' arrays: that cache holds ``registered_sources`` arrays, and
+        a sender writing more tensors than that in turn (a parameter server's step, a batch)
+        had each tensor's staging buffer evicted by the others and registered again for every
+        message (~30 us each here; far more where registration pins pages)."""
+        src = self._register(array)
+        self._staging.append(src)
+        return src
 
     def _register(self, array: Any) -> _Source:
         agent = self._live_agent()
@@ -336,9 +360,15 @@ class NixlChannel(Channel):
                 _drop_source(self._agent, src)
 
     def put(
-        self, src: _Source, remote: int, notification: bytes, far_memory: tuple[str, int]
+        self,
+        src: _Source,
+        remote: int,
+        notification: bytes,
+        far_memory: tuple[str, int],
+        nbytes: int | None = None,
     ) -> None:
-        """One WRITE of ``src`` into ``remote``, then ``notification`` (if any) behind it.
+        """One WRITE of ``src`` (its first ``nbytes``; all of it when None) into ``remote``, then
+        ``notification`` (if any) behind it.
 
         The transfer is posted without NIXL's own notification and its completion (which
         includes an endpoint flush: the bytes are in the receiver's memory) is awaited here; only
@@ -348,11 +378,22 @@ class NixlChannel(Channel):
         ~70-200 µs a write, and a 3 s write against a receiver that stopped polling for 3 s).
         Waiting here also keeps the caller's array untouched until the NIC has read it.
         ``far_memory``: the slot's NIXL memory type and device id."""
-        agent = self._live_agent()
         array = src.array
         assert array is not None
-        nbytes = array.nbytes
-        request = src.requests.get(remote)
+        if nbytes is None:
+            nbytes = array.nbytes
+        self.complete(self.start(src, remote, far_memory, nbytes))
+        if notification:
+            self.notify(notification)
+
+    def start(
+        self, src: _Source, remote: int, far_memory: tuple[str, int], nbytes: int
+    ) -> _Transfer:
+        """Post a WRITE of the first ``nbytes`` of ``src`` into ``remote``; :meth:`complete`
+        waits for it."""
+        agent = self._live_agent()
+        key = (remote, nbytes)
+        request = src.requests.get(key)
         try:
             if request is None:
                 if len(src.requests) >= MAX_REQUESTS_PER_SOURCE:
@@ -360,14 +401,25 @@ class NixlChannel(Channel):
                 local = agent.get_xfer_descs([(src.address, nbytes, src.device)], src.memory)
                 far_type, far_device = far_memory
                 far = agent.get_xfer_descs([(remote, nbytes, far_device)], far_type)
-                request = src.requests[remote] = agent.initialize_xfer(
+                request = src.requests[key] = agent.initialize_xfer(
                     "WRITE", local, far, self._remote
                 )
-            state = agent.transfer(request)
+            return src, key, request, agent.transfer(request)
+        except PeerLostError:
+            raise
+        except Exception as exc:
+            raise self._lose(f"NIXL write to {self._where} failed: {exc}") from exc
+
+    def complete(self, transfer: _Transfer) -> None:
+        """Wait (bounded) until a posted WRITE is complete: its bytes are in the receiver's
+        memory."""
+        src, key, request, posted_state = transfer
+        state: str | None = posted_state
+        try:
             if state == "PROC":
-                state = self._finish(agent, request)
+                state = self._finish(self._live_agent(), request)
             if state is None:  # stuck, or the receiver was declared lost meanwhile
-                del src.requests[remote]
+                del src.requests[key]
                 with contextlib.suppress(Exception):
                     request.release()  # NIXL cancels a transfer still in flight
                 raise self._lose(f"a NIXL write to {self._where} did not complete")
@@ -377,8 +429,45 @@ class NixlChannel(Channel):
             raise self._lose(f"NIXL write to {self._where} failed: {exc}") from exc
         if state != "DONE":
             raise self._lose(f"NIXL write to {self._where} failed (state {state})")
-        if notification:
-            self.notify(notification)
+
+    def write_batch(self, writes: list[tuple[TensorWriter, Any]], deadline: float | None) -> None:
+        """Small host payloads (those :meth:`NixlWriter.write` stages) are staged and their
+        WRITEs posted back to back, waited for together, and their headers sent as one
+        notification: one completion wait and one notification for up to
+        MAX_NOTIFICATION_HEADERS messages instead of one each. What is posted is sent first
+        when a message cannot join it: a large or GPU payload (written on its own, as by
+        ``write``: its source may need registering, which may deregister another), a tensor
+        already in it (its staging buffer is in use), a tensor without a free slot (the
+        receiver may be waiting for what is posted before it releases one)."""
+        self.check_peer()  # as a write does: a revoked sender stops before its payloads go out
+        posted: list[_Posted] = []
+        in_posted: set[int] = set()  # ids of the writers in ``posted``
+        for w, array in writes:
+            assert isinstance(w, NixlWriter)
+            small = w.stages(array)
+            if posted and (
+                not small
+                or id(w) in in_posted
+                or len(posted) == wire.MAX_NOTIFICATION_HEADERS
+                or not w.has_credit()
+            ):
+                self._send_posted(posted)
+                posted, in_posted = [], set()
+            if small:
+                posted.append(w.post(array, deadline))
+                in_posted.add(id(w))
+            else:
+                w.write(array, deadline)
+        if posted:
+            self._send_posted(posted)
+
+    def _send_posted(self, posted: list[_Posted]) -> None:
+        """Wait for the posted WRITEs, then send their headers in one notification."""
+        for p in posted:
+            self.complete(p.transfer)
+        self.notify(wire.encode_notification(self._counter, *(p.header for p in posted)))
+        for p in posted:
+            p.writer.wrote(p.slot, p.header.seq)
 
     def _finish(self, agent: Any, request: Any) -> str | None:
         """Wait for a posted transfer: the caller may not reuse its array while the NIC reads it.
@@ -513,9 +602,10 @@ class NixlChannel(Channel):
             if self.lost is None:
                 self.lost = f"nixl channel to {self._where} is closed"
         if agent is not None:
-            for src in self._sources.values():
+            for src in (*self._sources.values(), *self._staging):
                 _drop_source(agent, src)
         self._sources.clear()
+        self._staging.clear()
         for one in (agent, notifier):
             if one is not None and self._remote:
                 with contextlib.suppress(Exception):
@@ -611,17 +701,34 @@ class NixlWriter(TensorWriter):
         self._generation = generation
         self._slots = SlotChooser(slot_seqs)
         self._staging: np.ndarray[Any, Any] | None = None
-        self._staged: _Source | None = None  # the registered part of _staging last written
+        self._staged: _Source | None = None  # _staging, registered (on first use)
         self._copy_below = channel.copy_below
         self._device = entry.device
         #: the slots' NIXL memory type and device at the receiver
         self._far: tuple[str, int] = ("DRAM", 0) if entry.device is None else ("VRAM", entry.device)
         self._device_staging: Any = None  # what Sender.buffer fills for a GPU tensor
+        self._device_staged: _Source | None = None  # _device_staging, registered
 
     def _wait_credit(self, deadline: float | None) -> None:
         wait_for_slot(
             self._channel, self._tid, self.spec, self.next_seq, self._depth, deadline, self.traffic
         )
+
+    def has_credit(self) -> bool:
+        """Is a slot free for the next message, as far as we know?"""
+        return self._channel.released(self._tid) >= self.next_seq - self._depth
+
+    def _next(self, nbytes: int, shape: tuple[int, ...]) -> tuple[int, wire.DataHeader]:
+        """The slot of the next message (a free one: the caller waited for credit) and its
+        header."""
+        slot = self._slots.choose(self._channel.released(self._tid))
+        dims = shape if self.spec.dynamic else None
+        return slot, wire.DataHeader(self._tid, slot, self._generation, self.next_seq, nbytes, dims)
+
+    def wrote(self, slot: int, seq: int) -> None:
+        """Message ``seq`` went into ``slot``, header and all."""
+        self._slots.wrote(slot, seq)
+        self.next_seq = seq + 1
 
     def _send(self, src: _Source | None, nbytes: int, shape: tuple[int, ...]) -> None:
         """Write ``nbytes`` from the registered ``src`` (None: nothing to move) into the next
@@ -630,41 +737,45 @@ class NixlWriter(TensorWriter):
         # A receiver that dropped this session says so in a notification: read it before the
         # payload goes out, so that a revoked writer stops here rather than after its write.
         channel.check_peer()
-        seq = self.next_seq
-        slot = self._slots.choose(channel.released(self._tid))
-        header = wire.DataHeader(
-            self._tid,
-            slot,
-            self._generation,
-            seq,
-            nbytes,
-            shape if self.spec.dynamic else None,
-        )
+        slot, header = self._next(nbytes, shape)
         notification = wire.encode_notification(channel.counter, header)
         if src is None:
             channel.notify(notification)  # nothing to move; NIXL refuses empty descriptors
         else:
-            channel.put(src, self._addresses[slot], notification, self._far)
-        self._slots.wrote(slot, seq)
-        self.next_seq = seq + 1
+            channel.put(src, self._addresses[slot], notification, self._far, nbytes)
+        self.wrote(slot, header.seq)
 
     def _staging_bytes(self) -> np.ndarray[Any, Any]:
         if self._staging is None:  # allocated once per tensor, registered on first use
             self._staging = np.empty(max(self.spec.max_bytes, 1), dtype=np.uint8)
         return self._staging
 
-    def _staged_source(self, nbytes: int) -> _Source:
-        """The first ``nbytes`` of the host staging buffer, registered: the same registration
-        for every message of that size, found without computing an address (which numpy makes
-        cost ~1 µs, a tenth of a small write's Python)."""
+    def _staged_source(self) -> _Source:
+        """The host staging buffer, registered once (messages send a prefix of it); found
+        without computing an address, which numpy makes cost ~1 µs, a tenth of a small write's
+        Python."""
         src = self._staged
-        if src is None or src.array is None or src.array.nbytes != nbytes:
-            src = self._staged = self._channel.source(self._staging_bytes()[:nbytes])
-        else:
-            self._channel.touch(src)
+        if src is None:
+            src = self._staged = self._channel.staging(self._staging_bytes())
         return src
 
     takes_device = True  # GPU arrays are registered as VRAM and written from where they are
+
+    def stages(self, array: Any) -> bool:
+        """Does :meth:`write` copy ``array`` into the staging buffer (rather than register it)?"""
+        return isinstance(array, np.ndarray) and 0 < array.nbytes <= self._copy_below
+
+    def post(self, array: Any, deadline: float | None) -> _Posted:
+        """For a batch: wait for a slot, stage ``array`` (one :meth:`stages`) and post its WRITE;
+        the channel sends the header once the WRITE is complete."""
+        self._wait_credit(deadline)
+        staged = self._staged_source()
+        source = array.reshape(-1).view(np.uint8)
+        nbytes = source.nbytes
+        np.copyto(staged.array[:nbytes], source)
+        slot, header = self._next(nbytes, array.shape)
+        transfer = self._channel.start(staged, self._addresses[slot], self._far, nbytes)
+        return _Posted(self, slot, header, transfer)
 
     def write(self, array: Any, deadline: float | None) -> None:
         self._wait_credit(deadline)
@@ -675,8 +786,8 @@ class NixlWriter(TensorWriter):
                 # Registering and preparing a transfer cost more than copying a small payload
                 # (see NixlOptions.copy_below): stage it, as UCX does below its zero-copy
                 # threshold.
-                staged = self._staged_source(nbytes)
-                np.copyto(staged.array, source)
+                staged = self._staged_source()
+                np.copyto(staged.array[:nbytes], source)
                 self._send(staged, nbytes, array.shape)
                 return
         else:  # NIXL reads it on its own stream: the work that produced it must be done
@@ -700,11 +811,12 @@ class NixlWriter(TensorWriter):
     def commit(self, shape: tuple[int, ...]) -> None:
         nbytes = int(np.prod(shape)) * self.spec.dtype.itemsize
         if self._device is None:
-            self._send(self._staged_source(nbytes) if nbytes else None, nbytes, shape)
+            self._send(self._staged_source() if nbytes else None, nbytes, shape)
             return
         synchronize_current(self._device)  # the kernels that filled it
-        staging = self._staging_for()[:nbytes]
-        self._send(self._channel.source(staging) if nbytes else None, nbytes, shape)
+        if nbytes and self._device_staged is None:
+            self._device_staged = self._channel.staging(self._staging_for())
+        self._send(self._device_staged if nbytes else None, nbytes, shape)
 
 
 # --------------------------------------------------------------------------------------------
@@ -720,7 +832,7 @@ class NixlPeer:
         self.session = session
         self.agent = agent
         self.next = 0  # counter of the next notification to complete
-        self.held: dict[int, wire.DataHeader] = {}  # arrived ahead of their turn
+        self.held: dict[int, list[wire.DataHeader]] = {}  # arrived ahead of their turn
 
     def send_credit(self, tensor_id: int, released: int, defer: bool = False) -> None:
         # Never held back: nothing here would send it later (see the tcp link).
@@ -912,28 +1024,30 @@ class NixlDataServer(DataServer):
             self.notify(peer.agent, wire.encode_credit(PING, 0))
 
     def _deliver(self, peer: NixlPeer, raw: bytes) -> bool:
-        """Complete one notification (and any it released); False once the peer is cut off."""
+        """Complete one notification's messages (and those of any it released); False once the
+        peer is cut off."""
         try:
-            counter, header = wire.decode_notification(raw)
+            counter, headers = wire.decode_notification(raw)
             if counter < peer.next or counter in peer.held:
                 raise LocalProtocolError(f"notification {counter} arrived twice")
             if counter > peer.next:
                 if len(peer.held) >= MAX_OUT_OF_ORDER:
                     raise LocalProtocolError(f"over {MAX_OUT_OF_ORDER} notifications out of order")
-                peer.held[counter] = header
+                peer.held[counter] = headers
                 return True
             while True:
                 peer.next += 1
-                if header.bye:
+                if headers[0].bye:  # alone in its notification (decode_notification checks)
                     self.notify(peer.agent, wire.encode_credit(BYE_ACK, peer.next))
                     self._finish(peer, None)
                     return False
                 sink = self._sink()
-                sink.landed(peer.session, header)  # the checks; the bytes are already there
+                for header in headers:
+                    sink.landed(peer.session, header)  # the checks; the bytes are already there
                 del sink
                 if peer.next not in peer.held:
                     return True
-                header = peer.held.pop(peer.next)
+                headers = peer.held.pop(peer.next)
         except (LocalProtocolError, TensorWireError) as exc:
             quiet.warning("nixl senders cut off", "cutting off nixl sender %s: %s", peer.agent, exc)
             self.notify(peer.agent, wire.encode_credit(SESSION_ENDED, 0))
