@@ -202,7 +202,8 @@ def test_credit_round_trip(tid: int, released: int) -> None:
 def test_notification_round_trip(counter: int, many: list[wire.DataHeader]) -> None:
     raw = wire.encode_notification(counter, *many)
     assert wire.decode_notification(raw) == (counter, many)
-    with pytest.raises(LocalProtocolError, match="inside a header"):
+    # a byte more begins a header that ends there, or is one header too many
+    with pytest.raises(LocalProtocolError, match=r"inside a header|after its"):
         wire.decode_notification(raw + b"x")
     with pytest.raises(LocalProtocolError):
         wire.decode_notification(raw[:-1])
