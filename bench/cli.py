@@ -91,6 +91,15 @@ def _common(parser: argparse.ArgumentParser) -> None:
         f"{human(BATCH_MAX_BYTES)}; default 0: single writes only)",
     )
     parser.add_argument(
+        "--copy-threads",
+        type=int,
+        default=1,
+        metavar="N",
+        help="threads that copy one large shm write (tw.Sender(copy_threads=N): from 16 MiB, "
+        "parts of at least 8 MiB); above 1 also adds the reference 'memcpy N threads', the same "
+        "bytes copied in N parts at once (default 1)",
+    )
+    parser.add_argument(
         "--receiver-memory",
         choices=("shared", "private"),
         default="shared",
@@ -160,6 +169,8 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[st
         parser.error("--ring must be at least 1")
     if args.batch < 0 or args.batch == 1:
         parser.error("--batch must be 0 (off) or at least 2")
+    if args.copy_threads < 1:
+        parser.error("--copy-threads must be at least 1")
     try:
         device = tw_cuda.parse_device(args.device)
     except (ValueError, tw.TensorWireError) as exc:
@@ -218,12 +229,14 @@ def _measure(
         secret=args.secret,
         device=args.device,
         batch=args.batch,
+        copy_threads=args.copy_threads,
     )
     try:
         usable = runner.transports
         gpu = GPU_REFERENCES if args.device != "cpu" else []
         raw_nixl = [RAW_NIXL] if runner.raw_nixl is not None else []
-        methods = ["memcpy", *gpu, *usable, *runner.batched, "zmq", "raw-tcp", *raw_nixl]
+        split = [runner.split_memcpy] if runner.split_memcpy else []
+        methods = ["memcpy", *split, *gpu, *usable, *runner.batched, "zmq", "raw-tcp", *raw_nixl]
         latency = [*usable, "zmq", "raw-tcp", *raw_nixl]
         measured = sum(runner.measures(m, s) for m in methods for s in args.sizes)
         total = args.repeat * (measured + len(latency))
@@ -240,13 +253,14 @@ def _measure(
             "config": {
                 "sizes": args.sizes,
                 "transports": usable,
-                "references": [*REFERENCES, *gpu, *raw_nixl],
+                "references": [*REFERENCES, *split, *gpu, *raw_nixl],
                 "device": args.device,
                 "repeat": args.repeat,
                 "round_trips": args.round_trips,
                 "latency_bytes": args.latency_size,
                 "ring": args.ring,
                 "batch": args.batch,
+                "copy_threads": args.copy_threads,
                 "receiver_memory": args.receiver_memory,
             },
             "notes": runner.notes,

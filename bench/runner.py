@@ -18,7 +18,9 @@ this process: the limit of any one-copy path), ``raw-tcp`` (a plain socket, ``se
 ``recv_into`` one buffer: the limit of any TCP path), ``zmq`` (pyzmq ``send(copy=False)`` and
 ``recv`` plus a copy into a preallocated array: what a Python user would write by hand) and, where
 the ``nixl`` transport runs, ``raw-nixl`` (NIXL's own API driven by hand, on buffers where the
-tensors are: the limit of the ``nixl`` path; :mod:`.raw_nixl`).
+tensors are: the limit of the ``nixl`` path; :mod:`.raw_nixl`); with ``copy_threads=N`` above 1,
+``memcpy N threads`` (the same bytes in ``N`` equal parts copied at once, as the senders then copy
+large ``shm`` writes; :mod:`.copy_threads`).
 
 With ``device="cuda:N"`` the tensors live on that GPU at both ends (the runner writes cupy
 arrays into GPU slots) and two GPU references join: ``d2d`` (a cupy device-to-device copy of the
@@ -33,6 +35,7 @@ import socket
 import statistics
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import msgpack
@@ -52,6 +55,7 @@ from .common import (
     tensor_name,
     tune_socket,
 )
+from .copy_threads import split_copy
 from .raw_nixl import RawNixl
 
 TRANSPORTS = ["shm", "tcp", "nixl", "grpc", "grpc-stream"]
@@ -114,13 +118,15 @@ class Runner:
         secret: str | None = None,
         device: str = "cpu",
         batch: int = 0,
+        copy_threads: int = 1,
     ) -> None:
         """Connect to the peer at ``connect``. With ``optional``, a transport that cannot reach
         the peer (shm to another host) is skipped with a note instead of failing the run.
         ``device``: where the tensors live at both ends (``cpu`` or ``cuda:N``). ``shm``: as
         ``tw.Receiver``'s, for the receivers at both ends (False: private memory, which the
         ``shm`` transport cannot reach). ``batch``: also measure each transport writing that
-        many tensors per ``write_many`` (0: not)."""
+        many tensors per ``write_many`` (0: not). ``copy_threads``: the senders' (threads per
+        large ``shm`` copy); above 1 the reference :attr:`split_memcpy` is measured too."""
         self.host = connect.split("://", 1)[1].rsplit(":", 1)[0]
         self.timeout = timeout
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -133,6 +139,10 @@ class Runner:
         self._pair: zmq.Socket[bytes] | None = None
         self.raw_nixl: RawNixl | None = None
         self.notes: list[str] = []
+        #: the reference copy in ``copy_threads`` parts at once ("" with one thread)
+        self.split_memcpy = f"memcpy {copy_threads} threads" if copy_threads > 1 else ""
+        self._copy_pool = ThreadPoolExecutor(copy_threads - 1) if copy_threads > 1 else None
+        self._copy_threads = copy_threads
         try:
             self.remote_machine = self.call("hello")["machine"]
             self.pong_rx = tw.Receiver(
@@ -158,7 +168,11 @@ class Runner:
             for t in transports:
                 try:
                     self.senders[t] = tw.Sender.connect(
-                        info["receiver"], transport=t, timeout=60, secret=secret
+                        info["receiver"],
+                        transport=t,
+                        timeout=60,
+                        secret=secret,
+                        copy_threads=copy_threads,
                     )
                 except (tw.TransportError, tw.MissingDependencyError) as exc:
                     if not optional:
@@ -301,9 +315,19 @@ class Runner:
         self._reply()
         return time.perf_counter() - t0
 
+    def memcpy_in_parts(self, size: int, count: int) -> float:
+        src, dst, pool = self.src[size], self.dst[size], self._copy_pool
+        assert pool is not None
+        t0 = time.perf_counter()
+        for _ in range(count):
+            split_copy(pool, dst, src, self._copy_threads)
+        return time.perf_counter() - t0
+
     def throughput(self, method: str, size: int, count: int) -> float:
         if method == "memcpy":
             return self.memcpy(size, count)
+        if method == self.split_memcpy:
+            return self.memcpy_in_parts(size, count)
         if method == "raw-tcp":
             return self.raw_tcp(size, count)
         if method == "zmq":
@@ -378,6 +402,8 @@ class Runner:
         self._ctx.term()
         if self.pong_rx is not None:
             self.pong_rx.close()
+        if self._copy_pool is not None:
+            self._copy_pool.shutdown()
 
 
 class _GpuReferences:

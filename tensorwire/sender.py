@@ -40,6 +40,7 @@ from .process import host_identity
 from .rdma import NixlOptions
 from .resource import Resource
 from .spec import TensorSpec
+from .split_copy import SplitCopier, check_copy_threads
 from .transports import check_name, choose, open_channel
 from .transports.base import Channel, PeerInfo, TensorEntry, TensorWriter
 
@@ -87,6 +88,7 @@ class _Peer:
         client: str,
         curve_server_key: bytes | None = None,
         nixl: NixlOptions | None = None,
+        copier: SplitCopier | None = None,
     ) -> None:
         split = split_endpoint(address)
         if split is None or split[1] == 0:
@@ -110,6 +112,7 @@ class _Peer:
         self.token = b""
         self.curve_server_key = curve_server_key
         self.nixl = nixl
+        self.copier = copier
         self._lost_counted = False  # this connection's loss is in the metrics
 
     def note_lost(self) -> None:
@@ -133,7 +136,14 @@ class _Peer:
             self.token = welcome.token
             regions = self._lookup()
             info = PeerInfo(
-                self.address, self.host, welcome, regions, self._timeout, self._request, self.nixl
+                self.address,
+                self.host,
+                welcome,
+                regions,
+                self._timeout,
+                self._request,
+                self.nixl,
+                self.copier,
             )
             self.transport = choose(self.requested, info)
             self.channel = open_channel(self.transport, info)
@@ -270,6 +280,11 @@ class Sender(Resource):
     A background thread heartbeats every receiver every ``heartbeat`` seconds (None: never); a
     receiver that misses three in a row is declared lost. ``curve_server_key`` (the job's CURVE
     public key) encrypts the control plane towards receivers that serve it with CURVE.
+    ``copy_threads``: how many threads copy one large ``shm`` write (from 16 MiB; parts of at
+    least 8 MiB), the caller's among them. More than 1 can pay only where cores are free and one
+    thread does not reach the memory's bandwidth; on the 2-core VM of BENCHMARKS.md it did not
+    (the receiving process holds the other core). The sender starts the others once and stops
+    them at :meth:`close`.
     """
 
     def __init__(
@@ -283,9 +298,11 @@ class Sender(Resource):
         heartbeat: float | None = DEFAULT_HEARTBEAT,
         curve_server_key: bytes | None = None,
         nixl: NixlOptions | None = None,
+        copy_threads: int = 1,
     ) -> None:
         self._curve = curve_server_key
         self._nixl = nixl
+        check_copy_threads(copy_threads)
         self._transport = check_name(transport)
         self._secret = normalise_secret(secret)
         self.timeout = timeout
@@ -299,6 +316,7 @@ class Sender(Resource):
         self._closed = False
         self._heartbeat = heartbeat
         self._heartbeats: Heartbeats | None = None
+        self._copier = SplitCopier(copy_threads, self.name) if copy_threads > 1 else None
         metrics.watch(self)
 
     @classmethod
@@ -314,6 +332,7 @@ class Sender(Resource):
         heartbeat: float | None = DEFAULT_HEARTBEAT,
         curve_server_key: bytes | None = None,
         nixl: NixlOptions | None = None,
+        copy_threads: int = 1,
     ) -> Sender:
         """Create a sender connected to the receiver at ``address``."""
         sender = cls(
@@ -325,6 +344,7 @@ class Sender(Resource):
             heartbeat=heartbeat,
             curve_server_key=curve_server_key,
             nixl=nixl,
+            copy_threads=copy_threads,
         )
         try:
             sender.add_peer(address)
@@ -355,6 +375,7 @@ class Sender(Resource):
                 client=self.name,
                 curve_server_key=self._curve,
                 nixl=self._nixl,
+                copier=self._copier,
             )
             # Heartbeated from the welcome on: opening a data channel can take longer than the
             # receiver waits for a silent session (creating NIXL agents on a GPU host: >1 s).
@@ -689,6 +710,8 @@ class Sender(Resource):
         for p in peers:
             p.goodbye()
             p.close_quietly()
+        if self._copier is not None:
+            self._copier.close()
 
     def metric_gauges(self) -> Iterator[tuple[str, tuple[str, ...], float]]:
         """Its connected receivers, for :mod:`tensorwire.metrics`."""

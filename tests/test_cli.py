@@ -38,10 +38,15 @@ def test_demo_moves_tensors_byte_exact() -> None:
 
 
 def _check_result(
-    result: dict[str, Any], sizes: list[int], transports: list[str], batch: int = 0
+    result: dict[str, Any],
+    sizes: list[int],
+    transports: list[str],
+    batch: int = 0,
+    copy_threads: int = 1,
 ) -> None:
     assert result["schema"] == "tensorwire.bench/1"
     assert result["config"]["batch"] == batch
+    assert result["config"]["copy_threads"] == copy_threads
     machine = result["machine"]
     assert machine["cpu_count"] >= 1 and machine["python"] and machine["versions"]["tensorwire"]
     rows = {(r["method"], r["size"]): r for r in result["throughput"]}
@@ -51,7 +56,9 @@ def _check_result(
     batched = {f"{t} x{batch}": t for t in transports} if batch else {}
     for method, transport in batched.items():
         assert rows[(method, sizes[0])]["limit"] == rows[(transport, sizes[0])]["limit"]
-    methods = {"memcpy", "zmq", "raw-tcp", *transports, *raw_nixl, *batched}
+    # --copy-threads N: the reference copy in N parts at once
+    split = [f"memcpy {copy_threads} threads"] if copy_threads > 1 else []
+    methods = {"memcpy", "zmq", "raw-tcp", *transports, *raw_nixl, *batched, *split}
     for size in sizes:
         assert {m for m, s in rows if s == size} == methods
         for method in methods:
@@ -146,12 +153,14 @@ def test_bench_serve_and_run_as_two_hosts_would(tmp_path: Path) -> None:
             "10",
             "--transports",
             "tcp,grpc",
+            "--copy-threads",
+            "2",
             "--json",
             str(path),
             "--no-progress",
         )
         assert out.returncode == 0, out.stderr
-        _check_result(json.loads(path.read_text()), [65536], ["tcp", "grpc"])
+        _check_result(json.loads(path.read_text()), [65536], ["tcp", "grpc"], copy_threads=2)
         assert server.wait(30) == 0  # --once: it leaves after the runner's goodbye
     finally:
         if server.poll() is None:
@@ -169,6 +178,7 @@ def test_bench_serve_and_run_as_two_hosts_would(tmp_path: Path) -> None:
         ["-m", "tensorwire.bench", "--transports", "carrier-pigeon"],
         ["-m", "tensorwire.bench", "--repeat", "0"],
         ["-m", "tensorwire.bench", "--batch", "1"],
+        ["-m", "tensorwire.bench", "--copy-threads", "0"],
         ["-m", "tensorwire.bench", "run"],
         ["-m", "tensorwire.bench", "--bogus"],
         ["-m", "tensorwire.bench", "serve", "--bind", "tcp://0.0.0.0:5999"],

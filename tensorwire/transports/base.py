@@ -55,6 +55,8 @@ class PeerInfo:
     request: Callable[[Message, float | None], Message] | None = None
     #: the sender's NixlOptions (None: defaults)
     nixl: Any = None
+    #: the sender's SplitCopier for large host copies (None: one thread copies)
+    copier: Any = None
 
     def data_endpoint(self, transport: str) -> tuple[str, int]:
         """Host and port of the receiver's data server for ``transport`` (from the welcome).

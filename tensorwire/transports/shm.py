@@ -45,6 +45,7 @@ from ..memory import RegionInfo
 from ..process import ProcessWatch, host_identity
 from ..region import Region
 from ..ring import RingMemory, SlotChooser
+from ..split_copy import MIN_PART_BYTES, SplitCopier
 from .base import Channel, PeerInfo, TensorEntry, TensorWriter
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,7 @@ class ShmChannel(Channel):
         if reason is not None:
             raise TransportError(f"transport 'shm' cannot reach {info.control_address}: {reason}")
         self.address = info.control_address
+        self.split_copier: SplitCopier | None = info.copier
         self._region_specs = list(info.regions)
         self._regions: dict[int, Region] = {}
         self._device_regions: dict[int, OpenedMemory] = {}
@@ -412,7 +414,13 @@ class ShmWriter(TensorWriter):
                     ring.slot_bytes[self._slot][:nbytes] = array.data.cast("B")
                 else:
                     dst = ring.slot_view(self._slot, array.shape if self._dynamic else None)
-                    np.copyto(dst, array, casting="no")
+                    split = self._channel.split_copier
+                    if split is not None and nbytes >= 2 * MIN_PART_BYTES:
+                        # check_array made it C-contiguous, of the slot's dtype and shape
+                        flat = array.reshape(-1).view(np.uint8)
+                        split.copy(dst.reshape(-1).view(np.uint8), flat)
+                    else:
+                        np.copyto(dst, array, casting="no")
             else:  # a GPU source into a host slot (synchronised before the store)
                 device = int(array.data.device_id)
                 dst_address = ring.payload_addresses[self._slot]
