@@ -406,12 +406,29 @@ NOTIFICATION_COUNTER = struct.Struct("<Q")
 
 #: Most data headers one NIXL notification carries (a batch sends its headers together).
 MAX_NOTIFICATION_HEADERS = 32
+#: The common notification, packed and unpacked in one call: one header of a static tensor.
+_ONE_STATIC = struct.Struct("<Q" + DATA_HEADER.format.removeprefix("<"))
 
 
 def encode_notification(counter: int, *headers: DataHeader) -> bytes:
     """Data headers sent as one NIXL notification, behind the channel's message counter (which
     lets the receiver put notifications back in order: UCX does not promise it across lanes).
     One header for a write; up to MAX_NOTIFICATION_HEADERS for a batch, completed in order."""
+    if len(headers) == 1 and headers[0].shape is None:  # a write's (NIXL's per-message path)
+        h = headers[0]
+        flags = FLAG_BYE if h.bye else 0
+        return _ONE_STATIC.pack(
+            counter,
+            DATA_MAGIC,
+            VERSION,
+            flags,
+            0,
+            h.tensor_id,
+            h.slot,
+            h.generation,
+            h.seq,
+            h.nbytes,
+        )
     if not 0 < len(headers) <= MAX_NOTIFICATION_HEADERS:
         raise ValueError(f"a notification carries 1 to {MAX_NOTIFICATION_HEADERS} headers")
     out = bytearray(NOTIFICATION_COUNTER.size + MAX_HEADER_BYTES * len(headers))
@@ -425,6 +442,14 @@ def encode_notification(counter: int, *headers: DataHeader) -> bytes:
 def decode_notification(data: bytes | bytearray | memoryview) -> tuple[int, list[DataHeader]]:
     """The counter and the headers of one notification: one to MAX_NOTIFICATION_HEADERS,
     nothing after the last; a goodbye only alone."""
+    if len(data) == _ONE_STATIC.size:  # one header of a static tensor, the common case
+        counter, magic, version, flags, ndim, tid, slot, gen, seq, nbytes = _ONE_STATIC.unpack(data)
+        # what HeaderReader would accept; anything else goes its way, for its errors
+        if magic == DATA_MAGIC and version == VERSION and not ndim:
+            if not flags:
+                return counter, [DataHeader(tid, slot, gen, seq, nbytes, None)]
+            if flags == FLAG_BYE and not nbytes:
+                return counter, [DataHeader(tid, slot, gen, seq, 0, None, True)]
     if len(data) < NOTIFICATION_COUNTER.size + DATA_HEADER.size:
         raise LocalProtocolError(f"notification too short: {len(data)} bytes")
     (counter,) = NOTIFICATION_COUNTER.unpack_from(data, 0)
