@@ -540,12 +540,13 @@ class Sender(Resource):
 
         Every array is checked against its spec before any byte moves: one bad item raises
         :class:`~tensorwire.errors.SpecMismatchError` (or UnknownTensorError) and nothing is
-        written. Then the messages are written in order, grouped by receiver, each with the
-        cost of one: ``shm`` rings the receiver's doorbell once for the group, ``tcp`` sends
-        the group's headers and payloads in one ``sendmsg``. ``timeout`` bounds the whole call.
-        If a write fails (a receiver lost, no credit in time), the messages before it were
-        written; with ``reconnect=True`` a lost receiver is reconnected and its whole group
-        written again. Returns a handle per item, in order.
+        written. Then the messages are written in order, grouped by receiver, each group with
+        the cost of one: ``shm`` rings the receiver's doorbell once for the group, ``tcp`` sends
+        the group's headers and payloads in one ``sendmsg``, ``nixl`` waits for the WRITEs of
+        up to 32 small payloads together and sends their headers in one notification.
+        ``timeout`` bounds the whole call. If a write fails (a receiver lost, no credit in
+        time), the messages before it were written; with ``reconnect=True`` a lost receiver is
+        reconnected and its whole group written again. Returns a handle per item, in order.
         """
         # The per-message path of training steps: a batch's cost per item is what this loop
         # and _write_group spend on it, so both stay lean (the route cache read inline, one
