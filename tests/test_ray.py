@@ -218,8 +218,13 @@ class ActorKiller:
             env=ENV,
         )
         self._lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-        self._expect("ready", 90)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        try:
+            self._expect("ready", 90)
+        except BaseException:
+            self.close()
+            raise
 
     def _read(self) -> None:
         assert self._proc.stdout is not None
@@ -251,6 +256,7 @@ class ActorKiller:
         if self._proc.poll() is None:
             self._proc.kill()
         self._proc.wait(10)
+        self._reader.join(10)  # it reads to the end of the output, then the pipe may close
         for pipe in (self._proc.stdin, self._proc.stdout):
             if pipe is not None:
                 pipe.close()
