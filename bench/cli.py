@@ -4,8 +4,9 @@
     tensorwire bench serve --bind tcp://0.0.0.0:PORT     the receiving end, on one host
     tensorwire bench run --connect tcp://HOST:PORT       the sending end, on another host
 
-Options: --sizes, --transports, --repeat, --round-trips, --latency-size, --batch N, --json PATH,
---plot PATH.png, --no-progress. Uses only the public API of tensorwire.
+Options: --sizes, --transports, --repeat, --round-trips, --latency-size, --batch N,
+--copy-threads N, --json PATH, --plot PATH.png, --no-progress. Uses only the public API of
+tensorwire.
 """
 
 from __future__ import annotations

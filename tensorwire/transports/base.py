@@ -193,30 +193,35 @@ class CreditedChannel(Protocol):
         deadline."""
 
 
-def wait_for_slot(
-    channel: CreditedChannel,
-    tensor_id: int,
-    spec: TensorSpec,
-    next_seq: int,
-    depth: int,
-    deadline: float | None,
-    traffic: Traffic,
-) -> None:
-    """Block until message ``next_seq`` of a ring of ``depth`` slots has a free slot (a wait is
-    counted in ``traffic``)."""
-    need = next_seq - depth
-    if channel.released(tensor_id) < need:
-        started = time.perf_counter()
-        channel.await_credit(
-            tensor_id,
-            need,
-            deadline,
-            lambda: (
-                f"tensor {spec.name!r}: no free slot for message {next_seq}: the receiver has "
-                f"released {channel.released(tensor_id)} of {next_seq - 1} (ring depth {depth})"
-            ),
-        )
-        traffic.waited(time.perf_counter() - started)
+class CreditedWriter(TensorWriter):
+    """A writer over a :class:`CreditedChannel`: a slot is free once the receiver's credit for
+    the message that held it has come back."""
+
+    _channel: CreditedChannel
+    _tid: int  # the tensor's id at the receiver
+    _depth: int  # slots in its ring
+
+    def has_credit(self) -> bool:
+        """May the next message be sent without waiting for a credit?"""
+        return self._channel.released(self._tid) >= self.next_seq - self._depth
+
+    def wait_credit(self, deadline: float | None) -> None:
+        """Block until the next message has a free slot (a wait is counted in ``traffic``)."""
+        channel, tensor_id, next_seq, depth = self._channel, self._tid, self.next_seq, self._depth
+        need = next_seq - depth
+        if channel.released(tensor_id) < need:
+            started = time.perf_counter()
+            channel.await_credit(
+                tensor_id,
+                need,
+                deadline,
+                lambda: (
+                    f"tensor {self.spec.name!r}: no free slot for message {next_seq}: the "
+                    f"receiver has released {channel.released(tensor_id)} of {next_seq - 1} "
+                    f"(ring depth {depth})"
+                ),
+            )
+            self.traffic.waited(time.perf_counter() - started)
 
 
 #: How long a data server's thread leaves its messages to a consumer that has just polled for

@@ -60,6 +60,7 @@ from ..ring import SlotChooser
 from .base import (
     STAND_BACK,
     Channel,
+    CreditedWriter,
     CreditLink,
     DataServer,
     DataSink,
@@ -68,7 +69,6 @@ from .base import (
     TensorEntry,
     TensorWriter,
     live_sink,
-    wait_for_slot,
 )
 
 log = logging.getLogger(__name__)
@@ -682,7 +682,9 @@ def _drop_source(agent: Any, src: _Source) -> None:
     src.array = None
 
 
-class NixlWriter(TensorWriter):
+class NixlWriter(CreditedWriter):
+    _channel: NixlChannel
+
     def __init__(
         self,
         channel: NixlChannel,
@@ -708,15 +710,6 @@ class NixlWriter(TensorWriter):
         self._far: tuple[str, int] = ("DRAM", 0) if entry.device is None else ("VRAM", entry.device)
         self._device_staging: Any = None  # what Sender.buffer fills for a GPU tensor
         self._device_staged: _Source | None = None  # _device_staging, registered
-
-    def _wait_credit(self, deadline: float | None) -> None:
-        wait_for_slot(
-            self._channel, self._tid, self.spec, self.next_seq, self._depth, deadline, self.traffic
-        )
-
-    def has_credit(self) -> bool:
-        """Is a slot free for the next message, as far as we know?"""
-        return self._channel.released(self._tid) >= self.next_seq - self._depth
 
     def _next(self, nbytes: int, shape: tuple[int, ...]) -> tuple[int, wire.DataHeader]:
         """The slot of the next message (a free one: the caller waited for credit) and its
@@ -768,7 +761,7 @@ class NixlWriter(TensorWriter):
     def post(self, array: Any, deadline: float | None) -> _Posted:
         """For a batch: wait for a slot, stage ``array`` (one :meth:`stages`) and post its WRITE;
         the channel sends the header once the WRITE is complete."""
-        self._wait_credit(deadline)
+        self.wait_credit(deadline)
         staged = self._staged_source()
         source = array.reshape(-1).view(np.uint8)
         nbytes = source.nbytes
@@ -778,7 +771,7 @@ class NixlWriter(TensorWriter):
         return _Posted(self, slot, header, transfer)
 
     def write(self, array: Any, deadline: float | None) -> None:
-        self._wait_credit(deadline)
+        self.wait_credit(deadline)
         source = array.reshape(-1).view(np.uint8)
         nbytes = source.nbytes
         if isinstance(source, np.ndarray):
@@ -797,7 +790,7 @@ class NixlWriter(TensorWriter):
     def acquire(self, shape: tuple[int, ...], deadline: float | None) -> Any:
         # Produce in place into the staging buffer, registered once for the tensor's lifetime
         # (in GPU memory for a GPU tensor).
-        self._wait_credit(deadline)
+        self.wait_credit(deadline)
         nbytes = int(np.prod(shape)) * self.spec.dtype.itemsize
         return self._staging_for()[:nbytes].view(self.spec.dtype).reshape(shape)
 

@@ -45,7 +45,7 @@ from ..memory import RegionInfo
 from ..process import ProcessWatch, host_identity
 from ..region import Region
 from ..ring import RingMemory, SlotChooser
-from ..split_copy import MIN_PART_BYTES, SplitCopier
+from ..split_copy import SplitCopier
 from .base import Channel, PeerInfo, TensorEntry, TensorWriter
 
 log = logging.getLogger(__name__)
@@ -415,7 +415,7 @@ class ShmWriter(TensorWriter):
                 else:
                     dst = ring.slot_view(self._slot, array.shape if self._dynamic else None)
                     split = self._channel.split_copier
-                    if split is not None and nbytes >= 2 * MIN_PART_BYTES:
+                    if split is not None:  # it copies whole what is too small to split
                         # check_array made it C-contiguous, of the slot's dtype and shape
                         flat = array.reshape(-1).view(np.uint8)
                         split.copy(dst.reshape(-1).view(np.uint8), flat)

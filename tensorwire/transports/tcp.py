@@ -44,6 +44,7 @@ from .base import (
     CREDIT_DEFER_LIMIT,
     STAND_BACK,
     Channel,
+    CreditedWriter,
     CreditLink,
     DataServer,
     DataSink,
@@ -52,7 +53,6 @@ from .base import (
     TensorEntry,
     TensorWriter,
     live_sink,
-    wait_for_slot,
 )
 
 log = logging.getLogger(__name__)
@@ -423,7 +423,9 @@ class TcpChannel(Channel):
             sock.close()
 
 
-class TcpWriter(TensorWriter):
+class TcpWriter(CreditedWriter):
+    _channel: TcpChannel
+
     def __init__(
         self,
         channel: TcpChannel,
@@ -446,15 +448,6 @@ class TcpWriter(TensorWriter):
         self._deadline: float | None = None  # of the message being produced through acquire()
         self._slots = SlotChooser(slot_seqs)
         self._framed = -1  # the slot of the message frame() made
-
-    def has_credit(self) -> bool:
-        """May the next message be sent without waiting for a credit?"""
-        return self._channel.released(self._tid) >= self.next_seq - self._depth
-
-    def wait_credit(self, deadline: float | None) -> None:
-        wait_for_slot(
-            self._channel, self._tid, self.spec, self.next_seq, self._depth, deadline, self.traffic
-        )
 
     def frame(self, payload: memoryview, shape: tuple[int, ...]) -> list[memoryview]:
         """The next message's header and payload, ready to send (its slot chosen, which
