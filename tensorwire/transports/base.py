@@ -106,6 +106,17 @@ class TensorWriter(ABC):
     def abort(self) -> None:  # noqa: B027 - most writers hold nothing between acquire and commit
         """Give up the message acquired through :meth:`acquire` (it is not sent)."""
 
+    #: :meth:`write_now` can write (the sender keeps such a writer in its fast routes)
+    writes_now: bool = False
+
+    def write_now(self, array: np.ndarray[Any, Any]) -> bool:
+        """The fast path of ``Sender.write``: write ``array`` (a C-contiguous host array of the
+        spec's dtype and static shape, checked by the caller) if that can be done at once.
+        False: nothing was done (no credit, a claim revoked, no fast path here); the caller
+        then takes the general path, :meth:`write`, which waits or raises as it should. May
+        raise PeerLostError, before anything is written."""
+        return False
+
     _pinned: PinnedBuffer | None = None
 
     def on_host(self, array: Any) -> np.ndarray[Any, Any]:

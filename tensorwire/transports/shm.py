@@ -258,6 +258,7 @@ class ShmWriter(TensorWriter):
         self._by_bytes = ring.device is None and _exports_buffer(ring.spec.dtype)
         #: every message is small, static and in host memory: :meth:`write` in one ring call
         self._whole = self._by_bytes and not self._dynamic and 0 < ring.spec.max_bytes < SMALL_COPY
+        self.writes_now = self._whole
         #: GPU slots: messages entered and not yet complete (deferred completions included).
         #: The WRITING announcement stays up while there are any: the receiver must not hand
         #: the ring to a new claim while a completion of ours may still store into it.
@@ -383,6 +384,16 @@ class ShmWriter(TensorWriter):
         self.next_seq = seq + 1
         if not bell:
             self._channel.bell_owed = self._ring
+
+    def write_now(self, array: np.ndarray[Any, Any]) -> bool:
+        # ShmWriter.write's path of small static tensors, without its waits: the whole
+        # per-message path of Sender.write's fast routes (writes_now is set for those tensors)
+        self._channel.check_peer()
+        data = array.data.cast("B")
+        if self._ring.write_next(self._slots, self.next_seq, self._epoch, data, True) > 0:
+            self.next_seq += 1
+            return True
+        return False
 
     def write(self, array: Any, deadline: float | None, bell: bool = True) -> None:
         """``bell=False``: publish without ringing the receiver (the channel rings it once for
