@@ -259,7 +259,15 @@ class RingMemory:
         try:
             nbytes = len(data)
             self.slot_bytes[slot][:nbytes] = data
-            self.publish(slot, seq, nbytes, None, bell)
+            # publish(), inline for a static tensor (no shape words)
+            q[self._nbytes[slot]] = nbytes
+            q[self._seq[slot]] = seq  # the completion store: after the payload
+            if bell:
+                b = self._bell32
+                i = self._rx_bell
+                b[i] = (b[i] + 1) & 0xFFFFFFFF
+                if b[self._rx_waiting]:
+                    futex_wake(self.rx_bell_address)
         finally:
             q[writing] = 0  # after the completion store: a new claim sees the message
         if slot == last:
@@ -313,7 +321,12 @@ class RingMemory:
     def release(self, upto: int) -> None:
         """Return credits for every message up to ``upto`` and wake a blocked writer."""
         self._q[self._released] = upto
-        ring_bell(self._i, self._credit_bell, self.credit_bell_address, self._i, self._tx_waiting)
+        # ring_bell, inline: this is the per-message path
+        b = self._i
+        i = self._credit_bell
+        b[i] = (b[i] + 1) & 0xFFFFFFFF
+        if b[self._tx_waiting]:
+            futex_wake(self.credit_bell_address)
 
     def reset_slots(self) -> None:
         """Forget all messages (a fresh registration)."""

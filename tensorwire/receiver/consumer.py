@@ -119,9 +119,23 @@ class Consumer:
         return tensor
 
     def wait(self, name: str, timeout: float | None) -> Any:
+        # The message is often there already: then it is taken here, with _lookup,
+        # _take_next and _next_slot inline (the per-message path), and no wait is set up.
+        state = self._state
+        tensor = self._table.by_name.get(name)
+        if tensor is not None and not state.closed:
+            lock = state.lock
+            lock.acquire()
+            try:
+                if tensor.consumed - tensor.released < tensor.ring.depth:
+                    slot = tensor.ring.find(tensor.consumed + 1)
+                    if slot >= 0:
+                        return self._take(tensor, slot)
+            finally:
+                lock.release()
         tensor = self._lookup(name)
         self._check_slot_free(tensor)
-        got = self._take_next(tensor)  # the message is often there already: no wait set up
+        got = self._take_next(tensor)
         if got is not None:
             return got
         view: Any = self._block(
@@ -279,7 +293,9 @@ class Consumer:
     # -- handing slots back ----------------------------------------------------------------
 
     def release(self, name: str) -> None:
-        tensor = self._lookup(name)
+        tensor = self._table.by_name.get(name)  # _lookup, inline: the per-message path
+        if tensor is None or self._state.closed:
+            tensor = self._table.get(name)
         device = tensor.ring.device
         if device is not None:
             # The consumer's kernels reading the slot are queued on its current stream; the next
@@ -294,6 +310,10 @@ class Consumer:
                 state.check_open()
             if tensor.released >= tensor.consumed:
                 raise TensorWireError(f"tensor {name!r}: no message is held, nothing to release")
+            if tensor.sender_completes:  # _hand_back, inline: the writer reads the ring
+                tensor.released += 1
+                tensor.ring.release(tensor.released)
+                return
             link = self._hand_back(tensor)
             if link is not None:
                 link.send_credit(tensor.tensor_id, tensor.released, self._may_defer(tensor, link))
