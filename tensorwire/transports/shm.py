@@ -259,7 +259,9 @@ class ShmWriter(TensorWriter):
         self._by_bytes = ring.device is None and _exports_buffer(ring.spec.dtype)
         #: every message is small, static and in host memory: :meth:`write` in one ring call
         self._whole = self._by_bytes and not self._dynamic and 0 < ring.spec.max_bytes < SMALL_COPY
-        self.writes_now = self._whole
+        #: Sender.write's fast routes take every static host tensor (write_now)
+        self.writes_now = ring.device is None and not self._dynamic
+        self.depth = ring.depth
         #: GPU slots: messages entered and not yet complete (deferred completions included).
         #: The WRITING announcement stays up while there are any: the receiver must not hand
         #: the ring to a new claim while a completion of ours may still store into it.
@@ -387,7 +389,7 @@ class ShmWriter(TensorWriter):
             self._channel.bell_owed = self._ring
 
     def write_now(self, array: np.ndarray[Any, Any]) -> bool:
-        # ShmWriter.write's path of small static tensors, without its waits: the whole
+        # ShmWriter.write's paths of static host tensors without their waits: the whole
         # per-message path of Sender.write's fast routes (writes_now is set for those tensors)
         channel = self._channel
         if (  # check_peer(), inline
@@ -396,11 +398,38 @@ class ShmWriter(TensorWriter):
             or _monotonic() >= channel._next_watch
         ):
             channel._check_peer_slowly()
-        data = array.data.cast("B")
-        if self._ring.write_next(self._slots, self.next_seq, self._epoch, data, True) > 0:
-            self.next_seq += 1
-            return True
-        return False
+        ring = self._ring
+        if self._whole:
+            data = array.data.cast("B")
+            if ring.write_next(self._slots, self.next_seq, self._epoch, data, True) > 0:
+                self.next_seq += 1
+                return True
+            return False
+        released = ring.released
+        if self.next_seq - released > self.depth or not ring.enter_write(self._epoch):
+            return False  # no credit, or a revoked claim: the general path waits or raises
+        self._slot = self._slots.choose(released)
+        try:
+            self._copy_from_host(array)
+        except BaseException:
+            self.abort()
+            raise
+        self._publish(array.nbytes, array.shape)
+        return True
+
+    def _copy_from_host(self, array: np.ndarray[Any, Any]) -> None:
+        """Copy ``array`` (host memory, checked against the spec) into the entered slot."""
+        nbytes = array.nbytes
+        if 0 < nbytes < SMALL_COPY and self._by_bytes:
+            self._ring.slot_bytes[self._slot][:nbytes] = array.data.cast("B")
+            return
+        dst = self._ring.slot_view(self._slot, array.shape if self._dynamic else None)
+        split = self._channel.split_copier
+        if split is not None:  # it copies whole what is too small to split
+            # check_array made it C-contiguous, of the slot's dtype and shape
+            split.copy(dst.reshape(-1).view(np.uint8), array.reshape(-1).view(np.uint8))
+        else:
+            np.copyto(dst, array, casting="no")
 
     def write(self, array: Any, deadline: float | None, bell: bool = True) -> None:
         """``bell=False``: publish without ringing the receiver (the channel rings it once for
@@ -427,18 +456,7 @@ class ShmWriter(TensorWriter):
         self._enter(deadline)
         try:
             if isinstance(array, np.ndarray):
-                nbytes = array.nbytes
-                if 0 < nbytes < SMALL_COPY and self._by_bytes:
-                    ring.slot_bytes[self._slot][:nbytes] = array.data.cast("B")
-                else:
-                    dst = ring.slot_view(self._slot, array.shape if self._dynamic else None)
-                    split = self._channel.split_copier
-                    if split is not None:  # it copies whole what is too small to split
-                        # check_array made it C-contiguous, of the slot's dtype and shape
-                        flat = array.reshape(-1).view(np.uint8)
-                        split.copy(dst.reshape(-1).view(np.uint8), flat)
-                    else:
-                        np.copyto(dst, array, casting="no")
+                self._copy_from_host(array)
             else:  # a GPU source into a host slot (synchronised before the store)
                 device = int(array.data.device_id)
                 dst_address = ring.payload_addresses[self._slot]
