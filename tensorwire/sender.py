@@ -512,6 +512,7 @@ class Sender(Resource):
                 and array.shape == fast[1]
                 and array.dtype == fast[2]
                 and array.flags.c_contiguous
+                and (timeout is _DEFAULT or timeout is None or timeout >= 0)  # else refused below
             ):
                 # The fast route of a tensor written before: its checks above are the spec's
                 # (a static host tensor of this dtype and shape), and no deadline is needed

@@ -45,8 +45,8 @@ def test_a_full_ring_is_waited_for_after_a_fast_write() -> None:
 
 def test_arrays_the_fast_route_does_not_take_still_land_or_are_refused() -> None:
     """After a fast write: a subclass of ndarray and an array that is not contiguous (with
-    ``allow_copy``) land through the general path, byte-exact; the other byte order is refused
-    and leaves the slot as it was."""
+    ``allow_copy``) land through the general path, byte-exact; the other byte order and a
+    negative timeout are refused and leave the slot as it was."""
 
     class Tagged(np.ndarray):  # type: ignore[type-arg]
         pass
@@ -70,6 +70,8 @@ def test_arrays_the_fast_route_does_not_take_still_land_or_are_refused() -> None
 
             with pytest.raises(tw.SpecMismatchError, match="dtype mismatch"):
                 tx.write("t", good.astype(">f4"))
+            with pytest.raises(ValueError, match="timeout must be"):
+                tx.write("t", good, timeout=-1)
             with pytest.raises(tw.WireTimeoutError):
                 rx.wait("t", timeout=0.1)
             tx.write("t", good + 2)
