@@ -53,10 +53,13 @@ log = logging.getLogger(__name__)
 #: How often a writer asks the kernel whether the receiver process still lives.
 WATCH_INTERVAL = 0.005
 _monotonic = time.monotonic  # one name lookup on the per-message path, not two
-#: Payloads below this are copied by a memoryview assignment (a plain memcpy: 0.69 against
-#: 0.84 us for 64 KiB, a one-off timing on the 2-core machine); larger ones by ``np.copyto``,
-#: which releases the GIL while it copies (a memoryview copy holds it, for at most ~2 us here).
-SMALL_COPY = 256 << 10
+#: Payloads below this are copied by a memoryview assignment (a plain memcpy, with fewer steps
+#: around it: 0.69 against 0.84 us for 64 KiB, a one-off timing on the 2-core machine, and
+#: 6-7% more throughput at 1 MiB in BENCHMARKS.md's "Fast routes"); larger ones by
+#: ``np.copyto``, which releases the GIL while it copies. A memoryview copy holds it: here for
+#: at most about 40 us (2 MiB), far below the 5 ms a thread running Python holds it before it
+#: must let another thread have it (``sys.getswitchinterval``).
+SMALL_COPY = 2 << 20
 #: A GPU source at least this large, written into a GPU slot, is completed by the channel's
 #: completion thread once its copy has landed, and ``write`` returns once the copy is queued
 #: (smaller ones: synchronised in ``write``, which is the shorter way to a small message's
