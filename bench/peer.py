@@ -49,6 +49,8 @@ class _Session:
             secret=secret,
             shm=setup.get("shm"),
         )
+        #: the receiver's slots are in /dev/shm (raw NIXL's buffer is then there too)
+        self.shared_memory = setup.get("shm") is not False
         self.senders: dict[str, tw.Sender] = {}
         self.raw_listener = socket.create_server((host, 0))
         self.raw: socket.socket | None = None
@@ -130,7 +132,9 @@ class _Session:
     def raw_nixl_setup(self, details: dict[str, Any]) -> dict[str, Any]:
         if self.raw_nixl is None:
             nbytes = max([*self.sizes, self.latency_bytes])
-            self.raw_nixl = RawNixl("peer", nbytes, is_loopback_host(self.host), self.device)
+            self.raw_nixl = RawNixl(
+                "peer", nbytes, is_loopback_host(self.host), self.device, self.shared_memory
+            )
             self.raw_nixl.connect(details)
         return {"details": self.raw_nixl.details()}
 

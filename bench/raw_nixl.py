@@ -1,7 +1,8 @@
 """The ``raw-nixl`` reference: NIXL driven by hand, the limit of the ``nixl`` transport.
 
 Each end is a NIXL agent with the UCX backend (created as the transport creates its own: no
-progress thread, the same UCX settings) and one registered buffer, in host memory (``DRAM``) or,
+progress thread, the same UCX settings) and one registered buffer, in host memory (``DRAM``: a
+mapping of /dev/shm or private memory, as the transport's receivers have) or,
 with ``--device cuda``, in GPU memory (``VRAM``: UCX moves it GPU to GPU, as the transport does
 for GPU tensors); the ends exchange their metadata and buffer addresses once. Throughput:
 ``count`` WRITEs of the runner's buffer into the peer's, each awaited to completion (as a
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
 import numpy as np
@@ -29,7 +31,9 @@ END, PING = b"end", b"p"
 class RawNixl:
     """One end: an agent, its registered buffer and, once connected, the other end's."""
 
-    def __init__(self, role: str, nbytes: int, loopback: bool, device: str = "cpu") -> None:
+    def __init__(
+        self, role: str, nbytes: int, loopback: bool, device: str = "cpu", shared: bool = False
+    ) -> None:
         self.name = f"tensorwire-bench-raw-{role}-{os.getpid()}"
         self.agent: Any = rdma.create_agent(self.name, NixlOptions(), loopback)
         # Real bytes, as the transport's writes carry: a buffer never written reads as the
@@ -37,6 +41,17 @@ class RawNixl:
         # memcpy from 16 MiB up (BENCHMARKS.md, "Receiver memory").
         host = np.random.default_rng(1).integers(0, 256, nbytes, dtype=np.uint8)
         index = tw_cuda.parse_device(device)
+        # ``shared``: host memory of the kind a receiver's slots are in by default, a mapping
+        # of /dev/shm, whose pages are not huge where tmpfs has none; the private buffer above
+        # is on huge pages where the kernel gives them. Raw NIXL is measured into the kind of
+        # memory the transport's receiver has (--receiver-memory), so that their ratio is what
+        # tensorwire costs, not what a page size does.
+        self._shared: SharedMemory | None = None
+        if shared and index is None:
+            self._shared = SharedMemory(create=True, size=nbytes)
+            mapped = np.ndarray((nbytes,), np.uint8, self._shared.buf)
+            mapped[:] = host
+            host = mapped
         self.buffer: Any = host
         self.memory, self.device = "DRAM", 0
         if index is not None:
@@ -134,3 +149,8 @@ class RawNixl:
             self.agent.remove_remote_agent(self.remote)
             self.remote = ""
         self.agent.deregister_memory(self._descs)
+        if self._shared is not None:
+            self.buffer = None  # the last view of the mapping: it cannot close while one lives
+            self._shared.close()
+            self._shared.unlink()
+            self._shared = None

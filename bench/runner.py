@@ -187,7 +187,11 @@ class Runner:
             self._pair.connect(f"tcp://{self.host}:{info['zmq_port']}")
             if "nixl" in self.senders:  # its buffers where the tensors are (DRAM or VRAM)
                 self.raw_nixl = RawNixl(
-                    "runner", max([*sizes, latency_bytes]), is_loopback_host(self.host), device
+                    "runner",
+                    max([*sizes, latency_bytes]),
+                    is_loopback_host(self.host),
+                    device,
+                    shared=shm is not False,
                 )
                 far = self.call("raw-nixl-setup", details=self.raw_nixl.details())
                 self.raw_nixl.connect(far["details"])
