@@ -14,9 +14,10 @@ NIXL's public API; no tensorwire data path.
 
 from __future__ import annotations
 
+import mmap
 import os
+import tempfile
 import time
-from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,18 @@ from tensorwire import cuda as tw_cuda
 
 #: the notification that ends a throughput measurement, and the ping of a round trip
 END, PING = b"end", b"p"
+
+
+def _shared_mapping(nbytes: int) -> mmap.mmap:
+    """``nbytes`` of /dev/shm, mapped; the file is unlinked at once, so nothing is left behind
+    however the process ends."""
+    fd, path = tempfile.mkstemp(prefix="tensorwire-bench-raw-nixl-", dir="/dev/shm")
+    try:
+        os.unlink(path)
+        os.ftruncate(fd, nbytes)
+        return mmap.mmap(fd, nbytes)
+    finally:
+        os.close(fd)
 
 
 class RawNixl:
@@ -46,10 +59,10 @@ class RawNixl:
         # is on huge pages where the kernel gives them. Raw NIXL is measured into the kind of
         # memory the transport's receiver has (--receiver-memory), so that their ratio is what
         # tensorwire costs, not what a page size does.
-        self._shared: SharedMemory | None = None
+        self._shared: mmap.mmap | None = None
         if shared and index is None:
-            self._shared = SharedMemory(create=True, size=nbytes)
-            mapped = np.ndarray((nbytes,), np.uint8, self._shared.buf)
+            self._shared = _shared_mapping(nbytes)
+            mapped = np.frombuffer(self._shared, np.uint8, nbytes)
             mapped[:] = host
             host = mapped
         self.buffer: Any = host
@@ -152,5 +165,4 @@ class RawNixl:
         if self._shared is not None:
             self.buffer = None  # the last view of the mapping: it cannot close while one lives
             self._shared.close()
-            self._shared.unlink()
             self._shared = None
