@@ -229,9 +229,12 @@ def test_top_shows_a_live_job(job: Any) -> None:
     ps_port, nobody = free_port(), free_port()
     j: Job = job(ps=["--steps", "6000", "--metrics-port", str(ps_port)])
     url = f"http://127.0.0.1:{ps_port}/metrics"
-    for _ in range(200):  # bounded: until the job is training (steps counted)
+    for _ in range(600):  # bounded: until the job is training (a step counted, not only 0)
         try:
-            if _samples(scrape(url, timeout=10), "tensorwire_ps_steps_total"):
+            if any(
+                v > 0
+                for v in _samples(scrape(url, timeout=10), "tensorwire_ps_steps_total").values()
+            ):
                 break
         except (urllib.error.URLError, ConnectionError):
             pass
