@@ -16,6 +16,7 @@ import contextlib
 import datetime
 import multiprocessing as mp
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -309,6 +310,45 @@ def _secret(parser: argparse.ArgumentParser, args: argparse.Namespace, endpoint:
     return secret
 
 
+#: what ends `bench serve` as Ctrl-C does (SIGTERM: `docker stop`, a process manager)
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """`bench serve` until Ctrl-C or SIGTERM, which end it cleanly (exit 0) at any moment.
+
+    Both signals are held while it starts (threads, sockets, the metrics server) and delivered
+    as soon as it serves: one that came earlier would interrupt the set-up half way, leaving a
+    socket that no ``finally`` closes, and the interpreter's exit could then wait for it
+    forever (seen once in the test suite under load: a Ctrl-C right after the metrics server
+    answered, and the process still there 30 s later)."""
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)  # threads started now inherit it
+    scrape = None
+    try:
+        setup_logging(args.log_level, "bench-serve", args.log_format)
+        secret = _secret(parser, args, args.bind)
+        scrape = start_metrics(args, args.bind)
+        serve(
+            args.bind,
+            once=args.once,
+            secret=secret,
+            started=lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS),
+        )
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)  # a signal held still ends us
+        with contextlib.suppress(KeyboardInterrupt):
+            if scrape is not None:
+                scrape.close()
+    return 0
+
+
 def main(argv: list[str] | None = None, prog: str = "tensorwire bench") -> int:
     parser = build_parser(prog)
     args = parser.parse_args(argv)
@@ -316,16 +356,7 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire bench") -> int:
     args.command_line = " ".join([prog, *(sys.argv[1:] if argv is None else argv)])
     try:
         if args.command == "serve":
-            setup_logging(args.log_level, "bench-serve", args.log_format)
-            secret = _secret(parser, args, args.bind)
-            scrape = start_metrics(args, args.bind)
-            try:
-                with contextlib.suppress(KeyboardInterrupt):
-                    serve(args.bind, once=args.once, secret=secret)
-            finally:
-                if scrape is not None:
-                    scrape.close()
-            return 0
+            return _serve(parser, args)
         whole_jobs = {"ps": ps_bench, "soak": soak}  # each: run(args, parser), render(result)
         if args.command in whole_jobs:
             job = whole_jobs[args.command]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -161,10 +162,18 @@ class _Session:
         self.rx.close()
 
 
-def serve(bind: str, ready: Any = None, once: bool = False, secret: str | None = None) -> None:
+def serve(
+    bind: str,
+    ready: Any = None,
+    once: bool = False,
+    secret: str | None = None,
+    started: Callable[[], object] | None = None,
+) -> None:
     """Answer runners' commands on ``bind`` (a ``tcp://HOST:PORT`` zmq endpoint).
 
     ``ready`` (a pipe end) receives the bound address; ``once`` stops after the first runner.
+    ``started`` is called once everything it opened will be closed however it ends (the CLI
+    lets Ctrl-C in from there).
     """
     host = bind.split("://", 1)[1].rsplit(":", 1)[0]
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -183,6 +192,8 @@ def serve(bind: str, ready: Any = None, once: bool = False, secret: str | None =
         print(f"tensorwire bench serving on {address} (Ctrl-C to stop)", flush=True)
     session: _Session | None = None
     try:
+        if started is not None:
+            started()
         while True:
             cmd = msgpack.unpackb(rep.recv())
             op = cmd.get("op")

@@ -281,9 +281,11 @@ def test_top_refuses_what_is_not_a_metrics_address() -> None:
     assert top.returncode == 2 and "is not an http address" in top.stderr
 
 
-def test_bench_serve_serves_metrics_and_logs_json(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])
+def test_bench_serve_serves_metrics_and_logs_json(tmp_path: Path, stop: str) -> None:
     """`tensorwire bench serve --metrics-port`: the library's metrics are scrapable while it
-    waits for a runner; its log lines are JSON; Ctrl-C ends it cleanly."""
+    waits for a runner; its log lines are JSON; Ctrl-C (or SIGTERM) ends it cleanly, also
+    right after it started (the signal is sent as soon as the metrics answer)."""
     import signal
 
     port = free_port()
@@ -314,7 +316,7 @@ def test_bench_serve_serves_metrics_and_logs_json(tmp_path: Path) -> None:
             except (urllib.error.URLError, ConnectionError):
                 time.sleep(0.05)
         assert "process_cpu_seconds_total" in page
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(getattr(signal, stop))
         out, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
