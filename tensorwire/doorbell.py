@@ -129,6 +129,7 @@ def wait_for(
     deadline: float | None,
     what: Callable[[], str],
     busy: bool = True,
+    resting: Callable[[], object] | None = None,
 ) -> T:
     """Return the first non-None value of ``check()``, waiting spin -> yield -> futex.
 
@@ -136,6 +137,7 @@ def wait_for(
     ``busy=False`` skips the spin and yield phases: right when the progress we wait for is made by
     a thread of this very process (a network transport's receive thread), which a spinning waiter
     would only slow down by holding the GIL and a core.
+    ``resting`` is called once, as the waiter stops spinning and goes to sleep on the futex.
     Raises :class:`WireTimeoutError` (message from ``what()``) at the deadline; ``check`` may raise
     to end the wait early (closed, peer lost).
     """
@@ -156,6 +158,8 @@ def wait_for(
         result = check()
         if result is not None:
             return result
+    if resting is not None:
+        resting()
     while True:
         if deadline is not None and now >= deadline:
             raise WireTimeoutError(what())

@@ -38,6 +38,7 @@ from .layout import RingLayout
 from .memory import RegionInfo
 from .process import host_identity
 from .rdma import NixlOptions
+from .received import ReceivedArray
 from .resource import Resource
 from .spec import TensorSpec
 from .split_copy import SplitCopier, check_copy_threads
@@ -508,7 +509,7 @@ class Sender(Resource):
             fast = self._fast.get(name) if peer is None else None
             if (
                 fast is not None
-                and array.__class__ is np.ndarray
+                and (array.__class__ is np.ndarray or array.__class__ is ReceivedArray)
                 and array.shape == fast[1]
                 and array.dtype == fast[2]
                 and array.flags.c_contiguous

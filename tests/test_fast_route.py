@@ -16,13 +16,17 @@ import pytest
 
 import tensorwire as tw
 
+#: the transports with a fast route: every static host tensor over shm, small ones over nixl
+FAST = ["shm", "nixl"]
 
-def test_a_full_ring_is_waited_for_after_a_fast_write() -> None:
+
+@pytest.mark.parametrize("transport", FAST)
+def test_a_full_ring_is_waited_for_after_a_fast_write(transport: str) -> None:
     """No credit: the fast route hands over, the write waits (bounded) and lands when a slot
     comes back, and a timeout writes nothing."""
     with tw.Receiver() as rx:
         rx.register("t", (8,), "int64", ring=2)
-        with tw.Sender.connect(rx.address, transport="shm", timeout=5) as tx:
+        with tw.Sender.connect(rx.address, transport=transport, timeout=5) as tx:
             for k in range(2):
                 tx.write("t", np.full(8, k, np.int64))
             held = [rx.wait("t", timeout=5).copy() for _ in range(2)]
@@ -43,17 +47,20 @@ def test_a_full_ring_is_waited_for_after_a_fast_write() -> None:
             assert rx.wait("t", timeout=5).tolist() == [2] * 8
 
 
-def test_arrays_the_fast_route_does_not_take_still_land_or_are_refused() -> None:
+@pytest.mark.parametrize("transport", FAST)
+def test_arrays_the_fast_route_does_not_take_still_land_or_are_refused(transport: str) -> None:
     """After a fast write: a subclass of ndarray and an array that is not contiguous (with
     ``allow_copy``) land through the general path, byte-exact; the other byte order and a
-    negative timeout are refused and leave the slot as it was."""
+    negative timeout are refused and leave the slot as it was. A received view (the fast
+    route takes it: an echo writes what it got) lands byte-exact too."""
 
     class Tagged(np.ndarray):  # type: ignore[type-arg]
         pass
 
     with tw.Receiver() as rx:
         rx.register("t", (4, 4), "float32")
-        with tw.Sender.connect(rx.address, transport="shm", timeout=5) as tx:
+        rx.register("echo", (4, 4), "float32")
+        with tw.Sender.connect(rx.address, transport=transport, timeout=5) as tx:
             good = np.arange(16, dtype=np.float32).reshape(4, 4)
             tx.write("t", good)
             assert np.array_equal(rx.wait("t", timeout=5), good)
@@ -75,8 +82,14 @@ def test_arrays_the_fast_route_does_not_take_still_land_or_are_refused() -> None
             with pytest.raises(tw.WireTimeoutError):
                 rx.wait("t", timeout=0.1)
             tx.write("t", good + 2)
-            assert np.array_equal(rx.wait("t", timeout=5), good + 2)
-            rx.release("t")
+            for k in range(3):  # the first write sets the route up, the others take it
+                got = rx.wait("t", timeout=5)
+                assert np.array_equal(got, good + 2 + k)
+                tx.write("echo", got)
+                rx.release("t")
+                tx.write("t", good + 3 + k)
+                assert np.array_equal(rx.wait("echo", timeout=5), good + 2 + k)
+                rx.release("echo")
 
 
 def test_fast_routes_follow_names_to_their_receivers_and_end_at_close() -> None:

@@ -86,13 +86,23 @@ class Consumer:
             if self._owed:  # a writer must never wait for credits a waiting consumer holds
                 self._pay_owed(tensors)
         try:
+            polling = bool(drive)
 
             def guarded() -> Any:
                 if state.closed:
                     raise ClosedError(f"receiver {state.name} was closed while waiting")
-                for poll in drive:
-                    poll()
+                if polling:
+                    for poll in drive:
+                        poll()
                 return check()
+
+            def rest() -> None:
+                # asleep, this thread no longer polls: the servers' threads complete the
+                # messages and ring the doorbell
+                nonlocal polling
+                polling = False
+                for poll in drive:
+                    poll(rest=True)
 
             bell = self._table.bell
             return wait_for(
@@ -105,6 +115,7 @@ class Consumer:
                 deadline=deadline_of(timeout),
                 what=what,
                 busy=busy,
+                resting=rest if drive else None,
             )
         finally:
             with state.lock:

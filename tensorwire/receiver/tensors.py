@@ -51,6 +51,7 @@ from ..spec import TensorSpec
 from .state import ReceiverState
 
 if TYPE_CHECKING:
+    from ..transports.base import Poller
     from .sessions import Session
 
 #: A networked writer hears of released slots in batches of up to depth // CREDIT_BATCH_DIVISOR
@@ -76,7 +77,7 @@ class RegisteredTensor:
     #: our own threads doing it for the data it receives
     sender_completes: bool = False
     #: what a waiting consumer calls to complete the owner's messages itself (DataServer.poller)
-    poll: Callable[[], bool] | None = None
+    poll: Poller | None = None
     expected_seq: int = 1  # next sequence number a networked writer must send
     lost: str | None = None  # set when the owner died: the next wait() reports it
     epoch: int = 0  # claims granted so far; the ring's owner word holds the current one

@@ -235,9 +235,22 @@ class CreditedWriter(TensorWriter):
             self.traffic.waited(time.perf_counter() - started)
 
 
-#: How long a data server's thread leaves its messages to a consumer that has just polled for
-#: them itself (DataServer.poller), before it completes them again (seconds).
-STAND_BACK = 100e-6
+#: How long a data server's thread leaves its messages to a consumer that has polled for them
+#: itself (DataServer.poller), after its last poll, unless the consumer says it went to sleep
+#: (seconds). Messages that nobody waits for are completed this much later at most. Not
+#: shorter: on a 4 KiB nixl ping-pong between two processes on 2 cores, threads that took over
+#: 100 µs after a consumer's last poll took cores from the writers (round trip 180 against
+#: 94 µs). Not longer than CREDIT_DEFER_LIMIT: the tcp thread sends held-back credits.
+CONSUMER_DRIVES = 1e-3
+
+
+class Poller(Protocol):
+    """What a consumer waiting for a message calls while it spins (:meth:`DataServer.poller`)."""
+
+    def __call__(self, rest: bool = False) -> bool:
+        """Complete what has arrived; True if anything was. ``rest=True``: the consumer stops
+        polling (it goes to sleep on the doorbell): the server's thread takes over at once."""
+
 
 #: Longest a credit that a link holds back (``defer``) waits before it is sent anyway.
 CREDIT_DEFER_LIMIT = 1e-3
@@ -336,12 +349,12 @@ class DataServer:
     def detach(self, session: object) -> None:
         """The session ended, for whatever reason: forget what the server holds for it."""
 
-    def poller(self, link: CreditLink) -> Callable[[], bool] | None:
+    def poller(self, link: CreditLink) -> Poller | None:
         """What a consumer waiting for a message of ``link``'s sender calls while it spins, so
         that the message is completed by the thread that wants it instead of being handed over
         by a wake-up from the server's thread (the hand-off costs more than a small message
-        itself); the call returns True if it delivered anything. None: the consumer just waits
-        to be woken."""
+        itself); the call returns True if it delivered anything, and is made with ``rest=True``
+        when the consumer goes to sleep instead. None: the consumer just waits to be woken."""
         return None
 
     def close(self) -> None:

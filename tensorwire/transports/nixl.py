@@ -58,13 +58,14 @@ from ..quietlog import QuietLog
 from ..rdma import NixlOptions, create_agent, is_loopback_host, shared_memory_notifications
 from ..ring import SlotChooser
 from .base import (
-    STAND_BACK,
+    CONSUMER_DRIVES,
     Channel,
     CreditedWriter,
     CreditLink,
     DataServer,
     DataSink,
     PeerInfo,
+    Poller,
     ServerSettings,
     TensorEntry,
     TensorWriter,
@@ -710,6 +711,9 @@ class NixlWriter(CreditedWriter):
         self._far: tuple[str, int] = ("DRAM", 0) if entry.device is None else ("VRAM", entry.device)
         self._device_staging: Any = None  # what Sender.buffer fills for a GPU tensor
         self._device_staged: _Source | None = None  # _device_staging, registered
+        # Sender.write's fast route: static tensors whose every message is staged
+        self.writes_now = not self.spec.dynamic and 0 < self.spec.max_bytes <= self._copy_below
+        self._staged_bytes: memoryview | None = None  # the staging buffer, for write_now's copy
 
     def _next(self, nbytes: int, shape: tuple[int, ...]) -> tuple[int, wire.DataHeader]:
         """The slot of the next message (a free one: the caller waited for credit) and its
@@ -769,6 +773,31 @@ class NixlWriter(CreditedWriter):
         slot, header = self._next(nbytes, array.shape)
         transfer = self._channel.start(staged, self._addresses[slot], self._far, nbytes)
         return _Posted(self, slot, header, transfer)
+
+    def write_now(self, array: np.ndarray[Any, Any]) -> bool:
+        # write()'s staged path without its waits and general checks (Sender.write made them):
+        # the whole per-message path of a small static tensor written before
+        channel = self._channel
+        released = channel._released.get(self._tid, 0)
+        if released < self.next_seq - self._depth:
+            return False  # no credit: the general path waits for one
+        # as _send: a revoked writer learns it here, before its payload goes out
+        channel.check_peer()
+        into = self._staged_bytes
+        if into is None:
+            into = self._staged_bytes = memoryview(self._staged_source().array)
+        staged = self._staged
+        assert staged is not None
+        nbytes = array.nbytes
+        into[:nbytes] = array.data.cast("B")
+        slot = self._slots.choose(released)
+        seq = self.next_seq
+        notification = wire.encode_static_notification(
+            channel.counter, self._tid, slot, self._generation, seq, nbytes
+        )
+        channel.put(staged, self._addresses[slot], notification, self._far, nbytes)
+        self.wrote(slot, seq)
+        return True
 
     def write(self, array: Any, deadline: float | None) -> None:
         self.wait_credit(deadline)
@@ -854,7 +883,8 @@ class NixlDataServer(DataServer):
         self._peers: dict[str, NixlPeer] = {}
         self._closed = False
         self._polling = threading.Lock()  # held by whichever thread is completing notifications
-        self._driven_at = 0.0  # when a consumer last polled (monotonic)
+        self._driven_at = 0.0  # when a consumer last polled (monotonic); 0: none polls
+        self._resume = threading.Event()  # set when a polling consumer goes to sleep
         self._thread = threading.Thread(
             target=self._poll_loop, name=f"tensorwire-nixl-{name}", daemon=True
         )
@@ -941,14 +971,19 @@ class NixlDataServer(DataServer):
 
     # -- polling: the server's thread, or a consumer waiting for a message -----------------
 
-    def poller(self, link: CreditLink) -> Callable[[], bool]:
+    def poller(self, link: CreditLink) -> Poller:
         return self.poll  # one agent for every sender: its notifications are polled as one
 
-    def poll(self) -> bool:
+    def poll(self, rest: bool = False) -> bool:
         """One round of progress from a consumer's thread that waits for a message: it completes
         the message itself, without a wake-up from our thread (BENCHMARKS.md: the 4 KiB round
         trip on one host fell from 278 µs to 118 µs). The polling thread stands back
-        meanwhile."""
+        meanwhile, until the consumer rests (``rest``: it goes to sleep on the doorbell) or
+        has not polled for CONSUMER_DRIVES."""
+        if rest:
+            self._driven_at = 0.0
+            self._resume.set()
+            return False
         self._driven_at = time.monotonic()
         if not self._peers or not self._polling.acquire(blocking=False):
             return False  # nobody to hear from, or the polling thread is in a round right now
@@ -962,11 +997,13 @@ class NixlDataServer(DataServer):
     def _poll_loop(self) -> None:
         backoff = Backoff()
         while not self._closed:
-            if time.monotonic() - self._driven_at < STAND_BACK:
-                # A consumer polls: competing with it for the agent and the GIL only slows it.
-                # Once it stops (it got its message, or went to sleep on the doorbell), we poll
-                # again at once, as if a message were due.
-                time.sleep(STAND_BACK)
+            driven = self._driven_at
+            if driven and time.monotonic() - driven < CONSUMER_DRIVES:
+                # A consumer polls: competing with it for the agent, the GIL and the cores only
+                # slows it (and the sender it answers). Once it goes to sleep on the doorbell it
+                # says so, and we poll again at once, as if a message were due.
+                self._resume.wait(CONSUMER_DRIVES)
+                self._resume.clear()
                 backoff.reset()
                 continue
             try:
@@ -1067,6 +1104,7 @@ class NixlDataServer(DataServer):
             self._closed = True
             peers = list(self._peers.values())
             self._peers.clear()
+        self._resume.set()  # the polling thread may be standing back
         if threading.current_thread() is not self._thread:
             self._thread.join()
         agent, self._agent = self._agent, None

@@ -41,14 +41,15 @@ from ..errors import (
 from ..quietlog import QuietLog
 from ..ring import SlotChooser
 from .base import (
+    CONSUMER_DRIVES,
     CREDIT_DEFER_LIMIT,
-    STAND_BACK,
     Channel,
     CreditedWriter,
     CreditLink,
     DataServer,
     DataSink,
     PeerInfo,
+    Poller,
     ServerSettings,
     TensorEntry,
     TensorWriter,
@@ -577,7 +578,8 @@ class _Connection:
         self._got = 0
         self._in_parts = False  # the sink hears of each STAGING_CHUNK_BYTES of this payload
         self.read_at = 0.0  # when bytes last arrived (monotonic): stall detection mid-frame
-        self.driven_at = 0.0  # when a consumer last polled (monotonic)
+        self.driven_at = 0.0  # when a consumer last polled (monotonic); 0: none polls
+        self.resume = threading.Event()  # set when a polling consumer goes to sleep
         self.failure: BaseException | None = None  # what a consumer's poll ran into
         self.ended = False
 
@@ -679,10 +681,14 @@ class _Connection:
         self.read_at = time.monotonic()
         return True
 
-    def poll(self) -> bool:
+    def poll(self, rest: bool = False) -> bool:
         """From a consumer waiting for one of this connection's messages: complete what has
         arrived; True if anything was. The serving thread stands back meanwhile, and takes over
-        (and reports) whatever goes wrong here."""
+        (and reports) whatever goes wrong here. ``rest``: the consumer goes to sleep."""
+        if rest:
+            self.driven_at = 0.0
+            self.resume.set()
+            return False
         self.driven_at = time.monotonic()
         if (
             self._session is None  # not admitted yet: nothing of it to complete
@@ -797,7 +803,7 @@ class TcpDataServer(DataServer):
     def details(self) -> dict[str, Any]:
         return {"host": self.host, "port": self.port}
 
-    def poller(self, link: CreditLink) -> Callable[[], bool] | None:
+    def poller(self, link: CreditLink) -> Poller | None:
         return link.poll if isinstance(link, _Connection) else None
 
     def _wake(self) -> None:
@@ -941,10 +947,16 @@ class TcpDataServer(DataServer):
             held = conn.deferred_at
             if held is not None and time.monotonic() - held >= CREDIT_DEFER_LIMIT:
                 conn.send_credits([])  # the consumer did not release more in time
-            if time.monotonic() - conn.driven_at < STAND_BACK:
-                # A consumer reads: competing with it for the socket and the GIL only slows it.
-                # Once it stops (it got its message, or sleeps on the doorbell), we read again.
-                time.sleep(STAND_BACK)
+            driven, now = conn.driven_at, time.monotonic()
+            if driven and now - driven < CONSUMER_DRIVES:
+                # A consumer reads: competing with it for the socket, the GIL and the cores
+                # only slows it. Once it sleeps on the doorbell it says so, and we read again
+                # (or send the credits held back, in time).
+                held = conn.deferred_at
+                conn.resume.wait(
+                    CONSUMER_DRIVES if held is None else max(held + CREDIT_DEFER_LIMIT - now, 0)
+                )
+                conn.resume.clear()
                 continue
             # while credits are held back, wake in time to send them
             if not poller.poll(1 if conn.deferred_at is not None else IDLE_CHECK_MS):
@@ -952,7 +964,7 @@ class TcpDataServer(DataServer):
                 if conn.mid_frame and time.monotonic() - conn.read_at > self._frame_timeout:
                     raise TimeoutError("peer stalled in the middle of a frame")
                 continue
-            if time.monotonic() - conn.driven_at < STAND_BACK:
+            if time.monotonic() - conn.driven_at < CONSUMER_DRIVES:
                 continue
             with conn.reading:
                 done = conn.pump(wait=True, bell_every=BELL_EVERY)
