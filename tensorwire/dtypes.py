@@ -73,6 +73,19 @@ def canonical_dtype(dtype: Any) -> np.dtype[Any]:
     )
 
 
+@functools.cache
+def exports_buffer(dtype: np.dtype[Any]) -> bool:
+    """Can an array of ``dtype`` be seen as bytes through the buffer protocol
+    (``array.data.cast("B")``, the cheapest byte view)? Not ml_dtypes' formats: numpy refuses
+    to export them (``cannot include dtype 'E' in a buffer``); their bytes are reached through
+    a ``uint8`` view instead."""
+    try:
+        np.zeros(1, dtype).data.cast("B")
+    except (ValueError, TypeError):
+        return False
+    return True
+
+
 def dtype_to_wire(dtype: np.dtype[Any]) -> str:
     """How a spec's dtype travels: numpy's dtype string, or the ml_dtypes name."""
     return dtype.name if dtype.name in ml_dtypes_by_name() else dtype.str

@@ -517,10 +517,11 @@ class Sender(Resource):
             ):
                 # The fast route of a tensor written before: its checks above are the spec's
                 # (a static host tensor of this dtype and shape), and no deadline is needed
-                # unless the writer must wait, which the general path below does.
+                # unless the writer must wait, which the general path below does (or, over
+                # tcp, finish a frame the socket took part of: write_now makes that one).
                 w = fast[0]
                 try:
-                    done = w.write_now(array)
+                    done = w.write_now(array, self.timeout if timeout is _DEFAULT else timeout)
                 except PeerLostError:
                     done = False  # the general path meets it again, and handles it
                 if done:

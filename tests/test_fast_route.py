@@ -16,8 +16,9 @@ import pytest
 
 import tensorwire as tw
 
-#: the transports with a fast route: every static host tensor over shm, small ones over nixl
-FAST = ["shm", "nixl"]
+#: the transports with a fast route: every static host tensor over shm and tcp, small ones over
+#: nixl
+FAST = ["shm", "tcp", "nixl"]
 
 
 @pytest.mark.parametrize("transport", FAST)
@@ -90,6 +91,52 @@ def test_arrays_the_fast_route_does_not_take_still_land_or_are_refused(transport
                 tx.write("t", good + 3 + k)
                 assert np.array_equal(rx.wait("echo", timeout=5), good + 2 + k)
                 rx.release("echo")
+
+
+@pytest.mark.parametrize("transport", FAST)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn", "float16", "complex64", "bool"])
+def test_every_dtype_takes_the_fast_route_byte_exact(transport: str, dtype: str) -> None:
+    """numpy exports no buffer of ml_dtypes' formats (bfloat16, float8): the fast route reaches
+    their bytes another way, and every message lands as written."""
+    rng = np.random.default_rng(7)
+    with tw.Receiver() as rx:
+        rx.register("t", (3, 5), dtype)
+        with tw.Sender.connect(rx.address, transport=transport, timeout=5) as tx:
+            for _ in range(4):  # the first write sets the route up, the others take it
+                raw = rng.integers(0, 256, 3 * 5 * rx.specs["t"].dtype.itemsize, dtype=np.uint8)
+                if dtype == "bool":
+                    raw &= 1  # a bool byte is 0 or 1
+                sent = raw.view(rx.specs["t"].dtype).reshape(3, 5)
+                tx.write("t", sent)
+                got = rx.wait("t", timeout=5)
+                assert got.dtype == sent.dtype
+                assert bytes(got.view(np.uint8)) == bytes(raw)
+                rx.release("t")
+
+
+def test_tcp_fast_frames_the_socket_takes_in_parts_land_whole() -> None:
+    """A tcp frame larger than the socket can take at once (8 MiB) leaves its fast route part
+    way and is finished by the write's deadline; every message lands whole, in order."""
+    count, size = 6, 2 << 20
+    with tw.Receiver() as rx:
+        rx.register("big", (size,), "float32", ring=2)
+        with tw.Sender.connect(rx.address, transport="tcp", timeout=10) as tx:
+            got: list[float] = []
+
+            def consume() -> None:
+                for _ in range(count):
+                    view = rx.wait("big", timeout=10)
+                    assert view[0] == view[-1] == view[size // 2]
+                    got.append(float(view[0]))
+                    rx.release("big")
+
+            reader = threading.Thread(target=consume)
+            reader.start()
+            for k in range(count):
+                tx.write("big", np.full(size, k, np.float32))
+            reader.join(30)
+            assert not reader.is_alive()
+            assert got == [float(k) for k in range(count)]
 
 
 def test_fast_routes_follow_names_to_their_receivers_and_end_at_close() -> None:

@@ -109,12 +109,14 @@ class TensorWriter(ABC):
     #: :meth:`write_now` can write (the sender keeps such a writer in its fast routes)
     writes_now: bool = False
 
-    def write_now(self, array: np.ndarray[Any, Any]) -> bool:
+    def write_now(self, array: np.ndarray[Any, Any], timeout: float | None) -> bool:
         """The fast path of ``Sender.write``: write ``array`` (a C-contiguous host array of the
         spec's dtype and static shape, checked by the caller) if that can be done at once.
-        False: nothing was done (no credit, a claim revoked, no fast path here); the caller
-        then takes the general path, :meth:`write`, which waits or raises as it should. May
-        raise PeerLostError, before anything is written."""
+        False: nothing was done (no credit, a claim revoked, a full socket, no fast path here);
+        the caller then takes the general path, :meth:`write`, which waits or raises as it
+        should. May raise PeerLostError, before anything is written. ``timeout`` (the write's,
+        not yet a deadline) bounds only the rest of a message begun that cannot go at once (a
+        ``tcp`` frame the socket took part of), which must be finished or the link cut."""
         return False
 
     _pinned: PinnedBuffer | None = None

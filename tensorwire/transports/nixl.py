@@ -44,6 +44,7 @@ import numpy as np
 from .. import wire
 from ..cuda import data_pointer, device_bytes, synchronize_current
 from ..doorbell import deadline_of
+from ..dtypes import exports_buffer
 from ..errors import (
     LocalProtocolError,
     PeerLostError,
@@ -714,6 +715,7 @@ class NixlWriter(CreditedWriter):
         # Sender.write's fast route: static tensors whose every message is staged
         self.writes_now = not self.spec.dynamic and 0 < self.spec.max_bytes <= self._copy_below
         self._staged_bytes: memoryview | None = None  # the staging buffer, for write_now's copy
+        self._buffer_view = exports_buffer(self.spec.dtype)  # else through a uint8 view
 
     def _next(self, nbytes: int, shape: tuple[int, ...]) -> tuple[int, wire.DataHeader]:
         """The slot of the next message (a free one: the caller waited for credit) and its
@@ -774,7 +776,7 @@ class NixlWriter(CreditedWriter):
         transfer = self._channel.start(staged, self._addresses[slot], self._far, nbytes)
         return _Posted(self, slot, header, transfer)
 
-    def write_now(self, array: np.ndarray[Any, Any]) -> bool:
+    def write_now(self, array: np.ndarray[Any, Any], timeout: float | None) -> bool:
         # write()'s staged path without its waits and general checks (Sender.write made them):
         # the whole per-message path of a small static tensor written before
         channel = self._channel
@@ -789,7 +791,10 @@ class NixlWriter(CreditedWriter):
         staged = self._staged
         assert staged is not None
         nbytes = array.nbytes
-        into[:nbytes] = array.data.cast("B")
+        if self._buffer_view:
+            into[:nbytes] = array.data.cast("B")
+        else:  # bfloat16, float8: numpy exports no buffer of them
+            into[:nbytes] = array.reshape(-1).view(np.uint8).data
         slot = self._slots.choose(released)
         seq = self.next_seq
         notification = wire.encode_static_notification(

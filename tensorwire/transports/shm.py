@@ -39,6 +39,7 @@ from ..cuda import (
     synchronize_current,
 )
 from ..doorbell import deadline_of
+from ..dtypes import exports_buffer
 from ..errors import PeerLostError, TransportError, WireTimeoutError
 from ..layout import OFF_STATE, REGION_CLOSED
 from ..memory import RegionInfo
@@ -259,7 +260,7 @@ class ShmWriter(TensorWriter):
         self._slot = -1
         #: small copies go through the slots' byte memoryviews (a plain memcpy) where the dtype
         #: can be exported through the buffer protocol (not bfloat16, float8: numpy copies those)
-        self._by_bytes = ring.device is None and _exports_buffer(ring.spec.dtype)
+        self._by_bytes = ring.device is None and exports_buffer(ring.spec.dtype)
         #: every message is small, static and in host memory: :meth:`write` in one ring call
         self._whole = self._by_bytes and not self._dynamic and 0 < ring.spec.max_bytes < SMALL_COPY
         #: Sender.write's fast routes take every static host tensor (write_now)
@@ -391,7 +392,7 @@ class ShmWriter(TensorWriter):
         if not bell:
             self._channel.bell_owed = self._ring
 
-    def write_now(self, array: np.ndarray[Any, Any]) -> bool:
+    def write_now(self, array: np.ndarray[Any, Any], timeout: float | None) -> bool:
         # ShmWriter.write's paths of static host tensors without their waits: the whole
         # per-message path of Sender.write's fast routes (writes_now is set for those tensors)
         channel = self._channel
@@ -492,12 +493,3 @@ class ShmWriter(TensorWriter):
             self.abort()
             raise
         self._publish(nbytes, array.shape, bell)
-
-
-def _exports_buffer(dtype: np.dtype[Any]) -> bool:
-    """Can an array of ``dtype`` be seen as bytes through the buffer protocol?"""
-    try:
-        np.zeros(1, dtype).data.cast("B")
-    except (ValueError, TypeError):
-        return False
-    return True

@@ -31,6 +31,7 @@ import numpy as np
 from .. import wire
 from ..cuda import STAGING_CHUNK_BYTES, PinnedBuffer, device_bytes
 from ..doorbell import deadline_of
+from ..dtypes import exports_buffer
 from ..errors import (
     LocalProtocolError,
     PeerLostError,
@@ -155,10 +156,7 @@ def send_all(
         done += sent
         if done == total:
             return done
-        while buffers and sent >= len(buffers[0]):
-            sent -= len(buffers[0])
-            buffers = buffers[1:]
-        buffers = [buffers[0][sent:], *buffers[1:]]
+        buffers = after(buffers, sent)
         if poller is None:
             poller = select.poll()
             poller.register(sock, select.POLLOUT)
@@ -172,6 +170,14 @@ def send_all(
                 wait_ms = max(1, min(wait_ms, int(left * 1000)))
             if poller.poll(wait_ms):
                 break
+
+
+def after(buffers: list[memoryview], sent: int) -> list[memoryview]:
+    """What is left of ``buffers`` to send once ``sent`` bytes of them went (less than all)."""
+    while sent >= len(buffers[0]):
+        sent -= len(buffers[0])
+        buffers = buffers[1:]
+    return [buffers[0][sent:], *buffers[1:]]
 
 
 class _SendTimeout(Exception):
@@ -286,16 +292,21 @@ class TcpChannel(Channel):
                 wait_ms = max(1, min(100, int(left * 1000)))
             self._absorb(wait_ms)
 
-    def send(self, buffers: list[memoryview], deadline: float | None) -> None:
+    def send(self, buffers: list[memoryview], deadline: float | None, already: int = 0) -> None:
+        """Send one or more whole frames by ``deadline``. ``already``: that many of their bytes
+        went out before (a fast route's ``sendmsg`` that the socket took only part of); then
+        ``buffers`` are what is left, and the stream is mid-frame."""
         sock = self._sock
         if sock is None:
             raise PeerLostError(f"tcp channel to {self._where} is closed")
         # One poll per write: picks up returned credits (so the return path never fills) and
         # notices a receiver that closed or restarted before we send into a dead connection.
-        self._absorb(0)
+        if not already:
+            self._absorb(0)
         try:
             send_all(sock, buffers, deadline, self.raise_if_lost)
         except _SendTimeout as exc:
+            exc.sent += already
             if exc.sent == 0:
                 raise WireTimeoutError(
                     f"tcp data connection to {self._where}: the receiver took nothing within the "
@@ -449,6 +460,9 @@ class TcpWriter(CreditedWriter):
         self._deadline: float | None = None  # of the message being produced through acquire()
         self._slots = SlotChooser(slot_seqs)
         self._framed = -1  # the slot of the message frame() made
+        # Sender.write's fast route: every static tensor (its bytes go from the caller's array)
+        self.writes_now = not self.spec.dynamic and self.spec.max_bytes > 0
+        self._buffer_view = exports_buffer(self.spec.dtype)  # else through a uint8 view
 
     def frame(self, payload: memoryview, shape: tuple[int, ...]) -> list[memoryview]:
         """The next message's header and payload, ready to send (its slot chosen, which
@@ -480,6 +494,39 @@ class TcpWriter(CreditedWriter):
 
     #: a GPU array is sent from pinned host memory, staged a chunk at a time (_send_from_gpu)
     takes_device = True
+
+    def write_now(self, array: np.ndarray[Any, Any], timeout: float | None) -> bool:
+        # write()'s path without its general checks (Sender.write made them) and, unless the
+        # socket takes only part of the frame, without a deadline: the one poll per write
+        # (credits in, a receiver that hung up), the credit check, the header packed from its
+        # fields and one sendmsg of it with the caller's bytes.
+        channel = self._channel
+        channel._absorb(0)  # a PeerLostError: the general path meets it again, and handles it
+        released = channel._released.get(self._tid, 0)
+        if released < self.next_seq - self._depth:
+            return False  # no credit: the general path waits for one
+        slot = self._slots.choose(released)
+        seq = self.next_seq
+        if self._buffer_view:
+            payload = array.data.cast("B")
+        else:  # bfloat16, float8: numpy exports no buffer of them
+            payload = array.reshape(-1).view(np.uint8).data
+        total = wire.pack_static_data_header(
+            self._header, self._tid, slot, self._generation, seq, len(payload)
+        )
+        frame = [self._header_view[:total], payload]
+        total += len(payload)
+        sock = channel._sock
+        assert sock is not None  # _absorb raises once it is closed
+        try:
+            sent = sock.sendmsg(frame)
+        except OSError:  # full (BlockingIOError), or broken: nothing went
+            return False  # the general path waits for room, or reports why it fails
+        if sent != total:  # the socket took part of it: the rest goes as write() sends it
+            channel.send(after(frame, sent), deadline_of(timeout), already=sent)
+        self._slots.wrote(slot, seq)
+        self.next_seq = seq + 1
+        return True
 
     def write(self, array: Any, deadline: float | None) -> None:
         self.wait_credit(deadline)
