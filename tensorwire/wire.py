@@ -354,6 +354,17 @@ def encode_data_header(header: DataHeader) -> bytes:
 MAX_HEADER_BYTES = DATA_HEADER.size + 8 * MAX_DYNAMIC_NDIM
 
 
+def peek_static_header(data: memoryview, offset: int) -> tuple[int, int, int, int, int] | None:
+    """The fields (tensor, slot, generation, seq, nbytes) of the data header at ``offset`` in
+    ``data`` (at least DATA_HEADER.size bytes from there), if it is a static tensor's well-formed
+    header, the common frame; None for any other (a goodbye, a dynamic shape, anything
+    malformed), which :class:`HeaderReader` then decodes, or refuses with its errors."""
+    magic, version, flags, ndim, tid, slot, gen, seq, nbytes = DATA_HEADER.unpack_from(data, offset)
+    if flags or ndim or magic != DATA_MAGIC or version != VERSION:
+        return None
+    return tid, slot, gen, seq, nbytes
+
+
 class HeaderReader:
     """Incremental decoder of data headers, for a reader that owns the socket.
 

@@ -112,48 +112,94 @@ class Landing(DataSink):
     ) -> tuple[RegisteredTensor, int]:
         """The tensor ``header`` writes and its payload's byte count, once the header is found
         true to the claim, the sequence, the credits and the spec."""
+        return self._check(
+            session,
+            header.tensor_id,
+            header.slot,
+            header.generation,
+            header.seq,
+            header.nbytes,
+            header.shape,
+        )
+
+    def _check(
+        self,
+        session: Session,
+        tensor_id: int,
+        slot: int,
+        generation: int,
+        seq: int,
+        header_nbytes: int,
+        shape: tuple[int, ...] | None,
+    ) -> tuple[RegisteredTensor, int]:
+        """:meth:`_check_write` of a header's fields."""
         if not session.alive:
             raise session.dropped_error()
-        tensor = self._table.by_id.get(header.tensor_id)
+        tensor = self._table.by_id.get(tensor_id)
         if tensor is None or tensor.owner is not session:
             raise LocalProtocolError(
-                f"write to tensor id {header.tensor_id} that this sender has not claimed"
+                f"write to tensor id {tensor_id} that this sender has not claimed"
             )
         ring = tensor.ring
         name = tensor.spec.name
-        if header.generation != self._state.generation:
+        if generation != self._state.generation:
             raise LocalProtocolError(f"tensor {name!r}: write for stale generation")
-        if header.seq != tensor.expected_seq:
+        if seq != tensor.expected_seq:
             raise LocalProtocolError(
-                f"tensor {name!r}: expected message {tensor.expected_seq}, got {header.seq}"
+                f"tensor {name!r}: expected message {tensor.expected_seq}, got {seq}"
             )
-        if header.slot >= ring.depth or ring.seq_at(header.slot) > tensor.released:
+        if slot >= ring.depth or ring.seq_at(slot) > tensor.released:
             raise LocalProtocolError(
-                f"tensor {name!r}: message {header.seq} aimed at slot {header.slot}, which is not "
+                f"tensor {name!r}: message {seq} aimed at slot {slot}, which is not "
                 f"free (depth {ring.depth}, released {tensor.released})"
             )
-        if header.seq - tensor.released > ring.depth:
+        if seq - tensor.released > ring.depth:
             raise LocalProtocolError(
-                f"tensor {name!r}: message {header.seq} overruns the credits "
+                f"tensor {name!r}: message {seq} overruns the credits "
                 f"(released {tensor.released}, depth {ring.depth})"
             )
         if tensor.spec.dynamic:
-            if header.shape is None:
+            if shape is None:
                 raise LocalProtocolError(f"tensor {name!r} is dynamic but the header has no shape")
             try:
-                nbytes = tensor.spec.check_shape(header.shape)
+                nbytes = tensor.spec.check_shape(shape)
             except SpecMismatchError as exc:
                 raise LocalProtocolError(str(exc)) from None
-        elif header.shape is not None:
+        elif shape is not None:
             # A static slot has no room for dims: honouring them would write past its header.
             raise LocalProtocolError(f"tensor {name!r} is static but the header carries a shape")
         else:
             nbytes = tensor.spec.max_bytes
-        if header.nbytes != nbytes:
+        if header_nbytes != nbytes:
             raise LocalProtocolError(
-                f"tensor {name!r}: header says {header.nbytes} bytes, the spec needs {nbytes}"
+                f"tensor {name!r}: header says {header_nbytes} bytes, the spec needs {nbytes}"
             )
         return tensor, nbytes
+
+    def land_copy(
+        self,
+        session: object,
+        tensor_id: int,
+        slot: int,
+        generation: int,
+        seq: int,
+        payload: memoryview,
+        bell: bool = True,
+    ) -> bool:
+        assert isinstance(session, Session)
+        with self._state.lock:
+            tensor = self._table.by_id.get(tensor_id)
+            if tensor is not None and tensor.ring.device is not None:
+                return False  # a GPU slot: staged, then copied on (begin_write, end_write)
+            tensor, nbytes = self._check(
+                session, tensor_id, slot, generation, seq, len(payload), None
+            )
+            ring = tensor.ring
+            ring.slot_bytes[slot][:nbytes] = payload
+            session.last_seen = time.monotonic()
+            ring.publish(slot, seq, nbytes, None, bell)
+            tensor.expected_seq = seq + 1
+        return True
 
     def arrived(self, session: object, header: wire.DataHeader, nbytes: int) -> bool:
         tensor = self._table.by_id.get(header.tensor_id)

@@ -292,6 +292,22 @@ class DataSink(Protocol):
     def begin_write(self, session: object, header: DataHeader) -> memoryview:
         """Validate a header; return the exact bytes of the slot its payload must land in."""
 
+    def land_copy(
+        self,
+        session: object,
+        tensor_id: int,
+        slot: int,
+        generation: int,
+        seq: int,
+        payload: memoryview,
+        bell: bool = True,
+    ) -> bool:
+        """A static tensor's whole frame, received into a buffer of the transport (a small
+        ``tcp`` payload read ahead with its header): check the header's fields as
+        :meth:`begin_write` checks a header, copy ``payload`` into the slot and complete it,
+        as :meth:`end_write` does, in one call. False, with nothing done, where the slot cannot
+        take the copy this way (GPU memory): the caller then goes the general way."""
+
     def arrived(self, session: object, header: DataHeader, nbytes: int) -> bool:
         """The first ``nbytes`` of the payload :meth:`begin_write` was asked for are there (a
         large payload, read in parts). True if the sink wants to hear of each further part: a
