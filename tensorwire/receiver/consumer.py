@@ -136,14 +136,39 @@ class Consumer:
         tensor = self._table.by_name.get(name)
         if tensor is not None and not state.closed:
             lock = state.lock
+            poll = None
             lock.acquire()
             try:
                 if tensor.consumed - tensor.released < tensor.ring.depth:
                     slot = tensor.ring.find(tensor.consumed + 1)
                     if slot >= 0:
                         return self._take(tensor, slot)
+                    # Not complete yet. Where a consumer completes messages itself (tcp, nixl:
+                    # a server it polls), the message is often in the socket already: one
+                    # poll here costs less than setting a wait up. Counted as a wait, so that
+                    # close() does not unmap what the poll may complete into.
+                    poll = tensor.poll
+                    if poll is not None and not state.closed:
+                        self._active += 1
+                    else:
+                        poll = None
             finally:
                 lock.release()
+            if poll is not None:
+                try:
+                    poll()
+                finally:
+                    lock.acquire()
+                    try:
+                        self._active -= 1
+                        if state.closed:
+                            self._idle.notify_all()
+                        elif tensor.consumed - tensor.released < tensor.ring.depth:
+                            slot = tensor.ring.find(tensor.consumed + 1)
+                            if slot >= 0:
+                                return self._take(tensor, slot)
+                    finally:
+                        lock.release()
         tensor = self._lookup(name)
         self._check_slot_free(tensor)
         got = self._take_next(tensor)
