@@ -37,6 +37,9 @@ from .common import BATCH_MAX_BYTES, human, machine_facts, parse_size, parse_siz
 from .peer import serve
 from .runner import (
     GPU_REFERENCES,
+    MAX_COUNT,
+    MIN_COUNT,
+    MIN_SECONDS,
     RAW_NIXL,
     REFERENCES,
     TRANSPORTS,
@@ -69,6 +72,15 @@ def _common(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=500,
         help="ping-pong round trips per repetition (default 500)",
+    )
+    parser.add_argument(
+        "--messages",
+        type=int,
+        default=0,
+        metavar="N",
+        help="messages per throughput measurement (default 0: about 256 MiB, or more where "
+        f"that would last under {MIN_SECONDS * 1000:.0f} ms, from {MIN_COUNT} to {MAX_COUNT}); "
+        "more measures a longer stream, past how it starts",
     )
     parser.add_argument(
         "--latency-size",
@@ -167,6 +179,8 @@ def build_parser(prog: str = "tensorwire bench") -> argparse.ArgumentParser:
 def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
     if args.repeat < 1 or args.round_trips < 1:
         parser.error("--repeat and --round-trips must be at least 1")
+    if args.messages < 0:
+        parser.error("--messages must be 0 (automatic) or at least 1")
     if args.ring is not None and args.ring < 1:
         parser.error("--ring must be at least 1")
     if args.batch < 0 or args.batch == 1:
@@ -244,7 +258,14 @@ def _measure(
         total = args.repeat * (measured + len(latency))
         with _progress(total, not args.no_progress) as tick:
             samples = sweep(
-                runner, args.sizes, methods, latency, args.repeat, args.round_trips, tick
+                runner,
+                args.sizes,
+                methods,
+                latency,
+                args.repeat,
+                args.round_trips,
+                tick,
+                messages=args.messages,
             )
         result = {
             "schema": report.SCHEMA,
@@ -259,6 +280,7 @@ def _measure(
                 "device": args.device,
                 "repeat": args.repeat,
                 "round_trips": args.round_trips,
+                "messages": args.messages,
                 "latency_bytes": args.latency_size,
                 "ring": args.ring,
                 "batch": args.batch,

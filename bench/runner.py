@@ -452,9 +452,11 @@ def sweep(
     repeat: int,
     round_trips: int,
     tick: Callable[[str], None],
+    messages: int = 0,
 ) -> dict[str, Any]:
     """Measure every method at every size ``repeat`` times, interleaved; return raw samples.
-    (A batch row is measured at the sizes it has tensors for.)"""
+    (A batch row is measured at the sizes it has tensors for.) ``messages``: per throughput
+    measurement (0: :func:`count_for` chooses)."""
     gbps: dict[str, dict[int, list[float]]] = {
         m: {s: [] for s in sizes if runner.measures(m, s)} for m in methods
     }
@@ -475,7 +477,7 @@ def sweep(
             for m in order:
                 if not runner.measures(m, size):
                     continue
-                count = runner.messages(m, count_for(size, seconds_each[m, size]))
+                count = runner.messages(m, messages or count_for(size, seconds_each[m, size]))
                 secs = runner.throughput(m, size, count)
                 gbps[m][size].append(size * count / secs / 1e9)
                 tick(f"{m} {size}")

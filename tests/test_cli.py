@@ -92,7 +92,7 @@ def _check_result(
 def test_bench_runs_end_to_end_with_json_and_plot(tmp_path: Path) -> None:
     path, png, md = tmp_path / "bench.json", tmp_path / "bench.png", tmp_path / "bench.md"
     small = ["--sizes", "4K,64K", "--repeat", "1", "--round-trips", "20", "--no-progress"]
-    small += ["--batch", "3"]
+    small += ["--batch", "3", "--messages", "200"]
     out = run(
         "-m",
         "tensorwire.bench",
@@ -110,6 +110,7 @@ def test_bench_runs_end_to_end_with_json_and_plot(tmp_path: Path) -> None:
     if not NIXL_INSTALLED:  # the default run measures what is installed
         measured.remove("nixl")
     _check_result(result, [4096, 65536], measured, batch=3)
+    assert result["config"]["messages"] == 200
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     assert "vs grpc" in out.stdout and "median us" in out.stdout
     table = md.read_text()
@@ -179,6 +180,7 @@ def test_bench_serve_and_run_as_two_hosts_would(tmp_path: Path) -> None:
         ["-m", "tensorwire.bench", "--repeat", "0"],
         ["-m", "tensorwire.bench", "--batch", "1"],
         ["-m", "tensorwire.bench", "--copy-threads", "0"],
+        ["-m", "tensorwire.bench", "--messages", "-1"],
         ["-m", "tensorwire.bench", "run"],
         ["-m", "tensorwire.bench", "--bogus"],
         ["-m", "tensorwire.bench", "serve", "--bind", "tcp://0.0.0.0:5999"],
