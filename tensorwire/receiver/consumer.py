@@ -157,18 +157,22 @@ class Consumer:
             if poll is not None:
                 try:
                     poll()
-                finally:
-                    lock.acquire()
-                    try:
+                except BaseException:
+                    with lock:
                         self._active -= 1
-                        if state.closed:
-                            self._idle.notify_all()
-                        elif tensor.consumed - tensor.released < tensor.ring.depth:
-                            slot = tensor.ring.find(tensor.consumed + 1)
-                            if slot >= 0:
-                                return self._take(tensor, slot)
-                    finally:
-                        lock.release()
+                        self._idle.notify_all()
+                    raise
+                lock.acquire()
+                try:
+                    self._active -= 1
+                    if state.closed:
+                        self._idle.notify_all()
+                    elif tensor.consumed - tensor.released < tensor.ring.depth:
+                        slot = tensor.ring.find(tensor.consumed + 1)
+                        if slot >= 0:
+                            return self._take(tensor, slot)
+                finally:
+                    lock.release()
         tensor = self._lookup(name)
         self._check_slot_free(tensor)
         got = self._take_next(tensor)

@@ -676,7 +676,7 @@ class _Connection:
                             bool(bell_every) and (done + 1) % bell_every == 0,
                         ):
                             self._start = end
-                            self._header_alone = False
+                            self._header_alone = fields[4] > COPY_BELOW  # as below
                             done += 1
                             continue
                 n = min(reader.need, self._end - self._start)
