@@ -485,6 +485,44 @@ def test_a_refused_curve_handshake_never_outlasts_the_timeout(tmp_path: Path) ->
             assert time.monotonic() - started < 5.0
 
 
+def test_a_tcp_write_interrupted_mid_frame_closes_the_connection(children: Children) -> None:
+    """Ctrl-C while a large tcp write is part way onto the wire (the receiver stopped): the frame
+    can never be finished, so the connection is closed. Were it left open, the next write's bytes
+    would finish the interrupted payload, and the receiver would complete a message made of two
+    (found in review: the GPU path closed it, the host path did not)."""
+    import _thread
+
+    here, there = children.pipe()
+    proc = children.start(run_receiver, there, [("a", BIG, "float32")])
+    assert here.poll(30)
+    address = here.recv()["address"]
+    tx = tw.Sender.connect(address, transport="tcp", timeout=None, heartbeat=None)
+    try:
+        tx.write("a", np.full(BIG, 1, np.float32))  # lands whole in one of the two slots
+        os.kill(proc.pid, signal.SIGSTOP)
+        interrupt = threading.Timer(0.5, _thread.interrupt_main)
+        interrupt.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                tx.write("a", np.full(BIG, 2, np.float32))  # blocks: 64 MiB fit no buffer
+        finally:
+            interrupt.cancel()
+            interrupt.join(5)
+        os.kill(proc.pid, signal.SIGCONT)
+        with pytest.raises(tw.PeerLostError, match="interrupted part way"):
+            tx.write("a", np.full(BIG, 3, np.float32), timeout=10)
+        here.send(("a", 10))
+        assert here.poll(30)
+        assert here.recv() == ("ok", float(np.prod(BIG)))  # the first message, whole
+        here.send(("a", 2))
+        assert here.poll(30)
+        reply = here.recv()
+        assert reply[0] == "error", f"a message was completed from two frames: {reply}"
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        tx.close()
+
+
 @pytest.mark.parametrize(
     "forge",
     [

@@ -145,11 +145,13 @@ def send_all(
     buffers: list[memoryview],
     deadline: float | None,
     check: Callable[[], None],
+    progress: list[int] | None = None,
 ) -> int:
     """``sendmsg`` every buffer completely on a non-blocking socket, resuming after partial
     sends; returns the bytes sent. While the peer's window is full it waits for room at most
     ``SEND_CHECK_MS`` at a time, calling ``check()`` (which raises once the peer is known lost)
-    and raising :class:`_SendTimeout` at ``deadline`` with the count sent so far."""
+    and raising :class:`_SendTimeout` at ``deadline`` with the count sent so far.
+    ``progress[0]``, if given, is kept at the count sent, for a caller interrupted midway."""
     total = sum(len(b) for b in buffers)
     done = 0
     poller: select.poll | None = None
@@ -159,6 +161,8 @@ def send_all(
         except BlockingIOError:
             sent = 0
         done += sent
+        if progress is not None:
+            progress[0] = done
         if done == total:
             return done
         buffers = after(buffers, sent)
@@ -218,6 +222,10 @@ class TcpChannel(Channel):
         self._sock: socket.socket | None = sock
         self._released: dict[int, int] = {}
         self._inbox = bytearray()
+        # Set while a frame may be part way onto the wire: a write interrupted there (Ctrl-C,
+        # anywhere between its first byte and its last) leaves it set, and the next use of the
+        # stream closes it instead (_close_open_frame), since no frame can follow half a frame.
+        self._frame_open = False
         self._chunk = bytearray(wire.CREDIT.size * 256)
         self._poller = select.poll()
         # POLLRDHUP: the receiver's hang-up is seen in the same poll as the credits before it.
@@ -304,22 +312,46 @@ class TcpChannel(Channel):
             wait_ms = 100 if deadline is None else max(1, min(100, int((deadline - now) * 1000)))
             self._absorb(wait_ms)
 
-    def send(self, buffers: list[memoryview], deadline: float | None, already: int = 0) -> None:
+    def _close_open_frame(self) -> None:
+        """A write was interrupted part way through a frame: close the connection (the
+        receiver drops the half frame and never completes its slot)."""
+        self.mark_lost(
+            f"tcp data connection to {self._where}: a write was interrupted part way; the "
+            "connection was closed (the message was not delivered)"
+        )
+        self._shutdown()
+        self._frame_open = False
+
+    def send(
+        self,
+        buffers: list[memoryview],
+        deadline: float | None,
+        already: int = 0,
+        more: bool = False,
+    ) -> None:
         """Send one or more whole frames by ``deadline``. ``already``: that many of their bytes
         went out before (a fast route's ``sendmsg`` that the socket took only part of); then
-        ``buffers`` are what is left, and the stream is mid-frame."""
+        ``buffers`` are what is left, and the stream is mid-frame. ``more``: the last frame
+        goes on after ``buffers`` (the caller sends the rest, then clears ``_frame_open``)."""
         sock = self._sock
         if sock is None:
             raise PeerLostError(f"tcp channel to {self._where} is closed")
-        # One poll per write: picks up returned credits (so the return path never fills) and
-        # notices a receiver that closed or restarted before we send into a dead connection.
         if not already:
+            if self._frame_open:
+                self._close_open_frame()
+            # One poll per write: picks up returned credits (so the return path never fills)
+            # and notices a receiver that closed or restarted before we send into a dead
+            # connection.
             self._absorb(0)
+        progress = [0]
+        self._frame_open = True
         try:
-            send_all(sock, buffers, deadline, self.raise_if_lost)
+            send_all(sock, buffers, deadline, self.raise_if_lost, progress)
+            self._frame_open = more
         except _SendTimeout as exc:
             exc.sent += already
             if exc.sent == 0:
+                self._frame_open = False
                 raise WireTimeoutError(
                     f"tcp data connection to {self._where}: the receiver took nothing within the "
                     "timeout (is it frozen or overloaded?); nothing was sent"
@@ -338,6 +370,15 @@ class TcpChannel(Channel):
             raise
         except OSError as exc:
             raise PeerLostError(f"tcp data connection to {self._where} failed: {exc}") from exc
+        except BaseException:
+            # Interrupted (Ctrl-C) once a byte went out: the frame can never be finished, and
+            # the next one's bytes would finish its payload, so the receiver would complete a
+            # message made of two. Closed: the receiver drops the half frame.
+            if already or progress[0]:
+                self._close_open_frame()
+            else:
+                self._frame_open = False
+            raise
 
     def send_staged(
         self, header: memoryview, pieces: Generator[memoryview, None, None], deadline: float | None
@@ -349,13 +390,17 @@ class TcpChannel(Channel):
         frame and never completes the slot."""
         try:
             first = next(pieces, None)  # a copy that fails here has sent nothing
-            self.send([header] if first is None else [header, first], deadline)
+            if first is None:
+                self.send([header], deadline)
+                return
+            self.send([header, first], deadline, more=True)  # _frame_open stays set
             try:
                 for piece in pieces:
                     sock = self._sock
                     if sock is None:
                         raise PeerLostError(f"tcp channel to {self._where} is closed")
                     send_all(sock, [piece], deadline, self.raise_if_lost)
+                self._frame_open = False
             except BaseException as exc:
                 why = "timed out" if isinstance(exc, _SendTimeout) else f"{exc!s}".strip()
                 reason = (
@@ -424,7 +469,7 @@ class TcpChannel(Channel):
     def goodbye(self, timeout: float) -> bool:
         """Send the goodbye frame behind every write, then wait for the receiver to hang up."""
         sock = self._sock
-        if sock is None:
+        if sock is None or self._frame_open:  # no frame can follow half a frame
             return False
         try:
             deadline = time.monotonic() + timeout
@@ -513,6 +558,8 @@ class TcpWriter(CreditedWriter):
         # (credits in, a receiver that hung up), the credit check, the header packed from its
         # fields and one sendmsg of it with the caller's bytes.
         channel = self._channel
+        if channel._frame_open:
+            return False  # an interrupted frame: the general path closes the connection
         channel._absorb(0)  # a PeerLostError: the general path meets it again, and handles it
         released = channel._released.get(self._tid, 0)
         if released < self.next_seq - self._depth:
@@ -530,11 +577,15 @@ class TcpWriter(CreditedWriter):
         total += len(payload)
         sock = channel._sock
         assert sock is not None  # _absorb raises once it is closed
+        channel._frame_open = True
         try:
             sent = sock.sendmsg(frame)
         except OSError:  # full (BlockingIOError), or broken: nothing went
+            channel._frame_open = False
             return False  # the general path waits for room, or reports why it fails
-        if sent != total:  # the socket took part of it: the rest goes as write() sends it
+        if sent == total:
+            channel._frame_open = False
+        else:  # the socket took part of it: the rest goes as write() sends it
             channel.send(after(frame, sent), deadline_of(timeout), already=sent)
         self._slots.wrote(slot, seq)
         self.next_seq = seq + 1
