@@ -471,6 +471,20 @@ def encode_static_notification(
     )
 
 
+def peek_static_notification(
+    data: bytes | bytearray | memoryview,
+) -> tuple[int, int, int, int, int, int] | None:
+    """The counter and header fields (tensor, slot, generation, seq, nbytes) of a notification
+    of one static tensor's well-formed header, each ``nixl`` write's; None for any other, which
+    :func:`decode_notification` then reads, or refuses with its errors."""
+    if len(data) != _ONE_STATIC.size:
+        return None
+    counter, magic, version, flags, ndim, tid, slot, gen, seq, nbytes = _ONE_STATIC.unpack(data)
+    if flags or ndim or magic != DATA_MAGIC or version != VERSION:
+        return None
+    return counter, tid, slot, gen, seq, nbytes
+
+
 def decode_notification(data: bytes | bytearray | memoryview) -> tuple[int, list[DataHeader]]:
     """The counter and the headers of one notification: one to MAX_NOTIFICATION_HEADERS,
     nothing after the last; a goodbye only alone."""

@@ -194,12 +194,17 @@ class Landing(DataSink):
             tensor, nbytes = self._check(
                 session, tensor_id, slot, generation, seq, len(payload), None
             )
-            ring = tensor.ring
-            ring.slot_bytes[slot][:nbytes] = payload
-            session.last_seen = time.monotonic()
-            ring.publish(slot, seq, nbytes, None, bell)
-            tensor.expected_seq = seq + 1
+            tensor.ring.slot_bytes[slot][:nbytes] = payload
+            _publish(session, tensor, slot, seq, nbytes, None, bell)
         return True
+
+    def landed_fields(
+        self, session: object, tensor_id: int, slot: int, generation: int, seq: int, nbytes: int
+    ) -> None:
+        assert isinstance(session, Session)
+        with self._state.lock:
+            tensor, _ = self._check(session, tensor_id, slot, generation, seq, nbytes, None)
+            _publish(session, tensor, slot, seq, nbytes, None, True)
 
     def arrived(self, session: object, header: wire.DataHeader, nbytes: int) -> bool:
         tensor = self._table.by_id.get(header.tensor_id)
@@ -239,13 +244,7 @@ class Landing(DataSink):
         header: wire.DataHeader,
         bell: bool = True,
     ) -> None:
-        if tensor.owner is not session:  # dropped while its payload was arriving
-            raise session.dropped_error(
-                f" while message {header.seq} of {tensor.spec.name!r} was arriving (not completed)"
-            )
-        session.last_seen = time.monotonic()
-        tensor.ring.publish(header.slot, header.seq, header.nbytes, header.shape, bell)
-        tensor.expected_seq = header.seq + 1
+        _publish(session, tensor, header.slot, header.seq, header.nbytes, header.shape, bell)
 
     def abort_write(self, session: object, header: wire.DataHeader) -> None:
         with self._state.lock:
@@ -263,3 +262,22 @@ class Landing(DataSink):
             session.link = None
             lost = None if reason is None or state.closed else f"data connection ended ({reason})"
             self._sessions.drop(session, lost)
+
+
+def _publish(
+    session: Session,
+    tensor: RegisteredTensor,
+    slot: int,
+    seq: int,
+    nbytes: int,
+    shape: tuple[int, ...] | None,
+    bell: bool,
+) -> None:
+    """Complete message ``seq`` in ``slot`` (its bytes are there). Under the lock."""
+    if tensor.owner is not session:  # dropped while its payload was arriving
+        raise session.dropped_error(
+            f" while message {seq} of {tensor.spec.name!r} was arriving (not completed)"
+        )
+    session.last_seen = time.monotonic()
+    tensor.ring.publish(slot, seq, nbytes, shape, bell)
+    tensor.expected_seq = seq + 1

@@ -326,6 +326,12 @@ class DataSink(Protocol):
         """A one-sided write (NIXL) put the payload straight into the slot ``header`` aims at:
         check the header as :meth:`begin_write` does, then complete the slot."""
 
+    def landed_fields(
+        self, session: object, tensor_id: int, slot: int, generation: int, seq: int, nbytes: int
+    ) -> None:
+        """:meth:`landed` of a static tensor's header, from its fields (each ``nixl`` write's
+        notification, read without building a header)."""
+
     def abort_write(self, session: object, header: DataHeader) -> None:
         """The payload will not be completed, and the caller has stopped writing into the slot
         (a stream cut short): the slot may serve another writer."""
