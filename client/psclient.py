@@ -48,6 +48,13 @@ from tensorwire.server.plan import (
 Array = np.ndarray[Any, Any]
 log = logging.getLogger("tensorwire.worker")
 
+#: Seconds a wait for the servers' parameters goes on before every server is pinged. A server
+#: that dies after it wrote to us is seen at once (its claims end with it); one that dies before
+#: its first write to us (while the job forms, or before the first step) is seen only this way.
+PROBE_EVERY = 2.0
+#: Seconds a server has to answer that ping before it counts as lost
+PROBE_TIMEOUT = 5.0
+
 
 class PSClientError(tw.TensorWireError):
     """The client and the servers do not fit together (model, ranks, plan)."""
@@ -182,7 +189,8 @@ class PSClient:
         for addr in self.servers:
             while True:
                 try:
-                    self.tx.add_peer(addr, connect_timeout=min(2.0, timeout))
+                    left = max(deadline - time.monotonic(), 0.01)
+                    self.tx.add_peer(addr, connect_timeout=min(2.0, left))
                     break
                 except (tw.WireTimeoutError, tw.PeerLostError):
                     if time.monotonic() >= deadline:
@@ -206,12 +214,20 @@ class PSClient:
 
     def _await_tensor(self, addr: str, name: str, deadline: float, missing: str) -> None:
         """Wait until server ``addr`` publishes tensor ``name``; PSClientError(``missing``) at
-        ``deadline``."""
+        ``deadline``. A server that stops answering meanwhile (it died while the job formed) is
+        waited for until ``deadline`` too, not for the sender's whole timeout."""
         while name not in self.tx.tensors(peer=addr):
-            if time.monotonic() >= deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise PSClientError(missing)
-            time.sleep(0.1)
-            self.tx.refresh(peer=addr)
+            time.sleep(min(0.1, left))
+            try:
+                self.tx.refresh(peer=addr, timeout=max(deadline - time.monotonic(), 0.01))
+            except tw.WireTimeoutError:
+                raise PSClientError(
+                    f"parameter server {addr} stopped answering while the job was forming "
+                    "(it exited, or is unreachable)"
+                ) from None
 
     def _say_ready(self) -> None:
         """Our parameters are registered: rank 0 writes the initial values where a server asks
@@ -301,6 +317,7 @@ class PSClient:
         assert self.rx is not None
         t0 = time.perf_counter()
         wait = self.timeout if timeout is None else timeout
+        deadline = None if wait is None else time.monotonic() + wait
         while True:
             self._release()
             try:
@@ -309,7 +326,7 @@ class PSClient:
                 # is taken.
                 status_names = [status_name(s) for s in range(len(self.servers))]
                 names = status_names + [c.cid for c in self.chunks]
-                got = self.rx.wait_all(names, timeout=wait)
+                got = self._wait_all(names, deadline)
                 self._held = names
                 statuses = [got[n] for n in status_names]
                 steps = {int(status[0]) for status in statuses}
@@ -325,6 +342,30 @@ class PSClient:
             self.phase_seconds["pull"] += time.perf_counter() - t1
         self.step = None if stop else max(steps)
         return self.step
+
+    def _wait_all(self, names: list[str], deadline: float | None) -> dict[str, Any]:
+        """``rx.wait_all(names)`` by ``deadline``, pinging every server after each
+        :data:`PROBE_EVERY` s of waiting: PeerLostError for one that does not answer."""
+        rx = self.rx
+        assert rx is not None
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= PROBE_EVERY:
+                return rx.wait_all(names, timeout=max(left, 0.0))  # the last stretch
+            try:
+                return rx.wait_all(names, timeout=PROBE_EVERY)
+            except tw.WireTimeoutError:
+                pass
+            for addr in self.servers:
+                try:
+                    self.tx.ping(addr, timeout=PROBE_TIMEOUT)
+                except tw.PeerLostError:
+                    raise
+                except tw.TensorWireError as exc:  # no answer, or its session is gone
+                    raise tw.PeerLostError(
+                        f"parameter server {addr} did not answer a ping while we waited for "
+                        f"its parameters: {exc}"
+                    ) from None
 
     def pull(self) -> dict[str, Array]:
         """The parameters of the current step (views; valid until the next push)."""

@@ -187,9 +187,12 @@ class _Peer:
             raise LocalProtocolError(f"receiver at {self.address} sent a malformed token")
         return reply
 
-    def _lookup(self) -> list[RegionInfo]:
+    def _lookup(self, timeout: float | None = _DEFAULT) -> list[RegionInfo]:
+        """The receiver's address book, within ``timeout`` (default: the sender's timeout)."""
         assert self.control is not None
-        book = self.control.request(wire.Lookup(self.generation), self._timeout)
+        book = self.control.request(
+            wire.Lookup(self.generation), self._timeout if timeout is _DEFAULT else timeout
+        )
         if not isinstance(book, wire.AddressBook):
             raise LocalProtocolError(f"expected an address book, got {book.TYPE}")
         try:
@@ -216,8 +219,8 @@ class _Peer:
         self.entries = entries
         return regions
 
-    def refresh(self) -> None:
-        regions = self._lookup()
+    def refresh(self, timeout: float | None = _DEFAULT) -> None:
+        regions = self._lookup(timeout)
         if self.channel is not None:
             self.channel.update_regions(regions)
 
@@ -417,14 +420,20 @@ class Sender(Resource):
             out.update({name: e.spec for name, e in p.entries.items()})
         return out
 
-    def refresh(self, peer: str | None = None) -> None:
+    def refresh(self, peer: str | None = None, *, timeout: float | None = _DEFAULT) -> None:
         """Fetch the address book again from ``peer`` (every receiver when omitted): to see
-        tensors registered since we connected."""
+        tensors registered since we connected. ``timeout`` bounds each receiver's answer (default:
+        the sender's timeout; None: no bound); one that does not answer in time raises
+        :class:`WireTimeoutError`."""
+        if timeout is _DEFAULT:
+            timeout = self.timeout
+        elif timeout is not None and timeout < 0:
+            raise ValueError(f"timeout must be None, 0 or positive seconds, got {timeout}")
         with self._lock:
             peers = [self._peer(peer)] if peer is not None else list(self._peers.values())
             self._forget_routes()
             for p in peers:
-                p.refresh()
+                p.refresh(timeout)
 
     def spec(self, name: str, *, peer: str | None = None) -> TensorSpec:
         return self._resolve(name, peer)[1].spec

@@ -7,13 +7,13 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from .conftest import NIXL_INSTALLED, free_port
+from .jobs import Processes, log_has
 
 
 def run(
@@ -358,31 +358,39 @@ def test_a_receiver_beyond_loopback_needs_a_secret_or_says_insecure() -> None:
         assert rx.address.startswith("tcp://")
 
 
-def test_a_worker_whose_server_died_exits_in_one_line(tmp_path: Path) -> None:
+def _worker_outlives_its_server(
+    tmp_path: Path, ps_args: list[str], worker_args: list[str], started: str
+) -> tuple[str, int, str]:
+    """Start a server and one worker, wait for ``started`` in the worker's log, kill the
+    server; the server's address, the worker's exit code (it must exit within 60 s) and log."""
     address = f"tcp://127.0.0.1:{free_port()}"
-    ps_cmd = ["tensorwire.server.daemon", "--bind", address, "--steps", "1000000", "--no-progress"]
-    worker_cmd = ["tensorwire.client.worker", "--servers", address, "--reconnect-timeout", "2"]
-    ps = subprocess.Popen([sys.executable, "-m", *ps_cmd], stderr=subprocess.DEVNULL)
-    worker = subprocess.Popen(
-        [sys.executable, "-m", *worker_cmd, "--no-progress"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    procs = Processes(tmp_path)
     try:
-        time.sleep(4.0)  # the worker joins and trains (a step takes milliseconds)
+        ps = procs.start(
+            [sys.executable, "-m", "tensorwire.server.daemon", "--bind", address, *ps_args],
+            log="ps",
+        )
+        worker = procs.start(
+            [sys.executable, "-m", "tensorwire.client.worker", "--servers", address, *worker_args],
+            log="worker",
+        )
+        log_has(tmp_path / "worker.log", started, timeout=90)
         assert ps.poll() is None and worker.poll() is None
         ps.kill()
         ps.wait(30)
         code = worker.wait(60)
-        err = worker.stderr.read() if worker.stderr is not None else ""
     finally:
-        for p in (ps, worker):
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        if worker.stderr is not None:
-            worker.stderr.close()
+        procs.kill()
+    return address, code, procs.log("worker")
+
+
+def test_a_worker_whose_server_died_exits_in_one_line(tmp_path: Path) -> None:
+    address, code, err = _worker_outlives_its_server(
+        tmp_path,
+        ["--steps", "1000000", "--no-progress"],
+        ["--reconnect-timeout", "2", "--no-progress"],
+        "joined 1 server(s)",  # then it trains (a step takes milliseconds)
+    )
     assert code == 1 and "Traceback" not in err
     assert (
         err.strip()
@@ -390,3 +398,21 @@ def test_a_worker_whose_server_died_exits_in_one_line(tmp_path: Path) -> None:
         .startswith(f"tensorwire-worker: error: parameter server {address} did not answer within")
     )
     assert "reconnecting, waiting up to 2 s for it to come back (--reconnect-timeout)" in err
+
+
+def test_a_server_that_dies_before_its_first_write_is_found_lost(tmp_path: Path) -> None:
+    """The server waits for a second worker that never comes, so it has written nothing to the
+    first one, and nothing tells that worker's receiver of the loss: the worker pings its
+    servers while it waits, and gives up after --reconnect-timeout, not --step-timeout."""
+    address, code, err = _worker_outlives_its_server(
+        tmp_path,
+        ["--workers", "2", "--no-progress"],
+        [
+            *("--workers", "2", "--rank", "0", "--no-progress"),
+            *("--reconnect-timeout", "2", "--step-timeout", "300"),
+        ],
+        "joined 1 server(s)",
+    )
+    assert code == 1 and "Traceback" not in err
+    assert f"parameter server {address} did not answer a ping while we waited" in err
+    assert err.strip().splitlines()[-1].startswith("tensorwire-worker: error: parameter server")

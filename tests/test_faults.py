@@ -266,6 +266,24 @@ def test_connect_to_nothing_times_out_clearly() -> None:
         tw.Sender.connect(f"tcp://127.0.0.1:{free_port()}", timeout=0.3)
 
 
+def test_a_refresh_from_a_receiver_that_is_gone_ends_by_its_own_timeout() -> None:
+    """refresh(timeout=) bounds the look-up, whatever the sender's timeout (a worker waiting
+    for its servers' tensors while the job forms waits until its connect deadline, not for the
+    step timeout)."""
+    rx = tw.Receiver()
+    rx.register("t", (4,), "float32")
+    with tw.Sender.connect(rx.address, transport="tcp", timeout=120) as tx:
+        with pytest.raises(ValueError, match="timeout must be"):
+            tx.refresh(timeout=-1)
+        tx.refresh(timeout=5)
+        assert "t" in tx.tensors()
+        rx.close()
+        start = time.monotonic()
+        with pytest.raises(tw.WireTimeoutError, match=r"lookup request within 0\.5 s"):
+            tx.refresh(timeout=0.5)
+        assert time.monotonic() - start < 10
+
+
 def _close_ends(
     blocked: Callable[[], object], close: Callable[[], None], within: float
 ) -> list[BaseException]:
