@@ -94,6 +94,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 item.add_marker(pytest.mark.skip(reason=reason))
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Every test's leak check below runs a full garbage collection, to finalise what the test
+    left in reference cycles. With the test modules' imports loaded (torch, Ray, grpcio,
+    hypothesis: about 260 000 objects) one took 0.3-0.6 s, over 550 tests a quarter of the
+    suite. What exists once collection is over lives for the session: frozen (moved out of the
+    collector's generations), later collections look only at what the tests create."""
+    gc.collect()
+    gc.freeze()
+
+
 def _start_cuda_runtime() -> None:
     """Where there is a GPU: create the CUDA context (cupy's, and torch's on the same device)
     now, with a stream and pinned memory, so that the per-test check does not count the driver's

@@ -166,11 +166,12 @@ def test_resume_if_present_starts_afresh_then_resumes(job: Any, tmp_path: Path) 
 
 
 def test_a_worker_that_never_arrives_is_named(job: Any) -> None:
-    j = job(workers=2, start_workers=1, ps=["--join-timeout", "2"])
+    # worker 0 must join within the timeout: a worker's start took over 2 s under load
+    j = job(workers=2, start_workers=1, ps=["--join-timeout", "6"])
     ps_code = j.ps[0].wait(60)
     assert ps_code == 1
     text = j.log("ps0")
-    assert "workers 1 of 2 did not join within 2 s" in text and "Traceback" not in text
+    assert "workers 1 of 2 did not join within 6 s" in text and "Traceback" not in text
 
 
 def test_sigterm_finishes_the_step_checkpoints_and_exits_zero(job: Any, tmp_path: Path) -> None:
@@ -309,11 +310,25 @@ def _wait_for(j: Job, text: str, count: int = 1, timeout: float = 60) -> None:
     log_has(j.tmp / "ps0.log", text, timeout, count)
 
 
-def test_bsp_survives_a_killed_worker_and_takes_it_back(job: Any) -> None:
+#: A job that would outlast any test: the tests below end it with SIGTERM (the server finishes
+#: its step, checkpoints and exits 0, as do its workers) once what they check has happened, so
+#: that no fixed step count has to outlast a restart on a loaded machine.
+ENDLESS = "1000000"
+
+
+def _trains_on(j: Job, log: str = "ps0", checkpoints: int = 2) -> None:
+    """Wait until the server logged ``checkpoints`` more checkpoints (``--checkpoint-every``
+    steps each) than it has now: the job went on training at least that far."""
+    seen = (j.tmp / f"{log}.log").read_text().count("checkpoint at step ")
+    log_has(j.tmp / f"{log}.log", "checkpoint at step ", 120, seen + checkpoints)
+
+
+def test_bsp_survives_a_killed_worker_and_takes_it_back(job: Any, tmp_path: Path) -> None:
     """SIGKILL one worker mid-training: the server finishes the step with the other (averaging
     over the workers that delivered), says so, and goes on; the worker started again joins at
     the current step and training reaches the accuracy bar."""
-    j = job(ps=["--steps", "15000", "--log-level", "INFO"])
+    every = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "500"]
+    j = job(ps=["--steps", ENDLESS, *every, "--log-level", "INFO"])
     _wait_for(j, "joined", 2)
     time.sleep(0.5)
     j.workers[1].kill()
@@ -321,16 +336,19 @@ def test_bsp_survives_a_killed_worker_and_takes_it_back(job: Any) -> None:
     time.sleep(0.3)
     again = j.restart_worker(1)
     _wait_for(j, "worker 1 rejoined")
+    _trains_on(j)  # at least 500 steps with the new worker 1
+    j.ps[0].send_signal(signal.SIGTERM)
     codes = j.wait(180)
     assert codes == [0, 0, -signal.SIGKILL, 0], j.log("ps0")  # ps, w0, killed w1, new w1
     text = j.log("ps0")
+    steps = j.metrics("ps0")["steps"]
     lost_at = int(text.split("worker 1 lost at step ")[1].split()[0])
     back_at = int(text.split("worker 1 rejoined from ")[1].split(" at step ")[1].split()[0])
-    assert 0 < lost_at <= back_at < 15000
+    assert 0 < lost_at <= back_at < steps - 500
     assert again.returncode == 0
-    assert j.metrics("ps0")["steps"] == 15000
+    assert j.metrics("w0")["steps"] == steps
     assert j.metrics("w0")["test_accuracy"] >= 0.95
-    assert j.metrics("w1")["steps"] == 15000 - back_at  # the second worker 1 wrote these metrics
+    assert j.metrics("w1")["steps"] == steps - back_at  # the second worker 1 wrote these metrics
 
 
 def test_server_killed_and_resumed_workers_reconnect(job: Any, tmp_path: Path) -> None:
@@ -338,27 +356,22 @@ def test_server_killed_and_resumed_workers_reconnect(job: Any, tmp_path: Path) -
     the workers reconnect by themselves (new generation), at most --checkpoint-every steps are
     redone, and training reaches the accuracy bar."""
     ckpt = tmp_path / "ckpt"
-    args = [
-        "--steps",
-        "12000",
-        "--checkpoint-dir",
-        str(ckpt),
-        "--checkpoint-every",
-        "500",
-        "--log-level",
-        "INFO",
-    ]
-    j = job(ps=args)
+    args = ["--steps", ENDLESS, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "500"]
+    j = job(ps=[*args, "--log-level", "INFO"])
     _wait_for(j, "checkpoint at step 1000")
     j.ps[0].kill()
     assert j.ps[0].wait(10) == -signal.SIGKILL
     saved = int(j.log("ps0").rsplit("checkpoint at step ", 1)[1].split()[0])
     again = j.start([*j.ps[0].args, "--resume"], log="ps0-again")
+    log_has(j.tmp / "ps0-again.log", "resumed shard 0 from ", 60)
+    _trains_on(j, "ps0-again")  # the workers are back: it trains at least 500 steps more
+    again.send_signal(signal.SIGTERM)
     codes = [p.wait(180) for p in (again, *j.workers)]
     text = (j.tmp / "ps0-again.log").read_text()
     assert codes == [0, 0, 0], text
     resumed_at = int(text.split("resumed shard 0 from ")[1].split(" at step ")[1].split()[0])
     assert resumed_at == saved  # the last checkpoint: at most 500 steps are redone
+    assert j.metrics("ps0")["steps"] >= saved + 500
     assert "rejoined the parameter servers" in j.log("w0") or "reconnecting" in j.log("w0")
     assert j.metrics("w0")["test_accuracy"] >= 0.95
 

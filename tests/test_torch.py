@@ -6,6 +6,7 @@ or a numpy model named by import path, and the servers learn the parameters from
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -74,11 +75,13 @@ def test_torch_job_resumes_from_its_checkpoint(job: Any, tmp_path: Path) -> None
     ckpt = tmp_path / "ckpt"
     common = ["--optimizer", "momentum", "--checkpoint-dir", str(ckpt)]
     model = ["--model", EXAMPLE]
+    # the job without a break runs beside the two others (each process spends seconds
+    # importing torch)
+    straight = job(ps=["--optimizer", "momentum", "--steps", "20"], worker=model)
     ok(job(ps=[*common, "--steps", "10"], worker=model))
     resumed = job(ps=[*common, "--steps", "20", "--resume"], worker=model)
     ok(resumed)
     assert "resumed shard 0" in resumed.log("ps0") and "at step 10" in resumed.log("ps0")
-    straight = job(ps=["--optimizer", "momentum", "--steps", "20"], worker=model)
     ok(straight)
     a, b = resumed.params(0), straight.params(0)
     for name in a:
@@ -125,13 +128,18 @@ def test_a_gpu_asked_of_what_cannot_use_one_is_one_line() -> None:
     args = {"digits": "cuda", EXAMPLE: "tpu"}
     if not torch.cuda.is_available():
         cases.append((EXAMPLE, "has no CUDA"))
-    for i, (model, says) in enumerate(cases):
-        device = "cuda" if i == 2 else args[model]
-        out = cli(
-            "-m", "tensorwire.client.worker", "--model", model, "--device", device, "--no-progress"
+    # the cases at once: each worker spends seconds importing torch
+    with ThreadPoolExecutor(len(cases)) as pool:
+        outs = pool.map(
+            lambda i: cli(
+                *("-m", "tensorwire.client.worker", "--model", cases[i][0]),
+                *("--device", "cuda" if i == 2 else args[cases[i][0]], "--no-progress"),
+            ),
+            range(len(cases)),
         )
-        assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
-        assert says in out.stderr.strip().splitlines()[-1], out.stderr
+        for out, (_, says) in zip(outs, cases, strict=True):
+            assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+            assert says in out.stderr.strip().splitlines()[-1], out.stderr
 
 
 @pytest.mark.gpu
