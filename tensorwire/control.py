@@ -172,6 +172,10 @@ _ERRORS: dict[str, type[TensorWireError]] = {
 }
 
 
+#: How often a request that is given a check calls it while it waits for the reply (ms)
+CHECK_EVERY_MS = 100
+
+
 class ControlClient:
     """A DEALER socket doing one request/reply at a time."""
 
@@ -192,8 +196,12 @@ class ControlClient:
             curve.connect(self._sock, self._curve)
         self._sock.connect(self.address)
 
-    def request(self, msg: wire.Message, timeout: float | None) -> wire.Message:
-        """Send ``msg`` and return the reply; an :class:`~wire.ErrorReply` is raised as an error."""
+    def request(
+        self, msg: wire.Message, timeout: float | None, check: Callable[[], None] | None = None
+    ) -> wire.Message:
+        """Send ``msg`` and return the reply; an :class:`~wire.ErrorReply` is raised as an error.
+        ``check``, if given, is called every :data:`CHECK_EVERY_MS` while the reply is awaited,
+        and what it raises (a receiver known dead: PeerLostError) ends the wait."""
         if self._sock is None:
             raise ClosedError("control client is closed")
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -210,7 +218,7 @@ class ControlClient:
                 sent = True
             except zmq.Again:
                 pass
-        if not sent or not self._sock.poll(left_ms(), zmq.POLLIN):
+        if not sent or not self._replied(left_ms, check):
             self._sock.close()
             self._open()
             raise WireTimeoutError(
@@ -222,6 +230,26 @@ class ControlClient:
             err = _ERRORS.get(reply.code, RemoteProtocolError)
             raise err(f"receiver at {self.address} refused {msg.TYPE}: {reply.message}")
         return reply
+
+    def _replied(self, left_ms: Callable[[], int | None], check: Callable[[], None] | None) -> bool:
+        """Has the reply come within the deadline (``check()`` between slices, see request)?"""
+        assert self._sock is not None
+        if check is None:
+            return bool(self._sock.poll(left_ms(), zmq.POLLIN))
+        while True:
+            left = left_ms()
+            step = CHECK_EVERY_MS if left is None else min(left, CHECK_EVERY_MS)
+            if self._sock.poll(step, zmq.POLLIN):
+                return True
+            if left is not None and left <= step:
+                return False
+            try:
+                check()
+            except BaseException:
+                # the request stays unanswered: a late reply must not answer the next one
+                self._sock.close()
+                self._open()
+                raise
 
     def close(self) -> None:
         sock, self._sock = self._sock, None

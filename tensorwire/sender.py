@@ -236,7 +236,12 @@ class _Peer:
             claim = wire.Claim(self.generation, entry.tensor_id, self.transport)
             while True:
                 try:
-                    claimed = self.control.request(claim, remaining(deadline))
+                    # A receiver that dies meanwhile never answers: the channel's check of
+                    # its peer (a pidfd on this host, the heartbeats' verdict) ends the wait
+                    # instead of the write's whole timeout.
+                    claimed = self.control.request(
+                        claim, remaining(deadline), check=self.channel.check_peer
+                    )
                     break
                 except FencedError:
                     if deadline is not None and time.monotonic() + CLAIM_RETRY >= deadline:
