@@ -219,8 +219,7 @@ class ControlClient:
             except zmq.Again:
                 pass
         if not sent or not self._replied(left_ms, check):
-            self._sock.close()
-            self._open()
+            self._reset()
             raise WireTimeoutError(
                 f"receiver at {self.address} did not answer a {msg.TYPE} request within "
                 f"{timeout} s (is it running, and is the address right?)"
@@ -246,10 +245,15 @@ class ControlClient:
             try:
                 check()
             except BaseException:
-                # the request stays unanswered: a late reply must not answer the next one
-                self._sock.close()
-                self._open()
+                self._reset()
                 raise
+
+    def _reset(self) -> None:
+        """A request went unanswered: a new socket, so that a late reply to it cannot pass for
+        the reply to the next request."""
+        assert self._sock is not None
+        self._sock.close()
+        self._open()
 
     def close(self) -> None:
         sock, self._sock = self._sock, None

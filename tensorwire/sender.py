@@ -430,9 +430,7 @@ class Sender(Resource):
         tensors registered since we connected. ``timeout`` bounds each receiver's answer (default:
         the sender's timeout; None: no bound); one that does not answer in time raises
         :class:`WireTimeoutError`."""
-        if timeout is _DEFAULT:
-            timeout = self.timeout
-        elif timeout is not None and timeout < 0:
+        if timeout is not _DEFAULT and timeout is not None and timeout < 0:
             raise ValueError(f"timeout must be None, 0 or positive seconds, got {timeout}")
         with self._lock:
             peers = [self._peer(peer)] if peer is not None else list(self._peers.values())
