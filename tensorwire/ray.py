@@ -19,8 +19,12 @@ works out:
 * **Failures**: a daemon that dies (or whose actor is killed) is started again by Ray, up to
   ``--max-restarts`` times: a worker rejoins at the current step; a server resumes from its
   last checkpoint (``--checkpoint-dir``, node-local by default, so on the same node).
-* **Cleanup**: at the end, on an error, a timeout or Ctrl-C, every actor and the placement group
-  are removed; the daemons die with their actors (``PR_SET_PDEATHSIG``).
+* **Stopping early**: SIGTERM or Ctrl-C asks the servers to stop as their own SIGTERM does
+  (each finishes its step, checkpoints and exits; the workers end with them) and the launcher
+  writes the summary as at a normal end; a second signal, or a stop that outlasts
+  :data:`STOP_GRACE`, abandons the job.
+* **Cleanup**: at the end, on an error, a timeout or an abandoned stop, every actor and the
+  placement group are removed; the daemons die with their actors (``PR_SET_PDEATHSIG``).
 
 Needs the ``ray`` extra (``pip install 'tensorwire[ray]'``) here and tensorwire on every node.
 """
@@ -38,8 +42,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +53,8 @@ from .extras import RAY, require
 
 #: exit status of a daemon that was given unusable flags: starting it again cannot help
 USAGE_ERROR = 2
+#: seconds the daemons have, once a stop is asked, to finish their step, checkpoint and exit
+STOP_GRACE = 60.0
 #: flags the launcher sets for each process itself (refused on the command line)
 LAUNCHER_SETS = (
     "--bind",
@@ -117,6 +124,7 @@ class RayJobResult:
     wall_seconds: float  # from the call to the last daemon's exit
     setup_seconds: float  # from the call to the first step: placement, start-up, joining
     restarts: dict[str, int]  # per process ("ps0", "w1"): how often Ray started it again
+    stopped: bool = False  # ended early by a stop asked of run_job, not by its step count
 
 
 # --------------------------------------------------------------------------------------------
@@ -191,6 +199,12 @@ class DaemonActor:
         sys.stderr.flush()
         os._exit(1)  # the actor dies with its daemon: Ray restarts it (and this call)
 
+    def stop(self) -> None:
+        """Ask the daemon to stop as an operator's SIGTERM does: a server finishes its step,
+        checkpoints and exits 0 (its workers end with it); :meth:`wait` returns its summary."""
+        if self._proc.poll() is None:
+            self._proc.terminate()
+
     def finish(self) -> None:
         """Stop the daemon if it still runs (SIGTERM: it finishes its step; SIGKILL after 10 s)
         and remove the job's directory on this node (the first actor there to finish does)."""
@@ -263,10 +277,16 @@ def _has(flags: list[str], flag: str) -> bool:
     return any(f == flag or f.startswith(flag + "=") for f in flags)
 
 
-def run_job(job: RayJob, *, log: Any = None) -> RayJobResult:
+def run_job(job: RayJob, *, log: Any = None, stop: threading.Event | None = None) -> RayJobResult:
     """Run ``job`` on the Ray cluster this process is connected to (``ray.init`` first; a
     local one is started if there is none) and return every daemon's summary. Raises
-    :class:`RayJobError` when a daemon fails for good or the job runs past ``job.timeout``."""
+    :class:`RayJobError` when a daemon fails for good or the job runs past ``job.timeout``.
+
+    ``stop``, once set (from a signal handler or another thread), ends the job early: the
+    servers are asked to stop as their own SIGTERM does (each finishes its step, checkpoints and
+    exits; the workers end with them) and the summaries are returned as at a normal end, with
+    ``stopped`` true. A stop asked before the daemons start is a RayJobError; one the daemons
+    do not finish within :data:`STOP_GRACE` seconds is too."""
     job.check()
     ray = _ray()
     from ray.util.placement_group import placement_group, remove_placement_group
@@ -287,7 +307,9 @@ def run_job(job: RayJob, *, log: Any = None) -> RayJobResult:
     actors: dict[str, Any] = {}
     remote = ray.remote(DaemonActor)
     try:
-        if not _ready(ray, group.ready(), job.timeout):
+        if not _ready(ray, group.ready(), job.timeout, stop):
+            if stop is not None and stop.is_set():
+                raise RayJobError("stopped before the job started")
             raise RayJobError(
                 f"Ray could not place {len(bundles)} processes ({_describe(bundles)}) within "
                 f"{job.timeout:g} s: the cluster lacks the resources"
@@ -332,7 +354,8 @@ def run_job(job: RayJob, *, log: Any = None) -> RayJobResult:
                 0,
             )
         calls = {name: actor.wait.remote() for name, actor in actors.items()}
-        summaries = _wait_all(ray, calls, job.timeout, say)
+        servers_of = [actors[f"ps{s}"] for s in range(job.shards)]
+        summaries = _wait_all(ray, calls, job.timeout, say, _Stopper(stop, servers_of, say))
         wall = time.monotonic() - started
         training = max(summaries[f"ps{s}"]["seconds"] for s in range(job.shards))
         return RayJobResult(
@@ -341,6 +364,7 @@ def run_job(job: RayJob, *, log: Any = None) -> RayJobResult:
             wall_seconds=wall,
             setup_seconds=max(wall - training, 0.0),
             restarts=_restarts(ray, actors),
+            stopped=stop is not None and stop.is_set(),
         )
     finally:
         with contextlib.suppress(Exception):  # best effort: the kills below are the guarantee
@@ -362,16 +386,49 @@ def _describe(bundles: list[dict[str, float]]) -> str:
     return f"{cpus:g} CPUs" + (f", {gpus:g} GPUs" if gpus else "")
 
 
-def _ready(ray: Any, ref: Any, timeout: float) -> bool:
-    done, _ = ray.wait([ref], timeout=timeout)
-    return bool(done)
+#: how often the launcher's waits look at a stop asked of them, in seconds
+STOP_CHECK = 0.5
+
+
+def _ready(ray: Any, ref: Any, timeout: float, stop: threading.Event | None) -> bool:
+    """Whether ``ref`` is ready within ``timeout``; False as soon as ``stop`` is set."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        done, _ = ray.wait([ref], timeout=max(min(left, STOP_CHECK), 0.0))
+        if done:
+            return True
+        if left <= STOP_CHECK or (stop is not None and stop.is_set()):
+            return False
+
+
+class _Stopper:
+    """A stop asked of :func:`run_job`: passed on to the servers once, then bounded."""
+
+    def __init__(self, stop: threading.Event | None, servers: list[Any], say: Any) -> None:
+        self._stop = stop
+        self._servers = servers
+        self._say = say
+        self.deadline: float | None = None  # once passed on: when the daemons must be done
+
+    def poll(self) -> None:
+        if self.deadline is not None or self._stop is None or not self._stop.is_set():
+            return
+        self._say(
+            "stopping: the servers finish their step and checkpoint "
+            "(signal again to abandon the job)"
+        )
+        for server in self._servers:
+            server.stop.remote()
+        self.deadline = time.monotonic() + STOP_GRACE
 
 
 def _wait_all(
-    ray: Any, calls: dict[str, Any], timeout: float, say: Any
+    ray: Any, calls: dict[str, Any], timeout: float, say: Any, stopper: _Stopper
 ) -> dict[str, dict[str, Any]]:
     """Every daemon's summary; RayJobError at the first that fails for good (the others are
-    stopped by the caller), or when the job runs past ``timeout``."""
+    stopped by the caller), when the job runs past ``timeout``, or when a stop asked of it is
+    not done within :data:`STOP_GRACE`."""
     from ray.exceptions import RayActorError
 
     names = {ref: name for name, ref in calls.items()}
@@ -379,13 +436,19 @@ def _wait_all(
     out: dict[str, dict[str, Any]] = {}
     deadline = time.monotonic() + timeout
     while pending:
+        stopper.poll()
+        if stopper.deadline is not None and time.monotonic() > stopper.deadline:
+            raise RayJobError(
+                f"the job did not stop within {STOP_GRACE:g} s of being asked to; still "
+                "running: " + ", ".join(names[r] for r in pending)
+            )
         left = deadline - time.monotonic()
         if left <= 0:
             raise RayJobError(
                 f"the job ran past its timeout of {timeout:g} s; still running: "
                 + ", ".join(names[r] for r in pending)
             )
-        done, pending = ray.wait(pending, num_returns=1, timeout=min(left, 5.0))
+        done, pending = ray.wait(pending, num_returns=1, timeout=min(left, STOP_CHECK))
         for ref in done:
             name = names[ref]
             try:
@@ -544,10 +607,12 @@ def main(argv: list[str] | None = None) -> int:
     except MissingDependencyError as exc:
         print(f"tensorwire ray-job: error: {exc}", file=sys.stderr)
         return 1
-    with _interrupt_as_exception():
+    stop = threading.Event()
+    with _signals_stop(stop) as watch:
         try:
             ray.init(address=args.address, log_to_driver=True)
-            result = run_job(job)
+            watch()  # again: ray.init puts a SIGTERM handler of its own in place of the first
+            result = run_job(job, stop=stop)
         except (RayJobError, ValueError, ConnectionError) as exc:
             print(f"tensorwire ray-job: error: {exc}", file=sys.stderr)
             return 1
@@ -558,13 +623,15 @@ def main(argv: list[str] | None = None) -> int:
         "wall_seconds": result.wall_seconds,
         "setup_seconds": result.setup_seconds,
         "restarts": result.restarts,
+        "stopped": result.stopped,
         "servers": result.servers,
         "workers": result.workers,
     }
     accuracy = result.workers[0].get("test_accuracy")
     print(
-        f"tensorwire ray-job: done in {result.wall_seconds:.1f} s ({result.setup_seconds:.1f} s "
-        f"to the first step); worker 0's test accuracy {accuracy}",
+        f"tensorwire ray-job: {'stopped' if result.stopped else 'done'} at step "
+        f"{result.servers[0].get('steps')} in {result.wall_seconds:.1f} s "
+        f"({result.setup_seconds:.1f} s to the first step); worker 0's test accuracy {accuracy}",
         file=sys.stderr,
     )
     config.write_summary(args.metrics, summary)
@@ -572,17 +639,28 @@ def main(argv: list[str] | None = None) -> int:
 
 
 @contextlib.contextmanager
-def _interrupt_as_exception() -> Iterator[None]:
-    """SIGTERM ends the launcher like Ctrl-C does, through run_job's cleanup."""
+def _signals_stop(stop: threading.Event) -> Iterator[Callable[[], None]]:
+    """The first SIGTERM or Ctrl-C sets ``stop`` (run_job ends the job as the servers' own
+    SIGTERM does, and the summary is written); a second abandons the job through run_job's
+    cleanup, as a KeyboardInterrupt. Yields a call that puts the handlers back in place after
+    a library replaced them."""
 
-    def stop(*_: object) -> None:
-        raise KeyboardInterrupt
+    def handle(*_: object) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
 
-    previous = signal.signal(signal.SIGTERM, stop)
+    def watch() -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, handle)
+
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    watch()
     try:
-        yield
+        yield watch
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":
