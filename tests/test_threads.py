@@ -147,7 +147,8 @@ def test_heartbeat_sockets_go_with_their_peer_and_one_context_serves_all() -> No
 
 def test_release_never_blocks_on_a_sender_that_does_not_read_its_credits() -> None:
     """Over tcp the credit goes back on the data connection. A sender process that stops
-    reading (SIGSTOP) fills the socket; release() must still return at once."""
+    reading (SIGSTOP) fills the socket; release() must still return at once, also once the
+    socket has refused every credit for a while."""
     import signal
 
     from .conftest import Children
@@ -161,16 +162,26 @@ def test_release_never_blocks_on_a_sender_that_does_not_read_its_credits() -> No
             proc = kids.start(write_then_idle, rx.address, "tcp", "t", 1.0, there)
             assert here.poll(30) and here.recv() == "claimed"
             rx.wait("t", timeout=10)
+            (conn,) = rx._servers["tcp"]._conns  # type: ignore[attr-defined]
             os.kill(proc.pid, signal.SIGSTOP)
             try:
                 slowest = 0.0
+                full_at = None
                 rx.release("t")  # the sender does not read: credits pile up in its socket
-                # ~16 MB of socket buffers hold ~800,000 credit frames: go past them.
-                for _ in range(1_000_000):
+                # ~16 MB of socket buffers hold ~800,000 credit frames: go past them, until the
+                # socket has taken nothing for half a second, then 20,000 releases more.
+                for i in range(2_000_000):
                     rx._table.by_name["t"].consumed += 1  # hand the same message out again...
                     start = time.monotonic()
                     rx.release("t")  # ...so that one more credit goes back
                     slowest = max(slowest, time.monotonic() - start)
+                    if full_at is None:
+                        stuck = conn.stuck_since
+                        if stuck is not None and time.monotonic() - stuck > 0.5:
+                            full_at = i
+                    elif i >= full_at + 20_000:
+                        break
+                assert full_at is not None, "the socket never filled: nothing was tested"
                 assert slowest < 2, f"release() blocked for {slowest:.1f} s on the credit link"
             finally:
                 os.kill(proc.pid, signal.SIGCONT)
