@@ -46,6 +46,18 @@ def test_backprop_matches_finite_differences() -> None:
             assert grads[name][idx] == pytest.approx((up - down) / (2 * eps), rel=1e-4, abs=1e-7)
 
 
+def test_digits_read_from_the_file_are_scikit_learns_own() -> None:
+    """Workers read the digits from scikit-learn's data file, without importing it: the
+    arrays are those load_digits() returns."""
+    from sklearn.datasets import load_digits
+
+    pixels, labels = models.digits()
+    reference = load_digits()
+    np.testing.assert_array_equal(pixels, reference.data)
+    np.testing.assert_array_equal(labels, reference.target)
+    assert pixels.shape == (1797, 64) and pixels.dtype == reference.data.dtype
+
+
 def test_plan_splits_large_tensors_and_balances_bytes() -> None:
     shapes = models.MODELS["large"].shapes()
     chunks = plan(shapes, 2, 1 << 20)
