@@ -357,13 +357,14 @@ def run_job(job: RayJob, *, log: Any = None, stop: threading.Event | None = None
         servers_of = [actors[f"ps{s}"] for s in range(job.shards)]
         summaries = _wait_all(ray, calls, job.timeout, say, _Stopper(stop, servers_of, say))
         wall = time.monotonic() - started
-        training = max(summaries[f"ps{s}"]["seconds"] for s in range(job.shards))
+        restarts = _restarts(ray, actors)
+        training = _training_seconds(summaries, restarts)
         return RayJobResult(
             servers=[summaries[f"ps{s}"] for s in range(job.shards)],
             workers=[summaries[f"w{r}"] for r in range(job.workers)],
             wall_seconds=wall,
             setup_seconds=max(wall - training, 0.0),
-            restarts=_restarts(ray, actors),
+            restarts=restarts,
             stopped=stop is not None and stop.is_set(),
         )
     finally:
@@ -463,6 +464,22 @@ def _wait_all(
             out[name] = summary
             say(f"{name} done")
     return out
+
+
+def _training_seconds(summaries: dict[str, dict[str, Any]], restarts: dict[str, int]) -> float:
+    """How long the job trained, as a server Ray never restarted counts it (from the step all
+    workers joined at). A restarted daemon counts only from its restart, which would make the
+    time before it look like setup: with every server restarted, a worker never restarted
+    counts instead (from its own join), and with every daemon restarted, the longest count."""
+    for role in ("ps", "w"):
+        kept = [
+            float(s["seconds"])
+            for name, s in summaries.items()
+            if name.startswith(role) and name[len(role) :].isdigit() and restarts.get(name) == 0
+        ]
+        if kept:
+            return max(kept)
+    return max(float(s["seconds"]) for s in summaries.values())
 
 
 def _restarts(ray: Any, actors: dict[str, Any]) -> dict[str, int]:

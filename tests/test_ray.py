@@ -334,6 +334,10 @@ def test_killed_worker_and_server_actors_are_restarted_by_ray_and_the_job_goes_o
     assert summary["workers"][0]["steps"] >= steps  # it also redid the steps after the checkpoint
     assert summary["workers"][1]["steps"] < steps  # the second worker 1 joined mid-job
     assert summary["workers"][0]["test_accuracy"] >= 0.95
+    # The server restarted: its count starts at its resume, so setup is what worker 0 (never
+    # restarted) did not spend training, not everything before the server's restart.
+    setup = summary["wall_seconds"] - summary["workers"][0]["seconds"]
+    assert summary["setup_seconds"] == pytest.approx(max(setup, 0.0))
 
 
 def test_bad_flags_are_refused_before_anything_starts(tmp_path: Path) -> None:
