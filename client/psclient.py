@@ -359,12 +359,10 @@ class PSClient:
             for addr in self.servers:
                 try:
                     self.tx.ping(addr, timeout=PROBE_TIMEOUT)
-                except tw.PeerLostError:
-                    raise
-                except tw.TensorWireError as exc:  # no answer, or its session is gone
+                except tw.TensorWireError as exc:  # no answer, found dead, or its session gone
                     raise tw.PeerLostError(
-                        f"parameter server {addr} did not answer a ping while we waited for "
-                        f"its parameters: {exc}"
+                        f"parameter server {addr} failed a ping while we waited for its "
+                        f"parameters: {exc}"
                     ) from None
 
     def pull(self) -> dict[str, Array]:

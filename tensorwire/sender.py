@@ -725,12 +725,16 @@ class Sender(Resource):
             w.traffic.bytes += out.nbytes
 
     def ping(self, peer: str | None = None, timeout: float | None = _DEFAULT) -> None:
-        """A control-plane heartbeat round trip (raises if the receiver does not answer)."""
+        """A control-plane heartbeat round trip (raises if the receiver does not answer).
+
+        A receiver found dead meanwhile (the data channel's check of its peer: a pidfd on this
+        host, the heartbeats' verdict) raises PeerLostError at once, not after ``timeout``."""
         with self._lock:
             p = self._peer(peer)
             assert p.control is not None
             t = self.timeout if timeout is _DEFAULT else timeout
-            p.control.request(wire.Heartbeat(p.generation, p.token), t)
+            check = None if p.channel is None else p.channel.check_peer
+            p.control.request(wire.Heartbeat(p.generation, p.token), t, check=check)
 
     # ---------------------------------------------------------------------------------------
 
