@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-torch test test-gpu gpu-bundle bench lint proto fuzz soak rdma clean
+.PHONY: demo demo-torch test test-gpu gpu-bundle bench lint proto fuzz soak rdma clean bytecode
 
 # NIXL for the `nixl` transport. --no-deps: the wheel declares torch, which host memory does not
 # need. Pinned to the version the transport is tested with.
@@ -45,26 +45,34 @@ $(GPU_STAMP): $(STAMP) Makefile
 	$(PY) -m pip install --quiet '$(CUPY)'
 	@touch $(GPU_STAMP)
 
-demo: $(STAMP)
+# The project's own modules as bytecode, written ahead: an editable install has none, and where
+# PYTHONDONTWRITEBYTECODE is set (as on this project's machines) every process would compile them
+# again at each start (0.63 s against 0.37 s to import both daemons here; the suite starts
+# hundreds). Stale files are skipped by Python and rewritten here.
+BYTECODE := tensorwire client server bench tests examples
+bytecode: $(STAMP)
+	@$(PY) -m compileall -q -j 0 $(BYTECODE) >/dev/null
+
+demo: $(STAMP) bytecode
 	$(PY) -m tensorwire.client.demo
 
 # A PyTorch CNN (examples/torch_digits.py) trained by one server and two workers.
-demo-torch: $(STAMP) $(TORCH_STAMP)
+demo-torch: $(STAMP) $(TORCH_STAMP) bytecode
 	$(PY) -m tensorwire.client.demo --transports shm --steps 600 \
 		--model examples/torch_digits.py:make --ps-args "--optimizer momentum --lr 0.05"
 
-test: $(STAMP) $(RDMA_STAMP) $(TORCH_STAMP) $(GPU_STAMP) $(RAY_STAMP)
+test: $(STAMP) $(RDMA_STAMP) $(TORCH_STAMP) $(GPU_STAMP) $(RAY_STAMP) bytecode
 	$(PY) -m pytest -q
 
 # The GPU tests alone (marked `gpu`; they skip with the reason where no CUDA device is present).
-test-gpu: $(STAMP) $(RDMA_STAMP) $(TORCH_STAMP) $(GPU_STAMP)
+test-gpu: $(STAMP) $(RDMA_STAMP) $(TORCH_STAMP) $(GPU_STAMP) bytecode
 	$(PY) -m pytest -q -m gpu -rs
 
 # What the lent GPU machine lacks, for the device tool's `carry` (../shared/gpu/README.md).
 gpu-bundle:
 	../shared/gpu/bundle.sh configargparse ml_dtypes msgpack
 
-bench: $(STAMP) $(RDMA_STAMP)
+bench: $(STAMP) $(RDMA_STAMP) bytecode
 	@mkdir -p bench-results
 	$(PY) -m tensorwire.bench --json bench-results/bench.json --plot bench-results/bench.png
 
@@ -86,3 +94,4 @@ proto: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache .hypothesis
+	find $(BYTECODE) -name __pycache__ -type d -prune -exec rm -rf {} +
