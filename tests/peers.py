@@ -211,6 +211,26 @@ def write_then_idle(address: str, transport: str, name: str, heartbeat: float, r
         time.sleep(3600)
 
 
+def write_numbered(
+    address: str, transport: str, name: str, incarnation: int, acked: str, seconds: float
+) -> None:
+    """Write ``name`` in a loop, every element of message ``seq`` holding
+    ``incarnation << 32 | seq``, and store how many writes have returned in the int64 of the
+    file ``acked`` (mapped: the count survives a SIGKILL), until killed. Bounded: ``seconds``,
+    then it exits 0."""
+    count = np.memmap(acked, np.int64, "r+", shape=(1,))
+    with tw.Sender.connect(address, transport=transport, timeout=30) as tx:
+        spec = tx.spec(name)
+        arr = np.empty(spec.static_shape, np.int64)
+        end = time.monotonic() + seconds
+        seq = 0
+        while time.monotonic() < end:
+            arr.fill(incarnation << 32 | seq)
+            tx.write(name, arr)
+            seq += 1
+            count[0] = seq
+
+
 def write_forever(address: str, transport: str, name: str, ready: Any) -> None:
     """Write ``name`` in a loop without heartbeats; exit 3 on PeerLostError (fenced), else 1.
 
