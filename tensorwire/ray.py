@@ -354,8 +354,8 @@ def run_job(job: RayJob, *, log: Any = None, stop: threading.Event | None = None
                 0,
             )
         calls = {name: actor.wait.remote() for name, actor in actors.items()}
-        servers_of = [actors[f"ps{s}"] for s in range(job.shards)]
-        summaries = _wait_all(ray, calls, job.timeout, say, _Stopper(stop, servers_of, say))
+        stopper = _Stopper(stop, [actors[f"ps{s}"] for s in range(job.shards)], say)
+        summaries = _wait_all(ray, calls, job.timeout, say, stopper)
         wall = time.monotonic() - started
         restarts = _restarts(ray, actors)
         training = _training_seconds(summaries, restarts)
@@ -365,7 +365,7 @@ def run_job(job: RayJob, *, log: Any = None, stop: threading.Event | None = None
             wall_seconds=wall,
             setup_seconds=max(wall - training, 0.0),
             restarts=restarts,
-            stopped=stop is not None and stop.is_set(),
+            stopped=stopper.deadline is not None,  # passed on while daemons still ran
         )
     finally:
         with contextlib.suppress(Exception):  # best effort: the kills below are the guarantee
