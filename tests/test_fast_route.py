@@ -139,6 +139,37 @@ def test_tcp_fast_frames_the_socket_takes_in_parts_land_whole() -> None:
             assert got == [float(k) for k in range(count)]
 
 
+def test_a_tcp_fast_write_polls_again_after_a_pause_and_sees_a_closed_receiver() -> None:
+    """A tcp write with credit in hand skips the poll for credits and hang-ups while the last
+    one is younger than ``ABSORB_EVERY``. A stream of many times the ring's depth still takes
+    every credit it needs and lands whole, in order; after a pause the poll comes again, so the
+    first write after the receiver closed raises, where a write without the poll would go into
+    the closed connection and return as if written (it does, with the poll taken out)."""
+    from tensorwire.transports.tcp import ABSORB_EVERY
+
+    rx = tw.Receiver()
+    try:
+        rx.register("t", (1024,), "float32", ring=8)
+        with tw.Sender.connect(rx.address, transport="tcp", timeout=10) as tx:
+            for k in range(200):  # 25 times the depth: credits must keep coming in
+                tx.write("t", np.full(1024, k, np.float32))
+                got = rx.wait("t", timeout=10)
+                assert got[0] == got[-1] == k
+                rx.release("t")
+            time.sleep(0.05)  # the credits held back go out; the next write takes them in
+            tx.write("t", np.ones(1024, np.float32))
+            rx.wait("t", timeout=10)
+            rx.release("t")
+            writer = tx._fast["t"][0]  # the case under test: the next write has its credit
+            assert writer._channel.released(writer._tid) >= writer.next_seq - writer._depth
+            rx.close()  # everything consumed: a clean hang-up, which a send does not notice
+            time.sleep(ABSORB_EVERY + 0.2)
+            with pytest.raises(tw.PeerLostError):
+                tx.write("t", np.zeros(1024, np.float32))
+    finally:
+        rx.close()
+
+
 def test_fast_routes_follow_names_to_their_receivers_and_end_at_close() -> None:
     """Two receivers, a tensor each: every name's writes land at its own receiver, in order;
     an explicit ``peer`` takes the general path beside them; a closed sender refuses."""
