@@ -92,8 +92,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "--ring",
         type=int,
         default=None,
-        help="slots per tensor (default: the receiver's choice by size, 8 up to 64 KiB, down to 2 "
-        "from 256 KiB)",
+        help="slots per tensor (default: the receiver's choice by size, 32 up to 32 KiB, down "
+        "to 2 from 512 KiB)",
     )
     parser.add_argument(
         "--batch",

@@ -39,17 +39,21 @@ REGION_OPEN = 1
 REGION_CLOSED = 2
 
 #: What a ring of automatic depth holds at least: enough messages in flight that the credits
-#: coming back cover the time they take (the bandwidth-delay product of a loopback or LAN link
-#: is tens to hundreds of KiB), so small tensors stream instead of waiting for each credit.
-CREDIT_WINDOW = 512 << 10
-MIN_AUTO_DEPTH, MAX_AUTO_DEPTH = 2, 8
+#: coming back cover the time they take (the bandwidth-delay product: on this project's 2-core
+#: VM a 4 KiB tcp round trip takes 40-150 us and a raw socket moves 2.5-5 GB/s at 64 KiB and
+#: up, 0.1-0.75 MB in flight), so small tensors stream instead of waiting for each credit.
+CREDIT_WINDOW = 1 << 20
+MIN_AUTO_DEPTH, MAX_AUTO_DEPTH = 2, 32
 
 
 def auto_depth(max_bytes: int) -> int:
-    """Slots for a tensor of ``max_bytes`` when the user chose no depth: 8 up to 64 KiB, 4 at
-    128 KiB, 2 (double buffering) from 256 KiB. (Not more than 8: with 32 slots for 4 to 16 KiB
-    tensors, tcp at 4 KiB was 1.5x faster in one benchmark run and no faster in the next, while
-    shm at 16 KiB was 25% slower, its writer cycling through more memory than stays cached.)"""
+    """Slots for a tensor of ``max_bytes`` when the user chose no depth: 32 up to 32 KiB, 16 at
+    64 KiB, 8 at 128 KiB, 4 at 256 KiB, 2 (double buffering) from 512 KiB; at most 1 MiB of
+    slots per tensor. Measured in pairs within one run (tensors of each depth streamed in
+    turn between the same two processes, BENCHMARKS.md): tcp streams 25% faster at 4 and 16 KiB
+    with 32 slots than with 8, 15% at 64 KiB with 16, 24% at 256 KiB with 8 against 2 (4 taken:
+    13%); shm the same within 4% at every size (a writer reuses the slot it wrote last whenever
+    the consumer keeps up, so a deeper ring is mostly memory nobody touches)."""
     return max(MIN_AUTO_DEPTH, min(MAX_AUTO_DEPTH, -(-CREDIT_WINDOW // max(max_bytes, 1))))
 
 

@@ -161,7 +161,7 @@ def test_a_tcp_batch_longer_than_one_sendmsg_takes() -> None:
 
 
 @pytest.mark.parametrize(
-    ("nbytes", "depth"), [(4096, 8), (64 << 10, 8), (128 << 10, 4), (1 << 20, 2)]
+    ("nbytes", "depth"), [(4096, 32), (64 << 10, 16), (128 << 10, 8), (256 << 10, 4), (1 << 20, 2)]
 )
 def test_ring_depth_by_size(nbytes: int, depth: int) -> None:
     assert auto_depth(nbytes) == depth

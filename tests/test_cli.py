@@ -225,6 +225,21 @@ def test_polling_probe_reports_its_figures() -> None:
     assert "write() median" in line and line.endswith("% of a core")
 
 
+def test_depths_probe_times_each_depth_in_turn() -> None:
+    out = run(
+        "-m",
+        "tensorwire.bench.depths",
+        *("--transport", "tcp", "--sizes", "4K", "--depths", "2,4"),
+        *("--messages", "50", "--repeat", "2"),
+    )
+    assert out.returncode == 0, out.stderr
+    rows = [line.split() for line in out.stdout.strip().splitlines()[2:]]
+    assert [(r[0], r[1], r[2]) for r in rows] == [("4", "KiB", "2"), ("4", "KiB", "4")]
+    assert float(rows[0][3]) > 0 and rows[0][4] == "1.00x" and float(rows[1][3]) > 0
+    bad = run("-m", "tensorwire.bench.depths", "--depths", "8,x")
+    assert bad.returncode == 2 and "--depths takes whole numbers" in bad.stderr
+
+
 # -- the daemons' settings and the small commands ------------------------------------------------
 
 

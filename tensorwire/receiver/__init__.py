@@ -69,8 +69,9 @@ class Receiver(Resource):
     ``bind`` is the control-plane endpoint (``tcp://127.0.0.1:0`` picks a free loopback port; give a
     routable address to accept senders from other hosts). ``secret`` turns on HMAC authentication
     of every sender. ``ring`` is the default number of slots per tensor; None (the default) chooses
-    by size: 2 (double buffering) from 256 KiB up, more for smaller tensors, 8 at 64 KiB and
-    below, so that the credits in flight cover the time one takes to come back
+    by size: 2 (double buffering) from 512 KiB up, more for smaller tensors, 32 at 32 KiB and
+    below (at most 1 MiB of slots a tensor), so that the credits in flight cover the time one
+    takes to come back
     (:func:`tensorwire.layout.auto_depth`).
     Limits on what a peer can make it do: at most ``max_connections`` data connections, and a
     connection that stops in the middle of a frame is dropped after ``frame_timeout`` seconds (an
