@@ -9,7 +9,7 @@ with ``None`` in some dimensions is *dynamic*: the free dimensions are chosen pe
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -37,6 +37,11 @@ class TensorSpec:
     shape: Shape
     dtype: np.dtype[Any]
     max_bytes: int
+    #: a dimension is None (chosen per write); computed once, since every message asks
+    dynamic: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dynamic", any(d is None for d in self.shape))
 
     @classmethod
     def create(cls, name: str, shape: Any, dtype: Any, max_bytes: int | None = None) -> TensorSpec:
@@ -76,10 +81,6 @@ class TensorSpec:
                     f"max_bytes={max_bytes} contradicts it (leave it out for static shapes)"
                 )
         return cls(name=name, shape=dims, dtype=dt, max_bytes=capacity)
-
-    @property
-    def dynamic(self) -> bool:
-        return any(d is None for d in self.shape)
 
     @property
     def ndim(self) -> int:
