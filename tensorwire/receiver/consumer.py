@@ -354,9 +354,13 @@ class Consumer:
                 tensor.released += 1
                 tensor.ring.release(tensor.released)
                 return
-            link = self._hand_back(tensor)
+            # _hand_back, inline
+            released = tensor.released = tensor.released + 1
+            tensor.ring.release(released)
+            owner = tensor.owner
+            link = None if owner is None else owner.link
             if link is not None:
-                link.send_credit(tensor.tensor_id, tensor.released, self._may_defer(tensor, link))
+                link.send_credit(tensor.tensor_id, released, self._may_defer(tensor, link))
         finally:
             lock.release()
 

@@ -97,10 +97,12 @@ class RegisteredTensor:
         """The CUDA device its slots are on (None: host memory)."""
         return self.ring.device
 
-    @property
-    def credit_batch(self) -> int:
-        """Releases a networked writer may hear of together (see Consumer.release)."""
-        return max(1, self.ring.depth // CREDIT_BATCH_DIVISOR)
+    #: releases a networked writer may hear of together (see Consumer.release); set from the
+    #: ring's depth once, not computed per release
+    credit_batch: int = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.credit_batch = max(1, self.ring.depth // CREDIT_BATCH_DIVISOR)
 
     @property
     def slot_free(self) -> bool:

@@ -881,7 +881,13 @@ class _Connection:
         the server's accept thread as soon as the sender reads again. A deferred credit waits
         for the next one sent, or for this connection's thread (within CREDIT_DEFER_LIMIT):
         a send per release costs a small message's receiver about as much as the message."""
-        self.send_credits([(tensor_id, released)], defer)
+        if defer:  # send_credits' deferral, without its list: the per-message path
+            with self._send_lock:
+                self._unsent[tensor_id] = released
+                if self.deferred_at is None:
+                    self.deferred_at = time.monotonic()
+            return
+        self.send_credits([(tensor_id, released)])
 
     def send_credits(self, credits: list[tuple[int, int]], defer: bool = False) -> None:
         """Several credits in one ``send`` (a batch release), with any held back."""
