@@ -75,9 +75,11 @@ IDLE_CHECK_MS = 100
 READ_AHEAD = 256 << 10
 #: A payload (or the rest of one) up to this size is read through the read-ahead buffer and
 #: copied into its slot: one system call then brings it and the frames behind it, where reading
-#: it straight into the slot costs a call for its header and one for itself (~2-5 us each,
-#: against ~1 us to copy 16 KiB). A larger payload is read straight into its slot.
-COPY_BELOW = 16 << 10
+#: it straight into the slot costs a call for its header and one for itself (~3-5 us each from
+#: Python on this project's VM, against 1-3 us to copy 16-64 KiB). A larger payload is read
+#: straight into its slot. Timed in pairs (BENCHMARKS.md), 64 KiB against the 16 KiB this was
+#: before: a stream 1.73x faster at 32 KiB, 1.11-1.38x at 64 KiB; at 128 KiB copying was 0.83x.
+COPY_BELOW = 64 << 10
 
 
 def _tune(sock: socket.socket) -> None:
