@@ -52,8 +52,8 @@ def auto_depth(max_bytes: int) -> int:
     slots per tensor. Measured in pairs within one run (``python -m tensorwire.bench.depths``:
     tensors of each depth streamed in turn between the same two processes, BENCHMARKS.md): tcp
     streams 1.32x and 1.37x faster at 4 and 16 KiB with 32 slots than with 8, 1.07x at 64 KiB
-    with 16 (32 slots, 2 MiB, were 0.77x), 1.26x at 128 KiB and 1.17x at 256 KiB against the 4
-    and 2 slots before; shm and nixl unchanged within the machine's noise (a shm writer reuses
+    with 16 (32 slots, 2 MiB, were 0.77x), 1.14x at 128 KiB with 8 against 4, 1.17x at 256 KiB
+    with 4 against 2; shm and nixl unchanged within the machine's noise (a shm writer reuses
     the slot it wrote last whenever the consumer keeps up, so a deeper ring is mostly memory
     nobody touches)."""
     return max(MIN_AUTO_DEPTH, min(MAX_AUTO_DEPTH, -(-CREDIT_WINDOW // max(max_bytes, 1))))
