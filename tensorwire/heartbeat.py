@@ -2,16 +2,19 @@
 
 One thread per sender, with a control socket of its own per receiver (a zmq socket belongs to one
 thread, and a long blocking write must not delay a heartbeat), closed when the receiver is no
-longer a peer. Every ``interval`` seconds it sends
-each receiver a heartbeat naming the session's token; a receiver that misses ``misses`` answers in a
-row, or answers that the session or generation is gone, is marked lost on the peer's channel, so the
-next write, or a write blocked waiting for credit, raises :class:`~tensorwire.errors.PeerLostError`.
+longer a peer. Every ``interval`` seconds it sends each receiver a heartbeat naming the session's
+token, or more often where the receiver said in its welcome that it drops a session silent for
+less than ``misses`` intervals (at least ``misses`` heartbeats reach it within its timeout). A
+receiver that answers none for ``misses`` of the sender's own intervals, or answers that the
+session or generation is gone, is marked lost on the peer's channel, so the next write, or a write
+blocked waiting for credit, raises :class:`~tensorwire.errors.PeerLostError`.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +24,10 @@ from .control import ControlClient
 from .errors import TensorWireError, WireTimeoutError
 
 log = logging.getLogger(__name__)
+
+
+#: The shortest interval between heartbeats to one receiver, however short its timeout.
+MIN_INTERVAL = 0.01
 
 
 class Heartbeats:
@@ -35,24 +42,50 @@ class Heartbeats:
         self.interval = interval
         self.misses = misses
         self._stop = threading.Event()
+        self._wake = threading.Event()  # a peer was welcomed, or close(): look again at once
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
+
+    def interval_for(self, peer: Any) -> float:
+        """Seconds between heartbeats to ``peer``: the sender's interval, or less where the
+        receiver drops a session silent for less than ``misses`` of them (a receiver made with
+        ``heartbeat_timeout=2`` would otherwise drop every idle sender of the default 5 s)."""
+        timeout = peer.heartbeat_timeout
+        if timeout is None:
+            return self.interval
+        return max(MIN_INTERVAL, min(self.interval, timeout / self.misses))
+
+    def poke(self) -> None:
+        """A peer was welcomed: schedule its heartbeats now, not at the end of the current wait."""
+        self._wake.set()
 
     def _run(self) -> None:
         clients: dict[str, ControlClient] = {}
         missed: dict[str, int] = {}
+        due: dict[str, float] = {}  # when each peer's next heartbeat goes
         try:
-            while not self._stop.wait(self.interval):
+            while not self._stop.is_set():
+                self._wake.clear()  # before looking: a peer welcomed from here on wakes the wait
+                now = time.monotonic()
+                wait = self.interval
                 peers = self._peers()
                 current = {peer.address for peer in peers}
                 for address in [a for a in clients if a not in current]:
                     clients.pop(address).close()  # the peer was removed: its socket goes too
                     missed.pop(address, None)
+                for address in [a for a in due if a not in current]:
+                    del due[address]
                 for peer in peers:
                     # a peer without a channel yet is being set up: kept alive, never marked lost
                     # (its set-up fails on its own if the receiver is gone)
                     channel = peer.channel
                     if not peer.token or (channel is not None and channel.lost is not None):
+                        continue
+                    every = self.interval_for(peer)
+                    # first heartbeat one interval after the welcome
+                    when = due.setdefault(peer.address, now + every)
+                    if when > now:
+                        wait = min(wait, when - now)
                         continue
                     client = clients.get(peer.address)
                     if client is None:
@@ -60,14 +93,16 @@ class Heartbeats:
                             peer.address, peer.curve_server_key
                         )
                     try:
-                        client.request(wire.Heartbeat(peer.generation, peer.token), self.interval)
+                        client.request(wire.Heartbeat(peer.generation, peer.token), every)
                         missed[peer.address] = 0
                     except WireTimeoutError:
-                        missed[peer.address] = missed.get(peer.address, 0) + 1
-                        if missed[peer.address] >= self.misses and channel is not None:
+                        missed[peer.address] = n = missed.get(peer.address, 0) + 1
+                        # lost after ``misses`` of the sender's own intervals without an answer,
+                        # however often a short receiver timeout makes it heartbeat
+                        if n * every >= self.misses * self.interval - 1e-9 and channel is not None:
                             channel.mark_lost(
-                                f"receiver at {peer.address} missed {self.misses} heartbeats "
-                                f"({self.misses * self.interval:g} s)"
+                                f"receiver at {peer.address} missed {n} heartbeats "
+                                f"({n * every:g} s)"
                             )
                     except TensorWireError as exc:  # session or generation gone
                         if channel is not None:
@@ -75,12 +110,19 @@ class Heartbeats:
                     if channel is not None and channel.lost is not None:
                         peer.note_lost()
                         log.warning("%s", channel.lost)
+                    # the next one an interval after this one was due (not after its answer: a
+                    # slow answer must not stretch the gaps the receiver sees); at once if that
+                    # has passed, but never a burst to catch up
+                    due[peer.address] = max(when + every, time.monotonic())
+                    wait = min(wait, max(0.0, due[peer.address] - time.monotonic()))
+                self._wake.wait(wait)
         finally:
             for client in clients.values():
                 client.close()
 
     def close(self) -> None:
         self._stop.set()
+        self._wake.set()
         if threading.current_thread() is not self._thread:
             self._thread.join()
 

@@ -14,7 +14,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -90,6 +90,7 @@ class _Peer:
         curve_server_key: bytes | None = None,
         nixl: NixlOptions | None = None,
         copier: SplitCopier | None = None,
+        welcomed: Callable[[], None] | None = None,
     ) -> None:
         split = split_endpoint(address)
         if split is None or split[1] == 0:
@@ -111,9 +112,13 @@ class _Peer:
         self.writers: dict[int, TensorWriter] = {}
         self.generation = 0
         self.token = b""
+        # how long the receiver keeps a silent session (None: for ever): the heartbeats come
+        # at least three times in that span, whatever the sender's own interval
+        self.heartbeat_timeout: float | None = None
         self.curve_server_key = curve_server_key
         self.nixl = nixl
         self.copier = copier
+        self.welcomed = welcomed  # called once a session is open (the heartbeats look at once)
         self._lost_counted = False  # this connection's loss is in the metrics
 
     def note_lost(self) -> None:
@@ -134,7 +139,11 @@ class _Peer:
         try:
             welcome = self._hello()
             self.generation = welcome.generation
-            self.token = welcome.token
+            ms = welcome.heartbeat_timeout_ms
+            self.heartbeat_timeout = ms / 1000 if ms > 0 else None
+            self.token = welcome.token  # from here on the heartbeats keep the session alive
+            if self.welcomed is not None:
+                self.welcomed()
             regions = self._lookup()
             info = PeerInfo(
                 self.address,
@@ -388,6 +397,7 @@ class Sender(Resource):
                 curve_server_key=self._curve,
                 nixl=self._nixl,
                 copier=self._copier,
+                welcomed=None if self._heartbeats is None else self._heartbeats.poke,
             )
             # Heartbeated from the welcome on: opening a data channel can take longer than the
             # receiver waits for a silent session (creating NIXL agents on a GPU host: >1 s).

@@ -86,6 +86,10 @@ class Welcome(Message):
     proof: bytes
     token: bytes
     transports: dict[str, Any]
+    # How long the receiver waits for a silent session before it drops it, in milliseconds (0:
+    # never): the sender heartbeats often enough for it whatever its own interval. Added after
+    # the first release, so a welcome without it decodes as 0 (the sender's own interval).
+    heartbeat_timeout_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,15 +218,20 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         ErrorReply,
     )
 }
-_FIELDS: dict[type[Message], list[tuple[str, type]]] = {
-    cls: [(f.name, _FIELD_TYPES[str(f.type)]) for f in dataclasses.fields(cls)]
+# (name, type, default): a field with a default was added to its message later, and a peer that
+# predates it sends none; every other field must be present.
+_FIELDS: dict[type[Message], list[tuple[str, type, Any]]] = {
+    cls: [
+        (f.name, _FIELD_TYPES[str(f.type)], None if f.default is dataclasses.MISSING else f.default)
+        for f in dataclasses.fields(cls)
+    ]
     for cls in MESSAGE_TYPES.values()
 }
 
 
 def encode(msg: Message) -> bytes:
     body: dict[str, Any] = {"v": VERSION, "t": msg.TYPE}
-    for name, _ in _FIELDS[type(msg)]:
+    for name, _, _ in _FIELDS[type(msg)]:
         body[name] = getattr(msg, name)
     packed: bytes = msgpack.packb(body, use_bin_type=True)
     return packed
@@ -248,8 +257,8 @@ def decode(data: bytes) -> Message:
     if cls is None:
         raise LocalProtocolError(f"unknown control message type {tag!r:.80}")
     kwargs = {}
-    for name, typ in _FIELDS[cls]:
-        value = body.get(name)
+    for name, typ, default in _FIELDS[cls]:
+        value = body.get(name, default)
         if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
             raise LocalProtocolError(
                 f"{cls.TYPE} message: field {name!r} must be {typ.__name__}, got {value!r:.80}"

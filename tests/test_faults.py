@@ -436,6 +436,25 @@ def test_a_slow_channel_set_up_is_kept_alive(
             rx.release("t")
 
 
+def test_heartbeats_follow_a_receiver_timeout_shorter_than_their_interval(
+    transport: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A receiver that drops sessions silent for 0.5 s keeps a sender of the default 5 s interval
+    that idles for three times that: the welcome tells the sender how often to heartbeat. (Before
+    it did, every idle sender was dropped, and a NIXL set-up slowed by a busy host was cut
+    mid-way and hung until its timeout.)"""
+    with tw.Receiver(heartbeat_timeout=0.5) as rx:
+        rx.register("t", (8,), "float32")
+        with tw.Sender.connect(rx.address, transport=transport, timeout=10) as tx:
+            for k in range(2):
+                tx.write("t", np.full(8, k, np.float32))
+                assert rx.wait("t", timeout=10).tolist() == [k] * 8
+                rx.release("t")
+                if k == 0:
+                    time.sleep(1.5)  # idle, three of the receiver's timeouts
+    assert "no heartbeat" not in caplog.text
+
+
 def test_a_silent_receiver_is_declared_lost(transport: str, children: Children) -> None:
     here, there = children.pipe()
     proc = children.start(run_receiver, there, [("t", (16,), "float32")])

@@ -28,6 +28,7 @@ messages = st.one_of(
         st.binary(max_size=32),
         st.binary(max_size=32),
         st.dictionaries(st.text(max_size=5), st.dictionaries(st.text(max_size=5), i63)),
+        i63,
     ),
     st.builds(wire.Lookup, i63),
     st.builds(
@@ -59,6 +60,26 @@ messages = st.one_of(
 @given(messages)
 def test_control_round_trip(msg: wire.Message) -> None:
     assert wire.decode(wire.encode(msg)) == msg
+
+
+def test_a_field_added_later_has_its_default_when_absent() -> None:
+    """A welcome from a receiver that predates ``heartbeat_timeout_ms`` decodes with 0 (no
+    timeout said); a required field that is absent is still refused."""
+    body = {
+        "v": wire.VERSION,
+        "t": "welcome",
+        "generation": 1,
+        "pid": 2,
+        "host": "h",
+        "proof": b"",
+        "token": b"t",
+        "transports": {},
+    }
+    old = wire.decode(msgpack.packb(body, use_bin_type=True))
+    assert isinstance(old, wire.Welcome) and old.heartbeat_timeout_ms == 0
+    del body["token"]
+    with pytest.raises(LocalProtocolError, match="'token' must be bytes, got None"):
+        wire.decode(msgpack.packb(body, use_bin_type=True))
 
 
 @settings(max_examples=300)

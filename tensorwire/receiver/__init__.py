@@ -120,6 +120,11 @@ class Receiver(Resource):
             )
         if ring is not None and ring < 1:
             raise ValueError(f"ring must be at least 1, got {ring}")
+        if heartbeat_timeout is not None and not heartbeat_timeout > 0:
+            raise ValueError(
+                f"heartbeat_timeout must be a positive number of seconds or None (never), "
+                f"got {heartbeat_timeout!r}"
+            )
         if secret is None and not insecure and not is_loopback_host(bind_host):
             raise AuthenticationError(
                 f"bind {bind} accepts connections from other hosts, so a secret is required "

@@ -178,7 +178,16 @@ class SessionHandler:
         log.debug("welcomed %s", session.describe())
         metrics.count("tensorwire_peers_connected_total", "receiver")
         return wire.Welcome(
-            state.generation, os.getpid(), state.host, proof, session.token, transports
+            state.generation,
+            os.getpid(),
+            state.host,
+            proof,
+            session.token,
+            transports,
+            # the sender heartbeats often enough for this, whatever its own interval
+            heartbeat_timeout_ms=0
+            if self._heartbeat_timeout is None
+            else max(1, round(self._heartbeat_timeout * 1000)),
         )
 
     def _address_book(self) -> wire.AddressBook:
