@@ -418,7 +418,8 @@ def test_a_slow_channel_set_up_is_kept_alive(
     """Opening a data channel can outlast the receiver's patience with a silent session (NIXL's
     agents take over a second to create on a GPU host, seen on an H100): the sender heartbeats
     the session from its welcome on, so a set-up slower than the heartbeat timeout still works.
-    The slow set-up is made here by delaying the channel's opening by 1.5 s."""
+    The slow set-up is made here by delaying the channel's opening by 1.5 s; the sender keeps
+    its default interval (5 s), so the heartbeats come as often as the receiver's welcome asks."""
     from tensorwire import transports
 
     real = transports.CHANNELS[transport]
@@ -430,7 +431,7 @@ def test_a_slow_channel_set_up_is_kept_alive(
     monkeypatch.setitem(transports.CHANNELS, transport, slow)
     with tw.Receiver(heartbeat_timeout=1.0) as rx:
         rx.register("t", (8,), "float32")
-        with tw.Sender.connect(rx.address, transport=transport, timeout=10, heartbeat=0.2) as tx:
+        with tw.Sender.connect(rx.address, transport=transport, timeout=10) as tx:
             tx.write("t", np.arange(8, dtype=np.float32))
             assert rx.wait("t", timeout=10).tolist() == list(range(8))
             rx.release("t")
