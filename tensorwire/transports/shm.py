@@ -262,7 +262,10 @@ class ShmWriter(TensorWriter):
         #: can be exported through the buffer protocol (not bfloat16, float8: numpy copies those)
         self._by_bytes = ring.device is None and exports_buffer(ring.spec.dtype)
         #: every message is small, static and in host memory: :meth:`write` in one ring call
-        self._whole = self._by_bytes and not self._dynamic and 0 < ring.spec.max_bytes < SMALL_COPY
+        #: (which copies through the slot's own array, so any dtype)
+        self._whole = (
+            ring.device is None and not self._dynamic and 0 < ring.spec.max_bytes < SMALL_COPY
+        )
         #: Sender.write's fast routes take every static host tensor (write_now)
         self.writes_now = ring.device is None and not self._dynamic
         self.depth = ring.depth
@@ -404,8 +407,7 @@ class ShmWriter(TensorWriter):
             channel._check_peer_slowly()
         ring = self._ring
         if self._whole:
-            data = array.data.cast("B")
-            if ring.write_next(self._slots, self.next_seq, self._epoch, data, True) > 0:
+            if ring.write_next(self._slots, self.next_seq, self._epoch, array, True) > 0:
                 self.next_seq += 1
                 return True
             return False
@@ -443,11 +445,10 @@ class ShmWriter(TensorWriter):
             # The per-message path of small tensors: the credit check, slot choice, announcing,
             # copying, publishing and leaving in one ring call, which waits for nothing.
             self._channel.check_peer()
-            data = array.data.cast("B")
-            done = ring.write_next(self._slots, self.next_seq, self._epoch, data, bell)
+            done = ring.write_next(self._slots, self.next_seq, self._epoch, array, bell)
             if not done:  # no credit: wait for one, then there is
                 self._credit(deadline)
-                done = ring.write_next(self._slots, self.next_seq, self._epoch, data, bell)
+                done = ring.write_next(self._slots, self.next_seq, self._epoch, array, bell)
             if done < 0:
                 raise self._revoked()
             self.next_seq += 1
