@@ -240,6 +240,17 @@ def test_depths_probe_times_each_depth_in_turn() -> None:
     assert bad.returncode == 2 and "--depths takes whole numbers" in bad.stderr
 
 
+def test_cycle_probe_times_each_call() -> None:
+    out = run("-m", "tensorwire.bench.cycle", "--count", "200", "--each")
+    assert out.returncode == 0, out.stderr
+    figures = dict(re.findall(r"(write|wait|release|timer) (\d+\.\d+)", out.stdout))
+    assert set(figures) == {"write", "wait", "release", "timer"}, out.stdout
+    assert all(float(us) > 0 for us in figures.values())
+    assert "medians of 200 messages of 4096 bytes" in out.stdout
+    whole = run("-m", "tensorwire.bench.cycle", "--count", "200", "--repeat", "2")
+    assert whole.returncode == 0 and "us per write + wait + release" in whole.stdout
+
+
 # -- the daemons' settings and the small commands ------------------------------------------------
 
 
