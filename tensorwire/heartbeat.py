@@ -76,10 +76,15 @@ class Heartbeats:
                 for address in [a for a in due if a not in current]:
                     del due[address]
                 for peer in peers:
-                    # a peer without a channel yet is being set up: kept alive, never marked lost
-                    # (its set-up fails on its own if the receiver is gone)
+                    # A peer without a channel yet is being set up: kept alive, and a receiver
+                    # found gone meanwhile is told to the set-up (``setup_lost``), whose waits
+                    # end then rather than at their timeouts.
                     channel = peer.channel
-                    if not peer.token or (channel is not None and channel.lost is not None):
+                    if (
+                        not peer.token
+                        or (channel is not None and channel.lost is not None)
+                        or (channel is None and peer.setup_lost is not None)
+                    ):
                         continue
                     every = self.interval_for(peer)
                     # first heartbeat one interval after the welcome
@@ -92,6 +97,7 @@ class Heartbeats:
                         client = clients[peer.address] = ControlClient(
                             peer.address, peer.curve_server_key
                         )
+                    verdict = None
                     try:
                         client.request(wire.Heartbeat(peer.generation, peer.token), every)
                         missed[peer.address] = 0
@@ -99,14 +105,18 @@ class Heartbeats:
                         missed[peer.address] = n = missed.get(peer.address, 0) + 1
                         # lost after ``misses`` of the sender's own intervals without an answer,
                         # however often a short receiver timeout makes it heartbeat
-                        if n * every >= self.misses * self.interval - 1e-9 and channel is not None:
-                            channel.mark_lost(
+                        if n * every >= self.misses * self.interval - 1e-9:
+                            verdict = (
                                 f"receiver at {peer.address} missed {n} heartbeats "
                                 f"({n * every:g} s)"
                             )
                     except TensorWireError as exc:  # session or generation gone
+                        verdict = f"receiver at {peer.address}: {exc}"
+                    if verdict is not None:
                         if channel is not None:
-                            channel.mark_lost(f"receiver at {peer.address}: {exc}")
+                            channel.mark_lost(verdict)
+                        else:
+                            peer.setup_lost = verdict
                     if channel is not None and channel.lost is not None:
                         peer.note_lost()
                         log.warning("%s", channel.lost)

@@ -36,7 +36,7 @@ from .errors import (
 from .heartbeat import Heartbeats, peers_of
 from .layout import RingLayout
 from .memory import RegionInfo
-from .process import host_identity
+from .process import ProcessWatch, host_identity
 from .rdma import NixlOptions
 from .received import ReceivedArray
 from .resource import Resource
@@ -120,6 +120,9 @@ class _Peer:
         self.copier = copier
         self.welcomed = welcomed  # called once a session is open (the heartbeats look at once)
         self._lost_counted = False  # this connection's loss is in the metrics
+        #: the heartbeats' verdict on a receiver lost while the channel was being set up
+        self.setup_lost: str | None = None
+        self._watch: ProcessWatch | None = None  # the receiver's process, during set-up here
 
     def note_lost(self) -> None:
         """Count this connection's loss once, however many writes and heartbeats see it."""
@@ -133,6 +136,7 @@ class _Peer:
         ``connect_timeout`` bounds these steps (default: the sender's timeout)."""
         self.close_quietly()
         self.control = ControlClient(self.address, self.curve_server_key)
+        self.setup_lost = None
         saved = self._timeout
         if connect_timeout is not None:
             self._timeout = connect_timeout
@@ -141,6 +145,8 @@ class _Peer:
             self.generation = welcome.generation
             ms = welcome.heartbeat_timeout_ms
             self.heartbeat_timeout = ms / 1000 if ms > 0 else None
+            if welcome.host == host_identity():
+                self._watch = ProcessWatch(welcome.pid)
             self.token = welcome.token  # from here on the heartbeats keep the session alive
             if self.welcomed is not None:
                 self.welcomed()
@@ -154,6 +160,7 @@ class _Peer:
                 self._request,
                 self.nixl,
                 self.copier,
+                self.check_setup,
             )
             self.transport = choose(self.requested, info)
             self.channel = open_channel(self.transport, info)
@@ -163,10 +170,28 @@ class _Peer:
             raise
         finally:
             self._timeout = saved
+            if self._watch is not None:
+                self._watch.close()
+                self._watch = None
+
+    def check_setup(self) -> None:
+        """While the data channel is being set up: raise PeerLostError once the receiver is
+        known gone, its process exited (on this host) or the heartbeats' verdict; each wait of
+        a set-up (a control request, NIXL's first exchange) ends then, not at its timeout."""
+        if self.setup_lost is not None:
+            raise PeerLostError(self.setup_lost)
+        watch = self._watch
+        if watch is not None and not watch.alive():
+            raise PeerLostError(
+                f"receiver at {self.address} (pid {watch.pid}) died while this sender connected"
+            )
 
     def _request(self, msg: wire.Message, timeout: float | None) -> wire.Message:
         assert self.control is not None
-        return self.control.request(msg, timeout)
+        # a channel's own requests while it is set up end with the receiver's loss
+        return self.control.request(
+            msg, timeout, self.check_setup if self.channel is None else None
+        )
 
     def _hello(self) -> wire.Welcome:
         assert self.control is not None
@@ -200,7 +225,9 @@ class _Peer:
         """The receiver's address book, within ``timeout`` (default: the sender's timeout)."""
         assert self.control is not None
         book = self.control.request(
-            wire.Lookup(self.generation), self._timeout if timeout is _DEFAULT else timeout
+            wire.Lookup(self.generation),
+            self._timeout if timeout is _DEFAULT else timeout,
+            self.check_setup if self.channel is None else None,
         )
         if not isinstance(book, wire.AddressBook):
             raise LocalProtocolError(f"expected an address book, got {book.TYPE}")

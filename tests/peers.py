@@ -174,6 +174,32 @@ def run_receiver(
                 conn.send(("error", type(exc).__name__))
 
 
+def receiver_lost_in_set_up(conn: Any, transport: str, how: str) -> None:
+    """A receiver that dies (``how="kill"``) or freezes (``"stop"``) at the first step of a
+    sender's set-up that waits for it over ``transport``: the data plane's admission (``tcp``,
+    ``grpc``, ``grpc-stream``), NIXL's ping (``nixl``), the address book (``shm``, which has
+    no data plane to wait for)."""
+    from tensorwire.receiver import landing, sessions
+    from tensorwire.transports import nixl
+
+    def lose(*_args: Any) -> Any:
+        os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+        # the signal stops or ends the process as one of its threads takes it, not always this
+        # one at once: this thread must not go on to answer meanwhile
+        time.sleep(120)
+
+    if transport == "nixl":
+        nixl.NixlDataServer._pong = lose
+    elif transport == "shm":
+        sessions.SessionHandler._address_book = lose
+    else:
+        landing.Landing.admit = lose
+    with tw.Receiver(nixl=transport == "nixl") as rx:
+        rx.register("t", (4,), "float32")
+        conn.send(rx.address)
+        time.sleep(120)  # bounded: the test kills this process long before
+
+
 def echo_over(conn: Any, transport: str, count: int) -> None:
     """A receiver of "ping" that answers each ping with the same bytes as "pong" to the test's
     receiver; it connects to the test while the test connects to it."""

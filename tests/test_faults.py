@@ -22,7 +22,13 @@ import tensorwire as tw
 from tensorwire import wire
 
 from .conftest import Children, free_port, shm_entries
-from .peers import die_mid_write, run_receiver, send_plan, write_numbered
+from .peers import (
+    die_mid_write,
+    receiver_lost_in_set_up,
+    run_receiver,
+    send_plan,
+    write_numbered,
+)
 
 BIG = (4096, 4096)  # 64 MiB of float32
 
@@ -454,6 +460,26 @@ def test_heartbeats_follow_a_receiver_timeout_shorter_than_their_interval(
                 if k == 0:
                     time.sleep(1.5)  # idle, three of the receiver's timeouts
     assert "no heartbeat" not in caplog.text
+
+
+@pytest.mark.parametrize("how", ["kill", "stop"])
+def test_a_receiver_lost_in_the_middle_of_a_set_up_ends_it(
+    transport: str, how: str, children: Children
+) -> None:
+    """The receiver dies (SIGKILL) or freezes (SIGSTOP) at the first step of the sender's
+    set-up that waits for it: the sender's connect ends with PeerLostError as soon as its pidfd
+    (died) or its heartbeats (frozen) say so, not after its timeout for an answer that cannot
+    come (a `nixl` set-up waited 65 s for its ping's answer before, with the default timeout)."""
+    here, there = children.pipe()
+    proc = children.start(receiver_lost_in_set_up, there, transport, how)
+    assert here.poll(60)
+    address = here.recv()
+    start = time.monotonic()
+    with pytest.raises(tw.PeerLostError, match=None if how == "kill" else "heartbeats"):
+        tw.Sender.connect(address, transport=transport, timeout=60, heartbeat=0.2)
+    assert time.monotonic() - start < 10
+    if how == "stop":
+        os.kill(proc.pid, signal.SIGKILL)
 
 
 def test_a_silent_receiver_is_declared_lost(transport: str, children: Children) -> None:

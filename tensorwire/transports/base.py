@@ -57,6 +57,10 @@ class PeerInfo:
     nixl: Any = None
     #: the sender's SplitCopier for large host copies (None: one thread copies)
     copier: Any = None
+    #: while the channel is being set up: raises PeerLostError once the receiver is known gone
+    #: (its process exited, on this host; the heartbeats' verdict, anywhere), so that a set-up
+    #: waiting for the receiver ends then rather than at its timeout
+    check: Callable[[], None] | None = None
 
     def data_endpoint(self, transport: str) -> tuple[str, int]:
         """Host and port of the receiver's data server for ``transport`` (from the welcome).

@@ -378,13 +378,18 @@ class GrpcChannel(Channel):
         )
         self.stub = pb_grpc.TensorServiceStub(self._channel)
         self.stream = self._channel.stream_unary(STREAM_METHOD)
+        self._setup_check = info.check  # the sender's check of the receiver, during Open
         try:
-            self.stub.Open(
-                pb.OpenRequest(token=self.token, generation=self.generation), timeout=info.timeout
+            self.call(
+                self.stub.Open,
+                pb.OpenRequest(token=self.token, generation=self.generation),
+                info.timeout,
             )
-        except grpc.RpcError as exc:
+        except BaseException:
             self._channel.close()
-            raise _rpc_error(exc, self.where, self) from exc
+            raise
+        finally:
+            self._setup_check = None
 
     def writer(
         self, entry: TensorEntry, next_seq: int, released: int, slot_seqs: list[int], epoch: int
@@ -402,6 +407,12 @@ class GrpcChannel(Channel):
                 if self.lost is not None:
                     future.cancel()
                     raise PeerLostError(self.lost) from None
+                if self._setup_check is not None:  # Open, while the sender sets up
+                    try:
+                        self._setup_check()
+                    except PeerLostError:
+                        future.cancel()
+                        raise
             except grpc.RpcError as exc:
                 raise _rpc_error(exc, self.where, self) from exc
 

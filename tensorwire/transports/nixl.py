@@ -198,6 +198,8 @@ class NixlChannel(Channel):
             raise TransportError("transport 'nixl' needs the control plane to attach")
         self._request = info.request
         self._timeout = info.timeout
+        #: the sender's check of the receiver while this channel is set up (then None)
+        self._setup_check = info.check
         self._generation = info.welcome.generation
         self._options = info.nixl if isinstance(info.nixl, NixlOptions) else NixlOptions()
         # Two agents: one only writes, one only talks. A NIXL transfer ends with an endpoint
@@ -231,6 +233,7 @@ class NixlChannel(Channel):
         except BaseException:
             self.close()
             raise
+        self._setup_check = None
         _IDLE_PROGRESS.add(self)
 
     # -- set-up ----------------------------------------------------------------------------
@@ -574,6 +577,8 @@ class NixlChannel(Channel):
                 self._backoff.reset()
                 continue
             self.raise_if_lost()
+            if self._setup_check is not None:  # a receiver that died while we set up
+                self._setup_check()
             if deadline is not None and time.monotonic() >= deadline:
                 return False
             self._backoff.pause()

@@ -252,6 +252,7 @@ class TcpChannel(Channel):
                 self._generation,
                 deadline,
                 lambda: f"receiver's data port {self._where} did not acknowledge our token",
+                info.check,
             )
         except BaseException:
             self.close()
@@ -303,8 +304,16 @@ class TcpChannel(Channel):
         return self._released.get(tensor_id, 0)
 
     def await_credit(
-        self, tensor_id: int, at_least: int, deadline: float | None, what: Callable[[], str]
+        self,
+        tensor_id: int,
+        at_least: int,
+        deadline: float | None,
+        what: Callable[[], str],
+        check: Callable[[], None] | None = None,
     ) -> None:
+        """Until the receiver has released ``at_least`` of ``tensor_id`` (or acknowledged our
+        token: HELLO_ACK); ``check`` (the set-up's check of the receiver) is called between
+        the waits of 100 ms."""
         # Polled without sleeping for CREDIT_SPIN first: a credit usually comes back within
         # it, and a thread that sleeps in poll() is woken by the receiver's send, on the
         # receiver's core, where the kernel then tends to run it, beside the consumer it
@@ -321,6 +330,8 @@ class TcpChannel(Channel):
                 continue
             wait_ms = 100 if deadline is None else max(1, min(100, int((deadline - now) * 1000)))
             self._absorb(wait_ms)
+            if check is not None:
+                check()
 
     def _close_open_frame(self) -> None:
         """A write was interrupted part way through a frame: close the connection (the
