@@ -51,8 +51,11 @@ class ProcessWatch:
     def alive(self) -> bool:
         if self._dead:
             return False
-        if self._poll is not None:
-            self._dead = bool(self._poll.poll(0))  # a pidfd becomes readable when the process exits
+        poll = self._poll  # once: close() in another thread may clear it
+        if poll is not None:
+            # RuntimeError: another thread polls it at this moment, and its answer will do
+            with contextlib.suppress(RuntimeError):
+                self._dead = bool(poll.poll(0))  # a pidfd becomes readable when the process exits
         else:
             try:
                 os.kill(self.pid, 0)

@@ -122,7 +122,8 @@ class _Peer:
         self._lost_counted = False  # this connection's loss is in the metrics
         #: the heartbeats' verdict on a receiver lost while the channel was being set up
         self.setup_lost: str | None = None
-        self._watch: ProcessWatch | None = None  # the receiver's process, during set-up here
+        #: the receiver's process, where it is on this host (from its welcome to close)
+        self._watch: ProcessWatch | None = None
 
     def note_lost(self) -> None:
         """Count this connection's loss once, however many writes and heartbeats see it."""
@@ -160,7 +161,7 @@ class _Peer:
                 self._request,
                 self.nixl,
                 self.copier,
-                self.check_setup,
+                self.check_alive,
             )
             self.transport = choose(self.requested, info)
             self.channel = open_channel(self.transport, info)
@@ -170,27 +171,26 @@ class _Peer:
             raise
         finally:
             self._timeout = saved
-            if self._watch is not None:
-                self._watch.close()
-                self._watch = None
 
-    def check_setup(self) -> None:
-        """While the data channel is being set up: raise PeerLostError once the receiver is
-        known gone, its process exited (on this host) or the heartbeats' verdict; each wait of
-        a set-up (a control request, NIXL's first exchange) ends then, not at its timeout."""
-        if self.setup_lost is not None:
+    def check_alive(self) -> None:
+        """Raise PeerLostError once the receiver is known gone: its process exited (on this
+        host, any time), or, while the data channel is being set up, the heartbeats' verdict
+        (afterwards they mark the channel). Waits that depend on the receiver (a set-up's, a
+        goodbye's) end then, not at their timeouts."""
+        if self.setup_lost is not None and self.channel is None:
             raise PeerLostError(self.setup_lost)
         watch = self._watch
         if watch is not None and not watch.alive():
             raise PeerLostError(
-                f"receiver at {self.address} (pid {watch.pid}) died while this sender connected"
+                f"receiver at {self.address} (pid {watch.pid}) died"
+                + (" while this sender connected" if self.channel is None else "")
             )
 
     def _request(self, msg: wire.Message, timeout: float | None) -> wire.Message:
         assert self.control is not None
         # a channel's own requests while it is set up end with the receiver's loss
         return self.control.request(
-            msg, timeout, self.check_setup if self.channel is None else None
+            msg, timeout, self.check_alive if self.channel is None else None
         )
 
     def _hello(self) -> wire.Welcome:
@@ -227,7 +227,7 @@ class _Peer:
         book = self.control.request(
             wire.Lookup(self.generation),
             self._timeout if timeout is _DEFAULT else timeout,
-            self.check_setup if self.channel is None else None,
+            self.check_alive if self.channel is None else None,
         )
         if not isinstance(book, wire.AddressBook):
             raise LocalProtocolError(f"expected an address book, got {book.TYPE}")
@@ -294,23 +294,38 @@ class _Peer:
         return w
 
     def goodbye(self) -> None:
-        if self.control is None or self.channel is None:
+        """End the session, within GOODBYE_TIMEOUT for the data plane's goodbye and the control
+        plane's together; at once where the receiver is known gone."""
+        channel, control = self.channel, self.control
+        if control is None or channel is None:
             return
+        deadline = time.monotonic() + GOODBYE_TIMEOUT
+
+        def check() -> None:
+            channel.raise_if_lost()
+            self.check_alive()
+
         try:
-            self.channel.check_peer()
-            if not self.channel.goodbye(GOODBYE_TIMEOUT):
-                self.control.request(wire.Goodbye(self.generation), GOODBYE_TIMEOUT)
+            check()
+            channel.check_peer()
+            if not channel.goodbye(GOODBYE_TIMEOUT):
+                left = deadline - time.monotonic()
+                if left > 0:
+                    control.request(wire.Goodbye(self.generation), left, check)
         except TensorWireError:
             pass  # the receiver is gone or not answering: nothing to say goodbye to
 
     def close_quietly(self) -> None:
         channel, self.channel = self.channel, None
         control, self.control = self.control, None
+        watch, self._watch = self._watch, None
         self.writers = {}
         if channel is not None:
             channel.close()
         if control is not None:
             control.close()
+        if watch is not None:
+            watch.close()
 
 
 class Sender(Resource):

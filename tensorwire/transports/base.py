@@ -57,9 +57,9 @@ class PeerInfo:
     nixl: Any = None
     #: the sender's SplitCopier for large host copies (None: one thread copies)
     copier: Any = None
-    #: while the channel is being set up: raises PeerLostError once the receiver is known gone
-    #: (its process exited, on this host; the heartbeats' verdict, anywhere), so that a set-up
-    #: waiting for the receiver ends then rather than at its timeout
+    #: raises PeerLostError once the receiver is known gone: its process exited (on this host,
+    #: any time), or the heartbeats' verdict while the channel is being set up (afterwards they
+    #: mark the channel); a wait for the receiver that calls it ends then, not at its timeout
     check: Callable[[], None] | None = None
 
     def data_endpoint(self, transport: str) -> tuple[str, int]:

@@ -198,8 +198,9 @@ class NixlChannel(Channel):
             raise TransportError("transport 'nixl' needs the control plane to attach")
         self._request = info.request
         self._timeout = info.timeout
-        #: the sender's check of the receiver while this channel is set up (then None)
-        self._setup_check = info.check
+        #: the sender's check of the receiver (its process on this host; the heartbeats'
+        #: verdict during the set-up): every wait for the receiver's notifications calls it
+        self._check_receiver = info.check
         self._generation = info.welcome.generation
         self._options = info.nixl if isinstance(info.nixl, NixlOptions) else NixlOptions()
         # Two agents: one only writes, one only talks. A NIXL transfer ends with an endpoint
@@ -233,7 +234,6 @@ class NixlChannel(Channel):
         except BaseException:
             self.close()
             raise
-        self._setup_check = None
         _IDLE_PROGRESS.add(self)
 
     # -- set-up ----------------------------------------------------------------------------
@@ -577,8 +577,12 @@ class NixlChannel(Channel):
                 self._backoff.reset()
                 continue
             self.raise_if_lost()
-            if self._setup_check is not None:  # a receiver that died while we set up
-                self._setup_check()
+            if self._check_receiver is not None:  # a receiver that died, frozen in set-up
+                try:
+                    self._check_receiver()
+                except PeerLostError as exc:
+                    self.mark_lost(str(exc))
+                    raise
             if deadline is not None and time.monotonic() >= deadline:
                 return False
             self._backoff.pause()
