@@ -4,10 +4,12 @@ One thread per sender, with a control socket of its own per receiver (a zmq sock
 thread, and a long blocking write must not delay a heartbeat), closed when the receiver is no
 longer a peer. Every ``interval`` seconds it sends each receiver a heartbeat naming the session's
 token, or more often where the receiver said in its welcome that it drops a session silent for
-less than ``misses`` intervals (at least ``misses`` heartbeats reach it within its timeout). A
-receiver that answers none for ``misses`` of the sender's own intervals, or answers that the
-session or generation is gone, is marked lost on the peer's channel, so the next write, or a write
-blocked waiting for credit, raises :class:`~tensorwire.errors.PeerLostError`.
+less than ``misses`` intervals (at least ``misses`` heartbeats reach it within its timeout). No
+answer is awaited longer than the shortest of those intervals, so a frozen receiver does not hold
+back the heartbeats of another. A receiver that answers none for ``misses`` of the sender's own
+intervals, or answers that the session or generation is gone, is marked lost on the peer's
+channel (or, while the channel is being set up, on the peer: ``setup_lost``), so the next write,
+or a write blocked waiting for credit, raises :class:`~tensorwire.errors.PeerLostError`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ log = logging.getLogger(__name__)
 
 #: The shortest interval between heartbeats to one receiver, however short its timeout.
 MIN_INTERVAL = 0.01
+#: Seconds a receiver's silence may fall short of ``misses`` intervals and still be judged
+#: (each unanswered wait may end up to a millisecond early: zmq polls in whole milliseconds)
+SILENCE_SLACK = 0.01
 
 
 class Heartbeats:
@@ -62,6 +67,7 @@ class Heartbeats:
     def _run(self) -> None:
         clients: dict[str, ControlClient] = {}
         missed: dict[str, int] = {}
+        silent_since: dict[str, float] = {}  # when the first heartbeat still unanswered went
         due: dict[str, float] = {}  # when each peer's next heartbeat goes
         try:
             while not self._stop.is_set():
@@ -73,8 +79,14 @@ class Heartbeats:
                 for address in [a for a in clients if a not in current]:
                     clients.pop(address).close()  # the peer was removed: its socket goes too
                     missed.pop(address, None)
+                    silent_since.pop(address, None)
                 for address in [a for a in due if a not in current]:
                     del due[address]
+                # No answer is awaited longer than the shortest interval: one thread serves
+                # every receiver, and a frozen one must not hold back the heartbeats that a
+                # receiver with a short timeout needs (its verdict comes from the time it has
+                # been silent, not from how many heartbeats went unanswered).
+                patience = min((self.interval_for(p) for p in peers), default=self.interval)
                 for peer in peers:
                     # A peer without a channel yet is being set up: kept alive, and a receiver
                     # found gone meanwhile is told to the set-up (``setup_lost``), whose waits
@@ -98,17 +110,23 @@ class Heartbeats:
                             peer.address, peer.curve_server_key
                         )
                     verdict = None
+                    sent = time.monotonic()
                     try:
-                        client.request(wire.Heartbeat(peer.generation, peer.token), every)
+                        client.request(
+                            wire.Heartbeat(peer.generation, peer.token), min(every, patience)
+                        )
                         missed[peer.address] = 0
+                        silent_since.pop(peer.address, None)
                     except WireTimeoutError:
                         missed[peer.address] = n = missed.get(peer.address, 0) + 1
+                        silent = time.monotonic() - silent_since.setdefault(peer.address, sent)
                         # lost after ``misses`` of the sender's own intervals without an answer,
-                        # however often a short receiver timeout makes it heartbeat
-                        if n * every >= self.misses * self.interval - 1e-9:
+                        # however often it heartbeats (``SILENCE_SLACK``: a wait's last
+                        # millisecond, which zmq's poll may cut short)
+                        if silent >= self.misses * self.interval - SILENCE_SLACK:
                             verdict = (
                                 f"receiver at {peer.address} missed {n} heartbeats "
-                                f"({n * every:g} s)"
+                                f"({silent:.1f} s without an answer)"
                             )
                     except TensorWireError as exc:  # session or generation gone
                         verdict = f"receiver at {peer.address}: {exc}"

@@ -481,6 +481,33 @@ def test_heartbeats_follow_a_receiver_timeout_shorter_than_their_interval(
     assert "no heartbeat" not in caplog.text
 
 
+def test_a_frozen_receiver_does_not_hold_back_the_heartbeats_of_another(
+    children: Children, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One sender, two receivers: A frozen (SIGSTOP), B dropping sessions silent for 0.6 s.
+    The sender's one heartbeat thread waits for A's answers no longer than B's interval, so B
+    keeps the sender through 2.5 s of idling (before, each heartbeat to A held the thread for
+    the sender's whole interval, 1 s here, and B dropped the sender as silent)."""
+    here, there = children.pipe()
+    proc = children.start(run_receiver, there, [("a", (4,), "float32")])
+    assert here.poll(30)
+    frozen = here.recv()["address"]
+    with tw.Receiver(heartbeat_timeout=0.6) as rx:
+        rx.register("b", (4,), "float32")
+        with tw.Sender(timeout=10, heartbeat=1.0) as tx:
+            tx.add_peer(frozen)
+            tx.add_peer(rx.address)
+            os.kill(proc.pid, signal.SIGSTOP)
+            try:
+                time.sleep(2.5)
+                tx.write("b", np.ones(4, np.float32))
+                assert rx.wait("b", timeout=5).tolist() == [1.0] * 4
+                rx.release("b")
+            finally:
+                os.kill(proc.pid, signal.SIGKILL)
+    assert "no heartbeat" not in caplog.text
+
+
 @pytest.mark.parametrize("how", ["kill", "stop"])
 def test_a_receiver_lost_in_the_middle_of_a_set_up_ends_it(
     transport: str, how: str, children: Children
