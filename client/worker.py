@@ -116,12 +116,7 @@ def build_parser(prog: str = "tensorwire-worker") -> argparse.ArgumentParser:
         default=None,
         help="the job's CURVE key pair (both files): encrypts the control plane",
     )
-    p.add_argument(
-        "--heartbeat", type=float, default=5.0, help="seconds between heartbeats to each server"
-    )
-    p.add_argument(
-        "--heartbeat-timeout", type=float, default=30.0, help="a server silent this long is lost"
-    )
+    config.add_heartbeat_flags(p, "server", 5.0, 30.0)
     p.add_argument("--metrics", metavar="PATH", help="write a JSON summary here at the end")
     config.add_metrics_flags(p)
     p.add_argument("--save-params", metavar="PATH.npz", help="save the final parameters")

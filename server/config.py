@@ -177,6 +177,40 @@ def add_metrics_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def positive_seconds(text: str) -> float:
+    """An argparse type: a positive number of seconds (a zero or negative interval or timeout
+    would heartbeat without pause, or drop every peer at once)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a positive number of seconds")
+    return value
+
+
+def add_heartbeat_flags(
+    parser: argparse.ArgumentParser, peer: str, interval: float, timeout: float
+) -> None:
+    """``--heartbeat`` (this daemon's senders) and ``--heartbeat-timeout`` (its receivers), the
+    same for both daemons; ``peer`` names the other side ("worker", "server")."""
+    parser.add_argument(
+        "--heartbeat",
+        type=positive_seconds,
+        default=interval,
+        metavar="SECONDS",
+        help=f"seconds between heartbeats to each {peer} (default {interval:g}; more "
+        "often where its --heartbeat-timeout asks for it)",
+    )
+    parser.add_argument(
+        "--heartbeat-timeout",
+        type=positive_seconds,
+        default=timeout,
+        metavar="SECONDS",
+        help=f"a {peer} silent this long is lost (default {timeout:g})",
+    )
+
+
 def start_metrics(
     args: argparse.Namespace, bind: str, source: Callable[[], Iterable[Metric]] | None = None
 ) -> MetricsServer | None:

@@ -121,18 +121,7 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
         default=None,
         help="encrypt the control plane with the CURVE key pair in DIR (`tensorwire keys DIR`)",
     )
-    p.add_argument(
-        "--heartbeat",
-        type=float,
-        default=d.heartbeat,
-        help=f"seconds between heartbeats to each worker (default {d.heartbeat:g})",
-    )
-    p.add_argument(
-        "--heartbeat-timeout",
-        type=float,
-        default=d.heartbeat_timeout,
-        help=f"a worker silent this long is lost (default {d.heartbeat_timeout:g})",
-    )
+    config.add_heartbeat_flags(p, "worker", d.heartbeat, d.heartbeat_timeout)
     p.add_argument("--metrics", metavar="PATH", help="write a JSON summary here at the end")
     config.add_metrics_flags(p)
     p.add_argument("--no-progress", action="store_true", help="no progress output")

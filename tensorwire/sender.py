@@ -363,6 +363,10 @@ class Sender(Resource):
         self._curve = curve_server_key
         self._nixl = nixl
         check_copy_threads(copy_threads)
+        if heartbeat is not None and not heartbeat > 0:
+            raise ValueError(
+                f"heartbeat must be a positive number of seconds or None (never), got {heartbeat!r}"
+            )
         self._transport = check_name(transport)
         self._secret = normalise_secret(secret)
         self.timeout = timeout

@@ -284,6 +284,11 @@ def test_bad_constructor_arguments() -> None:
         tw.Receiver("udp://1.2.3.4")
     with pytest.raises(ValueError, match="ring"):
         tw.Receiver(ring=0)
+    for bad in (0, -1.0):  # a peer dropped at once, a heartbeat without pause
+        with pytest.raises(ValueError, match="heartbeat_timeout must be a positive number"):
+            tw.Receiver(heartbeat_timeout=bad)
+        with pytest.raises(ValueError, match="heartbeat must be a positive number"):
+            tw.Sender(heartbeat=bad)
     with pytest.raises(tw.TransportError, match="unknown transport"):
         tw.Sender(transport="carrier-pigeon")
     with pytest.raises(tw.TensorWireError, match="tcp://HOST:PORT"):
