@@ -816,8 +816,25 @@ class Sender(Resource):
             self._lock.release()
         if self._heartbeats is not None:
             self._heartbeats.close()
+        # Every receiver's goodbye at once, each on its own channel and control socket: one
+        # that does not answer holds the close for GOODBYE_TIMEOUT, not that times each such
+        # receiver (a parameter server whose workers froze).
+        farewells = []
+        for p in peers[1:]:
+            thread = threading.Thread(
+                target=p.goodbye, name=f"tensorwire-goodbye-{self.name}", daemon=True
+            )
+            try:
+                thread.start()
+            except RuntimeError:  # no new threads (interpreter shutdown, Python 3.12+): in turn
+                p.goodbye()
+            else:
+                farewells.append(thread)
+        if peers:
+            peers[0].goodbye()
+        for thread in farewells:
+            thread.join()  # bounded: each goodbye is (GOODBYE_TIMEOUT)
         for p in peers:
-            p.goodbye()
             p.close_quietly()
         if self._copier is not None:
             self._copier.close()

@@ -105,6 +105,34 @@ def test_closing_a_sender_whose_receiver_was_killed_is_quick(
     assert time.monotonic() - start < 2.0
 
 
+def test_closing_a_sender_of_several_frozen_receivers_takes_one_goodbye(
+    children: Children,
+) -> None:
+    """Three receivers frozen (SIGSTOP): their goodbyes go out at once, so closing the sender
+    takes one GOODBYE_TIMEOUT (5 s), not one for each (15.0 s measured before)."""
+    from tensorwire.sender import GOODBYE_TIMEOUT
+
+    pipes, procs = [], []
+    for k in range(3):
+        here, there = children.pipe()
+        procs.append(children.start(run_receiver, there, [(f"t{k}", (4,), "float32")]))
+        pipes.append(here)
+    tx = tw.Sender(transport="tcp", timeout=30)
+    try:
+        for k, here in enumerate(pipes):
+            assert here.poll(30)
+            tx.add_peer(here.recv()["address"])
+            tx.write(f"t{k}", np.zeros(4, np.float32))
+        for proc in procs:
+            os.kill(proc.pid, signal.SIGSTOP)
+    finally:
+        start = time.monotonic()
+        tx.close()
+    assert time.monotonic() - start < GOODBYE_TIMEOUT + 2
+    for proc in procs:
+        os.kill(proc.pid, signal.SIGKILL)
+
+
 def test_garbage_on_control_port_keeps_serving(transport: str) -> None:
     with tw.Receiver() as rx:
         rx.register("other", (8,), "float32")
