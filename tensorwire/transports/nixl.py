@@ -91,6 +91,8 @@ MAX_REQUESTS_PER_SOURCE = 64
 IDLE_PROGRESS_INTERVAL = 0.02
 #: A posted transfer that has not completed in this long means the receiver is unreachable.
 TRANSFER_TIMEOUT = 60.0
+#: Seconds between a waiting writer's looks at its receiver's liveness (a pidfd on this host)
+RECEIVER_CHECK_EVERY = 0.005
 #: what NIXL calls each kind of memory (tensorwire.memory) it registers
 _NIXL_MEMORY = {HOST: "DRAM", CUDA: "VRAM"}
 
@@ -201,6 +203,7 @@ class NixlChannel(Channel):
         #: the sender's check of the receiver (its process on this host; the heartbeats'
         #: verdict during the set-up): every wait for the receiver's notifications calls it
         self._check_receiver = info.check
+        self._next_check = 0.0  # when _absorb_until calls it next (monotonic)
         self._generation = info.welcome.generation
         self._options = info.nixl if isinstance(info.nixl, NixlOptions) else NixlOptions()
         # Two agents: one only writes, one only talks. A NIXL transfer ends with an endpoint
@@ -577,7 +580,11 @@ class NixlChannel(Channel):
                 self._backoff.reset()
                 continue
             self.raise_if_lost()
-            if self._check_receiver is not None:  # a receiver that died, frozen in set-up
+            # a receiver that died, or froze during the set-up: looked at every
+            # RECEIVER_CHECK_EVERY, not on each turn (a pidfd's poll is a system call)
+            now = time.monotonic()
+            if self._check_receiver is not None and now >= self._next_check:
+                self._next_check = now + RECEIVER_CHECK_EVERY
                 try:
                     self._check_receiver()
                 except PeerLostError as exc:
