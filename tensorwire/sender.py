@@ -816,9 +816,9 @@ class Sender(Resource):
             self._lock.release()
         if self._heartbeats is not None:
             self._heartbeats.close()
-        # Every receiver's goodbye at once, each on its own channel and control socket: one
-        # that does not answer holds the close for GOODBYE_TIMEOUT, not that times each such
-        # receiver (a parameter server whose workers froze).
+        # Every receiver's goodbye at once, each on its own channel and control socket: the
+        # close then waits GOODBYE_TIMEOUT however many receivers do not answer, not that long
+        # for each of them (a parameter server whose workers froze).
         farewells = []
         for p in peers[1:]:
             thread = threading.Thread(
@@ -833,7 +833,7 @@ class Sender(Resource):
         if peers:
             peers[0].goodbye()
         for thread in farewells:
-            thread.join()  # bounded: each goodbye is (GOODBYE_TIMEOUT)
+            thread.join()  # bounded: a goodbye takes GOODBYE_TIMEOUT at most
         for p in peers:
             p.close_quietly()
         if self._copier is not None:
