@@ -14,28 +14,38 @@ message's time goes, and, against a stream's time per message, which end bounds 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
 import tensorwire as tw
 
 
-def measure(count: int, repeat: int, elements: int) -> list[float]:
-    """Microseconds per write + wait + release, one figure per repetition."""
+@contextlib.contextmanager
+def _loop(elements: int) -> Iterator[tuple[tw.Receiver, tw.Sender, np.ndarray[Any, Any]]]:
+    """A receiver of tensor "t" (``elements`` float32), a ``shm`` sender to it in this same
+    process, and the payload to write."""
     with tw.Receiver(heartbeat_timeout=None) as rx:
         rx.register("t", (elements,), "float32")
-        payload = np.ones(elements, np.float32)
         with tw.Sender.connect(rx.address, transport="shm", timeout=10) as tx:
-            figures = []
-            for _ in range(repeat):
-                start = time.perf_counter()
-                for _ in range(count):
-                    tx.write("t", payload)
-                    rx.wait("t")
-                    rx.release("t")
-                figures.append((time.perf_counter() - start) / count * 1e6)
+            yield rx, tx, np.ones(elements, np.float32)
+
+
+def measure(count: int, repeat: int, elements: int) -> list[float]:
+    """Microseconds per write + wait + release, one figure per repetition."""
+    with _loop(elements) as (rx, tx, payload):
+        figures = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            for _ in range(count):
+                tx.write("t", payload)
+                rx.wait("t")
+                rx.release("t")
+            figures.append((time.perf_counter() - start) / count * 1e6)
     return figures
 
 
@@ -43,29 +53,26 @@ def measure_each(count: int, elements: int) -> dict[str, float]:
     """Median microseconds of each call (``write``, ``wait``, ``release``) over ``count``
     messages, and of an empty pair of timer reads (``timer``), which each figure includes."""
     clock = time.perf_counter
-    with tw.Receiver(heartbeat_timeout=None) as rx:
-        rx.register("t", (elements,), "float32")
-        payload = np.ones(elements, np.float32)
-        with tw.Sender.connect(rx.address, transport="shm", timeout=10) as tx:
-            for _ in range(min(count, 1000)):  # past the first messages' one-off costs
-                tx.write("t", payload)
-                rx.wait("t")
-                rx.release("t")
-            times: dict[str, list[float]] = {"write": [], "wait": [], "release": [], "timer": []}
-            write, wait, release, timer = times.values()
-            for _ in range(count):
-                t0 = clock()
-                tx.write("t", payload)
-                t1 = clock()
-                rx.wait("t")
-                t2 = clock()
-                rx.release("t")
-                t3 = clock()
-                t4 = clock()
-                write.append(t1 - t0)
-                wait.append(t2 - t1)
-                release.append(t3 - t2)
-                timer.append(t4 - t3)
+    with _loop(elements) as (rx, tx, payload):
+        for _ in range(min(count, 1000)):  # past the first messages' one-off costs
+            tx.write("t", payload)
+            rx.wait("t")
+            rx.release("t")
+        times: dict[str, list[float]] = {"write": [], "wait": [], "release": [], "timer": []}
+        write, wait, release, timer = times.values()
+        for _ in range(count):
+            t0 = clock()
+            tx.write("t", payload)
+            t1 = clock()
+            rx.wait("t")
+            t2 = clock()
+            rx.release("t")
+            t3 = clock()
+            t4 = clock()
+            write.append(t1 - t0)
+            wait.append(t2 - t1)
+            release.append(t3 - t2)
+            timer.append(t4 - t3)
     return {call: statistics.median(ts) * 1e6 for call, ts in times.items()}
 
 

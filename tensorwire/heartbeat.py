@@ -35,6 +35,15 @@ MIN_INTERVAL = 0.01
 SILENCE_SLACK = 0.01
 
 
+def check_seconds(name: str, value: float | None) -> None:
+    """``value`` must be None (never) or a positive number of seconds: zero or less would
+    heartbeat without pause, or drop every peer at once. ValueError names ``name``."""
+    if value is not None and not value > 0:
+        raise ValueError(
+            f"{name} must be a positive number of seconds or None (never), got {value!r}"
+        )
+
+
 class Heartbeats:
     def __init__(
         self,

@@ -33,7 +33,7 @@ from .errors import (
     TensorWireError,
     UnknownTensorError,
 )
-from .heartbeat import Heartbeats, peers_of
+from .heartbeat import Heartbeats, check_seconds, peers_of
 from .layout import RingLayout
 from .memory import RegionInfo
 from .process import ProcessWatch, host_identity
@@ -363,10 +363,7 @@ class Sender(Resource):
         self._curve = curve_server_key
         self._nixl = nixl
         check_copy_threads(copy_threads)
-        if heartbeat is not None and not heartbeat > 0:
-            raise ValueError(
-                f"heartbeat must be a positive number of seconds or None (never), got {heartbeat!r}"
-            )
+        check_seconds("heartbeat", heartbeat)
         self._transport = check_name(transport)
         self._secret = normalise_secret(secret)
         self.timeout = timeout

@@ -33,6 +33,7 @@ from ..cuda import parse_device
 from ..curve import CurveKeys
 from ..endpoint import split_endpoint
 from ..errors import AuthenticationError, TensorWireError, TransportError
+from ..heartbeat import check_seconds
 from ..process import host_identity
 from ..rdma import NixlOptions, is_loopback_host
 from ..region import reap_stale_segments, shm_available
@@ -120,11 +121,7 @@ class Receiver(Resource):
             )
         if ring is not None and ring < 1:
             raise ValueError(f"ring must be at least 1, got {ring}")
-        if heartbeat_timeout is not None and not heartbeat_timeout > 0:
-            raise ValueError(
-                f"heartbeat_timeout must be a positive number of seconds or None (never), "
-                f"got {heartbeat_timeout!r}"
-            )
+        check_seconds("heartbeat_timeout", heartbeat_timeout)
         if secret is None and not insecure and not is_loopback_host(bind_host):
             raise AuthenticationError(
                 f"bind {bind} accepts connections from other hosts, so a secret is required "

@@ -43,7 +43,7 @@ from ..dtypes import exports_buffer
 from ..errors import PeerLostError, TransportError, WireTimeoutError
 from ..layout import OFF_STATE, REGION_CLOSED
 from ..memory import RegionInfo
-from ..process import ProcessWatch, host_identity
+from ..process import host_identity
 from ..region import Region
 from ..ring import RingMemory, SlotChooser
 from ..split_copy import SplitCopier
@@ -98,7 +98,9 @@ class ShmChannel(Channel):
         self._regions: dict[int, Region] = {}
         self._device_regions: dict[int, OpenedMemory] = {}
         self._same_process = info.welcome.pid == os.getpid()
-        self._watch = ProcessWatch(info.welcome.pid)
+        # the sender's look at the receiver (the pidfd its peer holds for a receiver on this
+        # host), taken every WATCH_INTERVAL at most
+        self._check_receiver = info.check
         self._next_watch = 0.0
         self._closed = False
         #: completes deferred GPU writes (started on the first one); ``_completing`` is held
@@ -154,11 +156,13 @@ class ShmChannel(Channel):
         # A receiver that closes says so in its region header (checked above, for free). One that
         # was killed can only be seen through its pidfd: a syscall, so not on every tiny write.
         now = time.monotonic()
-        if now >= self._next_watch:
+        if now >= self._next_watch and self._check_receiver is not None:
             self._next_watch = now + WATCH_INTERVAL
-            if not self._watch.alive():
-                self.lost = f"receiver at {self.address} (pid {self._watch.pid}) died"
-                raise PeerLostError(self.lost)
+            try:
+                self._check_receiver()
+            except PeerLostError as exc:
+                self.lost = str(exc)
+                raise
 
     def ring_receiver(self) -> None:
         """Ring the receiver's doorbell for the messages published without it (a batch)."""
@@ -237,7 +241,6 @@ class ShmChannel(Channel):
         with self._completing:  # a completion still storing finishes first; later ones skip
             self._closed = True
         self.lost = f"channel to {self.address} is closed"
-        self._watch.close()
         for region in self._regions.values():
             region.close()
         self._regions.clear()
