@@ -192,10 +192,12 @@ class PSClient:
                     left = max(deadline - time.monotonic(), 0.01)
                     self.tx.add_peer(addr, connect_timeout=min(2.0, left))
                     break
-                except (tw.WireTimeoutError, tw.PeerLostError):
+                except (tw.WireTimeoutError, tw.PeerLostError) as exc:
                     if time.monotonic() >= deadline:
+                        # the last try's error says why (nothing listening, a handshake refused)
                         raise PSClientError(
-                            f"parameter server {addr} did not answer within {timeout:g} s"
+                            f"parameter server {addr} did not answer within {timeout:.3g} s; "
+                            f"the last try: {exc}"
                         ) from None
                     time.sleep(0.2)
 

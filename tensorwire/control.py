@@ -4,12 +4,18 @@ The control plane carries only small msgpack messages (hello, address book, clai
 tensors never pass through it. The server runs one thread that owns its ROUTER socket, answers each
 request through a handler and calls a periodic ``tick`` (liveness checks). The client is strictly
 request/reply with a bounded wait; a request that times out poisons the socket (a late reply could
-be mistaken for the next one), so the client then reconnects on a fresh socket.
+be mistaken for the next one), so the client then reconnects on a fresh socket. Until a socket's
+first reply, ZeroMQ's monitor tells the client what its connection went through, so that a
+request that goes unanswered says why (nothing listening, a handshake refused, a receiver that
+accepted but is silent), and one that can never be answered (CURVE on one side only) fails at
+once.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 import socket
 import threading
 import time
@@ -17,6 +23,7 @@ import weakref
 from collections.abc import Callable
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from . import curve, metrics, quietlog, wire
 from .curve import CurveKeys
@@ -175,6 +182,117 @@ _ERRORS: dict[str, type[TensorWireError]] = {
 #: How often a request that is given a check calls it while it waits for the reply (ms)
 CHECK_EVERY_MS = 100
 
+#: What a new control socket's monitor reports: enough to tell why a request went unanswered.
+_WATCHED = (
+    zmq.EVENT_CONNECTED
+    | zmq.EVENT_CONNECT_RETRIED
+    | zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
+_monitor_numbers = itertools.count()
+
+
+class _Watch:
+    """What a control socket's connection went through, from ZeroMQ's monitor, until its first
+    reply (the connection is then known good, and the monitor is stopped).
+
+    The monitor's queue is unbounded: libzmq's I/O thread, which every control socket of the
+    process shares, blocks once a monitor's queue is full (a thousand events: under a minute of
+    refused reconnections, measured). Events are read while a request waits, and a socket is
+    opened only where a request follows at once (a client's first, or the one after a request
+    went unanswered), so no queue grows unread for long."""
+
+    def __init__(self, sock: zmq.Socket[bytes], curve: bool) -> None:
+        self._curve = curve
+        self.refused = 0  # connections refused (nothing listening)
+        self.cut = 0  # connections closed by the far end during the ZeroMQ handshake
+        self.connected = False  # a TCP connection stands (handshake done or not)
+        self.up = False  # handshake done, not disconnected since
+        self.fatal: str | None = None  # a handshake that can never succeed, and why
+        address = f"inproc://tensorwire-control-monitor-{os.getpid()}-{next(_monitor_numbers)}"
+        sock.monitor(address, _WATCHED)
+        self.events: zmq.Socket[bytes] = _context().socket(zmq.PAIR)
+        self.events.setsockopt(zmq.LINGER, 0)
+        self.events.setsockopt(zmq.RCVHWM, 0)  # unbounded (see above)
+        self.events.connect(address)
+
+    def read(self) -> None:
+        """Take in every event that has arrived."""
+        while True:
+            try:
+                event = recv_monitor_message(self.events, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            kind, value = event["event"], event["value"]
+            if kind == zmq.EVENT_CONNECT_RETRIED and not self.up:
+                self.refused += 1  # a retry follows a refusal, or the loss of a connection
+            elif kind == zmq.EVENT_CONNECTED:
+                self.connected = True
+            elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.up = True
+            elif kind == zmq.EVENT_DISCONNECTED:
+                self.connected = self.up = False
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                self.fatal = "it refused this sender's CURVE credentials"
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and (
+                value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
+            ):
+                # ZeroMQ does not try again after this: the wait could only run out
+                self.fatal = (
+                    "it does not encrypt its control plane with CURVE, and this sender was "
+                    "given a server key (curve_server_key; --curve-keys on the daemons): use "
+                    "the same setting at both ends"
+                    if self._curve
+                    else "it encrypts its control plane with CURVE, and this sender was given no "
+                    "server key: pass its public key (curve_server_key=; --curve-keys DIR on the "
+                    "daemons)"
+                )
+            elif kind in (
+                zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
+                zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+            ):
+                self.cut += 1
+
+    def why(self) -> str:
+        """Why no reply came, as far as the connection tells."""
+        self.read()
+        if self.up:
+            return "it accepted the connection but sent no reply (busy, stopped, or overloaded?)"
+        if self.cut:
+            if self._curve:
+                return (
+                    f"it closed the connection during the CURVE handshake ({self.cut} tries): "
+                    "is the server key the receiver's public key (server.key of its "
+                    "--curve-keys directory)?"
+                )
+            return (
+                f"it closed the connection during the ZeroMQ handshake ({self.cut} tries): is "
+                "a tensorwire receiver listening there?"
+            )
+        if self.connected:
+            return (
+                "it accepted the connection but never answered the ZeroMQ handshake (stopped, "
+                "or not a tensorwire receiver?)"
+            )
+        if self.refused:
+            return (
+                f"nothing accepted a connection there ({self.refused} tries refused): is it "
+                "running, and is the address right?"
+            )
+        return (
+            "no connection could be made in that time: is the host right, and does a firewall "
+            "let the port through?"
+        )
+
+    def close(self, sock: zmq.Socket[bytes]) -> None:
+        # Stopped before the socket closes: closed with its monitor running, a socket leaves
+        # the monitor's descriptors open (3 a socket, measured).
+        sock.disable_monitor()
+        self.events.close()
+
 
 class ControlClient:
     """A DEALER socket doing one request/reply at a time."""
@@ -183,18 +301,25 @@ class ControlClient:
         self.address = address
         self._curve = curve_server_key
         self._sock: zmq.Socket[bytes] | None = None
-        try:
-            self._open()
-        except BaseException:
-            if self._sock is not None:
-                self._sock.close()
-            raise
+        self._watch: _Watch | None = None
+        self._closed = False
+        self._open()
 
-    def _open(self) -> None:
-        self._sock = _socket(zmq.DEALER)
-        if self._curve is not None:
-            curve.connect(self._sock, self._curve)
-        self._sock.connect(self.address)
+    def _open(self) -> zmq.Socket[bytes]:
+        sock = _socket(zmq.DEALER)
+        try:
+            if self._curve is not None:
+                curve.connect(sock, self._curve)
+            self._watch = _Watch(sock, self._curve is not None)  # before connect: all of it
+            sock.connect(self.address)
+        except BaseException:
+            if self._watch is not None:
+                self._watch.close(sock)
+                self._watch = None
+            sock.close()
+            raise
+        self._sock = sock
+        return sock
 
     def request(
         self, msg: wire.Message, timeout: float | None, check: Callable[[], None] | None = None
@@ -202,60 +327,89 @@ class ControlClient:
         """Send ``msg`` and return the reply; an :class:`~wire.ErrorReply` is raised as an error.
         ``check``, if given, is called every :data:`CHECK_EVERY_MS` while the reply is awaited,
         and what it raises (a receiver known dead: PeerLostError) ends the wait."""
-        if self._sock is None:
+        if self._closed:
             raise ClosedError("control client is closed")
+        sock = self._sock or self._open()  # after an unanswered request, a new socket
         deadline = None if timeout is None else time.monotonic() + timeout
-
-        def left_ms() -> int | None:
-            return None if deadline is None else max(int((deadline - time.monotonic()) * 1000), 0)
-
         # A DEALER's send blocks while it has no connection to queue on (between reconnects,
         # e.g. after a refused CURVE handshake): wait for one within the same deadline.
         sent = False
-        if self._sock.poll(left_ms(), zmq.POLLOUT):
+        if self._ready(zmq.POLLOUT, deadline, None):
             try:
-                self._sock.send(wire.encode(msg), zmq.NOBLOCK)
+                sock.send(wire.encode(msg), zmq.NOBLOCK)
                 sent = True
             except zmq.Again:
                 pass
-        if not sent or not self._replied(left_ms, check):
+        if not sent or not self._ready(zmq.POLLIN, deadline, check):
+            why = (
+                self._watch.why()
+                if self._watch is not None
+                else "it answered before on this connection: has it exited, or stopped?"
+            )
             self._reset()
             raise WireTimeoutError(
                 f"receiver at {self.address} did not answer a {msg.TYPE} request within "
-                f"{timeout} s (is it running, and is the address right?)"
+                f"{timeout:.3g} s: {why}"
             )
-        reply = wire.decode(self._sock.recv())
+        reply = wire.decode(sock.recv())
+        if self._watch is not None:  # the connection works: nothing more to learn from it
+            self._watch.close(sock)
+            self._watch = None
         if isinstance(reply, wire.ErrorReply):
             err = _ERRORS.get(reply.code, RemoteProtocolError)
             raise err(f"receiver at {self.address} refused {msg.TYPE}: {reply.message}")
         return reply
 
-    def _replied(self, left_ms: Callable[[], int | None], check: Callable[[], None] | None) -> bool:
-        """Has the reply come within the deadline (``check()`` between slices, see request)?"""
+    def _ready(self, flag: int, deadline: float | None, check: Callable[[], None] | None) -> bool:
+        """Is the socket ready for ``flag`` before ``deadline``? Meanwhile ``check()`` every
+        :data:`CHECK_EVERY_MS` (see request), and the connection's events: a handshake that can
+        never succeed raises :class:`AuthenticationError` at once."""
         assert self._sock is not None
-        if check is None:
-            return bool(self._sock.poll(left_ms(), zmq.POLLIN))
+        poller = zmq.Poller()
+        poller.register(self._sock, flag)
+        watch = self._watch
+        if watch is not None:
+            poller.register(watch.events, zmq.POLLIN)
         while True:
-            left = left_ms()
-            step = CHECK_EVERY_MS if left is None else min(left, CHECK_EVERY_MS)
-            if self._sock.poll(step, zmq.POLLIN):
+            left = None if deadline is None else max(int((deadline - time.monotonic()) * 1000), 0)
+            step = (
+                left
+                if check is None
+                else CHECK_EVERY_MS
+                if left is None
+                else min(left, CHECK_EVERY_MS)
+            )
+            ready = dict(poller.poll(step))
+            if self._sock in ready:
                 return True
-            if left is not None and left <= step:
+            if watch is not None and watch.events in ready:
+                watch.read()
+                if watch.fatal is not None:
+                    why = watch.fatal
+                    self._reset()
+                    raise AuthenticationError(
+                        f"receiver at {self.address} cannot be spoken to: {why}"
+                    )
+                continue  # the wait goes on, for what is left of it
+            if left is not None and left <= (step or 0):
                 return False
-            try:
-                check()
-            except BaseException:
-                self._reset()
-                raise
+            if check is not None:
+                try:
+                    check()
+                except BaseException:
+                    self._reset()
+                    raise
 
     def _reset(self) -> None:
-        """A request went unanswered: a new socket, so that a late reply to it cannot pass for
-        the reply to the next request."""
-        assert self._sock is not None
-        self._sock.close()
-        self._open()
-
-    def close(self) -> None:
+        """A request went unanswered: the socket is closed, so that a late reply to it cannot
+        pass for the reply to the next request, which opens a new one."""
         sock, self._sock = self._sock, None
         if sock is not None:
+            if self._watch is not None:
+                self._watch.close(sock)
+                self._watch = None
             sock.close()
+
+    def close(self) -> None:
+        self._closed = True
+        self._reset()

@@ -429,11 +429,9 @@ def test_a_worker_whose_server_died_exits_in_one_line(tmp_path: Path) -> None:
         "joined 1 server(s)",  # then it trains (a step takes milliseconds)
     )
     assert code == 1 and "Traceback" not in err
-    assert (
-        err.strip()
-        .splitlines()[-1]
-        .startswith(f"tensorwire-worker: error: parameter server {address} did not answer within")
-    )
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"tensorwire-worker: error: parameter server {address} did not answer")
+    assert "nothing accepted a connection there" in last  # why, from its last try
     assert "reconnecting, waiting up to 2 s for it to come back (--reconnect-timeout)" in err
 
 

@@ -315,8 +315,20 @@ def test_restarted_receiver_has_new_generation(transport: str) -> None:
 
 
 def test_connect_to_nothing_times_out_clearly() -> None:
-    with pytest.raises(tw.WireTimeoutError, match="did not answer"):
+    with pytest.raises(tw.WireTimeoutError, match=r"did not answer.*nothing accepted a connection"):
         tw.Sender.connect(f"tcp://127.0.0.1:{free_port()}", timeout=0.3)
+
+
+def test_connect_to_a_listener_that_never_answers_says_so() -> None:
+    """A port that accepts TCP connections but never speaks ZeroMQ (a receiver frozen before it
+    answered, or another service): the timeout says the connection stood and the handshake
+    never came, not that nothing listens."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()  # never accepted: the kernel completes the connection by itself
+        port = listener.getsockname()[1]
+        with pytest.raises(tw.WireTimeoutError, match="accepted the connection but never"):
+            tw.Sender.connect(f"tcp://127.0.0.1:{port}", timeout=0.5)
 
 
 def test_a_refresh_from_a_receiver_that_is_gone_ends_by_its_own_timeout() -> None:
@@ -699,13 +711,26 @@ def test_curve_encrypted_control_plane(tmp_path: Path, transport: str) -> None:
         ) as tx:
             tx.write("t", np.arange(4, dtype=np.int32))
         assert rx.wait("t", timeout=5).tolist() == [0, 1, 2, 3]
-        other = zmq.curve_keypair()[0]
-        for key in (None, other):  # no key, or the wrong one: the handshake never completes
-            with pytest.raises(tw.WireTimeoutError):
-                tw.Sender.connect(
-                    rx.address, transport=transport, timeout=0.5, curve_server_key=key
-                )
+        # The wrong key: the receiver closes every handshake, and the timeout says so.
+        with pytest.raises(tw.WireTimeoutError, match="during the CURVE handshake"):
+            tw.Sender.connect(
+                rx.address,
+                transport=transport,
+                timeout=0.5,
+                curve_server_key=zmq.curve_keypair()[0],
+            )
+        # No key: ZeroMQ never tries again after a mechanism mismatch, so the connect fails at
+        # once rather than when its timeout runs out (it waited the whole 60 s by default).
+        started = time.monotonic()
+        with pytest.raises(tw.AuthenticationError, match="encrypts its control plane with CURVE"):
+            tw.Sender.connect(rx.address, transport=transport, timeout=30)
+        assert time.monotonic() - started < 10
         assert rx.pending("t") == 0
+    with tw.Receiver() as plain:  # and a key given for a receiver without CURVE
+        started = time.monotonic()
+        with pytest.raises(tw.AuthenticationError, match="does not encrypt its control plane"):
+            tw.Sender.connect(plain.address, timeout=30, curve_server_key=keys.public)
+        assert time.monotonic() - started < 10
 
 
 def test_a_refused_curve_handshake_never_outlasts_the_timeout(tmp_path: Path) -> None:
@@ -721,7 +746,8 @@ def test_a_refused_curve_handshake_never_outlasts_the_timeout(tmp_path: Path) ->
         for i in range(20):  # bounded: 20 tries of 0.3 s
             key = None if i % 2 else zmq.curve_keypair()[0]
             started = time.monotonic()
-            with pytest.raises(tw.WireTimeoutError):
+            # no key fails at once (a mechanism mismatch), the wrong one at the timeout
+            with pytest.raises((tw.WireTimeoutError, tw.AuthenticationError)):
                 tw.Sender.connect(rx.address, transport="tcp", timeout=0.3, curve_server_key=key)
             assert time.monotonic() - started < 5.0
 
