@@ -91,13 +91,16 @@ class NixlOptions:
     InfiniBand), copying 64 KiB under 2 µs. 0 never copies.
     Settings a user exported in the environment are kept unless a field here overrides them.
 
-    One UCX default is changed: ``UCX_MM_ERROR_HANDLING=y``. NIXL creates its endpoints with
-    peer-failure handling, which UCX's shared-memory transports (``posix``, ``sysv``) offer only
-    with that setting; without it UCX carries every notification between two processes of one host
-    over ``tcp/lo``. With it they travel through shared memory: on the 2-core VM raw NIXL's 4 KiB
-    round trip fell from 31 to 7 µs (BENCHMARKS.md, "Notifications through shared memory"). Both
-    ends on one host must agree (an agent with it and one without find no transport to each
-    other); set it to ``n`` in ``env`` (or the environment) at both to keep UCX's default.
+    ``UCX_MM_ERROR_HANDLING`` stays at UCX's default (``n``) unless set here or exported. NIXL
+    creates its endpoints with peer-failure handling, which UCX's shared-memory transports
+    (``posix``, ``sysv``) offer only with ``y``: so by default the notifications between two
+    processes of one host travel over ``tcp/lo``. ``y`` moves them into a FIFO in the receiver's
+    shared memory, which is faster (raw NIXL's 4 KiB round trip on the 2-core VM: 7 µs against
+    31) but not safe against a peer that dies: a process SIGKILLed while it writes a notification
+    leaves an element of that FIFO never completed, and the receiving agent then hears no process
+    of the host again, peers connected before included (reproduced with ``python -m
+    tensorwire.bench.notifier_kills``; docs/rdma.md). Both ends on one host must agree (an agent
+    with it and one without find no transport to each other).
     """
 
     progress_thread: bool = False
@@ -122,8 +125,6 @@ class NixlOptions:
         """The ``UCX_*`` variables to set while creating an agent. ``gpus``: whether this host
         has NVIDIA GPUs (looked up when None)."""
         env = dict(self.env)
-        if "UCX_MM_ERROR_HANDLING" not in os.environ and "UCX_MM_ERROR_HANDLING" not in env:
-            env["UCX_MM_ERROR_HANDLING"] = "y"  # notifications through shared memory on one host
         if self.net_devices is not None:
             env["UCX_NET_DEVICES"] = self.net_devices
         elif loopback and "UCX_NET_DEVICES" not in os.environ and "UCX_NET_DEVICES" not in env:
