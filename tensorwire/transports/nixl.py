@@ -205,6 +205,7 @@ class NixlChannel(Channel):
         self._check_receiver = info.check
         self._next_check = 0.0  # when _absorb_until calls it next (monotonic)
         self._generation = info.welcome.generation
+        self._same_host = info.welcome.host == host_identity()
         self._options = info.nixl if isinstance(info.nixl, NixlOptions) else NixlOptions()
         # Two agents: one only writes, one only talks. A NIXL transfer ends with an endpoint
         # flush, and on an endpoint that has also carried notifications that flush waits for the
@@ -282,7 +283,13 @@ class NixlChannel(Channel):
         self._notifier.send_notif(self._remote, wire.encode_credit(PING, 0))
         deadline = deadline_of(self._timeout if self._timeout is not None else 60.0)
         if not self._absorb_until(lambda: self._ponged, deadline):
-            raise WireTimeoutError(f"receiver at {self._where} did not answer a NIXL ping")
+            hint = (
+                " (its agent has UCX_MM_ERROR_HANDLING=y, as this sender's: a process of this "
+                "host killed while it sent there may have left it deaf for good; docs/rdma.md)"
+                if self._mm_errh and self._same_host
+                else ""
+            )
+            raise WireTimeoutError(f"receiver at {self._where} did not answer a NIXL ping{hint}")
         src = self._register(np.zeros(SCRATCH_SIZE, dtype=np.uint8))  # not cached: used once
         try:
             self.put(src, self._bases[0] + OFF_SCRATCH, b"", ("DRAM", 0))
