@@ -388,7 +388,7 @@ class ControlClient:
                     why = watch.fatal
                     self._reset()
                     raise AuthenticationError(
-                        f"receiver at {self.address} cannot be spoken to: {why}"
+                        f"cannot talk to the receiver at {self.address}: {why}"
                     )
                 continue  # the wait goes on, for what is left of it
             if left is not None and left <= (step or 0):

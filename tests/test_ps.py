@@ -414,6 +414,23 @@ def test_job_with_curve_keys_trains(job: Any, tmp_path: Path) -> None:
     assert j.metrics("w0")["steps"] == 50
 
 
+def test_a_worker_without_the_servers_curve_key_stops_at_once_in_one_line(
+    job: Any, tmp_path: Path
+) -> None:
+    """The server encrypts its control plane; a worker started without --curve-keys can never
+    complete a handshake. It used to retry until its join timeout and then say the server 'did
+    not answer'; it now exits 1 at once, naming the setting."""
+    keys = tmp_path / "keys"
+    assert _cli("-m", "tensorwire.cli", "keys", str(keys)).returncode == 0
+    j = job(workers=1, ps=["--steps", "50", "--curve-keys", str(keys), "--join-timeout", "60"])
+    started = time.monotonic()
+    assert j.workers[0].wait(60) == 1
+    assert time.monotonic() - started < 30  # at once; its connect timeout is 60 s
+    last = j.log("w0").strip().splitlines()[-1]
+    assert "Traceback" not in j.log("w0")
+    assert last.startswith("tensorwire-worker: error: ") and "encrypts its control plane" in last
+
+
 # -- servers know no model ----------------------------------------------------------------------
 
 
