@@ -49,7 +49,9 @@ class RemoteProtocolError(ProtocolError):
 
 
 class AuthenticationError(TensorWireError):
-    """The control-plane handshake failed: missing, wrong or unexpected shared secret."""
+    """The control-plane handshake failed: a missing, wrong or unexpected shared secret, or a
+    CURVE setting that differs between the ends (a key missing at one, or given to a receiver
+    without CURVE)."""
 
 
 class TransportError(TensorWireError):
