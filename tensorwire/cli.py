@@ -53,7 +53,7 @@ def _gpu_info() -> None:
 
 
 def _nixl_info() -> None:
-    from .rdma import INSTALL_HINT, describe
+    from .rdma import INSTALL_HINT, NixlOptions, describe, shared_memory_notifications
 
     nixl = describe()
     if not nixl["available"]:
@@ -73,6 +73,17 @@ def _nixl_info() -> None:
     print(
         "ucx gpu transports: "
         + (", ".join(gpu) if gpu else "none (nixl moves host memory only here)")
+    )
+    # what an agent made now with default options would do (an exported setting counts)
+    shared = shared_memory_notifications(NixlOptions(), loopback=True)
+    print(
+        "nixl notifications within this host: "
+        + (
+            "UCX's shared-memory queue (UCX_MM_ERROR_HANDLING=y: faster, but a process killed "
+            "mid-message can leave a receiver deaf for good; docs/rdma.md)"
+            if shared
+            else "tcp/lo (UCX_MM_ERROR_HANDLING=n: safe against a process killed mid-message)"
+        )
     )
 
 

@@ -215,6 +215,12 @@ def test_info_reports_the_installation() -> None:
     assert re.search(r"^nixl: nixl_cu1\d \d+\.\d+", out.stdout, re.M), out.stdout
     ucx = next(line for line in out.stdout.splitlines() if line.startswith("ucx: "))
     assert "tcp/lo" in ucx and "cma/memory" in ucx
+    # where NIXL's notifications go between processes of this host, and what that risks
+    default = os.environ.get("UCX_MM_ERROR_HANDLING", "n") == "n"
+    here = "nixl notifications within this host: " + ("tcp/lo" if default else "UCX's shared")
+    assert here in out.stdout, out.stdout
+    opted = run("-m", "tensorwire.cli", "info", env={"UCX_MM_ERROR_HANDLING": "y"})
+    assert "shared-memory queue (UCX_MM_ERROR_HANDLING=y: faster, but a process" in opted.stdout
 
 
 def test_polling_probe_reports_its_figures() -> None:
