@@ -331,6 +331,19 @@ def test_connect_to_a_listener_that_never_answers_says_so() -> None:
             tw.Sender.connect(f"tcp://127.0.0.1:{port}", timeout=0.5)
 
 
+def test_connect_to_a_zeromq_peer_that_never_replies_says_so() -> None:
+    """A ZeroMQ socket that completes the handshake and never answers (a receiver whose control
+    thread is stuck, or another ZeroMQ service): the timeout says the connection was made and no
+    reply came."""
+    silent = zmq.Context.instance().socket(zmq.ROUTER)
+    try:
+        port = silent.bind_to_random_port("tcp://127.0.0.1")
+        with pytest.raises(tw.WireTimeoutError, match="accepted the connection but sent no reply"):
+            tw.Sender.connect(f"tcp://127.0.0.1:{port}", timeout=0.5)
+    finally:
+        silent.close(linger=0)
+
+
 def test_a_refresh_from_a_receiver_that_is_gone_ends_by_its_own_timeout() -> None:
     """refresh(timeout=) bounds the look-up, whatever the sender's timeout (a worker waiting
     for its servers' tensors while the job forms waits until its connect deadline, not for the
