@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import os
 import socket
 import threading
@@ -325,8 +326,9 @@ class ControlClient:
         self, msg: wire.Message, timeout: float | None, check: Callable[[], None] | None = None
     ) -> wire.Message:
         """Send ``msg`` and return the reply; an :class:`~wire.ErrorReply` is raised as an error.
-        ``check``, if given, is called every :data:`CHECK_EVERY_MS` while the reply is awaited,
-        and what it raises (a receiver known dead: PeerLostError) ends the wait."""
+        ``check``, if given, is called every :data:`CHECK_EVERY_MS` while the request waits (for
+        a connection to send on, then for the reply), and what it raises (a receiver known dead:
+        PeerLostError) ends the wait."""
         if self._closed:
             raise ClosedError("control client is closed")
         sock = self._sock or self._open()  # after an unanswered request, a new socket
@@ -334,7 +336,7 @@ class ControlClient:
         # A DEALER's send blocks while it has no connection to queue on (between reconnects,
         # e.g. after a refused CURVE handshake): wait for one within the same deadline.
         sent = False
-        if self._ready(zmq.POLLOUT, deadline, None):
+        if self._ready(zmq.POLLOUT, deadline, check):
             try:
                 sock.send(wire.encode(msg), zmq.NOBLOCK)
                 sent = True
@@ -370,16 +372,16 @@ class ControlClient:
         watch = self._watch
         if watch is not None:
             poller.register(watch.events, zmq.POLLIN)
+        # By the clock, not per wake-up: the monitor's events (a refused reconnection every
+        # ~0.1 s) must not put the check off.
+        check_at = None if check is None else time.monotonic() + CHECK_EVERY_MS / 1000
         while True:
-            left = None if deadline is None else max(int((deadline - time.monotonic()) * 1000), 0)
-            step = (
-                left
-                if check is None
-                else CHECK_EVERY_MS
-                if left is None
-                else min(left, CHECK_EVERY_MS)
-            )
-            ready = dict(poller.poll(step))
+            if check_at is None:
+                until = deadline
+            else:
+                until = check_at if deadline is None else min(deadline, check_at)
+            ms = None if until is None else max(math.ceil((until - time.monotonic()) * 1000), 0)
+            ready = dict(poller.poll(ms))
             if self._sock in ready:
                 return True
             if watch is not None and watch.events in ready:
@@ -390,15 +392,17 @@ class ControlClient:
                     raise AuthenticationError(
                         f"cannot talk to the receiver at {self.address}: {why}"
                     )
-                continue  # the wait goes on, for what is left of it
-            if left is not None and left <= (step or 0):
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
                 return False
-            if check is not None:
+            if check_at is not None and now >= check_at:
+                assert check is not None
                 try:
                     check()
                 except BaseException:
                     self._reset()
                     raise
+                check_at = now + CHECK_EVERY_MS / 1000
 
     def _reset(self) -> None:
         """A request went unanswered: the socket is closed, so that a late reply to it cannot
