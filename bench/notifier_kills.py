@@ -168,6 +168,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tensorwire.bench.notifier_kills",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description=(
             "SIGKILL NIXL peers while they send notifications, and see whether the receiving "
             "agent still hears a peer that was connected all along."
