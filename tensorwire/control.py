@@ -314,9 +314,7 @@ class ControlClient:
             self._watch = _Watch(sock, self._curve is not None)  # before connect: all of it
             sock.connect(self.address)
         except BaseException:
-            if self._watch is not None:
-                self._watch.close(sock)
-                self._watch = None
+            self._unwatch(sock)
             sock.close()
             raise
         self._sock = sock
@@ -354,9 +352,7 @@ class ControlClient:
                 f"{timeout:.3g} s: {why}"
             )
         reply = wire.decode(sock.recv())
-        if self._watch is not None:  # the connection works: nothing more to learn from it
-            self._watch.close(sock)
-            self._watch = None
+        self._unwatch(sock)  # the connection works: nothing more to learn from it
         if isinstance(reply, wire.ErrorReply):
             err = _ERRORS.get(reply.code, RemoteProtocolError)
             raise err(f"receiver at {self.address} refused {msg.TYPE}: {reply.message}")
@@ -409,10 +405,14 @@ class ControlClient:
         pass for the reply to the next request, which opens a new one."""
         sock, self._sock = self._sock, None
         if sock is not None:
-            if self._watch is not None:
-                self._watch.close(sock)
-                self._watch = None
+            self._unwatch(sock)
             sock.close()
+
+    def _unwatch(self, sock: zmq.Socket[bytes]) -> None:
+        """Stop ``sock``'s monitor, if it has one (before the socket closes: see _Watch.close)."""
+        if self._watch is not None:
+            self._watch.close(sock)
+            self._watch = None
 
     def close(self) -> None:
         self._closed = True
