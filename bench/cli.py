@@ -348,7 +348,10 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     def stop(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, stop)
+    # SIGINT too, and not only Python's default: a shell that starts `bench serve &` leaves
+    # SIGINT ignored, and `kill -INT` should still stop it, as it stops the daemons
+    for signum in _STOP_SIGNALS:
+        signal.signal(signum, stop)
     signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)  # threads started now inherit it
     scrape = None
     try:

@@ -780,14 +780,19 @@ def test_a_tcp_write_interrupted_mid_frame_closes_the_connection(children: Child
     try:
         tx.write("a", np.full(BIG, 1, np.float32))  # lands whole in one of the two slots
         os.kill(proc.pid, signal.SIGSTOP)
+        # a shell that starts pytest in the background leaves SIGINT ignored, and then
+        # interrupt_main() does nothing: this test is about Ctrl-C, so it installs Python's own
         interrupt = threading.Timer(0.5, _thread.interrupt_main)
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
         interrupt.start()
         try:
             with pytest.raises(KeyboardInterrupt):
-                tx.write("a", np.full(BIG, 2, np.float32))  # blocks: 64 MiB fit no buffer
+                # blocks: 64 MiB fit no buffer; the deadline only bounds a failure of the test
+                tx.write("a", np.full(BIG, 2, np.float32), timeout=60)
         finally:
             interrupt.cancel()
             interrupt.join(5)
+            signal.signal(signal.SIGINT, previous)
         os.kill(proc.pid, signal.SIGCONT)
         with pytest.raises(tw.PeerLostError, match="interrupted part way"):
             tx.write("a", np.full(BIG, 3, np.float32), timeout=10)
