@@ -237,6 +237,19 @@ def write_then_idle(address: str, transport: str, name: str, heartbeat: float, r
         time.sleep(3600)
 
 
+def write_on_request(address: str, transport: str, name: str, conn: Any) -> None:
+    """Write ``name`` filled with ``k`` for each ``k`` received on ``conn``, answering ``k`` once
+    written, until killed. Bounded: 100 requests, or 120 s without one."""
+    with tw.Sender.connect(address, transport=transport, timeout=30, heartbeat=0.2) as tx:
+        spec = tx.spec(name)
+        for _ in range(100):
+            if not conn.poll(120):
+                return
+            k = conn.recv()
+            tx.write(name, np.full(spec.static_shape, k, spec.dtype))
+            conn.send(k)
+
+
 def write_numbered(
     address: str, transport: str, name: str, incarnation: int, acked: str, seconds: float
 ) -> None:

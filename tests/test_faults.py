@@ -490,6 +490,51 @@ def test_a_silent_sender_is_declared_lost(transport: str, children: Children) ->
         _healthy(rx, transport)
 
 
+def _peers(rx: tw.Receiver) -> float:
+    return next(v for name, _, v in rx.metric_gauges() if name == "peers")
+
+
+@pytest.mark.parametrize("after_the_drain", ["nothing", "a message"])
+def test_a_writer_drained_before_the_receiver_saw_it_die_leaves_no_stale_loss(
+    transport: str, children: Children, after_the_drain: str
+) -> None:
+    """The application may learn of a writer's death first (the parameter server's own sender to
+    that worker failed) and drain its tensor then; the receiver notices the death later. That
+    notice is stale: it must not fail the first wait for the writer's successor (found under a
+    CPU hog: a restarted worker was dropped again at once, its server never told it to stop,
+    and it waited out its 120 s reconnect timeout). A message that landed after the drain shows
+    the writer was not gone yet: then the notice stands."""
+    from .peers import write_on_request
+
+    with tw.Receiver() as rx:
+        rx.register("t", (16,), "float32")
+        here, there = children.pipe()
+        proc = children.start(write_on_request, rx.address, transport, "t", there)
+        for k in (1, 2) if after_the_drain == "a message" else (1,):
+            here.send(k)
+            assert here.poll(30) and here.recv() == k
+            assert np.array_equal(rx.wait("t", timeout=5), np.full(16, k, np.float32))
+            rx.release("t")
+            if k == 1:
+                assert rx.drain("t") == 0  # nothing left behind; the writer is taken as gone
+        proc.kill()
+        proc.join(10)
+        deadline = time.monotonic() + 10
+        while _peers(rx) > 0 and time.monotonic() < deadline:  # bounded: until it noticed
+            time.sleep(0.02)
+        assert _peers(rx) == 0, "the receiver never noticed the writer's death"
+        if after_the_drain == "a message":
+            with pytest.raises(tw.PeerLostError, match="was lost"):
+                rx.wait("t", timeout=5)
+            return
+        with pytest.raises(tw.WireTimeoutError):  # not a PeerLostError: that would be stale
+            rx.wait("t", timeout=0.3)
+        with tw.Sender.connect(rx.address, transport=transport, timeout=30) as successor:
+            successor.write("t", np.full(16, 7, np.float32))
+        assert np.array_equal(rx.wait("t", timeout=5), np.full(16, 7, np.float32))
+        rx.release("t")
+
+
 def test_a_slow_channel_set_up_is_kept_alive(
     transport: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

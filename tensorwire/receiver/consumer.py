@@ -451,6 +451,10 @@ class Consumer:
                 self._take(tensor, slot)
                 self.release(name)
                 dropped += 1
+            # The consumer may learn of a loss before this receiver does (its own sender to the
+            # writer's host failed): the notice this receiver raises later is then stale, and
+            # would fail the first wait for the writer's successor (Sessions.drop)
+            tensor.drained = (tensor.epoch, tensor.ring.last_complete())
             return dropped
 
     def pending(self, name: str) -> int:

@@ -324,7 +324,9 @@ class SessionHandler:
                 tensor.owner = None
                 tensor.poll = None
                 tensor.ring.set_owner(0)  # fences a shared-memory writer out of the ring
-                if reason is not None:
+                # not when the consumer drained this writer already and nothing landed since
+                drained = tensor.drained == (tensor.epoch, tensor.ring.last_complete())
+                if reason is not None and not drained:
                     tensor.lost = f"{session.describe()} was lost: {reason}"
                     if tensor.sender_completes and writer_alive:
                         if tensor.stale_writer is not None:

@@ -80,6 +80,9 @@ class RegisteredTensor:
     poll: Poller | None = None
     expected_seq: int = 1  # next sequence number a networked writer must send
     lost: str | None = None  # set when the owner died: the next wait() reports it
+    #: (epoch, highest complete sequence number) when the consumer last drained the tensor: it
+    #: declared that writer gone, so the receiver's own later notice of its loss is stale
+    drained: tuple[int, int] | None = None
     epoch: int = 0  # claims granted so far; the ring's owner word holds the current one
     #: a shared-memory writer that was dropped while its process lived: it may be inside a write
     stale_writer: ProcessWatch | None = None
