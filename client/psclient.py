@@ -31,14 +31,17 @@ import tensorwire as tw
 from tensorwire.curve import CurveKeys
 from tensorwire.server.plan import (
     META_FIELDS,
+    STATUS_DROPPED,
     STATUS_FIELDS,
     STATUS_STOP,
     Chunk,
+    dropped_name,
     encode_join,
     encode_ready,
     grad_name,
     init_name,
     join_name,
+    leave_name,
     meta_name,
     parse_grad_name,
     specs_of,
@@ -54,10 +57,16 @@ log = logging.getLogger("tensorwire.worker")
 PROBE_EVERY = 2.0
 #: Seconds a server has to answer that ping before it counts as lost
 PROBE_TIMEOUT = 5.0
+#: Seconds the word that we stop may take to reach a server, when we close: best effort
+LEAVE_TIMEOUT = 2.0
 
 
 class PSClientError(tw.TensorWireError):
     """The client and the servers do not fit together (model, ranks, plan)."""
+
+
+class _Dropped(Exception):
+    """A server went on without this worker (a notice in its ``dropped`` tensor): join again."""
 
 
 def _advertised(address: str, advertise: str | None, towards: str) -> str:
@@ -121,6 +130,9 @@ class PSClient:
         self.rank = rank
         self.servers = list(servers)
         self.timeout = timeout
+        self._told_stop: set[int] = set()  # the servers that said stop (the others hear we leave)
+        self._joined_anew = True  # the next parameters come with the servers' first notices
+        self.chunks: list[Chunk] = []  # known once joined
         self.tx = tw.Sender(
             transport=transport,
             secret=secret,
@@ -162,6 +174,8 @@ class PSClient:
                 self.rx.register_parts(param, shape, self.wire_dtype, rows, device=device)
             for s in range(len(self.servers)):
                 self.rx.register(status_name(s), (STATUS_FIELDS,), "int64", ring=1)
+                # a slot of its own: the status word's may be held while we compute
+                self.rx.register(dropped_name(s), (STATUS_FIELDS,), "int64", ring=2)
             landed: dict[str, Array] = {p: self.rx.array(p) for p in shapes}
             #: the model's parameters: read-only views of the registered memory servers write,
             #: or, when they travel in 16 bits, float32 copies refreshed by each wait_params()
@@ -315,7 +329,10 @@ class PSClient:
         when the servers said stop (the parameters are then the final ones).
 
         If a server is lost (killed, restarted with ``--resume``), the client reconnects to it,
-        joins again, and waits for the step the restarted server resumes at."""
+        joins again, and waits for the step the restarted server resumes at. A server that went
+        on without this worker (it heard nothing from it within its step timeout: the worker
+        was frozen, or its machine too slow) says so, and the client joins again at the
+        server's current step."""
         assert self.rx is not None
         t0 = time.perf_counter()
         wait = self.timeout if timeout is None else timeout
@@ -330,12 +347,19 @@ class PSClient:
                 names = status_names + [c.cid for c in self.chunks]
                 got = self._wait_all(names, deadline)
                 self._held = names
+                self._align(got, deadline)
+                if self._joined_anew:  # the servers' first notices are in by now
+                    self._joined_anew = False
+                    self._read_notices()
                 statuses = [got[n] for n in status_names]
                 steps = {int(status[0]) for status in statuses}
-                stop = any(int(status[1]) == STATUS_STOP for status in statuses)
+                said_stop = {s for s, st in enumerate(statuses) if int(st[1]) == STATUS_STOP}
+                stop = bool(said_stop)
                 break
             except tw.PeerLostError as exc:
                 self._recover(str(exc))
+            except _Dropped as exc:
+                self._recover(str(exc), dropped=True)
         t1 = time.perf_counter()
         self.phase_seconds["wait"] += t1 - t0
         if self._landed is not None:
@@ -343,7 +367,59 @@ class PSClient:
                 np.copyto(self.params[p], landed)  # 16-bit wire -> the model's float32
             self.phase_seconds["pull"] += time.perf_counter() - t1
         self.step = None if stop else max(steps)
+        if stop:
+            self._told_stop = said_stop
         return self.step
+
+    def _read_notices(self) -> None:
+        """Take the servers' notices: _Dropped for one that went on without us. Each server
+        writes a first one, which says nothing, when it takes us in (it claims the slot then,
+        while we answer); read with the first parameters after a join, and whenever a wait for
+        parameters lasts PROBE_EVERY."""
+        rx = self.rx
+        assert rx is not None
+        for s, addr in enumerate(self.servers):
+            while rx.pending(dropped_name(s)):  # bounded: its ring holds two
+                notice = rx.wait(dropped_name(s), timeout=0)
+                flags, at = int(notice[1]), int(notice[2])
+                rx.release(dropped_name(s))
+                if flags == STATUS_DROPPED:
+                    raise _Dropped(
+                        f"parameter server {addr} went on without this worker at its step {at}: "
+                        "it heard nothing from us in time (its --step-timeout or "
+                        "--heartbeat-timeout; was this process stopped, or its machine "
+                        "overloaded?)"
+                    )
+
+    def _align(self, got: dict[str, Any], deadline: float | None) -> None:
+        """Make every server's parameters in ``got`` those of one step. After a rejoin each
+        server admits this worker at the end of its own step, and one may be a step ahead of
+        another: the messages of the servers behind are skipped until they catch up (a rejoined
+        worker is not waited for until its first gradients, so they do). In steady state every
+        server writes the same step, and this costs one comparison per server."""
+        assert self.rx is not None
+        shards = range(len(self.servers))
+        for _ in range(len(self.servers) * 1000):  # bounded; two steps at most in practice
+            if any(int(got[status_name(s)][1]) == STATUS_STOP for s in shards):
+                return  # a server that said stop writes no more: we stop
+            steps = [int(got[status_name(s)][0]) for s in shards]
+            ahead = max(steps)
+            behind = [s for s in shards if steps[s] < ahead]
+            if not behind:
+                return
+            log.info(
+                "servers %s wrote an earlier step than %d (they took us back a step apart): "
+                "skipping to it",
+                ", ".join(self.servers[s] for s in behind),
+                ahead,
+            )
+            for s in behind:
+                names = [status_name(s), *(c.cid for c in self.chunks if c.server == s)]
+                self.rx.release_many(names)
+                self._held = [n for n in self._held if n not in names]  # if the wait fails
+                got.update(self._wait_all(names, deadline))
+                self._held += names
+        raise PSClientError("the parameter servers' steps never came together")
 
     def _wait_all(self, names: list[str], deadline: float | None) -> dict[str, Any]:
         """``rx.wait_all(names)`` by ``deadline``, pinging every server after each
@@ -358,6 +434,7 @@ class PSClient:
                 return rx.wait_all(names, timeout=PROBE_EVERY)
             except tw.WireTimeoutError:
                 pass
+            self._read_notices()
             for addr in self.servers:
                 try:
                     self.tx.ping(addr, timeout=PROBE_TIMEOUT)
@@ -384,18 +461,23 @@ class PSClient:
             self.rx.release_many(self._held)
         self._held = []
 
-    def _recover(self, reason: str) -> None:
-        """A server went away: reconnect (waiting for it to come back) and join again."""
-        log.warning(
-            "lost a parameter server (%s); reconnecting, waiting up to %.0f s for it to come "
-            "back (--reconnect-timeout)",
-            reason,
-            self.reconnect_timeout,
-        )
+    def _recover(self, reason: str, *, dropped: bool = False) -> None:
+        """A server went away, or went on without us (``dropped``): reconnect (waiting for a
+        lost one to come back) and join again."""
+        if dropped:
+            log.warning("%s; joining the parameter servers again", reason)
+        else:
+            log.warning(
+                "lost a parameter server (%s); reconnecting, waiting up to %.0f s for it to "
+                "come back (--reconnect-timeout)",
+                reason,
+                self.reconnect_timeout,
+            )
         self._release()
         assert self.rx is not None
         for name in [
             *(status_name(s) for s in range(len(self.servers))),
+            *(dropped_name(s) for s in range(len(self.servers))),
             *(c.cid for c in self.chunks),
         ]:
             self.rx.drain(name)  # what the lost server left half written, and its loss notice
@@ -414,6 +496,7 @@ class PSClient:
             self._init = self.host_params()  # a server that restarted afresh starts from ours
         self._say_ready()
         self.reconnects += 1
+        self._joined_anew = True
         log.warning("rejoined the parameter servers")
 
     def push(
@@ -462,7 +545,22 @@ class PSClient:
         return sum(self.phase_seconds.values())
 
     def close(self) -> None:
+        self._leave()
         self.tx.close()
+
+    def _leave(self) -> None:
+        """Tell every server that did not say stop that we stop, so that it does not wait for
+        our gradients until its step timeout: with several servers, a SIGTERM to all of them
+        stops each at the end of its own step, and one may be a step behind the others."""
+        if self.rx is None or not self.chunks:
+            return  # never joined
+        for s, addr in enumerate(self.servers):
+            if s in self._told_stop:
+                continue
+            with contextlib.suppress(tw.TensorWireError):  # gone, or an older server
+                self.tx.write(
+                    leave_name(self.rank), np.ones(1, np.int64), peer=addr, timeout=LEAVE_TIMEOUT
+                )
         if self.rx is not None:
             self.rx.close()
 

@@ -71,7 +71,7 @@ def ps_metrics(server: ParameterServer) -> list[Metric]:
         Metric(
             "tensorwire_ps_worker_events_total",
             "counter",
-            "Workers that joined at the start, were lost, or rejoined after a loss",
+            "Workers that joined at the start, were lost, rejoined after a loss, or left (stopped)",
             ("shard", "event"),
             [((shard[0], event), n) for event, n in stats.worker_events.items()],
         ),

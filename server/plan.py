@@ -27,6 +27,10 @@ ITEM = 4  # float32 parameters
 # status word flags, written by a server to a worker with every parameter update
 STATUS_RUN = 0
 STATUS_STOP = 1
+#: the server went on without this worker (nothing came from it within the server's step
+#: timeout, or its sender was dropped as silent) while the worker may still run: join again
+#: (written to the worker's ``dropped_name`` tensor, not with the parameters)
+STATUS_DROPPED = 2
 STATUS_FIELDS = 4  # [step, flags, applied updates, reserved]
 META_FIELDS = 5  # [step, loss, correct, batch size, test accuracy or -1]
 
@@ -161,3 +165,17 @@ def join_name(rank: int) -> str:
 
 def status_name(server: int) -> str:
     return f"status/{server}"
+
+
+def leave_name(rank: int) -> str:
+    """Where worker ``rank`` tells a server that it stops (another server said stop, or it was
+    stopped itself): the server then stops waiting for its gradients at once, rather than after
+    its step timeout. A tensor of its own, so that a server waiting for a step can look at it."""
+    return f"leave/{rank}"
+
+
+def dropped_name(server: int) -> str:
+    """Where server ``server`` tells a worker it went on without it (a status word whose flags
+    are STATUS_DROPPED): a tensor of its own, as the worker may hold the slot of its status
+    word (it holds it while it computes) when it is dropped."""
+    return f"dropped/{server}"

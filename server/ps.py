@@ -32,16 +32,19 @@ from .placement import Placement
 from .plan import (
     JOIN_MAX_BYTES,
     META_FIELDS,
+    STATUS_DROPPED,
     STATUS_FIELDS,
     STATUS_RUN,
     STATUS_STOP,
     Chunk,
     Specs,
     decode_join,
+    dropped_name,
     first_mismatch,
     grad_name,
     init_name,
     join_name,
+    leave_name,
     meta_name,
     parse_grad_name,
     plan,
@@ -61,8 +64,25 @@ class PSError(tw.TensorWireError):
     """The parameter server cannot go on (a worker never came, a step timed out, bad setup)."""
 
 
+#: Seconds the notice to a dropped worker (STATUS_DROPPED) may take: best effort, as the worker
+#: may be dead or frozen, and the step of every other worker waits for it.
+DROP_NOTICE_TIMEOUT = 2.0
+#: Seconds between looks, while a step waits for a worker's gradients, at whether that worker
+#: joined again (restarted before its loss was seen, or dropped by another server).
+REJOIN_CHECK_EVERY = 1.0
+
+
+class _WorkerLeft(Exception):
+    """A worker said it stops (another server said stop, or it was stopped itself)."""
+
+
 class _WorkerLost(Exception):
-    """One worker died or hung in the middle of a step."""
+    """One worker died or hung in the middle of a step; ``tell``: whether it may still run and
+    wait for us, so it is sent STATUS_DROPPED."""
+
+    def __init__(self, reason: str, *, tell: bool = True) -> None:
+        super().__init__(reason)
+        self.tell = tell
 
 
 @dataclass
@@ -118,9 +138,9 @@ class PSStats:
     gradient_wait: dict[int, float] = field(default_factory=dict)
     checkpoints: int = 0
     checkpoint_seconds: float = 0.0
-    #: worker events: "joined", "lost", "rejoined"
+    #: worker events: "joined", "lost", "rejoined", "left"
     worker_events: dict[str, int] = field(
-        default_factory=lambda: {"joined": 0, "lost": 0, "rejoined": 0}
+        default_factory=lambda: {"joined": 0, "lost": 0, "rejoined": 0, "left": 0}
     )
 
 
@@ -134,6 +154,8 @@ class _Worker:
     stopped: bool = False
     alive: bool = False  # joined and ready, and not lost since
     joined: bool = False  # its join (address, specs) arrived; alive once it says it is ready
+    #: rejoined, and no gradients of it seen since: not waited for (see ParameterServer._collect)
+    probation: bool = False
 
 
 class ParameterServer:
@@ -171,6 +193,7 @@ class ParameterServer:
         # specs, this shard's chunks of them, the values and the optimizer's accumulators.
         self.specs: Specs = {}
         self.chunks: list[Chunk] = []
+        self._has_init_tensors = False  # registered: the job started afresh, not from --resume
         #: on the shard's device (numpy or cupy arrays)
         self.params: dict[str, Any] = {}
         self.acc: dict[str, Any] = {}
@@ -207,6 +230,7 @@ class ParameterServer:
         try:
             for w in range(cfg.workers):
                 self.rx.register(join_name(w), (None,), "uint8", max_bytes=JOIN_MAX_BYTES)
+                self.rx.register(leave_name(w), (1,), "int64", ring=2)
             if cfg.resume:
                 self._resume()
         except BaseException:
@@ -261,6 +285,7 @@ class ParameterServer:
         )
         self._stale = {c.cid for c in self.chunks}
         self._needs_init = needs_init
+        self._has_init_tensors = needs_init
         device = self.place.name  # gradients and initial values land where they are used
         if needs_init:  # registered before the workers' tensors: rank 0 finds them with its own
             for c in self.chunks:
@@ -355,10 +380,27 @@ class ParameterServer:
                     if w.address and w.address != address:
                         with contextlib.suppress(tw.TensorWireError):
                             self.tx.remove_peer(w.address)
+                    try:
+                        self.tx.add_peer(address)
+                    except tw.TensorWireError as exc:
+                        if during_join:
+                            raise PSError(f"worker {w.rank} joined from {address}: {exc}") from None
+                        # gone again, or unreachable: it may join again later
+                        log.warning("worker %d joined but cannot be reached: %s", w.rank, exc)
+                        continue
                     w.address, w.joined = address, True
-                    self.tx.add_peer(address)
                 elif w.joined:  # ready: its parameters are registered
-                    w.alive, w.step = True, self.step
+                    # What its previous session left in its tensors (a worker dropped while it
+                    # ran pushes the rest of its step before it learns it), and rank 0's initial
+                    # values once they are no longer read: its first write of this session
+                    # comes only after our parameters, so nothing of it is lost here.
+                    for name in [*self._worker_tensors(w), leave_name(w.rank)]:
+                        self.rx.drain(name)
+                    if w.rank == 0 and self._has_init_tensors and not self._needs_init:
+                        for c in self.chunks:
+                            self.rx.drain(init_name(c.cid))
+                    w.alive, w.step, w.probation = True, self.step, not during_join
+                    self._claim_dropped_notice(w)
                     how = "joined" if during_join else "rejoined"
                     self.stats.worker_events[how] += 1
                     log.log(
@@ -448,8 +490,10 @@ class ParameterServer:
     def _worker_tensors(self, w: _Worker) -> list[str]:
         return [*(grad_name(w.rank, c.cid) for c in self.chunks), meta_name(w.rank)]
 
-    def _lose(self, w: _Worker, reason: str) -> None:
-        """Go on without ``w``: forget what it left half sent, stop writing to it."""
+    def _lose(self, w: _Worker, reason: str, *, tell: bool = True) -> None:
+        """Go on without ``w``: forget what it left half sent, stop writing to it. ``tell``: it
+        may still run (frozen for a while, or its machine slow), so it is told that it was
+        dropped, and joins again; else it would wait for parameters that never come."""
         w.alive = w.joined = False
         self.stats.worker_events["lost"] += 1
         log.warning(
@@ -463,6 +507,41 @@ class ParameterServer:
             self.rx.drain(
                 name
             )  # its unfinished step, and the loss notice: a successor starts clean
+        if tell:
+            notice = np.array([w.step, STATUS_DROPPED, self.step, 0], dtype=np.int64)
+            with contextlib.suppress(tw.TensorWireError):  # dead, frozen, or an older worker
+                self.tx.write(
+                    dropped_name(self.cfg.shard),
+                    notice,
+                    peer=w.address,
+                    timeout=DROP_NOTICE_TIMEOUT,
+                )
+        with contextlib.suppress(tw.TensorWireError):
+            self.tx.remove_peer(w.address)
+
+    def _claim_dropped_notice(self, w: _Worker) -> None:
+        """Write a first notice that says nothing (STATUS_RUN) to ``w``'s ``dropped`` tensor
+        now, while it answers: a write's first of a tensor claims it through the receiver's
+        control thread, which a frozen worker (the one we drop) cannot answer; later writes go
+        straight into its memory (shm) or its socket's buffer (tcp)."""
+        notice = np.array([w.step, STATUS_RUN, self.step, 0], dtype=np.int64)
+        # an older worker lacks the tensor; one that died meanwhile is lost at our next write
+        with contextlib.suppress(tw.TensorWireError):
+            self.tx.write(dropped_name(self.cfg.shard), notice, peer=w.address)
+
+    def _leave(self, w: _Worker) -> None:
+        """``w`` said it stops: go on without it at once (its gradients will not come)."""
+        w.alive = w.joined = False
+        self.stats.worker_events["left"] += 1
+        log.warning(
+            "worker %d left at step %d (another server said stop, or it was stopped); going on "
+            "with %d worker(s)",
+            w.rank,
+            self.step,
+            sum(x.alive for x in self.workers),
+        )
+        for name in [*self._worker_tensors(w), leave_name(w.rank)]:
+            self.rx.drain(name)
         with contextlib.suppress(tw.TensorWireError):
             self.tx.remove_peer(w.address)
 
@@ -470,17 +549,43 @@ class ParameterServer:
         """Workers (re)started after a loss join at the current step."""
         self._take_join_messages(during_join=False)
 
-    def _collect(self, w: _Worker) -> tuple[dict[str, Any], list[str]]:
-        """All of ``w``'s gradient chunks and its meta for this step, held (not yet released)."""
+    def _collect(self, w: _Worker) -> tuple[dict[str, Any], list[str]] | None:
+        """All of ``w``'s gradient chunks and its meta for this step, held (not yet released);
+        None for a worker on probation that has sent none yet.
+
+        A rejoined worker is on probation until its first gradients land: with several
+        shards, each admits it at the end of its own step, and two shards may be a step apart
+        (one waits for a worker the other already heard from). Waiting for it before it holds
+        every shard's parameters would wait for what it cannot send, while it waits for the
+        shard that waits for us. Its first gradients show it holds them all: from then on it
+        is waited for like any worker. Gradients of a step already done (sent while it caught
+        up) are dropped."""
         names = self._worker_tensors(w)
-        try:
-            # Taken together once all have landed: on a loss or a timeout none is held.
-            got = self.rx.wait_all(names, timeout=self.cfg.step_timeout)
-        except tw.PeerLostError as exc:
-            raise _WorkerLost(str(exc)) from None
-        except tw.WireTimeoutError:
-            raise _WorkerLost(f"nothing for {self.cfg.step_timeout:g} s") from None
-        return got, names
+        deadline = time.monotonic() + self.cfg.step_timeout
+        while True:
+            left = deadline - time.monotonic()
+            wait = 0.0 if w.probation else max(min(left, REJOIN_CHECK_EVERY), 0.0)
+            try:
+                # Taken together once all have landed: on a loss or a timeout none is held.
+                got = self.rx.wait_all(names, timeout=wait)
+            except tw.PeerLostError as exc:
+                raise _WorkerLost(str(exc)) from None
+            except tw.WireTimeoutError:
+                if self.rx.pending(leave_name(w.rank)):
+                    raise _WorkerLeft from None
+                if w.probation:
+                    return None
+                if self.rx.pending(join_name(w.rank)):
+                    # its gradients of this step will not come: it is joining afresh
+                    raise _WorkerLost("it joined again", tell=False) from None
+                if time.monotonic() >= deadline:
+                    raise _WorkerLost(f"nothing for {self.cfg.step_timeout:g} s") from None
+                continue
+            w.probation = False
+            if int(got[meta_name(w.rank)][0]) < self.step:
+                self.rx.release_many(names)  # an earlier step's: it is catching up
+                continue
+            return got, names
 
     def _run_bsp(self) -> None:
         while self.step < self.cfg.steps:
@@ -492,12 +597,18 @@ class ParameterServer:
                     continue
                 waited = time.monotonic()
                 try:
-                    got, held = self._collect(w)
+                    collected = self._collect(w)
                 except _WorkerLost as exc:
-                    self._lose(w, str(exc))
+                    self._lose(w, str(exc), tell=exc.tell)
+                    continue
+                except _WorkerLeft:
+                    self._leave(w)
                     continue
                 finally:
                     self.stats.gradient_wait[w.rank] += time.monotonic() - waited
+                if collected is None:
+                    continue  # rejoined, on probation: nothing of it yet
+                got, held = collected
                 meta = got[meta_name(w.rank)]
                 if int(meta[0]) != self.step:
                     raise PSError(f"worker {w.rank} sent step {int(meta[0])}, expected {self.step}")
@@ -520,7 +631,7 @@ class ParameterServer:
                 if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
                     self._checkpoint()
             self._rejoin()
-            if not any(w.alive for w in self.workers):
+            if not any(w.alive for w in self.workers) and not self._stop_requested:
                 self._await_any_worker()
             for w in self.workers:
                 w.step = self.step
@@ -530,7 +641,7 @@ class ParameterServer:
                     try:
                         self._send(w, STATUS_STOP if done else STATUS_RUN)
                     except tw.PeerLostError as exc:
-                        self._lose(w, str(exc))
+                        self._lose(w, str(exc), tell=False)  # its receiver is gone
             if contributors:
                 self._report(self.step, losses, accuracy, t0)
             if done:

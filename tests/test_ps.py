@@ -186,17 +186,31 @@ def test_a_worker_that_never_arrives_is_named(job: Any) -> None:
     assert "workers 1 of 2 did not join within 6 s" in text and "Traceback" not in text
 
 
-def test_sigterm_finishes_the_step_checkpoints_and_exits_zero(job: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("servers", [1, 2])
+def test_sigterm_finishes_the_step_checkpoints_and_exits_zero(
+    job: Any, tmp_path: Path, servers: int
+) -> None:
+    """SIGTERM to every server (as a launcher stops a job): each finishes its step,
+    checkpoints, and all exit 0. With two servers, one may stop a step before the other: the
+    workers tell the one still waiting for their gradients that they leave (before, it waited
+    out its --step-timeout, lost every worker, and exited 1)."""
     ckpt = tmp_path / "sig"
-    j = job(ps=["--steps", "100000", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "0"])
-    _wait_for(j, "joined", 2)
+    j = job(
+        ps=["--steps", "100000", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "0"],
+        servers=servers,
+    )
+    for s in range(servers):
+        log_has(j.tmp / f"ps{s}.log", "joined", 60, 2)
     time.sleep(0.5)
-    j.ps[0].send_signal(signal.SIGTERM)
-    _ok(j, 60)
-    steps = j.metrics("ps0")["steps"]
-    assert 0 < steps < 100000
-    assert (ckpt / "ps-shard0.npz").exists()
-    assert j.metrics("w0")["steps"] == steps
+    for p in j.ps:
+        p.send_signal(signal.SIGTERM)
+    codes = j.wait(60)
+    assert codes == [0] * len(codes), "\n".join(j.log(n) for n in ("ps0", "w0"))
+    steps = [j.metrics(f"ps{s}")["steps"] for s in range(servers)]
+    assert min(steps) > 0 and max(steps) < 100000 and max(steps) - min(steps) <= 1
+    for s in range(servers):
+        assert (ckpt / f"ps-shard{s}.npz").exists()
+    assert j.metrics("w0")["steps"] in steps
 
 
 # -- configuration and errors -------------------------------------------------------------------
@@ -361,6 +375,44 @@ def test_bsp_survives_a_killed_worker_and_takes_it_back(job: Any, tmp_path: Path
     assert j.metrics("w0")["steps"] == steps
     assert j.metrics("w0")["test_accuracy"] >= 0.95
     assert j.metrics("w1")["steps"] == steps - back_at  # the second worker 1 wrote these metrics
+
+
+@pytest.mark.parametrize("servers", [1, 2])
+def test_bsp_tells_a_frozen_worker_it_was_dropped_and_it_joins_again(
+    job: Any, tmp_path: Path, servers: int
+) -> None:
+    """A worker frozen (SIGSTOP) past the servers' --step-timeout is dropped, and told so; once
+    it runs again it joins at the current step by itself, with no restart. Rank 0, twice: the
+    initial values it writes at each join must not fill their one slot. With two servers each
+    takes it back at the end of its own step, which may be a step apart: it is not waited for
+    until its first gradients, and it skips to the later step. Before, a dropped worker waited
+    for parameters that never came until the job ended, then for its --reconnect-timeout
+    (120 s), and exited 1."""
+    every = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "500"]
+    j = job(
+        ps=["--steps", ENDLESS, "--step-timeout", "1.5", *every, "--log-level", "INFO"],
+        servers=servers,
+    )
+    for s in range(servers):
+        log_has(j.tmp / f"ps{s}.log", "joined", 60, 2)
+    for times in (1, 2):
+        time.sleep(0.5)
+        j.workers[0].send_signal(signal.SIGSTOP)
+        try:
+            _wait_for(j, "worker 0 lost", times)
+            time.sleep(2.5)  # stopped past the notice's own timeout: it waits in its memory
+        finally:
+            j.workers[0].send_signal(signal.SIGCONT)
+        for s in range(servers):
+            log_has(j.tmp / f"ps{s}.log", "worker 0 rejoined", 60, times)
+    _trains_on(j)  # at least 500 steps with both again
+    for p in j.ps:
+        p.send_signal(signal.SIGTERM)
+    codes = j.wait(120)
+    assert codes == [0] * (servers + 2), j.log("ps0") + j.log("w0")
+    assert "(nothing for 1.5 s)" in j.log("ps0")
+    assert j.log("w0").count("went on without this worker") == 2, j.log("w0")
+    assert j.metrics("w0")["test_accuracy"] >= 0.95
 
 
 def test_server_killed_and_resumed_workers_reconnect(job: Any, tmp_path: Path) -> None:
