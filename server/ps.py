@@ -687,6 +687,17 @@ class ParameterServer:
                 w = by_rank[int(name.split("/")[1])]
                 w.meta = view.copy()
                 w.got.add("meta")
+            elif name.startswith("leave/"):
+                # it stops (another server said stop): nothing more will come from it
+                w = by_rank[int(name.split("/")[1])]
+                self.rx.release(name)
+                if not w.stopped:
+                    w.stopped = True
+                    self.stats.worker_events["left"] += 1
+                    log.warning("worker %d left at its step %d", w.rank, w.step)
+                if w in held:
+                    held.remove(w)
+                continue
             else:
                 self.rx.release(name)
                 continue
