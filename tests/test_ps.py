@@ -356,32 +356,44 @@ def _trains_on(j: Job, log: str = "ps0", checkpoints: int = 2) -> None:
     log_has(j.tmp / f"{log}.log", "checkpoint at step ", 120, seen + checkpoints)
 
 
-def test_bsp_survives_a_killed_worker_and_takes_it_back(job: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("servers", [1, 2])
+def test_bsp_survives_a_killed_worker_and_takes_it_back(
+    job: Any, tmp_path: Path, servers: int
+) -> None:
     """SIGKILL one worker mid-training: the server finishes the step with the other (averaging
     over the workers that delivered), says so, and goes on; the worker started again joins at
-    the current step and training reaches the accuracy bar."""
+    the current step and training reaches the accuracy bar. With two servers, each takes it
+    back at the end of its own step."""
     every = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "500"]
-    j = job(ps=["--steps", ENDLESS, *every, "--log-level", "INFO"])
-    _wait_for(j, "joined", 2)
+    j = job(ps=["--steps", ENDLESS, *every, "--log-level", "INFO"], servers=servers)
+    for s in range(servers):
+        log_has(j.tmp / f"ps{s}.log", "joined", 60, 2)
     time.sleep(0.5)
     j.workers[1].kill()
     _wait_for(j, "worker 1 lost")
     time.sleep(0.3)
     again = j.restart_worker(1)
-    _wait_for(j, "worker 1 rejoined")
+    for s in range(servers):
+        log_has(j.tmp / f"ps{s}.log", "worker 1 rejoined", 60)
     _trains_on(j)  # at least 500 steps with the new worker 1
-    j.ps[0].send_signal(signal.SIGTERM)
+    for p in j.ps:
+        p.send_signal(signal.SIGTERM)
     codes = j.wait(180)
-    assert codes == [0, 0, -signal.SIGKILL, 0], j.log("ps0")  # ps, w0, killed w1, new w1
+    # servers, w0, killed w1, new w1
+    assert codes == [0] * servers + [0, -signal.SIGKILL, 0], j.log("ps0")
     text = j.log("ps0")
     steps = j.metrics("ps0")["steps"]
     lost_at = int(text.split("worker 1 lost at step ")[1].split()[0])
     back_at = int(text.split("worker 1 rejoined from ")[1].split(" at step ")[1].split()[0])
     assert 0 < lost_at <= back_at < steps - 500
     assert again.returncode == 0
-    assert j.metrics("w0")["steps"] == steps
+    # With two servers, each took worker 1 back and stopped at the end of its own step, which
+    # may be a step apart from the other's (ps0's log and metrics are read here).
+    slack = servers - 1
+    assert abs(j.metrics("w0")["steps"] - steps) <= slack
     assert j.metrics("w0")["test_accuracy"] >= 0.95
-    assert j.metrics("w1")["steps"] == steps - back_at  # the second worker 1 wrote these metrics
+    # the second worker 1 wrote these metrics (its first step and its last: each a step apart)
+    assert abs(j.metrics("w1")["steps"] - (steps - back_at)) <= 2 * slack
 
 
 @pytest.mark.parametrize("servers", [1, 2])
