@@ -407,6 +407,16 @@ class PSClient:
             behind = [s for s in shards if steps[s] < ahead]
             if not behind:
                 return
+            if ahead - min(steps) > 1:
+                # Not a step apart (a rejoin) but a server that resumed from its checkpoint
+                # while the others went on: it cannot catch up alone, and waiting would hang.
+                s = steps.index(min(steps))
+                raise PSClientError(
+                    f"parameter server {self.servers[s]} is at step {steps[s]} (it resumed from "
+                    f"its checkpoint) while the others are at step {ahead}: with several servers, "
+                    "one restarted alone cannot catch up; restart every server with --resume "
+                    "(they checkpoint at the same steps), then the workers"
+                )
             log.info(
                 "servers %s wrote an earlier step than %d (they took us back a step apart): "
                 "skipping to it",

@@ -650,7 +650,9 @@ class ParameterServer:
     def _await_any_worker(self) -> None:
         deadline = time.monotonic() + self.cfg.step_timeout
         while not any(w.alive for w in self.workers):
-            if time.monotonic() > deadline or self._stop_requested:
+            if self._stop_requested:
+                return  # asked to stop while waiting: the job ends here, cleanly
+            if time.monotonic() > deadline:
                 raise PSError(
                     f"every worker was lost and none came back within {self.cfg.step_timeout:g} s"
                 )

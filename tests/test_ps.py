@@ -459,6 +459,30 @@ def test_server_killed_and_resumed_workers_reconnect(job: Any, tmp_path: Path) -
     assert j.metrics("w0")["test_accuracy"] >= 0.95
 
 
+def test_one_of_two_servers_resumed_alone_stops_the_workers_with_the_remedy(
+    job: Any, tmp_path: Path
+) -> None:
+    """A limit, made explicit: one of two servers killed and resumed alone comes back at its
+    checkpoint's step while the other went on, and it cannot catch up alone. The workers stop
+    at once with one line that says so and what to do (restart every server with --resume),
+    and the servers, once every worker left, end at a SIGTERM with exit 0. Before, the job hung
+    without a word until the step timeout (120 s by default)."""
+    ckpt = tmp_path / "ckpt"
+    args = ["--steps", ENDLESS, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1000"]
+    j = job(ps=[*args, "--log-level", "INFO"], servers=2)
+    log_has(j.tmp / "ps1.log", "checkpoint at step 1000", 60)
+    time.sleep(0.2)  # some steps past it (a tenth of a second is tens of steps), not 1000
+    j.ps[1].kill()
+    assert j.ps[1].wait(10) == -signal.SIGKILL
+    again = j.start([*j.ps[1].args, "--resume"], log="ps1-again")
+    codes = [w.wait(60) for w in j.workers]
+    assert codes == [1, 1], j.log("w0")
+    assert "restart every server with --resume" in j.log("w0")
+    for p in (j.ps[0], again):
+        p.send_signal(signal.SIGTERM)
+    assert [p.wait(60) for p in (j.ps[0], again)] == [0, 0], j.log("ps0")
+
+
 def test_a_port_already_in_use_is_one_line() -> None:
     import socket
 
