@@ -20,7 +20,7 @@ from tensorwire import metrics as tw_metrics
 from . import checkpoint, config, optim
 from .metrics import ps_metrics
 from .progress import Progress
-from .ps import SYNC_MODES, WIRE_DTYPES, ParameterServer, PSConfig, PSError, StepReport
+from .ps import SYNC_MODES, WIRE_DTYPES, ParameterServer, PSConfig, StepReport
 
 
 def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-ps") -> int:
     start = server.step
     try:
         server.run()
-    except PSError as exc:
+    except tw.TensorWireError as exc:  # PSError, and a transport's error that ends the job
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
     finally:

@@ -642,6 +642,9 @@ class ParameterServer:
                         self._send(w, STATUS_STOP if done else STATUS_RUN)
                     except tw.PeerLostError as exc:
                         self._lose(w, str(exc), tell=False)  # its receiver is gone
+                    except tw.WireTimeoutError as exc:
+                        # frozen, or too slow to take them (grpc, or a tcp socket's buffer full)
+                        self._lose(w, f"it took no parameters in time: {exc}")
             if contributors:
                 self._report(self.step, losses, accuracy, t0)
             if done:
