@@ -459,6 +459,30 @@ def test_server_killed_and_resumed_workers_reconnect(job: Any, tmp_path: Path) -
     assert j.metrics("w0")["test_accuracy"] >= 0.95
 
 
+def test_a_worker_frozen_over_grpc_is_dropped_and_the_server_goes_on(job: Any) -> None:
+    """Over grpc a write into a frozen worker's memory needs its gRPC server to answer: the
+    server's write of parameters times out. The worker is dropped, as at a step timeout, and
+    the job goes on and ends at a SIGTERM with exit 0 (before, such a timeout ended the server
+    with a traceback). The frozen worker is not told (see docs/design.md)."""
+    j = job(
+        ps=["--steps", ENDLESS, "--step-timeout", "1.5", "--transport", "grpc"],
+        worker=["--transport", "grpc"],
+    )
+    _wait_for(j, "joined", 2)
+    time.sleep(0.5)
+    j.workers[0].send_signal(signal.SIGSTOP)
+    try:
+        _wait_for(j, "worker 0 lost")
+        steps = j.log("ps0")
+        time.sleep(1.0)  # it goes on with worker 1
+        j.ps[0].send_signal(signal.SIGTERM)
+        assert j.ps[0].wait(60) == 0, j.log("ps0")
+        assert j.workers[1].wait(60) == 0, j.log("w1")
+    finally:
+        j.workers[0].send_signal(signal.SIGCONT)
+    assert j.metrics("ps0")["steps"] > int(steps.split("worker 0 lost at step ")[1].split()[0])
+
+
 def test_one_of_two_servers_resumed_alone_stops_the_workers_with_the_remedy(
     job: Any, tmp_path: Path
 ) -> None:
