@@ -557,6 +557,8 @@ class PSClient:
     def close(self) -> None:
         self._leave()
         self.tx.close()
+        if self.rx is not None:
+            self.rx.close()
 
     def _leave(self) -> None:
         """Tell every server that did not say stop that we stop, so that it does not wait for
@@ -571,8 +573,6 @@ class PSClient:
                 self.tx.write(
                     leave_name(self.rank), np.ones(1, np.int64), peer=addr, timeout=LEAVE_TIMEOUT
                 )
-        if self.rx is not None:
-            self.rx.close()
 
     def __enter__(self) -> PSClient:
         return self

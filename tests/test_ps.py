@@ -602,6 +602,16 @@ def test_workers_that_disagree_on_the_model_stop_the_job_in_one_line(tmp_path: P
     assert "every worker must train the same model" in last
 
 
+def test_a_client_that_never_reached_its_servers_leaves_nothing_behind() -> None:
+    """No server at the address: PSClient gives up at its connect timeout, and closes what it
+    opened (its receiver's shared memory, threads and sockets: the no_leaks fixture checks)."""
+    from tensorwire.client.psclient import PSClient, PSClientError
+
+    shapes = models.model("digits").shapes()
+    with pytest.raises(PSClientError, match="did not answer"):
+        PSClient([f"tcp://127.0.0.1:{free_port()}"], 0, shapes, connect_timeout=0.5)
+
+
 def test_rank_0_must_bring_the_initial_parameters(tmp_path: Path) -> None:
     from tensorwire.client.psclient import PSClient, PSClientError
 
