@@ -494,19 +494,7 @@ class ParameterServer:
         """Go on without ``w``: forget what it left half sent, stop writing to it. ``tell``: it
         may still run (frozen for a while, or its machine slow), so it is told that it was
         dropped, and joins again; else it would wait for parameters that never come."""
-        w.alive = w.joined = False
-        self.stats.worker_events["lost"] += 1
-        log.warning(
-            "worker %d lost at step %d (%s); going on with %d worker(s)",
-            w.rank,
-            self.step,
-            reason,
-            sum(x.alive for x in self.workers),
-        )
-        for name in self._worker_tensors(w):
-            self.rx.drain(
-                name
-            )  # its unfinished step, and the loss notice: a successor starts clean
+        self._part_with(w, "lost", f"lost at step {self.step} ({reason})")
         if tell:
             notice = np.array([w.step, STATUS_DROPPED, self.step, 0], dtype=np.int64)
             with contextlib.suppress(tw.TensorWireError):  # dead, frozen, or an older worker
@@ -519,6 +507,30 @@ class ParameterServer:
         with contextlib.suppress(tw.TensorWireError):
             self.tx.remove_peer(w.address)
 
+    def _leave(self, w: _Worker) -> None:
+        """``w`` said it stops: go on without it at once (its gradients will not come)."""
+        self._part_with(
+            w, "left", f"left at step {self.step} (another server said stop, or it was stopped)"
+        )
+        self.rx.drain(leave_name(w.rank))
+        with contextlib.suppress(tw.TensorWireError):
+            self.tx.remove_peer(w.address)
+
+    def _part_with(self, w: _Worker, event: str, what: str) -> None:
+        """What losing ``w`` and its leaving share: it no longer takes part, it is counted and
+        logged, and what it left half sent (with the receiver's loss notice) is forgotten, so
+        that its successor starts clean."""
+        w.alive = w.joined = False
+        self.stats.worker_events[event] += 1
+        log.warning(
+            "worker %d %s; going on with %d worker(s)",
+            w.rank,
+            what,
+            sum(x.alive for x in self.workers),
+        )
+        for name in self._worker_tensors(w):
+            self.rx.drain(name)
+
     def _claim_dropped_notice(self, w: _Worker) -> None:
         """Write a first notice that says nothing (STATUS_RUN) to ``w``'s ``dropped`` tensor
         now, while it answers: a write's first of a tensor claims it through the receiver's
@@ -528,22 +540,6 @@ class ParameterServer:
         # an older worker lacks the tensor; one that died meanwhile is lost at our next write
         with contextlib.suppress(tw.TensorWireError):
             self.tx.write(dropped_name(self.cfg.shard), notice, peer=w.address)
-
-    def _leave(self, w: _Worker) -> None:
-        """``w`` said it stops: go on without it at once (its gradients will not come)."""
-        w.alive = w.joined = False
-        self.stats.worker_events["left"] += 1
-        log.warning(
-            "worker %d left at step %d (another server said stop, or it was stopped); going on "
-            "with %d worker(s)",
-            w.rank,
-            self.step,
-            sum(x.alive for x in self.workers),
-        )
-        for name in [*self._worker_tensors(w), leave_name(w.rank)]:
-            self.rx.drain(name)
-        with contextlib.suppress(tw.TensorWireError):
-            self.tx.remove_peer(w.address)
 
     def _rejoin(self) -> None:
         """Workers (re)started after a loss join at the current step."""
