@@ -431,9 +431,7 @@ class ParameterServer:
                     self._stale.discard(c.cid)
                 params = out
             batch.append((c.cid, params))
-        status = np.array([w.step, flags, self.step, 0], dtype=np.int64)
-        assert status.shape == (STATUS_FIELDS,)
-        batch.append((status_name(self.cfg.shard), status))
+        batch.append((status_name(self.cfg.shard), self._status_word(w, flags)))
         # One operation per worker: one doorbell (shm) or sendmsg (tcp) for the step's tensors.
         self.tx.write_many(batch, peer=w.address)
         if flags == STATUS_STOP:
@@ -496,14 +494,7 @@ class ParameterServer:
         dropped, and joins again; else it would wait for parameters that never come."""
         self._part_with(w, "lost", f"lost at step {self.step} ({reason})")
         if tell:
-            notice = np.array([w.step, STATUS_DROPPED, self.step, 0], dtype=np.int64)
-            with contextlib.suppress(tw.TensorWireError):  # dead, frozen, or an older worker
-                self.tx.write(
-                    dropped_name(self.cfg.shard),
-                    notice,
-                    peer=w.address,
-                    timeout=DROP_NOTICE_TIMEOUT,
-                )
+            self._notify(w, STATUS_DROPPED, DROP_NOTICE_TIMEOUT)
         with contextlib.suppress(tw.TensorWireError):
             self.tx.remove_peer(w.address)
 
@@ -536,10 +527,26 @@ class ParameterServer:
         now, while it answers: a write's first of a tensor claims it through the receiver's
         control thread, which a frozen worker (the one we drop) cannot answer; later writes go
         straight into its memory (shm) or its socket's buffer (tcp)."""
-        notice = np.array([w.step, STATUS_RUN, self.step, 0], dtype=np.int64)
-        # an older worker lacks the tensor; one that died meanwhile is lost at our next write
+        self._notify(w, STATUS_RUN, self.cfg.step_timeout)
+
+    def _notify(self, w: _Worker, flags: int, timeout: float) -> None:
+        """A status word with ``flags`` in ``w``'s ``dropped`` tensor, best effort: a worker
+        that is dead, frozen (past ``timeout``) or older (no such tensor) is not told, and one
+        that died is lost at our next write anyway."""
         with contextlib.suppress(tw.TensorWireError):
-            self.tx.write(dropped_name(self.cfg.shard), notice, peer=w.address)
+            self.tx.write(
+                dropped_name(self.cfg.shard),
+                self._status_word(w, flags),
+                peer=w.address,
+                timeout=timeout,
+            )
+
+    def _status_word(self, w: _Worker, flags: int) -> Any:
+        """What a worker reads in its status and ``dropped`` tensors: [the step we expect of
+        it, ``flags``, our step, 0]."""
+        status = np.array([w.step, flags, self.step, 0], dtype=np.int64)
+        assert status.shape == (STATUS_FIELDS,)
+        return status
 
     def _rejoin(self) -> None:
         """Workers (re)started after a loss join at the current step."""

@@ -202,8 +202,7 @@ def test_sigterm_finishes_the_step_checkpoints_and_exits_zero(
         ],
         servers=servers,
     )
-    for s in range(servers):
-        log_has(j.tmp / f"ps{s}.log", "joined", 60, 2)
+    _wait_for(j, "joined", 2, servers=servers)
     time.sleep(0.5)
     for p in j.ps:
         p.send_signal(signal.SIGTERM)
@@ -339,8 +338,10 @@ def test_secret_protected_job_trains(job: Any, tmp_path: Path) -> None:
     assert j.metrics("w0")["steps"] == 50
 
 
-def _wait_for(j: Job, text: str, count: int = 1, timeout: float = 60) -> None:
-    log_has(j.tmp / "ps0.log", text, timeout, count)
+def _wait_for(j: Job, text: str, count: int = 1, timeout: float = 60, servers: int = 1) -> None:
+    """Until ``text`` is ``count`` times in the log of each of the first ``servers`` servers."""
+    for s in range(servers):
+        log_has(j.tmp / f"ps{s}.log", text, timeout, count)
 
 
 #: A job that would outlast any test: the tests below end it with SIGTERM (the server finishes
@@ -366,15 +367,13 @@ def test_bsp_survives_a_killed_worker_and_takes_it_back(
     back at the end of its own step."""
     every = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "500"]
     j = job(ps=["--steps", ENDLESS, *every, "--log-level", "INFO"], servers=servers)
-    for s in range(servers):
-        log_has(j.tmp / f"ps{s}.log", "joined", 60, 2)
+    _wait_for(j, "joined", 2, servers=servers)
     time.sleep(0.5)
     j.workers[1].kill()
     _wait_for(j, "worker 1 lost")
     time.sleep(0.3)
     again = j.restart_worker(1)
-    for s in range(servers):
-        log_has(j.tmp / f"ps{s}.log", "worker 1 rejoined", 60)
+    _wait_for(j, "worker 1 rejoined", servers=servers)
     _trains_on(j)  # at least 500 steps with the new worker 1
     for p in j.ps:
         p.send_signal(signal.SIGTERM)
@@ -412,8 +411,7 @@ def test_bsp_tells_a_frozen_worker_it_was_dropped_and_it_joins_again(
         ps=["--steps", ENDLESS, "--step-timeout", "1.5", *every, "--log-level", "INFO"],
         servers=servers,
     )
-    for s in range(servers):
-        log_has(j.tmp / f"ps{s}.log", "joined", 60, 2)
+    _wait_for(j, "joined", 2, servers=servers)
     for times in (1, 2):
         time.sleep(0.5)
         j.workers[0].send_signal(signal.SIGSTOP)
@@ -422,8 +420,7 @@ def test_bsp_tells_a_frozen_worker_it_was_dropped_and_it_joins_again(
             time.sleep(2.5)  # stopped past the notice's own timeout: it waits in its memory
         finally:
             j.workers[0].send_signal(signal.SIGCONT)
-        for s in range(servers):
-            log_has(j.tmp / f"ps{s}.log", "worker 0 rejoined", 60, times)
+        _wait_for(j, "worker 0 rejoined", times, servers=servers)
     _trains_on(j)  # at least 500 steps with both again
     for p in j.ps:
         p.send_signal(signal.SIGTERM)
