@@ -33,8 +33,10 @@ from tensorwire.server.plan import (
     META_FIELDS,
     STATUS_DROPPED,
     STATUS_FIELDS,
+    STATUS_MAY_CATCH_UP,
     STATUS_STOP,
     Chunk,
+    catch_up_name,
     dropped_name,
     encode_join,
     encode_ready,
@@ -395,10 +397,14 @@ class PSClient:
         """Make every server's parameters in ``got`` those of one step. After a rejoin each
         server admits this worker at the end of its own step, and one may be a step ahead of
         another: the messages of the servers behind are skipped until they catch up (a rejoined
-        worker is not waited for until its first gradients, so they do). In steady state every
-        server writes the same step, and this costs one comparison per server."""
+        worker is not waited for until its first gradients, so they do). A server restarted
+        alone comes back further behind (at its checkpoint's step, or 0), and says that it has
+        done no step since it started: it is asked to go on at the others' step, and does
+        (see ParameterServer._catch_up). In steady state every server writes the same step, and
+        this costs one comparison per server."""
         assert self.rx is not None
         shards = range(len(self.servers))
+        asked: set[int] = set()
         for _ in range(len(self.servers) * 1000):  # bounded; two steps at most in practice
             if any(int(got[status_name(s)][1]) == STATUS_STOP for s in shards):
                 return  # a server that said stop writes no more: we stop
@@ -407,19 +413,25 @@ class PSClient:
             behind = [s for s in shards if steps[s] < ahead]
             if not behind:
                 return
-            if ahead - min(steps) > 1:
-                # Not a step apart (a rejoin) but a server that resumed from its checkpoint
-                # while the others went on: it cannot catch up alone, and waiting would hang.
-                s = steps.index(min(steps))
+            restarted = [s for s in behind if int(got[status_name(s)][STATUS_MAY_CATCH_UP])]
+            stuck = [s for s in behind if ahead - steps[s] > 1 and s not in restarted]
+            if stuck:
+                # Far behind, and it cannot be asked to catch up (--sync asp or ssp, which do
+                # not go on without a server): waiting would hang.
+                s = stuck[0]
                 raise PSClientError(
                     f"parameter server {self.servers[s]} is at step {steps[s]} (it resumed from "
-                    f"its checkpoint) while the others are at step {ahead}: with several servers, "
-                    "one restarted alone cannot catch up; restart every server with --resume "
-                    "(they checkpoint at the same steps), then the workers"
+                    f"its checkpoint) while the others are at step {ahead}, and it cannot catch "
+                    "up (only --sync bsp can): restart every server with --resume (they "
+                    "checkpoint at the same steps), then the workers"
                 )
+            for s in restarted:
+                if s not in asked:
+                    self._ask_to_catch_up(s, steps[s], ahead)
+                    asked.add(s)
             log.info(
-                "servers %s wrote an earlier step than %d (they took us back a step apart): "
-                "skipping to it",
+                "servers %s wrote an earlier step than %d (they took us back a step apart, "
+                "or restarted): skipping to it",
                 ", ".join(self.servers[s] for s in behind),
                 ahead,
             )
@@ -430,6 +442,28 @@ class PSClient:
                 got.update(self._wait_all(names, deadline))
                 self._held += names
         raise PSClientError("the parameter servers' steps never came together")
+
+    def _ask_to_catch_up(self, s: int, at: int, ahead: int) -> None:
+        """Ask server ``s``, restarted alone and back at step ``at``, to go on at ``ahead``."""
+        addr = self.servers[s]
+        log.warning(
+            "parameter server %s came back at step %d, behind the others at step %d (it was "
+            "restarted alone): asking it to go on at their step",
+            addr,
+            at,
+            ahead,
+        )
+        try:
+            self.tx.write(
+                catch_up_name(self.rank),
+                np.array([ahead], np.int64),
+                peer=addr,
+                timeout=PROBE_TIMEOUT,
+            )
+        except tw.TensorWireError as exc:  # lost again, or frozen: reconnect as for any loss
+            raise tw.PeerLostError(
+                f"parameter server {addr} did not take our request to catch up: {exc}"
+            ) from None
 
     def _wait_all(self, names: list[str], deadline: float | None) -> dict[str, Any]:
         """``rx.wait_all(names)`` by ``deadline``, pinging every server after each

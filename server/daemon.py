@@ -188,13 +188,15 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-ps") -> int:
         if scrape is not None:
             scrape.close()
     secs = time.monotonic() - server.started_at
-    steps = server.step - start
+    # the steps done here: not those skipped to catch up with the other servers
+    steps = server.step - start - server.stats.caught_up
     summary = {
         "steps": server.step,
         "seconds": secs,
         "steps_per_s": steps / secs if secs else 0,
         "final_loss": server.losses[-1] if server.losses else None,
         "accuracy": server.last_accuracy,
+        "caught_up": server.stats.caught_up,
         "sync": cfg.sync,
         "transport": cfg.transport,
         "traffic": tw_metrics.totals(),

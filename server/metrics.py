@@ -62,6 +62,14 @@ def ps_metrics(server: ParameterServer) -> list[Metric]:
             [(shard, (stats.checkpoints, stats.checkpoint_seconds))],
         ),
         Metric(
+            "tensorwire_ps_caught_up_steps_total",
+            "counter",
+            "Steps this shard skipped, restarted alone behind the job's other servers, to go on "
+            "at their step (its parameters miss those steps' updates)",
+            ("shard",),
+            [(shard, stats.caught_up)],
+        ),
+        Metric(
             "tensorwire_ps_workers",
             "gauge",
             "Workers taking part now (joined, ready and not lost)",

@@ -31,7 +31,10 @@ STATUS_STOP = 1
 #: timeout, or its sender was dropped as silent) while the worker may still run: join again
 #: (written to the worker's ``dropped_name`` tensor, not with the parameters)
 STATUS_DROPPED = 2
-STATUS_FIELDS = 4  # [step, flags, applied updates, reserved]
+STATUS_FIELDS = 4  # [step, flags, applied updates, may catch up]
+#: the status word's last field: 1 while the server has done no step since it started (it may
+#: have been restarted alone, behind the job's other servers), and takes a catch-up request
+STATUS_MAY_CATCH_UP = 3
 META_FIELDS = 5  # [step, loss, correct, batch size, test accuracy or -1]
 
 
@@ -172,6 +175,12 @@ def leave_name(rank: int) -> str:
     stopped itself): the server then stops waiting for its gradients at once, rather than after
     its step timeout. A tensor of its own, so that a server waiting for a step can look at it."""
     return f"leave/{rank}"
+
+
+def catch_up_name(rank: int) -> str:
+    """Where worker ``rank`` asks a server that restarted alone, and came back behind the
+    job's other servers, to go on at their step (an int64 step number)."""
+    return f"catch-up/{rank}"
 
 
 def dropped_name(server: int) -> str:

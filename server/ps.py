@@ -34,10 +34,12 @@ from .plan import (
     META_FIELDS,
     STATUS_DROPPED,
     STATUS_FIELDS,
+    STATUS_MAY_CATCH_UP,
     STATUS_RUN,
     STATUS_STOP,
     Chunk,
     Specs,
+    catch_up_name,
     decode_join,
     dropped_name,
     first_mismatch,
@@ -74,6 +76,14 @@ REJOIN_CHECK_EVERY = 1.0
 
 class _WorkerLeft(Exception):
     """A worker said it stops (another server said stop, or it was stopped itself)."""
+
+
+class _CatchUp(Exception):
+    """Workers asked this server, restarted alone, to go on at the job's ``step``."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(step)
+        self.step = step
 
 
 class _WorkerLost(Exception):
@@ -138,6 +148,9 @@ class PSStats:
     gradient_wait: dict[int, float] = field(default_factory=dict)
     checkpoints: int = 0
     checkpoint_seconds: float = 0.0
+    #: steps skipped to catch up with the job's other servers (restarted alone, see
+    #: ParameterServer._catch_up)
+    caught_up: int = 0
     #: worker events: "joined", "lost", "rejoined", "left"
     worker_events: dict[str, int] = field(
         default_factory=lambda: {"joined": 0, "lost": 0, "rejoined": 0, "left": 0}
@@ -206,6 +219,10 @@ class ParameterServer:
         self.last_accuracy: float | None = None
         self.stats = PSStats(gradient_wait={r: 0.0 for r in range(cfg.workers)})
         self._stop_requested = False
+        #: no step done since start: this server may have been restarted alone, behind the
+        #: job's other servers, and takes the workers' request to go on at their step (BSP
+        #: only: the other modes do not survive a lost server)
+        self._may_catch_up = cfg.sync == "bsp"
         self.started_at = time.monotonic()
         keys = curve.load(cfg.curve_keys) if cfg.curve_keys else None
         self.rx = tw.Receiver(
@@ -231,6 +248,7 @@ class ParameterServer:
             for w in range(cfg.workers):
                 self.rx.register(join_name(w), (None,), "uint8", max_bytes=JOIN_MAX_BYTES)
                 self.rx.register(leave_name(w), (1,), "int64", ring=2)
+                self.rx.register(catch_up_name(w), (1,), "int64", ring=2)
             if cfg.resume:
                 self._resume()
         except BaseException:
@@ -543,9 +561,9 @@ class ParameterServer:
 
     def _status_word(self, w: _Worker, flags: int) -> Any:
         """What a worker reads in its status and ``dropped`` tensors: [the step we expect of
-        it, ``flags``, our step, 0]."""
-        status = np.array([w.step, flags, self.step, 0], dtype=np.int64)
-        assert status.shape == (STATUS_FIELDS,)
+        it, ``flags``, our step, whether we may catch up]."""
+        status = np.array([w.step, flags, self.step, int(self._may_catch_up)], dtype=np.int64)
+        assert status.shape == (STATUS_FIELDS,) and STATUS_MAY_CATCH_UP == 3
         return status
 
     def _rejoin(self) -> None:
@@ -576,6 +594,8 @@ class ParameterServer:
             except tw.WireTimeoutError:
                 if self.rx.pending(leave_name(w.rank)):
                     raise _WorkerLeft from None
+                if self._may_catch_up:
+                    self._take_catch_up()
                 if w.probation:
                     return None
                 if self.rx.pending(join_name(w.rank)):
@@ -590,10 +610,44 @@ class ParameterServer:
                 continue
             return got, names
 
+    def _take_catch_up(self) -> None:
+        """_CatchUp if a worker asked us to go on at a later step than ours."""
+        asked = self.step
+        for w in self.workers:
+            name = catch_up_name(w.rank)
+            while self.rx.pending(name):  # bounded: its ring holds two
+                asked = max(asked, int(self.rx.wait(name, timeout=0)[0]))
+                self.rx.release(name)
+        if asked > self.step:
+            raise _CatchUp(asked)
+
+    def _catch_up(self, step: int) -> None:
+        """Go on at the job's ``step``, from the step we came back at. With several shards, one
+        restarted alone (killed, its pod or node replaced) comes back at its checkpoint's step,
+        or at step 0 started afresh, while the others went on; its workers see that in the
+        status words and ask it, before they push a gradient, to go on at the others' step.
+        It keeps the parameters it came back with (its checkpoint's, or rank 0's copy when it
+        started afresh): this shard loses the updates since then (at most --checkpoint-every
+        steps), the others lose none, and the job goes on instead of stopping. Replaying the
+        lost steps would need every worker's gradients of each, which nobody keeps."""
+        source = "rank 0's copy" if self._has_init_tensors else "its checkpoint's"
+        log.warning(
+            "shard %d came back at step %d, behind the job's other servers at step %d: going on "
+            "at their step with the parameters it came back with (%s)",
+            self.cfg.shard,
+            self.step,
+            step,
+            source,
+        )
+        self.stats.caught_up += step - self.step
+        self.step = step
+        self._may_catch_up = False
+
     def _run_bsp(self) -> None:
         while self.step < self.cfg.steps:
             t0 = time.monotonic()
-            losses, accuracy = [], None
+            losses: list[float] = []
+            accuracy: float | None = None
             contributors = 0
             for w in self.workers:
                 if not w.alive:
@@ -607,6 +661,12 @@ class ParameterServer:
                 except _WorkerLeft:
                     self._leave(w)
                     continue
+                except _CatchUp as exc:
+                    # no worker pushed a gradient of our step: they ask before they push
+                    self._catch_up(exc.step)
+                    contributors = 0
+                    losses.clear()
+                    break
                 finally:
                     self.stats.gradient_wait[w.rank] += time.monotonic() - waited
                 if collected is None:
@@ -631,6 +691,7 @@ class ParameterServer:
                 for c in self.chunks:
                     self._update(c.cid, scale=1.0 / contributors)
                 self.step += 1
+                self._may_catch_up = False  # the workers pushed for our step: we are the job's
                 if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
                     self._checkpoint()
             self._rejoin()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -480,14 +481,16 @@ def test_a_worker_frozen_over_grpc_is_dropped_and_the_server_goes_on(job: Any) -
     assert j.metrics("ps0")["steps"] > int(steps.split("worker 0 lost at step ")[1].split()[0])
 
 
-def test_one_of_two_servers_resumed_alone_stops_the_workers_with_the_remedy(
-    job: Any, tmp_path: Path
+@pytest.mark.parametrize("resume", [True, False], ids=["resumed", "afresh"])
+def test_one_of_two_servers_restarted_alone_goes_on_at_the_others_step(
+    job: Any, tmp_path: Path, resume: bool
 ) -> None:
-    """A limit, made explicit: one of two servers killed and resumed alone comes back at its
-    checkpoint's step while the other went on, and it cannot catch up alone. The workers stop
-    at once with one line that says so and what to do (restart every server with --resume),
-    and the servers, once every worker left, end at a SIGTERM with exit 0. Before, the job hung
-    without a word until the step timeout (120 s by default)."""
+    """One of two servers killed and started again alone comes back behind the other: at its
+    checkpoint's step with --resume, at step 0 afresh (from rank 0's copy of its parameters).
+    The workers ask it to go on at the other's step before they push a gradient, it does, and
+    the job trains on: both servers checkpoint at the same steps again, and every process ends
+    at a SIGTERM with exit 0. Before, the workers stopped with 'restart every server with
+    --resume', and before that the job hung until the step timeout."""
     ckpt = tmp_path / "ckpt"
     args = ["--steps", ENDLESS, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1000"]
     j = job(ps=[*args, "--log-level", "INFO"], servers=2)
@@ -495,13 +498,29 @@ def test_one_of_two_servers_resumed_alone_stops_the_workers_with_the_remedy(
     time.sleep(0.2)  # some steps past it (a tenth of a second is tens of steps), not 1000
     j.ps[1].kill()
     assert j.ps[1].wait(10) == -signal.SIGKILL
-    again = j.start([*j.ps[1].args, "--resume"], log="ps1-again")
-    codes = [w.wait(60) for w in j.workers]
-    assert codes == [1, 1], j.log("w0")
-    assert "restart every server with --resume" in j.log("w0")
+    saved = int(j.log("ps1").rsplit("checkpoint at step ", 1)[1].split()[0])
+    again = j.start([*j.ps[1].args, *(["--resume"] if resume else [])], log="ps1-again")
+    log_has(j.tmp / "ps1-again.log", "going on at their step", 60)
+    _trains_on(j, "ps1-again", checkpoints=1)
     for p in (j.ps[0], again):
         p.send_signal(signal.SIGTERM)
-    assert [p.wait(60) for p in (j.ps[0], again)] == [0, 0], j.log("ps0")
+    codes = [p.wait(120) for p in (j.ps[0], again, *j.workers)]
+    text = j.log("ps1-again")
+    assert codes == [0, 0, 0, 0], text + j.log("w0")
+    came_back = text.split("shard 1 came back at step ")[1]
+    back_at, others_at = (
+        int(came_back.split(",")[0]),
+        int(came_back.split(" at step ")[1].split(":")[0]),
+    )
+    assert back_at == (saved if resume else 0) and others_at > saved, text
+    assert "asking it to go on at their step" in j.log("w0")
+    # It checkpoints at the other server's steps again (every 1000; the last one, at the
+    # SIGTERM, may be a step apart), and is at its step at the end.
+    every = [at for at in re.findall(r"checkpoint at step (\d+) ", text) if int(at) % 1000 == 0]
+    assert every and all(f"checkpoint at step {at} " in j.log("ps0") for at in every), text
+    assert abs(j.metrics("ps1")["steps"] - j.metrics("ps0")["steps"]) <= 1
+    assert j.metrics("ps1")["caught_up"] == others_at - back_at
+    assert j.metrics("w0")["test_accuracy"] >= 0.95
 
 
 def test_a_port_already_in_use_is_one_line() -> None:
