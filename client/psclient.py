@@ -46,6 +46,7 @@ from tensorwire.server.plan import (
     leave_name,
     meta_name,
     parse_grad_name,
+    probe_name,
     specs_of,
     status_name,
 )
@@ -59,6 +60,9 @@ log = logging.getLogger("tensorwire.worker")
 PROBE_EVERY = 2.0
 #: Seconds a server has to answer that ping before it counts as lost
 PROBE_TIMEOUT = 5.0
+#: Seconds a probe (are we still counted on?) may wait for a free slot: the server reads them at
+#: least every step, and one that has not read our earlier ones is held up, and answers later
+PROBE_WRITE_TIMEOUT = 0.5
 #: Seconds the word that we stop may take to reach a server, when we close: best effort
 LEAVE_TIMEOUT = 2.0
 
@@ -193,6 +197,7 @@ class PSClient:
             self.close()
             raise
         self._meta = np.zeros(META_FIELDS, np.float64)
+        self._probe_word = np.ones(1, np.int64)
         self.step: int | None = None
         #: seconds spent waiting for the servers' parameters, converting 16-bit ones into the
         #: model's float32 ("pull"), and pushing gradients: the step's communication
@@ -387,8 +392,8 @@ class PSClient:
                 rx.release(dropped_name(s))
                 if flags == STATUS_DROPPED:
                     raise _Dropped(
-                        f"parameter server {addr} went on without this worker at its step {at}: "
-                        "it heard nothing from us in time (its --step-timeout or "
+                        f"parameter server {addr} said at its step {at} that it went on without "
+                        "this worker: it heard nothing from us in time (its --step-timeout or "
                         "--heartbeat-timeout; was this process stopped, or its machine "
                         "overloaded?)"
                     )
@@ -487,6 +492,24 @@ class PSClient:
                         f"parameter server {addr} failed a ping while we waited for its "
                         f"parameters: {exc}"
                     ) from None
+                self._probe(addr)
+
+    def _probe(self, addr: str) -> None:
+        """Ask server ``addr`` whether it still counts on us: one that went on without us
+        answers with a notice in our ``dropped`` tensor, read at the next look (its first may
+        not have reached us: over grpc, not while we were frozen)."""
+        try:
+            self.tx.write(
+                probe_name(self.rank), self._probe_word, peer=addr, timeout=PROBE_WRITE_TIMEOUT
+            )
+        except tw.PeerLostError as exc:
+            raise tw.PeerLostError(
+                f"parameter server {addr} was lost while we waited for its parameters: {exc}"
+            ) from None
+        except tw.TensorWireError as exc:
+            # Its slots still hold our earlier probes (it is held up elsewhere, and reads them
+            # when it is not), or an older server has no such tensor: nothing to ask now.
+            log.debug("no probe to %s: %s", addr, exc)
 
     def pull(self) -> dict[str, Array]:
         """The parameters of the current step (views; valid until the next push)."""

@@ -183,6 +183,13 @@ def catch_up_name(rank: int) -> str:
     return f"catch-up/{rank}"
 
 
+def probe_name(rank: int) -> str:
+    """Where worker ``rank``, once a wait for a server's parameters has lasted its probe
+    interval, asks that server whether it still counts on it: a server that went on without
+    it answers with a STATUS_DROPPED notice again (the first may not have reached it)."""
+    return f"probe/{rank}"
+
+
 def dropped_name(server: int) -> str:
     """Where server ``server`` tells a worker it went on without it (a status word whose flags
     are STATUS_DROPPED): a tensor of its own, as the worker may hold the slot of its status

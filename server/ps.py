@@ -50,6 +50,7 @@ from .plan import (
     meta_name,
     parse_grad_name,
     plan,
+    probe_name,
     specs_digest,
     status_name,
 )
@@ -72,6 +73,10 @@ DROP_NOTICE_TIMEOUT = 2.0
 #: Seconds between looks, while a step waits for a worker's gradients, at whether that worker
 #: joined again (restarted before its loss was seen, or dropped by another server).
 REJOIN_CHECK_EVERY = 1.0
+#: Slots of a worker's ``probe`` tensor: a worker writes one every PROBE_EVERY (2 s) that it
+#: waits, and we read them at least every step and every REJOIN_CHECK_EVERY, so they fill only
+#: while we are held up elsewhere for longer (the worker then skips its probe, see PSClient)
+PROBE_SLOTS = 4
 
 
 class _WorkerLeft(Exception):
@@ -169,6 +174,9 @@ class _Worker:
     joined: bool = False  # its join (address, specs) arrived; alive once it says it is ready
     #: rejoined, and no gradients of it seen since: not waited for (see ParameterServer._collect)
     probation: bool = False
+    #: dropped, and the notice timed out (frozen, or over grpc): its session is kept, to tell
+    #: it when it asks (ParameterServer._answer_probes)
+    untold: bool = False
 
 
 class ParameterServer:
@@ -249,6 +257,7 @@ class ParameterServer:
                 self.rx.register(join_name(w), (None,), "uint8", max_bytes=JOIN_MAX_BYTES)
                 self.rx.register(leave_name(w), (1,), "int64", ring=2)
                 self.rx.register(catch_up_name(w), (1,), "int64", ring=2)
+                self.rx.register(probe_name(w), (1,), "int64", ring=PROBE_SLOTS)
             if cfg.resume:
                 self._resume()
         except BaseException:
@@ -395,9 +404,11 @@ class ParameterServer:
                     self._check_specs(w.rank, specs)
                     if not self.specs:
                         self._setup(specs, needs_init=True)
-                    if w.address and w.address != address:
+                    if w.address and (w.address != address or w.untold):
+                        # its earlier session (kept while it was untold): a fresh one now
                         with contextlib.suppress(tw.TensorWireError):
                             self.tx.remove_peer(w.address)
+                        w.untold = False
                     try:
                         self.tx.add_peer(address)
                     except tw.TensorWireError as exc:
@@ -511,8 +522,11 @@ class ParameterServer:
         may still run (frozen for a while, or its machine slow), so it is told that it was
         dropped, and joins again; else it would wait for parameters that never come."""
         self._part_with(w, "lost", f"lost at step {self.step} ({reason})")
-        if tell:
-            self._notify(w, STATUS_DROPPED, DROP_NOTICE_TIMEOUT)
+        if tell and not self._notify(w, STATUS_DROPPED, DROP_NOTICE_TIMEOUT):
+            # It may be frozen (over grpc a write needs it to answer): its session stays, for
+            # the notice it gets when it runs again and asks (_answer_probes).
+            w.untold = True
+            return
         with contextlib.suppress(tw.TensorWireError):
             self.tx.remove_peer(w.address)
 
@@ -547,17 +561,22 @@ class ParameterServer:
         straight into its memory (shm) or its socket's buffer (tcp)."""
         self._notify(w, STATUS_RUN, self.cfg.step_timeout)
 
-    def _notify(self, w: _Worker, flags: int, timeout: float) -> None:
+    def _notify(self, w: _Worker, flags: int, timeout: float) -> bool:
         """A status word with ``flags`` in ``w``'s ``dropped`` tensor, best effort: a worker
-        that is dead, frozen (past ``timeout``) or older (no such tensor) is not told, and one
-        that died is lost at our next write anyway."""
-        with contextlib.suppress(tw.TensorWireError):
+        that is dead or older (no such tensor) is not told, and one that died is lost at our
+        next write anyway. False if the write timed out: the worker may be frozen."""
+        try:
             self.tx.write(
                 dropped_name(self.cfg.shard),
                 self._status_word(w, flags),
                 peer=w.address,
                 timeout=timeout,
             )
+        except tw.WireTimeoutError:
+            return False
+        except tw.TensorWireError:
+            pass
+        return True
 
     def _status_word(self, w: _Worker, flags: int) -> Any:
         """What a worker reads in its status and ``dropped`` tensors: [the step we expect of
@@ -567,8 +586,36 @@ class ParameterServer:
         return status
 
     def _rejoin(self) -> None:
-        """Workers (re)started after a loss join at the current step."""
+        """Workers (re)started after a loss join at the current step; those we went on
+        without, and that still wait for us, are told again."""
         self._take_join_messages(during_join=False)
+        self._answer_probes()
+
+    def _answer_probes(self) -> None:
+        """Tell a worker that we went on without, and whose notice timed out, that we dropped
+        it, once it asks whether we still count on it (it has waited PROBE_EVERY for our
+        parameters): over grpc a write needs the worker to answer, so a frozen worker was not
+        told, and would otherwise learn it only when it misses our heartbeats for its heartbeat
+        timeout (30 s by default), if we stopped them, or never. Its session was kept for
+        this: a new one could not write a tensor the old one holds. Probes of workers taking
+        part, or told already, are read and forgotten."""
+        for w in self.workers:
+            name = probe_name(w.rank)
+            if not self.rx.pending(name):
+                continue
+            self.rx.drain(name)
+            if not w.untold or w.alive or w.joined or self.rx.pending(join_name(w.rank)):
+                continue
+            told = self._notify(w, STATUS_DROPPED, DROP_NOTICE_TIMEOUT)
+            log.warning(
+                "worker %d, which we went on without, still waits for us: %s",
+                w.rank,
+                "told it again" if told else "telling it failed again",
+            )
+            if told:
+                w.untold = False
+                with contextlib.suppress(tw.TensorWireError):
+                    self.tx.remove_peer(w.address)
 
     def _collect(self, w: _Worker) -> tuple[dict[str, Any], list[str]] | None:
         """All of ``w``'s gradient chunks and its meta for this step, held (not yet released);
@@ -596,6 +643,7 @@ class ParameterServer:
                     raise _WorkerLeft from None
                 if self._may_catch_up:
                     self._take_catch_up()
+                self._answer_probes()
                 if w.probation:
                     return None
                 if self.rx.pending(join_name(w.rank)):

@@ -457,11 +457,16 @@ def test_server_killed_and_resumed_workers_reconnect(job: Any, tmp_path: Path) -
     assert j.metrics("w0")["test_accuracy"] >= 0.95
 
 
-def test_a_worker_frozen_over_grpc_is_dropped_and_the_server_goes_on(job: Any) -> None:
+def test_a_worker_frozen_over_grpc_is_dropped_told_when_it_asks_and_joins_again(
+    job: Any,
+) -> None:
     """Over grpc a write into a frozen worker's memory needs its gRPC server to answer: the
-    server's write of parameters times out. The worker is dropped, as at a step timeout, and
-    the job goes on and ends at a SIGTERM with exit 0 (before, such a timeout ended the server
-    with a traceback). The frozen worker is not told (see docs/design.md)."""
+    server's write of parameters (or its step timeout) drops the worker, and the job goes on
+    (before, such a timeout ended the server with a traceback). The notice that it was dropped
+    times out too. Once the worker runs again, its wait for parameters asks the server whether
+    it still counts on it, and the server tells it then, through the session it kept: the
+    worker joins again by itself, and every process ends at a SIGTERM with exit 0. Before, it
+    learned it only when it missed the server's heartbeats for its heartbeat timeout (30 s)."""
     j = job(
         ps=["--steps", ENDLESS, "--step-timeout", "1.5", "--transport", "grpc"],
         worker=["--transport", "grpc"],
@@ -471,14 +476,19 @@ def test_a_worker_frozen_over_grpc_is_dropped_and_the_server_goes_on(job: Any) -
     j.workers[0].send_signal(signal.SIGSTOP)
     try:
         _wait_for(j, "worker 0 lost")
-        steps = j.log("ps0")
-        time.sleep(1.0)  # it goes on with worker 1
-        j.ps[0].send_signal(signal.SIGTERM)
-        assert j.ps[0].wait(60) == 0, j.log("ps0")
-        assert j.workers[1].wait(60) == 0, j.log("w1")
+        time.sleep(2.5)  # past the notice's own timeout (2 s), and the job goes on with worker 1
     finally:
         j.workers[0].send_signal(signal.SIGCONT)
-    assert j.metrics("ps0")["steps"] > int(steps.split("worker 0 lost at step ")[1].split()[0])
+    _wait_for(j, "still waits for us: told it again")
+    _wait_for(j, "worker 0 rejoined")
+    text = j.log("ps0")
+    j.ps[0].send_signal(signal.SIGTERM)
+    assert j.wait(60) == [0, 0, 0], j.log("ps0") + j.log("w0")
+    assert "went on without this worker" in j.log("w0")
+    assert "no heartbeat" not in j.log("w0")  # told by the server, not by its silence
+    lost_at = int(text.split("worker 0 lost at step ")[1].split()[0])
+    back_at = int(text.split("worker 0 rejoined from ")[1].split(" at step ")[1].split()[0])
+    assert lost_at < back_at <= j.metrics("ps0")["steps"]
 
 
 @pytest.mark.parametrize("resume", [True, False], ids=["resumed", "afresh"])
