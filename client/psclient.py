@@ -30,10 +30,12 @@ import numpy as np
 import tensorwire as tw
 from tensorwire.curve import CurveKeys
 from tensorwire.server.plan import (
+    HOW_ASYNC,
+    HOW_MAY_CATCH_UP,
     META_FIELDS,
     STATUS_DROPPED,
     STATUS_FIELDS,
-    STATUS_MAY_CATCH_UP,
+    STATUS_HOW,
     STATUS_STOP,
     Chunk,
     catch_up_name,
@@ -413,22 +415,25 @@ class PSClient:
         for _ in range(len(self.servers) * 1000):  # bounded; two steps at most in practice
             if any(int(got[status_name(s)][1]) == STATUS_STOP for s in shards):
                 return  # a server that said stop writes no more: we stop
+            how = [int(got[status_name(s)][STATUS_HOW]) for s in shards]
+            if any(h & HOW_ASYNC for h in how):
+                return  # asp, ssp: each server counts our steps on its own
             steps = [int(got[status_name(s)][0]) for s in shards]
             ahead = max(steps)
             behind = [s for s in shards if steps[s] < ahead]
             if not behind:
                 return
-            restarted = [s for s in behind if int(got[status_name(s)][STATUS_MAY_CATCH_UP])]
+            restarted = [s for s in behind if how[s] & HOW_MAY_CATCH_UP]
             stuck = [s for s in behind if ahead - steps[s] > 1 and s not in restarted]
             if stuck:
-                # Far behind, and it cannot be asked to catch up (--sync asp or ssp, which do
-                # not go on without a server): waiting would hang.
+                # Far behind, though it has done steps since it started (a server of another
+                # job, or of an older release, which does not say): waiting would hang.
                 s = stuck[0]
                 raise PSClientError(
-                    f"parameter server {self.servers[s]} is at step {steps[s]} (it resumed from "
-                    f"its checkpoint) while the others are at step {ahead}, and it cannot catch "
-                    "up (only --sync bsp can): restart every server with --resume (they "
-                    "checkpoint at the same steps), then the workers"
+                    f"parameter server {self.servers[s]} is at step {steps[s]} while the others "
+                    f"are at step {ahead}, and it does not take a request to catch up: restart "
+                    "every server with --resume (they checkpoint at the same steps), then the "
+                    "workers"
                 )
             for s in restarted:
                 if s not in asked:

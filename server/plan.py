@@ -31,10 +31,15 @@ STATUS_STOP = 1
 #: timeout, or its sender was dropped as silent) while the worker may still run: join again
 #: (written to the worker's ``dropped_name`` tensor, not with the parameters)
 STATUS_DROPPED = 2
-STATUS_FIELDS = 4  # [step, flags, applied updates, may catch up]
-#: the status word's last field: 1 while the server has done no step since it started (it may
-#: have been restarted alone, behind the job's other servers), and takes a catch-up request
-STATUS_MAY_CATCH_UP = 3
+STATUS_FIELDS = 4  # [step, flags, applied updates, how the server runs]
+#: the status word's last field: bits that say how the server runs
+STATUS_HOW = 3
+#: it has done no step since it started (it may have been restarted alone, behind the job's
+#: other servers), and takes a catch-up request (bsp only)
+HOW_MAY_CATCH_UP = 1
+#: it runs asp or ssp: the step it writes counts this worker's steps, each server on its own,
+#: and the servers' steps need not agree (a worker does not line them up)
+HOW_ASYNC = 2
 META_FIELDS = 5  # [step, loss, correct, batch size, test accuracy or -1]
 
 

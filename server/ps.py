@@ -30,11 +30,13 @@ from tensorwire import curve
 from . import checkpoint, optim
 from .placement import Placement
 from .plan import (
+    HOW_ASYNC,
+    HOW_MAY_CATCH_UP,
     JOIN_MAX_BYTES,
     META_FIELDS,
     STATUS_DROPPED,
     STATUS_FIELDS,
-    STATUS_MAY_CATCH_UP,
+    STATUS_HOW,
     STATUS_RUN,
     STATUS_STOP,
     Chunk,
@@ -177,6 +179,9 @@ class _Worker:
     #: dropped, and the notice timed out (frozen, or over grpc): its session is kept, to tell
     #: it when it asks (ParameterServer._answer_probes)
     untold: bool = False
+    #: (asp, ssp) when we last heard from it, or let it go on: silent for --step-timeout
+    #: after that, it is lost
+    heard: float = field(default_factory=time.monotonic)
 
 
 class ParameterServer:
@@ -392,56 +397,64 @@ class ParameterServer:
         for w in self.workers:
             while not w.alive and self.rx.pending(join_name(w.rank)):
                 took = True
-                view = self.rx.wait(join_name(w.rank), timeout=0)
-                try:
-                    joined = decode_join(bytes(view))
-                except ValueError as exc:
-                    raise PSError(f"worker {w.rank}: {exc}") from None
-                finally:
-                    self.rx.release(join_name(w.rank))
-                if joined is not None:  # address and specs
-                    address, specs = joined
-                    self._check_specs(w.rank, specs)
-                    if not self.specs:
-                        self._setup(specs, needs_init=True)
-                    if w.address and (w.address != address or w.untold):
-                        # its earlier session (kept while it was untold): a fresh one now
-                        with contextlib.suppress(tw.TensorWireError):
-                            self.tx.remove_peer(w.address)
-                        w.untold = False
-                    try:
-                        self.tx.add_peer(address)
-                    except tw.TensorWireError as exc:
-                        if during_join:
-                            raise PSError(f"worker {w.rank} joined from {address}: {exc}") from None
-                        # gone again, or unreachable: it may join again later
-                        log.warning("worker %d joined but cannot be reached: %s", w.rank, exc)
-                        continue
-                    w.address, w.joined = address, True
-                elif w.joined:  # ready: its parameters are registered
-                    # What its previous session left in its tensors (a worker dropped while it
-                    # ran pushes the rest of its step before it learns it), and rank 0's initial
-                    # values once they are no longer read: its first write of this session
-                    # comes only after our parameters, so nothing of it is lost here.
-                    for name in [*self._worker_tensors(w), leave_name(w.rank)]:
-                        self.rx.drain(name)
-                    if w.rank == 0 and self._has_init_tensors and not self._needs_init:
-                        for c in self.chunks:
-                            self.rx.drain(init_name(c.cid))
-                    w.alive, w.step, w.probation = True, self.step, not during_join
-                    self._claim_dropped_notice(w)
-                    how = "joined" if during_join else "rejoined"
-                    self.stats.worker_events[how] += 1
-                    log.log(
-                        logging.INFO if during_join else logging.WARNING,
-                        "worker %d %s from %s over %s at step %d",
-                        w.rank,
-                        how,
-                        w.address,
-                        self.tx.transport_of(w.address),
-                        self.step,
-                    )
+                self._on_join(w, self.rx.wait(join_name(w.rank), timeout=0), during_join)
         return took
+
+    def _on_join(self, w: _Worker, view: Any, during_join: bool) -> None:
+        """Worker ``w``'s join (address and specs) or ready message, taken: released here.
+        Once ready, it takes part (asp and ssp serve it at once; bsp at the step's end)."""
+        try:
+            joined = decode_join(bytes(view))
+        except ValueError as exc:
+            raise PSError(f"worker {w.rank}: {exc}") from None
+        finally:
+            self.rx.release(join_name(w.rank))
+        if joined is not None:  # address and specs
+            address, specs = joined
+            self._check_specs(w.rank, specs)
+            if not self.specs:
+                self._setup(specs, needs_init=True)
+            if w.address and (w.address != address or w.untold):
+                # its earlier session (kept while it was untold): a fresh one now
+                with contextlib.suppress(tw.TensorWireError):
+                    self.tx.remove_peer(w.address)
+                w.untold = False
+            try:
+                self.tx.add_peer(address)
+            except tw.TensorWireError as exc:
+                if during_join:
+                    raise PSError(f"worker {w.rank} joined from {address}: {exc}") from None
+                # gone again, or unreachable: it may join again later
+                log.warning("worker %d joined but cannot be reached: %s", w.rank, exc)
+                return
+            w.address, w.joined = address, True
+        elif w.joined:  # ready: its parameters are registered
+            # What its previous session left in its tensors (a worker dropped while it ran
+            # pushes the rest of its step before it learns it), and rank 0's initial values
+            # once they are no longer read: its first write of this session comes only after
+            # our parameters, so nothing of it is lost here.
+            for name in [*self._worker_tensors(w), leave_name(w.rank)]:
+                self.rx.drain(name)
+            if w.rank == 0 and self._has_init_tensors and not self._needs_init:
+                for c in self.chunks:
+                    self.rx.drain(init_name(c.cid))
+            w.alive, w.step, w.probation = True, self.step, not during_join
+            w.stopped, w.got = False, set()
+            self._claim_dropped_notice(w)
+            how = "joined" if during_join else "rejoined"
+            self.stats.worker_events[how] += 1
+            log.log(
+                logging.INFO if during_join else logging.WARNING,
+                "worker %d %s from %s over %s at step %d",
+                w.rank,
+                how,
+                w.address,
+                self.tx.transport_of(w.address),
+                self.step,
+            )
+            if not during_join and self.cfg.sync != "bsp":
+                done = w.step >= self.cfg.steps or self._stop_requested
+                self._serve(w, STATUS_STOP if done else STATUS_RUN)
 
     def _update(self, cid: str, scale: float = 1.0) -> None:
         """One optimizer step of chunk ``cid`` with the gradient accumulated in ``acc``."""
@@ -580,9 +593,12 @@ class ParameterServer:
 
     def _status_word(self, w: _Worker, flags: int) -> Any:
         """What a worker reads in its status and ``dropped`` tensors: [the step we expect of
-        it, ``flags``, our step, whether we may catch up]."""
-        status = np.array([w.step, flags, self.step, int(self._may_catch_up)], dtype=np.int64)
-        assert status.shape == (STATUS_FIELDS,) and STATUS_MAY_CATCH_UP == 3
+        it, ``flags``, our step, how we run (HOW_ bits)]."""
+        how = (HOW_ASYNC if self.cfg.sync != "bsp" else 0) | (
+            HOW_MAY_CATCH_UP if self._may_catch_up else 0
+        )
+        status = np.array([w.step, flags, self.step, how], dtype=np.int64)
+        assert status.shape == (STATUS_FIELDS,) and STATUS_HOW == 3
         return status
 
     def _rejoin(self) -> None:
@@ -592,30 +608,32 @@ class ParameterServer:
         self._answer_probes()
 
     def _answer_probes(self) -> None:
-        """Tell a worker that we went on without, and whose notice timed out, that we dropped
-        it, once it asks whether we still count on it (it has waited PROBE_EVERY for our
-        parameters): over grpc a write needs the worker to answer, so a frozen worker was not
-        told, and would otherwise learn it only when it misses our heartbeats for its heartbeat
+        """Read every worker's probes, and answer them (:meth:`_answer_probe`)."""
+        for w in self.workers:
+            if self.rx.pending(probe_name(w.rank)):
+                self._answer_probe(w)
+
+    def _answer_probe(self, w: _Worker) -> None:
+        """Tell ``w``, which asks whether we still count on it (it has waited PROBE_EVERY for
+        our parameters), that we dropped it, if we went on without it and our notice timed
+        out: over grpc a write needs the worker to answer, so a frozen worker was not told,
+        and would otherwise learn it only when it misses our heartbeats for its heartbeat
         timeout (30 s by default), if we stopped them, or never. Its session was kept for
         this: a new one could not write a tensor the old one holds. Probes of workers taking
         part, or told already, are read and forgotten."""
-        for w in self.workers:
-            name = probe_name(w.rank)
-            if not self.rx.pending(name):
-                continue
-            self.rx.drain(name)
-            if not w.untold or w.alive or w.joined or self.rx.pending(join_name(w.rank)):
-                continue
-            told = self._notify(w, STATUS_DROPPED, DROP_NOTICE_TIMEOUT)
-            log.warning(
-                "worker %d, which we went on without, still waits for us: %s",
-                w.rank,
-                "told it again" if told else "telling it failed again",
-            )
-            if told:
-                w.untold = False
-                with contextlib.suppress(tw.TensorWireError):
-                    self.tx.remove_peer(w.address)
+        self.rx.drain(probe_name(w.rank))
+        if not w.untold or w.alive or w.joined or self.rx.pending(join_name(w.rank)):
+            return
+        told = self._notify(w, STATUS_DROPPED, DROP_NOTICE_TIMEOUT)
+        log.warning(
+            "worker %d, which we went on without, still waits for us: %s",
+            w.rank,
+            "told it again" if told else "telling it failed again",
+        )
+        if told:
+            w.untold = False
+            with contextlib.suppress(tw.TensorWireError):
+                self.tx.remove_peer(w.address)
 
     def _collect(self, w: _Worker) -> tuple[dict[str, Any], list[str]] | None:
         """All of ``w``'s gradient chunks and its meta for this step, held (not yet released);
@@ -750,17 +768,23 @@ class ParameterServer:
             done = self.step >= self.cfg.steps or self._stop_requested
             for w in self.workers:
                 if w.alive:
-                    try:
-                        self._send(w, STATUS_STOP if done else STATUS_RUN)
-                    except tw.PeerLostError as exc:
-                        self._lose(w, str(exc), tell=False)  # its receiver is gone
-                    except tw.WireTimeoutError as exc:
-                        # frozen, or too slow to take them (grpc, or a tcp socket's buffer full)
-                        self._lose(w, f"it took no parameters in time: {exc}")
+                    self._serve(w, STATUS_STOP if done else STATUS_RUN)
             if contributors:
                 self._report(self.step, losses, accuracy, t0)
             if done:
                 break
+
+    def _serve(self, w: _Worker, flags: int) -> None:
+        """:meth:`_send`, going on without a worker that cannot take the parameters."""
+        try:
+            self._send(w, flags)
+        except tw.PeerLostError as exc:
+            self._lose(w, str(exc), tell=False)  # its receiver is gone
+        except tw.WireTimeoutError as exc:
+            # frozen, or too slow to take them (grpc, or a tcp socket's buffer full)
+            self._lose(w, f"it took no parameters in time: {exc}")
+        else:
+            w.heard = time.monotonic()  # (asp, ssp) its silence counts from here
 
     def _await_any_worker(self) -> None:
         deadline = time.monotonic() + self.cfg.step_timeout
@@ -775,67 +799,135 @@ class ParameterServer:
             self._rejoin()
 
     def _run_async(self, staleness: int) -> None:
-        by_rank = {w.rank: w for w in self.workers}
+        """ASP (``staleness`` unbounded) and SSP: each gradient chunk is applied as it lands,
+        and a worker that finished a step gets fresh parameters at once, unless it is more
+        than ``staleness`` steps ahead of the slowest worker taking part (it waits for it).
+
+        A worker is gone on without, as in bsp, when its sender is lost, or when nothing came
+        from it for --step-timeout while we did not hold it back (it is told, as it may still
+        run); the slowest of the others then sets the pace. One that joins again is served at
+        once, at the step of the slowest worker. The job ends when every worker taking part
+        has stopped (or, with none left, at a stop request)."""
         expected = {grad_name(0, c.cid).split("/", 2)[2] for c in self.chunks} | {"meta"}
-        held: list[_Worker] = []
+        held: list[_Worker] = []  # done a step, kept waiting by the staleness bound
         t0 = time.monotonic()
-        while not all(w.stopped for w in self.workers):
+        for w in self.workers:
+            w.heard = t0
+        while True:
+            if not any(w.alive for w in self.workers):
+                if self._stop_requested:
+                    return
+                self._await_any_worker()  # raises if none comes back in time
+            if all(w.stopped for w in self.workers if w.alive):
+                return
             try:
-                name, view = self.rx.wait_any(timeout=self.cfg.step_timeout)
+                name, view = self.rx.wait_any(timeout=REJOIN_CHECK_EVERY)
             except tw.WireTimeoutError:
-                waiting = [w.rank for w in self.workers if not w.stopped and w not in held]
-                raise PSError(
-                    f"workers {waiting} sent nothing for {self.cfg.step_timeout:g} s"
-                ) from None
+                self._lose_silent(held)
+                self._release_held(held, staleness)
+                continue
             except tw.PeerLostError as exc:
-                raise PSError(
-                    f"a worker was lost ({exc}); only --sync bsp goes on without it"
-                ) from None
-            parsed = parse_grad_name(name)
-            if parsed is not None:
-                rank, param, part = parsed
+                lost = self._writer_of(exc.tensor)
+                if lost is None or not lost.alive:
+                    continue  # a message of no worker taking part: nothing waits for it
+                self._lose(lost, str(exc), tell=False)
+                self._release_held(held, staleness)
+                continue
+            writer = self._writer_of(name)
+            if writer is None:
+                self.rx.release(name)
+                continue
+            w, kind = writer, name.split("/", 1)[0]
+            if kind == "join":
+                if w.alive:  # restarted before its loss was seen: this one goes on anew
+                    self._lose(w, "it joined again", tell=False)
+                    self._release_held(held, staleness)
+                self._on_join(w, view, during_join=False)
+                continue
+            if kind == "probe":
+                self.rx.release(name)
+                self._answer_probe(w)
+                continue
+            if kind == "leave":
+                # it stops (another server said stop): nothing more will come from it
+                self.rx.release(name)
+                if w.alive and not w.stopped:
+                    w.stopped = True
+                    self.stats.worker_events["left"] += 1
+                    log.warning("worker %d left at its step %d", w.rank, w.step)
+                self._release_held(held, staleness)
+                continue
+            if not w.alive or kind not in ("grad", "meta"):
+                self.rx.release(name)  # (catch-up: bsp only) or what a lost worker left
+                continue
+            w.heard = time.monotonic()
+            if kind == "grad":
+                parsed = parse_grad_name(name)
+                assert parsed is not None
+                _, param, part = parsed
                 cid = f"{param}@{part}"
                 # Applied as it lands: the gradient of one worker, one chunk, one step.
                 self.acc[cid][...] = view
                 self._update(cid)
-                w = by_rank[rank]
                 w.got.add(cid)
-            elif name.startswith("meta/"):
-                w = by_rank[int(name.split("/")[1])]
+            else:
                 w.meta = view.copy()
                 w.got.add("meta")
-            elif name.startswith("leave/"):
-                # it stops (another server said stop): nothing more will come from it
-                w = by_rank[int(name.split("/")[1])]
-                self.rx.release(name)
-                if not w.stopped:
-                    w.stopped = True
-                    self.stats.worker_events["left"] += 1
-                    log.warning("worker %d left at its step %d", w.rank, w.step)
-                if w in held:
-                    held.remove(w)
-                continue
-            else:
-                self.rx.release(name)
-                continue
             self.rx.release(name)
             if w.got != expected:
                 continue
             w.got = set()
             w.step += 1
-            floor = min(x.step for x in self.workers)
-            if floor > self.step:  # the slowest worker finished a step: that is a global step
-                self.step = floor
-                if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
-                    self._checkpoint()
+            self._advance_floor()
             self._report(w.step, [float(w.meta[1])], self._accuracy(w.meta), t0)
             t0 = time.monotonic()
             held.append(w)
-            floor = min(x.step for x in self.workers)
-            for h in list(held):
-                if h.step >= self.cfg.steps or self._stop_requested:
-                    self._send(h, STATUS_STOP)
-                    held.remove(h)
-                elif h.step - floor <= staleness:
-                    self._send(h, STATUS_RUN)
-                    held.remove(h)
+            self._release_held(held, staleness)
+            self._lose_silent(held)
+
+    def _writer_of(self, name: str | None) -> _Worker | None:
+        """The worker that writes tensor ``name`` of ours (its rank is the name's second part),
+        or None (rank 0's initial values, or no name)."""
+        parts = (name or "").split("/")
+        if len(parts) < 2 or parts[0] not in ("grad", "meta", "join", "leave", "probe", "catch-up"):
+            return None
+        rank = int(parts[1])
+        return self.workers[rank] if 0 <= rank < len(self.workers) else None
+
+    def _advance_floor(self) -> None:
+        """(asp, ssp) The global step is the slowest worker's, among those taking part."""
+        steps = [w.step for w in self.workers if w.alive]
+        floor = min(steps) if steps else self.step
+        if floor > self.step:  # the slowest worker finished a step: that is a global step
+            self.step = floor
+            if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
+                self._checkpoint()
+
+    def _release_held(self, held: list[_Worker], staleness: int) -> None:
+        """(asp, ssp) Let go on every held worker within ``staleness`` steps of the slowest
+        one taking part, or tell it to stop; forget those no longer taking part."""
+        self._advance_floor()
+        steps = [w.step for w in self.workers if w.alive]
+        floor = min(steps) if steps else self.step
+        for h in list(held):
+            if not h.alive:
+                held.remove(h)
+            elif h.step >= self.cfg.steps or self._stop_requested:
+                held.remove(h)
+                self._serve(h, STATUS_STOP)
+            elif h.step - floor <= staleness:
+                held.remove(h)
+                self._serve(h, STATUS_RUN)
+
+    def _lose_silent(self, held: list[_Worker]) -> None:
+        """(asp, ssp) Go on without each worker taking part that sent nothing for
+        --step-timeout while we did not hold it back (frozen, or its machine gone). What it
+        sent and we have not read yet (we were held up, writing to a frozen one) counts."""
+        now = time.monotonic()
+        for w in self.workers:
+            silent = now - w.heard > self.cfg.step_timeout
+            if silent and w.alive and not w.stopped and w not in held:
+                if any(self.rx.pending(name) for name in self._worker_tensors(w)):
+                    w.heard = now
+                else:
+                    self._lose(w, f"nothing for {self.cfg.step_timeout:g} s")

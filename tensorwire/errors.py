@@ -59,7 +59,14 @@ class TransportError(TensorWireError):
 
 
 class PeerLostError(TransportError):
-    """The peer died, closed, or restarted with a new generation."""
+    """The peer died, closed, or restarted with a new generation.
+
+    ``tensor``: raised by a receiver's wait, the tensor whose writer was lost (a
+    :meth:`~tensorwire.Receiver.wait_any` says which), else None."""
+
+    def __init__(self, *args: object, tensor: str | None = None) -> None:
+        super().__init__(*args)
+        self.tensor = tensor
 
 
 class ClosedError(TensorWireError):

@@ -396,6 +396,31 @@ def test_bsp_survives_a_killed_worker_and_takes_it_back(
     assert abs(j.metrics("w1")["steps"] - (steps - back_at)) <= 2 * slack
 
 
+@pytest.mark.parametrize(("sync", "servers"), [("asp", 1), ("ssp", 1), ("asp", 2)])
+def test_asp_and_ssp_go_on_without_a_killed_worker_and_take_it_back(
+    job: Any, tmp_path: Path, sync: str, servers: int
+) -> None:
+    """SIGKILL one worker of an asp or ssp job: each server goes on with the other (the
+    slowest worker taking part sets the pace), and serves the worker started again at once,
+    at that worker's step; training reaches the accuracy bar. Before, the servers stopped with
+    'a worker was lost; only --sync bsp goes on without it' and exit 1."""
+    every = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "500"]
+    j = job(ps=["--steps", ENDLESS, "--sync", sync, *every, "--log-level", "INFO"], servers=servers)
+    _wait_for(j, "joined", 2, servers=servers)
+    time.sleep(0.5)
+    j.workers[1].kill()
+    _wait_for(j, "worker 1 lost", servers=servers)
+    time.sleep(0.3)  # the other goes on alone
+    j.restart_worker(1)
+    _wait_for(j, "worker 1 rejoined", servers=servers)
+    _trains_on(j)  # at least 1000 global steps with the new worker 1
+    for p in j.ps:
+        p.send_signal(signal.SIGTERM)
+    codes = j.wait(120)
+    assert codes == [0] * servers + [0, -signal.SIGKILL, 0], j.log("ps0") + j.log("w1-again")
+    assert j.metrics("w0")["test_accuracy"] >= 0.95
+
+
 @pytest.mark.parametrize("servers", [1, 2])
 def test_bsp_tells_a_frozen_worker_it_was_dropped_and_it_joins_again(
     job: Any, tmp_path: Path, servers: int

@@ -44,7 +44,7 @@ class Consumer:
             return slot
         if tensor.lost is not None:
             reason, tensor.lost = tensor.lost, None
-            raise PeerLostError(f"tensor {tensor.spec.name!r}: {reason}")
+            raise PeerLostError(f"tensor {tensor.spec.name!r}: {reason}", tensor=tensor.spec.name)
         return None
 
     @staticmethod
