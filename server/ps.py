@@ -894,10 +894,15 @@ class ParameterServer:
         rank = int(parts[1])
         return self.workers[rank] if 0 <= rank < len(self.workers) else None
 
+    def _floor(self) -> int:
+        """(asp, ssp) The slowest worker's step, among those taking part and not stopped (one
+        that left would otherwise hold the others back for good)."""
+        steps = [w.step for w in self.workers if w.alive and not w.stopped]
+        return min(steps) if steps else self.step
+
     def _advance_floor(self) -> None:
-        """(asp, ssp) The global step is the slowest worker's, among those taking part."""
-        steps = [w.step for w in self.workers if w.alive]
-        floor = min(steps) if steps else self.step
+        """(asp, ssp) The global step is the slowest worker's (:meth:`_floor`)."""
+        floor = self._floor()
         if floor > self.step:  # the slowest worker finished a step: that is a global step
             self.step = floor
             if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
@@ -907,10 +912,9 @@ class ParameterServer:
         """(asp, ssp) Let go on every held worker within ``staleness`` steps of the slowest
         one taking part, or tell it to stop; forget those no longer taking part."""
         self._advance_floor()
-        steps = [w.step for w in self.workers if w.alive]
-        floor = min(steps) if steps else self.step
+        floor = self._floor()
         for h in list(held):
-            if not h.alive:
+            if not h.alive or h.stopped:  # lost, or it left
                 held.remove(h)
             elif h.step >= self.cfg.steps or self._stop_requested:
                 held.remove(h)

@@ -524,8 +524,9 @@ def test_a_writer_drained_before_the_receiver_saw_it_die_leaves_no_stale_loss(
             time.sleep(0.02)
         assert _peers(rx) == 0, "the receiver never noticed the writer's death"
         if after_the_drain == "a message":
-            with pytest.raises(tw.PeerLostError, match="was lost"):
-                rx.wait("t", timeout=5)
+            with pytest.raises(tw.PeerLostError, match="was lost") as lost:
+                rx.wait_any(timeout=5)
+            assert lost.value.tensor == "t"  # a wait for any tensor says whose writer it was
             return
         with pytest.raises(tw.WireTimeoutError):  # not a PeerLostError: that would be stale
             rx.wait("t", timeout=0.3)
