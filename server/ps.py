@@ -50,7 +50,6 @@ from .plan import (
     join_name,
     leave_name,
     meta_name,
-    parse_grad_name,
     plan,
     probe_name,
     specs_digest,
@@ -79,6 +78,10 @@ REJOIN_CHECK_EVERY = 1.0
 #: waits, and we read them at least every step and every REJOIN_CHECK_EVERY, so they fill only
 #: while we are held up elsewhere for longer (the worker then skips its probe, see PSClient)
 PROBE_SLOTS = 4
+
+
+#: the kinds of tensor a worker writes to us, each named ``kind/<rank>[/...]``
+_WORKER_TENSORS = frozenset(("grad", "meta", "join", "leave", "probe", "catch-up"))
 
 
 class _WorkerLeft(Exception):
@@ -827,17 +830,17 @@ class ParameterServer:
                 self._release_held(held, staleness)
                 continue
             except tw.PeerLostError as exc:
-                lost = self._writer_of(exc.tensor)
-                if lost is None or not lost.alive:
+                found = self._writer_of(exc.tensor)
+                if found is None or not found[0].alive:
                     continue  # a message of no worker taking part: nothing waits for it
-                self._lose(lost, str(exc), tell=False)
+                self._lose(found[0], str(exc), tell=False)
                 self._release_held(held, staleness)
                 continue
-            writer = self._writer_of(name)
-            if writer is None:
+            found = self._writer_of(name)
+            if found is None:
                 self.rx.release(name)
                 continue
-            w, kind = writer, name.split("/", 1)[0]
+            w, kind, tail = found
             if kind == "join":
                 if w.alive:  # restarted before its loss was seen: this one goes on anew
                     self._lose(w, "it joined again", tell=False)
@@ -862,10 +865,7 @@ class ParameterServer:
                 continue
             w.heard = time.monotonic()
             if kind == "grad":
-                parsed = parse_grad_name(name)
-                assert parsed is not None
-                _, param, part = parsed
-                cid = f"{param}@{part}"
+                cid = tail  # grad/<rank>/<chunk>
                 # Applied as it lands: the gradient of one worker, one chunk, one step.
                 self.acc[cid][...] = view
                 self._update(cid)
@@ -885,14 +885,16 @@ class ParameterServer:
             self._release_held(held, staleness)
             self._lose_silent(held)
 
-    def _writer_of(self, name: str | None) -> _Worker | None:
-        """The worker that writes tensor ``name`` of ours (its rank is the name's second part),
-        or None (rank 0's initial values, or no name)."""
-        parts = (name or "").split("/")
-        if len(parts) < 2 or parts[0] not in ("grad", "meta", "join", "leave", "probe", "catch-up"):
+    def _writer_of(self, name: str | None) -> tuple[_Worker, str, str] | None:
+        """The worker that writes tensor ``name`` of ours (``kind/<rank>[/tail]``), the kind,
+        and the tail (a gradient's chunk); None for a tensor no worker owns (rank 0's initial
+        values) or no name. Once per message of asp and ssp: string splits, not a pattern."""
+        kind, _, rest = (name or "").partition("/")
+        if kind not in _WORKER_TENSORS:
             return None
-        rank = int(parts[1])
-        return self.workers[rank] if 0 <= rank < len(self.workers) else None
+        rank, _, tail = rest.partition("/")
+        r = int(rank)
+        return (self.workers[r], kind, tail) if 0 <= r < len(self.workers) else None
 
     def _floor(self) -> int:
         """(asp, ssp) The slowest worker's step, among those taking part and not stopped (one
