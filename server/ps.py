@@ -896,15 +896,16 @@ class ParameterServer:
         r = int(rank)
         return (self.workers[r], kind, tail) if 0 <= r < len(self.workers) else None
 
-    def _floor(self) -> int:
-        """(asp, ssp) The slowest worker's step, among those taking part and not stopped (one
-        that left would otherwise hold the others back for good)."""
-        steps = [w.step for w in self.workers if w.alive and not w.stopped]
+    def _floor(self, *, stopped: bool) -> int:
+        """(asp, ssp) The slowest worker's step, among those taking part; ``stopped``: those
+        that stopped too."""
+        steps = [w.step for w in self.workers if w.alive and (stopped or not w.stopped)]
         return min(steps) if steps else self.step
 
     def _advance_floor(self) -> None:
-        """(asp, ssp) The global step is the slowest worker's (:meth:`_floor`)."""
-        floor = self._floor()
+        """(asp, ssp) The global step is the slowest worker's, a stopped one's too (what the
+        job did, as the checkpoint records it), not a lost one's."""
+        floor = self._floor(stopped=True)
         if floor > self.step:  # the slowest worker finished a step: that is a global step
             self.step = floor
             if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
@@ -914,7 +915,7 @@ class ParameterServer:
         """(asp, ssp) Let go on every held worker within ``staleness`` steps of the slowest
         one taking part, or tell it to stop; forget those no longer taking part."""
         self._advance_floor()
-        floor = self._floor()
+        floor = self._floor(stopped=False)  # one that left would hold the others back for good
         for h in list(held):
             if not h.alive or h.stopped:  # lost, or it left
                 held.remove(h)
