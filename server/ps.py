@@ -878,11 +878,10 @@ class ParameterServer:
                 continue
             w.got = set()
             w.step += 1
-            self._advance_floor()
             self._report(w.step, [float(w.meta[1])], self._accuracy(w.meta), t0)
             t0 = time.monotonic()
             held.append(w)
-            self._release_held(held, staleness)
+            self._release_held(held, staleness)  # advances the global step first
             self._lose_silent(held)
 
     def _writer_of(self, name: str | None) -> tuple[_Worker, str, str] | None:
