@@ -28,6 +28,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from . import curve, metrics, quietlog, wire
 from .curve import CurveKeys
+from .doorbell import remaining
 from .errors import (
     AuthenticationError,
     ClosedError,
@@ -165,13 +166,25 @@ class ControlServer:
         self._wake_w.close()
 
 
-class FencedError(RemoteProtocolError):
+class NotYetError(RemoteProtocolError):
+    """The receiver cannot do what was asked yet, and may soon: the request may be repeated
+    (:meth:`ControlClient.request_until`)."""
+
+
+class FencedError(NotYetError):
     """The receiver fences the tensor for now (its dropped previous writer may be mid-write):
     the claim may succeed later."""
 
 
+class StartingError(NotYetError):
+    """The receiver's data server for the transport attached to is still starting (one started
+    when its first sender attaches, on a thread of its own: NIXL's agent takes over a second on
+    a GPU host): the attach may succeed later."""
+
+
 _ERRORS: dict[str, type[TensorWireError]] = {
     "fenced": FencedError,
+    "starting": StartingError,
     "auth": AuthenticationError,
     "unauthenticated": AuthenticationError,
     "stale-generation": PeerLostError,
@@ -362,6 +375,24 @@ class ControlClient:
             err = _ERRORS.get(reply.code, RemoteProtocolError)
             raise err(f"receiver at {self.address} refused {msg.TYPE}: {reply.message}")
         return reply
+
+    def request_until(
+        self,
+        msg: wire.Message,
+        deadline: float | None,
+        check: Callable[[], None] | None = None,
+        pause: float = 0.05,
+    ) -> wire.Message:
+        """:meth:`request`, repeated every ``pause`` seconds while the receiver answers that it
+        cannot do it yet (:class:`NotYetError`), until ``deadline`` (monotonic; None: no limit).
+        Past the deadline the last refusal is raised, so the caller learns what it waited for."""
+        while True:
+            try:
+                return self.request(msg, remaining(deadline), check)
+            except NotYetError:
+                if deadline is not None and time.monotonic() + pause >= deadline:
+                    raise
+                time.sleep(pause)
 
     def _ready(self, flag: int, deadline: float | None, check: Callable[[], None] | None) -> bool:
         """Is the socket ready for ``flag`` before ``deadline``? Meanwhile ``check()`` every

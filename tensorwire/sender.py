@@ -21,9 +21,9 @@ import numpy as np
 
 from . import metrics, wire
 from .auth import client_mac, new_nonce, normalise_secret, server_proof, verify
-from .control import ControlClient, FencedError
+from .control import ControlClient
 from .cuda import cupy as cupy_module
-from .doorbell import deadline_of, remaining
+from .doorbell import deadline_of
 from .endpoint import split_endpoint
 from .errors import (
     AuthenticationError,
@@ -55,6 +55,8 @@ GOODBYE_TIMEOUT = 5.0
 CLOSE_INTERRUPT = 0.2
 #: Pause between claims of a tensor the receiver fences (its dropped writer is mid-write).
 CLAIM_RETRY = 0.05
+#: Pause between attaches to a receiver whose data server for the transport is still starting.
+SETUP_RETRY = 0.02
 
 
 class WriteHandle(NamedTuple):
@@ -188,9 +190,13 @@ class _Peer:
 
     def _request(self, msg: wire.Message, timeout: float | None) -> wire.Message:
         assert self.control is not None
-        # a channel's own requests while it is set up end with the receiver's loss
-        return self.control.request(
-            msg, timeout, self.check_alive if self.channel is None else None
+        # A channel's own requests while it is set up end with the receiver's loss, and are
+        # asked again while the receiver's server for it is still starting (StartingError).
+        return self.control.request_until(
+            msg,
+            deadline_of(timeout),
+            self.check_alive if self.channel is None else None,
+            SETUP_RETRY,
         )
 
     def _hello(self) -> wire.Welcome:
@@ -270,19 +276,12 @@ class _Peer:
             if deadline is None:
                 deadline = deadline_of(self._timeout)
             claim = wire.Claim(self.generation, entry.tensor_id, self.transport)
-            while True:
-                try:
-                    # A receiver that dies meanwhile never answers: the channel's check of
-                    # its peer (a pidfd on this host, the heartbeats' verdict) ends the wait
-                    # instead of the write's whole timeout.
-                    claimed = self.control.request(
-                        claim, remaining(deadline), check=self.channel.check_peer
-                    )
-                    break
-                except FencedError:
-                    if deadline is not None and time.monotonic() + CLAIM_RETRY >= deadline:
-                        raise
-                    time.sleep(CLAIM_RETRY)
+            # A receiver that dies meanwhile never answers: the channel's check of its peer (a
+            # pidfd on this host, the heartbeats' verdict) ends the wait instead of the write's
+            # whole timeout.
+            claimed = self.control.request_until(
+                claim, deadline, self.channel.check_peer, CLAIM_RETRY
+            )
             if not isinstance(claimed, wire.Claimed):
                 raise LocalProtocolError(f"expected claimed, got {claimed.TYPE}")
             slots = [int(x) for x in claimed.slots if isinstance(x, int)]

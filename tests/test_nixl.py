@@ -20,7 +20,13 @@ from tensorwire import wire
 from tensorwire.rdma import NixlOptions, cuda_devices_present
 
 from .conftest import Children
-from .peers import count_empty_messages, echo_over, run_conformance_hiding, run_hiding
+from .peers import (
+    count_empty_messages,
+    echo_over,
+    run_conformance_hiding,
+    run_hiding,
+    run_receiver,
+)
 
 NIXL_PACKAGES = ("nixl_cu12", "nixl_cu13", "nixl")
 
@@ -183,7 +189,7 @@ def test_ends_that_disagree_on_shared_memory_error_handling_are_refused_not_cras
 
 @pytest.mark.nixl
 def test_two_processes_that_connect_to_each_other_at_once(children: Children) -> None:
-    """Each side's receiver starts its agent (on demand, on its control thread) while the main
+    """Each side's receiver starts its agent (on demand, on a thread of its own) while the main
     thread creates the sender's agents. An agent created while another's UCX settings were
     exported for the moment once took those for the user's own and was created with none of
     them: without ``lo`` for a loopback endpoint, and without the shared-memory error handling
@@ -202,6 +208,27 @@ def test_two_processes_that_connect_to_each_other_at_once(children: Children) ->
                 assert got[0] == k and got[-1] == k
                 rx.release("pong")
         children.join_ok(proc)
+
+
+@pytest.mark.nixl
+def test_a_receiver_answers_heartbeats_while_its_nixl_server_starts(children: Children) -> None:
+    """A receiver starts its NIXL server when the first sender attaches. Creating the agent
+    takes a fresh process about 0.45 s here and over a second on a GPU host; it used to run on
+    the receiver's control thread, which then answered nobody, so a sender heartbeating every
+    0.05 s (lost after 3 missed) gave the receiver up during the attach (as one heartbeating
+    every 0.2 s did on an H100 host). Now the server starts on a thread of its own, the attach
+    is answered "starting" and asked again, and the heartbeats are answered meanwhile."""
+    here, there = children.pipe()
+    proc = children.start(run_receiver, there, [("t", (1024,), "float32")])
+    assert here.poll(60)
+    address = here.recv()["address"]
+    with tw.Sender.connect(address, transport="nixl", timeout=30, heartbeat=0.05) as tx:
+        assert tx.transport_of() == "nixl"
+        tx.write("t", np.full(1024, 2.0, np.float32))
+        here.send(("t", 30))
+        assert here.poll(30) and here.recv() == ("ok", 2048.0)
+    here.send("stop")
+    children.join_ok(proc)
 
 
 @pytest.mark.nixl

@@ -291,12 +291,15 @@ class SessionHandler:
             return wire.ErrorReply(
                 "protocol", f"{session.describe()} already has a data connection"
             )
+        session.last_seen = time.monotonic()
         try:
-            link, details = self._servers.get(key).attach(session, msg.details)
+            server = self._servers.attachable(key)
+            if server is None:  # being started on a thread of its own: ask again
+                return wire.ErrorReply("starting", f"its {msg.transport} server is starting")
+            link, details = server.attach(session, msg.details)
         except TensorWireError as exc:
             return wire.ErrorReply("protocol", f"{msg.transport}: {exc}")
         session.link, session.link_server = link, key
-        session.last_seen = time.monotonic()
         return wire.Attached(self._state.generation, details)
 
     # -- the end of a session ----------------------------------------------------------------
