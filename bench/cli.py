@@ -42,6 +42,7 @@ from .runner import (
     MIN_SECONDS,
     RAW_NIXL,
     REFERENCES,
+    TORCH_QUEUE,
     TRANSPORTS,
     Runner,
     summarise,
@@ -250,9 +251,11 @@ def _measure(
     try:
         usable = runner.transports
         gpu = GPU_REFERENCES if args.device != "cpu" else []
+        torch_queue = [TORCH_QUEUE] if runner.torch_queue is not None else []
         raw_nixl = [RAW_NIXL] if runner.raw_nixl is not None else []
         split = [runner.split_memcpy] if runner.split_memcpy else []
-        methods = ["memcpy", *split, *gpu, *usable, *runner.batched, "zmq", "raw-tcp", *raw_nixl]
+        references = ["memcpy", *split, *gpu, *torch_queue]
+        methods = [*references, *usable, *runner.batched, "zmq", "raw-tcp", *raw_nixl]
         latency = [*usable, "zmq", "raw-tcp", *raw_nixl]
         measured = sum(runner.measures(m, s) for m in methods for s in args.sizes)
         total = args.repeat * (measured + len(latency))

@@ -14,7 +14,13 @@ def _ratio(x: float | None) -> str:
     return "" if x is None else f"{x:.2f}x"
 
 
+def _has_torch_queue(result: dict[str, Any]) -> bool:
+    """Did the run measure the torch-queue reference (``--device cuda`` with torch)?"""
+    return any(r.get("x_torch_queue") is not None for r in result["throughput"])
+
+
 def table_rows(result: dict[str, Any]) -> tuple[list[list[str]], list[list[str]]]:
+    torch_queue = _has_torch_queue(result)
     tput = [
         [
             human(r["size"]),
@@ -23,6 +29,7 @@ def table_rows(result: dict[str, Any]) -> tuple[list[list[str]], list[list[str]]
             _ratio(r["x_grpc"]),
             _ratio(r.get("x_grpc_stream")),
             _ratio(r["x_memcpy"]),
+            *([_ratio(r.get("x_torch_queue"))] if torch_queue else []),
             f"{_ratio(r['x_limit'])} {r['limit']}" if r["limit"] else "",
         ]
         for r in result["throughput"]
@@ -43,6 +50,7 @@ def table_rows(result: dict[str, Any]) -> tuple[list[list[str]], list[list[str]]
 
 
 TPUT_HEAD = ["size", "method", "GB/s", "vs grpc", "vs grpc-stream", "vs memcpy", "vs raw limit"]
+
 LAT_HEAD = [
     "round trip",
     "tensor",
@@ -54,9 +62,15 @@ LAT_HEAD = [
 ]
 
 
+def heads(result: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The two tables' column heads; "vs torch-queue" where the run measured it."""
+    tput = TPUT_HEAD[:-1] + ["vs torch-queue"] * _has_torch_queue(result) + TPUT_HEAD[-1:]
+    return tput, LAT_HEAD
+
+
 def render_plain(result: dict[str, Any]) -> str:
     out = []
-    for head, rows in zip((TPUT_HEAD, LAT_HEAD), table_rows(result), strict=True):
+    for head, rows in zip(heads(result), table_rows(result), strict=True):
         widths = [max(len(str(c)) for c in col) for col in zip(head, *rows, strict=True)]
         out.append("  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True)))
         out.extend("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in rows)
@@ -67,7 +81,7 @@ def render_plain(result: dict[str, Any]) -> str:
 def markdown(result: dict[str, Any]) -> str:
     """Both tables as GitHub markdown (what BENCHMARKS.md shows)."""
     out = []
-    for head, rows in zip((TPUT_HEAD, LAT_HEAD), table_rows(result), strict=True):
+    for head, rows in zip(heads(result), table_rows(result), strict=True):
         out.append("| " + " | ".join(head) + " |")
         out.append("|" + "---:|" * len(head))
         out.extend("| " + " | ".join(row) + " |" for row in rows)
@@ -84,9 +98,10 @@ def print_tables(result: dict[str, Any]) -> None:
         return
     console = Console()
     tput, lat = table_rows(result)
+    tput_head, lat_head = heads(result)
     for title, head, rows in (
-        ("throughput (median GB/s)", TPUT_HEAD, tput),
-        ("latency", LAT_HEAD, lat),
+        ("throughput (median GB/s)", tput_head, tput),
+        ("latency", lat_head, lat),
     ):
         table = Table(title=title)
         for h in head:

@@ -25,7 +25,8 @@ large ``shm`` writes; :mod:`.copy_threads`).
 With ``device="cuda:N"`` the tensors live on that GPU at both ends (the runner writes cupy
 arrays into GPU slots) and two GPU references join: ``d2d`` (a cupy device-to-device copy of the
 same bytes, the limit of the ``shm`` path) and ``h2d-pinned`` (a copy from pinned host memory to
-the GPU, the limit of any path through host memory).
+the GPU, the limit of any path through host memory), and, where torch sees the GPU,
+``torch-queue``: what a PyTorch user does without tensorwire (:mod:`.torch_queue`).
 """
 
 from __future__ import annotations
@@ -57,12 +58,16 @@ from .common import (
 )
 from .copy_threads import split_copy
 from .raw_nixl import RawNixl
+from .torch_queue import TorchQueue
+from .torch_queue import available as torch_queue_available
 
 TRANSPORTS = ["shm", "tcp", "nixl", "grpc", "grpc-stream"]
 REFERENCES = ["memcpy", "zmq", "raw-tcp"]
 #: measured beside the ``nixl`` transport, on host memory
 RAW_NIXL = "raw-nixl"
 GPU_REFERENCES = ["d2d", "h2d-pinned"]
+#: measured beside the GPU references where torch sees the GPU
+TORCH_QUEUE = "torch-queue"
 TARGET_BYTES = 256 * MiB
 MIN_COUNT, MAX_COUNT = 4, 2000
 #: a measurement lasts at least about this long where MAX_COUNT allows: 256 MiB moves through
@@ -219,11 +224,17 @@ class Runner:
         self.ping_payload: Any = self.ping
         self.device = device
         self._gpu: Any = None
+        self.torch_queue: TorchQueue | None = None
         if device != "cpu":
             try:
                 self._gpu = _GpuReferences(device, sizes)
                 self.payload = {s: self._gpu.on_device(a) for s, a in self.src.items()}
                 self.ping_payload = self._gpu.on_device(self.ping)
+                why_not = torch_queue_available(device)
+                if why_not is None:
+                    self.torch_queue = TorchQueue(device, sizes)
+                else:
+                    self.notes.append(f"{TORCH_QUEUE} skipped: {why_not}")
             except BaseException:
                 self.close()
                 raise
@@ -338,6 +349,9 @@ class Runner:
             return self.zmq(size, count)
         if method == RAW_NIXL:
             return self.raw_nixl_write(size, count)
+        if method == TORCH_QUEUE:
+            assert self.torch_queue is not None
+            return self.torch_queue.measure(size, count)
         if method in GPU_REFERENCES:
             assert self._gpu is not None, "the GPU references need --device cuda"
             return float(self._gpu.measure(method, size, count))
@@ -408,6 +422,9 @@ class Runner:
             self.pong_rx.close()
         if self._copy_pool is not None:
             self._copy_pool.shutdown()
+        torch_queue = getattr(self, "torch_queue", None)  # absent if __init__ failed early
+        if torch_queue is not None:
+            torch_queue.close()
 
 
 class _GpuReferences:
@@ -504,7 +521,7 @@ def summarise(samples: dict[str, Any], sizes: list[int], latency_bytes: int) -> 
                 "gbps": by[size],
                 "samples": samples["gbps"][m][size],
             }
-            for ref in ("grpc", "grpc-stream", "memcpy"):
+            for ref in ("grpc", "grpc-stream", "memcpy", TORCH_QUEUE):
                 key = "x_" + ref.replace("-", "_")
                 row[key] = by[size] / med[ref][size] if ref in med else None
             limit = raw_limit.get(base_method(m))
@@ -541,6 +558,7 @@ __all__ = [
     "GPU_REFERENCES",
     "RAW_NIXL",
     "REFERENCES",
+    "TORCH_QUEUE",
     "TRANSPORTS",
     "Runner",
     "batch_method",

@@ -23,8 +23,10 @@ import pytest
 
 import tensorwire as tw
 from tensorwire import cuda
+from tensorwire.bench.torch_queue import available as torch_queue_available
 from tensorwire.layout import RingLayout
 from tensorwire.memory import CUDA, IPC_HANDLE_BYTES, RegionInfo
+from tensorwire.transports.shm import DEFERRED_COMPLETION_BYTES
 
 from .conftest import NIXL_INSTALLED, Children
 from .peers import (
@@ -338,7 +340,7 @@ def test_large_gpu_writes_complete_behind_their_copies_in_order(children: Childr
     refills that source right after (stream order), messages from host memory in between wait
     their turn, and the sender's close completes what is still in flight."""
     count = 30
-    shape = (1 << 20,)  # 4 MiB of float32: every GPU-sourced write is deferred
+    shape = (DEFERRED_COMPLETION_BYTES // 4,)  # float32: every GPU-sourced write is deferred
     with tw.Receiver(ring=3) as rx:
         rx.register("t", shape, "float32", device="cuda")
         proc = children.start(send_rewritten_gpu_source, rx.address, "t", count)
@@ -479,6 +481,7 @@ def test_bench_on_a_gpu_measures_each_transport_beside_its_limit(tmp_path: Any) 
     result = json.loads(path.read_text())
     rows = {(r["method"], r["size"]): r for r in result["throughput"]}
     raw = ["raw-nixl"] if NIXL_INSTALLED else []
+    torch_queue = torch_queue_available("cuda") is None
     for size in (65536, 3 << 20):
         assert {m for m, s in rows if s == size} >= {*transports, "d2d", "h2d-pinned", *raw}
         assert rows[("shm", size)]["limit"] == "d2d"
@@ -486,5 +489,13 @@ def test_bench_on_a_gpu_measures_each_transport_beside_its_limit(tmp_path: Any) 
             nixl, limit = rows[("nixl", size)], rows[("raw-nixl", size)]
             assert nixl["limit"] == "raw-nixl" and limit["gbps"] > 0
             assert nixl["x_limit"] == pytest.approx(nixl["gbps"] / limit["gbps"])
+        if torch_queue:  # what a PyTorch user does without tensorwire, measured beside it
+            queue = rows[("torch-queue", size)]
+            assert queue["gbps"] > 0
+            assert rows[("shm", size)]["x_torch_queue"] == pytest.approx(
+                rows[("shm", size)]["gbps"] / queue["gbps"]
+            )
+    if not torch_queue:
+        assert any("torch-queue skipped" in note for note in result["notes"])
     lat = {r["method"] for r in result["latency"]}
     assert lat >= {*transports, *raw}
