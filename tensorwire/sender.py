@@ -558,7 +558,7 @@ class Sender(Resource):
         any size within the capacity) and be C-contiguous, unless ``allow_copy=True``. Blocks while
         every slot is held by the receiver, up to ``timeout``.
 
-        On return ``array`` may be reused, with one exception: a GPU array of 1 MiB or more
+        On return ``array`` may be reused, with one exception: a GPU array of 32 MiB or more
         written over ``shm`` into GPU slots is copied asynchronously on the current CUDA stream
         (the message completes once the copy has landed), so work queued on that stream after
         this call sees the copy done, as with any asynchronous CUDA copy, while another stream

@@ -62,12 +62,16 @@ _monotonic = time.monotonic  # one name lookup on the per-message path, not two
 #: must let another thread have it (``sys.getswitchinterval``).
 SMALL_COPY = 2 << 20
 #: A GPU source at least this large, written into a GPU slot, is completed by the channel's
-#: completion thread once its copy has landed, and ``write`` returns once the copy is queued
-#: (smaller ones: synchronised in ``write``, which is the shorter way to a small message's
-#: completion: no hand-off between threads). At 1 MiB a device-to-device copy on an H100 takes
-#: ~5 us, of the order of a synchronisation; from there on the GPU idles between messages when
-#: each is waited for. (Chosen from those figures; not yet measured on a GPU.)
-DEFERRED_COMPLETION_BYTES = 1 << 20
+#: completion thread once its copy has landed, and ``write`` returns once the copy is queued;
+#: smaller ones are synchronised in ``write``. Measured on an H100 (``tensorwire bench --device
+#: cuda --transports shm``, two processes; this threshold at 1 MiB and at 32 MiB alternated, two
+#: runs of each with 2 and with 8 slots): a message completed by the thread costs ~50 us however
+#: small (not profiled; most likely the thread and the writer handing the interpreter's lock to
+#: each other), so 1 MiB ran at
+#: 16-28 GB/s deferred against 46-53 synchronised, and 16 MiB at 283-436 against 510-583. At 64
+#: MiB the copy (~48 us) hides that: the same with 2 slots (1081-1103 GB/s), and with 8 slots
+#: copies queued back to back reach 0.99x a device-to-device copy (1384-1385 GB/s).
+DEFERRED_COMPLETION_BYTES = 32 << 20
 #: How long closing a channel waits for its queued GPU copies to land and be completed.
 COMPLETION_DRAIN_TIMEOUT = 10.0
 _STATE_WORD = OFF_STATE // 4
