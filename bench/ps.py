@@ -40,6 +40,13 @@ def add_parser(sub: Any) -> None:
         "path/to/file.py:factory, e.g. examples/torch_digits.py:make for a PyTorch CNN); "
         "default large",
     )
+    p.add_argument(
+        "--framework",
+        choices=tasks.FRAMEWORKS,
+        default="auto",
+        help="the workers' --framework: torch trains a built-in model as a PyTorch module "
+        "(default auto: what --model builds)",
+    )
     p.add_argument("--steps", type=int, default=30, help="steps per job (default 30)")
     p.add_argument("--repeat", type=int, default=1, help="jobs per transport; medians reported")
     p.add_argument("--batch", type=int, default=32, help="batch per worker")
@@ -56,7 +63,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
     if min(args.workers, args.servers, args.steps, args.repeat) < 1:
         parser.error("--workers, --servers, --steps and --repeat must be at least 1")
     try:
-        made = tasks.as_task(tasks.load_factory(args.model)(tasks.JobInfo(0, 1, args.batch, 0)))
+        factory = tasks.load_factory(args.model, args.framework)
+        made = tasks.as_task(factory(tasks.JobInfo(0, 1, args.batch, 0)))
+        tasks.check_framework(made, args.framework)
     except ValueError as exc:
         parser.error(str(exc))
     initial = made.initial_params()
@@ -72,7 +81,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
                     workers=args.workers,
                     servers=args.servers,
                     model=args.model,
-                    worker_args=["--batch", str(args.batch), "--eval-every", "0"],
+                    worker_args=[
+                        *("--batch", str(args.batch), "--eval-every", "0"),
+                        *("--framework", args.framework),
+                    ],
                 )
             )
     for t in transports:
@@ -107,7 +119,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
         "kind": "ps",
         "machine": machine_facts(),
         "config": {
-            k: getattr(args, k) for k in ("workers", "servers", "model", "steps", "repeat", "batch")
+            k: getattr(args, k)
+            for k in ("workers", "servers", "model", "framework", "steps", "repeat", "batch")
         },
         "param_bytes": param_bytes,
         "tensors": len(initial),
@@ -134,7 +147,9 @@ def render(result: dict[str, Any]) -> str:
         lines.append(" ".join(f"{c:>11}" for c in cells))
     cfg = result["config"]
     lines.append(
-        f"model {cfg['model']} ({result.get('tensors', '?')} tensors, "
+        f"model {cfg['model']}"
+        + (f" in {cfg['framework']}" if cfg.get("framework", "auto") != "auto" else "")
+        + f" ({result.get('tensors', '?')} tensors, "
         f"{result['param_bytes'] / 1e6:.3g} MB of parameters), "
         f"{cfg['workers']} workers, {cfg['servers']} server(s), {cfg['steps']} steps"
     )

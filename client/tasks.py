@@ -1,7 +1,8 @@
 """What a worker trains: a *task* that a factory makes, in numpy or PyTorch.
 
-``tensorwire-worker --model SPEC`` names the factory: ``digits`` or ``large`` (the built-in numpy
-MLPs of :mod:`.models`), ``package.module:factory``, or ``path/to/file.py:factory``. A factory is
+``tensorwire-worker --model SPEC`` names the factory: ``digits``, ``large`` or ``many`` (the
+built-in MLPs of :mod:`.models`, in numpy, or in PyTorch with ``--framework torch``),
+``package.module:factory``, or ``path/to/file.py:factory``. A factory is
 called with a :class:`JobInfo` (this worker's rank, the number of workers, the batch size, the
 seed) and returns either a :class:`Task` or a triple ``(model, batches, evaluate)``:
 
@@ -71,6 +72,7 @@ class NumpyTask:
     """A numpy model: ``initial_params()`` and ``loss_and_grads(params, x, y)``."""
 
     device = "cpu"  # where its parameters' buffers live
+    framework = "numpy"
 
     def __init__(
         self, model: Any, batches: Callable[[int], tuple[Any, Any]], evaluate: Callable[..., float]
@@ -121,10 +123,25 @@ def builtin(name: str) -> Callable[[JobInfo], NumpyTask]:
     return factory
 
 
-def load_factory(spec: str) -> Callable[[JobInfo], Any]:
-    """The factory ``spec`` names (see the module's docstring); ValueError says what is wrong."""
+#: ``--framework``: ``auto`` takes what the factory builds; the others also insist on it
+FRAMEWORKS = ("auto", "numpy", "torch")
+
+
+def load_factory(spec: str, framework: str = "auto") -> Callable[[JobInfo], Any]:
+    """The factory ``spec`` names (see the module's docstring); a built-in model in PyTorch for
+    ``framework="torch"``. ValueError says what is wrong."""
+    if framework not in FRAMEWORKS:
+        raise ValueError(f"--framework {framework!r}: use one of {', '.join(FRAMEWORKS)}")
     if spec in models.MODELS:
-        return builtin(spec)
+        if framework != "torch":
+            return builtin(spec)
+        try:
+            from .torch_task import builtin as torch_builtin
+        except ImportError as exc:
+            raise ValueError(
+                f"--framework torch needs PyTorch ({exc}): pip install 'tensorwire[torch]'"
+            ) from None
+        return torch_builtin(spec)
     where, sep, attr = spec.rpartition(":")
     if not sep or not where or not attr:
         raise ValueError(
@@ -179,6 +196,14 @@ def as_task(made: Any, device: str = "cpu") -> Task:
     if device != "cpu":
         raise ValueError(f"device {device!r}: {_CPU_ONLY}")
     return NumpyTask(model, batches, evaluate)
+
+
+def check_framework(task: Task, framework: str) -> None:
+    """ValueError unless ``task`` is in ``framework`` (``auto``: any; a ready-made task that
+    does not say which framework it is in passes)."""
+    theirs = getattr(task, "framework", None)
+    if framework != "auto" and theirs is not None and theirs != framework:
+        raise ValueError(f"--framework {framework}: the model factory built a {theirs} model")
 
 
 def _is_torch_module(model: Any) -> bool:

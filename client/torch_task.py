@@ -21,7 +21,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .tasks import StepResult
+from . import models
+from .tasks import JobInfo, StepResult
 
 Array = np.ndarray[Any, Any]
 
@@ -53,6 +54,8 @@ def module_grads(module: torch.nn.Module) -> dict[str, Any]:
 
 
 class TorchTask:
+    framework = "torch"
+
     def __init__(
         self,
         module: torch.nn.Module,
@@ -106,3 +109,51 @@ class TorchTask:
         self.module.eval()
         with torch.no_grad():
             return float(self._evaluate(self.module))
+
+
+class BuiltinMlp(torch.nn.Module):
+    """A built-in MLP of :mod:`.models` as a torch module (``--framework torch``): the same
+    parameter names, shapes (weights stored input by output) and initial values as the numpy
+    model, so the two frameworks train the same network from the same start."""
+
+    def __init__(self, spec: models.ModelSpec, seed: int) -> None:
+        super().__init__()
+        self.depth = spec.layers
+        for name, value in spec.init(seed).items():
+            layer, _, kind = name.partition(".")
+            if not hasattr(self, layer):
+                self.add_module(layer, torch.nn.Module())
+            getattr(self, layer).register_parameter(
+                kind, torch.nn.Parameter(torch.from_numpy(value))
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x
+        for i in range(self.depth):
+            layer = getattr(self, f"layer{i}")
+            h = h @ layer.weight + layer.bias
+            if i < self.depth - 1:
+                h = torch.relu(h)
+        return h
+
+
+def builtin(name: str) -> Callable[[JobInfo], tuple[torch.nn.Module, Any, Any]]:
+    """The factory of built-in model ``name`` in PyTorch: its MLP, data and batches."""
+
+    def factory(job: JobInfo) -> tuple[torch.nn.Module, Any, Any]:
+        spec = models.model(name)
+        data = models.load(name, job.seed)
+
+        def batches(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+            x, y = models.batch_at(data, job.rank, job.workers, job.batch, step, job.seed)
+            return torch.from_numpy(x), torch.from_numpy(y)
+
+        x_test, y_test = torch.from_numpy(data.x_test), torch.from_numpy(data.y_test)
+
+        def evaluate(model: torch.nn.Module) -> float:
+            device = next(model.parameters()).device  # the worker's --device
+            return float((model(x_test.to(device)).argmax(dim=1).cpu() == y_test).float().mean())
+
+        return BuiltinMlp(spec, job.seed), batches, evaluate
+
+    return factory

@@ -66,6 +66,14 @@ def build_parser(prog: str = "tensorwire-worker") -> argparse.ArgumentParser:
         "path/to/file.py:factory (see tensorwire.client.tasks; a factory may build a PyTorch "
         "nn.Module); default digits",
     )
+    p.add_argument(
+        "--framework",
+        choices=tasks.FRAMEWORKS,
+        default="auto",
+        help="auto: the framework of what --model builds; torch: a built-in model as a PyTorch "
+        "module (the numpy model's parameters, names and start), and a factory must build a "
+        "torch module; numpy: a factory must build a numpy model (default auto)",
+    )
     p.add_argument("--batch", type=int, default=32, help="batch size per worker")
     p.add_argument(
         "--device",
@@ -192,7 +200,7 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:
         parser.error(f"--rank {args.rank} is not in 0..{args.workers - 1}")
     servers = [s.strip() for s in args.servers.split(",") if s.strip()]
     try:
-        factory = tasks.load_factory(args.model)
+        factory = tasks.load_factory(args.model, args.framework)
     except ValueError as exc:
         parser.error(str(exc))
     job = tasks.JobInfo(args.rank, args.workers, args.batch, args.seed)
@@ -206,6 +214,7 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:
         return 1
     try:
         task = tasks.as_task(made, args.device)  # a torch module is moved to --device here
+        tasks.check_framework(task, args.framework)
         initial = task.initial_params()
     except (ValueError, TypeError) as exc:  # what the model cannot do (e.g. a GPU for numpy)
         print(f"{prog}: error: --model {args.model!r}: {exc}", file=sys.stderr)

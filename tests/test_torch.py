@@ -6,6 +6,7 @@ or a numpy model named by import path, and the servers learn the parameters from
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import pytest
 
 from tensorwire.server import optim
 
-from .jobs import assert_params_close, cli, ok
+from .jobs import assert_params_close, cli, digits_bsp_job, digits_reference, ok
 
 torch = pytest.importorskip("torch")
 
@@ -93,6 +94,55 @@ def test_a_user_factory_named_by_import_path_trains(job: Any) -> None:
     ok(j)
     assert j.metrics("w0")["test_accuracy"] >= 0.9
     assert set(j.params(0)) == {"w", "b"}
+
+
+def test_a_built_in_model_in_torch_trains_as_the_numpy_one(job: Any) -> None:
+    """--framework torch: the digits MLP as a torch module (the numpy model's names, shapes
+    and initial values) through a BSP job equals the numpy model trained in one process."""
+    steps, lr = 20, 0.1
+    j = digits_bsp_job(
+        job, servers=2, optimizer="sgd", lr=lr, steps=steps, ps=[], worker=["--framework", "torch"]
+    )
+    ok(j)
+    ref = digits_reference(steps, 2, 32, optim.make("sgd", lr))
+    for rank in (0, 1):
+        got = j.params(rank)
+        assert list(got) == list(ref)
+        assert_params_close(got, ref, 1e-5)
+
+
+def test_a_framework_the_model_is_not_in_is_one_line() -> None:
+    cases = [
+        ("numpy", EXAMPLE, 1, "--framework numpy: the model factory built a torch model"),
+        ("torch", "tests.user_model:make", 1, "--framework torch: the model factory built a numpy"),
+        ("jax", "digits", 2, "invalid choice: 'jax'"),
+    ]
+    with ThreadPoolExecutor(len(cases)) as pool:  # each worker spends seconds importing torch
+        outs = pool.map(
+            lambda case: cli(
+                *("-m", "tensorwire.client.worker", "--framework", case[0]),
+                *("--model", case[1], "--no-progress"),
+            ),
+            cases,
+        )
+        for out, (_, _, code, says) in zip(outs, cases, strict=True):
+            assert out.returncode == code and "Traceback" not in out.stderr, out.stderr
+            assert says in out.stderr.strip().splitlines()[-1], out.stderr
+
+
+def test_bench_ps_compares_transports_for_a_built_in_model_in_torch(tmp_path: Path) -> None:
+    path = tmp_path / "ps.json"
+    out = cli(
+        *("-m", "tensorwire.bench", "ps", "--framework", "torch", "--model", "digits"),
+        *("--transports", "shm,grpc", "--steps", "5", "--json", str(path)),
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "model digits in torch" in out.stdout
+    result = json.loads(path.read_text())
+    assert result["config"]["framework"] == "torch"
+    rows = {r["transport"]: r for r in result["rows"]}
+    assert set(rows) == {"shm", "grpc"} and rows["grpc"]["x_grpc"] == 1.0
+    assert rows["shm"]["steps_per_s"] > 0
 
 
 def test_a_bad_model_spec_is_one_line() -> None:
