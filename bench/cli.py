@@ -24,7 +24,7 @@ from typing import Any
 import tensorwire as tw
 from tensorwire import cuda as tw_cuda
 from tensorwire import extras
-from tensorwire.server.config import (
+from tensorwire.job.config import (
     add_logging_flags,
     add_metrics_flags,
     setup_logging,
@@ -318,7 +318,7 @@ def _local(args: argparse.Namespace, transports: list[str], explicit: bool) -> d
 
 def _secret(parser: argparse.ArgumentParser, args: argparse.Namespace, endpoint: str) -> str | None:
     """The shared secret; required when this end listens beyond loopback."""
-    from tensorwire.server.config import is_loopback
+    from tensorwire.job.config import is_loopback
 
     secret = os.environ.get("TENSORWIRE_SECRET") or None
     if getattr(args, "secret_file", None):

@@ -29,7 +29,7 @@ import numpy as np
 
 import tensorwire as tw
 from tensorwire.curve import CurveKeys
-from tensorwire.server.plan import (
+from tensorwire.job.plan import (
     HOW_ASYNC,
     HOW_MAY_CATCH_UP,
     META_FIELDS,

@@ -22,8 +22,8 @@ import numpy as np
 import tensorwire as tw
 from tensorwire import curve
 from tensorwire import metrics as tw_metrics
-from tensorwire.server import config
-from tensorwire.server.progress import Progress
+from tensorwire.job import config
+from tensorwire.job.progress import Progress
 
 from . import tasks
 from .metrics import WorkerStats, worker_metrics

@@ -16,10 +16,11 @@ from typing import Any
 
 import tensorwire as tw
 from tensorwire import metrics as tw_metrics
+from tensorwire.job import config
+from tensorwire.job.progress import Progress
 
-from . import checkpoint, config, optim
+from . import checkpoint, optim
 from .metrics import ps_metrics
-from .progress import Progress
 from .ps import SYNC_MODES, WIRE_DTYPES, ParameterServer, PSConfig, StepReport
 
 

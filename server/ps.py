@@ -26,10 +26,7 @@ import numpy as np
 
 import tensorwire as tw
 from tensorwire import curve
-
-from . import checkpoint, optim
-from .placement import Placement
-from .plan import (
+from tensorwire.job.plan import (
     HOW_ASYNC,
     HOW_MAY_CATCH_UP,
     JOIN_MAX_BYTES,
@@ -55,6 +52,9 @@ from .plan import (
     specs_digest,
     status_name,
 )
+
+from . import checkpoint, optim
+from .placement import Placement
 
 log = logging.getLogger("tensorwire.ps")
 

@@ -588,7 +588,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .server import config  # the daemons' own reading of secrets and writing of summaries
+    from .job import config  # the daemons' own reading of secrets and writing of summaries
 
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)

@@ -18,8 +18,8 @@ import pytest
 import tensorwire as tw
 from tensorwire.client import models
 from tensorwire.client.launch import ps_command, worker_command
+from tensorwire.job.plan import plan
 from tensorwire.server import optim
-from tensorwire.server.plan import plan
 
 from .conftest import free_port
 from .jobs import Job, assert_params_close, digits_bsp_job, digits_reference, log_has
@@ -253,7 +253,7 @@ def test_bad_config_file_is_one_line(tmp_path: Path) -> None:
 
 
 def test_flags_beat_environment_beats_toml(tmp_path: Path) -> None:
-    from tensorwire.server import config
+    from tensorwire.job import config
     from tensorwire.server.daemon import build_parser
 
     cfg = tmp_path / "ps.toml"
@@ -604,13 +604,19 @@ def test_a_worker_without_the_servers_curve_key_stops_at_once_in_one_line(
 # -- servers know no model ----------------------------------------------------------------------
 
 
-def test_the_servers_import_no_model_code() -> None:
-    code = (
-        "import sys, tensorwire.server.daemon, tensorwire.server.ps\n"
-        "print(sorted(m for m in sys.modules if m.startswith('tensorwire.client')))\n"
-    )
-    out = _cli("-c", code)
-    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+def test_neither_daemon_imports_the_other() -> None:
+    """The servers import no model code, and the workers no server code: what both need is
+    tensorwire.job."""
+    for imports, other in (
+        ("tensorwire.server.daemon, tensorwire.server.ps", "tensorwire.client"),
+        ("tensorwire.client.worker, tensorwire.client.psclient", "tensorwire.server"),
+    ):
+        code = (
+            f"import sys, {imports}\n"
+            f"print(sorted(m for m in sys.modules if m.startswith('{other}')))\n"
+        )
+        out = _cli("-c", code)
+        assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
 def test_workers_that_disagree_on_the_model_stop_the_job_in_one_line(tmp_path: Path) -> None:

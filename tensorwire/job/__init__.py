@@ -1,0 +1,12 @@
+"""What a training job's daemons share: the parameter servers (``tensorwire.server``), the workers
+and their client (``tensorwire.client``), the benchmarks that launch them (``tensorwire.bench``)
+and ``tensorwire ray-job``.
+
+* :mod:`.plan`: the parameter-server protocol, which both ends derive everything from (how
+  parameters are sharded, what every tensor is called, the status word);
+* :mod:`.config`: the daemons' flags, TOML file and ``TENSORWIRE_*`` variables, secrets, logging,
+  metrics and summaries;
+* :mod:`.progress`: progress on a terminal or in logs.
+
+Neither daemon imports the other: each imports this package and the public API of ``tensorwire``.
+"""
