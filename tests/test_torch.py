@@ -227,3 +227,25 @@ def test_torch_bsp_on_gpu_workers_equals_one_process(
         assert list(got) == list(ref)
         assert_params_close(got, ref, 1e-2)
     assert j.metrics("w0")["steps"] == steps
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch with CUDA)")
+def test_a_built_in_model_in_torch_on_gpu_workers_trains_as_the_numpy_one(job: Any) -> None:
+    """--framework torch --device cuda: the digits MLP as a torch module on the GPU, its
+    parameters bound to GPU buffers the servers write, equals the numpy model trained in one
+    process on the CPU (matrix products on the GPU sum in another order: a looser bound)."""
+    steps, lr = 20, 0.1
+    j = digits_bsp_job(
+        job,
+        servers=2,
+        optimizer="sgd",
+        lr=lr,
+        steps=steps,
+        ps=[],
+        worker=["--framework", "torch", "--device", "cuda"],
+    )
+    ok(j)
+    ref = digits_reference(steps, 2, 32, optim.make("sgd", lr))
+    for rank in (0, 1):
+        assert_params_close(j.params(rank), ref, 1e-4)
