@@ -811,7 +811,7 @@ class ParameterServer:
         run); the slowest of the others then sets the pace. One that joins again is served at
         once, at the step of the slowest worker. The job ends when every worker taking part
         has stopped (or, with none left, at a stop request)."""
-        expected = {grad_name(0, c.cid).split("/", 2)[2] for c in self.chunks} | {"meta"}
+        expected = {c.cid for c in self.chunks} | {"meta"}  # a gradient's tail is its chunk
         held: list[_Worker] = []  # done a step, kept waiting by the staleness bound
         t0 = time.monotonic()
         for w in self.workers:
