@@ -130,6 +130,7 @@ def wait_for(
     what: Callable[[], str],
     busy: bool = True,
     resting: Callable[[], object] | None = None,
+    max_block: float = MAX_BLOCK,
 ) -> T:
     """Return the first non-None value of ``check()``, waiting spin -> yield -> futex.
 
@@ -138,6 +139,8 @@ def wait_for(
     a thread of this very process (a network transport's receive thread), which a spinning waiter
     would only slow down by holding the GIL and a core.
     ``resting`` is called once, as the waiter stops spinning and goes to sleep on the futex.
+    ``max_block``: the longest sleep before ``check`` is looked at again (where progress may be
+    made without a ring: a GPU's completion store).
     Raises :class:`WireTimeoutError` (message from ``what()``) at the deadline; ``check`` may raise
     to end the wait early (closed, peer lost).
     """
@@ -169,7 +172,7 @@ def wait_for(
             result = check()
             if result is not None:
                 return result
-            block = MAX_BLOCK if deadline is None else min(MAX_BLOCK, max(deadline - now, 0.0))
+            block = max_block if deadline is None else min(max_block, max(deadline - now, 0.0))
             futex_wait(bell_address, seen, block)
         finally:
             flag[flag_index] = max(flag[flag_index] - 1, 0)

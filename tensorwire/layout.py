@@ -69,6 +69,10 @@ OFF_TX_WAITING = CACHE_LINE  # u32, non-zero while the sender is (about to be) b
 # epoch in WRITING for as long as it is inside a write. Each word sits on its writer's cache line.
 OFF_OWNER = 16  # u64, written by the receiver
 OFF_WRITING = CACHE_LINE + 8  # u64, written by the writer
+#: u64, written by the writer: non-zero once the GPU completes its messages (the sequence-number
+#: store is a stream memory operation, tensorwire.cuda_stores), which rings no doorbell: the
+#: receiver's waits on the ring then sleep in short slices (consumer.DEVICE_STORES_MAX_BLOCK)
+OFF_DEVICE_STORES = CACHE_LINE + 16
 
 # Slot header (offsets from the slot header start).
 OFF_SEQ = 0  # u64: sequence number of the message in the slot, written after the payload

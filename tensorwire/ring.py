@@ -33,6 +33,7 @@ import numpy as np
 from .doorbell import futex_wake, ring_bell, wait_for
 from .layout import (
     OFF_CREDIT_BELL,
+    OFF_DEVICE_STORES,
     OFF_DIMS,
     OFF_DOORBELL,
     OFF_NBYTES,
@@ -75,6 +76,10 @@ class RingMemory:
         self._tx_waiting = (layout.ctrl + OFF_TX_WAITING) // 4
         self._owner = (layout.ctrl + OFF_OWNER) // 8
         self._writing = (layout.ctrl + OFF_WRITING) // 8
+        self._device_stores = (layout.ctrl + OFF_DEVICE_STORES) // 8
+        #: each slot's sequence-number word, as an address in this process (what the GPU
+        #: stores into when it completes messages: tensorwire.cuda_stores)
+        self.seq_addresses = [region.address + h + OFF_SEQ for h in layout.headers]
         # find()'s guess: the last message found, and which slot followed each slot last time
         self._found_seq = 0
         self._found_slot = 0
@@ -202,6 +207,14 @@ class RingMemory:
         """Writer: the write is complete (or abandoned)."""
         self._q[self._writing] = 0
 
+    def announce_device_stores(self) -> None:
+        """Writer: the GPU completes our messages from now on, without ringing the receiver."""
+        self._q[self._device_stores] = 1
+
+    def device_stores(self) -> bool:
+        """Receiver: does a GPU complete messages here (so a wait must look again soon)?"""
+        return bool(self._q[self._device_stores])
+
     # -- writer side -----------------------------------------------------------------------
 
     def slot_view(self, slot: int, shape: tuple[int, ...] | None = None) -> Any:
@@ -212,11 +225,9 @@ class RingMemory:
         assert shape is not None
         return self._over(slot, shape)
 
-    def publish(
-        self, slot: int, seq: int, nbytes: int, shape: tuple[int, ...] | None, bell: bool = True
-    ) -> None:
-        """Mark message ``seq`` complete in ``slot`` (payload in place) and ring the receiver
-        (``bell=False``: the caller rings it once for several messages, :meth:`ring_receiver`)."""
+    def describe_slot(self, slot: int, nbytes: int, shape: tuple[int, ...] | None) -> None:
+        """Store the size (and a dynamic tensor's shape) of the message going into free
+        ``slot``: before its completion store, which :meth:`publish` makes, or the GPU."""
         q = self._q
         if shape is not None:
             base = self._dims[slot]
@@ -224,6 +235,14 @@ class RingMemory:
                 q[base + k] = d
             self._i[self._ndim[slot]] = len(shape)
         q[self._nbytes[slot]] = nbytes
+
+    def publish(
+        self, slot: int, seq: int, nbytes: int, shape: tuple[int, ...] | None, bell: bool = True
+    ) -> None:
+        """Mark message ``seq`` complete in ``slot`` (payload in place) and ring the receiver
+        (``bell=False``: the caller rings it once for several messages, :meth:`ring_receiver`)."""
+        q = self._q
+        self.describe_slot(slot, nbytes, shape)
         q[self._seq[slot]] = seq  # the completion store: after the payload and the shape
         if bell:
             # ring_bell, inline: this is the per-message path
@@ -338,6 +357,7 @@ class RingMemory:
         self._q[self._released] = 0
         self._q[self._owner] = 0
         self._q[self._writing] = 0
+        self._q[self._device_stores] = 0
 
 
 class SlotChooser:

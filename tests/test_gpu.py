@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import tensorwire as tw
-from tensorwire import cuda
+from tensorwire import cuda, cuda_stores
 from tensorwire.bench.torch_queue import available as torch_queue_available
 from tensorwire.layout import RingLayout
 from tensorwire.memory import CUDA, IPC_HANDLE_BYTES, RegionInfo
@@ -368,11 +368,17 @@ def test_torch_reads_the_slot_without_a_copy() -> None:
 
 
 @_gpu
-@pytest.mark.parametrize("via", ["shm", "tcp"])
-def test_a_sender_killed_mid_gpu_write_never_completes_a_slot(children: Children, via: str) -> None:
-    """shm: the kill lands inside a CUDA IPC copy often; tcp: inside a payload staged through
-    host memory a chunk at a time at both ends."""
+@pytest.mark.parametrize("via", ["shm", "shm-gpu-stores", "tcp"])
+def test_a_sender_killed_mid_gpu_write_never_completes_a_slot(
+    children: Children, via: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """shm: the kill lands inside a CUDA IPC copy often (with the GPU making the completion
+    stores, inside one of the copies queued ahead of theirs); tcp: inside a payload staged
+    through host memory a chunk at a time at both ends."""
     cp = _cupy()
+    if via == "shm-gpu-stores":
+        monkeypatch.setenv(cuda_stores.ENV, "1")  # inherited by the sender's process
+        via = "shm"
     shape = (4096, 4096)  # 64 MiB
     with tw.Receiver(ring=2) as rx:
         rx.register("t", shape, "float32", device="cuda")
@@ -499,3 +505,68 @@ def test_bench_on_a_gpu_measures_each_transport_beside_its_limit(tmp_path: Any) 
         assert any("torch-queue skipped" in note for note in result["notes"])
     lat = {r["method"] for r in result["latency"]}
     assert lat >= {*transports, *raw}
+
+
+# -- completion stores made by the GPU (TENSORWIRE_GPU_STREAM_STORES=1) ---------------------------
+
+
+@pytest.mark.skipif(cuda.available(), reason="checks what a host without a CUDA device says")
+def test_gpu_made_completion_stores_are_declined_where_the_driver_is_missing(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Asked for on a host without the CUDA driver, they are declined with the reason (the
+    writer then synchronises its copies), and nothing is written."""
+    monkeypatch.setenv(cuda_stores.ENV, "1")
+    assert cuda_stores.enabled()
+    word = np.zeros(1, np.uint64)
+    with caplog.at_level("INFO", logger="tensorwire.cuda_stores"):
+        assert cuda_stores.open_stores(0, word.ctypes.data) is None
+    assert "GPU-made completion stores unavailable" in caplog.text
+    assert "libcuda" in caplog.text and word[0] == 0
+    monkeypatch.setenv(cuda_stores.ENV, "0")
+    assert not cuda_stores.enabled()
+
+
+def _ring_of(rx: tw.Receiver, name: str) -> Any:
+    return rx._table.by_name[name].ring
+
+
+@_gpu
+@pytest.mark.parametrize("mib", [1, 32])
+def test_gpu_made_completion_stores_complete_each_message_behind_its_copy(
+    children: Children, monkeypatch: pytest.MonkeyPatch, mib: int
+) -> None:
+    """The GPU stores each message's sequence number behind its copy, and write returns once
+    both are queued: each message still carries the value its source had when written, though
+    the sender refills that source at once (stream order); messages from host memory in between
+    wait their turn; those produced in place complete too; the sender's close waits for what is
+    in flight. The ring says the GPU completes its messages, so the stores were really used."""
+    monkeypatch.setenv(cuda_stores.ENV, "1")
+    count = 30
+    with tw.Receiver(ring=3) as rx:
+        rx.register("t", (mib << 18,), "float32", device="cuda")
+        proc = children.start(send_rewritten_gpu_source, rx.address, "t", count)
+        for k in range(1, count + 3):
+            got = rx.wait("t", timeout=60)
+            assert float(got.min()) == float(got.max()) == k, f"message {k}"
+            rx.release("t")
+        children.join_ok(proc)
+        assert _ring_of(rx, "t").device_stores()
+
+
+@_gpu
+@pytest.mark.parametrize(
+    "contract",
+    [
+        test_dynamic_shapes_parts_and_host_slots_from_gpu_arrays,
+        test_wrong_shapes_are_refused_and_credits_hold,
+        test_produce_in_place_with_buffer,
+    ],
+    ids=["dynamic-parts-host", "wrong-shapes-credits", "buffer"],
+)
+def test_gpu_made_completion_stores_keep_the_contracts(
+    monkeypatch: pytest.MonkeyPatch, contract: Any
+) -> None:
+    """The contracts of the tests above, over shm with the GPU making the completion stores."""
+    monkeypatch.setenv(cuda_stores.ENV, "1")
+    contract("shm")

@@ -16,13 +16,19 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ..cuda import synchronize_current
-from ..doorbell import deadline_of, remaining, wait_for
+from ..doorbell import MAX_BLOCK, deadline_of, remaining, wait_for
 from ..errors import ClosedError, PeerLostError, TensorWireError
 from ..layout import OFF_DOORBELL, OFF_RX_WAITING
 from ..received import received
 from ..transports.base import CreditLink
 from .state import ReceiverState
 from .tensors import RegisteredTensor, TensorTable
+
+#: The longest a wait sleeps before it looks again at a ring whose messages a GPU completes
+#: (RingMemory.device_stores): that store rings no doorbell. Most such messages land within the
+#: wait's spinning and yielding (the first 220 us); this bounds the rest, at a wake-up a
+#: millisecond while a wait on such a tensor lasts.
+DEVICE_STORES_MAX_BLOCK = 0.001
 
 
 class Consumer:
@@ -79,6 +85,12 @@ class Consumer:
         # one poll per server (bound methods of one server compare equal)
         drive = tuple(dict.fromkeys(t.poll for t in tensors if t.poll is not None))
         busy = bool(drive) or any(t.sender_completes for t in tensors)
+        # A GPU that completes a message rings nobody: look again every few hundred us
+        max_block = (
+            DEVICE_STORES_MAX_BLOCK
+            if any(t.ring.device is not None and t.ring.device_stores() for t in tensors)
+            else MAX_BLOCK
+        )
         with state.lock:
             if state.closed:
                 state.check_open()
@@ -116,6 +128,7 @@ class Consumer:
                 what=what,
                 busy=busy,
                 resting=rest if drive else None,
+                max_block=max_block,
             )
         finally:
             with state.lock:

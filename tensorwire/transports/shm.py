@@ -12,7 +12,10 @@ or one from host memory, is copied and its stream synchronised inside ``write``.
 ``DEFERRED_COMPLETION_BYTES`` or more is copied on the producer's stream and ``write`` returns
 once the copy is queued: the channel's completion thread (:class:`~tensorwire.cuda.Completions`)
 waits for it and then stores the sequence number, so consecutive copies run back to back on the
-GPU. Either way a sender killed mid-copy never makes that store.
+GPU. Where ``TENSORWIRE_GPU_STREAM_STORES=1`` (:mod:`tensorwire.cuda_stores`), the GPU makes that
+store itself, queued behind each copy of a GPU source, and ``write`` returns once both are queued;
+the writer forgets such a message when it sees its sequence number landed. Either way a sender
+killed mid-copy never makes that store.
 
 The receiver is watched through a pidfd and the region's state word: a write to a receiver that died
 or closed raises :class:`~tensorwire.errors.PeerLostError` instead of landing in orphaned memory.
@@ -25,23 +28,27 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from .. import cuda_stores
 from ..cuda import (
     Completions,
     OpenedMemory,
     copier,
+    cupy,
     current_stream,
     data_pointer,
     synchronize_current,
 )
+from ..cuda_stores import StreamStores
 from ..doorbell import deadline_of
 from ..dtypes import exports_buffer
-from ..errors import PeerLostError, TransportError, WireTimeoutError
-from ..layout import OFF_STATE, REGION_CLOSED
+from ..errors import PeerLostError, TensorWireError, TransportError, WireTimeoutError
+from ..layout import OFF_SCRATCH, OFF_STATE, REGION_CLOSED
 from ..memory import RegionInfo
 from ..process import host_identity
 from ..region import Region
@@ -74,7 +81,12 @@ SMALL_COPY = 2 << 20
 DEFERRED_COMPLETION_BYTES = 32 << 20
 #: How long closing a channel waits for its queued GPU copies to land and be completed.
 COMPLETION_DRAIN_TIMEOUT = 10.0
+#: How often a writer waiting for its GPU-made completion stores to land looks at its stream.
+STORED_POLL = 50e-6
 _STATE_WORD = OFF_STATE // 4
+#: Regions of closed channels that GPU-made completion stores may still write into (their GPU
+#: stuck past COMPLETION_DRAIN_TIMEOUT): kept mapped, and their pages registered, for good.
+_STRANDED: list[Region] = []
 
 
 def unavailable_reason(info: PeerInfo) -> str | None:
@@ -113,6 +125,11 @@ class ShmChannel(Channel):
         self._completing = threading.Lock()
         #: a ring published into without ringing the receiver (write_batch), to ring once
         self.bell_owed: RingMemory | None = None
+        #: GPU-made completion stores per device, opened on the first GPU write where they were
+        #: asked for (None: not asked for, or not available here)
+        self._stores: dict[int, StreamStores | None] = {}
+        #: writers with GPU-made completion stores not yet seen landed (drain and close wait)
+        self._storing: set[ShmWriter] = set()
         try:
             self._bell_region = self._region(0)
             self._bell_words = self._bell_region.words32
@@ -201,9 +218,29 @@ class ShmChannel(Channel):
             self._completions = Completions(f"tensorwire-shm-completions-{self.address}")
         return self._completions
 
+    def stream_stores(self, device: int) -> StreamStores | None:
+        """GPU-made completion stores on ``device`` (opened once, with a test store into the
+        receiver's scratch line), where ``TENSORWIRE_GPU_STREAM_STORES=1``; else None."""
+        if device not in self._stores:
+            self._stores[device] = (
+                cuda_stores.open_stores(device, self._bell_region.address + OFF_SCRATCH)
+                if cuda_stores.enabled()
+                else None
+            )
+        return self._stores[device]
+
+    def storing(self, writer: ShmWriter, now: bool) -> None:
+        """``writer`` has GPU-made completion stores in flight (``now``), or no longer."""
+        if now:
+            self._storing.add(writer)
+        else:
+            self._storing.discard(writer)
+
     def drain(self, deadline: float | None) -> None:
         """Return once every deferred GPU write has been completed (or failed: then the channel
         is lost and this raises)."""
+        for writer in list(self._storing):
+            writer.await_stored(deadline)
         completions = self._completions
         if completions is not None and not completions.drain(deadline):
             raise WireTimeoutError(
@@ -244,9 +281,26 @@ class ShmChannel(Channel):
             )
         with self._completing:  # a completion still storing finishes first; later ones skip
             self._closed = True
+        landed = True
+        for writer in list(self._storing):
+            try:
+                writer.await_stored(deadline_of(COMPLETION_DRAIN_TIMEOUT))
+            except TensorWireError as exc:
+                landed = False
+                log.warning("closing the shm channel to %s: %s", self.address, exc)
+        for stores in self._stores.values():
+            if stores is not None and landed:
+                stores.close()
+        self._stores.clear()
         self.lost = f"channel to {self.address} is closed"
-        for region in self._regions.values():
-            region.close()
+        if landed:
+            for region in self._regions.values():
+                region.close()
+        else:
+            # A store still queued into an unregistered page would fault the GPU, and one into a
+            # page whose address a new mapping took would land there: the pages stay registered
+            # and mapped until the process ends.
+            _STRANDED.extend(self._regions.values())
         self._regions.clear()
         for opened in self._device_regions.values():
             opened.close()
@@ -282,6 +336,14 @@ class ShmWriter(TensorWriter):
         self._device = ring.device
         self._unfinished = 0
         self._unfinished_lock = threading.Lock()
+        #: GPU-made completion stores into this ring (looked for at the first GPU message):
+        #: the device address of each slot's sequence-number word
+        self._stores: StreamStores | None = None
+        self._stores_looked = False
+        self._seq_targets: list[int] = []
+        #: messages whose completion store the GPU makes, not yet seen landed, oldest first:
+        #: (slot, seq, stream, source: kept alive until the copy has read it)
+        self._stored: deque[tuple[int, int, Any, Any]] = deque()
 
     def acquire(self, shape: tuple[int, ...], deadline: float | None) -> Any:
         self._enter(deadline)
@@ -289,6 +351,8 @@ class ShmWriter(TensorWriter):
 
     def _enter(self, deadline: float | None) -> None:
         """Wait for a credit, announce the write and choose its slot."""
+        if self._stored:
+            self._reap()
         released = self._credit(deadline)
         if self._device is not None:
             self._enter_counted()
@@ -343,6 +407,10 @@ class ShmWriter(TensorWriter):
         device = self._device
         if device is not None:
             try:  # the kernels that filled the slot are queued on the current stream
+                stores = self._gpu_stores(device)
+                if stores is not None:
+                    self._store_behind(stores, current_stream(device), nbytes, shape, None, None)
+                    return
                 # > 1: this message, entered by acquire(), counts itself
                 if nbytes >= DEFERRED_COMPLETION_BYTES or self._unfinished > 1:
                     self._complete_later(current_stream(device), device, nbytes, shape, None)
@@ -483,6 +551,13 @@ class ShmWriter(TensorWriter):
         the completion store or (a large GPU source, or others still unfinished) completed by
         the completion thread behind it. Messages complete in the order they were written."""
         host = isinstance(array, np.ndarray)
+        if not host:
+            stores = self._gpu_stores(int(array.data.device_id))
+            if stores is not None:
+                self._write_stored(array, deadline, stores)
+                return
+        if self._stored:  # messages complete in order: a host source after the stored ones
+            self.await_stored(deadline)
         nbytes = array.nbytes
         deferred = not host and (nbytes >= DEFERRED_COMPLETION_BYTES or self._unfinished > 0)
         if self._unfinished and not deferred:
@@ -501,3 +576,131 @@ class ShmWriter(TensorWriter):
             self.abort()
             raise
         self._publish(nbytes, array.shape, bell)
+
+    # -- GPU-made completion stores (tensorwire.cuda_stores) -----------------------------------
+
+    def _gpu_stores(self, device: int) -> StreamStores | None:
+        """The GPU-made completion stores for a GPU source on ``device``, where the channel has
+        them and the source is on the slots' GPU; None: synchronise or defer as before."""
+        if not self._stores_looked:
+            self._stores_looked = True
+            assert self._device is not None
+            stores = self._channel.stream_stores(self._device)
+            if stores is not None:
+                try:
+                    self._seq_targets = [stores.map(a) for a in self._ring.seq_addresses]
+                except Exception as exc:  # cupy's runtime and the driver raise their own
+                    log.info(
+                        "tensor %r: GPU-made completion stores unavailable: %s", self.spec.name, exc
+                    )
+                else:
+                    self._stores = stores
+                    self._ring.announce_device_stores()
+        return self._stores if device == self._device else None
+
+    def _write_stored(self, array: Any, deadline: float | None, stores: StreamStores) -> None:
+        """A GPU source into our GPU slot: the copy on the producer's stream, behind the work
+        that made the source, and the completion store behind the copy; returns once both are
+        queued. No doorbell: the receiver's waits look at the ring again within a millisecond
+        (the ring says the GPU completes its messages), and the next call rings it for what has
+        landed meanwhile."""
+        self._enter(deadline)
+        try:
+            assert self._device is not None
+            nbytes = array.nbytes
+            stream = copier().queue(
+                self._ring.payload_addresses[self._slot],
+                data_pointer(array),
+                nbytes,
+                self._device,
+                ordered=True,
+            )
+            self._store_behind(stores, stream, nbytes, array.shape, array, deadline)
+        except BaseException:
+            self.abort()
+            raise
+
+    def _store_behind(
+        self,
+        stores: StreamStores,
+        stream: Any,
+        nbytes: int,
+        shape: tuple[int, ...],
+        source: Any,
+        deadline: float | None,
+    ) -> None:
+        """Complete the entered message once the work queued on ``stream`` so far has finished:
+        its size (and shape) stored now, its sequence number stored by the GPU then."""
+        stored = self._stored
+        if stored and stored[-1][2].ptr != stream.ptr:
+            # Stores on two streams could land out of order, and a receiver counts a message
+            # as pending only once every one before it is complete: the earlier ones first.
+            self.await_stored(deadline)
+        slot, seq = self._slot, self.next_seq
+        self._ring.describe_slot(slot, nbytes, shape if self._dynamic else None)
+        try:
+            stores.store(stream.ptr, self._seq_targets[slot], seq)
+        except TransportError as exc:
+            self._channel.mark_lost(f"completing a GPU write to {self._channel.address}: {exc}")
+            raise
+        with self._unfinished_lock:
+            stored.append((slot, seq, stream, source))
+        self._channel.storing(self, True)
+        self._slots.wrote(slot, seq)
+        self.next_seq = seq + 1
+
+    def _reap(self) -> None:
+        """End the writes whose GPU-made completion store has landed, oldest first, and ring
+        the receiver if any did (it may sleep: those stores ring nobody)."""
+        stored = self._stored
+        seq_at = self._ring.seq_at
+        landed = 0
+        with self._unfinished_lock:
+            while stored and seq_at(stored[0][0]) >= stored[0][1]:
+                stored.popleft()
+                landed += 1
+            self._forget(landed)
+        if landed:
+            self._ring.ring_receiver()
+
+    def _forget(self, landed: int) -> None:
+        """(Under ``_unfinished_lock``.) ``landed`` stored messages are complete."""
+        self._unfinished -= landed
+        if landed and not self._unfinished:
+            self._ring.leave_write()  # after the completion stores: a new claim sees them
+        if not self._stored:
+            self._channel.storing(self, False)
+
+    def await_stored(self, deadline: float | None) -> None:
+        """Return once every GPU-made completion store of ours has landed. A stream that has
+        not run them by ``deadline``, or that failed, loses the channel (the GPU is stuck, or
+        the copy faulted): :class:`WireTimeoutError` or :class:`PeerLostError` then."""
+        while self._stored:
+            self._reap()
+            if not self._stored:
+                return
+            try:
+                # everything queued on it has run, the stores included: also those whose slot
+                # a new registration of the tensor zeroed meanwhile (under the device: the
+                # legacy default stream is the current device's)
+                with cupy().cuda.Device(self._device):
+                    ran = bool(self._stored[-1][2].done)
+            except Exception as exc:  # cupy's CUDARuntimeError: the copy failed
+                lost = f"a GPU copy to {self._channel.address} failed: {exc}"
+                self._channel.mark_lost(lost)
+                raise PeerLostError(lost) from None
+            if ran:
+                with self._unfinished_lock:
+                    landed = len(self._stored)
+                    self._stored.clear()
+                    self._forget(landed)
+                self._ring.ring_receiver()
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                lost = (
+                    f"GPU copies to {self._channel.address} did not land in time (the GPU is "
+                    "busy with work queued before them, or stuck)"
+                )
+                self._channel.mark_lost(lost)
+                raise WireTimeoutError(lost)
+            time.sleep(STORED_POLL)
