@@ -36,6 +36,7 @@ from tensorwire.job.plan import (
     STATUS_HOW,
     STATUS_RUN,
     STATUS_STOP,
+    WORKER_KINDS,
     Chunk,
     Specs,
     catch_up_name,
@@ -78,10 +79,6 @@ REJOIN_CHECK_EVERY = 1.0
 #: waits, and we read them at least every step and every REJOIN_CHECK_EVERY, so they fill only
 #: while we are held up elsewhere for longer (the worker then skips its probe, see PSClient)
 PROBE_SLOTS = 4
-
-
-#: the kinds of tensor a worker writes to us, each named ``kind/<rank>[/...]``
-_WORKER_TENSORS = frozenset(("grad", "meta", "join", "leave", "probe", "catch-up"))
 
 
 class _WorkerLeft(Exception):
@@ -889,7 +886,7 @@ class ParameterServer:
         and the tail (a gradient's chunk); None for a tensor no worker owns (rank 0's initial
         values) or no name. Once per message of asp and ssp: string splits, not a pattern."""
         kind, _, rest = (name or "").partition("/")
-        if kind not in _WORKER_TENSORS:
+        if kind not in WORKER_KINDS:
             return None
         rank, _, tail = rest.partition("/")
         r = int(rank)

@@ -50,6 +50,15 @@ def _gpu_info() -> None:
         print(f"  cuda:{device['index']}: {device['name']}, {memory:.0f} GiB")
     if not gpu["devices"]:
         print("  no CUDA device")
+        return
+    from . import cuda_stores
+
+    reason = cuda_stores.unavailable_reason(0)
+    asked = "on" if cuda_stores.enabled() else f"off ({cuda_stores.ENV}=1 turns them on)"
+    print(
+        "gpu-made completion stores (shm): "
+        + (f"work on cuda:0, {asked}" if reason is None else f"unavailable on cuda:0: {reason}")
+    )
 
 
 def _nixl_info() -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import mmap
 import os
 import threading
 from typing import Any
@@ -196,10 +197,30 @@ def open_stores(device: int, scratch_address: int) -> StreamStores | None:
     ``scratch_address`` (8 bytes nobody reads) has been seen to land; None (the reason logged)
     where that fails: the writer then synchronises its copies as before."""
     try:
-        stores = StreamStores(device)
-    except TransportError as exc:
-        log.info("GPU-made completion stores unavailable: %s", exc)
+        return _tested(device, scratch_address)
+    except Exception as exc:  # the driver, cupy's runtime and the check each raise their own
+        log.info("GPU-made completion stores unavailable on cuda:%d: %s", device, exc)
         return None
+
+
+def unavailable_reason(device: int) -> str | None:
+    """Why GPU-made completion stores cannot work on ``device`` here (None: a test store into a
+    page of this process landed), for ``tensorwire info``; never raises."""
+    page = mmap.mmap(-1, PAGE)
+    view = ctypes.c_char.from_buffer(page)
+    try:
+        _tested(device, ctypes.addressof(view)).close()
+    except Exception as exc:  # as in open_stores
+        return str(exc)
+    finally:
+        del view  # the page's export, which its close() would refuse
+        page.close()
+    return None
+
+
+def _tested(device: int, scratch_address: int) -> StreamStores:
+    """:class:`StreamStores` on ``device`` whose test store into ``scratch_address`` landed."""
+    stores = StreamStores(device)
     cp = cupy()
     word = (ctypes.c_uint64).from_address(scratch_address)
     try:
@@ -207,17 +228,14 @@ def open_stores(device: int, scratch_address: int) -> StreamStores | None:
             stream = cp.cuda.Stream(non_blocking=True)
             target = stores.map(scratch_address)
             # Tried thrice: a nixl sender of another process warming its connection up zeroes
-            # this line, and may do so between our store and our look.
+            # a receiver's scratch line, and may do so between our store and our look.
             for _ in range(3):
                 probe = (word.value + 1) | 1
                 stores.store(stream.ptr, target, probe)
                 stream.synchronize()
                 if word.value == probe:
-                    break
-            else:
-                raise TransportError(f"a test store did not land (read {word.value}, not {probe})")
-    except Exception as exc:  # the driver, cupy's runtime and the check each raise their own
+                    return stores
+            raise TransportError(f"a test store did not land (read {word.value}, not {probe})")
+    except BaseException:
         stores.close()
-        log.info("GPU-made completion stores unavailable on cuda:%d: %s", device, exc)
-        return None
-    return stores
+        raise

@@ -202,6 +202,9 @@ def test_info_reports_gpu_support() -> None:
         assert "cupy not installed" in line
     elif cuda.available():
         assert "cuda:0:" in out.stdout
+        # whether the GPU can make shm's completion stores here, and whether they are asked for
+        stores = next(x for x in out.stdout.splitlines() if x.startswith("gpu-made completion"))
+        assert "work on cuda:0, off" in stores or "unavailable on cuda:0:" in stores
     else:
         assert "no usable CUDA device" in line or "no CUDA device" in out.stdout
 

@@ -195,6 +195,21 @@ def probe_name(rank: int) -> str:
     return f"probe/{rank}"
 
 
+#: The kinds of tensor a worker writes to a server, each named ``kind/<rank>[/...]`` by the
+#: functions above (a server tells whose a message is from its name's first part).
+WORKER_KINDS = frozenset(
+    name.partition("/")[0]
+    for name in (
+        grad_name(0, ""),
+        meta_name(0),
+        join_name(0),
+        leave_name(0),
+        catch_up_name(0),
+        probe_name(0),
+    )
+)
+
+
 def dropped_name(server: int) -> str:
     """Where server ``server`` tells a worker it went on without it (a status word whose flags
     are STATUS_DROPPED): a tensor of its own, as the worker may hold the slot of its status
