@@ -337,21 +337,33 @@ def test_produce_in_place_with_buffer(transport: str) -> None:
 
 
 @_gpu
-def test_large_gpu_writes_complete_behind_their_copies_in_order(children: Children) -> None:
-    """A large GPU source over shm is completed by the channel's completion thread once its copy
-    has landed: each message carries the value its source had when written, though the sender
-    refills that source right after (stream order), messages from host memory in between wait
-    their turn, and the sender's close completes what is still in flight."""
+@pytest.mark.parametrize(
+    ("stores", "nbytes"),
+    [(False, DEFERRED_COMPLETION_BYTES), (True, 1 << 20), (True, DEFERRED_COMPLETION_BYTES)],
+    ids=["completion-thread", "gpu-stores-1MiB", "gpu-stores-32MiB"],
+)
+def test_gpu_writes_complete_behind_their_copies_in_order(
+    children: Children, monkeypatch: pytest.MonkeyPatch, stores: bool, nbytes: int
+) -> None:
+    """GPU sources over shm whose write returns once the copy is queued: a large one completed
+    by the channel's completion thread once its copy has landed, or any size with the GPU
+    making the completion store behind the copy (``TENSORWIRE_GPU_STREAM_STORES=1``). Each
+    message carries the value its source had when written, though the sender refills that
+    source right after (stream order); messages from host memory in between wait their turn;
+    those produced in place complete too; the sender's close completes what is in flight. With
+    GPU-made stores the ring says so, so they were really used."""
+    if stores:
+        monkeypatch.setenv(cuda_stores.ENV, "1")  # inherited by the sender's process
     count = 30
-    shape = (DEFERRED_COMPLETION_BYTES // 4,)  # float32: every GPU-sourced write is deferred
     with tw.Receiver(ring=3) as rx:
-        rx.register("t", shape, "float32", device="cuda")
+        rx.register("t", (nbytes // 4,), "float32", device="cuda")
         proc = children.start(send_rewritten_gpu_source, rx.address, "t", count)
         for k in range(1, count + 3):
             got = rx.wait("t", timeout=60)
             assert float(got.min()) == float(got.max()) == k, f"message {k}"
             rx.release("t")
         children.join_ok(proc)
+        assert rx._table.by_name["t"].ring.device_stores() == stores
 
 
 @_gpu
@@ -528,33 +540,6 @@ def test_gpu_made_completion_stores_are_declined_where_the_driver_is_missing(
     assert "libcuda" in caplog.text and word[0] == 0
     monkeypatch.setenv(cuda_stores.ENV, "0")
     assert not cuda_stores.enabled()
-
-
-def _ring_of(rx: tw.Receiver, name: str) -> Any:
-    return rx._table.by_name[name].ring
-
-
-@_gpu
-@pytest.mark.parametrize("mib", [1, 32])
-def test_gpu_made_completion_stores_complete_each_message_behind_its_copy(
-    children: Children, monkeypatch: pytest.MonkeyPatch, mib: int
-) -> None:
-    """The GPU stores each message's sequence number behind its copy, and write returns once
-    both are queued: each message still carries the value its source had when written, though
-    the sender refills that source at once (stream order); messages from host memory in between
-    wait their turn; those produced in place complete too; the sender's close waits for what is
-    in flight. The ring says the GPU completes its messages, so the stores were really used."""
-    monkeypatch.setenv(cuda_stores.ENV, "1")
-    count = 30
-    with tw.Receiver(ring=3) as rx:
-        rx.register("t", (mib << 18,), "float32", device="cuda")
-        proc = children.start(send_rewritten_gpu_source, rx.address, "t", count)
-        for k in range(1, count + 3):
-            got = rx.wait("t", timeout=60)
-            assert float(got.min()) == float(got.max()) == k, f"message {k}"
-            rx.release("t")
-        children.join_ok(proc)
-        assert _ring_of(rx, "t").device_stores()
 
 
 @_gpu
