@@ -608,10 +608,35 @@ class ParameterServer:
         self._answer_probes()
 
     def _answer_probes(self) -> None:
-        """Read every worker's probes, and answer them (:meth:`_answer_probe`)."""
+        """Read every worker's probes, and answer them (:meth:`_answer_probe`); let go of the
+        sessions kept for untold workers that are gone meanwhile (:meth:`_forget_if_gone`)."""
         for w in self.workers:
             if self.rx.pending(probe_name(w.rank)):
                 self._answer_probe(w)
+            elif w.untold:
+                self._forget_if_gone(w)
+
+    def _forget_if_gone(self, w: _Worker) -> None:
+        """``w``, dropped and not told (its notice timed out), keeps its session for the
+        notice it gets when it asks; once it is known gone (its process exited, or it left our
+        heartbeats unanswered) nobody will ask: the session goes. Before, it stayed until the
+        rank joined again. A worker frozen that long learns it when it runs again: our session's
+        end, at its receiver, ends its wait for parameters, and it joins again."""
+        try:
+            why = self.tx.lost(w.address)
+        except tw.TensorWireError:  # no longer a peer
+            why = "no longer connected"
+        if why is None:
+            return
+        log.warning(
+            "worker %d, which we went on without and could not tell, is gone (%s): its "
+            "session is closed",
+            w.rank,
+            why,
+        )
+        w.untold = False
+        with contextlib.suppress(tw.TensorWireError):
+            self.tx.remove_peer(w.address)
 
     def _answer_probe(self, w: _Worker) -> None:
         """Tell ``w``, which asks whether we still count on it (it has waited PROBE_EVERY for

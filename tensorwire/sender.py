@@ -465,6 +465,21 @@ class Sender(Resource):
     def peers(self) -> list[str]:
         return list(self._peers)
 
+    def lost(self, peer: str | None = None) -> str | None:
+        """Why ``peer`` (the only peer when omitted) is known to be gone: its process exited
+        (on this host), it left its heartbeats unanswered, or it ended the session; None while
+        it may still live. Never waits: what the heartbeats and the writes have seen so far, and
+        a look at the process where it is on this host."""
+        p = self._peer(peer)
+        channel = p.channel
+        if channel is not None and channel.lost is not None:
+            return channel.lost
+        try:
+            p.check_alive()
+        except PeerLostError as exc:
+            return str(exc)
+        return None
+
     def transport_of(self, peer: str | None = None) -> str:
         """The transport actually used to reach ``peer`` (the only peer when omitted)."""
         return self._peer(peer).transport

@@ -74,8 +74,11 @@ def test_receiver_killed_sender_gets_peer_lost(transport: str, children: Childre
         tx.write("t", np.zeros(1024, np.float32))
         here.send(("t", 10))
         assert here.recv()[0] == "ok"
+        assert tx.lost() is None
         proc.kill()
         proc.join(10)
+        # Sender.lost() looks at the receiver's process on this host, without waiting
+        assert f"(pid {proc.pid}) died" in (tx.lost() or "")
         start = time.monotonic()
         with pytest.raises(tw.PeerLostError):
             for _ in range(100):  # bounded: the loss must show within a few writes
@@ -642,6 +645,7 @@ def test_a_silent_receiver_is_declared_lost(transport: str, children: Children) 
                     tx.write("t", np.zeros(16, np.float32))
                     time.sleep(0.05)
             assert time.monotonic() - start < 10
+            assert "missed 3 heartbeats" in (tx.lost() or "")  # the heartbeats' verdict
         finally:
             os.kill(proc.pid, signal.SIGCONT)
 

@@ -516,6 +516,35 @@ def test_a_worker_frozen_over_grpc_is_dropped_told_when_it_asks_and_joins_again(
     assert lost_at < back_at <= j.metrics("ps0")["steps"]
 
 
+def test_an_untold_worker_that_dies_gives_its_session_back(job: Any) -> None:
+    """A worker frozen over grpc past the drop notice's timeout keeps its server-side session,
+    for the notice it gets when it asks; once it is killed, nobody will ask: the server sees it
+    gone and closes that session at the end of a step, and the job trains on with the other
+    worker and ends at a SIGTERM with exit 0. Before, the session stayed until the rank joined
+    again."""
+    j = job(
+        ps=["--steps", ENDLESS, "--step-timeout", "1.5", "--transport", "grpc"],
+        worker=["--transport", "grpc"],
+    )
+    _wait_for(j, "joined", 2)
+    time.sleep(0.5)
+    j.workers[0].send_signal(signal.SIGSTOP)
+    try:
+        _wait_for(j, "worker 0 lost")
+        time.sleep(2.5)  # past the notice's own timeout (2 s): untold, its session kept
+    finally:
+        j.workers[0].kill()  # a stopped process dies at SIGKILL too
+    assert j.workers[0].wait(10) == -signal.SIGKILL
+    _wait_for(j, "worker 0, which we went on without and could not tell, is gone")
+    time.sleep(1.0)  # steps go on with worker 1
+    j.ps[0].send_signal(signal.SIGTERM)
+    codes = [p.wait(60) for p in (j.ps[0], j.workers[1])]
+    text = j.log("ps0")
+    assert codes == [0, 0], text + j.log("w1")
+    assert text.count("could not tell, is gone (") == 1, text
+    assert j.metrics("ps0")["steps"] > int(text.split("worker 0 lost at step ")[1].split()[0])
+
+
 @pytest.mark.parametrize("resume", [True, False], ids=["resumed", "afresh"])
 def test_one_of_two_servers_restarted_alone_goes_on_at_the_others_step(
     job: Any, tmp_path: Path, resume: bool
