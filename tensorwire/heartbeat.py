@@ -147,6 +147,11 @@ class Heartbeats:
                     if channel is not None and channel.lost is not None:
                         peer.note_lost()
                         log.warning("%s", channel.lost)
+                    elif channel is not None:
+                        try:
+                            channel.tick()
+                        except TensorWireError as exc:  # the channel says why at its next call
+                            log.debug("%s", exc)
                     # the next one an interval after this one was due (not after its answer: a
                     # slow answer must not stretch the gaps the receiver sees); at once if that
                     # has passed, but never a burst to catch up

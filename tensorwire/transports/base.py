@@ -171,6 +171,11 @@ class Channel(ABC):
     def update_regions(self, regions: list[RegionInfo]) -> None:  # noqa: B027
         """The receiver registered more tensors (maybe in new regions)."""
 
+    def tick(self) -> None:  # noqa: B027 - most channels do everything within their calls
+        """From the sender's heartbeat thread, once an interval: work a channel owes even
+        while its writers are idle (``shm``: ending writes whose GPU-made completion stores
+        have landed since their writer's last call)."""
+
     def goodbye(self, timeout: float) -> bool:
         """End the session on the data plane, after every byte already sent has landed.
 

@@ -14,7 +14,8 @@ once the copy is queued: the channel's completion thread (:class:`~tensorwire.cu
 waits for it and then stores the sequence number, so consecutive copies run back to back on the
 GPU. Where ``TENSORWIRE_GPU_STREAM_STORES=1`` (:mod:`tensorwire.cuda_stores`), the GPU makes that
 store itself, queued behind each copy of a GPU source, and ``write`` returns once both are queued;
-the writer forgets such a message when it sees its sequence number landed. Either way a sender
+the writer forgets such a message when it sees its sequence number landed (at its next call,
+or the heartbeat thread's :meth:`ShmChannel.tick`). Either way a sender
 killed mid-copy never makes that store.
 
 The receiver is watched through a pidfd and the region's state word: a write to a receiver that died
@@ -236,6 +237,19 @@ class ShmChannel(Channel):
         else:
             self._storing.discard(writer)
 
+    def tick(self) -> None:
+        """End the writes whose GPU-made completion stores landed while their writers idle: a
+        writer's WRITING announcement (which holds off a new claim of its tensor) and the
+        receiver's doorbell should not wait for its next call. Under ``_completing``, so that
+        close() does not unmap the rings meanwhile."""
+        if not self._storing:
+            return
+        with self._completing:
+            if self._closed:
+                return
+            for writer in list(self._storing):
+                writer.reap()
+
     def drain(self, deadline: float | None) -> None:
         """Return once every deferred GPU write has been completed (or failed: then the channel
         is lost and this raises)."""
@@ -352,7 +366,7 @@ class ShmWriter(TensorWriter):
     def _enter(self, deadline: float | None) -> None:
         """Wait for a credit, announce the write and choose its slot."""
         if self._stored:
-            self._reap()
+            self.reap()
         released = self._credit(deadline)
         if self._device is not None:
             self._enter_counted()
@@ -649,7 +663,7 @@ class ShmWriter(TensorWriter):
         self._slots.wrote(slot, seq)
         self.next_seq = seq + 1
 
-    def _reap(self) -> None:
+    def reap(self) -> None:
         """End the writes whose GPU-made completion store has landed, oldest first, and ring
         the receiver if any did (it may sleep: those stores ring nobody)."""
         stored = self._stored
@@ -676,7 +690,7 @@ class ShmWriter(TensorWriter):
         not run them by ``deadline``, or that failed, loses the channel (the GPU is stuck, or
         the copy faulted): :class:`WireTimeoutError` or :class:`PeerLostError` then."""
         while self._stored:
-            self._reap()
+            self.reap()
             if not self._stored:
                 return
             try:
