@@ -619,9 +619,9 @@ class ParameterServer:
     def _forget_if_gone(self, w: _Worker) -> None:
         """``w``, dropped and not told (its notice timed out), keeps its session for the
         notice it gets when it asks; once it is known gone (its process exited, or it left our
-        heartbeats unanswered) nobody will ask: the session goes. Before, it stayed until the
-        rank joined again. A worker frozen that long learns it when it runs again: our session's
-        end, at its receiver, ends its wait for parameters, and it joins again."""
+        heartbeats unanswered) nobody will ask: the session goes. A worker frozen that long
+        learns it when it runs again: our session's end, at its receiver, ends its wait for
+        parameters, and it joins again."""
         try:
             why = self.tx.lost(w.address)
         except tw.TensorWireError:  # no longer a peer

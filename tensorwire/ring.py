@@ -15,8 +15,10 @@ the completion protocol is written once:
 
 A GPU tensor's payloads are in GPU memory (``payload``, a
 :class:`~tensorwire.cuda.DeviceMemory` or the :class:`~tensorwire.cuda.OpenedMemory` a sender
-reaches it by); its words stay in the host region, and a writer stores ``seq`` only after its
-copy has been synchronised, so the protocol is the same.
+reaches it by); its words stay in the host region, and ``seq`` is stored only once the copy has
+landed: by the writer after synchronising it, or by the GPU itself behind it (a stream memory
+operation, :mod:`tensorwire.cuda_stores`, which rings no doorbell: the ring's DEVICE_STORES word
+says so to the receiver). So the protocol is the same.
 
 Word stores are single aligned 8-byte stores, which x86-64 keeps in program order for other cores
 (TSO). On weakly ordered CPUs the large copies release the GIL (a full barrier), but small ones may

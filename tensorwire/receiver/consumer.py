@@ -85,7 +85,7 @@ class Consumer:
         # one poll per server (bound methods of one server compare equal)
         drive = tuple(dict.fromkeys(t.poll for t in tensors if t.poll is not None))
         busy = bool(drive) or any(t.sender_completes for t in tensors)
-        # A GPU that completes a message rings nobody: look again every few hundred us
+        # A GPU that completes a message rings nobody: sleep no longer than a millisecond
         max_block = (
             DEVICE_STORES_MAX_BLOCK
             if any(t.ring.device is not None and t.ring.device_stores() for t in tensors)

@@ -14,9 +14,9 @@ once the copy is queued: the channel's completion thread (:class:`~tensorwire.cu
 waits for it and then stores the sequence number, so consecutive copies run back to back on the
 GPU. Where ``TENSORWIRE_GPU_STREAM_STORES=1`` (:mod:`tensorwire.cuda_stores`), the GPU makes that
 store itself, queued behind each copy of a GPU source, and ``write`` returns once both are queued;
-the writer forgets such a message when it sees its sequence number landed (at its next call,
-or the heartbeat thread's :meth:`ShmChannel.tick`). Either way a sender
-killed mid-copy never makes that store.
+the writer forgets such a message when it sees its sequence number landed (at its next call, or
+the heartbeat thread's :meth:`ShmChannel.tick`). Either way a sender killed mid-copy never makes
+that store.
 
 The receiver is watched through a pidfd and the region's state word: a write to a receiver that died
 or closed raises :class:`~tensorwire.errors.PeerLostError` instead of landing in orphaned memory.
