@@ -40,7 +40,8 @@ log = logging.getLogger(__name__)
 
 #: The environment variable that turns GPU-made completion stores on ("1").
 ENV = "TENSORWIRE_GPU_STREAM_STORES"
-PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+#: what CUDA registers host memory in: the operating system's pages
+PAGE = mmap.PAGESIZE
 #: cudaHostRegisterPortable | cudaHostRegisterMapped: every context may reach the page, through
 #: a device address (cudaHostRegister's flags)
 _REGISTER_FLAGS = 0x01 | 0x02
