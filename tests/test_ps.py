@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -482,6 +483,25 @@ def test_server_killed_and_resumed_workers_reconnect(job: Any, tmp_path: Path) -
     assert j.metrics("w0")["test_accuracy"] >= 0.95
 
 
+def _frozen_untold_over_grpc(job: Any, end: Callable[[subprocess.Popen[bytes]], object]) -> Job:
+    """A BSP job over grpc whose worker 0 is frozen (SIGSTOP) past the server's --step-timeout
+    and past the drop notice's own timeout (2 s): dropped, not told, its session kept, while the
+    job goes on with worker 1. ``end(worker 0)`` then ends the freeze (SIGCONT, SIGKILL)."""
+    j = job(
+        ps=["--steps", ENDLESS, "--step-timeout", "1.5", "--transport", "grpc"],
+        worker=["--transport", "grpc"],
+    )
+    _wait_for(j, "joined", 2)
+    time.sleep(0.5)
+    j.workers[0].send_signal(signal.SIGSTOP)
+    try:
+        _wait_for(j, "worker 0 lost")
+        time.sleep(2.5)
+    finally:
+        end(j.workers[0])
+    return j
+
+
 def test_a_worker_frozen_over_grpc_is_dropped_told_when_it_asks_and_joins_again(
     job: Any,
 ) -> None:
@@ -492,18 +512,7 @@ def test_a_worker_frozen_over_grpc_is_dropped_told_when_it_asks_and_joins_again(
     it still counts on it, and the server tells it then, through the session it kept: the
     worker joins again by itself, and every process ends at a SIGTERM with exit 0. Before, it
     learned it only when it missed the server's heartbeats for its heartbeat timeout (30 s)."""
-    j = job(
-        ps=["--steps", ENDLESS, "--step-timeout", "1.5", "--transport", "grpc"],
-        worker=["--transport", "grpc"],
-    )
-    _wait_for(j, "joined", 2)
-    time.sleep(0.5)
-    j.workers[0].send_signal(signal.SIGSTOP)
-    try:
-        _wait_for(j, "worker 0 lost")
-        time.sleep(2.5)  # past the notice's own timeout (2 s), and the job goes on with worker 1
-    finally:
-        j.workers[0].send_signal(signal.SIGCONT)
+    j = _frozen_untold_over_grpc(job, lambda worker: worker.send_signal(signal.SIGCONT))
     _wait_for(j, "still waits for us: told it again")
     _wait_for(j, "worker 0 rejoined")
     text = j.log("ps0")
@@ -522,18 +531,7 @@ def test_an_untold_worker_that_dies_gives_its_session_back(job: Any) -> None:
     gone and closes that session at the end of a step, and the job trains on with the other
     worker and ends at a SIGTERM with exit 0. Before, the session stayed until the rank joined
     again."""
-    j = job(
-        ps=["--steps", ENDLESS, "--step-timeout", "1.5", "--transport", "grpc"],
-        worker=["--transport", "grpc"],
-    )
-    _wait_for(j, "joined", 2)
-    time.sleep(0.5)
-    j.workers[0].send_signal(signal.SIGSTOP)
-    try:
-        _wait_for(j, "worker 0 lost")
-        time.sleep(2.5)  # past the notice's own timeout (2 s): untold, its session kept
-    finally:
-        j.workers[0].kill()  # a stopped process dies at SIGKILL too
+    j = _frozen_untold_over_grpc(job, lambda worker: worker.kill())  # a stopped one dies too
     assert j.workers[0].wait(10) == -signal.SIGKILL
     _wait_for(j, "worker 0, which we went on without and could not tell, is gone")
     time.sleep(1.0)  # steps go on with worker 1
