@@ -23,7 +23,7 @@ from typing import Any
 
 import tensorwire as tw
 from tensorwire import cuda as tw_cuda
-from tensorwire import extras
+from tensorwire import cuda_stores, extras
 from tensorwire.job.config import (
     add_logging_flags,
     add_metrics_flags,
@@ -33,7 +33,14 @@ from tensorwire.job.config import (
 
 from . import ps as ps_bench
 from . import report, soak
-from .common import BATCH_MAX_BYTES, human, machine_facts, parse_size, parse_sizes
+from .common import (
+    BATCH_MAX_BYTES,
+    human,
+    machine_facts,
+    mps_running,
+    parse_size,
+    parse_sizes,
+)
 from .peer import serve
 from .runner import (
     GPU_REFERENCES,
@@ -289,6 +296,9 @@ def _measure(
                 "batch": args.batch,
                 "copy_threads": args.copy_threads,
                 "receiver_memory": args.receiver_memory,
+                # set outside the command line, and each changes what a GPU row measures
+                "gpu_stream_stores": cuda_stores.enabled(),
+                "mps": mps_running() if args.device != "cpu" else None,
             },
             "notes": runner.notes,
         }

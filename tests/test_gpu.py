@@ -500,6 +500,7 @@ def test_bench_on_a_gpu_measures_each_transport_beside_its_limit(tmp_path: Any) 
     )
     assert out.returncode == 0, out.stderr
     result = json.loads(path.read_text())
+    assert isinstance(result["config"]["mps"], bool)  # whether NVIDIA's MPS daemon ran
     rows = {(r["method"], r["size"]): r for r in result["throughput"]}
     raw = ["raw-nixl"] if NIXL_INSTALLED else []
     torch_queue = torch_queue_available("cuda") is None
