@@ -37,7 +37,6 @@ from .common import (
     BATCH_MAX_BYTES,
     human,
     machine_facts,
-    mps_running,
     parse_size,
     parse_sizes,
 )
@@ -298,7 +297,7 @@ def _measure(
                 "receiver_memory": args.receiver_memory,
                 # set outside the command line, and each changes what a GPU row measures
                 "gpu_stream_stores": cuda_stores.enabled(),
-                "mps": mps_running() if args.device != "cpu" else None,
+                "mps": tw_cuda.mps_running() if args.device != "cpu" else None,
             },
             "notes": runner.notes,
         }

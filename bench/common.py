@@ -7,7 +7,6 @@ import os
 import platform
 import socket
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 MiB = 1 << 20
@@ -95,20 +94,3 @@ def machine_facts() -> dict[str, Any]:
             d: _version(d) for d in ("tensorwire", "numpy", "pyzmq", "grpcio", "protobuf")
         },
     }
-
-
-def mps_running() -> bool:
-    """Whether NVIDIA's MPS daemon runs on this host (a process named ``nvidia-cuda-mps-*``,
-    its control daemon or its server, in this process namespace): two processes on one GPU then
-    share one context instead of taking turns, which changes a GPU round trip several-fold
-    (BENCHMARKS.md, "GPU tensors")."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            name = (entry / "comm").read_text().strip()
-        except OSError:  # gone meanwhile, or not ours to read
-            continue
-        if name.startswith("nvidia-cuda-mps"):
-            return True
-    return False

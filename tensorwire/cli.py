@@ -51,6 +51,16 @@ def _gpu_info() -> None:
     if not gpu["devices"]:
         print("  no CUDA device")
         return
+    from .cuda import mps_running
+
+    print(
+        "mps: "
+        + (
+            "running (processes on one GPU share it instead of taking turns)"
+            if mps_running()
+            else "not running (processes on one GPU take turns; nvidia-cuda-mps-control -d)"
+        )
+    )
     from . import cuda_stores
 
     reason = cuda_stores.unavailable_reason(0)

@@ -33,6 +33,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Generator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -585,6 +586,23 @@ def describe() -> dict[str, Any]:
     except Exception as exc:
         out["error"] = str(exc)
     return out
+
+
+def mps_running() -> bool:
+    """Whether NVIDIA's MPS daemon runs on this host (a process named ``nvidia-cuda-mps-*``,
+    its control daemon or its server, in this process namespace): two processes on one GPU then
+    share one context instead of taking turns, which changes a GPU round trip several-fold
+    (BENCHMARKS.md, "GPU tensors")."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            name = (entry / "comm").read_text().strip()
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if name.startswith("nvidia-cuda-mps"):
+            return True
+    return False
 
 
 def _cuda_version(number: int) -> str:

@@ -12,10 +12,12 @@ from __future__ import annotations
 import gc
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 from typing import Any
 
 import numpy as np
@@ -190,6 +192,25 @@ def test_bench_on_a_gpu_needs_one() -> None:
         )
         assert out.returncode == 2 and f"--device {device}:" in out.stderr, out.stderr
         assert says in out.stderr or "cupy" in out.stderr
+
+
+def test_mps_is_told_by_its_daemon_s_process(tmp_path: Any) -> None:
+    """``mps_running`` (in ``tensorwire info`` and the bench's JSON) looks for NVIDIA's MPS
+    daemon among this host's processes: a process of that name makes it say yes."""
+    before = cuda.mps_running()  # a GPU machine may run a real one
+    daemon = tmp_path / "nvidia-cuda-mps-control"
+    shutil.copy(shutil.which("sleep") or "/bin/sleep", daemon)
+    proc = subprocess.Popen([str(daemon), "30"])
+    try:
+        for _ in range(100):  # bounded: the process is named as it starts
+            if cuda.mps_running():
+                break
+            time.sleep(0.02)
+        assert cuda.mps_running()
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert cuda.mps_running() is before
 
 
 def test_info_reports_gpu_support() -> None:
