@@ -244,7 +244,10 @@ class RingMemory:
         """Mark message ``seq`` complete in ``slot`` (payload in place) and ring the receiver
         (``bell=False``: the caller rings it once for several messages, :meth:`ring_receiver`)."""
         q = self._q
-        self.describe_slot(slot, nbytes, shape)
+        if shape is None:  # describe_slot, inline for a static tensor: every networked message
+            q[self._nbytes[slot]] = nbytes
+        else:
+            self.describe_slot(slot, nbytes, shape)
         q[self._seq[slot]] = seq  # the completion store: after the payload and the shape
         if bell:
             # ring_bell, inline: this is the per-message path
