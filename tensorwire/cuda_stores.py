@@ -17,7 +17,8 @@ cupy does not wrap the stream memory operations, so the two driver entry points 
 through ``ctypes`` (``libcuda.so.1``, which every CUDA process has loaded). Anything missing or
 refused (an old driver, a device without 64-bit stream memory operations, host memory the driver
 will not map) makes :func:`open_stores` return None with the reason logged once, and the writer
-keeps the paths that synchronise.
+keeps the paths that synchronise; a store refused later, on a producer's own stream, completes
+its message by waiting for the copy, and the tensor's next messages the same way.
 
 **Off unless ``TENSORWIRE_GPU_STREAM_STORES=1``**: written on a host without a GPU and not yet
 measured on one (see the README's GPU status). The first GPU run decides its default.

@@ -655,8 +655,19 @@ class ShmWriter(TensorWriter):
         try:
             stores.store(stream.ptr, self._seq_targets[slot], seq)
         except TransportError as exc:
-            self._channel.mark_lost(f"completing a GPU write to {self._channel.address}: {exc}")
-            raise
+            # Refused on this stream though the channel's test store landed: this message is
+            # completed as without the stores (its copy, and every store queued before it on
+            # the stream, waited for), and so are the tensor's next ones.
+            log.warning(
+                "tensor %r: %s; its GPU writes wait for their copies from now on",
+                self.spec.name,
+                exc,
+            )
+            self._stores = None
+            with cupy().cuda.Device(self._device):  # the legacy default stream is per device
+                stream.synchronize()
+            self._publish(nbytes, shape)
+            return
         with self._unfinished_lock:
             stored.append((slot, seq, stream, source))
         self._channel.storing(self, True)
