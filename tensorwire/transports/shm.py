@@ -674,14 +674,15 @@ class ShmWriter(TensorWriter):
         self._slots.wrote(slot, seq)
         self.next_seq = seq + 1
 
-    def reap(self) -> None:
-        """End the writes whose GPU-made completion store has landed, oldest first, and ring
-        the receiver if any did (it may sleep: those stores ring nobody)."""
+    def reap(self, all_ran: bool = False) -> None:
+        """End the writes whose GPU-made completion store has landed, oldest first (every one,
+        with ``all_ran``: their stream has run them), and ring the receiver if any did (it may
+        sleep: those stores ring nobody)."""
         stored = self._stored
         seq_at = self._ring.seq_at
         landed = 0
         with self._unfinished_lock:
-            while stored and seq_at(stored[0][0]) >= stored[0][1]:
+            while stored and (all_ran or seq_at(stored[0][0]) >= stored[0][1]):
                 stored.popleft()
                 landed += 1
             self._forget(landed)
@@ -715,11 +716,7 @@ class ShmWriter(TensorWriter):
                 self._channel.mark_lost(lost)
                 raise PeerLostError(lost) from None
             if ran:
-                with self._unfinished_lock:
-                    landed = len(self._stored)
-                    self._stored.clear()
-                    self._forget(landed)
-                self._ring.ring_receiver()
+                self.reap(all_ran=True)
                 return
             if deadline is not None and time.monotonic() >= deadline:
                 lost = (
