@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-torch test test-gpu gpu-bundle bench lint proto fuzz soak rdma clean bytecode
+.PHONY: demo demo-torch test test-gpu gpu-bundle bench lint proto fuzz soak chaos rdma clean bytecode
 
 # NIXL for the `nixl` transport. --no-deps: the wheel declares torch, which host memory does not
 # need. Pinned to the version the transport is tested with.
@@ -80,12 +80,16 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy tensorwire server client bench
 
-# Long runs outside CI: the wire decoders fuzzed with hypothesis, and an hour of soak.
+# Long runs outside CI: the wire decoders fuzzed with hypothesis, an hour of soak, chaos.
 fuzz: $(STAMP)
 	$(PY) -m pytest -q tests/test_wire.py --hypothesis-profile=fuzz -p no:cacheprovider
 
 soak: $(STAMP) $(RDMA_STAMP)
 	$(PY) -m tensorwire.bench soak --duration 3600 --senders 5 --transports shm,tcp,nixl,grpc,grpc-stream
+
+# A training job whose daemons are killed, frozen and restarted at random: 5 minutes a transport.
+chaos: $(STAMP) $(RDMA_STAMP)
+	set -e; for t in shm tcp nixl grpc; do $(PY) -m tensorwire.bench chaos --transport $$t --duration 300; done
 
 # Regenerate the gRPC baseline's protobuf modules (committed; tests/test_proto.py checks them).
 proto: $(STAMP)

@@ -3,6 +3,7 @@
     tensorwire bench [options]                           both ends on this machine
     tensorwire bench serve --bind tcp://0.0.0.0:PORT     the receiving end, on one host
     tensorwire bench run --connect tcp://HOST:PORT       the sending end, on another host
+    tensorwire bench ps | soak | chaos                   training jobs, a load test, faults
 
 Options: --sizes, --transports, --repeat, --round-trips, --latency-size, --batch N,
 --copy-threads N, --json PATH, --plot PATH.png, --no-progress. Uses only the public API of
@@ -31,8 +32,8 @@ from tensorwire.job.config import (
     start_metrics,
 )
 
+from . import chaos, report, soak
 from . import ps as ps_bench
-from . import report, soak
 from .common import (
     BATCH_MAX_BYTES,
     human,
@@ -157,7 +158,7 @@ def build_parser(prog: str = "tensorwire bench") -> argparse.ArgumentParser:
         "hand-written pyzmq loop, a raw socket and memcpy, measured in one interleaved run.",
     )
     _common(parser)
-    sub = parser.add_subparsers(dest="command", metavar="{run,serve,ps,soak}")
+    sub = parser.add_subparsers(dest="command", metavar="{run,serve,ps,soak,chaos}")
     run = sub.add_parser("run", help="run the sweep against a `bench serve` on another host")
     _common(run)
     run.add_argument(
@@ -180,6 +181,7 @@ def build_parser(prog: str = "tensorwire bench") -> argparse.ArgumentParser:
     add_logging_flags(srv)
     ps_bench.add_parser(sub)
     soak.add_parser(sub)
+    chaos.add_parser(sub)
     return parser
 
 
@@ -394,7 +396,11 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire bench") -> int:
     try:
         if args.command == "serve":
             return _serve(parser, args)
-        whole_jobs = {"ps": ps_bench, "soak": soak}  # each: run(args, parser), render(result)
+        whole_jobs = {
+            "ps": ps_bench,
+            "soak": soak,
+            "chaos": chaos,
+        }  # each: run(args, parser), render(result)
         if args.command in whole_jobs:
             job = whole_jobs[args.command]
             result = job.run(args, parser)

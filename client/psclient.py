@@ -154,6 +154,13 @@ class PSClient:
         self._held: list[str] = []  # messages taken by wait_params and not yet released
         self._shapes = dict(shapes)
         self.reconnect_timeout = reconnect_timeout
+        self._meta = np.zeros(META_FIELDS, np.float64)
+        self._probe_word = np.ones(1, np.int64)
+        self.step: int | None = None
+        #: seconds spent waiting for the servers' parameters, converting 16-bit ones into the
+        #: model's float32 ("pull"), and pushing gradients: the step's communication
+        self.phase_seconds = {"wait": 0.0, "pull": 0.0, "push": 0.0}
+        self.reconnects = 0
         try:
             # Bind first: a port in use fails now, not after waiting for the servers.
             self.rx = tw.Receiver(
@@ -169,8 +176,7 @@ class PSClient:
             self._connect(connect_timeout)
             me = _advertised(self.rx.address, advertise, self.servers[0])
             self._me = me
-            self._join(connect_timeout)
-            self._await_registration(connect_timeout)
+            self._first_join(connect_timeout)
             self.chunks = self._learn_plan(shapes)
             if device != "cpu" and self.wire_dtype != np.float32:
                 raise PSClientError(
@@ -194,17 +200,13 @@ class PSClient:
                 self._landed = landed
                 self.params = {p: np.zeros(v.shape, np.float32) for p, v in landed.items()}
                 self._grads_out = {c.cid: np.empty(c.shape, self.wire_dtype) for c in self.chunks}
-            self._say_ready()
+            try:
+                self._say_ready()
+            except tw.PeerLostError as exc:  # a server lost since: join them all again
+                self._recover(str(exc))
         except BaseException:
             self.close()
             raise
-        self._meta = np.zeros(META_FIELDS, np.float64)
-        self._probe_word = np.ones(1, np.int64)
-        self.step: int | None = None
-        #: seconds spent waiting for the servers' parameters, converting 16-bit ones into the
-        #: model's float32 ("pull"), and pushing gradients: the step's communication
-        self.phase_seconds = {"wait": 0.0, "pull": 0.0, "push": 0.0}
-        self.reconnects = 0
 
     def _connect(self, timeout: float) -> None:
         """Reach every server, retrying while they start up."""
@@ -223,6 +225,27 @@ class PSClient:
                             f"the last try: {exc}"
                         ) from None
                     time.sleep(0.2)
+
+    def _first_join(self, timeout: float) -> None:
+        """Join every server and wait for our tensors; a server lost meanwhile (restarted while
+        we started) is reached and joined again, all within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._join(max(deadline - time.monotonic(), 1.0))
+                self._await_registration(max(deadline - time.monotonic(), 1.0))
+                return
+            except tw.PeerLostError as exc:
+                if time.monotonic() >= deadline:
+                    raise PSClientError(
+                        f"lost a parameter server while joining, and the job did not form "
+                        f"again within {timeout:.3g} s: {exc}"
+                    ) from None
+                log.warning("lost a parameter server while joining (%s); joining again", exc)
+            for addr in self.servers:
+                with contextlib.suppress(tw.TensorWireError):
+                    self.tx.remove_peer(addr)
+            self._connect(max(deadline - time.monotonic(), 1.0))
 
     def _join(self, timeout: float) -> None:
         """Tell every server where we receive and what our parameters are."""
@@ -411,7 +434,7 @@ class PSClient:
         this costs one comparison per server."""
         assert self.rx is not None
         shards = range(len(self.servers))
-        asked: set[int] = set()
+        skipped: set[int] = set()  # servers whose messages we let go of here: the next are fresh
         for _ in range(len(self.servers) * 1000):  # bounded; two steps at most in practice
             if any(int(got[status_name(s)][1]) == STATUS_STOP for s in shards):
                 return  # a server that said stop writes no more: we stop
@@ -424,10 +447,15 @@ class PSClient:
             if not behind:
                 return
             restarted = [s for s in behind if how[s] & HOW_MAY_CATCH_UP]
-            stuck = [s for s in behind if ahead - steps[s] > 1 and s not in restarted]
+            # Far behind, though it has done steps since it started, in a message it sent
+            # after we let go of its last (the one we held may be older than its step, as one
+            # that nobody pushed a step of goes on at the next, see _ask_to_catch_up): a
+            # server of another job, or of an older release, which does not say; waiting
+            # would hang.
+            stuck = [
+                s for s in behind if ahead - steps[s] > 1 and s not in restarted and s in skipped
+            ]
             if stuck:
-                # Far behind, though it has done steps since it started (a server of another
-                # job, or of an older release, which does not say): waiting would hang.
                 s = stuck[0]
                 raise PSClientError(
                     f"parameter server {self.servers[s]} is at step {steps[s]} while the others "
@@ -435,10 +463,8 @@ class PSClient:
                     "every server with --resume (they checkpoint at the same steps), then the "
                     "workers"
                 )
-            for s in restarted:
-                if s not in asked:
-                    self._ask_to_catch_up(s, steps[s], ahead)
-                    asked.add(s)
+            for s in behind:  # once per message of it: one that nobody pushes goes a step
+                self._ask_to_catch_up(s, steps[s], ahead, restarted=s in restarted)
             log.info(
                 "servers %s wrote an earlier step than %d (they took us back a step apart, "
                 "or restarted): skipping to it",
@@ -451,18 +477,24 @@ class PSClient:
                 self._held = [n for n in self._held if n not in names]  # if the wait fails
                 got.update(self._wait_all(names, deadline))
                 self._held += names
+                skipped.add(s)
         raise PSClientError("the parameter servers' steps never came together")
 
-    def _ask_to_catch_up(self, s: int, at: int, ahead: int) -> None:
-        """Ask server ``s``, restarted alone and back at step ``at``, to go on at ``ahead``."""
+    def _ask_to_catch_up(self, s: int, at: int, ahead: int, *, restarted: bool) -> None:
+        """Ask server ``s``, at step ``at``, to go on at ``ahead``. One ``restarted`` alone
+        does at once. One that has done steps does only if no worker taking part will push
+        its step (each of them joined again, as we did, and skips it too), and then at the
+        next step (see ParameterServer._stranded_step); otherwise its workers' gradients
+        bring it to our step, and it reads the request and lets it be."""
         addr = self.servers[s]
-        log.warning(
-            "parameter server %s came back at step %d, behind the others at step %d (it was "
-            "restarted alone): asking it to go on at their step",
-            addr,
-            at,
-            ahead,
-        )
+        if restarted:
+            log.warning(
+                "parameter server %s came back at step %d, behind the others at step %d (it "
+                "was restarted alone): asking it to go on at their step",
+                addr,
+                at,
+                ahead,
+            )
         try:
             self.tx.write(
                 catch_up_name(self.rank),
@@ -470,7 +502,11 @@ class PSClient:
                 peer=addr,
                 timeout=PROBE_TIMEOUT,
             )
-        except tw.TensorWireError as exc:  # lost again, or frozen: reconnect as for any loss
+        except tw.TensorWireError as exc:
+            if not restarted:  # the request is a fallback: its workers may still bring it
+                log.debug("no request to catch up to %s: %s", addr, exc)
+                return
+            # lost again, or frozen: reconnect as for any loss
             raise tw.PeerLostError(
                 f"parameter server {addr} did not take our request to catch up: {exc}"
             ) from None

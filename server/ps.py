@@ -75,6 +75,9 @@ DROP_NOTICE_TIMEOUT = 2.0
 #: Seconds between looks, while a step waits for a worker's gradients, at whether that worker
 #: joined again (restarted before its loss was seen, or dropped by another server).
 REJOIN_CHECK_EVERY = 1.0
+#: Seconds between rounds of a step in which every worker taking part is on probation (each
+#: joined again and has pushed nothing since), so that such a round is not a busy loop.
+PROBATION_POLL = 1e-3
 #: Slots of a worker's ``probe`` tensor: a worker writes one every PROBE_EVERY (2 s) that it
 #: waits, and we read them at least every step and every REJOIN_CHECK_EVERY, so they fill only
 #: while we are held up elsewhere for longer (the worker then skips its probe, see PSClient)
@@ -86,7 +89,8 @@ class _WorkerLeft(Exception):
 
 
 class _CatchUp(Exception):
-    """Workers asked this server, restarted alone, to go on at the job's ``step``."""
+    """Workers asked this server to go on at the job's ``step``: it was restarted alone, or
+    it is a step behind the others with no worker that will push its step's gradients."""
 
     def __init__(self, step: int) -> None:
         super().__init__(step)
@@ -182,6 +186,10 @@ class _Worker:
     #: (asp, ssp) when we last heard from it, or let it go on: silent for --step-timeout
     #: after that, it is lost
     heard: float = field(default_factory=time.monotonic)
+    #: (bsp) the step whose parameters it was last sent: a round in which no worker pushed a
+    #: gradient sends them to nobody again (a duplicate fills the worker's one slot, and the
+    #: worker skipping to another server's step would take it for a new one)
+    served: int | None = None
 
 
 class ParameterServer:
@@ -236,6 +244,9 @@ class ParameterServer:
         #: job's other servers, and takes the workers' request to go on at their step (BSP
         #: only: the other modes do not survive a lost server)
         self._may_catch_up = cfg.sync == "bsp"
+        #: the latest step the workers asked us to go on at (their ``catch-up`` tensors, read
+        #: as they come so that their slots never fill; see _read_catch_up)
+        self._asked_step = 0
         self.started_at = time.monotonic()
         keys = curve.load(cfg.curve_keys) if cfg.curve_keys else None
         self.rx = tw.Receiver(
@@ -395,6 +406,13 @@ class ParameterServer:
         True if there was one."""
         took = False
         for w in self.workers:
+            if w.alive and not during_join and self.rx.pending(join_name(w.rank)):
+                # It joined again while taking part here: it reconnected to every server
+                # after losing another, and dropped what we had sent it. Its gradients may have
+                # kept coming (so _collect never saw the join); left pending, the join would be
+                # taken once the worker is gone, with its old address (a 2 s wait for a dead
+                # receiver, with every other worker's step held up meanwhile).
+                self._lose(w, "it joined again", tell=False)
             while not w.alive and self.rx.pending(join_name(w.rank)):
                 took = True
                 self._on_join(w, self.rx.wait(join_name(w.rank), timeout=0), during_join)
@@ -438,7 +456,7 @@ class ParameterServer:
             if w.rank == 0 and self._has_init_tensors and not self._needs_init:
                 for c in self.chunks:
                     self.rx.drain(init_name(c.cid))
-            w.alive, w.step, w.probation = True, self.step, not during_join
+            w.alive, w.step, w.probation, w.served = True, self.step, not during_join, None
             w.stopped, w.got = False, set()
             self._claim_dropped_notice(w)
             how = "joined" if during_join else "rejoined"
@@ -476,6 +494,7 @@ class ParameterServer:
         batch.append((status_name(self.cfg.shard), self._status_word(w, flags)))
         # One operation per worker: one doorbell (shm) or sendmsg (tcp) for the step's tensors.
         self.tx.write_many(batch, peer=w.address)
+        w.served = self.step
         if flags == STATUS_STOP:
             w.stopped = True
 
@@ -672,6 +691,11 @@ class ParameterServer:
         is waited for like any worker. Gradients of a step already done (sent while it caught
         up) are dropped."""
         names = self._worker_tensors(w)
+        if self.rx.pending(join_name(w.rank)):
+            # it joined again (it reconnected after losing a server): seen before waiting for
+            # gradients that will not come, not after REJOIN_CHECK_EVERY each (with several
+            # workers rejoining, those waits added up past the other servers' step timeouts)
+            raise _WorkerLost("it joined again", tell=False)
         deadline = time.monotonic() + self.cfg.step_timeout
         while True:
             left = deadline - time.monotonic()
@@ -684,14 +708,17 @@ class ParameterServer:
             except tw.WireTimeoutError:
                 if self.rx.pending(leave_name(w.rank)):
                     raise _WorkerLeft from None
-                if self._may_catch_up:
-                    self._take_catch_up()
+                self._read_catch_up()
+                if self._may_catch_up and self._asked_step > self.step:
+                    raise _CatchUp(self._asked_step) from None
                 self._answer_probes()
+                if self.rx.pending(join_name(w.rank)):
+                    # its gradients of this step will not come: it is joining afresh (also
+                    # one on probation: its join would otherwise wait until it was lost, and
+                    # it waits for our parameters meanwhile)
+                    raise _WorkerLost("it joined again", tell=False) from None
                 if w.probation:
                     return None
-                if self.rx.pending(join_name(w.rank)):
-                    # its gradients of this step will not come: it is joining afresh
-                    raise _WorkerLost("it joined again", tell=False) from None
                 if time.monotonic() >= deadline:
                     raise _WorkerLost(f"nothing for {self.cfg.step_timeout:g} s") from None
                 continue
@@ -701,18 +728,33 @@ class ParameterServer:
                 continue
             return got, names
 
-    def _take_catch_up(self) -> None:
-        """_CatchUp if a worker asked us to go on at a later step than ours."""
-        asked = self.step
+    def _read_catch_up(self) -> None:
+        """Take in the workers' requests to go on at a later step (into ``_asked_step``)."""
         for w in self.workers:
             name = catch_up_name(w.rank)
             while self.rx.pending(name):  # bounded: its ring holds two
-                asked = max(asked, int(self.rx.wait(name, timeout=0)[0]))
+                self._asked_step = max(self._asked_step, int(self.rx.wait(name, timeout=0)[0]))
                 self.rx.release(name)
-        if asked > self.step:
-            raise _CatchUp(asked)
 
-    def _catch_up(self, step: int) -> None:
+    def _stranded_step(self) -> int | None:
+        """The step to go on at when this step can never end: every worker taking part is on
+        probation (each joined again and has pushed nothing since), none pushed a gradient of
+        it, and a worker asked us for the next step, which it holds from the other servers.
+
+        How it comes about: each server admits a returning worker at the end of its own step,
+        so one may be a step behind another, and a worker skips the messages of the servers
+        behind until they catch up. They do when some worker taking part pushes their step's
+        gradients; when every worker was dropped and came back (frozen past --step-timeout,
+        restarted), none will, and the job would wait for ever. Nobody holds this step's
+        gradients then: going on at the next step with the parameters we have loses no
+        update. None when some worker may still push (it is waited for, as usual)."""
+        alive = [w for w in self.workers if w.alive]
+        if not alive or not all(w.probation for w in alive):
+            return None
+        self._read_catch_up()
+        return self.step + 1 if self._asked_step > self.step else None
+
+    def _catch_up(self, step: int, *, stranded: bool = False) -> None:
         """Go on at the job's ``step``, from the step we came back at. With several shards, one
         restarted alone (killed, its pod or node replaced) comes back at its checkpoint's step,
         or at step 0 started afresh, while the others went on; its workers see that in the
@@ -720,16 +762,27 @@ class ParameterServer:
         It keeps the parameters it came back with (its checkpoint's, or rank 0's copy when it
         started afresh): this shard loses the updates since then (at most --checkpoint-every
         steps), the others lose none, and the job goes on instead of stopping. Replaying the
-        lost steps would need every worker's gradients of each, which nobody keeps."""
-        source = "rank 0's copy" if self._has_init_tensors else "its checkpoint's"
-        log.warning(
-            "shard %d came back at step %d, behind the job's other servers at step %d: going on "
-            "at their step with the parameters it came back with (%s)",
-            self.cfg.shard,
-            self.step,
-            step,
-            source,
-        )
+        lost steps would need every worker's gradients of each, which nobody keeps.
+        ``stranded``: a step behind the others with no worker to push it
+        (:meth:`_stranded_step`); nothing is lost."""
+        if stranded:
+            log.warning(
+                "shard %d is at step %d, a step behind the job's other servers, and every "
+                "worker joined again since it began: going on at step %d with its parameters",
+                self.cfg.shard,
+                self.step,
+                step,
+            )
+        else:
+            source = "rank 0's copy" if self._has_init_tensors else "its checkpoint's"
+            log.warning(
+                "shard %d came back at step %d, behind the job's other servers at step %d: "
+                "going on at their step with the parameters it came back with (%s)",
+                self.cfg.shard,
+                self.step,
+                step,
+                source,
+            )
         self.stats.caught_up += step - self.step
         self.step = step
         self._may_catch_up = False
@@ -785,6 +838,11 @@ class ParameterServer:
                 self._may_catch_up = False  # the workers pushed for our step: we are the job's
                 if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
                     self._checkpoint()
+            elif (stranded := self._stranded_step()) is not None:
+                self._catch_up(stranded, stranded=True)
+            elif any(w.alive for w in self.workers):
+                # every worker taking part is on probation and sent nothing yet: not a spin
+                time.sleep(PROBATION_POLL)
             self._rejoin()
             if not any(w.alive for w in self.workers) and not self._stop_requested:
                 self._await_any_worker()
@@ -792,7 +850,8 @@ class ParameterServer:
                 w.step = self.step
             done = self.step >= self.cfg.steps or self._stop_requested
             for w in self.workers:
-                if w.alive:
+                # (not again what it was sent: a round that ended no step, see _Worker.served)
+                if w.alive and (done or w.served != self.step):
                     self._serve(w, STATUS_STOP if done else STATUS_RUN)
             if contributors:
                 self._report(self.step, losses, accuracy, t0)

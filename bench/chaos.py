@@ -1,0 +1,429 @@
+"""``tensorwire bench chaos``: a parameter-server job that must keep training while its daemons
+are killed, frozen, stopped and restarted at random, one disruption at a time.
+
+The job is what an operator runs (``tensorwire-ps`` and ``tensorwire-worker`` processes on
+loopback, started from the same command lines as ``tensorwire bench ps``), with short timeouts so
+that each fault is noticed within seconds. After each disruption the daemon is brought back as an
+orchestrator would (the same command; a server with ``--resume-if-present``) and every server must
+write two more checkpoints within ``--stall`` seconds: the job went on training. At the end the
+servers get SIGTERM and every daemon alive must exit 0; rank 0's test accuracy must reach
+``--min-accuracy``. Exit status 1 on any violation, with the daemons' logs kept and named.
+
+What the faults are (``--events``):
+
+- ``kill-worker``: SIGKILL a worker, start it again after a short pause;
+- ``freeze-worker``: SIGSTOP a worker for up to twice the servers' ``--step-timeout`` (so that it
+  is sometimes dropped and must join again by itself), then SIGCONT;
+- ``stop-worker``: SIGTERM a worker (it leaves the job and exits 0), start it again;
+- ``kill-server``: SIGKILL a server, start it again with ``--resume-if-present``;
+- ``freeze-server``: SIGSTOP a server for up to ``--step-timeout``, then SIGCONT.
+
+The random choices come from ``--seed`` (printed in the report), so a failing sequence of faults
+can be asked for again; the timings of the processes will differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tensorwire as tw
+from tensorwire.client.launch import free_port, ps_command, worker_command
+
+from .common import machine_facts
+from .report import SCHEMA
+
+EVENTS = ("kill-worker", "freeze-worker", "stop-worker", "kill-server", "freeze-server")
+DEFAULT_EVENTS = "kill-worker,freeze-worker,stop-worker,kill-server,freeze-server"
+#: steps no run reaches: the run ends the job with SIGTERM
+ENDLESS = "100000000"
+#: checkpoint lines that mean "trained on" after a disruption (the first may be a step that was
+#: already under way when the fault came)
+PROGRESS_CHECKPOINTS = 2
+#: seconds a daemon has to exit at SIGTERM, or at the end of the job
+EXIT_TIMEOUT = 120.0
+
+
+_DESCRIPTION = (
+    "A parameter-server job that must keep training while its daemons are killed, frozen, "
+    "stopped and restarted at random, one fault at a time; every server must checkpoint twice "
+    "more within --stall seconds of each fault, and every daemon must exit 0 at the end."
+)
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "chaos",
+        help="a training job that must go on while its daemons are killed, frozen and restarted",
+        description=_DESCRIPTION,
+    )
+    p.add_argument("--transport", default="shm", help="the job's data plane (default shm)")
+    p.add_argument("--servers", type=int, default=2, help="server daemons (default 2)")
+    p.add_argument("--workers", type=int, default=3, help="worker daemons (default 3)")
+    p.add_argument("--sync", default="bsp", choices=("bsp", "asp", "ssp"), help="default bsp")
+    p.add_argument(
+        "--duration", type=float, default=120.0, help="seconds of disruptions (default 120)"
+    )
+    p.add_argument(
+        "--events",
+        default=DEFAULT_EVENTS,
+        help=f"comma-separated, from {','.join(EVENTS)} (default: all)",
+    )
+    p.add_argument(
+        "--gap",
+        type=float,
+        default=2.0,
+        help="most seconds of quiet between the recovery from one fault and the next (default 2)",
+    )
+    p.add_argument(
+        "--step-timeout",
+        type=float,
+        default=2.0,
+        help="the servers' --step-timeout: a worker silent this long within a step is dropped "
+        "(default 2)",
+    )
+    p.add_argument(
+        "--checkpoint-every", type=int, default=100, help="the servers' (default 100 steps)"
+    )
+    p.add_argument(
+        "--stall",
+        type=float,
+        default=90.0,
+        help="seconds each server has, after a fault, to checkpoint twice more (default 90)",
+    )
+    p.add_argument(
+        "--min-accuracy",
+        type=float,
+        default=0.9,
+        help="rank 0's test accuracy at the end (default 0.9)",
+    )
+    p.add_argument("--seed", type=int, default=None, help="the faults' random seed")
+    p.add_argument(
+        "--keep", metavar="DIR", help="keep the daemons' logs here (kept anyway on failure)"
+    )
+    p.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    p.add_argument("--no-progress", action="store_true", help="no line per fault as it happens")
+
+
+@dataclass
+class _Daemon:
+    """One daemon of the job: its command, its current process and how often it was started."""
+
+    name: str  # ps0, w1
+    cmd: list[str]
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+    #: exit codes of its earlier processes that the run itself caused (SIGKILL, SIGTERM)
+    expected_exits: list[int] = field(default_factory=list)
+
+    @property
+    def log(self) -> str:
+        return f"{self.name}-{self.starts}.log" if self.starts > 1 else f"{self.name}.log"
+
+
+class _Job:
+    """The job's daemons in ``tmp``, each logging to its own file per start; :meth:`close` reaps
+    every process whatever happened."""
+
+    def __init__(self, tmp: Path, args: argparse.Namespace) -> None:
+        self.tmp = tmp
+        addresses = [f"tcp://127.0.0.1:{free_port()}" for _ in range(args.servers)]
+        common = ["--transport", args.transport, "--heartbeat-timeout", "3", "--no-progress"]
+        self.servers = [
+            _Daemon(
+                f"ps{s}",
+                ps_command(
+                    addr,
+                    *common,
+                    *("--steps", ENDLESS, "--sync", args.sync, "--log-level", "INFO"),
+                    *("--step-timeout", f"{args.step_timeout:g}"),
+                    *("--checkpoint-dir", str(tmp / f"ckpt{s}")),
+                    *("--checkpoint-every", str(args.checkpoint_every)),
+                    *("--metrics", str(tmp / f"ps{s}.json")),
+                    shard=s,
+                    shards=args.servers,
+                    workers=args.workers,
+                ),
+            )
+            for s, addr in enumerate(addresses)
+        ]
+        self.workers = [
+            _Daemon(
+                f"w{r}",
+                worker_command(
+                    addresses,
+                    *common,
+                    *("--log-level", "INFO", "--metrics", str(tmp / f"w{r}.json")),
+                    rank=r,
+                    workers=args.workers,
+                ),
+            )
+            for r in range(args.workers)
+        ]
+
+    @property
+    def daemons(self) -> list[_Daemon]:
+        return [*self.servers, *self.workers]
+
+    def start(self, d: _Daemon, *extra: str) -> None:
+        d.starts += 1
+        with open(self.tmp / d.log, "wb") as out:
+            d.proc = subprocess.Popen([*d.cmd, *extra], stdout=out, stderr=subprocess.STDOUT)
+
+    def checkpoints(self, d: _Daemon) -> int:
+        """Checkpoint lines in the log of ``d``'s current process."""
+        try:
+            return (self.tmp / d.log).read_text(errors="replace").count("checkpoint at step ")
+        except FileNotFoundError:
+            return 0
+
+    def unexpected_exit(self) -> str | None:
+        """A daemon whose current process ended without the run asking it to, named."""
+        for d in self.daemons:
+            if d.proc is not None and d.proc.poll() is not None:
+                return f"{d.name} exited with {d.proc.returncode} unasked ({self.tail(d)})"
+        return None
+
+    def tail(self, d: _Daemon, lines: int = 12) -> str:
+        try:
+            text = (self.tmp / d.log).read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return "no log"
+        return f"{d.log}, last lines:\n    " + "\n    ".join(text[-lines:])
+
+    def close(self) -> None:
+        for d in self.daemons:
+            if d.proc is not None and d.proc.poll() is None:
+                d.proc.send_signal(signal.SIGCONT)  # a frozen one cannot die otherwise
+                d.proc.kill()
+            if d.proc is not None:
+                d.proc.wait(30)
+
+
+class _Failure(Exception):
+    """What went wrong, for the report; the run stops there."""
+
+
+def _await_progress(job: _Job, marks: dict[str, tuple[str, int]], stall: float) -> float:
+    """Until every server wrote PROGRESS_CHECKPOINTS more checkpoints than at ``marks`` (its log
+    then, and its count there; a server started again since counts from 0 in its new log);
+    seconds it took. _Failure at ``stall`` seconds, or when a daemon exits unasked."""
+    start = time.monotonic()
+    while True:
+        behind = []
+        for d in job.servers:
+            log, seen = marks[d.name]
+            have = job.checkpoints(d) - (seen if d.log == log else 0)
+            if have < PROGRESS_CHECKPOINTS:
+                behind.append(d)
+        if not behind:
+            return time.monotonic() - start
+        problem = job.unexpected_exit()
+        if problem:
+            raise _Failure(problem)
+        if time.monotonic() - start > stall:
+            raise _Failure(
+                f"{', '.join(d.name for d in behind)} did not train on within {stall:g} s: "
+                + "; ".join(job.tail(d) for d in behind)
+            )
+        time.sleep(0.1)
+
+
+def _marks(job: _Job) -> dict[str, tuple[str, int]]:
+    return {d.name: (d.log, job.checkpoints(d)) for d in job.servers}
+
+
+def _disrupt(job: _Job, event: str, rng: random.Random, args: argparse.Namespace) -> str:
+    """Make the fault ``event`` and bring the daemon back; what was done, in words."""
+    pool = job.workers if event.endswith("worker") else job.servers
+    d = rng.choice(pool)
+    proc = d.proc
+    assert proc is not None
+    if event.startswith("freeze"):
+        # workers: past the servers' step timeout half the time (dropped, then joining again)
+        most = args.step_timeout * (2 if event.endswith("worker") else 1)
+        pause = rng.uniform(0.2, most)
+        proc.send_signal(signal.SIGSTOP)
+        time.sleep(pause)
+        proc.send_signal(signal.SIGCONT)
+        return f"{d.name} frozen for {pause:.1f} s"
+    pause = rng.uniform(0.1, 2.0)
+    if event.startswith("kill"):
+        proc.kill()
+        code = proc.wait(30)
+        if code != -signal.SIGKILL:
+            raise _Failure(f"{d.name} exited with {code} before its SIGKILL ({job.tail(d)})")
+    else:  # stop-worker: it leaves the job and exits 0
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(EXIT_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            raise _Failure(
+                f"{d.name} did not exit within {EXIT_TIMEOUT:g} s of SIGTERM ({job.tail(d)})"
+            ) from None
+        if code != 0:
+            raise _Failure(f"{d.name} exited with {code} at SIGTERM ({job.tail(d)})")
+    d.expected_exits.append(code)
+    time.sleep(pause)
+    job.start(d, *(["--resume-if-present"] if d in job.servers else []))
+    verb = "killed" if event.startswith("kill") else "stopped"
+    return f"{d.name} {verb}, started again {pause:.1f} s later"
+
+
+def _finish(job: _Job, stall: float) -> list[str]:
+    """Once every worker has joined (one started again just now may not have yet), SIGTERM the
+    servers; every daemon must exit 0 (the workers follow their servers)."""
+    problems = []
+    deadline = time.monotonic() + stall
+    for d in job.workers:
+        while "joined " not in (job.tmp / d.log).read_text(errors="replace"):
+            if time.monotonic() > deadline:
+                return [f"{d.name} did not join within {stall:g} s ({job.tail(d)})"]
+            problem = job.unexpected_exit()
+            if problem:
+                return [problem]
+            time.sleep(0.1)
+    for d in job.servers:
+        assert d.proc is not None
+        d.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + EXIT_TIMEOUT
+    for d in job.daemons:
+        assert d.proc is not None
+        try:
+            code = d.proc.wait(max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            problems.append(f"{d.name} did not exit within {EXIT_TIMEOUT:g} s ({job.tail(d)})")
+            continue
+        if code != 0:
+            problems.append(f"{d.name} exited with {code} at the end ({job.tail(d)})")
+    return problems
+
+
+def _accuracy(tmp: Path) -> float | None:
+    try:
+        return float(json.loads((tmp / "w0.json").read_text())["test_accuracy"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _steps(tmp: Path, servers: int) -> list[int | None]:
+    steps: list[int | None] = []
+    for s in range(servers):
+        try:
+            steps.append(int(json.loads((tmp / f"ps{s}.json").read_text())["steps"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            steps.append(None)
+    return steps
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    events = [e.strip() for e in args.events.split(",") if e.strip()]
+    bad = [e for e in events if e not in EVENTS]
+    if bad or not events:
+        parser.error(
+            f"--events: unknown {', '.join(bad) or '(none given)'}; from {', '.join(EVENTS)}"
+        )
+    if args.transport not in tw.TRANSPORT_NAMES or args.transport == "auto":
+        parser.error(f"--transport {args.transport}: from {', '.join(tw.TRANSPORT_NAMES[1:])}")
+    if args.servers < 1 or args.workers < 2 or args.duration <= 0 or args.stall <= 0:
+        parser.error("chaos needs --servers >= 1, --workers >= 2, --duration > 0, --stall > 0")
+    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
+    rng = random.Random(seed)
+    tmp = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="tensorwire-chaos-"))
+    tmp.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {
+        "schema": SCHEMA,
+        "kind": "chaos",
+        "machine": machine_facts(),
+        "config": {
+            **{k: getattr(args, k) for k in ("transport", "servers", "workers", "sync")},
+            **{k: getattr(args, k) for k in ("duration", "step_timeout", "checkpoint_every")},
+            "events": events,
+            "seed": seed,
+        },
+    }
+    done: list[dict[str, Any]] = []
+    problems: list[str] = []
+    job = _Job(tmp, args)
+    started = time.monotonic()
+    try:
+        for d in job.daemons:
+            job.start(d)
+        # the job forms: every server checkpoints twice
+        _await_progress(job, _marks(job), max(args.stall, 120.0))
+        end = time.monotonic() + args.duration
+        while time.monotonic() < end:
+            time.sleep(rng.uniform(0, args.gap))
+            event = rng.choice(events)
+            at = time.monotonic() - started
+            marks = _marks(job)
+            record: dict[str, Any] = {"at_s": round(at, 2), "event": event}
+            done.append(record)  # before the wait: a failure names the fault it followed
+            record["what"] = _disrupt(job, event, rng, args)
+            recovered = _await_progress(job, marks, args.stall)
+            record["trained_on_after_s"] = round(recovered, 2)
+            what = record["what"]
+            if not args.no_progress:
+                print(f"{at:7.1f} s  {what}; trained on {recovered:.1f} s later", flush=True)
+        # Quiet before the end: a worker dropped by the last fault joins again meanwhile. One
+        # still joining when the servers stop is told nothing: it waits --reconnect-timeout
+        # for them and exits 1 (RELIABILITY.md).
+        time.sleep(2 * args.step_timeout + 1)
+        _await_progress(job, _marks(job), args.stall)
+        problems += _finish(job, args.stall)
+    except _Failure as exc:
+        problems.append(str(exc))
+    finally:
+        job.close()
+    accuracy = _accuracy(tmp)
+    if not problems and (accuracy is None or accuracy < args.min_accuracy):
+        problems.append(f"rank 0's test accuracy {accuracy} is below {args.min_accuracy:g}")
+    result.update(
+        events=done,
+        duration_s=round(time.monotonic() - started, 1),
+        steps=_steps(tmp, args.servers),
+        accuracy=accuracy,
+        problems=problems,
+        logs=str(tmp) if problems or args.keep else None,
+    )
+    if not problems and not args.keep:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return result
+
+
+def render(result: dict[str, Any]) -> str:
+    c = result["config"]
+    lines = [
+        f"chaos over {c['transport']}: {c['servers']} servers, {c['workers']} workers, "
+        f"{c['sync']}, seed {c['seed']}",
+        f"{'at s':>8} {'trained on after s':>19}  fault",
+    ]
+    for e in result["events"]:
+        after = e.get("trained_on_after_s")
+        shown = "never" if after is None else f"{after:.1f}"
+        lines.append(f"{e['at_s']:>8.1f} {shown:>19}  {e.get('what', e['event'])}")
+    worst = max(
+        (e["trained_on_after_s"] for e in result["events"] if "trained_on_after_s" in e),
+        default=0.0,
+    )
+    lines.append(
+        f"{len(result['events'])} faults in {result['duration_s']:.0f} s; slowest recovery "
+        f"{worst:.1f} s; servers' steps {result['steps']}; rank 0's test accuracy "
+        f"{result['accuracy']}"
+    )
+    if result["problems"]:
+        lines.append("PROBLEMS:\n  " + "\n  ".join(result["problems"]))
+        lines.append(f"logs kept in {result['logs']}")
+    else:
+        lines.append("OK: the job trained on after every fault and ended cleanly")
+    return "\n".join(lines)
