@@ -317,6 +317,43 @@ def test_restarted_receiver_has_new_generation(transport: str) -> None:
             assert rx_new.wait("u", timeout=5).tolist() == [10, 11, 12, 13]
 
 
+def test_a_request_of_a_restarted_receivers_sender_is_answered_stale_generation() -> None:
+    """A receiver restarted at the same address knows none of its predecessor's sessions. A
+    request of one of them (a claim: a sender's first write of a tensor after the restart) is
+    answered 'stale-generation', which the sender takes as a loss (PeerLostError) and acts on
+    (a worker joins its servers again), without the new generation. Before, it was answered
+    'unauthenticated' (AuthenticationError, read as a wrong secret), and a worker that met it
+    while joining a restarted server exited 1 (found by `tensorwire bench chaos`). A request
+    without a hello and without an old generation is still refused as unauthenticated."""
+    with tw.Receiver() as rx:
+        rx.register("t", (4,), "int32")
+        ctx = zmq.Context()
+        dealer = ctx.socket(zmq.DEALER)
+        try:
+            dealer.linger = 0
+            dealer.connect(rx.address)
+            old = rx.generation ^ 1
+            for generation, code in ((old, "stale-generation"), (rx.generation, "unauthenticated")):
+                dealer.send(
+                    msgpack.packb(
+                        {
+                            "v": 1,
+                            "t": "claim",
+                            "generation": generation,
+                            "tensor_id": 0,
+                            "transport": "tcp",
+                        }
+                    )
+                )
+                assert dealer.poll(5000)
+                reply = msgpack.unpackb(dealer.recv())
+                assert (reply["t"], reply["code"]) == ("error", code), reply
+                assert str(rx.generation) not in reply["message"]
+        finally:
+            dealer.close()
+            ctx.term()
+
+
 def test_connect_to_nothing_times_out_clearly() -> None:
     with pytest.raises(tw.WireTimeoutError, match=r"did not answer.*nothing accepted a connection"):
         tw.Sender.connect(f"tcp://127.0.0.1:{free_port()}", timeout=0.3)

@@ -107,9 +107,18 @@ class SessionHandler:
                 return self._auth(session, msg)
             if isinstance(msg, wire.Heartbeat):
                 return self._heartbeat(msg)
-            if session is None or not session.authenticated:
-                return wire.ErrorReply("unauthenticated", "say hello (and authenticate) first")
             generation = getattr(msg, "generation", None)
+            if session is None or not session.authenticated:
+                if generation is not None and generation != state.generation:
+                    # A sender of this address's previous receiver (it restarted, and knows
+                    # none of its sessions): the receiver it spoke to is gone, which the sender
+                    # takes as a loss (PeerLostError) and acts on, where "unauthenticated"
+                    # read as a wrong secret. The new generation is not told before a hello.
+                    return wire.ErrorReply(
+                        "stale-generation",
+                        f"generation {generation} is gone; the receiver restarted",
+                    )
+                return wire.ErrorReply("unauthenticated", "say hello (and authenticate) first")
             if generation != state.generation:
                 return wire.ErrorReply(
                     "stale-generation",
