@@ -151,6 +151,21 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
     )
 
 
+def bench_job(tmp: Path, *args: str, timeout: float) -> tuple[str, dict[str, Any]]:
+    """Run ``python -m tensorwire.bench ARGS`` (a whole-job command: ``soak``, ``chaos``), which
+    must exit 0, with ``--json``; its output, and the JSON it wrote."""
+    path = tmp / "bench.json"
+    out = subprocess.run(
+        [PY, "-m", "tensorwire.bench", *args, "--json", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout, json.loads(path.read_text())
+
+
 def digits_reference(steps: int, workers: int, batch: int, opt: optim.Optimizer) -> dict[str, Any]:
     """What a BSP job of the digits model computes: one process training on the union of the
     workers' batches, with the optimizer code the servers run."""

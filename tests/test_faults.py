@@ -774,20 +774,9 @@ def test_senders_killed_again_and_again_lose_nothing_they_wrote(
 def test_soak_accounts_for_every_message(tmp_path: Path) -> None:
     """The CI version of `tensorwire bench soak`: 12 s of load from three senders over shm, tcp
     and grpc; every message exactly once and whole, and nothing leaked."""
-    import json
-    import subprocess
-    import sys
+    from .jobs import bench_job
 
-    path = tmp_path / "soak.json"
-    out = subprocess.run(
-        [sys.executable, "-m", "tensorwire.bench", "soak", "--duration", "12", "--json", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    result = json.loads(path.read_text())
+    _, result = bench_job(tmp_path, "soak", "--duration", "12", timeout=240)
     assert result["problems"] == []
     assert {s["transport"] for s in result["senders"]} == {"shm", "tcp", "grpc"}
     for s in result["senders"]:

@@ -24,7 +24,14 @@ from tensorwire.job.plan import plan
 from tensorwire.server import optim
 
 from .conftest import free_port
-from .jobs import Job, assert_params_close, digits_bsp_job, digits_reference, log_has
+from .jobs import (
+    Job,
+    assert_params_close,
+    bench_job,
+    digits_bsp_job,
+    digits_reference,
+    log_has,
+)
 from .jobs import cli as _cli
 from .jobs import ok as _ok
 
@@ -722,19 +729,10 @@ def test_chaos_job_trains_on_after_every_fault(tmp_path: Path) -> None:
     --stall, and at the end every daemon must exit 0 and rank 0 reach 90% test accuracy. Its
     first runs found three ways such a job hung or lost a worker (ParameterServer._stranded_step,
     the join of a worker taking part, a server lost while a worker first joins)."""
-    path = tmp_path / "chaos.json"
-    args = ["--duration", "15", "--seed", "7", "--stall", "60", "--json", str(path)]
-    out = subprocess.run(
-        [sys.executable, "-m", "tensorwire.bench", "chaos", *args, "--no-progress"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    result = json.loads(path.read_text())
-    assert result["problems"] == [], out.stdout
-    assert len(result["events"]) >= 3, out.stdout
+    args = ["--duration", "15", "--seed", "7", "--stall", "60", "--no-progress"]
+    out, result = bench_job(tmp_path, "chaos", *args, timeout=300)
+    assert result["problems"] == [], out
+    assert len(result["events"]) >= 3, out
     assert all(e["trained_on_after_s"] <= 60 for e in result["events"])
     assert result["accuracy"] >= 0.9
     assert result["logs"] is None  # nothing kept when all went well
