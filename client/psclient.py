@@ -500,7 +500,9 @@ class PSClient:
                 catch_up_name(self.rank),
                 np.array([ahead], np.int64),
                 peer=addr,
-                timeout=PROBE_TIMEOUT,
+                # as a probe's, where the request is a fallback: slots still full hold earlier
+                # requests, which the server reads once it is not held up elsewhere
+                timeout=PROBE_TIMEOUT if restarted else PROBE_WRITE_TIMEOUT,
             )
         except tw.TensorWireError as exc:
             if not restarted:  # the request is a fallback: its workers may still bring it
@@ -600,8 +602,10 @@ class PSClient:
         self.chunks = self._learn_plan(self._shapes)
         if [(c.cid, c.shape, c.server) for c in self.chunks] != before:
             raise PSClientError("the restarted servers hold a different plan")
-        if self.rank == 0:
-            self._init = self.host_params()  # a server that restarted afresh starts from ours
+        if self.rank == 0 and self.step is not None:
+            # a server that restarted afresh starts from ours (once the servers wrote them:
+            # while we first join, the initial values we were given)
+            self._init = self.host_params()
         self._say_ready()
         self.reconnects += 1
         self._joined_anew = True
