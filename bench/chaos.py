@@ -33,7 +33,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -123,8 +123,6 @@ class _Daemon:
     cmd: list[str]
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
-    #: exit codes of its earlier processes that the run itself caused (SIGKILL, SIGTERM)
-    expected_exits: list[int] = field(default_factory=list)
 
     @property
     def log(self) -> str:
@@ -273,7 +271,6 @@ def _disrupt(job: _Job, event: str, rng: random.Random, args: argparse.Namespace
             ) from None
         if code != 0:
             raise _Failure(f"{d.name} exited with {code} at SIGTERM ({job.tail(d)})")
-    d.expected_exits.append(code)
     time.sleep(pause)
     job.start(d, *(["--resume-if-present"] if d in job.servers else []))
     verb = "killed" if event.startswith("kill") else "stopped"
