@@ -242,10 +242,15 @@ class PSClient:
                         f"again within {timeout:.3g} s: {exc}"
                     ) from None
                 log.warning("lost a parameter server while joining (%s); joining again", exc)
-            for addr in self.servers:
-                with contextlib.suppress(tw.TensorWireError):
-                    self.tx.remove_peer(addr)
-            self._connect(max(deadline - time.monotonic(), 1.0))
+            self._reconnect(deadline)
+
+    def _reconnect(self, deadline: float) -> None:
+        """Drop every server's session and reach them all afresh (by ``deadline``, at least
+        1 s): a restarted server knows none of the old ones."""
+        for addr in self.servers:
+            with contextlib.suppress(tw.TensorWireError):
+                self.tx.remove_peer(addr)
+        self._connect(max(deadline - time.monotonic(), 1.0))
 
     def _join(self, timeout: float) -> None:
         """Tell every server where we receive and what our parameters are."""
@@ -592,10 +597,7 @@ class PSClient:
         ]:
             self.rx.drain(name)  # what the lost server left half written, and its loss notice
         deadline = time.monotonic() + self.reconnect_timeout
-        for addr in self.servers:
-            with contextlib.suppress(tw.TensorWireError):
-                self.tx.remove_peer(addr)
-        self._connect(max(deadline - time.monotonic(), 1.0))
+        self._reconnect(deadline)
         self._join(max(deadline - time.monotonic(), 1.0))
         self._await_registration(max(deadline - time.monotonic(), 1.0))
         before = [(c.cid, c.shape, c.server) for c in self.chunks]
