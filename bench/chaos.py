@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import tensorwire as tw
-from tensorwire.client.launch import free_port, ps_command, worker_command
+from tensorwire.client.launch import free_port, job_environment, ps_command, worker_command
 
 from .common import machine_facts
 from .report import SCHEMA
@@ -135,6 +135,7 @@ class _Job:
 
     def __init__(self, tmp: Path, args: argparse.Namespace) -> None:
         self.tmp = tmp
+        self.env = job_environment()  # as `bench ps` runs its jobs
         addresses = [f"tcp://127.0.0.1:{free_port()}" for _ in range(args.servers)]
         common = ["--transport", args.transport, "--heartbeat-timeout", "3", "--no-progress"]
         self.servers = [
@@ -176,7 +177,9 @@ class _Job:
     def start(self, d: _Daemon, *extra: str) -> None:
         d.starts += 1
         with open(self.tmp / d.log, "wb") as out:
-            d.proc = subprocess.Popen([*d.cmd, *extra], stdout=out, stderr=subprocess.STDOUT)
+            d.proc = subprocess.Popen(
+                [*d.cmd, *extra], stdout=out, stderr=subprocess.STDOUT, env=self.env
+            )
 
     def checkpoints(self, d: _Daemon) -> int:
         """Checkpoint lines in the log of ``d``'s current process."""
@@ -309,21 +312,12 @@ def _finish(job: _Job, stall: float) -> list[str]:
     return problems
 
 
-def _accuracy(tmp: Path) -> float | None:
+def _metric(path: Path, key: str) -> float | None:
+    """``key`` of the metrics a daemon wrote at its end (None: it wrote none)."""
     try:
-        return float(json.loads((tmp / "w0.json").read_text())["test_accuracy"])
+        return float(json.loads(path.read_text())[key])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-def _steps(tmp: Path, servers: int) -> list[int | None]:
-    steps: list[int | None] = []
-    for s in range(servers):
-        try:
-            steps.append(int(json.loads((tmp / f"ps{s}.json").read_text())["steps"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            steps.append(None)
-    return steps
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
@@ -385,13 +379,16 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
         problems.append(str(exc))
     finally:
         job.close()
-    accuracy = _accuracy(tmp)
+    accuracy = _metric(tmp / "w0.json", "test_accuracy")
     if not problems and (accuracy is None or accuracy < args.min_accuracy):
         problems.append(f"rank 0's test accuracy {accuracy} is below {args.min_accuracy:g}")
     result.update(
         events=done,
         duration_s=round(time.monotonic() - started, 1),
-        steps=_steps(tmp, args.servers),
+        steps=[
+            None if (last := _metric(tmp / f"ps{s}.json", "steps")) is None else int(last)
+            for s in range(args.servers)
+        ],
         accuracy=accuracy,
         problems=problems,
         logs=str(tmp) if problems or args.keep else None,

@@ -72,6 +72,25 @@ class JobResult:
         return float(self.workers[0]["test_accuracy"])
 
 
+def job_environment() -> dict[str, str]:
+    """The environment of a job's daemons on one machine: this process's, with the settings
+    below unless it sets them."""
+    # Every process of the job shares this machine's cores: one BLAS thread each, or N + S
+    # processes would each start a thread per core and fight over them.
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", "1")}
+    # glibc serves a large allocation with mmap (faulting in and zeroing every page) or from
+    # its heap depending on a threshold that moves with the process's allocation history, so
+    # a baseline that allocates per message (gRPC's protobuf bytes) ran 1.7x slower or not
+    # depending on what the job did at start. A fixed threshold makes the baselines fast and
+    # reproducible; tensorwire's transports allocate nothing per message and do not care.
+    for knob, value in (
+        ("MALLOC_MMAP_THRESHOLD_", 64 << 20),
+        ("MALLOC_TRIM_THRESHOLD_", 256 << 20),
+    ):
+        env.setdefault(knob, str(value))
+    return env
+
+
 def run_job(
     *,
     transport: str,
@@ -119,19 +138,7 @@ def run_job(
                 workers=workers,
             )
             cmds.append((f"w{r}", cmd))
-        # Every process of the job shares this machine's cores: one BLAS thread each, or N + S
-        # processes would each start a thread per core and fight over them.
-        env = {**os.environ, "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", "1")}
-        # glibc serves a large allocation with mmap (faulting in and zeroing every page) or from
-        # its heap depending on a threshold that moves with the process's allocation history, so
-        # a baseline that allocates per message (gRPC's protobuf bytes) ran 1.7x slower or not
-        # depending on what the job did at start. A fixed threshold makes the baselines fast and
-        # reproducible; tensorwire's transports allocate nothing per message and do not care.
-        for knob, value in (
-            ("MALLOC_MMAP_THRESHOLD_", 64 << 20),
-            ("MALLOC_TRIM_THRESHOLD_", 256 << 20),
-        ):
-            env.setdefault(knob, str(value))
+        env = job_environment()
         procs = []
         for name, cmd in cmds:
             err = open(os.path.join(tmp, f"{name}.log"), "w")  # noqa: SIM115
