@@ -64,7 +64,7 @@ def _gpu_info() -> None:
     from . import cuda_stores
 
     reason = cuda_stores.unavailable_reason(0)
-    asked = "on" if cuda_stores.enabled() else f"off ({cuda_stores.ENV}=1 turns them on)"
+    asked = "on" if cuda_stores.enabled() else f"off ({cuda_stores.ENV}=0)"
     print(
         "gpu-made completion stores (shm): "
         + (f"work on cuda:0, {asked}" if reason is None else f"unavailable on cuda:0: {reason}")

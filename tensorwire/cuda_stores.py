@@ -39,7 +39,7 @@ from .errors import TransportError
 
 log = logging.getLogger(__name__)
 
-#: The environment variable that turns GPU-made completion stores on ("1").
+#: The environment variable that turns GPU-made completion stores off ("0"; on otherwise).
 ENV = "TENSORWIRE_GPU_STREAM_STORES"
 #: what CUDA registers host memory in: the operating system's pages
 PAGE = mmap.PAGESIZE
@@ -50,8 +50,9 @@ _CUDA_SUCCESS = 0
 
 
 def enabled() -> bool:
-    """Whether GPU-made completion stores were asked for (``TENSORWIRE_GPU_STREAM_STORES=1``)."""
-    return os.environ.get(ENV, "") == "1"
+    """Whether GPU-made completion stores may be used: yes, unless
+    ``TENSORWIRE_GPU_STREAM_STORES=0`` turns them off."""
+    return os.environ.get(ENV, "1") != "0"
 
 
 class _Driver:

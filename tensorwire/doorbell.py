@@ -131,6 +131,8 @@ def wait_for(
     busy: bool = True,
     resting: Callable[[], object] | None = None,
     max_block: float = MAX_BLOCK,
+    coming: Callable[[], bool] | None = None,
+    watch: float = 0.0,
 ) -> T:
     """Return the first non-None value of ``check()``, waiting spin -> yield -> futex.
 
@@ -141,6 +143,9 @@ def wait_for(
     ``resting`` is called once, as the waiter stops spinning and goes to sleep on the futex.
     ``max_block``: the longest sleep before ``check`` is looked at again (where progress may be
     made without a ring: a GPU's completion store).
+    ``coming``: true while progress that rings nobody is known to be on its way (a GPU store the
+    writer has queued); the waiter then yields the CPU instead of sleeping, for ``watch`` seconds
+    at most in all.
     Raises :class:`WireTimeoutError` (message from ``what()``) at the deadline; ``check`` may raise
     to end the wait early (closed, peer lost).
     """
@@ -166,12 +171,26 @@ def wait_for(
     while True:
         if deadline is not None and now >= deadline:
             raise WireTimeoutError(what())
+        if watch > 0 and coming is not None and coming():
+            # not flagged as asleep meanwhile: nobody need wake us
+            watch_end = now + watch
+            watch = 0.0  # once per wait: a store that never lands must not keep us up
+            while (now := time.monotonic()) < watch_end and (deadline is None or now < deadline):
+                os.sched_yield()
+                result = check()
+                if result is not None:
+                    return result
+                if not coming():
+                    break
+            continue
         seen = bell[bell_index]
         flag[flag_index] = flag[flag_index] + 1
         try:
             result = check()
             if result is not None:
                 return result
+            if watch > 0 and coming is not None and coming():
+                continue  # queued since we last looked: watch for it (the flag comes down)
             block = max_block if deadline is None else min(max_block, max(deadline - now, 0.0))
             futex_wait(bell_address, seen, block)
         finally:

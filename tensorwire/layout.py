@@ -70,8 +70,10 @@ OFF_TX_WAITING = CACHE_LINE  # u32, non-zero while the sender is (about to be) b
 OFF_OWNER = 16  # u64, written by the receiver
 OFF_WRITING = CACHE_LINE + 8  # u64, written by the writer
 #: u64, written by the writer: non-zero once the GPU completes its messages (the sequence-number
-#: store is a stream memory operation, tensorwire.cuda_stores), which rings no doorbell: the
-#: receiver's waits on the ring then sleep in short slices (consumer.DEVICE_STORES_MAX_BLOCK)
+#: store is a stream memory operation, tensorwire.cuda_stores), which rings no doorbell; then the
+#: sequence number of the last message whose store the writer has queued. The writer rings the
+#: doorbell as it queues a store, and a receiver that finds a store queued for a message it waits
+#: for yields the CPU until it lands instead of sleeping (consumer.Consumer._block).
 OFF_DEVICE_STORES = CACHE_LINE + 16
 
 # Slot header (offsets from the slot header start).

@@ -213,9 +213,18 @@ class RingMemory:
         """Writer: the GPU completes our messages from now on, without ringing the receiver."""
         self._q[self._device_stores] = 1
 
+    def queued_device_store(self, seq: int) -> None:
+        """Writer: the GPU will store message ``seq``'s completion (queued behind its copy)."""
+        self._q[self._device_stores] = seq
+
     def device_stores(self) -> bool:
         """Receiver: does a GPU complete messages here (so a wait must look again soon)?"""
         return bool(self._q[self._device_stores])
+
+    def device_store_coming(self, after: int) -> bool:
+        """Receiver: has the writer queued the GPU's completion store of a message later than
+        ``after``? (It lands once the copy before it has, without ringing anyone.)"""
+        return bool(self._q[self._device_stores] > after)
 
     # -- writer side -----------------------------------------------------------------------
 

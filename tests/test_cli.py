@@ -48,7 +48,7 @@ def _check_result(
     assert result["config"]["batch"] == batch
     assert result["config"]["copy_threads"] == copy_threads
     # what the environment changes, recorded: GPU-made completion stores; MPS (GPU runs only)
-    asked = os.environ.get("TENSORWIRE_GPU_STREAM_STORES") == "1"
+    asked = os.environ.get("TENSORWIRE_GPU_STREAM_STORES", "1") != "0"
     assert result["config"]["gpu_stream_stores"] is asked and result["config"]["mps"] is None
     machine = result["machine"]
     assert machine["cpu_count"] >= 1 and machine["python"] and machine["versions"]["tensorwire"]

@@ -225,7 +225,9 @@ def test_info_reports_gpu_support() -> None:
         assert "cuda:0:" in out.stdout
         # whether the GPU can make shm's completion stores here, and whether they are asked for
         stores = next(x for x in out.stdout.splitlines() if x.startswith("gpu-made completion"))
-        assert "work on cuda:0, off" in stores or "unavailable on cuda:0:" in stores
+        asked = os.environ.get(cuda_stores.ENV, "1") != "0"
+        expected = "work on cuda:0, on" if asked else "work on cuda:0, off"
+        assert expected in stores or "unavailable on cuda:0:" in stores
     else:
         assert "no usable CUDA device" in line or "no CUDA device" in out.stdout
 
@@ -373,8 +375,8 @@ def test_gpu_writes_complete_behind_their_copies_in_order(
     source right after (stream order); messages from host memory in between wait their turn;
     those produced in place complete too; the sender's close completes what is in flight. With
     GPU-made stores the ring says so, so they were really used."""
-    if stores:
-        monkeypatch.setenv(cuda_stores.ENV, "1")  # inherited by the sender's process
+    # inherited by the sender's process
+    monkeypatch.setenv(cuda_stores.ENV, "1" if stores else "0")
     count = 30
     with tw.Receiver(ring=3) as rx:
         rx.register("t", (nbytes // 4,), "float32", device="cuda")
@@ -404,7 +406,7 @@ def test_torch_reads_the_slot_without_a_copy() -> None:
 
 
 @_gpu
-@pytest.mark.parametrize("via", ["shm", "shm-gpu-stores", "tcp"])
+@pytest.mark.parametrize("via", ["shm-synchronised", "shm-gpu-stores", "tcp"])
 def test_a_sender_killed_mid_gpu_write_never_completes_a_slot(
     children: Children, via: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -412,8 +414,8 @@ def test_a_sender_killed_mid_gpu_write_never_completes_a_slot(
     stores, inside one of the copies queued ahead of theirs); tcp: inside a payload staged
     through host memory a chunk at a time at both ends."""
     cp = _cupy()
-    if via == "shm-gpu-stores":
-        monkeypatch.setenv(cuda_stores.ENV, "1")  # inherited by the sender's process
+    if via.startswith("shm-"):  # inherited by the sender's process
+        monkeypatch.setenv(cuda_stores.ENV, "1" if via == "shm-gpu-stores" else "0")
         via = "shm"
     shape = (4096, 4096)  # 64 MiB
     with tw.Receiver(ring=2) as rx:
@@ -544,16 +546,16 @@ def test_bench_on_a_gpu_measures_each_transport_beside_its_limit(tmp_path: Any) 
     assert lat >= {*transports, *raw}
 
 
-# -- completion stores made by the GPU (TENSORWIRE_GPU_STREAM_STORES=1) ---------------------------
+# -- completion stores made by the GPU (on unless TENSORWIRE_GPU_STREAM_STORES=0) -----------------
 
 
 @pytest.mark.skipif(cuda.available(), reason="checks what a host without a CUDA device says")
 def test_gpu_made_completion_stores_are_declined_where_the_driver_is_missing(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Asked for on a host without the CUDA driver, they are declined with the reason (the
+    """On by default, and on a host without the CUDA driver declined with the reason (the
     writer then synchronises its copies), and nothing is written."""
-    monkeypatch.setenv(cuda_stores.ENV, "1")
+    monkeypatch.delenv(cuda_stores.ENV, raising=False)
     assert cuda_stores.enabled()
     word = np.zeros(1, np.uint64)
     with caplog.at_level("INFO", logger="tensorwire.cuda_stores"):
@@ -574,9 +576,11 @@ def test_gpu_made_completion_stores_are_declined_where_the_driver_is_missing(
     ],
     ids=["dynamic-parts-host", "wrong-shapes-credits", "buffer"],
 )
-def test_gpu_made_completion_stores_keep_the_contracts(
+def test_synchronised_gpu_writes_keep_the_contracts(
     monkeypatch: pytest.MonkeyPatch, contract: Any
 ) -> None:
-    """The contracts of the tests above, over shm with the GPU making the completion stores."""
-    monkeypatch.setenv(cuda_stores.ENV, "1")
+    """The contracts of the tests above (which run with the GPU making shm's completion stores,
+    the default), over shm with the stores turned off: each GPU write synchronised, or completed
+    by the channel's thread."""
+    monkeypatch.setenv(cuda_stores.ENV, "0")
     contract("shm")

@@ -25,10 +25,16 @@ from .state import ReceiverState
 from .tensors import RegisteredTensor, TensorTable
 
 #: The longest a wait sleeps before it looks again at a ring whose messages a GPU completes
-#: (RingMemory.device_stores): that store rings no doorbell. Most such messages land within the
-#: wait's spinning and yielding (the first 220 us); this bounds the rest, at a wake-up a
-#: millisecond while a wait on such a tensor lasts.
+#: (RingMemory.device_stores): that store rings no doorbell. The writer rings as it queues the
+#: store, and a waiter that sees a store coming yields the CPU until it lands (up to
+#: DEVICE_STORE_WATCH); this bounds the rest (a writer that died before its store ran), at a
+#: wake-up a millisecond while a wait on such a tensor lasts.
 DEVICE_STORES_MAX_BLOCK = 0.001
+#: How long one wait yields the CPU, at most, for GPU completion stores it was told are coming
+#: before it sleeps again: a copy queued behind others, or behind another process's time slice
+#: on the GPU, lands within a few milliseconds; one that has not by then may never (its writer
+#: was killed).
+DEVICE_STORE_WATCH = 0.02
 
 
 class Consumer:
@@ -85,12 +91,18 @@ class Consumer:
         # one poll per server (bound methods of one server compare equal)
         drive = tuple(dict.fromkeys(t.poll for t in tensors if t.poll is not None))
         busy = bool(drive) or any(t.sender_completes for t in tensors)
-        # A GPU that completes a message rings nobody: sleep no longer than a millisecond
-        max_block = (
-            DEVICE_STORES_MAX_BLOCK
-            if any(t.ring.device is not None and t.ring.device_stores() for t in tensors)
-            else MAX_BLOCK
+        # A GPU that completes a message rings nobody: sleep no longer than a millisecond, and
+        # not at all while a completion store the writer has queued is on its way
+        stored_by_gpu = tuple(
+            t for t in tensors if t.ring.device is not None and t.ring.device_stores()
         )
+        max_block = DEVICE_STORES_MAX_BLOCK if stored_by_gpu else MAX_BLOCK
+        coming = None
+        if stored_by_gpu:
+
+            def coming() -> bool:
+                return any(t.ring.device_store_coming(t.consumed) for t in stored_by_gpu)
+
         with state.lock:
             if state.closed:
                 state.check_open()
@@ -129,6 +141,8 @@ class Consumer:
                 busy=busy,
                 resting=rest if drive else None,
                 max_block=max_block,
+                coming=coming,
+                watch=DEVICE_STORE_WATCH,
             )
         finally:
             with state.lock:

@@ -673,6 +673,11 @@ class ShmWriter(TensorWriter):
         self._channel.storing(self, True)
         self._slots.wrote(slot, seq)
         self.next_seq = seq + 1
+        # The GPU's store will ring nobody: say it is coming and ring now, so that a receiver
+        # asleep on this tensor wakes and watches for it (measured on an H200: a 4 KiB round
+        # trip took 2.3 ms while the receiver looked again only every millisecond).
+        self._ring.queued_device_store(seq)
+        self._ring.ring_receiver()
 
     def reap(self, all_ran: bool = False) -> None:
         """End the writes whose GPU-made completion store has landed, oldest first (every one,
