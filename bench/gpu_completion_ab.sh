@@ -1,7 +1,7 @@
 #!/bin/sh
-# shm's GPU completion paths side by side, on a machine with a GPU: the default (write waits for
-# its copy, or the channel's thread completes a copy of 32 MiB or more) against
-# TENSORWIRE_GPU_STREAM_STORES=1 (the GPU stores each sequence number behind its copy). Two rounds,
+# shm's GPU completion paths side by side, on a machine with a GPU: TENSORWIRE_GPU_STREAM_STORES=0
+# (write waits for its copy, or the channel's thread completes a copy of 32 MiB or more) against
+# =1, the default (the GPU stores each sequence number behind its copy). Two rounds,
 # alternated, so that drift between runs shows; JSON and Markdown tables into DIR.
 #
 #   sh bench/gpu_completion_ab.sh DIR [RING]     (RING: slots per tensor; default the receiver's)

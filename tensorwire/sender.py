@@ -573,9 +573,9 @@ class Sender(Resource):
         any size within the capacity) and be C-contiguous, unless ``allow_copy=True``. Blocks while
         every slot is held by the receiver, up to ``timeout``.
 
-        On return ``array`` may be reused, with one exception: a GPU array of 32 MiB or more
-        (of any size with ``TENSORWIRE_GPU_STREAM_STORES=1``, :mod:`tensorwire.cuda_stores`)
-        written over ``shm`` into GPU slots is copied asynchronously on the current CUDA stream
+        On return ``array`` may be reused, with one exception: a GPU array written over ``shm``
+        into GPU slots on its own GPU (with ``TENSORWIRE_GPU_STREAM_STORES=0``, one of 32 MiB or
+        more: :mod:`tensorwire.cuda_stores`) is copied asynchronously on the current CUDA stream
         (the message completes once the copy has landed), so work queued on that stream after
         this call sees the copy done, as with any asynchronous CUDA copy, while another stream
         or the host must synchronise that stream before changing the array.

@@ -12,11 +12,12 @@ or one from host memory, is copied and its stream synchronised inside ``write``.
 ``DEFERRED_COMPLETION_BYTES`` or more is copied on the producer's stream and ``write`` returns
 once the copy is queued: the channel's completion thread (:class:`~tensorwire.cuda.Completions`)
 waits for it and then stores the sequence number, so consecutive copies run back to back on the
-GPU. Where ``TENSORWIRE_GPU_STREAM_STORES=1`` (:mod:`tensorwire.cuda_stores`), the GPU makes that
-store itself, queued behind each copy of a GPU source, and ``write`` returns once both are queued;
-the writer forgets such a message when it sees its sequence number landed (at its next call, or
-the heartbeat thread's :meth:`ShmChannel.tick`). Either way a sender killed mid-copy never makes
-that store.
+GPU. Where the driver allows it (:mod:`tensorwire.cuda_stores`; on unless
+``TENSORWIRE_GPU_STREAM_STORES=0``), the GPU makes that store itself, queued behind each copy of a
+GPU source, and ``write`` returns once both are queued, ringing the receiver as it queues (the
+store rings nobody); the writer forgets such a message when it sees its sequence number landed
+(at its next call, or the heartbeat thread's :meth:`ShmChannel.tick`). Either way a sender killed
+mid-copy never makes that store.
 
 The receiver is watched through a pidfd and the region's state word: a write to a receiver that died
 or closed raises :class:`~tensorwire.errors.PeerLostError` instead of landing in orphaned memory.
@@ -221,7 +222,8 @@ class ShmChannel(Channel):
 
     def stream_stores(self, device: int) -> StreamStores | None:
         """GPU-made completion stores on ``device`` (opened once, with a test store into the
-        receiver's scratch line), where ``TENSORWIRE_GPU_STREAM_STORES=1``; else None."""
+        receiver's scratch line), unless ``TENSORWIRE_GPU_STREAM_STORES=0`` or the driver
+        declines; else None."""
         if device not in self._stores:
             self._stores[device] = (
                 cuda_stores.open_stores(device, self._bell_region.address + OFF_SCRATCH)
