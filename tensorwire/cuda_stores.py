@@ -21,10 +21,11 @@ keeps the paths that synchronise; a store refused later, on a producer's own str
 its message by waiting for the copy, and the tensor's next messages the same way.
 
 **On unless ``TENSORWIRE_GPU_STREAM_STORES=0``.** Measured on an H200 against the paths that
-synchronise (BENCHMARKS.md, "GPU tensors"): ``shm`` at 16 MiB 1.4x, at 64 MiB 1.5-1.8x, the 4 KiB
-round trip unchanged. The store rings nobody, so the writer rings the receiver as it queues the
-store and says which message is coming (the ring's DEVICE_STORES word), and a waiting receiver
-yields the CPU until that message lands (:func:`tensorwire.doorbell.wait_for`'s ``coming``).
+synchronise (BENCHMARKS.md, "GPU tensors"): ``shm`` at 16 MiB 1.1-1.5x, at 64 MiB 1.5-1.8x, the
+4 KiB round trip unchanged. The store rings nobody, so the writer rings the receiver as it queues
+the store and says which message is coming (the ring's DEVICE_STORES word), and a waiting
+receiver yields the CPU until that message lands (:func:`tensorwire.doorbell.wait_for`'s
+``coming``).
 """
 
 from __future__ import annotations
