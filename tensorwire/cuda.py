@@ -31,6 +31,7 @@ import logging
 import sys
 import threading
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable, Generator
 from pathlib import Path
@@ -158,7 +159,8 @@ def as_device_array(obj: Any, name: str) -> Any:
 
     Work that reads it must come after the work that produced it. A DLPack producer (torch) is
     handed cupy's current stream and makes it wait for its own; :meth:`Copier.copy` with
-    ``ordered=True`` then waits for cupy's current stream."""
+    ``ordered=True`` then queues on :func:`current_stream` (torch's own, where one is
+    current), behind that work."""
     cp = cupy()
     try:
         if isinstance(obj, cp.ndarray):
@@ -333,7 +335,7 @@ class Copier:
             # An ordered copy goes on the producer's own stream, behind its work: the same order
             # an event between the streams would give, without creating and recording one per
             # message (~4 us of the ~11 us a 4 KiB copy and its synchronisation take on an H100).
-            stream = cp.cuda.get_current_stream() if ordered else self.stream(device)
+            stream = current_stream(device) if ordered else self.stream(device)
             if nbytes:
                 runtime = cp.cuda.runtime
                 runtime.memcpyAsync(dst, src, nbytes, runtime.memcpyDefault, stream.ptr)
@@ -353,19 +355,87 @@ def copier() -> Copier:
 
 
 def current_stream(device: int) -> Any:
-    """``device``'s current stream (cupy's, which is also the legacy default stream torch uses
-    unless told otherwise): where the work that produces a source array is queued."""
+    """The stream the caller's work on ``device`` is queued on: where the work that produced a
+    source array was queued, where a copy of it goes so that the caller's next work on that
+    stream sees the copy done, and what a consumer's kernels reading a slot ran on.
+
+    That is cupy's current stream, unless it is the default one while torch has a stream of
+    its own current on ``device`` (``with torch.cuda.stream(s)``, as training loops that overlap
+    communication with compute do): then torch's. A torch stream does not wait for work on the
+    default stream (torch creates its streams non-blocking), so a copy queued on the default
+    stream would race the caller's next kernel that rewrites the source, and a consumer's
+    release would not wait for its kernels still reading the slot."""
     cp = cupy()
     with cp.cuda.Device(device):
-        return cp.cuda.get_current_stream()
+        stream = cp.cuda.get_current_stream()
+        if stream.ptr == 0:  # the legacy default stream: nobody chose one in cupy
+            theirs = _torch_current_stream(device)
+            if theirs is not None:
+                return theirs
+        return stream
 
 
 def synchronize_current(device: int) -> None:
-    """Wait for the work queued on ``device``'s current stream (cupy's, which is also the
-    legacy default stream torch uses unless told otherwise)."""
+    """Wait for the work queued on ``device``'s current stream (:func:`current_stream`)."""
     cp = cupy()
     with cp.cuda.Device(device):
-        cp.cuda.get_current_stream().synchronize()
+        current_stream(device).synchronize()
+
+
+#: cupy wrappers of torch's streams, by (device, stream address): made once per stream
+_TORCH_STREAMS: dict[tuple[int, int], Any] = {}
+#: more distinct streams than torch's pools hold (32 per priority): a program that makes and
+#: drops streams of its own; the wrappers are then made again
+_TORCH_STREAMS_KEPT = 256
+#: why torch's current stream could not be had, once it could not (then said once, in the log)
+_TORCH_STREAM_UNKNOWN: list[str] = []
+
+
+def _torch_current_stream(device: int) -> Any:
+    """torch's current stream on ``device`` as a cupy stream, where torch is in use and that
+    stream is not the legacy default one; else None. Never imports torch."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        if not torch.cuda.is_initialized():
+            return None
+        # Per message: the raw address alone (what triton asks torch for) costs a fraction of
+        # the Stream object torch.cuda.current_stream builds.
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if raw is not None:
+            address = int(raw(device))
+        else:
+            address = int(torch.cuda.current_stream(device).cuda_stream)
+        if address == 0:
+            return None
+        stream = _TORCH_STREAMS.get((device, address))
+        if stream is None:
+            theirs = torch.cuda.current_stream(device)
+            if len(_TORCH_STREAMS) >= _TORCH_STREAMS_KEPT:
+                _TORCH_STREAMS.clear()
+            stream = _TORCH_STREAMS[device, address] = _wrap_stream(theirs, address, device)
+    except Exception as exc:  # a torch whose API differs: cupy's stream, said once
+        if not _TORCH_STREAM_UNKNOWN:
+            _TORCH_STREAM_UNKNOWN.append(str(exc))
+            log.warning(
+                "torch's current stream on cuda:%d is not known (%s): GPU copies go on cupy's "
+                "current stream; synchronise torch's stream before a write from another one",
+                device,
+                exc,
+            )
+        return None
+    return stream
+
+
+def _wrap_stream(theirs: Any, address: int, device: int) -> Any:
+    """A cupy stream over another library's (it stays theirs: nothing here destroys it)."""
+    cp = cupy()
+    if hasattr(theirs, "__cuda_stream__") and hasattr(cp.cuda.Stream, "from_external"):
+        return cp.cuda.Stream.from_external(theirs)  # cupy 14+, torch 2.9+: holds it alive
+    with warnings.catch_warnings():  # deprecated by cupy 14 for the protocol above
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return cp.cuda.ExternalStream(address, device)
 
 
 def device_bytes(device: int, nbytes: int) -> Any:
@@ -541,7 +611,7 @@ class PinnedBuffer:
         def start(k: int) -> None:
             at, size = k * chunk, min(chunk, nbytes - k * chunk)
             with cp.cuda.Device(device):
-                stream = cp.cuda.get_current_stream()
+                stream = current_stream(device)
                 runtime.memcpyAsync(
                     base + (k % 2) * chunk, src + at, size, runtime.memcpyDeviceToHost, stream.ptr
                 )

@@ -576,7 +576,9 @@ class Sender(Resource):
         On return ``array`` may be reused, with one exception: a GPU array written over ``shm``
         into GPU slots on its own GPU (with ``TENSORWIRE_GPU_STREAM_STORES=0``, one of 32 MiB or
         more: :mod:`tensorwire.cuda_stores`) is copied asynchronously on the current CUDA stream
-        (the message completes once the copy has landed), so work queued on that stream after
+        (cupy's, or torch's where a torch stream of its own is current:
+        :func:`tensorwire.cuda.current_stream`; the message completes once the copy has
+        landed), so work queued on that stream after
         this call sees the copy done, as with any asynchronous CUDA copy, while another stream
         or the host must synchronise that stream before changing the array.
         """

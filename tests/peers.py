@@ -400,6 +400,23 @@ def send_rewritten_gpu_source(address: str, name: str, count: int) -> None:
                 out.fill(k)
 
 
+def send_from_a_torch_side_stream(address: str, name: str, count: int) -> None:
+    """Messages 1..``count`` of ``name`` (a float32 GPU tensor over shm), message k all k, from
+    one torch tensor that a kernel on a torch stream of its own (not the default one) fills
+    with k before each write and with -1 right after it, with no synchronisation between."""
+    import torch
+
+    with tw.Sender.connect(address, transport="shm", timeout=60) as tx:
+        shape = tx.spec(name).static_shape
+        src = torch.empty(shape, dtype=torch.float32, device="cuda")
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            for k in range(1, count + 1):
+                src.fill_(k)
+                tx.write(name, src)
+                src.fill_(-1)  # must run after the copy that reads k
+
+
 def run_gpu_receiver(conn: Any, name: str, shape: tuple[int, ...]) -> None:
     """A receiver with one GPU tensor, in a process of its own, until killed."""
     with tw.Receiver() as rx:

@@ -36,6 +36,7 @@ from .peers import (
     on_source,
     run_gpu_receiver,
     run_hiding,
+    send_from_a_torch_side_stream,
     send_plan_from,
     send_rewritten_gpu_source,
     send_uniform_gpu,
@@ -387,6 +388,27 @@ def test_gpu_writes_complete_behind_their_copies_in_order(
             rx.release("t")
         children.join_ok(proc)
         assert rx._table.by_name["t"].ring.device_stores() == stores
+
+
+@_gpu
+def test_a_torch_side_stream_orders_the_copy_behind_and_before_its_kernels(
+    children: Children,
+) -> None:
+    """A torch user writing from a stream of its own (``with torch.cuda.stream(s)``) and
+    rewriting the source on it right after ``write`` returns: the copy goes on that stream
+    (torch's streams do not wait for the default one), so every message holds the value of its
+    write, never the -1 written after it."""
+    pytest.importorskip("torch")
+    _needs("torch")
+    count = 40
+    with tw.Receiver(ring=3) as rx:
+        rx.register("t", (1 << 21,), "float32", device="cuda")  # 8 MiB
+        proc = children.start(send_from_a_torch_side_stream, rx.address, "t", count)
+        for k in range(1, count + 1):
+            got = rx.wait("t", timeout=60)
+            assert float(got.min()) == float(got.max()) == k, f"message {k}"
+            rx.release("t")
+        children.join_ok(proc)
 
 
 @_gpu

@@ -309,9 +309,10 @@ class Receiver(Resource):
     def release(self, name: str) -> None:
         """Hand the oldest held slot of ``name`` back to its sender (one credit).
 
-        For a GPU tensor, the work queued on the current CUDA stream (cupy's, which is torch's
-        default stream too) is waited for first, as it may still read the slot; synchronise
-        work on other streams before releasing.
+        For a GPU tensor, the work queued on the current CUDA stream (cupy's, or torch's where
+        a torch stream of its own is current: :func:`tensorwire.cuda.current_stream`) is waited
+        for first, as it may still read the slot; synchronise work on other streams before
+        releasing.
 
         Safe from any thread; with several consumer threads on one tensor, each release hands
         back the oldest message still held, whichever thread took it. Never blocks: a credit the
