@@ -187,3 +187,53 @@ def test_release_never_blocks_on_a_sender_that_does_not_read_its_credits() -> No
                 os.kill(proc.pid, signal.SIGCONT)
     finally:
         kids.cleanup()
+
+
+def test_a_wait_told_of_a_store_coming_sees_it_without_a_ring() -> None:
+    """A GPU's completion store rings nobody: the writer rings as it queues the store and says
+    it is coming, and a waiter then watches for it instead of sleeping on the doorbell. A
+    thread stands in for the writer and its GPU, storing the word 20 ms after the ring; the
+    waiter's sleeps are capped at an hour and its deadline is 30 s: without the watch it would
+    sleep until that deadline (and only then find the store). Told of nothing coming, the same
+    wait sleeps until its deadline."""
+    from tensorwire.doorbell import futex_wake, wait_for
+
+    words = np.zeros(4, np.uint32)  # [0] the doorbell, [1] its waiting flag, [2] the store
+    view = memoryview(words)
+    queued = threading.Event()
+
+    def writer_and_gpu() -> None:
+        time.sleep(0.01)  # the waiter is asleep on the doorbell by now
+        queued.set()  # the store is queued: said, then rung
+        words[0] += 1
+        if words[1]:
+            futex_wake(words.ctypes.data)
+        time.sleep(0.02)
+        words[2] = 7  # the store lands, ringing nobody
+
+    def wait(coming: Callable[[], bool], seconds: float) -> int:
+        return wait_for(
+            lambda: int(words[2]) or None,
+            bell=view,
+            bell_index=0,
+            bell_address=words.ctypes.data,
+            flag=view,
+            flag_index=1,
+            deadline=time.monotonic() + seconds,
+            what=lambda: "the store",
+            max_block=3600.0,
+            coming=coming,
+            watch=10.0,
+        )
+
+    gpu = threading.Thread(target=writer_and_gpu)
+    gpu.start()
+    try:
+        started = time.monotonic()
+        assert wait(queued.is_set, 30.0) == 7
+        assert time.monotonic() - started < 15, "slept through the store until its deadline"
+    finally:
+        gpu.join(30)
+    words[2] = 0
+    with pytest.raises(tw.WireTimeoutError, match="the store"):
+        wait(lambda: False, 0.2)
