@@ -133,6 +133,7 @@ def wait_for(
     max_block: float = MAX_BLOCK,
     coming: Callable[[], bool] | None = None,
     watch: float = 0.0,
+    coming_block: float | None = None,
 ) -> T:
     """Return the first non-None value of ``check()``, waiting spin -> yield -> futex.
 
@@ -145,7 +146,8 @@ def wait_for(
     made without a ring: a GPU's completion store).
     ``coming``: true while progress that rings nobody is known to be on its way (a GPU store the
     writer has queued); the waiter then yields the CPU instead of sleeping, for ``watch`` seconds
-    at most in all.
+    at most in all, and after that sleeps no longer than ``coming_block`` at a time while it is
+    still coming (``max_block`` otherwise).
     Raises :class:`WireTimeoutError` (message from ``what()``) at the deadline; ``check`` may raise
     to end the wait early (closed, peer lost).
     """
@@ -189,9 +191,11 @@ def wait_for(
             result = check()
             if result is not None:
                 return result
-            if watch > 0 and coming is not None and coming():
+            due = coming is not None and coming()
+            if due and watch > 0:
                 continue  # queued since we last looked: watch for it (the flag comes down)
-            block = max_block if deadline is None else min(max_block, max(deadline - now, 0.0))
+            limit = min(max_block, coming_block) if due and coming_block is not None else max_block
+            block = limit if deadline is None else min(limit, max(deadline - now, 0.0))
             futex_wait(bell_address, seen, block)
         finally:
             flag[flag_index] = max(flag[flag_index] - 1, 0)

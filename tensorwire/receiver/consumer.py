@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ..cuda import synchronize_current
-from ..doorbell import MAX_BLOCK, deadline_of, remaining, wait_for
+from ..doorbell import deadline_of, remaining, wait_for
 from ..errors import ClosedError, PeerLostError, TensorWireError
 from ..layout import OFF_DOORBELL, OFF_RX_WAITING
 from ..received import received
@@ -25,10 +25,11 @@ from .state import ReceiverState
 from .tensors import RegisteredTensor, TensorTable
 
 #: The longest a wait sleeps before it looks again at a ring whose messages a GPU completes
-#: (RingMemory.device_stores): that store rings no doorbell. The writer rings as it queues the
-#: store, and a waiter that sees a store coming yields the CPU until it lands (up to
-#: DEVICE_STORE_WATCH); this bounds the rest (a writer that died before its store ran), at a
-#: wake-up a millisecond while a wait on such a tensor lasts.
+#: (RingMemory.device_stores) while a store the writer queued has not landed: that store rings
+#: no doorbell. The writer rings as it queues the store, and a waiter that sees a store coming
+#: yields the CPU until it lands (up to DEVICE_STORE_WATCH); this bounds the rest (a copy queued
+#: behind long work, a writer that died before its store ran). With nothing coming, a wait
+#: sleeps as on any ring: the next store is rung as it is queued.
 DEVICE_STORES_MAX_BLOCK = 0.001
 #: How long one wait yields the CPU, at most, for GPU completion stores it was told are coming
 #: before it sleeps again: a copy queued behind others, or behind another process's time slice
@@ -91,12 +92,11 @@ class Consumer:
         # one poll per server (bound methods of one server compare equal)
         drive = tuple(dict.fromkeys(t.poll for t in tensors if t.poll is not None))
         busy = bool(drive) or any(t.sender_completes for t in tensors)
-        # A GPU that completes a message rings nobody: sleep no longer than a millisecond, and
-        # not at all while a completion store the writer has queued is on its way
+        # A GPU that completes a message rings nobody: while a completion store the writer has
+        # queued is on its way, watch for it, then sleep no longer than a millisecond at a time
         stored_by_gpu = tuple(
             t for t in tensors if t.ring.device is not None and t.ring.device_stores()
         )
-        max_block = DEVICE_STORES_MAX_BLOCK if stored_by_gpu else MAX_BLOCK
         coming = None
         if stored_by_gpu:
 
@@ -140,9 +140,9 @@ class Consumer:
                 what=what,
                 busy=busy,
                 resting=rest if drive else None,
-                max_block=max_block,
                 coming=coming,
                 watch=DEVICE_STORE_WATCH,
+                coming_block=DEVICE_STORES_MAX_BLOCK,
             )
         finally:
             with state.lock:
