@@ -335,7 +335,7 @@ class Copier:
             # An ordered copy goes on the producer's own stream, behind its work: the same order
             # an event between the streams would give, without creating and recording one per
             # message (~4 us of the ~11 us a 4 KiB copy and its synchronisation take on an H100).
-            stream = current_stream(device) if ordered else self.stream(device)
+            stream = _current_stream_here(device) if ordered else self.stream(device)
             if nbytes:
                 runtime = cp.cuda.runtime
                 runtime.memcpyAsync(dst, src, nbytes, runtime.memcpyDefault, stream.ptr)
@@ -365,21 +365,24 @@ def current_stream(device: int) -> Any:
     default stream (torch creates its streams non-blocking), so a copy queued on the default
     stream would race the caller's next kernel that rewrites the source, and a consumer's
     release would not wait for its kernels still reading the slot."""
-    cp = cupy()
-    with cp.cuda.Device(device):
-        stream = cp.cuda.get_current_stream()
-        if stream.ptr == 0:  # the legacy default stream: nobody chose one in cupy
-            theirs = _torch_current_stream(device)
-            if theirs is not None:
-                return theirs
-        return stream
+    with cupy().cuda.Device(device):
+        return _current_stream_here(device)
+
+
+def _current_stream_here(device: int) -> Any:
+    """:func:`current_stream`, where ``device`` is already cupy's current device."""
+    stream = cupy().cuda.get_current_stream()
+    if stream.ptr == 0:  # the legacy default stream: nobody chose one in cupy
+        theirs = _torch_current_stream(device)
+        if theirs is not None:
+            return theirs
+    return stream
 
 
 def synchronize_current(device: int) -> None:
     """Wait for the work queued on ``device``'s current stream (:func:`current_stream`)."""
-    cp = cupy()
-    with cp.cuda.Device(device):
-        current_stream(device).synchronize()
+    with cupy().cuda.Device(device):
+        _current_stream_here(device).synchronize()
 
 
 #: cupy wrappers of torch's streams, by (device, stream address): made once per stream
@@ -611,7 +614,7 @@ class PinnedBuffer:
         def start(k: int) -> None:
             at, size = k * chunk, min(chunk, nbytes - k * chunk)
             with cp.cuda.Device(device):
-                stream = current_stream(device)
+                stream = _current_stream_here(device)
                 runtime.memcpyAsync(
                     base + (k % 2) * chunk, src + at, size, runtime.memcpyDeviceToHost, stream.ptr
                 )
