@@ -360,6 +360,14 @@ def test_produce_in_place_with_buffer(transport: str) -> None:
                 rx.release("t")
 
 
+def _each_message_all_its_number(rx: tw.Receiver, name: str, count: int) -> None:
+    """Messages 1..``count`` of ``name`` arrive, message k holding k in every element."""
+    for k in range(1, count + 1):
+        got = rx.wait(name, timeout=60)
+        assert float(got.min()) == float(got.max()) == k, f"message {k}"
+        rx.release(name)
+
+
 @_gpu
 @pytest.mark.parametrize(
     ("stores", "nbytes"),
@@ -371,7 +379,7 @@ def test_gpu_writes_complete_behind_their_copies_in_order(
 ) -> None:
     """GPU sources over shm whose write returns once the copy is queued: a large one completed
     by the channel's completion thread once its copy has landed, or any size with the GPU
-    making the completion store behind the copy (``TENSORWIRE_GPU_STREAM_STORES=1``). Each
+    making the completion store behind the copy (the default; ``=0`` turns it off). Each
     message carries the value its source had when written, though the sender refills that
     source right after (stream order); messages from host memory in between wait their turn;
     those produced in place complete too; the sender's close completes what is in flight. With
@@ -382,10 +390,7 @@ def test_gpu_writes_complete_behind_their_copies_in_order(
     with tw.Receiver(ring=3) as rx:
         rx.register("t", (nbytes // 4,), "float32", device="cuda")
         proc = children.start(send_rewritten_gpu_source, rx.address, "t", count)
-        for k in range(1, count + 3):
-            got = rx.wait("t", timeout=60)
-            assert float(got.min()) == float(got.max()) == k, f"message {k}"
-            rx.release("t")
+        _each_message_all_its_number(rx, "t", count + 2)
         children.join_ok(proc)
         assert rx._table.by_name["t"].ring.device_stores() == stores
 
@@ -404,10 +409,7 @@ def test_a_torch_side_stream_orders_the_copy_behind_and_before_its_kernels(
     with tw.Receiver(ring=3) as rx:
         rx.register("t", (1 << 21,), "float32", device="cuda")  # 8 MiB
         proc = children.start(send_from_a_torch_side_stream, rx.address, "t", count)
-        for k in range(1, count + 1):
-            got = rx.wait("t", timeout=60)
-            assert float(got.min()) == float(got.max()) == k, f"message {k}"
-            rx.release("t")
+        _each_message_all_its_number(rx, "t", count)
         children.join_ok(proc)
 
 
