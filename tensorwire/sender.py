@@ -577,10 +577,10 @@ class Sender(Resource):
         into GPU slots on its own GPU (with ``TENSORWIRE_GPU_STREAM_STORES=0``, one of 32 MiB or
         more: :mod:`tensorwire.cuda_stores`) is copied asynchronously on the current CUDA stream
         (cupy's, or torch's where a torch stream of its own is current:
-        :func:`tensorwire.cuda.current_stream`; the message completes once the copy has
-        landed), so work queued on that stream after
-        this call sees the copy done, as with any asynchronous CUDA copy, while another stream
-        or the host must synchronise that stream before changing the array.
+        :func:`tensorwire.cuda.current_stream`), and the message completes once the copy has
+        landed. Work queued on that stream after this call sees the copy done, as with any
+        asynchronous CUDA copy; another stream or the host must synchronise that stream before
+        changing the array.
         """
         # The per-message path: every step below costs about what a small message's copy does,
         # so it takes the lock without ``with`` (half the cost) and makes the handle without
