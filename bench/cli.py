@@ -297,8 +297,9 @@ def _measure(
                 "batch": args.batch,
                 "copy_threads": args.copy_threads,
                 "receiver_memory": args.receiver_memory,
-                # set outside the command line, and each changes what a GPU row measures
-                "gpu_stream_stores": cuda_stores.enabled(),
+                # set outside the command line, and each changes what a GPU row measures (None
+                # in a run without GPU rows)
+                "gpu_stream_stores": cuda_stores.enabled() if args.device != "cpu" else None,
                 "mps": tw_cuda.mps_running() if args.device != "cpu" else None,
             },
             "notes": runner.notes,

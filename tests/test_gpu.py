@@ -548,6 +548,8 @@ def test_bench_on_a_gpu_measures_each_transport_beside_its_limit(tmp_path: Any) 
     assert out.returncode == 0, out.stderr
     result = json.loads(path.read_text())
     assert isinstance(result["config"]["mps"], bool)  # whether NVIDIA's MPS daemon ran
+    # whether shm's completion stores could be made by the GPU (the environment's say)
+    assert result["config"]["gpu_stream_stores"] is cuda_stores.enabled()
     rows = {(r["method"], r["size"]): r for r in result["throughput"]}
     raw = ["raw-nixl"] if NIXL_INSTALLED else []
     torch_queue = torch_queue_available("cuda") is None
