@@ -27,15 +27,17 @@ from .tensors import RegisteredTensor, TensorTable
 #: The longest a wait sleeps before it looks again at a ring whose messages a GPU completes
 #: (RingMemory.device_stores) while a store the writer queued has not landed: that store rings
 #: no doorbell. The writer rings as it queues the store, and a waiter that sees a store coming
-#: yields the CPU until it lands (up to DEVICE_STORE_WATCH); this bounds the rest (a copy queued
-#: behind long work, a writer that died before its store ran). With nothing coming, a wait
-#: sleeps as on any ring: the next store is rung as it is queued.
-DEVICE_STORES_MAX_BLOCK = 0.001
-#: How long one wait yields the CPU, at most, for GPU completion stores it was told are coming
-#: before it sleeps again: a copy queued behind others, or behind another process's time slice
-#: on the GPU, lands within a few milliseconds; one that has not by then may never (its writer
-#: was killed).
-DEVICE_STORE_WATCH = 0.02
+#: yields the CPU until it lands (up to DEVICE_STORE_WATCH); this bounds the rest: a copy queued
+#: behind long work (a backward pass still running on the producer's stream), or a writer that
+#: died before its store ran. With nothing coming, a wait sleeps as on any ring: the next store
+#: is rung as it is queued.
+DEVICE_STORES_MAX_BLOCK = 0.0002
+#: How long one wait yields the CPU, at most, for a GPU completion store it was told is coming,
+#: before it sleeps in DEVICE_STORES_MAX_BLOCK slices. Long enough for a copy queued behind a
+#: few others, or behind the other process's turn on the GPU (a whole 4 KiB round trip between
+#: two processes took 330-350 us on an H200); short enough not to hold a core for as long as a
+#: copy queued behind long work takes.
+DEVICE_STORE_WATCH = 0.002
 
 
 class Consumer:
