@@ -390,13 +390,14 @@ _TORCH_STREAMS: dict[tuple[int, int], Any] = {}
 #: more distinct streams than torch's pools hold (32 per priority): a program that makes and
 #: drops streams of its own; the wrappers are then made again
 _TORCH_STREAMS_KEPT = 256
-#: why torch's current stream could not be had, once it could not (then said once, in the log)
-_TORCH_STREAM_UNKNOWN: list[str] = []
+#: torch's current stream could not be had, and the log said so (it says so once)
+_torch_stream_unknown = False
 
 
 def _torch_current_stream(device: int) -> Any:
     """torch's current stream on ``device`` as a cupy stream, where torch is in use and that
     stream is not the legacy default one; else None. Never imports torch."""
+    global _torch_stream_unknown
     torch = sys.modules.get("torch")
     if torch is None:
         return None
@@ -406,21 +407,24 @@ def _torch_current_stream(device: int) -> Any:
         # Per message: the raw address alone (what triton asks torch for) costs a fraction of
         # the Stream object torch.cuda.current_stream builds.
         raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        theirs = None
         if raw is not None:
             address = int(raw(device))
         else:
-            address = int(torch.cuda.current_stream(device).cuda_stream)
+            theirs = torch.cuda.current_stream(device)
+            address = int(theirs.cuda_stream)
         if address == 0:
             return None
         stream = _TORCH_STREAMS.get((device, address))
         if stream is None:
-            theirs = torch.cuda.current_stream(device)
+            if theirs is None:  # made only now: once per stream
+                theirs = torch.cuda.current_stream(device)
             if len(_TORCH_STREAMS) >= _TORCH_STREAMS_KEPT:
                 _TORCH_STREAMS.clear()
             stream = _TORCH_STREAMS[device, address] = _wrap_stream(theirs, address, device)
     except Exception as exc:  # a torch whose API differs: cupy's stream, said once
-        if not _TORCH_STREAM_UNKNOWN:
-            _TORCH_STREAM_UNKNOWN.append(str(exc))
+        if not _torch_stream_unknown:
+            _torch_stream_unknown = True
             log.warning(
                 "torch's current stream on cuda:%d is not known (%s): GPU copies go on cupy's "
                 "current stream; synchronise torch's stream before a write from another one",

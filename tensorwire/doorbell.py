@@ -142,8 +142,7 @@ def wait_for(
     a thread of this very process (a network transport's receive thread), which a spinning waiter
     would only slow down by holding the GIL and a core.
     ``resting`` is called once, as the waiter stops spinning and goes to sleep on the futex.
-    ``max_block``: the longest sleep before ``check`` is looked at again (where progress may be
-    made without a ring: a GPU's completion store).
+    ``max_block``: the longest sleep before ``check`` is looked at again.
     ``coming``: true while progress that rings nobody is known to be on its way (a GPU store the
     writer has queued); the waiter then yields the CPU instead of sleeping, for ``watch`` seconds
     at most in all, and after that sleeps no longer than ``coming_block`` at a time while it is

@@ -95,7 +95,7 @@ class Consumer:
         drive = tuple(dict.fromkeys(t.poll for t in tensors if t.poll is not None))
         busy = bool(drive) or any(t.sender_completes for t in tensors)
         # A GPU that completes a message rings nobody: while a completion store the writer has
-        # queued is on its way, watch for it, then sleep no longer than a millisecond at a time
+        # queued is on its way, watch for it, then sleep in DEVICE_STORES_MAX_BLOCK slices
         stored_by_gpu = tuple(
             t for t in tensors if t.ring.device is not None and t.ring.device_stores()
         )
