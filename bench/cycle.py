@@ -1,20 +1,32 @@
 """``python -m tensorwire.bench.cycle``: the library's own cost per message, in one process.
 
-One thread writes a small tensor over ``shm`` to a receiver in the same process, waits for it and
-releases it, ``--count`` times per repetition: no second process, no scheduler hand-off, so what
-is measured is the Python work of a write, a wait and a release (the per-message overhead that
-``tensorwire bench`` latency figures also contain, beside the wake-up between processes). Use it
-to compare two versions of the library on one machine, alternating runs.
+One thread writes a tensor to a receiver in the same process, waits for it and releases it,
+``--count`` times per repetition: no second process, no scheduler hand-off, so what is measured
+is the Python work of a write, a wait and a release (the per-message overhead that ``tensorwire
+bench`` latency figures also contain, beside the wake-up between processes). Use it to compare
+two versions of the library on one machine, alternating runs.
 
 ``--each`` times every call on its own instead (the median of each of ``write``, ``wait`` and
 ``release`` over all messages, and of an empty timing, which each figure includes): where a
 message's time goes, and, against a stream's time per message, which end bounds it.
+
+``--profile N`` runs the messages under :mod:`cProfile` and prints the ``N`` functions that took
+the most time of their own: which lines of the library a message's microseconds go to. (The
+profiler slows every call, Python's more than C's: compare its shares, not its times.)
+
+``--transport`` picks the data plane (``shm`` by default; ``tcp`` and ``nixl`` also run in one
+process, through the loopback interface) and ``--device cuda[:N]`` puts the slots and the
+payload on a GPU (cupy): there ``write`` only queues the copy, so ``wait`` holds the copy's own
+time, which ``d2d`` (a cupy copy of the same bytes, synchronised) gives beside it.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
+import io
+import pstats
 import statistics
 import time
 from collections.abc import Iterator
@@ -23,41 +35,78 @@ from typing import Any
 import numpy as np
 
 import tensorwire as tw
+from tensorwire import cuda as tw_cuda
+
+from .common import human, parse_size
+
+#: messages before any timing: the first ones pay one-off costs (registrations, caches, pages)
+WARM_UP = 1000
+TRANSPORTS = ("shm", "tcp", "nixl")
 
 
 @contextlib.contextmanager
-def _loop(elements: int) -> Iterator[tuple[tw.Receiver, tw.Sender, np.ndarray[Any, Any]]]:
-    """A receiver of tensor "t" (``elements`` float32), a ``shm`` sender to it in this same
-    process, and the payload to write."""
+def _loop(
+    elements: int, transport: str = "shm", device: str = "cpu"
+) -> Iterator[tuple[tw.Receiver, tw.Sender, Any]]:
+    """A receiver of tensor "t" (``elements`` float32 on ``device``), a sender over
+    ``transport`` to it in this same process, and the payload to write (on the same device)."""
     with tw.Receiver(heartbeat_timeout=None) as rx:
-        rx.register("t", (elements,), "float32")
-        with tw.Sender.connect(rx.address, transport="shm", timeout=10) as tx:
-            yield rx, tx, np.ones(elements, np.float32)
+        rx.register("t", (elements,), "float32", device=device)
+        with tw.Sender.connect(rx.address, transport=transport, timeout=10) as tx:
+            index = tw_cuda.parse_device(device)
+            if index is None:
+                yield rx, tx, np.ones(elements, np.float32)
+            else:
+                cp = tw_cuda.cupy()
+                with cp.cuda.Device(index):
+                    yield rx, tx, cp.ones(elements, dtype=cp.float32)
 
 
-def measure(count: int, repeat: int, elements: int) -> list[float]:
+def _messages(rx: tw.Receiver, tx: tw.Sender, payload: Any, count: int) -> None:
+    for _ in range(count):
+        tx.write("t", payload)
+        rx.wait("t")
+        rx.release("t")
+
+
+def measure(
+    count: int, repeat: int, elements: int, transport: str = "shm", device: str = "cpu"
+) -> list[float]:
     """Microseconds per write + wait + release, one figure per repetition."""
-    with _loop(elements) as (rx, tx, payload):
+    with _loop(elements, transport, device) as (rx, tx, payload):
+        _messages(rx, tx, payload, min(count, WARM_UP))
         figures = []
         for _ in range(repeat):
             start = time.perf_counter()
-            for _ in range(count):
-                tx.write("t", payload)
-                rx.wait("t")
-                rx.release("t")
+            _messages(rx, tx, payload, count)
             figures.append((time.perf_counter() - start) / count * 1e6)
     return figures
 
 
-def measure_each(count: int, elements: int) -> dict[str, float]:
+def _d2d(payload: Any, count: int) -> float:
+    """Median microseconds of a synchronised cupy copy of ``payload``'s bytes on its GPU."""
+    cp = tw_cuda.cupy()
+    with cp.cuda.Device(payload.device.id):
+        dst = cp.empty_like(payload)
+        stream = cp.cuda.get_current_stream()
+        times = []
+        for _ in range(count):
+            t0 = time.perf_counter()
+            cp.copyto(dst, payload)
+            stream.synchronize()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def measure_each(
+    count: int, elements: int, transport: str = "shm", device: str = "cpu"
+) -> dict[str, float]:
     """Median microseconds of each call (``write``, ``wait``, ``release``) over ``count``
-    messages, and of an empty pair of timer reads (``timer``), which each figure includes."""
+    messages, and of an empty pair of timer reads (``timer``), which each figure includes; on a
+    GPU also ``d2d``, the copy of the same bytes on its own."""
     clock = time.perf_counter
-    with _loop(elements) as (rx, tx, payload):
-        for _ in range(min(count, 1000)):  # past the first messages' one-off costs
-            tx.write("t", payload)
-            rx.wait("t")
-            rx.release("t")
+    with _loop(elements, transport, device) as (rx, tx, payload):
+        _messages(rx, tx, payload, min(count, WARM_UP))
         times: dict[str, list[float]] = {"write": [], "wait": [], "release": [], "timer": []}
         write, wait, release, timer = times.values()
         for _ in range(count):
@@ -73,32 +122,86 @@ def measure_each(count: int, elements: int) -> dict[str, float]:
             wait.append(t2 - t1)
             release.append(t3 - t2)
             timer.append(t4 - t3)
-    return {call: statistics.median(ts) * 1e6 for call, ts in times.items()}
+        figures = {call: statistics.median(ts) * 1e6 for call, ts in times.items()}
+        if tw_cuda.parse_device(device) is not None:
+            figures["d2d"] = _d2d(payload, min(count, WARM_UP))
+    return figures
+
+
+def profile(
+    count: int, elements: int, top: int, transport: str = "shm", device: str = "cpu"
+) -> str:
+    """The ``top`` functions by own time over ``count`` messages (after the warm-up), as
+    :mod:`pstats` prints them."""
+    with _loop(elements, transport, device) as (rx, tx, payload):
+        _messages(rx, tx, payload, min(count, WARM_UP))
+        profiler = cProfile.Profile()
+        profiler.runcall(_messages, rx, tx, payload, count)
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(top)
+    return out.getvalue()
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tensorwire.bench.cycle", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m tensorwire.bench.cycle",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--count", type=int, default=20000, help="messages per repetition")
     parser.add_argument("--repeat", type=int, default=7, help="repetitions (median reported)")
-    parser.add_argument("--elements", type=int, default=1024, help="float32 elements per message")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--elements", type=int, help="float32 elements per message (default 1024)")
+    size.add_argument(
+        "--size", type=parse_size, help="bytes per message, e.g. 4K or 16M (a multiple of 4)"
+    )
+    parser.add_argument("--transport", choices=TRANSPORTS, default="shm", help="default shm")
     parser.add_argument(
+        "--device",
+        default="cpu",
+        help="where the slots and the payload live: cpu (default), cuda or cuda:N",
+    )
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
         "--each",
         action="store_true",
         help="time write, wait and release each on its own (medians over all messages)",
     )
+    mode.add_argument(
+        "--profile",
+        type=int,
+        metavar="N",
+        help="run --count messages under cProfile and print the N functions with the most own time",
+    )
     args = parser.parse_args(argv)
-    if args.count < 1 or args.repeat < 1 or args.elements < 1:
+    if args.size is not None:
+        if args.size % 4:
+            parser.error(f"--size must be a multiple of 4 bytes (float32), got {args.size}")
+        elements = args.size // 4
+    else:
+        elements = 1024 if args.elements is None else args.elements
+    if args.count < 1 or args.repeat < 1 or elements < 1:
         parser.error("--count, --repeat and --elements must be positive")
+    if args.profile is not None and args.profile < 1:
+        parser.error("--profile takes a positive number of functions")
+    try:
+        tw_cuda.parse_device(args.device)
+    except (ValueError, tw.TensorWireError) as exc:
+        parser.error(f"--device: {exc}")
+    what = f"{args.count} {args.transport} messages of {human(elements * 4)} on {args.device}"
+    if args.profile is not None:
+        print(f"profile of {what}:")
+        print(profile(args.count, elements, args.profile, args.transport, args.device))
+        return 0
     if args.each:
-        each = measure_each(args.count, args.elements)
+        each = measure_each(args.count, elements, args.transport, args.device)
         print(
-            ", ".join(f"{call} {us:.3f}" for call, us in each.items())
-            + f" us (medians of {args.count} messages of {args.elements * 4} bytes)"
+            ", ".join(f"{call} {us:.3f}" for call, us in each.items()) + f" us (medians of {what})"
         )
         return 0
-    figures = measure(args.count, args.repeat, args.elements)
+    figures = measure(args.count, args.repeat, elements, args.transport, args.device)
     runs = ", ".join(f"{f:.3f}" for f in figures)
-    print(f"{statistics.median(figures):.3f} us per write + wait + release (runs: {runs})")
+    print(f"{statistics.median(figures):.3f} us per write + wait + release ({what}; runs: {runs})")
     return 0
 
 

@@ -254,9 +254,19 @@ def test_cycle_probe_times_each_call() -> None:
     figures = dict(re.findall(r"(write|wait|release|timer) (\d+\.\d+)", out.stdout))
     assert set(figures) == {"write", "wait", "release", "timer"}, out.stdout
     assert all(float(us) > 0 for us in figures.values())
-    assert "medians of 200 messages of 4096 bytes" in out.stdout
+    assert "medians of 200 shm messages of 4 KiB on cpu" in out.stdout
     whole = run("-m", "tensorwire.bench.cycle", "--count", "200", "--repeat", "2")
     assert whole.returncode == 0 and "us per write + wait + release" in whole.stdout
+    # the profile names the library's own functions, here over tcp and a size given in bytes
+    prof = run(
+        "-m", "tensorwire.bench.cycle", "--count", "200", "--size", "64K", "--transport", "tcp",
+        "--profile", "500",
+    )  # fmt: skip
+    assert prof.returncode == 0, prof.stderr
+    assert "profile of 200 tcp messages of 64 KiB on cpu" in prof.stdout
+    assert "tensorwire/sender.py" in prof.stdout and "ncalls" in prof.stdout
+    odd = run("-m", "tensorwire.bench.cycle", "--size", "6")
+    assert odd.returncode == 2 and "--size must be a multiple of 4 bytes" in odd.stderr
 
 
 # -- the daemons' settings and the small commands ------------------------------------------------
