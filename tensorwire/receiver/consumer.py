@@ -95,10 +95,11 @@ class Consumer:
         drive = tuple(dict.fromkeys(t.poll for t in tensors if t.poll is not None))
         busy = bool(drive) or any(t.sender_completes for t in tensors)
         # A GPU that completes a message rings nobody: while a completion store the writer has
-        # queued is on its way, watch for it, then sleep in DEVICE_STORES_MAX_BLOCK slices
-        stored_by_gpu = tuple(
-            t for t in tensors if t.ring.device is not None and t.ring.device_stores()
-        )
+        # queued is on its way, watch for it, then sleep in DEVICE_STORES_MAX_BLOCK slices. Every
+        # GPU ring, also one whose writer has not said yet that its GPU stores (its word is 0,
+        # never "coming"): a wait that began before the writer's first GPU message would
+        # otherwise not see that message's store coming, and sleep MAX_BLOCK slices through it.
+        stored_by_gpu = tuple(t for t in tensors if t.ring.device is not None)
         coming = None
         if stored_by_gpu:
 
