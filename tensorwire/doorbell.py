@@ -104,12 +104,19 @@ def barrier_everywhere() -> None:
     time.sleep(0.001)
 
 
+def check_timeout(timeout: float | None) -> None:
+    """A timeout must be None (block), 0 (poll) or positive seconds: ValueError otherwise. NaN
+    too, which compares false with everything: a deadline made of it never passes, and a wait
+    on it would block for ever."""
+    if timeout is not None and not timeout >= 0:
+        raise ValueError(f"timeout must be None, 0 or positive seconds, got {timeout}")
+
+
 def deadline_of(timeout: float | None) -> float | None:
     """The monotonic deadline for a timeout: None blocks, 0 polls, > 0 is seconds."""
     if timeout is None:
         return None
-    if timeout < 0:
-        raise ValueError(f"timeout must be None, 0 or positive seconds, got {timeout}")
+    check_timeout(timeout)
     return time.monotonic() + timeout
 
 

@@ -23,7 +23,7 @@ from . import metrics, wire
 from .auth import client_mac, new_nonce, normalise_secret, server_proof, verify
 from .control import ControlClient
 from .cuda import cupy as cupy_module
-from .doorbell import deadline_of
+from .doorbell import check_timeout, deadline_of
 from .endpoint import split_endpoint
 from .errors import (
     AuthenticationError,
@@ -363,6 +363,7 @@ class Sender(Resource):
         self._nixl = nixl
         check_copy_threads(copy_threads)
         check_seconds("heartbeat", heartbeat)
+        check_timeout(timeout)
         self._transport = check_name(transport)
         self._secret = normalise_secret(secret)
         self.timeout = timeout
@@ -422,6 +423,7 @@ class Sender(Resource):
         """Connect to one more receiver (its tensors become writable by name).
 
         ``connect_timeout`` bounds the handshake alone (default: the sender's timeout)."""
+        check_timeout(connect_timeout)
         with self._lock:
             self._check_open()
             if address in self._peers:
@@ -497,8 +499,8 @@ class Sender(Resource):
         tensors registered since we connected. ``timeout`` bounds each receiver's answer (default:
         the sender's timeout; None: no bound); one that does not answer in time raises
         :class:`WireTimeoutError`."""
-        if timeout is not _DEFAULT and timeout is not None and timeout < 0:
-            raise ValueError(f"timeout must be None, 0 or positive seconds, got {timeout}")
+        if timeout is not _DEFAULT:
+            check_timeout(timeout)
         with self._lock:
             peers = [self._peer(peer)] if peer is not None else list(self._peers.values())
             self._forget_routes()

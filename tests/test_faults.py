@@ -391,8 +391,13 @@ def test_a_refresh_from_a_receiver_that_is_gone_ends_by_its_own_timeout() -> Non
     rx = tw.Receiver()
     rx.register("t", (4,), "float32")
     with tw.Sender.connect(rx.address, transport="tcp", timeout=120) as tx:
+        for bad in (-1, float("nan")):
+            with pytest.raises(ValueError, match="timeout must be"):
+                tx.refresh(timeout=bad)
         with pytest.raises(ValueError, match="timeout must be"):
-            tx.refresh(timeout=-1)
+            tw.Sender(timeout=float("nan"))
+        with pytest.raises(ValueError, match="timeout must be"):
+            tx.add_peer("tcp://127.0.0.1:1", connect_timeout=float("nan"))
         tx.refresh(timeout=5)
         assert "t" in tx.tensors()
         rx.close()
