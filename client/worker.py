@@ -102,19 +102,19 @@ def build_parser(prog: str = "tensorwire-worker") -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="data order and initialisation seed")
     p.add_argument(
         "--connect-timeout",
-        type=float,
+        type=config.positive_seconds,
         default=60.0,
         help="seconds to wait for the servers at start (default 60)",
     )
     p.add_argument(
         "--step-timeout",
-        type=float,
+        type=config.positive_seconds,
         default=300.0,
         help="seconds to wait for the servers' parameters within a step (default 300)",
     )
     p.add_argument(
         "--reconnect-timeout",
-        type=float,
+        type=config.positive_seconds,
         default=120.0,
         help="how long to wait for a lost server to come back",
     )

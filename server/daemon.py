@@ -99,13 +99,13 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--join-timeout",
-        type=float,
+        type=config.positive_seconds,
         default=d.join_timeout,
         help="seconds to wait for every worker to join",
     )
     p.add_argument(
         "--step-timeout",
-        type=float,
+        type=config.positive_seconds,
         default=d.step_timeout,
         help="seconds to wait for a worker within a step",
     )
@@ -188,6 +188,12 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-ps") -> int:
         server.close()
         if scrape is not None:
             scrape.close()
+    if server.stopped_while_joining is not None:
+        print(
+            f"ps{cfg.shard}: stopped before the job began: {server.stopped_while_joining}",
+            file=sys.stderr,
+        )
+        return 0
     secs = time.monotonic() - server.started_at
     # the steps done here: not those skipped to catch up with the other servers
     steps = server.step - start - server.stats.caught_up

@@ -10,6 +10,7 @@ Weight decay is L2: ``weight_decay * param`` is added to the gradient before the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -23,8 +24,12 @@ class Optimizer:
     HOST_SLOTS: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, lr: float, weight_decay: float = 0.0, xp: Any = np) -> None:
-        if lr <= 0:
-            raise ValueError(f"learning rate must be positive, got {lr}")
+        # (written so that NaN fails too: it compares false with everything, and would turn
+        # every parameter into NaN at the first step)
+        if not 0 < lr < math.inf:
+            raise ValueError(f"learning rate must be a positive number, got {lr}")
+        if not 0 <= weight_decay < math.inf:
+            raise ValueError(f"weight decay must be zero or a positive number, got {weight_decay}")
         self.lr = lr
         self.weight_decay = weight_decay
         self.xp = xp
@@ -69,6 +74,8 @@ class Momentum(Optimizer):
         self, lr: float, weight_decay: float = 0.0, momentum: float = 0.9, xp: Any = np
     ) -> None:
         super().__init__(lr, weight_decay, xp)
+        if not 0 <= momentum < 1:  # 1 and above: the velocity never decays, and diverges
+            raise ValueError(f"momentum must be in [0, 1), got {momentum}")
         self.momentum = momentum
 
     def step(self, key: str, param: Array, grad: Array, scale: float = 1.0) -> None:

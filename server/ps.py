@@ -240,6 +240,8 @@ class ParameterServer:
         self.last_accuracy: float | None = None
         self.stats = PSStats(gradient_wait={r: 0.0 for r in range(cfg.workers)})
         self._stop_requested = False
+        #: why the job never formed, where a stop was asked during the join (None otherwise)
+        self.stopped_while_joining: str | None = None
         #: no step done since start: this server may have been restarted alone, behind the
         #: job's other servers, and takes the workers' request to go on at their step (BSP
         #: only: the other modes do not survive a lost server)
@@ -369,16 +371,19 @@ class ParameterServer:
 
     # -- protocol pieces -----------------------------------------------------------------------
 
-    def _join(self) -> None:
+    def _join(self) -> bool:
         """Every worker joins (address and specs: the first one's specs plan the job unless a
         checkpoint did), then says it is ready, its parameters registered; rank 0 has then
-        written the initial values, unless we resumed."""
+        written the initial values, unless we resumed. False: a stop was asked first (the
+        workers that were ready are told to stop; :attr:`stopped_while_joining` says who was
+        missing)."""
         deadline = time.monotonic() + self.cfg.join_timeout
         while not all(w.alive for w in self.workers):
             progressed = self._take_join_messages(during_join=True)
             if progressed:
                 continue
-            if time.monotonic() >= deadline or self._stop_requested:
+            stopped = self._stop_requested
+            if time.monotonic() >= deadline or stopped:
                 missing = [w.rank for w in self.workers if not w.joined]
                 unready = [w.rank for w in self.workers if w.joined and not w.alive]
                 detail = (
@@ -386,11 +391,31 @@ class ParameterServer:
                     if missing
                     else f"workers {', '.join(map(str, unready))} joined but never got ready"
                 )
+                if stopped:
+                    # Asked to stop (SIGTERM: an orchestrator taking the job down) before the
+                    # job formed: an orderly end, not a timeout. Those ready would otherwise
+                    # wait for us to come back: told to stop, as at the end of a job, with
+                    # the parameters they would have started from (never with the zeros we
+                    # hold before rank 0's initial values: a worker evaluates and saves what
+                    # it is sent last). Without rank 0 ready there are none to send.
+                    if self.workers[0].alive:
+                        self._take_initial_values()
+                    if not self._needs_init:
+                        for w in self.workers:
+                            if w.alive:
+                                self._serve(w, STATUS_STOP)
+                    self.stopped_while_joining = f"{detail} before the stop was asked"
+                    return False
                 raise PSError(
                     f"{detail} within {self.cfg.join_timeout:g} s (is each started with "
                     f"--servers {self.address} and its --rank?)"
                 )
             time.sleep(0.01)
+        self._take_initial_values()
+        return True
+
+    def _take_initial_values(self) -> None:
+        """Rank 0's initial values of our chunks, once it is ready (unless we resumed)."""
         if self._needs_init:
             for c in self.chunks:
                 try:
@@ -536,7 +561,8 @@ class ParameterServer:
 
     def run(self) -> None:
         """Serve until every worker has done ``steps`` steps (or a stop was requested)."""
-        self._join()
+        if not self._join():
+            return  # stopped before the job formed: nothing trained, nothing to checkpoint
         self.started_at = time.monotonic()  # steps/s counts from here, not from start-up
         for w in self.workers:
             self._send(w, STATUS_STOP if self.step >= self.cfg.steps else STATUS_RUN)

@@ -319,11 +319,15 @@ def test_daemons_have_a_version_and_log_levels_in_any_case() -> None:
     assert " ps0 INFO shard 0 of 1 serving" in started  # the level is in every line
 
 
-def test_heartbeat_settings_must_be_positive_seconds() -> None:
+def test_heartbeat_and_timeout_settings_must_be_positive_seconds() -> None:
     for module, flag, value, says in (
         ("tensorwire.server.daemon", "--heartbeat", "0", "give a positive number of seconds"),
         ("tensorwire.client.worker", "--heartbeat-timeout", "-1", "give a positive number"),
         ("tensorwire.server.daemon", "--heartbeat-timeout", "soon", "is not a number of seconds"),
+        # NaN compares false with everything: a deadline made of it never passes
+        ("tensorwire.server.daemon", "--step-timeout", "nan", "give a positive number"),
+        ("tensorwire.server.daemon", "--join-timeout", "0", "give a positive number"),
+        ("tensorwire.client.worker", "--reconnect-timeout", "-3", "give a positive number"),
     ):
         out = run("-m", module, flag, value, "--no-progress")
         assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr

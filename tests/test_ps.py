@@ -56,6 +56,22 @@ def test_backprop_matches_finite_differences() -> None:
             assert grads[name][idx] == pytest.approx((up - down) / (2 * eps), rel=1e-4, abs=1e-7)
 
 
+def test_optimizer_settings_that_would_poison_or_diverge_are_refused() -> None:
+    """NaN compares false with everything, so `lr <= 0` let it through, and every parameter
+    became NaN at the first step; a momentum of 1 or more never decays."""
+    nan = float("nan")
+    for name, kwargs, says in (
+        ("sgd", {"lr": nan}, "learning rate must be a positive number, got nan"),
+        ("adam", {"lr": -1.0}, "learning rate must be a positive number"),
+        ("sgd", {"lr": 0.1, "weight_decay": -1.0}, "weight decay must be zero or a positive"),
+        ("momentum", {"lr": 0.1, "momentum": 1.0}, r"momentum must be in \[0, 1\), got 1.0"),
+        ("momentum", {"lr": 0.1, "momentum": nan}, "momentum must be in"),
+    ):
+        with pytest.raises(ValueError, match=says):
+            optim.make(name, **kwargs)
+    assert optim.make("momentum", 0.1, weight_decay=0.0, momentum=0.0).momentum == 0.0
+
+
 def test_digits_read_from_the_file_are_scikit_learns_own() -> None:
     """Workers read the digits from scikit-learn's data file, without importing it: the
     arrays are those load_digits() returns."""
@@ -194,6 +210,25 @@ def test_a_worker_that_never_arrives_is_named(job: Any) -> None:
     assert ps_code == 1
     text = j.log("ps0")
     assert "workers 1 of 2 did not join within 6 s" in text and "Traceback" not in text
+
+
+def test_a_stop_before_the_job_forms_ends_it_cleanly(job: Any) -> None:
+    """SIGTERM to a server still waiting for a worker (an orchestrator taking the job down
+    before it began) is an orderly stop, not a join timeout: the server says who never joined
+    and exits 0, and tells the worker that was ready to stop, which exits 0 too instead of
+    waiting --reconnect-timeout for it to come back."""
+    j = job(workers=2, start_workers=1, ps=["--log-level", "INFO"])
+    _wait_for(j, "worker 0 joined from")
+    j.ps[0].send_signal(signal.SIGTERM)
+    codes = j.wait(60)
+    text = j.log("ps0")
+    assert codes == [0, 0], text + j.log("w0")
+    assert "stopped before the job began: workers 1 of 2 did not join" in text, text
+    assert "did not join within" not in text and "Traceback" not in j.log("w0")
+    # what it was sent last, and saved: rank 0's initial values, not the zeros held before
+    initial = models.model("digits").init(0)
+    saved = j.params(0)
+    assert all(np.array_equal(saved[k], v) for k, v in initial.items()), sorted(saved)
 
 
 @pytest.mark.parametrize(("servers", "sync"), [(1, "bsp"), (2, "bsp"), (2, "asp")])
