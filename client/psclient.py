@@ -21,7 +21,7 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -73,6 +73,14 @@ class PSClientError(tw.TensorWireError):
     """The client and the servers do not fit together (model, ranks, plan)."""
 
 
+class PSClientStopped(PSClientError):
+    """A stop was asked (the ``stopping`` callable said so: a SIGTERM to the worker) while the
+    client waited for the servers: to come up, to form the job, to come back, or for their
+    parameters. Such a wait may last minutes (``connect_timeout``, ``reconnect_timeout``,
+    ``timeout``) where a server is gone; an orchestrator taking the job down should not wait
+    for it, nor kill the worker at the end of its grace period."""
+
+
 class _Dropped(Exception):
     """A server went on without this worker (a notice in its ``dropped`` tensor): join again."""
 
@@ -115,6 +123,7 @@ class PSClient:
         shm: bool | None = None,
         init: Mapping[str, Array] | None = None,
         device: str = "cpu",
+        stopping: Callable[[], bool] | None = None,
     ) -> None:
         """``shapes``: every parameter's shape (float32), in the model's order. ``init``: their
         initial values, required of rank 0 (the servers start from them unless they resume from
@@ -122,7 +131,9 @@ class PSClient:
         live (``cpu``, ``cuda``, ``cuda:N``); on a GPU :attr:`params` are cupy arrays over GPU
         memory the servers write into, and :meth:`push` takes GPU gradients (cupy, torch CUDA)
         as they are. ``shm``: as :class:`tensorwire.Receiver`'s, for the receiver the servers write
-        parameters into (False: private memory, for servers on other hosts)."""
+        parameters into (False: private memory, for servers on other hosts). ``stopping``:
+        looked at in every wait for the servers (at least every PROBE_EVERY s); once true, the
+        wait ends with :class:`PSClientStopped`."""
         if not servers:
             raise PSClientError("no parameter servers given")
         if init is not None:
@@ -134,6 +145,7 @@ class PSClient:
                 )
         self._init = init
         self.device = device
+        self._stopping = stopping
         self._specs = specs_of({n: (tuple(s), "float32") for n, s in shapes.items()})
         self.rank = rank
         self.servers = list(servers)
@@ -208,11 +220,17 @@ class PSClient:
             self.close()
             raise
 
+    def _check_stop(self, waiting: str) -> None:
+        """PSClientStopped if a stop was asked meanwhile (``waiting``: for what, in its words)."""
+        if self._stopping is not None and self._stopping():
+            raise PSClientStopped(f"stopped while waiting {waiting}")
+
     def _connect(self, timeout: float) -> None:
         """Reach every server, retrying while they start up."""
         deadline = time.monotonic() + timeout
         for addr in self.servers:
             while True:
+                self._check_stop(f"for parameter server {addr} to answer")
                 try:
                     left = max(deadline - time.monotonic(), 0.01)
                     self.tx.add_peer(addr, connect_timeout=min(2.0, left))
@@ -270,6 +288,7 @@ class PSClient:
         ``deadline``. A server that stops answering meanwhile (it died while the job formed) is
         waited for until ``deadline`` too, not for the sender's whole timeout."""
         while name not in self.tx.tensors(peer=addr):
+            self._check_stop(f"for parameter server {addr} to form the job")
             left = deadline - time.monotonic()
             if left <= 0:
                 raise PSClientError(missing)
@@ -531,6 +550,7 @@ class PSClient:
                 return rx.wait_all(names, timeout=PROBE_EVERY)
             except tw.WireTimeoutError:
                 pass
+            self._check_stop("for the parameter servers' parameters")
             self._read_notices()
             for addr in self.servers:
                 try:

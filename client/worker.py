@@ -27,7 +27,7 @@ from tensorwire.job.progress import Progress
 
 from . import tasks
 from .metrics import WorkerStats, worker_metrics
-from .psclient import PSClient
+from .psclient import PSClient, PSClientStopped
 from .tasks import Task
 
 log = logging.getLogger("tensorwire.worker")
@@ -150,22 +150,31 @@ def train(
     losses: list[float] = []
     task.bind(client.params)  # the model reads the buffers the servers write
     t0 = time.monotonic()
-    while (step := client.wait_params()) is not None and not stop[0]:
-        c0 = time.perf_counter()
-        result = task.step(step)
-        c1 = time.perf_counter()
-        stats.compute_seconds += c1 - c0
-        acc = None
-        if rank == 0 and eval_every and step % eval_every == 0:
-            acc = stats.accuracy = task.evaluate()
-            stats.evaluate_seconds += time.perf_counter() - c1
-        client.push(
-            result.grads,
-            loss=result.loss,
-            correct=result.correct,
-            samples=result.samples,
-            accuracy=acc,
-        )
+    stopped_waiting = False
+    while True:
+        try:
+            step = client.wait_params()
+            if step is None or stop[0]:
+                break
+            c0 = time.perf_counter()
+            result = task.step(step)
+            c1 = time.perf_counter()
+            stats.compute_seconds += c1 - c0
+            acc = None
+            if rank == 0 and eval_every and step % eval_every == 0:
+                acc = stats.accuracy = task.evaluate()
+                stats.evaluate_seconds += time.perf_counter() - c1
+            client.push(
+                result.grads,
+                loss=result.loss,
+                correct=result.correct,
+                samples=result.samples,
+                accuracy=acc,
+            )
+        except PSClientStopped as exc:  # a SIGTERM while a server is gone or silent
+            log.warning("%s: stopping without it", exc)
+            stopped_waiting = True
+            break
         losses.append(result.loss)
         stats.steps += 1
         stats.loss = result.loss
@@ -183,6 +192,8 @@ def train(
         "final_loss": losses[-1] if losses else None,
         "test_accuracy": final_acc,
         "stopped_by_signal": stop[0],
+        # the servers' last write of the parameters may not have been whole (one was lost)
+        "stopped_waiting": stopped_waiting,
         "traffic": tw_metrics.totals(),
     }
 
@@ -233,6 +244,12 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:
     scrape = None
     try:
         scrape = config.start_metrics(args, args.bind, lambda: worker_metrics(stats))
+        log.info(
+            "reaching %d parameter server(s): %s (for up to %g s, --connect-timeout)",
+            len(servers),
+            ", ".join(servers),
+            args.connect_timeout,
+        )
         with PSClient(
             servers,
             args.rank,
@@ -251,6 +268,7 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:
             shm=args.shm,
             init=initial if args.rank == 0 else None,
             device=getattr(task, "device", "cpu"),
+            stopping=lambda: stop[0],
         ) as client:
             log.info(
                 "joined %d server(s) over %s", len(servers), client.tx.transport_of(servers[0])
@@ -264,9 +282,18 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:
                 stop=stop,
                 stats=stats,
             )
-            if args.save_params:
+            if args.save_params and metrics["stopped_waiting"]:
+                log.warning(
+                    "--save-params %s not written: a server was lost or silent as we stopped, "
+                    "and its last write of the parameters may not be whole",
+                    args.save_params,
+                )
+            elif args.save_params:
                 arrays: dict[str, Any] = client.host_params()
                 np.savez(args.save_params, **arrays)
+    except PSClientStopped as exc:  # asked to stop before the job formed: nothing trained
+        print(f"worker{args.rank}: {exc}, before the job began", file=sys.stderr)
+        return 0
     except tw.TensorWireError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1

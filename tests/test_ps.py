@@ -501,6 +501,42 @@ def test_bsp_tells_a_frozen_worker_it_was_dropped_and_it_joins_again(
     assert j.metrics("w0")["test_accuracy"] >= 0.95
 
 
+def test_workers_stopped_while_their_server_is_gone_exit_at_once(job: Any, tmp_path: Path) -> None:
+    """SIGTERM to workers waiting for a lost server to come back (--reconnect-timeout, 120 s
+    here) ends that wait: each says what it was waiting for and exits 0 within a few seconds,
+    with its summary, instead of waiting out the timeout (or an orchestrator's grace period,
+    then SIGKILL). The same before the job forms: a worker whose server never answers."""
+    every = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "20"]
+    j = job(ps=["--steps", ENDLESS, *every, "--log-level", "INFO"])
+    _wait_for(j, "checkpoint at step 20 ")  # training
+    j.ps[0].kill()
+    assert j.ps[0].wait(10) == -signal.SIGKILL
+    for r in range(2):
+        log_has(j.tmp / f"w{r}.log", "reconnecting, waiting up to 120 s", 30)
+    started = time.monotonic()
+    for w in j.workers:
+        w.send_signal(signal.SIGTERM)
+    codes = [w.wait(30) for w in j.workers]
+    took = time.monotonic() - started
+    assert codes == [0, 0], j.log("w0") + j.log("w1")
+    assert took < 20, f"took {took:.1f} s"  # one connect try (2 s) and a look, not 120 s
+    assert "stopping without it" in j.log("w0") and "Traceback" not in j.log("w0")
+    assert j.metrics("w0")["stopped_by_signal"] is True and j.metrics("w0")["steps"] >= 20
+    assert j.metrics("w0")["stopped_waiting"] is True
+    assert not (j.tmp / "w0.npz").exists() and "--save-params" in j.log("w0")  # maybe torn
+    # before the job forms: nothing listens where its server should be
+    lone = j.start(
+        worker_command([f"tcp://127.0.0.1:{free_port()}"], "--no-progress", rank=0, workers=1),
+        log="lone",
+    )
+    log_has(j.tmp / "lone.log", "reaching 1 parameter server(s)", 30)  # its SIGTERM handler is set
+    time.sleep(0.5)
+    lone.send_signal(signal.SIGTERM)
+    assert lone.wait(30) == 0, j.log("lone")
+    assert "stopped while waiting for parameter server" in j.log("lone")
+    assert "before the job began" in j.log("lone")
+
+
 def test_server_killed_and_resumed_workers_reconnect(job: Any, tmp_path: Path) -> None:
     """SIGKILL the server mid-training and start it again with --resume on the same address:
     the workers reconnect by themselves (new generation), at most --checkpoint-every steps are
