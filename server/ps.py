@@ -82,6 +82,15 @@ PROBATION_POLL = 1e-3
 #: waits, and we read them at least every step and every REJOIN_CHECK_EVERY, so they fill only
 #: while we are held up elsewhere for longer (the worker then skips its probe, see PSClient)
 PROBE_SLOTS = 4
+#: Once a stop is asked, the step in flight waits at most this long for the gradients still to
+#: come (or STOP_GRACE_STEPS times the mean step so far, where steps are slower; never more
+#: than --step-timeout); then it goes on without the workers not heard from, untold, and the
+#: server checkpoints and exits. A frozen or stuck worker would otherwise hold the stop until
+#: its heartbeats time out (--heartbeat-timeout, 30 s by default; measured: 29.5 s) or for
+#: --step-timeout, whichever comes first: past an orchestrator's grace period (Kubernetes gives
+#: 30 s, then SIGKILL), and the final checkpoint would be lost.
+STOP_GRACE = 5.0
+STOP_GRACE_STEPS = 3
 
 
 class _WorkerLeft(Exception):
@@ -240,6 +249,7 @@ class ParameterServer:
         self.last_accuracy: float | None = None
         self.stats = PSStats(gradient_wait={r: 0.0 for r in range(cfg.workers)})
         self._stop_requested = False
+        self._stop_asked_at = 0.0
         #: why the job never formed, where a stop was asked during the join (None otherwise)
         self.stopped_while_joining: str | None = None
         #: no step done since start: this server may have been restarted alone, behind the
@@ -357,7 +367,19 @@ class ParameterServer:
 
     def request_stop(self) -> None:
         """Finish the current step, checkpoint, tell the workers to stop (signal-safe)."""
+        if not self._stop_requested:
+            self._stop_asked_at = time.monotonic()
         self._stop_requested = True
+
+    def _stop_overdue(self) -> float | None:
+        """The grace a stop gives the step in flight, once it has passed (see STOP_GRACE);
+        None before, or without a stop."""
+        if not self._stop_requested:
+            return None
+        stats = self.stats
+        mean = stats.step_seconds / stats.steps if stats.steps else 0.0
+        grace = min(self.cfg.step_timeout, max(STOP_GRACE, STOP_GRACE_STEPS * mean))
+        return grace if time.monotonic() - self._stop_asked_at >= grace else None
 
     def close(self) -> None:
         self.tx.close()
@@ -747,6 +769,11 @@ class ParameterServer:
                     return None
                 if time.monotonic() >= deadline:
                     raise _WorkerLost(f"nothing for {self.cfg.step_timeout:g} s") from None
+                grace = self._stop_overdue()
+                if grace is not None:  # stopping: no need to tell it to join again
+                    raise _WorkerLost(
+                        f"nothing within {grace:g} s of the stop", tell=False
+                    ) from None
                 continue
             w.probation = False
             if int(got[meta_name(w.rank)][0]) < self.step:
@@ -1037,10 +1064,13 @@ class ParameterServer:
         --step-timeout while we did not hold it back (frozen, or its machine gone). What it
         sent and we have not read yet (we were held up, writing to a frozen one) counts."""
         now = time.monotonic()
+        grace = self._stop_overdue()  # stopping: those not stopped by now are not waited for
         for w in self.workers:
-            silent = now - w.heard > self.cfg.step_timeout
+            silent = grace is not None or now - w.heard > self.cfg.step_timeout
             if silent and w.alive and not w.stopped and w not in held:
                 if any(self.rx.pending(name) for name in self._worker_tensors(w)):
                     w.heard = now
+                elif grace is not None:
+                    self._lose(w, f"not stopped within {grace:g} s of the stop", tell=False)
                 else:
                     self._lose(w, f"nothing for {self.cfg.step_timeout:g} s")

@@ -501,6 +501,38 @@ def test_bsp_tells_a_frozen_worker_it_was_dropped_and_it_joins_again(
     assert j.metrics("w0")["test_accuracy"] >= 0.95
 
 
+@pytest.mark.parametrize("sync", ["bsp", "asp"])
+def test_a_stop_does_not_wait_for_a_frozen_worker(job: Any, tmp_path: Path, sync: str) -> None:
+    """A SIGTERM to the server while a worker is frozen (SIGSTOP): the server waits STOP_GRACE
+    (5 s here) for it, not until its heartbeats time out (30 s: 29.5 s measured before) or
+    --step-timeout (120 s), then goes on without it, checkpoints and exits 0, well within an
+    orchestrator's grace period (Kubernetes: 30 s); the other worker is told to stop and exits
+    0."""
+    ckpt = tmp_path / "ckpt"
+    every = ["--checkpoint-dir", str(ckpt), "--checkpoint-every", "20", "--sync", sync]
+    j = job(ps=["--steps", ENDLESS, "--step-timeout", "120", *every, "--log-level", "INFO"])
+    _wait_for(j, "checkpoint at step 20 ")
+    frozen = j.workers[1]
+    frozen.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(0.5)  # the step in flight now waits for the frozen worker
+        started = time.monotonic()
+        j.ps[0].send_signal(signal.SIGTERM)
+        code = j.ps[0].wait(60)
+        took = time.monotonic() - started
+        assert code == 0, j.log("ps0")
+        assert took < 25, f"the stop took {took:.1f} s"
+        assert j.workers[0].wait(30) == 0, j.log("w0")
+    finally:
+        frozen.kill()
+        frozen.wait(10)
+    text = j.log("ps0")
+    said = "nothing within 5 s of the stop" if sync == "bsp" else "not stopped within 5 s"
+    assert "worker 1 lost at step" in text and said in text, text
+    last = int(text.rsplit("checkpoint at step ", 1)[1].split()[0])
+    assert last == j.metrics("ps0")["steps"] > 20  # the final checkpoint, at the last step
+
+
 def test_workers_stopped_while_their_server_is_gone_exit_at_once(job: Any, tmp_path: Path) -> None:
     """SIGTERM to workers waiting for a lost server to come back (--reconnect-timeout, 120 s
     here) ends that wait: each says what it was waiting for and exits 0 within a few seconds,
