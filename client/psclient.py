@@ -281,7 +281,37 @@ class PSClient:
                 deadline,
                 f"server {addr} has no slot for rank {self.rank}: it expects fewer workers",
             )
-            self.tx.write(join_name(self.rank), message, peer=addr)
+            self._write_join(addr, message, deadline)
+
+    def _write_join(self, addr: str, message: Array, deadline: float) -> None:
+        """Our join into server ``addr``'s ``join/<rank>``. Another session may still hold
+        that tensor: our previous process, dead on a host the server hears from only by
+        heartbeats (a worker restarted elsewhere), until the server drops it; or a second
+        worker given our rank by mistake. Tried again until ``deadline``, then said which."""
+        said = False
+        while True:
+            try:
+                self.tx.write(join_name(self.rank), message, peer=addr)
+                return
+            except tw.RemoteProtocolError as exc:
+                if exc.code != "busy":
+                    raise
+                if time.monotonic() >= deadline:
+                    raise PSClientError(
+                        f"parameter server {addr} still takes rank {self.rank} from another "
+                        f"worker ({exc}): is a second worker started with --rank {self.rank}?"
+                    ) from None
+                if not said:
+                    said = True
+                    log.warning(
+                        "parameter server %s takes rank %d from another session (%s): waiting "
+                        "for it to end (our previous process, not yet seen gone?)",
+                        addr,
+                        self.rank,
+                        exc,
+                    )
+            self._check_stop(f"for parameter server {addr} to take our join")
+            time.sleep(min(0.5, max(deadline - time.monotonic(), 0.0)))
 
     def _await_tensor(self, addr: str, name: str, deadline: float, missing: str) -> None:
         """Wait until server ``addr`` publishes tensor ``name``; PSClientError(``missing``) at

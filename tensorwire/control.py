@@ -373,7 +373,10 @@ class ControlClient:
         self._unwatch(sock)  # the connection works: nothing more to learn from it
         if isinstance(reply, wire.ErrorReply):
             err = _ERRORS.get(reply.code, RemoteProtocolError)
-            raise err(f"receiver at {self.address} refused {msg.TYPE}: {reply.message}")
+            error = err(f"receiver at {self.address} refused {msg.TYPE}: {reply.message}")
+            if isinstance(error, RemoteProtocolError):
+                error.code = reply.code
+            raise error
         return reply
 
     def request_until(

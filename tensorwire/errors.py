@@ -43,9 +43,13 @@ class LocalProtocolError(ProtocolError):
 
 
 class RemoteProtocolError(ProtocolError):
-    """The peer refused what we sent as a protocol violation."""
+    """The peer refused what we sent as a protocol violation.
+
+    ``code``: the receiver's reason, where it gave one (``"busy"``: another sender writes the
+    tensor; ``"protocol"``: the request broke the protocol), else None."""
 
     remote = True
+    code: str | None = None
 
 
 class AuthenticationError(TensorWireError):

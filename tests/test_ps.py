@@ -212,6 +212,26 @@ def test_a_worker_that_never_arrives_is_named(job: Any) -> None:
     assert "workers 1 of 2 did not join within 6 s" in text and "Traceback" not in text
 
 
+def test_a_second_worker_given_a_taken_rank_is_told_and_the_job_goes_on(job: Any) -> None:
+    """A worker started with the rank of one already in the job: the server refuses its join
+    ("busy"); it tries again until its --connect-timeout, as a worker restarted on another host
+    must (the server drops its previous process only at that one's heartbeat timeout), saying
+    why it waits, then exits 1 asking whether a second worker has its --rank; the job trains
+    on and ends cleanly. Before, it exited at once on "refused claim"."""
+    j = job(ps=["--steps", ENDLESS, "--log-level", "INFO"])
+    _wait_for(j, "joined from", count=2)
+    second = j.start(
+        worker_command(j.addresses, "--no-progress", "--connect-timeout", "3", rank=0, workers=2),
+        log="second",
+    )
+    assert second.wait(60) == 1
+    text = j.log("second")
+    assert "takes rank 0 from another session" in text, text  # while it waited
+    assert "is a second worker started with --rank 0?" in text and "Traceback" not in text
+    j.ps[0].send_signal(signal.SIGTERM)
+    assert j.wait(60) == [0, 0, 0, 1], j.log("ps0")
+
+
 def test_a_stop_before_the_job_forms_ends_it_cleanly(job: Any) -> None:
     """SIGTERM to a server still waiting for a worker (an orchestrator taking the job down
     before it began) is an orderly stop, not a join timeout: the server says who never joined
