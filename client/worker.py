@@ -47,14 +47,14 @@ def build_parser(prog: str = "tensorwire-worker") -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--rank",
-        type=int,
+        type=config.at_least(0),
         default=None,
         help="this worker's rank, 0..workers-1 (default: RANK or SLURM_PROCID as a launcher "
         "such as torchrun or srun sets them, else 0)",
     )
     p.add_argument(
         "--workers",
-        type=int,
+        type=config.at_least(1),
         default=None,
         help="number of workers, i.e. data shards (default: WORLD_SIZE or SLURM_NTASKS as a "
         "launcher sets them, else 1)",
@@ -74,7 +74,7 @@ def build_parser(prog: str = "tensorwire-worker") -> argparse.ArgumentParser:
         "module (the numpy model's parameters, names and start), and a factory must build a "
         "torch module; numpy: a factory must build a numpy model (default auto)",
     )
-    p.add_argument("--batch", type=int, default=32, help="batch size per worker")
+    p.add_argument("--batch", type=config.at_least(1), default=32, help="batch size per worker")
     p.add_argument(
         "--device",
         default="cpu",
@@ -98,7 +98,9 @@ def build_parser(prog: str = "tensorwire-worker") -> argparse.ArgumentParser:
         default=None,
         help="host name servers reach this worker at (when --bind is 0.0.0.0)",
     )
-    p.add_argument("--eval-every", type=int, default=50, help="rank 0: test accuracy every N")
+    p.add_argument(
+        "--eval-every", type=config.at_least(0), default=50, help="rank 0: test accuracy every N"
+    )
     p.add_argument("--seed", type=int, default=0, help="data order and initialisation seed")
     p.add_argument(
         "--connect-timeout",
@@ -128,7 +130,9 @@ def build_parser(prog: str = "tensorwire-worker") -> argparse.ArgumentParser:
     p.add_argument("--metrics", metavar="PATH", help="write a JSON summary here at the end")
     config.add_metrics_flags(p)
     p.add_argument("--save-params", metavar="PATH.npz", help="save the final parameters")
-    p.add_argument("--steps-hint", type=int, default=0, help="total steps, for the progress bar")
+    p.add_argument(
+        "--steps-hint", type=config.at_least(0), default=0, help="total steps, for the progress bar"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress output")
     config.add_logging_flags(p)
     return p

@@ -34,17 +34,25 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
         "ps",
     )
     p.add_argument("--bind", default=d.bind, help=f"control-plane endpoint (default {d.bind})")
-    p.add_argument("--shard", type=int, default=d.shard, help="this server's index (default 0)")
-    p.add_argument("--shards", type=int, default=d.shards, help="number of servers (default 1)")
+    p.add_argument(
+        "--shard", type=config.at_least(0), default=d.shard, help="this server's index (default 0)"
+    )
+    p.add_argument(
+        "--shards", type=config.at_least(1), default=d.shards, help="number of servers (default 1)"
+    )
     p.add_argument(
         "--workers",
-        type=int,
+        type=config.at_least(1),
         default=d.workers,
         help=f"workers to wait for (default {d.workers})",
     )
-    p.add_argument("--steps", type=int, default=d.steps, help=f"steps (default {d.steps})")
+    p.add_argument(
+        "--steps", type=config.at_least(0), default=d.steps, help=f"steps (default {d.steps})"
+    )
     p.add_argument("--sync", default=d.sync, choices=SYNC_MODES, help="consistency model")
-    p.add_argument("--staleness", type=int, default=d.staleness, help="ssp: max steps ahead")
+    p.add_argument(
+        "--staleness", type=config.at_least(0), default=d.staleness, help="ssp: max steps ahead"
+    )
     p.add_argument("--optimizer", default=d.optimizer, choices=optim.OPTIMIZERS)
     p.add_argument("--lr", type=float, default=d.lr, help=f"learning rate (default {d.lr})")
     p.add_argument(
@@ -86,7 +94,7 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--checkpoint-every",
-        type=int,
+        type=config.at_least(0),
         default=d.checkpoint_every,
         help=f"steps between checkpoints (default {d.checkpoint_every})",
     )
@@ -111,7 +119,7 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--split-bytes",
-        type=int,
+        type=config.at_least(1),
         default=d.split_bytes,
         help="split tensors larger than this into chunks",
     )

@@ -278,7 +278,9 @@ def test_a_bad_value_names_the_variable_it_came_from() -> None:
     assert (
         out.stderr.strip()
         .splitlines()[-1]
-        .endswith("argument --steps: invalid int value: 'many' (from environment TENSORWIRE_STEPS)")
+        .endswith(
+            "argument --steps: 'many' is not a whole number (from environment TENSORWIRE_STEPS)"
+        )
     )
 
 
@@ -319,7 +321,7 @@ def test_daemons_have_a_version_and_log_levels_in_any_case() -> None:
     assert " ps0 INFO shard 0 of 1 serving" in started  # the level is in every line
 
 
-def test_heartbeat_and_timeout_settings_must_be_positive_seconds() -> None:
+def test_heartbeats_timeouts_and_counts_out_of_range_are_refused_in_one_line() -> None:
     for module, flag, value, says in (
         ("tensorwire.server.daemon", "--heartbeat", "0", "give a positive number of seconds"),
         ("tensorwire.client.worker", "--heartbeat-timeout", "-1", "give a positive number"),
@@ -328,6 +330,10 @@ def test_heartbeat_and_timeout_settings_must_be_positive_seconds() -> None:
         ("tensorwire.server.daemon", "--step-timeout", "nan", "give a positive number"),
         ("tensorwire.server.daemon", "--join-timeout", "0", "give a positive number"),
         ("tensorwire.client.worker", "--reconnect-timeout", "-3", "give a positive number"),
+        # counts: -1 checkpointed every step, a batch of 0 divided by zero
+        ("tensorwire.server.daemon", "--checkpoint-every", "-1", "a whole number of at least 0"),
+        ("tensorwire.client.worker", "--batch", "0", "give a whole number of at least 1"),
+        ("tensorwire.server.daemon", "--staleness", "2.5", "'2.5' is not a whole number"),
     ):
         out = run("-m", module, flag, value, "--no-progress")
         assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr

@@ -308,7 +308,7 @@ def test_bad_config_file_is_one_line(tmp_path: Path) -> None:
         ("steps = [", "not valid TOML"),
         ("steps = 3", "settings must be under a [ps] table, found steps outside it"),
         ("[ps]\nstepz = 3", f"unknown key 'stepz' in config file {tmp_path / 'bad.toml'}"),
-        ("[ps]\nsteps = 'many'", "--steps: invalid int value: 'many' (from config file"),
+        ("[ps]\nsteps = 'many'", "--steps: 'many' is not a whole number (from config file"),
     ):
         cfg = tmp_path / "bad.toml"
         cfg.write_text(body)

@@ -189,6 +189,23 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number no smaller than ``minimum`` (a count, a step, a size).
+    A negative one would otherwise pass the parser and misbehave later: ``--checkpoint-every
+    -1`` checkpointed every step, ``--batch 0`` divided by zero."""
+
+    def whole(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of at least {minimum}")
+        return value
+
+    return whole
+
+
 def add_heartbeat_flags(
     parser: argparse.ArgumentParser, peer: str, interval: float, timeout: float
 ) -> None:
