@@ -214,6 +214,14 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:
     if not 0 <= args.rank < args.workers:
         parser.error(f"--rank {args.rank} is not in 0..{args.workers - 1}")
     servers = [s.strip() for s in args.servers.split(",") if s.strip()]
+    if not servers:
+        parser.error("argument --servers: names no parameter server")
+    twice = sorted({s for s in servers if servers.count(s) > 1})
+    if twice:  # one connection would serve two shards, and the job's plan would not fit
+        parser.error(
+            f"argument --servers: names {', '.join(twice)} more than once: list each server "
+            "once, in shard order"
+        )
     try:
         factory = tasks.load_factory(args.model, args.framework)
     except ValueError as exc:

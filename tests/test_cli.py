@@ -334,6 +334,7 @@ def test_heartbeats_timeouts_and_counts_out_of_range_are_refused_in_one_line() -
         ("tensorwire.server.daemon", "--checkpoint-every", "-1", "a whole number of at least 0"),
         ("tensorwire.client.worker", "--batch", "0", "give a whole number of at least 1"),
         ("tensorwire.server.daemon", "--staleness", "2.5", "'2.5' is not a whole number"),
+        ("tensorwire.client.worker", "--servers", "tcp://h:1,tcp://h:1", "tcp://h:1 more than"),
     ):
         out = run("-m", module, flag, value, "--no-progress")
         assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
