@@ -9,6 +9,7 @@ with ``None`` in some dimensions is *dynamic*: the free dimensions are chosen pe
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,13 +52,24 @@ class TensorSpec:
                 f"tensor name must be a non-empty string of <= 255 bytes: {name!r}"
             )
         dt = canonical_dtype(dtype)
-        if isinstance(shape, (int, np.integer)):
+        if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
             shape = (int(shape),)
         try:
-            dims: Shape = tuple(None if d is None else int(d) for d in shape)
-        except (TypeError, ValueError) as exc:
+            items = tuple(shape)
+        except TypeError as exc:
             raise SpecMismatchError(
                 f"tensor {name!r}: shape must be a sequence, got {shape!r}"
+            ) from exc
+        try:
+            # operator.index, not int(): a float (3.5), a string or a bool is refused, not
+            # truncated or parsed into a size the caller did not write
+            if any(isinstance(d, bool) for d in items):
+                raise TypeError("a bool")
+            dims: Shape = tuple(None if d is None else operator.index(d) for d in items)
+        except TypeError as exc:
+            raise SpecMismatchError(
+                f"tensor {name!r}: each dimension of a shape must be a whole number (or None "
+                f"for a dynamic one), got {shape!r}"
             ) from exc
         if any(d is not None and d < 0 for d in dims):
             raise SpecMismatchError(f"tensor {name!r}: negative dimension in shape {shape!r}")

@@ -72,3 +72,17 @@ def test_negative_dynamic_dimensions_are_refused() -> None:
     for shape in [(-2, -3), (-1, 4), (0, -1)]:
         with pytest.raises(tw.SpecMismatchError, match="negative dimension"):
             spec.check_shape(shape)
+
+
+def test_a_shape_of_anything_but_whole_numbers_is_refused_not_truncated() -> None:
+    """int() turned 3.5 into 3, "3" into 3 and True into 1: a tensor registered with a shape
+    its caller never wrote. Whole numbers of any integer type (numpy's too) and None pass."""
+    assert TensorSpec.create("a", [2, np.uint8(3)], "float32").shape == (2, 3)
+    assert TensorSpec.create("b", np.int64(4), "float32").shape == (4,)
+    for shape in [(3.5,), (3.0,), ("3",), (True, 2), ((2,),), "34"]:
+        with pytest.raises(tw.SpecMismatchError, match="must be a whole number"):
+            TensorSpec.create("c", shape, "float32")
+    with pytest.raises(tw.SpecMismatchError, match="shape must be a sequence"):
+        TensorSpec.create("c", None, "float32")
+    with pytest.raises(tw.SpecMismatchError, match="shape must be a sequence"):
+        TensorSpec.create("c", True, "float32")
