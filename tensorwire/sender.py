@@ -678,6 +678,12 @@ class Sender(Resource):
             routes = self._routes
             planned: list[tuple[_Peer, TensorEntry, Any]] = []
             for item in pairs:
+                if not isinstance(item, (tuple, list)) or not 2 <= len(item) <= 3:
+                    # (an array of three or four elements would otherwise unpack as one)
+                    raise TypeError(
+                        "write_many takes a mapping of names to arrays, or (name, array) or "
+                        f"(name, array, peer) items; got an item of type {type(item).__name__}"
+                    )
                 name = item[0]
                 where = item[2] if len(item) > 2 else peer
                 p, entry = routes.get((name, where)) or self._resolve(name, where)
