@@ -30,6 +30,15 @@ def _format(dtype: np.dtype[Any], shape: Shape) -> str:
     return f"{dtype}[{dims}]"
 
 
+def whole_number(value: Any) -> int:
+    """``value`` as an int where it is a whole number of any integer type (numpy's too);
+    TypeError for a float (3.5), a string or a bool, which int() would truncate, parse or take
+    for 1: a size or a count the caller did not write."""
+    if isinstance(value, bool):
+        raise TypeError(f"a bool is not a size: {value!r}")
+    return operator.index(value)
+
+
 @dataclass(frozen=True, slots=True)
 class TensorSpec:
     """What a receiver registered under ``name``: dtype, shape and, for dynamic shapes, capacity."""
@@ -61,11 +70,7 @@ class TensorSpec:
                 f"tensor {name!r}: shape must be a sequence, got {shape!r}"
             ) from exc
         try:
-            # operator.index, not int(): a float (3.5), a string or a bool is refused, not
-            # truncated or parsed into a size the caller did not write
-            if any(isinstance(d, bool) for d in items):
-                raise TypeError("a bool")
-            dims: Shape = tuple(None if d is None else operator.index(d) for d in items)
+            dims: Shape = tuple(None if d is None else whole_number(d) for d in items)
         except TypeError as exc:
             raise SpecMismatchError(
                 f"tensor {name!r}: each dimension of a shape must be a whole number (or None "
@@ -79,15 +84,18 @@ class TensorSpec:
                 raise SpecMismatchError(
                     f"tensor {name!r}: a dynamic shape has at most {MAX_DYNAMIC_NDIM} dimensions"
                 )
-            if max_bytes is None or int(max_bytes) <= 0:
+            try:
+                capacity = whole_number(max_bytes)
+            except TypeError:
+                capacity = 0
+            if capacity <= 0:
                 raise SpecMismatchError(
                     f"tensor {name!r}: shape {shape!r} is dynamic, so max_bytes (its capacity) "
-                    "must be given as a positive integer"
+                    f"must be given as a positive integer, got {max_bytes!r}"
                 )
-            capacity = int(max_bytes)
         else:
             capacity = math.prod(d for d in dims if d is not None) * dt.itemsize
-            if max_bytes is not None and int(max_bytes) != capacity:
+            if max_bytes is not None and max_bytes != capacity:
                 raise SpecMismatchError(
                     f"tensor {name!r}: static shape {shape!r} of {dt} is {capacity} bytes; "
                     f"max_bytes={max_bytes} contradicts it (leave it out for static shapes)"

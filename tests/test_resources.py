@@ -282,8 +282,17 @@ def test_views_outlive_close_safely() -> None:
 def test_bad_constructor_arguments() -> None:
     with pytest.raises(tw.TensorWireError, match="tcp://HOST:PORT"):
         tw.Receiver("udp://1.2.3.4")
-    with pytest.raises(ValueError, match="ring"):
-        tw.Receiver(ring=0)
+    for bad_ring in (0, 2.5, True):  # int() took 2.5 for 2 and True for 1
+        with pytest.raises(ValueError, match="ring must be a whole number of at least 1"):
+            tw.Receiver(ring=bad_ring)
+    with tw.Receiver() as rx:
+        with pytest.raises(ValueError, match="ring must be a whole number"):
+            rx.register("t", (4,), "float32", ring=1.5)
+        with pytest.raises(tw.SpecMismatchError, match=r"positive integer, got 2\.5"):
+            rx.register("d", (None,), "float32", max_bytes=2.5)
+        # nothing was half registered: the names are free
+        assert rx.register("t", (4,), "float32", ring=2).shape == (4,)
+        assert rx.register("d", (None,), "float32", max_bytes=64).max_bytes == 64
     for bad in (0, -1.0):  # a peer dropped at once, a heartbeat without pause
         with pytest.raises(ValueError, match="heartbeat_timeout must be a positive number"):
             tw.Receiver(heartbeat_timeout=bad)

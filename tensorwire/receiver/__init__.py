@@ -45,7 +45,7 @@ from .landing import Landing
 from .servers import DataServers
 from .sessions import SessionHandler
 from .state import ReceiverState
-from .tensors import TensorTable
+from .tensors import TensorTable, check_ring
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +119,8 @@ class Receiver(Resource):
                 "shm=True, but /dev/shm is missing or not writable here; pass shm=None to fall "
                 "back to private memory (senders then come over tcp, nixl or grpc)"
             )
-        if ring is not None and ring < 1:
-            raise ValueError(f"ring must be at least 1, got {ring}")
+        if ring is not None:
+            check_ring(ring)
         check_seconds("heartbeat_timeout", heartbeat_timeout)
         if secret is None and not insecure and not is_loopback_host(bind_host):
             raise AuthenticationError(
