@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from .checks import check_count
 from .errors import TransportError
 
 INSTALL_HINT = (
@@ -111,12 +112,8 @@ class NixlOptions:
     copy_below: int = 64 << 10
 
     def __post_init__(self) -> None:
-        if self.registered_sources < 1:
-            raise ValueError(
-                f"registered_sources must be at least 1, got {self.registered_sources}"
-            )
-        if self.copy_below < 0:
-            raise ValueError(f"copy_below must be at least 0, got {self.copy_below}")
+        check_count("registered_sources", self.registered_sources, 1)
+        check_count("copy_below", self.copy_below, 0)
         for key, value in self.env.items():
             if not key.startswith("UCX_") or not isinstance(value, str):
                 raise ValueError(f"env takes UCX_* settings as strings, got {key!r}={value!r}")

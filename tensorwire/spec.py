@@ -9,12 +9,12 @@ with ``None`` in some dimensions is *dynamic*: the free dimensions are chosen pe
 from __future__ import annotations
 
 import math
-import operator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from .checks import whole_number
 from .cuda import array_device, as_device_array, cupy
 from .dtypes import as_host_array, canonical_dtype, dtype_to_wire
 from .errors import SpecMismatchError
@@ -28,15 +28,6 @@ Shape = tuple[int | None, ...]
 def _format(dtype: np.dtype[Any], shape: Shape) -> str:
     dims = ", ".join("?" if d is None else str(d) for d in shape)
     return f"{dtype}[{dims}]"
-
-
-def whole_number(value: Any) -> int:
-    """``value`` as an int where it is a whole number of any integer type (numpy's too);
-    TypeError for a float (3.5), a string or a bool, which int() would truncate, parse or take
-    for 1: a size or a count the caller did not write."""
-    if isinstance(value, bool):
-        raise TypeError(f"a bool is not a size: {value!r}")
-    return operator.index(value)
 
 
 @dataclass(frozen=True, slots=True)

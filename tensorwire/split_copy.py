@@ -17,15 +17,15 @@ from typing import Any
 
 import numpy as np
 
+from .checks import check_count
+
 #: No part of a split copy is smaller than this.
 MIN_PART_BYTES = 8 << 20
 
 
 def check_copy_threads(threads: object) -> int:
     """``copy_threads`` as given to a sender: a whole number, at least 1."""
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"copy_threads must be a whole number of at least 1, got {threads!r}")
-    return threads
+    return check_count("copy_threads", threads, 1)
 
 
 class SplitCopier:

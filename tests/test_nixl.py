@@ -409,6 +409,8 @@ def test_options_are_checked_and_applied_only_while_creating_an_agent() -> None:
         NixlOptions(env={"PATH": "/tmp"})
     with pytest.raises(ValueError, match="registered_sources"):
         NixlOptions(registered_sources=0)
+    with pytest.raises(ValueError, match="copy_below must be a whole number of at least 0"):
+        NixlOptions(copy_below=1.5)  # int() would have taken it for 1 byte
     opts = NixlOptions(tls="cma,tcp", env={"UCX_RNDV_THRESH": "8192"})
     env = opts.environment(loopback=True)
     # on a GPU host the list gets the CUDA transport NIXL insists on (the test below)

@@ -285,6 +285,8 @@ def test_bad_constructor_arguments() -> None:
     for bad_ring in (0, 2.5, True):  # int() took 2.5 for 2 and True for 1
         with pytest.raises(ValueError, match="ring must be a whole number of at least 1"):
             tw.Receiver(ring=bad_ring)
+    with pytest.raises(ValueError, match="region_bytes must be a whole number of at least 1"):
+        tw.Receiver(region_bytes=-1)  # taken before for the smallest region
     with tw.Receiver() as rx:
         with pytest.raises(ValueError, match="ring must be a whole number"):
             rx.register("t", (4,), "float32", ring=1.5)

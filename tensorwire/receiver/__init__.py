@@ -28,6 +28,7 @@ from typing import Any
 
 from .. import metrics
 from ..auth import normalise_secret
+from ..checks import check_count
 from ..control import ControlServer
 from ..cuda import parse_device
 from ..curve import CurveKeys
@@ -45,7 +46,7 @@ from .landing import Landing
 from .servers import DataServers
 from .sessions import SessionHandler
 from .state import ReceiverState
-from .tensors import TensorTable, check_ring
+from .tensors import TensorTable
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +121,8 @@ class Receiver(Resource):
                 "back to private memory (senders then come over tcp, nixl or grpc)"
             )
         if ring is not None:
-            check_ring(ring)
+            check_count("ring", ring, 1)
+        check_count("region_bytes", region_bytes, 1)
         check_seconds("heartbeat_timeout", heartbeat_timeout)
         if secret is None and not insecure and not is_loopback_host(bind_host):
             raise AuthenticationError(

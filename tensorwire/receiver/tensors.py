@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..checks import check_count
 from ..doorbell import ring_bell
 from ..errors import SpecMismatchError, UnknownTensorError
 from ..layout import (
@@ -47,7 +48,7 @@ from ..process import ProcessWatch
 from ..received import received
 from ..region import Region
 from ..ring import RingMemory
-from ..spec import TensorSpec, whole_number
+from ..spec import TensorSpec
 from .state import ReceiverState
 
 if TYPE_CHECKING:
@@ -58,17 +59,6 @@ if TYPE_CHECKING:
 #: (Consumer.release): a credit message per release costs the receiver of a small message about
 #: as much as the message itself.
 CREDIT_BATCH_DIVISOR = 2
-
-
-def check_ring(ring: Any) -> int:
-    """A ring depth: a whole number of at least 1 (ValueError otherwise, 2.5 and True too)."""
-    try:
-        depth = whole_number(ring)
-    except TypeError:
-        depth = 0
-    if depth < 1:
-        raise ValueError(f"ring must be a whole number of at least 1, got {ring!r}")
-    return depth
 
 
 @dataclass(eq=False)
@@ -239,7 +229,7 @@ class TensorTable:
     def register(self, spec: TensorSpec, ring: int | None, device: int | None = None) -> None:
         if ring is None:
             ring = self._ring_depth
-        depth = auto_depth(spec.max_bytes) if ring is None else check_ring(ring)
+        depth = auto_depth(spec.max_bytes) if ring is None else check_count("ring", ring, 1)
         with self._state.lock:
             self._check_new(spec.name)
             if device is None:
