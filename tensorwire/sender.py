@@ -376,6 +376,10 @@ class Sender(Resource):
         # name -> (writer, shape, dtype): write()'s fast routes (peer=None), for writers that
         # can write at once (TensorWriter.write_now); cleared with the routes, and at close.
         self._fast: dict[str, tuple[TensorWriter, tuple[Any, ...], np.dtype[Any]]] = {}
+        #: writers (by id) with a buffer() block open: another message of their tensor before
+        #: the block ends is refused (it took the block's slot or staging buffer, and a
+        #: message was lost)
+        self._producing: set[int] = set()
         self._lock = threading.RLock()
         self._closed = False
         self._heartbeat = heartbeat
@@ -619,6 +623,8 @@ class Sender(Resource):
             deadline = self._deadline(timeout)
             try:
                 w = p.writers.get(entry.tensor_id) or p.writer(entry, deadline)
+                if self._producing:
+                    self._refuse_if_producing(w, name)
                 w.write(arr if w.takes_device else w.on_host(arr), deadline)
                 if w.writes_now and peer is None and fast is None:
                     self._fast[name] = (w, entry.spec.static_shape, entry.spec.dtype)
@@ -687,6 +693,10 @@ class Sender(Resource):
                 name = item[0]
                 where = item[2] if len(item) > 2 else peer
                 p, entry = routes.get((name, where)) or self._resolve(name, where)
+                if self._producing:  # before any item is written
+                    open_writer = p.writers.get(entry.tensor_id)
+                    if open_writer is not None:
+                        self._refuse_if_producing(open_writer, name)
                 planned.append((p, entry, entry.spec.check_array(item[1], allow_copy=allow_copy)))
             deadline = self._deadline(timeout)
             if not planned:
@@ -781,26 +791,41 @@ class Sender(Resource):
             spec.check_shape(shape)
             deadline = self._deadline(timeout)
             w = p.writer(entry, deadline)
-            if entry.device is not None and not w.takes_device:
-                # Produced on the GPU, sent from host memory: a GPU staging array, copied out
-                # (through pinned memory) when the block ends.
-                cp = cupy_module()
-                with cp.cuda.Device(entry.device):
-                    staging = cp.empty(shape, spec.dtype)
-                yield staging
-                w.write(w.on_host(staging), deadline)
-                w.traffic.messages += 1
-                w.traffic.bytes += staging.nbytes
-                return
-            out = w.acquire(shape, deadline)
+            self._refuse_if_producing(w, name)
+            self._producing.add(id(w))
+            # its fast route would write into the slot the block fills
+            for routed in [k for k, f in self._fast.items() if f[0] is w]:
+                del self._fast[routed]
             try:
-                yield out
-            except BaseException:
-                w.abort()
-                raise
-            w.commit(shape)
-            w.traffic.messages += 1
-            w.traffic.bytes += out.nbytes
+                if entry.device is not None and not w.takes_device:
+                    # Produced on the GPU, sent from host memory: a GPU staging array, copied
+                    # out (through pinned memory) when the block ends.
+                    cp = cupy_module()
+                    with cp.cuda.Device(entry.device):
+                        staging = cp.empty(shape, spec.dtype)
+                    yield staging
+                    w.write(w.on_host(staging), deadline)
+                    w.traffic.messages += 1
+                    w.traffic.bytes += staging.nbytes
+                    return
+                out = w.acquire(shape, deadline)
+                try:
+                    yield out
+                except BaseException:
+                    w.abort()
+                    raise
+                w.commit(shape)
+                w.traffic.messages += 1
+                w.traffic.bytes += out.nbytes
+            finally:
+                self._producing.discard(id(w))
+
+    def _refuse_if_producing(self, w: TensorWriter, name: str) -> None:
+        if id(w) in self._producing:
+            raise TensorWireError(
+                f"tensor {name!r} has a buffer() block open in this sender: end the block "
+                "(its message) before another message of the tensor"
+            )
 
     def ping(self, peer: str | None = None, timeout: float | None = _DEFAULT) -> None:
         """A control-plane heartbeat round trip (raises if the receiver does not answer).

@@ -237,6 +237,36 @@ def test_produce_in_place_with_buffer(transport: str) -> None:
                 rx.wait("c", timeout=0.1)  # the aborted message was never completed
 
 
+def test_another_message_of_a_tensor_inside_its_buffer_block_is_refused(transport: str) -> None:
+    """A buffer() block holds its tensor's next slot (over shm) or its staging buffer: a
+    second block of the same tensor, or a write of it, inside the block took that slot and
+    lost a message (over shm the receiver waited for message 1 for ever). Refused now, with
+    the block's own message and every later one delivered in order; other tensors go on."""
+    with tw.Receiver() as rx:
+        rx.register("a", (4,), "float32", ring=4)
+        rx.register("b", (4,), "float32")
+        with tw.Sender.connect(rx.address, transport=transport, timeout=5) as tx:
+            tx.write("a", np.full(4, 1, np.float32))  # a fast route the block must not take
+            with tx.buffer("a") as out:
+                out[:] = 2
+                for wrong in (
+                    lambda: tx.buffer("a").__enter__(),
+                    lambda: tx.write("a", np.zeros(4, np.float32)),
+                    lambda: tx.write_many([("b", np.zeros(4, np.float32)), ("a", out)]),
+                ):
+                    with pytest.raises(tw.TensorWireError, match="has a buffer\\(\\) block open"):
+                        wrong()
+                tx.write("b", np.full(4, 5, np.float32))  # another tensor: fine
+            tx.write("a", np.full(4, 3, np.float32))
+            got = []
+            for _ in range(3):
+                got.append(float(rx.wait("a", timeout=5)[0]))
+                rx.release("a")
+            assert got == [1.0, 2.0, 3.0]
+            assert rx.wait("b", timeout=5).tolist() == [5.0] * 4  # write_many wrote nothing
+            assert rx.pending("a") == 0 and rx.pending("b") == 0
+
+
 BAD_WRITES = [
     ("dtype", lambda: np.zeros((4, 4), dtype=np.float64), "dtype mismatch"),
     ("shape", lambda: np.zeros((2, 8), dtype=np.float32), "shape mismatch"),
