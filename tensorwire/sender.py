@@ -21,6 +21,7 @@ import numpy as np
 
 from . import metrics, wire
 from .auth import client_mac, new_nonce, normalise_secret, server_proof, verify
+from .checks import whole_number
 from .control import ControlClient
 from .cuda import cupy as cupy_module
 from .doorbell import check_timeout, deadline_of
@@ -30,6 +31,7 @@ from .errors import (
     ClosedError,
     LocalProtocolError,
     PeerLostError,
+    SpecMismatchError,
     TensorWireError,
     UnknownTensorError,
 )
@@ -787,7 +789,12 @@ class Sender(Resource):
             spec = entry.spec
             if shape is None:
                 shape = spec.static_shape
-            shape = tuple(int(d) for d in shape)
+            try:
+                shape = tuple(whole_number(d) for d in shape)
+            except TypeError:
+                raise SpecMismatchError(
+                    f"tensor {name!r}: a buffer's shape takes whole numbers, got {shape!r}"
+                ) from None
             spec.check_shape(shape)
             deadline = self._deadline(timeout)
             w = p.writer(entry, deadline)
