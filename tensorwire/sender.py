@@ -459,14 +459,18 @@ class Sender(Resource):
             self._peers[address] = peer
             metrics.count("tensorwire_peers_connected_total", "sender")
 
-    def remove_peer(self, address: str) -> None:
-        """Disconnect from one receiver (say goodbye if it is still there)."""
+    def remove_peer(self, address: str, *, goodbye: bool = True) -> None:
+        """Disconnect from one receiver, saying goodbye if it is still there (up to 5 s for its
+        answer). ``goodbye=False``: close at once, without it, as a caller that knows the
+        receiver cannot answer (a process it found frozen) would; the receiver then sees the
+        session end as a loss, not as a clean goodbye."""
         with self._lock:
             self._check_open()
             p = self._peers.pop(address, None)
             self._forget_routes()
         if p is not None:
-            p.goodbye()
+            if goodbye:
+                p.goodbye()
             p.close_quietly()
 
     @property
