@@ -128,6 +128,11 @@ def test_closing_a_sender_of_several_frozen_receivers_takes_one_goodbye(
             tx.write(f"t{k}", np.zeros(4, np.float32))
         for proc in procs:
             os.kill(proc.pid, signal.SIGSTOP)
+        # one removed without a goodbye (a caller that knows it frozen): at once
+        first = tx.peers[0]
+        start = time.monotonic()
+        tx.remove_peer(first, goodbye=False)
+        assert time.monotonic() - start < 1.0 and first not in tx.peers
     finally:
         start = time.monotonic()
         tx.close()
