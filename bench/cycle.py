@@ -28,6 +28,7 @@ import cProfile
 import io
 import pstats
 import statistics
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -37,7 +38,8 @@ import numpy as np
 import tensorwire as tw
 from tensorwire import cuda as tw_cuda
 
-from .common import human, parse_size
+from .common import human, machine_facts, parse_size
+from .report import SCHEMA, write_json
 
 #: messages before any timing: the first ones pay one-off costs (registrations, caches, pages)
 WARM_UP = 1000
@@ -161,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         default="cpu",
         help="where the slots and the payload live: cpu (default), cuda or cuda:N",
     )
+    parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument(
         "--each",
@@ -189,19 +192,45 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, tw.TensorWireError) as exc:
         parser.error(f"--device: {exc}")
     what = f"{args.count} {args.transport} messages of {human(elements * 4)} on {args.device}"
+    config: dict[str, Any] = {
+        "count": args.count,
+        "bytes": elements * 4,
+        "transport": args.transport,
+        "device": args.device,
+    }
+    results: dict[str, Any]
     if args.profile is not None:
+        text = profile(args.count, elements, args.profile, args.transport, args.device)
         print(f"profile of {what}:")
-        print(profile(args.count, elements, args.profile, args.transport, args.device))
-        return 0
-    if args.each:
+        print(text)
+        results = {"profile": text}
+    elif args.each:
         each = measure_each(args.count, elements, args.transport, args.device)
         print(
             ", ".join(f"{call} {us:.3f}" for call, us in each.items()) + f" us (medians of {what})"
         )
-        return 0
-    figures = measure(args.count, args.repeat, elements, args.transport, args.device)
-    runs = ", ".join(f"{f:.3f}" for f in figures)
-    print(f"{statistics.median(figures):.3f} us per write + wait + release ({what}; runs: {runs})")
+        results = {"median_us": each}
+    else:
+        config["repeat"] = args.repeat
+        figures = measure(args.count, args.repeat, elements, args.transport, args.device)
+        runs = ", ".join(f"{f:.3f}" for f in figures)
+        print(
+            f"{statistics.median(figures):.3f} us per write + wait + release ({what}; runs: {runs})"
+        )
+        results = {"us_per_message": figures}
+    if args.json:
+        command = " ".join(sys.argv[1:] if argv is None else argv)
+        write_json(
+            args.json,
+            {
+                "schema": SCHEMA,
+                "kind": "cycle",
+                "command": f"python -m tensorwire.bench.cycle {command}",
+                "machine": machine_facts(),
+                "config": config,
+                **results,
+            },
+        )
     return 0
 
 

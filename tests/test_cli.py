@@ -248,9 +248,13 @@ def test_depths_probe_times_each_depth_in_turn() -> None:
     assert bad.returncode == 2 and "--depths takes whole numbers" in bad.stderr
 
 
-def test_cycle_probe_times_each_call() -> None:
-    out = run("-m", "tensorwire.bench.cycle", "--count", "200", "--each")
+def test_cycle_probe_times_each_call(tmp_path: Path) -> None:
+    path = tmp_path / "cycle.json"
+    out = run("-m", "tensorwire.bench.cycle", "--count", "200", "--each", "--json", str(path))
     assert out.returncode == 0, out.stderr
+    written = json.loads(path.read_text())
+    assert written["kind"] == "cycle" and written["config"]["transport"] == "shm"
+    assert set(written["median_us"]) == {"write", "wait", "release", "timer"}
     figures = dict(re.findall(r"(write|wait|release|timer) (\d+\.\d+)", out.stdout))
     assert set(figures) == {"write", "wait", "release", "timer"}, out.stdout
     assert all(float(us) > 0 for us in figures.values())
