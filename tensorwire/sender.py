@@ -804,9 +804,11 @@ class Sender(Resource):
             w = p.writer(entry, deadline)
             self._refuse_if_producing(w, name)
             self._producing.add(id(w))
-            # its fast route would write into the slot the block fills
-            for routed in [k for k, f in self._fast.items() if f[0] is w]:
-                del self._fast[routed]
+            # its fast route (keyed by the tensor's name) would write into the slot the block
+            # fills: dropped, and made again by the first write after the block
+            routed = self._fast.get(name)
+            if routed is not None and routed[0] is w:
+                del self._fast[name]
             try:
                 if entry.device is not None and not w.takes_device:
                     # Produced on the GPU, sent from host memory: a GPU staging array, copied
