@@ -212,6 +212,7 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-ps") -> int:
         "final_loss": server.losses[-1] if server.losses else None,
         "accuracy": server.last_accuracy,
         "caught_up": server.stats.caught_up,
+        "longest_step_s": server.stats.longest_step,
         "sync": cfg.sync,
         "transport": cfg.transport,
         "traffic": tw_metrics.totals(),

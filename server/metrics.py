@@ -40,6 +40,13 @@ def ps_metrics(server: ParameterServer) -> list[Metric]:
             [(shard, (stats.steps, stats.step_seconds))],
         ),
         Metric(
+            "tensorwire_ps_longest_step_seconds",
+            "gauge",
+            "The longest step since the daemon started (a worker lost waits --step-timeout)",
+            ("shard",),
+            [(shard, stats.longest_step)],
+        ),
+        Metric(
             "tensorwire_ps_loss",
             "gauge",
             "Training loss of the last step (mean over the workers that sent it)",

@@ -161,6 +161,8 @@ class PSStats:
 
     steps: int = 0  # steps done since the daemon started (the step number may start higher)
     step_seconds: float = 0.0  # their total duration
+    #: the longest of them: a worker lost (--step-timeout), a straggler, a checkpoint
+    longest_step: float = 0.0
     loss: float = float("nan")
     accuracy: float | None = None
     #: per worker rank: seconds a BSP step spent waiting for that worker's gradients after the
@@ -572,6 +574,7 @@ class ParameterServer:
         stats = self.stats
         stats.steps += 1
         stats.step_seconds += seconds
+        stats.longest_step = max(stats.longest_step, seconds)
         stats.loss, stats.accuracy = loss, self.last_accuracy
         self.on_step(StepReport(step, loss, self.last_accuracy, seconds))
 
@@ -608,9 +611,11 @@ class ParameterServer:
             w.untold = True
             return
         with contextlib.suppress(tw.TensorWireError):
-            # Stopping, one not heard from within the stop's grace is likely frozen: its
-            # goodbye would take GOODBYE_TIMEOUT (5 s, measured) of the stop for nothing.
-            self.tx.remove_peer(w.address, goodbye=not self._stop_requested)
+            # One not heard from in time may be frozen: its goodbye would wait GOODBYE_TIMEOUT
+            # (5 s, measured) for its answer. While we serve, it is said on a thread of its own
+            # (every other worker's step would wait for it), and ends the session cleanly when
+            # the worker runs again, before it joins again; stopping, it is not said at all.
+            self.tx.remove_peer(w.address, goodbye=not self._stop_requested, wait=False)
 
     def _leave(self, w: _Worker) -> None:
         """``w`` said it stops: go on without it at once (its gradients will not come)."""

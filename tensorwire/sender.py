@@ -329,6 +329,14 @@ class _Peer:
             watch.close()
 
 
+def _farewell(peer: _Peer) -> None:
+    """Say goodbye to a receiver no longer among a sender's peers, then close its sockets."""
+    try:
+        peer.goodbye()
+    finally:
+        peer.close_quietly()
+
+
 class Sender(Resource):
     """Writes tensors into one or more receivers.
 
@@ -382,6 +390,8 @@ class Sender(Resource):
         #: the block ends is refused (it took the block's slot or staging buffer, and a
         #: message was lost)
         self._producing: set[int] = set()
+        #: goodbyes said on threads of their own (remove_peer's ``wait=False``), by address
+        self._farewells: dict[str, threading.Thread] = {}
         self._lock = threading.RLock()
         self._closed = False
         self._heartbeat = heartbeat
@@ -430,8 +440,15 @@ class Sender(Resource):
 
         ``connect_timeout`` bounds the handshake alone (default: the sender's timeout)."""
         check_timeout(connect_timeout)
+        farewell = self._farewells.get(address)
+        if farewell is not None:
+            # The receiver ends the old session before it hears of the new one, which could
+            # not claim the tensors the old one holds. Bounded: a goodbye takes GOODBYE_TIMEOUT.
+            farewell.join()
         with self._lock:
             self._check_open()
+            if farewell is not None and self._farewells.get(address) is farewell:
+                del self._farewells[address]
             if address in self._peers:
                 return
             if self._heartbeats is None and self._heartbeat:
@@ -459,15 +476,31 @@ class Sender(Resource):
             self._peers[address] = peer
             metrics.count("tensorwire_peers_connected_total", "sender")
 
-    def remove_peer(self, address: str, *, goodbye: bool = True) -> None:
+    def remove_peer(self, address: str, *, goodbye: bool = True, wait: bool = True) -> None:
         """Disconnect from one receiver, saying goodbye if it is still there (up to 5 s for its
         answer). ``goodbye=False``: close at once, without it, as a caller that knows the
-        receiver cannot answer (a process it found frozen) would; the receiver then sees the
-        session end as a loss, not as a clean goodbye."""
+        receiver cannot answer and will not run again (a process it found frozen, while it
+        stops) would; the receiver then sees the session end as a loss, not as a clean goodbye,
+        and keeps the tensors it wrote claimed until then. ``wait=False``: say the goodbye on a
+        thread of its own and return at once, for a caller whose other receivers must not wait
+        for one that may be frozen: the goodbye reaches it, and ends the session cleanly, when
+        it runs again. A new session to that address (:meth:`add_peer`) begins once the goodbye
+        has ended, and :meth:`close` waits for such goodbyes still under way."""
         with self._lock:
             self._check_open()
             p = self._peers.pop(address, None)
             self._forget_routes()
+            if p is not None and goodbye and not wait:
+                thread = threading.Thread(
+                    target=_farewell, args=(p,), name=f"tensorwire-goodbye-{self.name}", daemon=True
+                )
+                try:
+                    thread.start()
+                except RuntimeError:  # no new threads (interpreter shutdown): said here
+                    pass
+                else:
+                    self._farewells[address] = thread
+                    return
         if p is not None:
             if goodbye:
                 p.goodbye()
@@ -892,7 +925,7 @@ class Sender(Resource):
                 farewells.append(thread)
         if peers:
             peers[0].goodbye()
-        for thread in farewells:
+        for thread in [*farewells, *self._farewells.values()]:
             thread.join()  # bounded: a goodbye takes GOODBYE_TIMEOUT at most
         for p in peers:
             p.close_quietly()

@@ -141,6 +141,45 @@ def test_closing_a_sender_of_several_frozen_receivers_takes_one_goodbye(
         os.kill(proc.pid, signal.SIGKILL)
 
 
+def test_a_goodbye_not_waited_for_reaches_a_frozen_receiver_when_it_runs_again(
+    children: Children,
+) -> None:
+    """``remove_peer(wait=False)`` returns at once where a frozen (SIGSTOP) receiver makes a
+    goodbye wait GOODBYE_TIMEOUT (5 s): a parameter server dropping a frozen worker held every
+    other worker's step that long. The goodbye reaches the receiver when it runs again and ends
+    the session cleanly, so the same sender's next session writes the tensor the old one held
+    at once; a session ended as a loss (``goodbye=False``) keeps it claimed until the
+    receiver's heartbeat timeout (30 s)."""
+    from tensorwire.sender import GOODBYE_TIMEOUT
+
+    here, there = children.pipe()
+    proc = children.start(run_receiver, there, [("t", (4,), "float32")])
+    assert here.poll(30)
+    address = here.recv()["address"]
+    tx = tw.Sender(transport="shm", timeout=30)
+    try:
+        tx.add_peer(address)
+        tx.write("t", np.ones(4, np.float32))
+        here.send(("t", 10))
+        assert here.recv() == ("ok", 4.0)
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            start = time.monotonic()
+            tx.remove_peer(address, wait=False)
+            assert time.monotonic() - start < 1.0 and address not in tx.peers
+            time.sleep(0.5)  # the goodbye waits for the frozen receiver meanwhile
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        start = time.monotonic()
+        tx.add_peer(address)  # a new session, once the old one's goodbye was answered
+        assert time.monotonic() - start < GOODBYE_TIMEOUT
+        tx.write("t", np.full(4, 2.0, np.float32), timeout=2)  # claimed: not held by the old
+        here.send(("t", 10))
+        assert here.recv() == ("ok", 8.0)
+    finally:
+        tx.close()
+
+
 def test_garbage_on_control_port_keeps_serving(transport: str) -> None:
     with tw.Receiver() as rx:
         rx.register("other", (8,), "float32")
