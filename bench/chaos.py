@@ -39,6 +39,7 @@ from typing import Any
 
 import tensorwire as tw
 from tensorwire.client.launch import free_port, job_environment, ps_command, worker_command
+from tensorwire.job.config import at_least, fraction, positive_seconds, seconds
 
 from .common import machine_facts
 from .report import SCHEMA
@@ -68,11 +69,14 @@ def add_parser(sub: Any) -> None:
         description=_DESCRIPTION,
     )
     p.add_argument("--transport", default="shm", help="the job's data plane (default shm)")
-    p.add_argument("--servers", type=int, default=2, help="server daemons (default 2)")
-    p.add_argument("--workers", type=int, default=3, help="worker daemons (default 3)")
+    p.add_argument("--servers", type=at_least(1), default=2, help="server daemons (default 2)")
+    p.add_argument("--workers", type=at_least(2), default=3, help="worker daemons (default 3)")
     p.add_argument("--sync", default="bsp", choices=("bsp", "asp", "ssp"), help="default bsp")
     p.add_argument(
-        "--duration", type=float, default=120.0, help="seconds of disruptions (default 120)"
+        "--duration",
+        type=positive_seconds,
+        default=120.0,
+        help="seconds of disruptions (default 120)",
     )
     p.add_argument(
         "--events",
@@ -81,29 +85,32 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--gap",
-        type=float,
+        type=seconds,
         default=2.0,
         help="most seconds of quiet between the recovery from one fault and the next (default 2)",
     )
     p.add_argument(
         "--step-timeout",
-        type=float,
+        type=positive_seconds,
         default=2.0,
         help="the servers' --step-timeout: a worker silent this long within a step is dropped "
         "(default 2)",
     )
     p.add_argument(
-        "--checkpoint-every", type=int, default=100, help="the servers' (default 100 steps)"
+        "--checkpoint-every",
+        type=at_least(1),
+        default=100,
+        help="the servers' (default 100 steps)",
     )
     p.add_argument(
         "--stall",
-        type=float,
+        type=positive_seconds,
         default=90.0,
         help="seconds each server has, after a fault, to checkpoint twice more (default 90)",
     )
     p.add_argument(
         "--min-accuracy",
-        type=float,
+        type=fraction,
         default=0.9,
         help="rank 0's test accuracy at the end (default 0.9)",
     )
@@ -329,8 +336,6 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
         )
     if args.transport not in tw.TRANSPORT_NAMES or args.transport == "auto":
         parser.error(f"--transport {args.transport}: from {', '.join(tw.TRANSPORT_NAMES[1:])}")
-    if args.servers < 1 or args.workers < 2 or args.duration <= 0 or args.stall <= 0:
-        parser.error("chaos needs --servers >= 1, --workers >= 2, --duration > 0, --stall > 0")
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     rng = random.Random(seed)
     tmp = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="tensorwire-chaos-"))

@@ -16,6 +16,7 @@ from typing import Any
 
 from tensorwire.client import tasks
 from tensorwire.client.launch import run_job
+from tensorwire.job.config import at_least
 
 from .common import machine_facts
 from .report import SCHEMA
@@ -25,8 +26,8 @@ DEFAULT_TRANSPORTS = "shm,tcp,grpc"
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("ps", help="whole parameter-server training jobs, one per transport")
-    p.add_argument("--workers", type=int, default=2, help="workers per job (default 2)")
-    p.add_argument("--servers", type=int, default=1, help="servers per job (default 1)")
+    p.add_argument("--workers", type=at_least(1), default=2, help="workers per job (default 2)")
+    p.add_argument("--servers", type=at_least(1), default=1, help="servers per job (default 1)")
     p.add_argument(
         "--transports",
         default=DEFAULT_TRANSPORTS,
@@ -47,9 +48,11 @@ def add_parser(sub: Any) -> None:
         help="the workers' --framework: torch trains a built-in model as a PyTorch module "
         "(default auto: what --model builds)",
     )
-    p.add_argument("--steps", type=int, default=30, help="steps per job (default 30)")
-    p.add_argument("--repeat", type=int, default=1, help="jobs per transport; medians reported")
-    p.add_argument("--batch", type=int, default=32, help="batch per worker")
+    p.add_argument("--steps", type=at_least(1), default=30, help="steps per job (default 30)")
+    p.add_argument(
+        "--repeat", type=at_least(1), default=1, help="jobs per transport; medians reported"
+    )
+    p.add_argument("--batch", type=at_least(1), default=32, help="batch per worker (default 32)")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
 
 
@@ -60,8 +63,6 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
     bad = [t for t in transports if t not in tw.TRANSPORT_NAMES or t == "auto"]
     if bad or not transports:
         parser.error(f"unknown transport(s) {', '.join(bad) or '(none)'}")
-    if min(args.workers, args.servers, args.steps, args.repeat) < 1:
-        parser.error("--workers, --servers, --steps and --repeat must be at least 1")
     try:
         factory = tasks.load_factory(args.model, args.framework)
         made = tasks.as_task(factory(tasks.JobInfo(0, 1, args.batch, 0)))

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 import tensorwire as tw
+from tensorwire.job.config import at_least, positive_seconds
 
 from .common import machine_facts, parse_size
 from .report import SCHEMA
@@ -25,8 +26,10 @@ from .report import SCHEMA
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("soak", help="bounded load test: every message accounted for, no leaks")
-    p.add_argument("--duration", type=float, default=30.0, help="seconds of load (default 30)")
-    p.add_argument("--senders", type=int, default=3, help="sender processes (default 3)")
+    p.add_argument(
+        "--duration", type=positive_seconds, default=30.0, help="seconds of load (default 30)"
+    )
+    p.add_argument("--senders", type=at_least(1), default=3, help="sender processes (default 3)")
     p.add_argument(
         "--transports",
         default="shm,tcp,grpc",
@@ -69,8 +72,8 @@ def _segments() -> int:
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
     transports = [t.strip() for t in args.transports.split(",") if t.strip()]
     bad = [t for t in transports if t not in tw.TRANSPORT_NAMES or t == "auto"]
-    if bad or not transports or args.senders < 1 or args.duration <= 0:
-        parser.error("soak needs --senders >= 1, --duration > 0 and known --transports")
+    if bad or not transports:
+        parser.error(f"--transports: unknown {', '.join(bad) or '(none given)'}")
     ctx = mp.get_context("spawn")
     elements = max(2, args.size // 8)
     seg0 = _segments()

@@ -13,18 +13,24 @@ import sys
 
 import tensorwire as tw
 from tensorwire import extras
+from tensorwire.job.config import at_least
 
+from . import tasks
 from .launch import run_job
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m tensorwire.client.demo",
+        prog="tensorwire demo",
         description="Train the digits MLP with one parameter server and two workers, over shm "
         "and then over grpc, and compare.",
     )
-    parser.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
-    parser.add_argument("--workers", type=int, default=2, help="training workers (default 2)")
+    parser.add_argument(
+        "--steps", type=at_least(1), default=300, help="training steps (default 300)"
+    )
+    parser.add_argument(
+        "--workers", type=at_least(1), default=2, help="training workers (default 2)"
+    )
     parser.add_argument(
         "--transports",
         default=None,
@@ -44,8 +50,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
-    if args.steps < 1 or args.workers < 1:
-        parser.error("--steps and --workers must be at least 1")
+    # Refused here, not by the daemons once started: each job would start them to fail
+    try:
+        ps_args = shlex.split(args.ps_args)
+    except ValueError as exc:
+        parser.error(f"--ps-args {args.ps_args!r}: {exc}")
+    try:
+        tasks.load_factory(args.model)
+    except ValueError as exc:
+        parser.error(str(exc))
     if not extras.installed(extras.PS):
         print(
             "error: the demo trains on scikit-learn's digits data set: "
@@ -55,6 +68,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.transports is not None:
         transports = [t.strip() for t in args.transports.split(",") if t.strip()]
+        bad = [t for t in transports if t not in tw.TRANSPORT_NAMES]
+        if bad or not transports:
+            parser.error(
+                f"--transports: unknown {', '.join(bad) or '(none given)'}; from "
+                f"{', '.join(tw.TRANSPORT_NAMES)}"
+            )
     elif extras.installed(extras.GRPC):
         transports = ["shm", "grpc"]
     else:
@@ -77,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                 steps=args.steps,
                 workers=args.workers,
                 model=args.model,
-                ps_args=shlex.split(args.ps_args),
+                ps_args=ps_args,
                 progress=not args.quiet,
             )
         except (RuntimeError, tw.TensorWireError) as exc:

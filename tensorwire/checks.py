@@ -1,5 +1,6 @@
-"""Checks of the whole numbers a caller hands the public API: shapes' dimensions, sizes and
-counts (a ring's depth, copy threads, NIXL's cache sizes, a region's bytes).
+"""Checks of the numbers a caller hands the public API: shapes' dimensions, sizes and counts
+(a ring's depth, copy threads, NIXL's cache sizes, a region's bytes), and amounts (CPUs per
+process, seconds).
 
 int() would take 3.5 for 3, "3" for 3 and True for 1: a size or a count the caller never
 wrote, found out (if ever) far from the call. Here they are refused where they are given.
@@ -7,6 +8,7 @@ wrote, found out (if ever) far from the call. Here they are refused where they a
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any
 
@@ -29,3 +31,17 @@ def check_count(name: str, value: Any, minimum: int) -> int:
     if count is None or count < minimum:
         raise ValueError(f"{name} must be a whole number of at least {minimum}, got {value!r}")
     return count
+
+
+def check_amount(name: str, value: Any, *, positive: bool = False) -> float:
+    """``value`` as a float, where it is a finite real number of at least 0 (more than 0 where
+    ``positive``); else a ValueError that names ``name``. NaN compares false with every bound,
+    so a check of the bound alone passed it."""
+    try:
+        amount = None if isinstance(value, (bool, str)) else float(value)
+    except (TypeError, ValueError):
+        amount = None
+    if amount is None or not math.isfinite(amount) or amount < 0 or (positive and amount == 0):
+        wanted = "a positive number" if positive else "a number of at least 0"
+        raise ValueError(f"{name} must be {wanted}, got {value!r}")
+    return amount

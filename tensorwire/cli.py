@@ -135,6 +135,7 @@ def _ping(argv: list[str]) -> int:
     import socket
 
     from .endpoint import split_endpoint
+    from .job.config import positive_seconds
 
     parser = argparse.ArgumentParser(
         prog="tensorwire ping",
@@ -142,7 +143,7 @@ def _ping(argv: list[str]) -> int:
         "with one line: a health check for containers and scripts.",
     )
     parser.add_argument("endpoint", help="e.g. tcp://127.0.0.1:5700 (a --bind of a daemon)")
-    parser.add_argument("--timeout", type=float, default=2.0, help="seconds (default 2)")
+    parser.add_argument("--timeout", type=positive_seconds, default=2.0, help="seconds (default 2)")
     args = parser.parse_args(argv)
     split = split_endpoint(args.endpoint)
     if split is None:

@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .checks import check_amount, check_count
 from .errors import MissingDependencyError, TensorWireError
 from .extras import RAY, require
 
@@ -100,14 +101,17 @@ class RayJob:
     env: dict[str, str] = field(default_factory=dict)  # for every daemon (OPENBLAS_NUM_THREADS)
 
     def check(self) -> None:
-        if self.shards < 1 or self.workers < 1:
-            raise ValueError("a job needs at least one server shard and one worker")
+        check_count("shards", self.shards, 1)
+        check_count("workers", self.workers, 1)
         if self.placement not in ("spread", "pack"):
             raise ValueError(f"placement must be 'spread' or 'pack', got {self.placement!r}")
-        if not 0 < self.port <= 65535 - self.shards:
+        if not 0 < check_count("port", self.port, 1) <= 65535 - self.shards:
             raise ValueError(f"port {self.port} leaves no room for {self.shards} shards")
-        if self.max_restarts < 0:
-            raise ValueError("max_restarts must be 0 or more")
+        check_count("max_restarts", self.max_restarts, 0)
+        # Ray would be started first, then fail to place a negative amount, or wait for ever
+        for name in ("cpus_per_server", "cpus_per_worker", "gpus_per_server", "gpus_per_worker"):
+            check_amount(name, getattr(self, name))
+        check_amount("timeout", self.timeout, positive=True)
         for token in (*self.ps_args, *self.worker_args):
             flag = token.split("=", 1)[0]
             if flag in LAUNCHER_SETS:
@@ -525,6 +529,8 @@ def _split_flags(rest: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .job.config import amount, at_least, positive_seconds
+
     parser = argparse.ArgumentParser(
         prog="tensorwire ray-job",
         description="Run a parameter-server job on a Ray cluster: server shards and workers as "
@@ -541,14 +547,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="the Ray cluster (host:port of its head, or ray://...; default: RAY_ADDRESS, "
         "else a local cluster started for the job)",
     )
-    parser.add_argument("--shards", type=int, default=1, help="server shards (default 1)")
-    parser.add_argument("--workers", type=int, default=1, help="workers (default 1)")
-    parser.add_argument("--cpus-per-server", type=float, default=1.0, help="default 1")
-    parser.add_argument("--cpus-per-worker", type=float, default=1.0, help="default 1")
-    parser.add_argument("--gpus-per-server", type=float, default=0.0, help="default 0")
+    parser.add_argument("--shards", type=at_least(1), default=1, help="server shards (default 1)")
+    parser.add_argument("--workers", type=at_least(1), default=1, help="workers (default 1)")
+    parser.add_argument("--cpus-per-server", type=amount, default=1.0, help="default 1")
+    parser.add_argument("--cpus-per-worker", type=amount, default=1.0, help="default 1")
+    parser.add_argument("--gpus-per-server", type=amount, default=0.0, help="default 0")
     parser.add_argument(
         "--gpus-per-worker",
-        type=float,
+        type=amount,
         default=0.0,
         help="default 0; with GPUs, add --device cuda to train on them",
     )
@@ -563,7 +569,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--max-restarts",
-        type=int,
+        type=at_least(0),
         default=3,
         help="how often Ray may start a failed daemon again (default 3)",
     )
@@ -581,7 +587,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="the job's shared secret (or TENSORWIRE_SECRET; default: one made for the job)",
     )
     parser.add_argument(
-        "--timeout", type=float, default=3600.0, help="seconds for the whole job (default 3600)"
+        "--timeout",
+        type=positive_seconds,
+        default=3600.0,
+        help="seconds for the whole job (default 3600)",
     )
     parser.add_argument("--metrics", default=None, metavar="PATH", help="write the summary here")
     return parser

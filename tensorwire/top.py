@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import extras
+from .job.config import at_least, positive_seconds
 
 #: {sample name: {label items, sorted: value}}
 Page = dict[str, dict[tuple[tuple[str, str], ...], float]]
@@ -205,14 +206,18 @@ def main(argv: list[str]) -> int:
         help="HOST:PORT of a daemon's --metrics-port (or its http://.../metrics URL)",
     )
     parser.add_argument(
-        "--interval", type=float, default=2.0, help="seconds between refreshes (default 2)"
+        "--interval",
+        type=positive_seconds,
+        default=2.0,
+        help="seconds between refreshes (default 2)",
     )
     parser.add_argument(
-        "--count", type=int, default=None, help="stop after this many refreshes (default: never)"
+        "--count",
+        type=at_least(1),
+        default=None,
+        help="stop after this many refreshes (default: never)",
     )
     args = parser.parse_args(argv)
-    if args.interval <= 0 or (args.count is not None and args.count < 1):
-        parser.error("--interval must be positive and --count at least 1")
     try:
         targets = [Target(metrics_url(e)) for e in args.endpoints]
     except ValueError as exc:

@@ -207,6 +207,40 @@ def test_bad_arguments_are_one_clear_line(args: list[str]) -> None:
     assert out.stderr.strip().splitlines()[-1].split(": ")[1] == "error"
 
 
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["ping", "--timeout", "nan", "tcp://127.0.0.1:1"], "--timeout"),
+        (["top", "--interval", "nan", "127.0.0.1:1"], "--interval"),
+        (["top", "--count", "0", "127.0.0.1:1"], "--count"),
+        (["bench", "chaos", "--gap", "-1"], "--gap"),
+        (["bench", "chaos", "--step-timeout", "nan"], "--step-timeout"),
+        (["bench", "chaos", "--min-accuracy", "2"], "--min-accuracy"),
+        (["bench", "soak", "--duration", "nan"], "--duration"),
+        (["bench", "ps", "--batch", "0"], "--batch"),
+        (["ray-job", "--cpus-per-worker", "nan"], "--cpus-per-worker"),
+        (["ray-job", "--timeout", "-1"], "--timeout"),
+        (["demo", "--transports", "pigeon"], "--transports"),
+        (["demo", "--ps-args", '"unclosed'], "--ps-args"),
+        (["demo", "--model", "nosuch"], "--model"),
+    ],
+)
+def test_bad_values_are_refused_before_anything_starts(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In the process, as the parsers are what is tested: before, each of these started
+    something first (a chaos job, a Ray cluster, the demo's daemons) and then ended in a
+    traceback, a wait of a minute, or daemons that refused their flags; a NaN --timeout or
+    --interval was a traceback at its first use, --transports , trained nothing and exited 0."""
+    from tensorwire import cli
+
+    with pytest.raises(SystemExit) as done:
+        cli.main(argv)
+    assert done.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert ": error: " in last and says in last, last
+
+
 def test_info_reports_the_installation() -> None:
     out = run("-m", "tensorwire.cli", "info")
     assert out.returncode == 0

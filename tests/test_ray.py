@@ -355,3 +355,26 @@ def test_bad_flags_are_refused_before_anything_starts(tmp_path: Path) -> None:
         )
         assert done.returncode == 2, done.stderr
         assert says in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("cpus_per_worker", float("nan")),
+        ("gpus_per_server", -1.0),
+        ("timeout", 0.0),
+        ("timeout", float("inf")),
+        ("shards", 1.5),
+        ("max_restarts", -1),
+    ],
+)
+def test_a_job_with_an_impossible_amount_is_refused_before_ray_starts(
+    field: str, value: float
+) -> None:
+    """Before, Ray was started first, then failed to place a negative or NaN amount of CPUs
+    (or waited for the cluster to answer for a minute), and a NaN --timeout said "cannot
+    convert float NaN to integer"."""
+    from tensorwire.ray import RayJob
+
+    with pytest.raises(ValueError, match=field):
+        RayJob(**{field: value}).check()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import re
 import sys
@@ -177,16 +178,38 @@ def add_metrics_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def positive_seconds(text: str) -> float:
-    """An argparse type: a positive number of seconds (a zero or negative interval or timeout
-    would heartbeat without pause, or drop every peer at once)."""
+def _number(text: str, what: str, ok: Callable[[float], bool], wanted: str) -> float:
+    """``text`` as a finite number for which ``ok`` holds, else an argparse error saying what
+    was ``wanted`` (NaN compares false with every bound, so a check of the bound alone passed
+    it, and an infinite timeout never ends)."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r}: give a positive number of seconds")
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+    if not (math.isfinite(value) and ok(value)):
+        raise argparse.ArgumentTypeError(f"{text!r}: give {wanted}")
     return value
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type: a positive number of seconds (a zero or negative interval or timeout
+    would heartbeat without pause, or drop every peer at once)."""
+    return _number(text, "a number of seconds", lambda v: v > 0, "a positive number of seconds")
+
+
+def seconds(text: str) -> float:
+    """An argparse type: 0 or a positive number of seconds (a pause that may be none)."""
+    return _number(text, "a number of seconds", lambda v: v >= 0, "0 or more seconds")
+
+
+def amount(text: str) -> float:
+    """An argparse type: 0 or a positive number (CPUs or GPUs a process asks for)."""
+    return _number(text, "a number", lambda v: v >= 0, "0 or a positive number")
+
+
+def fraction(text: str) -> float:
+    """An argparse type: a number from 0 to 1 (an accuracy, a share)."""
+    return _number(text, "a number", lambda v: 0 <= v <= 1, "a number from 0 to 1")
 
 
 def at_least(minimum: int) -> Callable[[str], int]:
