@@ -108,8 +108,14 @@ def check_timeout(timeout: float | None) -> None:
     """A timeout must be None (block), 0 (poll) or positive seconds: ValueError otherwise. NaN
     too, which compares false with everything: a deadline made of it never passes, and a wait
     on it would block for ever."""
-    if timeout is not None and not timeout >= 0:
-        raise ValueError(f"timeout must be None, 0 or positive seconds, got {timeout}")
+    if timeout is None:
+        return
+    try:
+        if timeout >= 0 and timeout.__class__ is not bool:
+            return
+    except TypeError:  # a string: "'>=' not supported between instances of 'str' and 'int'"
+        pass
+    raise ValueError(f"timeout must be None, 0 or positive seconds, got {timeout!r}")
 
 
 def deadline_of(timeout: float | None) -> float | None:

@@ -84,6 +84,8 @@ def test_arrays_the_fast_route_does_not_take_still_land_or_are_refused(transport
                 tx.write("t", good, timeout=float("nan"))  # a deadline that never passes
             with pytest.raises(ValueError, match="timeout must be"):
                 rx.wait("t", timeout=float("nan"))  # before: waited for ever
+            with pytest.raises(ValueError, match="timeout must be"):
+                rx.wait("t", timeout="5")  # before: "'>=' not supported between ..."
             with pytest.raises(tw.WireTimeoutError):
                 rx.wait("t", timeout=0.1)
             tx.write("t", good + 2)
