@@ -931,13 +931,22 @@ class ParameterServer:
             w.heard = time.monotonic()  # (asp, ssp) its silence counts from here
 
     def _await_any_worker(self) -> None:
-        deadline = time.monotonic() + self.cfg.step_timeout
+        """Every worker taking part was lost: wait for one to join again, as long as for the
+        job's first join (--join-timeout), or a step (--step-timeout) where longer. Dropped
+        workers join again by themselves, once they read the notice (a wait for parameters
+        reads it after PROBE_EVERY) or once restarted; a short --step-timeout (chaos runs: 2 s)
+        ended the job (exit 1) before they could, when every worker was dropped at once (one
+        frozen over grpc held another server's writes, which left the others silent here)."""
+        patience = max(self.cfg.join_timeout, self.cfg.step_timeout)
+        deadline = time.monotonic() + patience
+        log.warning("every worker was lost: waiting up to %g s for one to join again", patience)
         while not any(w.alive for w in self.workers):
             if self._stop_requested:
                 return  # asked to stop while waiting: the job ends here, cleanly
             if time.monotonic() > deadline:
                 raise PSError(
-                    f"every worker was lost and none came back within {self.cfg.step_timeout:g} s"
+                    f"every worker was lost and none joined again within {patience:g} s "
+                    "(--join-timeout, or --step-timeout where longer)"
                 )
             time.sleep(0.1)
             self._rejoin()

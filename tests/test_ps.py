@@ -491,7 +491,8 @@ def test_bsp_tells_a_frozen_worker_it_was_dropped_and_it_joins_again(
 ) -> None:
     """A worker frozen (SIGSTOP) past the servers' --step-timeout is dropped, and told so, and
     the other worker's steps go on without waiting for its goodbye; once it runs again it joins
-    at the current step by itself, with no restart. Rank 0, twice: the
+    at the current step by itself, with no restart. Then both frozen: the servers wait for
+    them to join again. Rank 0, twice: the
     initial values it writes at each join must not fill their one slot. With two servers each
     takes it back at the end of its own step, which may be a step apart: it is not waited for
     until its first gradients, and it skips to the later step. Before, a dropped worker waited
@@ -503,15 +504,18 @@ def test_bsp_tells_a_frozen_worker_it_was_dropped_and_it_joins_again(
         servers=servers,
     )
     _wait_for(j, "joined", 2, servers=servers)
-    for times in (1, 2):
+    for times, frozen in ((1, j.workers[:1]), (2, j.workers)):  # the second time, both
         time.sleep(0.5)
-        j.workers[0].send_signal(signal.SIGSTOP)
+        for w in frozen:
+            w.send_signal(signal.SIGSTOP)
         try:
             _wait_for(j, "worker 0 lost", times)
             time.sleep(2.5)  # stopped past the notice's own timeout: it waits in its memory
         finally:
-            j.workers[0].send_signal(signal.SIGCONT)
+            for w in frozen:
+                w.send_signal(signal.SIGCONT)
         _wait_for(j, "worker 0 rejoined", times, servers=servers)
+    _wait_for(j, "worker 1 rejoined", 1, servers=servers)
     _trains_on(j)  # at least 500 steps with both again
     for p in j.ps:
         p.send_signal(signal.SIGTERM)
@@ -519,6 +523,10 @@ def test_bsp_tells_a_frozen_worker_it_was_dropped_and_it_joins_again(
     assert codes == [0] * (servers + 2), j.log("ps0") + j.log("w0")
     assert "(nothing for 1.5 s)" in j.log("ps0")
     assert j.log("w0").count("went on without this worker") == 2, j.log("w0")
+    # Both lost: the servers wait for them as for the first join (--join-timeout), not for
+    # --step-timeout (1.5 s, before the workers read the notice: the servers exited 1)
+    assert j.log("w1").count("went on without this worker") == 1, j.log("w1")
+    assert "every worker was lost: waiting" in j.log("ps0")
     # The step that lost it waited --step-timeout, not also for the frozen worker's goodbye
     # (until it woke, 2.5 s later, or GOODBYE_TIMEOUT): 6.5 s measured for a longer freeze.
     longest = j.metrics("ps0")["longest_step_s"]
