@@ -6,6 +6,7 @@ previous checkpoint intact.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from typing import Any
@@ -60,11 +61,18 @@ def save(
         for slot, value in slots.items():
             arrays[f"s:{key}:{slot}"] = value
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        # A disk that filled up mid-write: the partial file would keep it full (and the next
+        # checkpoint would fail for want of the space it holds)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def specs_in(path: str) -> dict[str, tuple[tuple[int, ...], str]]:

@@ -213,6 +213,7 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-ps") -> int:
         "accuracy": server.last_accuracy,
         "caught_up": server.stats.caught_up,
         "longest_step_s": server.stats.longest_step,
+        "checkpoint_failures": server.stats.checkpoint_failures,
         "sync": cfg.sync,
         "transport": cfg.transport,
         "traffic": tw_metrics.totals(),

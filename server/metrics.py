@@ -69,6 +69,14 @@ def ps_metrics(server: ParameterServer) -> list[Metric]:
             [(shard, (stats.checkpoints, stats.checkpoint_seconds))],
         ),
         Metric(
+            "tensorwire_ps_checkpoint_failures_total",
+            "counter",
+            "Checkpoints that could not be written (a full disk, a volume gone): logged as "
+            "errors, and training went on",
+            ("shard",),
+            [(shard, stats.checkpoint_failures)],
+        ),
+        Metric(
             "tensorwire_ps_caught_up_steps_total",
             "counter",
             "Steps this shard skipped, restarted alone behind the job's other servers, to go on "

@@ -170,6 +170,7 @@ class PSStats:
     gradient_wait: dict[int, float] = field(default_factory=dict)
     checkpoints: int = 0
     checkpoint_seconds: float = 0.0
+    checkpoint_failures: int = 0  # writes that failed (a full disk): logged, and trained on
     #: steps skipped to catch up with the job's other servers (restarted alone, see
     #: ParameterServer._catch_up)
     caught_up: int = 0
@@ -234,6 +235,7 @@ class ParameterServer:
         self.ckpt = (
             checkpoint.path_for(cfg.checkpoint_dir, cfg.shard) if cfg.checkpoint_dir else None
         )
+        self._saved_step: int | None = None  # the step of the last checkpoint written or read
         # Known once the workers join (or from the checkpoint when resuming): the parameters'
         # specs, this shard's chunks of them, the values and the optimizer's accumulators.
         self.specs: Specs = {}
@@ -311,6 +313,7 @@ class ParameterServer:
         self.opt.adopt(state, self.place.from_host)
         for w in self.workers:
             w.step = self.step
+        self._saved_step = self.step
         log.info("resumed shard %d from %s at step %d", self.cfg.shard, self.ckpt, self.step)
 
     def _setup(self, specs: Specs, *, needs_init: bool) -> None:
@@ -547,20 +550,37 @@ class ParameterServer:
         if flags == STATUS_STOP:
             w.stopped = True
 
-    def _checkpoint(self) -> None:
-        if self.ckpt is None:
-            return
+    def _checkpoint(self, *, final: bool = False) -> None:
+        """Write the shard's state. One that fails (a full disk, a volume gone) is logged as an
+        error and counted, and training goes on: exiting would lose the steps since the last
+        checkpoint, and a restarted server would fail the same way. A ``final`` one that fails
+        ends the run with PSError (exit 1): the job's result would be lost unsaid."""
+        if self.ckpt is None or (final and self._saved_step == self.step):
+            return  # (the last step's is written already: --checkpoint-every divides it)
         started = time.monotonic()
-        os.makedirs(os.path.dirname(self.ckpt) or ".", exist_ok=True)
         host = self.place.to_host
-        checkpoint.save(
-            self.ckpt,
-            self.step,
-            {cid: host(value) for cid, value in self.params.items()},
-            {k: {s: host(v) for s, v in slots.items()} for k, slots in self.opt.state.items()},
-            self.fingerprint,
-            self.specs,
-        )
+        try:
+            os.makedirs(os.path.dirname(self.ckpt) or ".", exist_ok=True)
+            checkpoint.save(
+                self.ckpt,
+                self.step,
+                {cid: host(value) for cid, value in self.params.items()},
+                {k: {s: host(v) for s, v in slots.items()} for k, slots in self.opt.state.items()},
+                self.fingerprint,
+                self.specs,
+            )
+        except OSError as exc:
+            self.stats.checkpoint_failures += 1
+            last = "none" if self._saved_step is None else f"step {self._saved_step}"
+            what = (
+                f"checkpoint at step {self.step} could not be written to {self.ckpt}: "
+                f"{exc.strerror or exc} (the last one written: {last})"
+            )
+            if final:
+                raise PSError(f"the final {what}") from None
+            log.error("%s; training goes on", what)
+            return
+        self._saved_step = self.step
         self.stats.checkpoints += 1
         self.stats.checkpoint_seconds += time.monotonic() - started
         log.info("checkpoint at step %d written to %s", self.step, self.ckpt)
@@ -595,7 +615,7 @@ class ParameterServer:
             self._run_bsp()
         else:
             self._run_async(10**9 if self.cfg.sync == "asp" else self.cfg.staleness)
-        self._checkpoint()
+        self._checkpoint(final=True)
 
     def _worker_tensors(self, w: _Worker) -> list[str]:
         return [*(grad_name(w.rank, c.cid) for c in self.chunks), meta_name(w.rank)]

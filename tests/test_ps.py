@@ -6,6 +6,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -282,6 +283,49 @@ def test_sigterm_finishes_the_step_checkpoints_and_exits_zero(
         assert j.metrics("w0")["steps"] in steps
     else:  # a server's step is its slowest worker's
         assert j.metrics("w0")["steps"] >= min(steps)
+
+
+def test_a_checkpoint_that_cannot_be_written_is_an_error_and_training_goes_on(
+    job: Any, tmp_path: Path
+) -> None:
+    """The checkpoint directory gone mid-run (a volume unmounted, a full disk): each checkpoint
+    that fails is logged as an error, counted, and the job trains on; the final one failing
+    ends the server with one line and exit 1 (the job's result would be lost unsaid), while its
+    workers are told to stop and exit 0. Before, the first failure ended the server with a
+    traceback, and a disk that filled up mid-write kept the partial file (and so stayed
+    full)."""
+    ckpt = tmp_path / "ckpt"
+    j = job(ps=["--steps", ENDLESS, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "20"])
+    _wait_for(j, "checkpoint at step 20 ")
+    shutil.rmtree(ckpt)
+    ckpt.write_text("not a directory")  # every write below it fails from here on
+    _wait_for(j, "could not be written", 2)
+    j.ps[0].send_signal(signal.SIGTERM)
+    codes = j.wait(60)
+    assert codes == [1, 0, 0], j.log("ps0")
+    text = j.log("ps0")
+    assert "training goes on" in text and "Traceback" not in text, text
+    last = text.strip().splitlines()[-1]
+    said = re.fullmatch(
+        r"tensorwire-ps: error: the final checkpoint at step \d+ could not be written to .*: "
+        r"(.*) \(the last one written: step (\d+)\)",
+        last,
+    )
+    assert said is not None, last
+    assert f"checkpoint at step {said[2]} written" in text, text  # the last that was written
+    assert j.metrics("w0")["steps"] > 0  # (the server writes no summary: it failed)
+
+
+def test_a_checkpoint_write_that_fails_leaves_no_partial_file(tmp_path: Path) -> None:
+    """A write that fails midway (here the rename, onto a directory) removes what it wrote: a
+    disk that filled up would otherwise stay full with it."""
+    from tensorwire.server import checkpoint
+
+    target = tmp_path / "ps-shard0.npz"
+    (target / "in-the-way").mkdir(parents=True)
+    with pytest.raises(OSError):
+        checkpoint.save(str(target), 3, {"w": np.ones(4, np.float32)}, {}, "fp", {})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ps-shard0.npz"]
 
 
 # -- configuration and errors -------------------------------------------------------------------
