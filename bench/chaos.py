@@ -40,6 +40,7 @@ from typing import Any
 import tensorwire as tw
 from tensorwire.client.launch import free_port, job_environment, ps_command, worker_command
 from tensorwire.job.config import at_least, fraction, positive_seconds, seconds
+from tensorwire.job.files import output_file
 
 from .common import machine_facts
 from .report import SCHEMA
@@ -118,7 +119,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--keep", metavar="DIR", help="keep the daemons' logs here (kept anyway on failure)"
     )
-    p.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    p.add_argument("--json", metavar="PATH", type=output_file, help="write the results as JSON")
     p.add_argument("--no-progress", action="store_true", help="no line per fault as it happens")
 
 

@@ -31,6 +31,7 @@ from tensorwire.job.config import (
     setup_logging,
     start_metrics,
 )
+from tensorwire.job.files import output_file
 
 from . import chaos, report, soak
 from . import ps as ps_bench
@@ -138,13 +139,18 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "device-to-device and pinned host-to-device copies as references (needs cupy: "
         "pip install 'tensorwire[gpu]')",
     )
-    parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    parser.add_argument(
+        "--json", metavar="PATH", type=output_file, help="write the results as JSON"
+    )
     parser.add_argument(
         "--plot",
         metavar="PATH.png",
+        type=output_file,
         help="draw throughput against size (needs matplotlib: pip install 'tensorwire[bench]')",
     )
-    parser.add_argument("--markdown", metavar="PATH", help="write the tables as markdown")
+    parser.add_argument(
+        "--markdown", metavar="PATH", type=output_file, help="write the tables as markdown"
+    )
     parser.add_argument(
         "--secret-file", metavar="PATH", help="shared secret (or TENSORWIRE_SECRET)"
     )

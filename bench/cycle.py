@@ -37,6 +37,7 @@ import numpy as np
 
 import tensorwire as tw
 from tensorwire import cuda as tw_cuda
+from tensorwire.job.files import output_file
 
 from .common import human, machine_facts, parse_size
 from .report import SCHEMA, write_json
@@ -163,7 +164,9 @@ def main(argv: list[str] | None = None) -> int:
         default="cpu",
         help="where the slots and the payload live: cpu (default), cuda or cuda:N",
     )
-    parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    parser.add_argument(
+        "--json", metavar="PATH", type=output_file, help="also write the figures as JSON"
+    )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument(
         "--each",

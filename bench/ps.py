@@ -17,6 +17,7 @@ from typing import Any
 from tensorwire.client import tasks
 from tensorwire.client.launch import run_job
 from tensorwire.job.config import at_least
+from tensorwire.job.files import output_file
 
 from .common import machine_facts
 from .report import SCHEMA
@@ -53,7 +54,7 @@ def add_parser(sub: Any) -> None:
         "--repeat", type=at_least(1), default=1, help="jobs per transport; medians reported"
     )
     p.add_argument("--batch", type=at_least(1), default=32, help="batch per worker (default 32)")
-    p.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    p.add_argument("--json", metavar="PATH", type=output_file, help="write the results as JSON")
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:

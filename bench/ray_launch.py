@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from tensorwire.client.launch import run_job as run_by_hand
+from tensorwire.job.files import output_file
 from tensorwire.ray import RayJob
 from tensorwire.ray import run_job as run_on_ray
 
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--json", default=None, metavar="PATH")
+    parser.add_argument("--json", default=None, metavar="PATH", type=output_file)
     args = parser.parse_args(argv)
     import ray
 

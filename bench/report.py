@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from tensorwire.job import files
+
 from .common import human
 
 SCHEMA = "tensorwire.bench/1"
@@ -116,9 +118,9 @@ def print_tables(result: dict[str, Any]) -> None:
 
 
 def write_json(path: str, result: dict[str, Any]) -> None:
-    with open(path, "w") as f:
-        json.dump(result, f, indent=2)
-        f.write("\n")
+    """Write ``result`` whole (the sweep rewrites it after each size: a reader sees either)."""
+    text = (json.dumps(result, indent=2) + "\n").encode()
+    files.write_whole(path, lambda f: f.write(text))
 
 
 def plot(path: str, result: dict[str, Any]) -> None:

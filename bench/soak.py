@@ -19,6 +19,7 @@ import numpy as np
 
 import tensorwire as tw
 from tensorwire.job.config import at_least, positive_seconds
+from tensorwire.job.files import output_file
 
 from .common import machine_facts, parse_size
 from .report import SCHEMA
@@ -38,7 +39,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--size", type=parse_size, default=parse_size("64K"), help="message size (default 64K)"
     )
-    p.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    p.add_argument("--json", metavar="PATH", type=output_file, help="write the results as JSON")
 
 
 def _sender(address: str, transport: str, name: str, duration: float, conn: Any) -> None:

@@ -22,7 +22,7 @@ import numpy as np
 import tensorwire as tw
 from tensorwire import curve
 from tensorwire import metrics as tw_metrics
-from tensorwire.job import config
+from tensorwire.job import config, files
 from tensorwire.job.progress import Progress
 
 from . import tasks
@@ -127,9 +127,19 @@ def build_parser(prog: str = "tensorwire-worker") -> argparse.ArgumentParser:
         help="the job's CURVE key pair (both files): encrypts the control plane",
     )
     config.add_heartbeat_flags(p, "server", 5.0, 30.0)
-    p.add_argument("--metrics", metavar="PATH", help="write a JSON summary here at the end")
+    p.add_argument(
+        "--metrics",
+        metavar="PATH",
+        type=files.output_file,
+        help="write a JSON summary here at the end",
+    )
     config.add_metrics_flags(p)
-    p.add_argument("--save-params", metavar="PATH.npz", help="save the final parameters")
+    p.add_argument(
+        "--save-params",
+        metavar="PATH.npz",
+        type=files.output_file,
+        help="save the final parameters (.npz is added where the name lacks it)",
+    )
     p.add_argument(
         "--steps-hint", type=config.at_least(0), default=0, help="total steps, for the progress bar"
     )
@@ -302,7 +312,15 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:
                 )
             elif args.save_params:
                 arrays: dict[str, Any] = client.host_params()
-                np.savez(args.save_params, **arrays)
+                # (np.savez's own naming: .npz added where the name lacks it)
+                path = args.save_params
+                path += "" if path.endswith(".npz") else ".npz"
+                try:
+                    files.write_whole(path, lambda f: np.savez(f, **arrays))
+                except OSError as exc:
+                    raise tw.TensorWireError(
+                        f"cannot write --save-params {path}: {exc.strerror}"
+                    ) from None
     except PSClientStopped as exc:  # asked to stop before the job formed: nothing trained
         print(f"worker{args.rank}: {exc}, before the job began", file=sys.stderr)
         return 0
@@ -318,8 +336,7 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:
         f"test accuracy {metrics['test_accuracy']:.4f}",
         file=sys.stderr,
     )
-    config.write_summary(args.metrics, metrics)
-    return 0
+    return config.write_summary(args.metrics, metrics, prog)
 
 
 if __name__ == "__main__":

@@ -6,12 +6,13 @@ previous checkpoint intact.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from typing import Any
 
 import numpy as np
+
+from tensorwire.job import files
 
 Array = np.ndarray[Any, Any]
 
@@ -19,22 +20,7 @@ Array = np.ndarray[Any, Any]
 def unusable(directory: str) -> str | None:
     """Why checkpoints cannot be written in ``directory`` (created if missing), or None. Checked
     when the daemon starts, not at its first checkpoint."""
-    try:
-        os.makedirs(directory, exist_ok=True)
-    except FileExistsError:
-        return "exists and is not a directory"
-    except OSError as exc:
-        return f"cannot be created: {exc.strerror}"
-    if not os.path.isdir(directory):
-        return "is not a directory"
-    probe = os.path.join(directory, f".tensorwire-probe-{os.getpid()}")
-    try:
-        with open(probe, "wb"):
-            pass
-        os.unlink(probe)
-    except OSError as exc:
-        return f"is not writable: {exc.strerror}"
-    return None
+    return files.unwritable_directory(directory)
 
 
 def path_for(directory: str, shard: int) -> str:
@@ -60,19 +46,7 @@ def save(
     for key, slots in state.items():
         for slot, value in slots.items():
             arrays[f"s:{key}:{slot}"] = value
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        # A disk that filled up mid-write: the partial file would keep it full (and the next
-        # checkpoint would fail for want of the space it holds)
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    files.write_whole(path, lambda f: np.savez(f, **arrays))
 
 
 def specs_in(path: str) -> dict[str, tuple[tuple[int, ...], str]]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import tensorwire as tw
 from tensorwire import metrics as tw_metrics
-from tensorwire.job import config
+from tensorwire.job import config, files
 from tensorwire.job.progress import Progress
 
 from . import checkpoint, optim
@@ -131,7 +131,12 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
         help="encrypt the control plane with the CURVE key pair in DIR (`tensorwire keys DIR`)",
     )
     config.add_heartbeat_flags(p, "worker", d.heartbeat, d.heartbeat_timeout)
-    p.add_argument("--metrics", metavar="PATH", help="write a JSON summary here at the end")
+    p.add_argument(
+        "--metrics",
+        metavar="PATH",
+        type=files.output_file,
+        help="write a JSON summary here at the end",
+    )
     config.add_metrics_flags(p)
     p.add_argument("--no-progress", action="store_true", help="no progress output")
     config.add_logging_flags(p)
@@ -223,8 +228,7 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-ps") -> int:
         f"({summary['steps_per_s']:.1f} steps/s), loss {summary['final_loss']}",
         file=sys.stderr,
     )
-    config.write_summary(args.metrics, summary)
-    return 0
+    return config.write_summary(args.metrics, summary, prog)
 
 
 if __name__ == "__main__":

@@ -530,6 +530,7 @@ def _split_flags(rest: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def build_parser() -> argparse.ArgumentParser:
     from .job.config import amount, at_least, positive_seconds
+    from .job.files import output_file
 
     parser = argparse.ArgumentParser(
         prog="tensorwire ray-job",
@@ -592,7 +593,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=3600.0,
         help="seconds for the whole job (default 3600)",
     )
-    parser.add_argument("--metrics", default=None, metavar="PATH", help="write the summary here")
+    parser.add_argument(
+        "--metrics",
+        default=None,
+        metavar="PATH",
+        type=output_file,
+        help="write the summary here",
+    )
     return parser
 
 
@@ -660,8 +667,7 @@ def main(argv: list[str] | None = None) -> int:
         f"({result.setup_seconds:.1f} s to the first step); worker 0's test accuracy {accuracy}",
         file=sys.stderr,
     )
-    config.write_summary(args.metrics, summary)
-    return 0
+    return config.write_summary(args.metrics, summary, "tensorwire ray-job")
 
 
 @contextlib.contextmanager

@@ -223,6 +223,13 @@ def test_bad_arguments_are_one_clear_line(args: list[str]) -> None:
         (["demo", "--transports", "pigeon"], "--transports"),
         (["demo", "--ps-args", '"unclosed'], "--ps-args"),
         (["demo", "--model", "nosuch"], "--model"),
+        # files written at the end: checked at the start, not found out after the whole run
+        (["bench", "--json", "/nonexistent-tensorwire/x.json"], "--json"),
+        (["bench", "--plot", "/"], "--plot"),
+        (["bench", "chaos", "--json", "/nonexistent-tensorwire/x.json"], "--json"),
+        (["ps", "--metrics", "/nonexistent-tensorwire/ps0.json"], "--metrics"),
+        (["worker", "--save-params", "/nonexistent-tensorwire/p.npz"], "--save-params"),
+        (["ray-job", "--metrics", "/nonexistent-tensorwire/job.json"], "--metrics"),
     ],
 )
 def test_bad_values_are_refused_before_anything_starts(
@@ -231,7 +238,8 @@ def test_bad_values_are_refused_before_anything_starts(
     """In the process, as the parsers are what is tested: before, each of these started
     something first (a chaos job, a Ray cluster, the demo's daemons) and then ended in a
     traceback, a wait of a minute, or daemons that refused their flags; a NaN --timeout or
-    --interval was a traceback at its first use, --transports , trained nothing and exited 0."""
+    --interval was a traceback at its first use, --transports , trained nothing and exited 0;
+    an output file in a missing directory was a traceback after the whole run."""
     from tensorwire import cli
 
     with pytest.raises(SystemExit) as done:

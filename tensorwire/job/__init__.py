@@ -6,7 +6,9 @@ and ``tensorwire ray-job``.
   parameters are sharded, what every tensor is called, the status word);
 * :mod:`.config`: the daemons' flags, TOML file and ``TENSORWIRE_*`` variables, secrets, logging,
   metrics and summaries;
-* :mod:`.progress`: progress on a terminal or in logs.
+* :mod:`.progress`: progress on a terminal or in logs;
+* :mod:`.files`: the files the daemons write (checkpoints, summaries, parameters), checked at
+  start and written whole.
 
 Neither daemon imports the other: each imports this package and the public API of ``tensorwire``.
 """

@@ -26,6 +26,7 @@ import configargparse
 import tensorwire as tw
 from tensorwire import metrics as tw_metrics
 from tensorwire.endpoint import split_endpoint
+from tensorwire.job import files
 from tensorwire.metrics import Metric, MetricsServer
 
 if sys.version_info >= (3, 11):
@@ -383,11 +384,18 @@ def read_secret_file(parser: argparse.ArgumentParser, path: str) -> str:
     return secret
 
 
-def write_summary(path: str | None, summary: dict[str, Any]) -> None:
-    """Write an end-of-job summary as JSON to ``path`` (--metrics), when one was given."""
+def write_summary(path: str | None, summary: dict[str, Any], prog: str) -> int:
+    """Write an end-of-job summary as JSON to ``path`` (--metrics), when one was given, whole
+    (a reader polling for it never sees half): the daemon's exit status, 0, or 1 where it
+    cannot be written (a full disk), said in one line."""
     if path:
-        with open(path, "w") as f:
-            json.dump(summary, f, indent=2)
+        text = json.dumps(summary, indent=2).encode()
+        try:
+            files.write_whole(path, lambda f: f.write(text))
+        except OSError as exc:
+            print(f"{prog}: error: cannot write --metrics {path}: {exc.strerror}", file=sys.stderr)
+            return 1
+    return 0
 
 
 def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:

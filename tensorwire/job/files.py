@@ -1,0 +1,74 @@
+"""The files the daemons write: checked when they start, written whole or not at all.
+
+A daemon writes its checkpoints, its end-of-job summary (``--metrics``) and a worker its final
+parameters (``--save-params``) long after it started. A path that cannot be written is refused
+at the start, not found out after the whole job; and each file is written beside its name and
+renamed over it, so that a crash, a full disk or a reader never sees half of it (a failed write
+removes its partial file, which would otherwise keep a full disk full).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+from collections.abc import Callable
+from typing import IO
+
+
+def unwritable_directory(directory: str, *, create: bool = True) -> str | None:
+    """Why files cannot be written in ``directory`` (created if missing, where ``create``),
+    or None."""
+    if create:
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except FileExistsError:
+            return "exists and is not a directory"
+        except OSError as exc:
+            return f"cannot be created: {exc.strerror}"
+    elif not os.path.exists(directory):
+        return "does not exist"
+    if not os.path.isdir(directory):
+        return "is not a directory"
+    probe = os.path.join(directory, f".tensorwire-probe-{os.getpid()}")
+    try:
+        with open(probe, "wb"):
+            pass
+        os.unlink(probe)
+    except OSError as exc:
+        return f"is not writable: {exc.strerror}"
+    return None
+
+
+def unwritable_file(path: str) -> str | None:
+    """Why the file ``path`` cannot be written, or None. Its directory must exist: one made for
+    a mistyped path would hide the mistake."""
+    if os.path.isdir(path):
+        return "is a directory"
+    directory = os.path.dirname(os.path.abspath(path))
+    why = unwritable_directory(directory, create=False)
+    return None if why is None else f"cannot be written: its directory {directory} {why}"
+
+
+def output_file(text: str) -> str:
+    """An argparse type: a file the daemon writes at its end, checked now."""
+    why = unwritable_file(text)
+    if why is not None:
+        raise argparse.ArgumentTypeError(f"{text!r} {why}")
+    return text
+
+
+def write_whole(path: str, write: Callable[[IO[bytes]], object]) -> None:
+    """Write ``path`` through ``write`` into a file beside it, synced, then renamed over it.
+    OSError (a full disk, a volume gone) leaves no partial file and ``path`` as it was."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
