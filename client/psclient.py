@@ -164,6 +164,9 @@ class PSClient:
         )
         self.rx: tw.Receiver | None = None
         self._held: list[str] = []  # messages taken by wait_params and not yet released
+        #: this step's gradients went out: a second push would count them twice (asp and ssp
+        #: apply each as it lands)
+        self._pushed = False
         self._shapes = dict(shapes)
         self.reconnect_timeout = reconnect_timeout
         self._meta = np.zeros(META_FIELDS, np.float64)
@@ -421,6 +424,7 @@ class PSClient:
         server's current step."""
         assert self.rx is not None
         t0 = time.perf_counter()
+        self._pushed = False
         wait = self.timeout if timeout is None else timeout
         deadline = None if wait is None else time.monotonic() + wait
         while True:
@@ -677,6 +681,14 @@ class PSClient:
         client reconnects; the step is then redone from the restarted server's checkpoint."""
         if self.step is None:
             raise PSClientError("push() before wait_params() returned a step")
+        if self._pushed:
+            raise PSClientError(
+                f"push() again for step {self.step}: call wait_params() for the next step first "
+                "(the servers would count these gradients twice)"
+            )
+        missing = [p for p in self._shapes if p not in grads]
+        if missing:
+            raise PSClientError(f"push(): no gradient for {', '.join(missing)}")
         t0 = time.perf_counter()
         self._release()
         try:
@@ -699,6 +711,7 @@ class PSClient:
             batch += [(meta_name(self.rank), self._meta, addr) for addr in self.servers]
             # One operation: every array checked first, one doorbell or sendmsg per server.
             self.tx.write_many(batch, allow_copy=True)
+            self._pushed = True
         except tw.PeerLostError as exc:
             self._recover(str(exc))
         self.phase_seconds["push"] += time.perf_counter() - t0

@@ -912,6 +912,40 @@ def test_rank_0_must_bring_the_initial_parameters(tmp_path: Path) -> None:
         ps.wait(30)
 
 
+def test_a_custom_loop_pushes_each_step_once_and_every_gradient(tmp_path: Path) -> None:
+    """A custom loop's push() without a gradient the model has is refused, naming it (before:
+    a KeyError of the parameter's name); a second push() of one step is refused (before: it
+    went out, an asp server applied the gradients a second time as they landed, and the job
+    made no step more: a loop pushing twice each step was still waiting after 60 s). The job
+    then ends as usual."""
+    from tensorwire.client.psclient import PSClient, PSClientError
+
+    address = f"tcp://127.0.0.1:{free_port()}"
+    ps = subprocess.Popen(
+        ps_command(address, "--steps", "3", "--sync", "asp", "--no-progress"),
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        spec = models.model("digits")
+        with PSClient([address], 0, spec.shapes(), init=spec.init(0), connect_timeout=30) as c:
+            steps = []
+            while (step := c.wait_params()) is not None:
+                steps.append(step)
+                grads = {name: np.zeros_like(v) for name, v in c.pull().items()}
+                first = next(iter(grads))
+                with pytest.raises(PSClientError, match=f"no gradient for {first}"):
+                    c.push({n: g for n, g in grads.items() if n != first})
+                c.push(grads, loss=1.0)
+                with pytest.raises(PSClientError, match=f"push\\(\\) again for step {step}"):
+                    c.push(grads, loss=1.0)
+            assert steps == [0, 1, 2]
+        assert ps.wait(30) == 0
+    finally:
+        if ps.poll() is None:
+            ps.kill()
+            ps.wait(30)
+
+
 @pytest.mark.timeout(300)
 def test_chaos_job_trains_on_after_every_fault(tmp_path: Path) -> None:
     """The CI version of `tensorwire bench chaos`: a BSP job of two servers and three workers
