@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 import tensorwire as tw
+from tensorwire.checks import check_amount, check_count
 from tensorwire.curve import CurveKeys
 from tensorwire.job.plan import (
     HOW_ASYNC,
@@ -136,6 +137,24 @@ class PSClient:
         wait ends with :class:`PSClientStopped`."""
         if not servers:
             raise PSClientError("no parameter servers given")
+        # Checked before anything is opened: a NaN wait never ends, a rank that is not a
+        # whole number names tensors no server has, one server twice would serve two shards
+        try:
+            check_count("rank", rank, 0)
+            for name, seconds in (
+                ("connect_timeout", connect_timeout),
+                ("reconnect_timeout", reconnect_timeout),
+            ):
+                check_amount(name, seconds, positive=True)
+            if timeout is not None:  # (None: no bound)
+                check_amount("timeout", timeout)
+        except ValueError as exc:
+            raise PSClientError(str(exc)) from None
+        twice = sorted({s for s in servers if list(servers).count(s) > 1})
+        if twice:
+            raise PSClientError(f"parameter server {twice[0]} is given twice")
+        if not shapes:
+            raise PSClientError("no parameters given (shapes is empty)")
         if init is not None:
             wrong = [n for n in shapes if n not in init or tuple(init[n].shape) != tuple(shapes[n])]
             if wrong:

@@ -895,6 +895,36 @@ def test_a_client_that_never_reached_its_servers_leaves_nothing_behind() -> None
         PSClient([f"tcp://127.0.0.1:{free_port()}"], 0, shapes, connect_timeout=0.5)
 
 
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [
+        ({"rank": -1}, "rank must be a whole number"),
+        ({"rank": 1.5}, "rank must be a whole number"),
+        ({"connect_timeout": float("nan")}, "connect_timeout must be a positive number"),
+        ({"reconnect_timeout": -1}, "reconnect_timeout must be a positive number"),
+        ({"timeout": float("nan")}, "timeout must be"),
+        ({"servers": ["tcp://127.0.0.1:1", "tcp://127.0.0.1:1"]}, "is given twice"),
+        ({"shapes": {}}, "no parameters given"),
+    ],
+)
+def test_a_client_refuses_bad_arguments_before_it_opens_anything(
+    given: dict[str, Any], says: str
+) -> None:
+    """Before, a NaN connect_timeout waited for ever, and a negative or fractional rank, or a
+    server given twice, went on to the servers."""
+    from tensorwire.client.psclient import PSClient, PSClientError
+
+    args: dict[str, Any] = {
+        "servers": ["tcp://127.0.0.1:1"],
+        "rank": 0,
+        "shapes": models.model("digits").shapes(),
+        "connect_timeout": 0.2,
+        **given,
+    }
+    with pytest.raises(PSClientError, match=says):
+        PSClient(**args)
+
+
 def test_rank_0_must_bring_the_initial_parameters(tmp_path: Path) -> None:
     from tensorwire.client.psclient import PSClient, PSClientError
 
