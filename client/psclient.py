@@ -289,7 +289,9 @@ class PSClient:
         1 s): a restarted server knows none of the old ones."""
         for addr in self.servers:
             with contextlib.suppress(tw.TensorWireError):
-                self.tx.remove_peer(addr)
+                # the goodbyes at once, each on a thread of its own: a frozen server's takes
+                # GOODBYE_TIMEOUT, and each one's new session waits for its goodbye anyway
+                self.tx.remove_peer(addr, wait=False)
         self._connect(max(deadline - time.monotonic(), 1.0))
 
     def _join(self, timeout: float) -> None:
