@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import time
 from collections.abc import Callable
@@ -90,6 +91,9 @@ PROBE_SLOTS = 4
 #: --step-timeout, whichever comes first: past an orchestrator's grace period (Kubernetes gives
 #: 30 s, then SIGKILL), and the final checkpoint would be lost.
 STOP_GRACE = 5.0
+#: seconds between the error lines of checkpoints that keep failing (one every
+#: --checkpoint-every steps would flood the log: 40 a second measured with a small model)
+CHECKPOINT_ERROR_EVERY = 60.0
 STOP_GRACE_STEPS = 3
 
 
@@ -236,6 +240,8 @@ class ParameterServer:
             checkpoint.path_for(cfg.checkpoint_dir, cfg.shard) if cfg.checkpoint_dir else None
         )
         self._saved_step: int | None = None  # the step of the last checkpoint written or read
+        self._failing = 0  # checkpoints failed since the last one written
+        self._failure_said = -math.inf  # when a failure was last logged
         # Known once the workers join (or from the checkpoint when resuming): the parameters'
         # specs, this shard's chunks of them, the values and the optimizer's accumulators.
         self.specs: Specs = {}
@@ -578,8 +584,20 @@ class ParameterServer:
             )
             if final:
                 raise PSError(f"the final {what}") from None
-            log.error("%s; training goes on", what)
+            self._failing += 1
+            now = time.monotonic()
+            if now - self._failure_said >= CHECKPOINT_ERROR_EVERY:  # not one a checkpoint
+                self._failure_said = now
+                again = f", {self._failing} in a row" if self._failing > 1 else ""
+                log.error("%s; training goes on%s", what, again)
             return
+        if self._failing:
+            log.warning(
+                "checkpoint at step %d written again, after %d that failed",
+                self.step,
+                self._failing,
+            )
+            self._failing, self._failure_said = 0, -math.inf
         self._saved_step = self.step
         self.stats.checkpoints += 1
         self.stats.checkpoint_seconds += time.monotonic() - started

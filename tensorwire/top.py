@@ -129,9 +129,13 @@ def row(t: Target) -> list[str]:
     shard = by_label(p, "tensorwire_ps_step", "shard")
     rank = by_label(p, "tensorwire_worker_steps_total", "rank")
     split = "-"
+    alarm = ""  # what an operator must act on, beside the step
     if shard:
         who = f"ps{next(iter(shard))}"
         step = total(p, "tensorwire_ps_step")
+        failed = total(p, "tensorwire_ps_checkpoint_failures_total")
+        if failed:
+            alarm = f" ({failed:.0f} checkpoint{'s' if failed != 1 else ''} failed)"
         steps = t.rate("tensorwire_ps_steps_total")
         loss, accuracy = total(p, "tensorwire_ps_loss"), total(p, "tensorwire_ps_accuracy")
         waits = t.rates_by("tensorwire_ps_gradient_wait_seconds_total", "worker")
@@ -154,7 +158,7 @@ def row(t: Target) -> list[str]:
     )
     return [
         f"{who} {t.url.split('://', 1)[1].split('/', 1)[0]}",
-        _num(step, ".0f"),
+        _num(step, ".0f") + alarm,
         _num(steps, ".1f"),
         _num(loss, ".4g"),
         _num(accuracy, ".4f"),

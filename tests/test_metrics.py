@@ -270,6 +270,22 @@ def test_top_shows_a_live_job(job: Any) -> None:
     assert top.stdout.count("unreachable") == 2
 
 
+def test_top_shows_the_checkpoints_a_server_could_not_write() -> None:
+    """A server whose checkpoints fail trains on (its log says so once per checkpoint): the
+    live view puts the count beside its step, where an operator looks."""
+    from tensorwire.top import Target, row
+
+    t = Target("http://127.0.0.1:9100/metrics")
+    shard = (("shard", "0"),)
+    t.page = {
+        "tensorwire_ps_step": {shard: 1200.0},
+        "tensorwire_ps_checkpoint_failures_total": {shard: 3.0},
+    }
+    assert row(t)[1] == "1200 (3 checkpoints failed)"
+    t.page["tensorwire_ps_checkpoint_failures_total"] = {shard: 0.0}
+    assert row(t)[1] == "1200"
+
+
 def test_top_refuses_what_is_not_a_metrics_address() -> None:
     top = subprocess.run(
         [sys.executable, "-m", "tensorwire", "top", "ftp://host/metrics"],

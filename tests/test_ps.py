@@ -288,13 +288,14 @@ def test_sigterm_finishes_the_step_checkpoints_and_exits_zero(
 def test_a_checkpoint_that_cannot_be_written_is_an_error_and_training_goes_on(
     job: Any, tmp_path: Path
 ) -> None:
-    """The checkpoint directory gone mid-run (a volume unmounted, a full disk): each checkpoint
-    that fails is logged as an error, counted, and the job trains on; the final one failing
-    ends the server with one line and exit 1 (the job's result would be lost unsaid), while its
-    workers are told to stop. Before, the first failure ended the server with a traceback,
-    and a disk that filled up mid-write kept the partial file (and so stayed full). The
-    workers' --save-params directory gone too: each says so in one line and exits 1 (before:
-    a traceback, after the whole job)."""
+    """The checkpoint directory gone mid-run (a volume unmounted, a full disk): checkpoints
+    that fail are counted and logged as an error (once a minute while they keep failing; one a
+    checkpoint flooded the log), and the job trains on; once one is written again the log says
+    so; the final one failing ends the server with one line and exit 1 (the job's result would
+    be lost unsaid), while its workers are told to stop. Before, the first failure ended the
+    server with a traceback, and a disk that filled up mid-write kept the partial file (and so
+    stayed full). The workers' --save-params directory gone too: each says so in one line and
+    exits 1 (before: a traceback, after the whole job)."""
     ckpt, out = tmp_path / "ckpt", tmp_path / "out"
     out.mkdir()
     j = job(
@@ -305,7 +306,15 @@ def test_a_checkpoint_that_cannot_be_written_is_an_error_and_training_goes_on(
     shutil.rmtree(ckpt)
     ckpt.write_text("not a directory")  # every write below it fails from here on
     shutil.rmtree(out)
+    _wait_for(j, "could not be written")
+    time.sleep(0.3)  # more steps, and more failed checkpoints: logged once a minute
+    ckpt.unlink()  # back (a volume mounted again)
+    _wait_for(j, "written again, after ")
+    shutil.rmtree(ckpt)
+    ckpt.write_text("not a directory")  # and gone again: said at once
     _wait_for(j, "could not be written", 2)
+    failed_at = int(j.log("ps0").split("checkpoint at step ")[-1].split()[0])
+    time.sleep(0.3)
     j.ps[0].send_signal(signal.SIGTERM)
     codes = j.wait(60)
     assert codes == [1, 1, 1], j.log("ps0")
@@ -319,12 +328,14 @@ def test_a_checkpoint_that_cannot_be_written_is_an_error_and_training_goes_on(
     assert "training goes on" in text and "Traceback" not in text, text
     last = text.strip().splitlines()[-1]
     said = re.fullmatch(
-        r"tensorwire-ps: error: the final checkpoint at step \d+ could not be written to .*: "
+        r"tensorwire-ps: error: the final checkpoint at step (\d+) could not be written to .*: "
         r"(.*) \(the last one written: step (\d+)\)",
         last,
     )
     assert said is not None, last
-    assert f"checkpoint at step {said[2]} written" in text, text  # the last that was written
+    assert int(said[1]) > failed_at, (failed_at, last)  # it trained on
+    assert f"checkpoint at step {said[3]} written" in text, text  # the last that was written
+    assert text.count("could not be written") == 3, text  # each time it broke, and the final
 
 
 def test_a_checkpoint_write_that_fails_leaves_no_partial_file(tmp_path: Path) -> None:
