@@ -39,7 +39,7 @@ from typing import Any
 
 import tensorwire as tw
 from tensorwire.client.launch import free_port, job_environment, ps_command, worker_command
-from tensorwire.job.config import at_least, fraction, positive_seconds, seconds
+from tensorwire.job.config import at_least, fraction, positive_seconds, zero_or_more_seconds
 from tensorwire.job.files import output_file
 
 from .common import machine_facts
@@ -86,7 +86,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--gap",
-        type=seconds,
+        type=zero_or_more_seconds,
         default=2.0,
         help="most seconds of quiet between the recovery from one fault and the next (default 2)",
     )

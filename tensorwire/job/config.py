@@ -198,7 +198,7 @@ def positive_seconds(text: str) -> float:
     return _number(text, "a number of seconds", lambda v: v > 0, "a positive number of seconds")
 
 
-def seconds(text: str) -> float:
+def zero_or_more_seconds(text: str) -> float:
     """An argparse type: 0 or a positive number of seconds (a pause that may be none)."""
     return _number(text, "a number of seconds", lambda v: v >= 0, "0 or more seconds")
 
