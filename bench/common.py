@@ -1,8 +1,11 @@
-"""Small pieces both sides of a benchmark share: sizes, names, sockets, machine facts."""
+"""Small pieces both sides of a benchmark share: sizes, names, sockets, machine facts, and the
+command channel's authentication."""
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import hmac
 import os
 import platform
 import socket
@@ -94,3 +97,11 @@ def machine_facts() -> dict[str, Any]:
             d: _version(d) for d in ("tensorwire", "numpy", "pyzmq", "grpcio", "protobuf")
         },
     }
+
+
+def command_mac(secret: str, nonce: bytes, counter: int, body: bytes) -> bytes:
+    """The proof that a command of the benchmark's channel comes from a holder of the secret:
+    HMAC-SHA256 over the server's nonce (new at each hello), the command's number since that
+    hello (a command replayed, or replayed to another server, does not verify) and its bytes."""
+    message = b"tensorwire-bench" + nonce + counter.to_bytes(8, "big") + body
+    return hmac.new(secret.encode(), message, hashlib.sha256).digest()

@@ -10,7 +10,9 @@ One runner at a time; between runners everything is set up afresh.
 from __future__ import annotations
 
 import contextlib
+import hmac
 import logging
+import os
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +28,7 @@ from .common import (
     BATCH_MAX_BYTES,
     MiB,
     batch_tensor_names,
+    command_mac,
     machine_facts,
     raw_recv,
     tensor_name,
@@ -191,16 +194,25 @@ def serve(
     else:
         print(f"tensorwire bench serving on {address} (Ctrl-C to stop)", flush=True)
     session: _Session | None = None
+    nonce, counter = b"", 0  # (with a secret) the runner's since its hello, and its commands
     try:
         if started is not None:
             started()
         while True:
-            cmd = msgpack.unpackb(rep.recv())
+            try:
+                cmd = _decode(rep.recv(), secret, nonce, counter)
+            except _Refused as exc:  # garbage, or a command without the secret's proof
+                rep.send(msgpack.packb({"ok": False, "error": str(exc)}))
+                continue
             op = cmd.get("op")
+            if op == "hello":
+                nonce, counter = (new_nonce() if secret else b""), 0
+            elif secret:
+                counter += 1
             reply: dict[str, Any] = {"ok": True}
             try:
                 if op == "hello":
-                    reply.update(machine=machine_facts())
+                    reply.update(machine=machine_facts(), nonce=nonce)
                 elif op == "setup":
                     if session is not None:
                         session.close()
@@ -242,7 +254,7 @@ def serve(
                         session = None
                 else:
                     reply = {"ok": False, "error": f"unknown command {op!r}"}
-            except (tw.TensorWireError, OSError, AssertionError, KeyError) as exc:
+            except Exception as exc:  # a command that fails: said to the runner, served on
                 reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
             rep.send(msgpack.packb(reply))
             if op == "shutdown" or (op == "bye" and once):
@@ -253,6 +265,48 @@ def serve(
                 session.close()
         rep.close()
         ctx.term()
+
+
+class _Refused(Exception):
+    """A message that is not a command this server takes (said to the sender, then ignored)."""
+
+
+def _decode(raw: bytes, secret: str | None, nonce: bytes, counter: int) -> dict[str, Any]:
+    """The command in ``raw``. With a secret, every command but ``hello`` (which starts a
+    runner's numbering afresh, with a new ``nonce``) comes as ``[body, mac]`` and must carry
+    the proof of the secret for its number since that hello (``command_mac``): whoever can
+    reach the port cannot make this server set anything up, allocate or stop without it.
+    Before, one undecodable message ended the server with a traceback."""
+    try:
+        msg = msgpack.unpackb(raw)
+    except Exception as exc:  # msgpack raises several kinds on garbage
+        raise _Refused(f"not a command ({type(exc).__name__})") from None
+    if isinstance(msg, dict) and msg.get("op") == "hello":
+        return msg
+    if secret is not None:
+        if not nonce:
+            raise _Refused("say hello first")
+        if not (isinstance(msg, list) and len(msg) == 2 and all(type(x) is bytes for x in msg)):
+            raise _Refused(
+                "this benchmark server needs the shared secret (--secret-file or "
+                "TENSORWIRE_SECRET, the same on both ends)"
+            )
+        body, mac = msg
+        if not hmac.compare_digest(command_mac(secret, nonce, counter, body), mac):
+            raise _Refused(
+                "the command does not prove the shared secret (another secret, or a replay)"
+            )
+        try:
+            msg = msgpack.unpackb(body)
+        except Exception as exc:
+            raise _Refused(f"not a command ({type(exc).__name__})") from None
+    if not isinstance(msg, dict) or not isinstance(msg.get("op"), str):
+        raise _Refused("a command is a map with an 'op'")
+    return msg
+
+
+def new_nonce() -> bytes:
+    return os.urandom(16)
 
 
 __all__ = ["MiB", "serve"]

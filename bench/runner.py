@@ -51,6 +51,7 @@ from .common import (
     BATCH_MAX_BYTES,
     MiB,
     batch_tensor_names,
+    command_mac,
     machine_facts,
     raw_recv,
     tensor_name,
@@ -148,8 +149,23 @@ class Runner:
         self.split_memcpy = f"memcpy {copy_threads} threads" if copy_threads > 1 else ""
         self._copy_pool = ThreadPoolExecutor(copy_threads - 1) if copy_threads > 1 else None
         self._copy_threads = copy_threads
+        self._secret = secret
+        self._nonce, self._counter = b"", 0  # the server's, from our hello; our commands since
         try:
-            self.remote_machine = self.call("hello")["machine"]
+            hello = self.call("hello")
+            self.remote_machine = hello["machine"]
+            nonce = hello.get("nonce") or b""
+            if nonce and secret is None:
+                raise BenchError(
+                    f"the benchmark peer at {self.host} needs the shared secret: --secret-file "
+                    "or TENSORWIRE_SECRET, the same on both ends"
+                )
+            if secret is not None and not nonce:
+                raise BenchError(
+                    f"the benchmark peer at {self.host} does not use a shared secret, but one "
+                    "was given: start it with the same --secret-file (or TENSORWIRE_SECRET)"
+                )
+            self._nonce = nonce
             self.pong_rx = tw.Receiver(
                 f"tcp://{local_address_towards(self.host)}:0",
                 ring=ring,
@@ -242,7 +258,13 @@ class Runner:
     # -- the command channel -----------------------------------------------------------------
 
     def _send(self, op: str, **kw: Any) -> None:
-        self._req.send(msgpack.packb({"op": op, **kw}))
+        body = msgpack.packb({"op": op, **kw})
+        if self._nonce and self._secret is not None:  # each command proves the secret
+            mac = command_mac(self._secret, self._nonce, self._counter, body)
+            self._counter += 1
+            self._req.send(msgpack.packb([body, mac]))
+        else:
+            self._req.send(body)
 
     def _reply(self) -> dict[str, Any]:
         if not self._req.poll(int(self.timeout * 1000)):

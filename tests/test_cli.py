@@ -15,6 +15,8 @@ import pytest
 from .conftest import NIXL_INSTALLED, free_port
 from .jobs import Processes, log_has
 
+PY = sys.executable
+
 
 def run(
     *args: str, timeout: float = 120, env: dict[str, str] | None = None
@@ -169,6 +171,74 @@ def test_bench_serve_and_run_as_two_hosts_would(tmp_path: Path) -> None:
         if server.poll() is None:
             server.kill()
             server.wait()
+        for stream in (server.stdout, server.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def test_bench_serve_takes_commands_only_with_the_secret(tmp_path: Path) -> None:
+    """`bench serve` with a secret (as beyond loopback it must have): every command but the
+    hello proves the secret for its number since that hello, so whoever reaches the port can
+    neither set anything up, nor make it allocate, nor stop it, nor replay a runner's command;
+    garbage is answered and ignored. Before, its command socket took any command from anyone
+    (a `setup` allocated memory of whatever sizes it named, a `pong` connected the server to
+    whatever address it named), and one undecodable message ended it with a traceback. A
+    runner with another secret, or none, is told so in one line; one with the secret
+    measures."""
+    import msgpack
+    import zmq
+
+    from tensorwire.bench.common import command_mac
+    from tensorwire.bench.runner import BenchError, Runner
+
+    secret = str(tmp_path / "secret")
+    Path(secret).write_text("s3cret")
+    address = f"tcp://127.0.0.1:{free_port()}"
+    server = subprocess.Popen(
+        [PY, "-m", "tensorwire.bench", "serve", *("--bind", address, "--secret-file", secret)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    ctx = zmq.Context()
+    req = ctx.socket(zmq.REQ)
+    req.linger = 0
+    try:
+        assert server.stdout is not None
+        assert "serving on" in server.stdout.readline()
+        req.connect(address)
+
+        def ask(raw: bytes) -> dict[str, Any]:
+            req.send(raw)
+            assert req.poll(10_000), "no answer"
+            reply: dict[str, Any] = msgpack.unpackb(req.recv())
+            return reply
+
+        sink = msgpack.packb({"op": "raw", "size": 10**13, "count": 1})
+        assert "not a command" in ask(b"\xc1garbage")["error"]
+        assert "say hello first" in ask(sink)["error"]
+        nonce = ask(msgpack.packb({"op": "hello"}))["nonce"]
+        assert "needs the shared secret" in ask(sink)["error"]
+        forged = msgpack.packb([sink, command_mac("guess", nonce, 0, sink)])
+        assert "does not prove the shared secret" in ask(forged)["error"]
+        bye = msgpack.packb({"op": "bye"})
+        signed = msgpack.packb([bye, command_mac("s3cret", nonce, 0, bye)])
+        assert ask(signed)["ok"]
+        assert "does not prove the shared secret" in ask(signed)["error"]  # replayed
+        for wrong, says in (("other", "does not prove"), (None, "needs the shared secret")):
+            with pytest.raises(BenchError, match=says):
+                Runner(address, ["tcp"], [4096], 4096, secret=wrong, timeout=30)
+        runner = Runner(address, ["tcp"], [4096], 4096, secret="s3cret", timeout=30)
+        try:
+            assert runner.throughput("tcp", 4096, 20) > 0
+        finally:
+            runner.close()
+        assert server.poll() is None  # served on through all of it
+    finally:
+        req.close()
+        ctx.term()
+        server.kill()
+        server.wait(30)
         for stream in (server.stdout, server.stderr):
             if stream is not None:
                 stream.close()
