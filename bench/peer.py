@@ -10,9 +10,7 @@ One runner at a time; between runners everything is set up afresh.
 from __future__ import annotations
 
 import contextlib
-import hmac
 import logging
-import os
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +20,7 @@ import numpy as np
 import zmq
 
 import tensorwire as tw
+from tensorwire.auth import new_nonce, verify
 from tensorwire.rdma import is_loopback_host
 
 from .common import (
@@ -292,7 +291,7 @@ def _decode(raw: bytes, secret: str | None, nonce: bytes, counter: int) -> dict[
                 "TENSORWIRE_SECRET, the same on both ends)"
             )
         body, mac = msg
-        if not hmac.compare_digest(command_mac(secret, nonce, counter, body), mac):
+        if not verify(command_mac(secret, nonce, counter, body), mac):
             raise _Refused(
                 "the command does not prove the shared secret (another secret, or a replay)"
             )
@@ -303,10 +302,6 @@ def _decode(raw: bytes, secret: str | None, nonce: bytes, counter: int) -> dict[
     if not isinstance(msg, dict) or not isinstance(msg.get("op"), str):
         raise _Refused("a command is a map with an 'op'")
     return msg
-
-
-def new_nonce() -> bytes:
-    return os.urandom(16)
 
 
 __all__ = ["MiB", "serve"]
