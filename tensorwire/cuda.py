@@ -335,7 +335,7 @@ class Copier:
             # An ordered copy goes on the producer's own stream, behind its work: the same order
             # an event between the streams would give, without creating and recording one per
             # message (~4 us of the ~11 us a 4 KiB copy and its synchronisation take on an H100).
-            stream = _current_stream_here(device) if ordered else self.stream(device)
+            stream = current_stream_here(device) if ordered else self.stream(device)
             if nbytes:
                 runtime = cp.cuda.runtime
                 runtime.memcpyAsync(dst, src, nbytes, runtime.memcpyDefault, stream.ptr)
@@ -366,10 +366,10 @@ def current_stream(device: int) -> Any:
     stream would race the caller's next kernel that rewrites the source, and a consumer's
     release would not wait for its kernels still reading the slot."""
     with cupy().cuda.Device(device):
-        return _current_stream_here(device)
+        return current_stream_here(device)
 
 
-def _current_stream_here(device: int) -> Any:
+def current_stream_here(device: int) -> Any:
     """:func:`current_stream`, where ``device`` is already cupy's current device."""
     stream = cupy().cuda.get_current_stream()
     if stream.ptr == 0:  # the legacy default stream: nobody chose one in cupy
@@ -382,7 +382,7 @@ def _current_stream_here(device: int) -> Any:
 def synchronize_current(device: int) -> None:
     """Wait for the work queued on ``device``'s current stream (:func:`current_stream`)."""
     with cupy().cuda.Device(device):
-        _current_stream_here(device).synchronize()
+        current_stream_here(device).synchronize()
 
 
 #: cupy wrappers of torch's streams, by (device, stream address): made once per stream
@@ -618,7 +618,7 @@ class PinnedBuffer:
         def start(k: int) -> None:
             at, size = k * chunk, min(chunk, nbytes - k * chunk)
             with cp.cuda.Device(device):
-                stream = _current_stream_here(device)
+                stream = current_stream_here(device)
                 runtime.memcpyAsync(
                     base + (k % 2) * chunk, src + at, size, runtime.memcpyDeviceToHost, stream.ptr
                 )

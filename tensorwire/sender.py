@@ -383,9 +383,10 @@ class Sender(Resource):
         self._joining: dict[str, _Peer] = {}  # peers whose connection is being set up
         # (name, peer) -> where it goes; cleared whenever an address book changes.
         self._routes: dict[tuple[str, str | None], tuple[_Peer, TensorEntry]] = {}
-        # name -> (writer, shape, dtype): write()'s fast routes (peer=None), for writers that
-        # can write at once (TensorWriter.write_now); cleared with the routes, and at close.
-        self._fast: dict[str, tuple[TensorWriter, tuple[Any, ...], np.dtype[Any]]] = {}
+        # name -> (writer, shape, dtype, GPU array class or None): write()'s fast routes
+        # (peer=None), for writers that can write at once (TensorWriter.write_now), of host
+        # arrays or of the GPU arrays the writer names; cleared with the routes, and at close.
+        self._fast: dict[str, tuple[TensorWriter, tuple[Any, ...], np.dtype[Any], Any]] = {}
         #: writers (by id) with a buffer() block open: another message of their tensor before
         #: the block ends is refused (it took the block's slot or staging buffer, and a
         #: message was lost)
@@ -636,14 +637,18 @@ class Sender(Resource):
             fast = self._fast.get(name) if peer is None else None
             if (
                 fast is not None
-                and (array.__class__ is np.ndarray or array.__class__ is ReceivedArray)
+                and (
+                    (array.__class__ is np.ndarray or array.__class__ is ReceivedArray)
+                    if fast[3] is None
+                    else array.__class__ is fast[3]  # a GPU array of the class its writer takes
+                )
                 and array.shape == fast[1]
                 and array.dtype == fast[2]
                 and array.flags.c_contiguous
                 and (timeout is _DEFAULT or timeout is None or timeout >= 0)  # else refused below
             ):
                 # The fast route of a tensor written before: its checks above are the spec's
-                # (a static host tensor of this dtype and shape), and no deadline is needed
+                # (a static tensor of this dtype and shape), and no deadline is needed
                 # unless the writer must wait, which the general path below does (or, over
                 # tcp, finish a frame the socket took part of: write_now makes that one).
                 w = fast[0]
@@ -666,7 +671,8 @@ class Sender(Resource):
                     self._refuse_if_producing(w, name)
                 w.write(arr if w.takes_device else w.on_host(arr), deadline)
                 if w.writes_now and peer is None and fast is None:
-                    self._fast[name] = (w, entry.spec.static_shape, entry.spec.dtype)
+                    route = (w, entry.spec.static_shape, entry.spec.dtype, w.now_class)
+                    self._fast[name] = route
             except PeerLostError:
                 p.note_lost()
                 if not self.reconnect:

@@ -362,10 +362,7 @@ def test_produce_in_place_with_buffer(transport: str) -> None:
 
 def _each_message_all_its_number(rx: tw.Receiver, name: str, count: int) -> None:
     """Messages 1..``count`` of ``name`` arrive, message k holding k in every element."""
-    for k in range(1, count + 1):
-        got = rx.wait(name, timeout=60)
-        assert float(got.min()) == float(got.max()) == k, f"message {k}"
-        rx.release(name)
+    _each_message_from(rx, name, list(range(1, count + 1)))
 
 
 @_gpu
@@ -393,6 +390,59 @@ def test_gpu_writes_complete_behind_their_copies_in_order(
         _each_message_all_its_number(rx, "t", count + 2)
         children.join_ok(proc)
         assert rx._table.by_name["t"].ring.device_stores() == stores
+
+
+@_gpu
+def test_the_fast_route_of_gpu_arrays_hands_on_what_it_does_not_take() -> None:
+    """Once a first cupy write has set up ``Sender.write``'s fast route of a GPU tensor over
+    shm, the cases that route does not take reach the general path with its answers: a source
+    on another stream (its copy ordered behind that stream's work, its completion behind the
+    earlier ones), a host array, a full ring (waited for, then refused at the timeout with
+    nothing written), a non-contiguous array and a wrong dtype (refused, nothing written).
+    Every message lands holding the value it was written with, in order."""
+    cp = _cupy()
+    n = 1 << 18  # 1 MiB of float32
+    with tw.Receiver() as rx:
+        rx.register("t", (n,), "float32", device="cuda", ring=2)
+        with tw.Sender.connect(rx.address, transport="shm", timeout=10) as tx:
+            src = cp.empty(n, dtype=cp.float32)
+            src.fill(1)
+            tx.write("t", src)
+            _each_message_from(rx, "t", [1])
+            if rx._table.by_name["t"].ring.device_stores():  # the route needs GPU-made stores
+                assert tx._fast["t"][3] is cp.ndarray, "no fast route of cupy arrays was set up"
+            side = cp.cuda.Stream(non_blocking=True)
+            with side:  # the side stream does not wait for the default one, nor it for it
+                other = cp.empty(n, dtype=cp.float32)
+                other.fill(2)
+                tx.write("t", other)
+                other.fill(-1)  # queued behind the copy of 2 on the side stream
+            src.fill(3)
+            tx.write("t", src)  # back on the default stream
+            _each_message_from(rx, "t", [2, 3])
+            tx.write("t", np.full(n, 4, np.float32))
+            src.fill(5)
+            tx.write("t", src)
+            with pytest.raises(tw.WireTimeoutError, match="no free slot"):
+                tx.write("t", src, timeout=0.2)
+            assert rx.pending("t") == 2
+            with pytest.raises(tw.SpecMismatchError, match="C-contiguous"):
+                tx.write("t", cp.zeros((n, 2), dtype=cp.float32)[:, 0])
+            with pytest.raises(tw.SpecMismatchError, match="float64"):
+                tx.write("t", cp.zeros(n, dtype=cp.float64))
+            _each_message_from(rx, "t", [4, 5])
+            src.fill(6)
+            tx.write("t", src)
+            _each_message_from(rx, "t", [6])
+            assert rx.pending("t") == 0
+
+
+def _each_message_from(rx: tw.Receiver, name: str, values: list[int]) -> None:
+    """The next messages of ``name`` hold ``values`` in every element, in order."""
+    for k in values:
+        got = rx.wait(name, timeout=60)
+        assert float(got.min()) == float(got.max()) == k, f"message {k}"
+        rx.release(name)
 
 
 @_gpu

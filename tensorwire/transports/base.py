@@ -112,10 +112,13 @@ class TensorWriter(ABC):
 
     #: :meth:`write_now` can write (the sender keeps such a writer in its fast routes)
     writes_now: bool = False
+    #: the class of GPU array :meth:`write_now` takes (cupy's ndarray); None: host arrays
+    now_class: Any = None
 
-    def write_now(self, array: np.ndarray[Any, Any], timeout: float | None) -> bool:
-        """The fast path of ``Sender.write``: write ``array`` (a C-contiguous host array of the
-        spec's dtype and static shape, checked by the caller) if that can be done at once.
+    def write_now(self, array: Any, timeout: float | None) -> bool:
+        """The fast path of ``Sender.write``: write ``array`` (a C-contiguous array of the
+        spec's dtype and static shape, checked by the caller: a host array, or one of
+        :attr:`now_class` where that is set) if that can be done at once.
         False: nothing was done (no credit, a claim revoked, a full socket, no fast path here);
         the caller then takes the general path, :meth:`write`, which waits or raises as it
         should. May raise PeerLostError, before anything is written. ``timeout`` (the write's,

@@ -43,6 +43,7 @@ from ..cuda import (
     copier,
     cupy,
     current_stream,
+    current_stream_here,
     data_pointer,
     synchronize_current,
 )
@@ -486,9 +487,9 @@ class ShmWriter(TensorWriter):
         if not bell:
             self._channel.bell_owed = self._ring
 
-    def write_now(self, array: np.ndarray[Any, Any], timeout: float | None) -> bool:
-        # ShmWriter.write's paths of static host tensors without their waits: the whole
-        # per-message path of Sender.write's fast routes (writes_now is set for those tensors)
+    def write_now(self, array: Any, timeout: float | None) -> bool:
+        # ShmWriter.write's paths of static tensors without their waits: the whole per-message
+        # path of Sender.write's fast routes (writes_now is set for those tensors)
         channel = self._channel
         if (  # check_peer(), inline
             channel.lost is not None
@@ -496,6 +497,8 @@ class ShmWriter(TensorWriter):
             or _monotonic() >= channel._next_watch
         ):
             channel._check_peer_slowly()
+        if self._device is not None:
+            return self._write_device_now(array, timeout)
         ring = self._ring
         if self._whole:
             if ring.write_next(self._slots, self.next_seq, self._epoch, array, True) > 0:
@@ -512,6 +515,49 @@ class ShmWriter(TensorWriter):
             self.abort()
             raise
         self._publish(array.nbytes, array.shape)
+        return True
+
+    def _write_device_now(self, array: Any, timeout: float | None) -> bool:
+        """:meth:`write_now` of a cupy array (the spec's dtype and static shape): the path of
+        :meth:`_write_stored` (``_enter``, ``Copier.queue``) with its steps inline and without
+        its waits, where the GPU makes the completion stores and the array is on the slots' GPU.
+        A message here costs only its Python work on the host (the GPU copies and completes it
+        later), so that work bounds how fast a stream of messages can go: one call saved is
+        about a tenth of a microsecond of a 16 MiB message's 9 us copy on an H100."""
+        stores = self._stores
+        device = self._device
+        if stores is None or array.data.device_id != device:
+            return False
+        assert device is not None  # stores are made for GPU slots only
+        ring = self._ring
+        stored = self._stored
+        if stored and ring.seq_at(stored[0][0]) >= stored[0][1]:
+            self.reap()  # the oldest landed: end it (and those after it that did)
+        released = ring.released
+        if self.next_seq - released > self.depth:
+            return False  # no credit: the general path waits for one
+        cp = cupy()
+        with cp.cuda.Device(device):
+            stream = current_stream_here(device)  # the producer's, behind the work that made it
+            if stored and stored[-1][2].ptr != stream.ptr:
+                return False  # another stream than the last message's: ordered by write()
+            self._enter_counted()  # PeerLostError where the claim was revoked: nothing written
+            slot = self._slots.choose(released)
+            self._slot = slot
+            nbytes = array.nbytes
+            try:
+                runtime = cp.cuda.runtime
+                runtime.memcpyAsync(
+                    ring.payload_addresses[slot],
+                    array.data.ptr,
+                    nbytes,
+                    runtime.memcpyDefault,
+                    stream.ptr,
+                )
+                self._store_behind(stores, stream, nbytes, array.shape, array, None)
+            except BaseException:
+                self.abort()
+                raise
         return True
 
     def _copy_from_host(self, array: np.ndarray[Any, Any]) -> None:
@@ -612,6 +658,9 @@ class ShmWriter(TensorWriter):
                 else:
                     self._stores = stores
                     self._ring.announce_device_stores()
+                    # Sender.write's fast routes take a static tensor's cupy arrays from now on
+                    self.writes_now = not self._dynamic
+                    self.now_class = cupy().ndarray
         return self._stores if device == self._device else None
 
     def _write_stored(self, array: Any, deadline: float | None, stores: StreamStores) -> None:
