@@ -14,6 +14,11 @@ message's time goes, and, against a stream's time per message, which end bounds 
 the most time of their own: which lines of the library a message's microseconds go to. (The
 profiler slows every call, Python's more than C's: compare its shares, not its times.)
 
+``--calls`` (with ``--device cuda``) times, each on its own, the CUDA calls a GPU message over
+``shm`` makes: the copy's launch (``cudaMemcpyAsync`` of the message's bytes), the completion
+store's (``cuStreamWriteValue64``), entering the device and finding the current stream. Their
+sum is the part of ``write``'s time that no Python work can save; what is left is Python's.
+
 ``--transport`` picks the data plane (``shm`` by default; ``tcp`` and ``nixl`` also run in one
 process, through the loopback interface) and ``--device cuda[:N]`` puts the slots and the
 payload on a GPU (cupy): there ``write`` only queues the copy, so ``wait`` holds the copy's own
@@ -26,17 +31,19 @@ import argparse
 import contextlib
 import cProfile
 import io
+import mmap
 import pstats
 import statistics
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
 import tensorwire as tw
 from tensorwire import cuda as tw_cuda
+from tensorwire import cuda_stores
 from tensorwire.job.files import output_file
 
 from .common import human, machine_facts, parse_size
@@ -131,6 +138,64 @@ def measure_each(
     return figures
 
 
+#: calls timed between two synchronisations of the stream (untimed): copies queued faster than
+#: the GPU runs them would fill CUDA's launch queue, and a launch would then wait for room
+CALLS_QUEUED = 64
+
+
+def measure_calls(count: int, elements: int, device: str) -> dict[str, float]:
+    """Median host microseconds of each CUDA call a GPU message over shm makes, timed on its
+    own over ``count`` calls, beside an empty timing (``timer``, which each figure includes):
+    ``memcpyAsync`` (``elements`` float32 from one buffer on the device to another),
+    ``writeValue64`` (a completion store into a host word, as into a ring's), ``device``
+    (entering and leaving cupy's device context) and ``current stream``."""
+    index = tw_cuda.parse_device(device)
+    if index is None:
+        raise ValueError("--calls times CUDA calls: give --device cuda or cuda:N")
+    cp = tw_cuda.require_device(index)
+    page = mmap.mmap(-1, mmap.PAGESIZE)  # a host page of its own, as the ring's words are
+    word = np.frombuffer(page, np.uint64)
+    stores = cuda_stores.StreamStores(index)
+    with cp.cuda.Device(index):
+        src = cp.ones(elements, dtype=cp.float32)
+        dst = cp.empty_like(src)
+        stream = cp.cuda.Stream(non_blocking=True)
+        runtime = cp.cuda.runtime
+        try:
+            target = stores.map(word.ctypes.data)
+
+            def copy() -> None:
+                runtime.memcpyAsync(
+                    dst.data.ptr, src.data.ptr, src.nbytes, runtime.memcpyDefault, stream.ptr
+                )
+
+            def device_context() -> None:
+                with cp.cuda.Device(index):
+                    pass
+
+            calls: dict[str, Callable[[], Any]] = {
+                "memcpyAsync": copy,
+                "writeValue64": lambda: stores.store(stream.ptr, target, 1),
+                "device": device_context,
+                "current stream": lambda: tw_cuda.current_stream(index),
+                "timer": lambda: None,
+            }
+            figures = {}
+            for name, call in calls.items():
+                times = []
+                for k in range(count):
+                    if k % CALLS_QUEUED == 0:
+                        stream.synchronize()
+                    t0 = time.perf_counter()
+                    call()
+                    times.append(time.perf_counter() - t0)
+                figures[name] = statistics.median(times) * 1e6
+        finally:
+            stream.synchronize()  # every store landed before its page is unregistered
+            stores.close()
+    return figures
+
+
 def profile(
     count: int, elements: int, top: int, transport: str = "shm", device: str = "cpu"
 ) -> str:
@@ -174,6 +239,11 @@ def main(argv: list[str] | None = None) -> int:
         help="time write, wait and release each on its own (medians over all messages)",
     )
     mode.add_argument(
+        "--calls",
+        action="store_true",
+        help="time the CUDA calls of a GPU message on their own (needs --device cuda)",
+    )
+    mode.add_argument(
         "--profile",
         type=int,
         metavar="N",
@@ -191,9 +261,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile is not None and args.profile < 1:
         parser.error("--profile takes a positive number of functions")
     try:
-        tw_cuda.parse_device(args.device)
+        index = tw_cuda.parse_device(args.device)
     except (ValueError, tw.TensorWireError) as exc:
         parser.error(f"--device: {exc}")
+    if args.calls and index is None:
+        parser.error("--calls times CUDA calls: give --device cuda or cuda:N")
     what = f"{args.count} {args.transport} messages of {human(elements * 4)} on {args.device}"
     config: dict[str, Any] = {
         "count": args.count,
@@ -207,6 +279,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"profile of {what}:")
         print(text)
         results = {"profile": text}
+    elif args.calls:
+        calls = measure_calls(args.count, elements, args.device)
+        print(
+            ", ".join(f"{call} {us:.3f}" for call, us in calls.items())
+            + f" us (medians of {args.count} calls each, {human(elements * 4)} copies on "
+            f"{args.device})"
+        )
+        results = {"median_us": calls}
     elif args.each:
         each = measure_each(args.count, elements, args.transport, args.device)
         print(

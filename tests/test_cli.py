@@ -383,6 +383,9 @@ def test_cycle_probe_times_each_call(tmp_path: Path) -> None:
     assert "tensorwire/sender.py" in prof.stdout and "ncalls" in prof.stdout
     odd = run("-m", "tensorwire.bench.cycle", "--size", "6")
     assert odd.returncode == 2 and "--size must be a multiple of 4 bytes" in odd.stderr
+    # the CUDA calls are timed on a GPU only (tests/test_gpu.py times them there)
+    host = run("-m", "tensorwire.bench.cycle", "--calls")
+    assert host.returncode == 2 and "--calls times CUDA calls: give --device cuda" in host.stderr
 
 
 # -- the daemons' settings and the small commands ------------------------------------------------

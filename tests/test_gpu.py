@@ -446,6 +446,25 @@ def _each_message_from(rx: tw.Receiver, name: str, values: list[int]) -> None:
 
 
 @_gpu
+def test_the_cycle_probe_times_the_cuda_calls_of_a_message(tmp_path: Any) -> None:
+    """``python -m tensorwire.bench.cycle --device cuda --calls``: each CUDA call of a GPU
+    message timed on its own, printed and written as JSON."""
+    path = tmp_path / "calls.json"
+    probe = [sys.executable, "-m", "tensorwire.bench.cycle", "--device", "cuda", "--calls"]
+    out = subprocess.run(
+        [*probe, "--count", "300", "--size", "1M", "--json", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    calls = {"memcpyAsync", "writeValue64", "device", "current stream", "timer"}
+    figures = json.loads(path.read_text())["median_us"]
+    assert set(figures) == calls and all(us > 0 for us in figures.values()), figures
+    assert "medians of 300 calls each, 1 MiB copies on cuda" in out.stdout, out.stdout
+
+
+@_gpu
 def test_a_torch_side_stream_orders_the_copy_behind_and_before_its_kernels(
     children: Children,
 ) -> None:
