@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 import tensorwire as tw
-from tensorwire.checks import check_amount, check_count
+from tensorwire.checks import check_amount, check_count, check_distinct
 from tensorwire.curve import CurveKeys
 from tensorwire.job.plan import (
     HOW_ASYNC,
@@ -148,11 +148,9 @@ class PSClient:
                 check_amount(name, seconds, positive=True)
             if timeout is not None:  # (None: no bound)
                 check_amount("timeout", timeout)
+            check_distinct("servers", list(servers))
         except ValueError as exc:
             raise PSClientError(str(exc)) from None
-        twice = sorted({s for s in servers if list(servers).count(s) > 1})
-        if twice:
-            raise PSClientError(f"parameter server {twice[0]} is given twice")
         if not shapes:
             raise PSClientError("no parameters given (shapes is empty)")
         if init is not None:

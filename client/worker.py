@@ -22,6 +22,7 @@ import numpy as np
 import tensorwire as tw
 from tensorwire import curve
 from tensorwire import metrics as tw_metrics
+from tensorwire.checks import check_distinct
 from tensorwire.job import config, files
 from tensorwire.job.progress import Progress
 
@@ -226,12 +227,10 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:
     servers = [s.strip() for s in args.servers.split(",") if s.strip()]
     if not servers:
         parser.error("argument --servers: names no parameter server")
-    twice = sorted({s for s in servers if servers.count(s) > 1})
-    if twice:  # one connection would serve two shards, and the job's plan would not fit
-        parser.error(
-            f"argument --servers: names {', '.join(twice)} more than once: list each server "
-            "once, in shard order"
-        )
+    try:  # one connection would serve two shards, and the job's plan would not fit
+        check_distinct("the list", servers)
+    except ValueError as exc:
+        parser.error(f"argument --servers: {exc}: list each server once, in shard order")
     try:
         factory = tasks.load_factory(args.model, args.framework)
     except ValueError as exc:

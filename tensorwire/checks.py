@@ -1,6 +1,6 @@
 """Checks of the numbers a caller hands the public API: shapes' dimensions, sizes and counts
 (a ring's depth, copy threads, NIXL's cache sizes, a region's bytes), and amounts (CPUs per
-process, seconds).
+process, seconds); and of lists that must name each thing once (a job's servers).
 
 int() would take 3.5 for 3, "3" for 3 and True for 1: a size or a count the caller never
 wrote, found out (if ever) far from the call. Here they are refused where they are given.
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -45,3 +46,10 @@ def check_amount(name: str, value: Any, *, positive: bool = False) -> float:
         wanted = "a positive number" if positive else "a number of at least 0"
         raise ValueError(f"{name} must be {wanted}, got {value!r}")
     return amount
+
+
+def check_distinct(name: str, values: Sequence[str]) -> None:
+    """A ValueError that names ``name`` and the values it holds more than once, if any."""
+    repeated = sorted({v for v in values if values.count(v) > 1})
+    if repeated:
+        raise ValueError(f"{name} names {', '.join(repeated)} more than once")

@@ -914,7 +914,10 @@ def test_a_client_that_never_reached_its_servers_leaves_nothing_behind() -> None
         ({"connect_timeout": float("nan")}, "connect_timeout must be a positive number"),
         ({"reconnect_timeout": -1}, "reconnect_timeout must be a positive number"),
         ({"timeout": float("nan")}, "timeout must be"),
-        ({"servers": ["tcp://127.0.0.1:1", "tcp://127.0.0.1:1"]}, "is given twice"),
+        (
+            {"servers": ["tcp://127.0.0.1:1", "tcp://127.0.0.1:1"]},
+            "servers names tcp://127.0.0.1:1 more than once",
+        ),
         ({"shapes": {}}, "no parameters given"),
     ],
 )
