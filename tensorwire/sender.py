@@ -638,9 +638,9 @@ class Sender(Resource):
             if (
                 fast is not None
                 and (
-                    (array.__class__ is np.ndarray or array.__class__ is ReceivedArray)
-                    if fast[3] is None
-                    else array.__class__ is fast[3]  # a GPU array of the class its writer takes
+                    array.__class__ is np.ndarray
+                    or array.__class__ is ReceivedArray
+                    or array.__class__ is fast[3]  # a GPU array of the class its writer takes
                 )
                 and array.shape == fast[1]
                 and array.dtype == fast[2]
