@@ -532,8 +532,8 @@ class ShmWriter(TensorWriter):
             return False
         assert device is not None  # stores are made for GPU slots only
         ring = self._ring
-        stored = self._stored
-        if stored and ring.seq_at(stored[0][0]) >= stored[0][1]:
+        oldest = self._oldest_stored()
+        if oldest is not None and ring.seq_at(oldest[0]) >= oldest[1]:
             self.reap()  # the oldest landed: end it (and those after it that did)
         released = ring.released
         if self.next_seq - released > self.depth:
@@ -541,7 +541,8 @@ class ShmWriter(TensorWriter):
         cp = cupy()
         with cp.cuda.Device(device):
             stream = current_stream_here(device)  # the producer's, behind the work that made it
-            if stored and stored[-1][2].ptr != stream.ptr:
+            newest = self._newest_stored()
+            if newest is not None and newest[2].ptr != stream.ptr:
                 return False  # another stream than the last message's: ordered by write()
             self._enter_counted()  # PeerLostError where the claim was revoked: nothing written
             slot = self._slots.choose(released)
@@ -699,7 +700,8 @@ class ShmWriter(TensorWriter):
         """Complete the entered message once the work queued on ``stream`` so far has finished:
         its size (and shape) stored now, its sequence number stored by the GPU then."""
         stored = self._stored
-        if stored and stored[-1][2].ptr != stream.ptr:
+        newest = self._newest_stored()
+        if newest is not None and newest[2].ptr != stream.ptr:
             # Stores on two streams could land out of order, and a receiver counts a message
             # as pending only once every one before it is complete: the earlier ones first.
             self.await_stored(deadline)
@@ -732,6 +734,23 @@ class ShmWriter(TensorWriter):
         self._ring.queued_device_store(seq)
         self._ring.ring_receiver()
 
+    # The heartbeat thread's tick (ShmChannel.tick) reaps too, without the sender's lock: the
+    # last message in flight may end between a look at the deque and a read of it.
+
+    def _oldest_stored(self) -> tuple[int, int, Any, Any] | None:
+        """The oldest message whose completion store is still on its way (None: none)."""
+        try:
+            return self._stored[0]
+        except IndexError:
+            return None
+
+    def _newest_stored(self) -> tuple[int, int, Any, Any] | None:
+        """The newest message whose completion store is still on its way (None: none)."""
+        try:
+            return self._stored[-1]
+        except IndexError:
+            return None
+
     def reap(self, all_ran: bool = False) -> None:
         """End the writes whose GPU-made completion store has landed, oldest first (every one,
         with ``all_ran``: their stream has run them), and ring the receiver if any did (it may
@@ -761,14 +780,15 @@ class ShmWriter(TensorWriter):
         the copy faulted): :class:`WireTimeoutError` or :class:`PeerLostError` then."""
         while self._stored:
             self.reap()
-            if not self._stored:
+            newest = self._newest_stored()
+            if newest is None:
                 return
             try:
                 # everything queued on it has run, the stores included: also those whose slot
                 # a new registration of the tensor zeroed meanwhile (under the device: the
                 # legacy default stream is the current device's)
                 with cupy().cuda.Device(self._device):
-                    ran = bool(self._stored[-1][2].done)
+                    ran = bool(newest[2].done)
             except Exception as exc:  # cupy's CUDARuntimeError: the copy failed
                 lost = f"a GPU copy to {self._channel.address} failed: {exc}"
                 self._channel.mark_lost(lost)
