@@ -1065,7 +1065,12 @@ class ParameterServer:
             if w.got != expected:
                 continue
             w.got = set()
-            w.step += 1
+            # Its step as it counts it (the furthest any server told it, in its meta), where we
+            # counted fewer: restarted alone from a checkpoint, or having taken it back at our
+            # own slowest step, we counted differently from the other servers. Each server
+            # held back a different worker then, and each waited on one another (seen in
+            # chaos runs: 2 s stalls after a lone restart, ended by dropping workers).
+            w.step = max(w.step, int(w.meta[0])) + 1
             self._report(w.step, [float(w.meta[1])], self._accuracy(w.meta), t0)
             t0 = time.monotonic()
             held.append(w)

@@ -795,6 +795,37 @@ def test_one_of_two_servers_restarted_alone_goes_on_at_the_others_step(
     assert j.metrics("w0")["test_accuracy"] >= 0.95
 
 
+def test_an_ssp_server_restarted_alone_counts_the_workers_steps_as_they_do(
+    job: Any, tmp_path: Path
+) -> None:
+    """Under ssp a server restarted alone from its checkpoint counts each worker's steps from
+    that checkpoint again, while the other server went on. It takes each worker's own count
+    (the furthest any server told it) at its next push, so both servers count the same steps
+    and hold the same workers back; before, they counted apart for the rest of the job (and
+    after rejoins each held back a different worker, waiting on each other until the step
+    timeout dropped one: chaos runs, RELIABILITY.md)."""
+    ckpt = tmp_path / "ckpt"
+    args = ["--steps", ENDLESS, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1000"]
+    j = job(ps=[*args, "--sync", "ssp", "--log-level", "INFO"], servers=2)
+    log_has(j.tmp / "ps1.log", "checkpoint at step 1000", 60)
+    time.sleep(0.5)  # hundreds of steps past it (a tenth of a second is tens of steps)
+    j.ps[1].kill()
+    assert j.ps[1].wait(10) == -signal.SIGKILL
+    saved = int(j.log("ps1").rsplit("checkpoint at step ", 1)[1].split()[0])
+    again = j.start([*j.ps[1].args, "--resume"], log="ps1-again")
+    log_has(j.tmp / "ps1-again.log", "resumed shard 1", 60)
+    _trains_on(j, "ps1-again", checkpoints=1)
+    for p in (j.ps[0], again):
+        p.send_signal(signal.SIGTERM)
+    codes = [p.wait(120) for p in (j.ps[0], again, *j.workers)]
+    assert codes == [0, 0, 0, 0], j.log("ps1-again") + j.log("w0")
+    # The global step is the slowest worker's: at the end a step or two apart (the SIGTERM
+    # reaches each server at its own step), not the steps from the checkpoint to the kill.
+    lag = j.metrics("ps0")["steps"] - j.metrics("ps1")["steps"]
+    assert abs(lag) <= 2, f"{lag} steps apart (checkpoint at {saved})\n" + j.log("ps1-again")
+    assert j.metrics("w0")["test_accuracy"] >= 0.95
+
+
 def test_a_port_already_in_use_is_one_line() -> None:
     import socket
 
