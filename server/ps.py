@@ -91,6 +91,12 @@ PROBE_SLOTS = 4
 #: --step-timeout, whichever comes first: past an orchestrator's grace period (Kubernetes gives
 #: 30 s, then SIGKILL), and the final checkpoint would be lost.
 STOP_GRACE = 5.0
+#: (asp, ssp) Seconds a write of parameters may wait for the worker's slot before they are owed
+#: instead (ParameterServer._offer): enough for a release under way to end, so that a worker's
+#: parameters go whole or not at all, and short enough that the other workers barely notice.
+OFFER_TIMEOUT = 0.05
+#: (asp, ssp) Seconds between looks at an owing worker's slot while nothing else comes
+OWED_POLL = 0.005
 #: seconds between the error lines of checkpoints that keep failing (one every
 #: --checkpoint-every steps would flood the log: 40 a second measured with a small model)
 CHECKPOINT_ERROR_EVERY = 60.0
@@ -206,6 +212,11 @@ class _Worker:
     #: gradient sends them to nobody again (a duplicate fills the worker's one slot, and the
     #: worker skipping to another server's step would take it for a new one)
     served: int | None = None
+    #: (asp, ssp) the flags of parameters owed to it, which its slot could not take yet (it
+    #: still held the last ones: waiting on another server, or holding ours from before it
+    #: joined again), and since when: sent once the slot is free, lost after --step-timeout
+    owed: int | None = None
+    owed_since: float = 0.0
 
 
 class ParameterServer:
@@ -530,15 +541,17 @@ class ParameterServer:
             )
             if not during_join and self.cfg.sync != "bsp":
                 done = w.step >= self.cfg.steps or self._stop_requested
-                self._serve(w, STATUS_STOP if done else STATUS_RUN)
+                w.owed = None  # a new session: what the last one was owed goes with it
+                self._offer(w, STATUS_STOP if done else STATUS_RUN)
 
     def _update(self, cid: str, scale: float = 1.0) -> None:
         """One optimizer step of chunk ``cid`` with the gradient accumulated in ``acc``."""
         self.opt.step(cid, self.params[cid], self.acc[cid], scale=scale)
         self._stale.add(cid)
 
-    def _send(self, w: _Worker, flags: int) -> None:
-        """Fresh parameter chunks, then the status word, into worker ``w``'s memory."""
+    def _send(self, w: _Worker, flags: int, timeout: float | None = None) -> None:
+        """Fresh parameter chunks, then the status word, into worker ``w``'s memory (within
+        ``timeout`` where given; the sender's own timeout, --step-timeout, otherwise)."""
         batch: list[tuple[str, Any]] = []
         for c in self.chunks:
             params = self.params[c.cid]
@@ -551,7 +564,10 @@ class ParameterServer:
             batch.append((c.cid, params))
         batch.append((status_name(self.cfg.shard), self._status_word(w, flags)))
         # One operation per worker: one doorbell (shm) or sendmsg (tcp) for the step's tensors.
-        self.tx.write_many(batch, peer=w.address)
+        if timeout is None:
+            self.tx.write_many(batch, peer=w.address)
+        else:
+            self.tx.write_many(batch, peer=w.address, timeout=timeout)
         w.served = self.step
         if flags == STATUS_STOP:
             w.stopped = True
@@ -968,6 +984,53 @@ class ParameterServer:
         else:
             w.heard = time.monotonic()  # (asp, ssp) its silence counts from here
 
+    def _offer(self, w: _Worker, flags: int) -> None:
+        """(asp, ssp) :meth:`_serve`, without holding up every other worker for ``w``: where its
+        slot still holds our last parameters, the new ones are owed, and :meth:`_pay_owed`
+        sends them once it is free. Before, the server waited for that slot (--step-timeout)
+        and read nothing else meanwhile: after a lone restart, a worker holding one server's
+        parameters while it waited for another's held up the first, and the servers waited on
+        each other until the step timeout dropped a worker (chaos runs: 2-7 s stalls with a
+        2 s step timeout; 120 s by default)."""
+        if w.owed is not None:  # one message owed at a time: the freshest parameters go
+            w.owed = STATUS_STOP if STATUS_STOP in (w.owed, flags) else flags
+            return
+        w.owed, w.owed_since = flags, time.monotonic()
+        self._pay(w)
+
+    def _pay(self, w: _Worker) -> None:
+        """Send ``w`` the parameters owed to it, if its slot is free; lose it if it has not
+        freed it within --step-timeout (frozen, or gone without a word)."""
+        flags = w.owed
+        assert flags is not None
+        try:
+            self._send(w, flags, timeout=OFFER_TIMEOUT)
+        except tw.WireTimeoutError as exc:
+            grace = self._stop_overdue()  # stopping: not waited for past the stop's grace
+            if grace is not None:
+                w.owed = None
+                self._lose(w, f"it took no parameters within {grace:g} s of the stop", tell=False)
+            elif time.monotonic() - w.owed_since > self.cfg.step_timeout:
+                w.owed = None
+                self._lose(w, f"it took no parameters in time: {exc}")
+            return
+        except tw.PeerLostError as exc:
+            w.owed = None
+            self._lose(w, str(exc), tell=False)  # its receiver is gone
+            return
+        w.owed = None
+        w.heard = time.monotonic()  # its silence counts from here
+
+    def _pay_owed(self) -> None:
+        """(asp, ssp) Each worker owed parameters gets them where its slot is free now."""
+        for w in self.workers:
+            if w.owed is None:
+                continue
+            if w.alive:
+                self._pay(w)
+            else:
+                w.owed = None  # lost meanwhile: a join sends it fresh ones
+
     def _await_any_worker(self) -> None:
         """Every worker taking part was lost: wait for one to join again, as long as for the
         job's first join (--join-timeout), or a step (--step-timeout) where longer. Dropped
@@ -1011,8 +1074,11 @@ class ParameterServer:
                 self._await_any_worker()  # raises if none comes back in time
             if all(w.stopped for w in self.workers if w.alive):
                 return
+            owing = any(w.owed is not None for w in self.workers)
+            if owing:
+                self._pay_owed()
             try:
-                name, view = self.rx.wait_any(timeout=REJOIN_CHECK_EVERY)
+                name, view = self.rx.wait_any(timeout=OWED_POLL if owing else REJOIN_CHECK_EVERY)
             except tw.WireTimeoutError:
                 self._lose_silent(held)
                 self._release_held(held, staleness)
@@ -1113,10 +1179,10 @@ class ParameterServer:
                 held.remove(h)
             elif h.step >= self.cfg.steps or self._stop_requested:
                 held.remove(h)
-                self._serve(h, STATUS_STOP)
+                self._offer(h, STATUS_STOP)
             elif h.step - floor <= staleness:
                 held.remove(h)
-                self._serve(h, STATUS_RUN)
+                self._offer(h, STATUS_RUN)
 
     def _lose_silent(self, held: list[_Worker]) -> None:
         """(asp, ssp) Go on without each worker taking part that sent nothing for
@@ -1126,7 +1192,7 @@ class ParameterServer:
         grace = self._stop_overdue()  # stopping: those not stopped by now are not waited for
         for w in self.workers:
             silent = grace is not None or now - w.heard > self.cfg.step_timeout
-            if silent and w.alive and not w.stopped and w not in held:
+            if silent and w.alive and not w.stopped and w not in held and w.owed is None:
                 if any(self.rx.pending(name) for name in self._worker_tensors(w)):
                     w.heard = now
                 elif grace is not None:
