@@ -97,6 +97,9 @@ STOP_GRACE = 5.0
 OFFER_TIMEOUT = 0.05
 #: (asp, ssp) Seconds between looks at an owing worker's slot while nothing else comes
 OWED_POLL = 0.005
+#: transports whose every write is a call the receiver answers (its slot free or not): there a
+#: write of parameters that times out may have sent a part of them, so none is owed
+CALL_TRANSPORTS = ("grpc", "grpc-stream")
 #: seconds between the error lines of checkpoints that keep failing (one every
 #: --checkpoint-every steps would flood the log: 40 a second measured with a small model)
 CHECKPOINT_ERROR_EVERY = 60.0
@@ -994,6 +997,11 @@ class ParameterServer:
         2 s step timeout; 120 s by default)."""
         if w.owed is not None:  # one message owed at a time: the freshest parameters go
             w.owed = STATUS_STOP if STATUS_STOP in (w.owed, flags) else flags
+            return
+        if self.tx.transport_of(w.address) in CALL_TRANSPORTS:
+            # A write there is a call the worker answers: one it is slow to answer would time
+            # out after a part of the parameters went, so they go whole, waiting, as before.
+            self._serve(w, flags)
             return
         w.owed, w.owed_since = flags, time.monotonic()
         self._pay(w)
