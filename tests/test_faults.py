@@ -579,6 +579,36 @@ def test_a_silent_sender_is_declared_lost(transport: str, children: Children) ->
         _healthy(rx, transport)
 
 
+@pytest.mark.parametrize("reconnect", [False, True])
+def test_a_dropped_sender_s_first_write_of_another_tensor_is_a_loss(
+    transport: str, reconnect: bool
+) -> None:
+    """A sender whose session the receiver dropped (silent past its heartbeat timeout) writes
+    a tensor it had not written before: the claim is refused as a loss that says why
+    (PeerLostError, which ``reconnect=True`` acts on: the message lands over a new session),
+    not as "say hello (and authenticate) first", an AuthenticationError that reads as a wrong
+    secret. A parameter server met it after a worker's receiver dropped its session, and
+    exited 1 (a chaos run, shm, asp, seed 101)."""
+    with tw.Receiver(heartbeat_timeout=0.5) as rx:
+        for name in ("a", "b"):
+            rx.register(name, (4,), "float32")
+        with tw.Sender.connect(
+            rx.address, transport=transport, heartbeat=None, timeout=5, reconnect=reconnect
+        ) as tx:
+            tx.write("a", np.ones(4, np.float32))
+            deadline = time.monotonic() + 10
+            while _peers(rx) and time.monotonic() < deadline:  # dropped: silent for 0.5 s
+                time.sleep(0.05)
+            assert _peers(rx) == 0
+            if not reconnect:
+                with pytest.raises(tw.PeerLostError, match=r"was dropped: silent for .* heartbeat"):
+                    tx.write("b", np.full(4, 2, np.float32))
+                assert rx.pending("b") == 0
+                return
+            tx.write("b", np.full(4, 2, np.float32))
+            assert float(rx.wait("b", timeout=5)[0]) == 2
+
+
 def _peers(rx: tw.Receiver) -> float:
     return next(v for name, _, v in rx.metric_gauges() if name == "peers")
 

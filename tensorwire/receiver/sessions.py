@@ -16,6 +16,7 @@ import logging
 import os
 import secrets
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,10 @@ from ..transports.base import CreditLink
 from .servers import DataServers
 from .state import ReceiverState
 from .tensors import RegisteredTensor, TensorTable
+
+#: dropped sessions whose end is remembered, for what their connection asks next (each entry
+#: is an identity and a line: a few hundred bytes)
+DROPPED_KEPT = 1024
 
 log = logging.getLogger(__name__)
 quiet = QuietLog(log)  # refusals anyone can provoke: rate-limited per reason
@@ -84,6 +89,11 @@ class SessionHandler:
         self._heartbeat_timeout = heartbeat_timeout
         self._sessions: dict[bytes, Session] = {}  # by control-socket identity
         self._tokens: dict[bytes, Session] = {}  # by the token its data connections present
+        #: why each of the latest sessions we dropped (lost, not said goodbye) ended, by
+        #: control-socket identity, until that connection says hello again: what its requests
+        #: are told (PeerLostError at the sender), not "say hello first", which reads as a
+        #: wrong secret and is raised as AuthenticationError
+        self._dropped: OrderedDict[bytes, str] = OrderedDict()
 
     def by_token(self, token: bytes) -> Session | None:
         return self._tokens.get(token)
@@ -118,6 +128,9 @@ class SessionHandler:
                         "stale-generation",
                         f"generation {generation} is gone; the receiver restarted",
                     )
+                dropped = self._dropped.get(identity) if session is None else None
+                if dropped is not None:
+                    return wire.ErrorReply("closed", f"{dropped}; its claims are revoked")
                 return wire.ErrorReply("unauthenticated", "say hello (and authenticate) first")
             if generation != state.generation:
                 return wire.ErrorReply(
@@ -149,6 +162,7 @@ class SessionHandler:
         return wire.Ack(self._state.generation)
 
     def _hello(self, identity: bytes, msg: wire.Hello) -> wire.Message:
+        self._dropped.pop(identity, None)
         old = self._sessions.get(identity)
         if old is not None:
             self.drop(old, "said hello again")
@@ -346,6 +360,9 @@ class SessionHandler:
                         tensor.stale_writer = ProcessWatch(session.pid)
         session.claims.clear()
         if reason is not None:
+            self._dropped[session.identity] = f"{session.describe()} was dropped: {reason}"
+            while len(self._dropped) > DROPPED_KEPT:
+                self._dropped.popitem(last=False)
             metrics.count("tensorwire_peers_lost_total", "receiver")
             log.warning("%s lost: %s", session.describe(), reason)
             self._table.wake()
