@@ -95,8 +95,10 @@ STOP_GRACE = 5.0
 #: instead (ParameterServer._offer): enough for a release under way to end, so that a worker's
 #: parameters go whole or not at all, and short enough that the other workers barely notice.
 OFFER_TIMEOUT = 0.05
-#: (asp, ssp) Seconds between looks at an owing worker's slot while nothing else comes
-OWED_POLL = 0.005
+#: (asp, ssp) Seconds between tries of owed parameters: each may wait OFFER_TIMEOUT for the
+#: worker's slot, during which the server reads nothing else, so while a worker owes (frozen,
+#: for up to --step-timeout) the others lose a sixth of the server's time at most
+OWED_RETRY = 0.25
 #: transports whose every write is a call the receiver answers (its slot free or not): there a
 #: write of parameters that times out may have sent a part of them, so none is owed
 CALL_TRANSPORTS = ("grpc", "grpc-stream")
@@ -220,6 +222,7 @@ class _Worker:
     #: joined again), and since when: sent once the slot is free, lost after --step-timeout
     owed: int | None = None
     owed_since: float = 0.0
+    owed_next: float = 0.0  # when to try them again
 
 
 class ParameterServer:
@@ -1021,6 +1024,8 @@ class ParameterServer:
             elif time.monotonic() - w.owed_since > self.cfg.step_timeout:
                 w.owed = None
                 self._lose(w, f"it took no parameters in time: {exc}")
+            else:
+                w.owed_next = time.monotonic() + OWED_RETRY
             return
         except tw.PeerLostError as exc:
             w.owed = None
@@ -1029,15 +1034,19 @@ class ParameterServer:
         w.owed = None
         w.heard = time.monotonic()  # its silence counts from here
 
-    def _pay_owed(self) -> None:
-        """(asp, ssp) Each worker owed parameters gets them where its slot is free now."""
+    def _pay_owed(self) -> float | None:
+        """(asp, ssp) Each worker owed parameters whose time to try again has come gets them
+        where its slot is free now. Returns the seconds until the next try (None: none owed)."""
+        now = time.monotonic()
         for w in self.workers:
             if w.owed is None:
                 continue
-            if w.alive:
-                self._pay(w)
-            else:
+            if not w.alive:
                 w.owed = None  # lost meanwhile: a join sends it fresh ones
+            elif w.owed_next <= now:
+                self._pay(w)
+        tries = [w.owed_next for w in self.workers if w.owed is not None]
+        return max(0.0, min(tries) - time.monotonic()) if tries else None
 
     def _await_any_worker(self) -> None:
         """Every worker taking part was lost: wait for one to join again, as long as for the
@@ -1082,11 +1091,10 @@ class ParameterServer:
                 self._await_any_worker()  # raises if none comes back in time
             if all(w.stopped for w in self.workers if w.alive):
                 return
-            owing = any(w.owed is not None for w in self.workers)
-            if owing:
-                self._pay_owed()
+            retry = self._pay_owed()
+            wait = REJOIN_CHECK_EVERY if retry is None else min(retry, REJOIN_CHECK_EVERY)
             try:
-                name, view = self.rx.wait_any(timeout=OWED_POLL if owing else REJOIN_CHECK_EVERY)
+                name, view = self.rx.wait_any(timeout=wait)
             except tw.WireTimeoutError:
                 self._lose_silent(held)
                 self._release_held(held, staleness)
