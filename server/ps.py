@@ -269,6 +269,9 @@ class ParameterServer:
         self.acc: dict[str, Any] = {}
         self._outgoing: dict[str, np.ndarray[Any, Any]] | None = None
         self._stale: set[str] = set()  # chunks updated since their wire copy was made
+        #: (asp, ssp) parameters may be owed to a worker (set where they become owed, cleared
+        #: by _pay_owed once it finds none): the loop's look at every worker, skipped otherwise
+        self._owing = False
         self._needs_init = False
         self.fingerprint = ""
         self.workers = [_Worker(r, step=self.step) for r in range(cfg.workers)]
@@ -1007,6 +1010,7 @@ class ParameterServer:
             self._serve(w, flags)
             return
         w.owed, w.owed_since = flags, time.monotonic()
+        self._owing = True
         self._pay(w)
 
     def _pay(self, w: _Worker) -> None:
@@ -1036,7 +1040,10 @@ class ParameterServer:
 
     def _pay_owed(self) -> float | None:
         """(asp, ssp) Each worker owed parameters whose time to try again has come gets them
-        where its slot is free now. Returns the seconds until the next try (None: none owed)."""
+        where its slot is free now. Returns the seconds until the next try (None: none owed).
+        At every turn of the asp/ssp loop: with none owed, one look at a flag."""
+        if not self._owing:
+            return None
         now = time.monotonic()
         for w in self.workers:
             if w.owed is None:
@@ -1046,7 +1053,10 @@ class ParameterServer:
             elif w.owed_next <= now:
                 self._pay(w)
         tries = [w.owed_next for w in self.workers if w.owed is not None]
-        return max(0.0, min(tries) - time.monotonic()) if tries else None
+        if not tries:
+            self._owing = False
+            return None
+        return max(0.0, min(tries) - time.monotonic())
 
     def _await_any_worker(self) -> None:
         """Every worker taking part was lost: wait for one to join again, as long as for the
