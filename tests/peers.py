@@ -437,3 +437,26 @@ def send_batches(address: str, transport: str, plan: list[tuple[Any, ...]], roun
             assert [h.name for h in handles] == [name for name, *_ in plan]
             assert all(h.seq == r + 1 for h in handles), handles
             assert [h.nbytes for h in handles] == [a.nbytes for _, a in items]
+
+
+def send_gpu_after_connecting(address: str, host_first: bool) -> None:
+    """A sender that touches no GPU before it connects over nixl: with ``host_first``, it
+    writes the host tensor "h" (all 1) first and waits for the GPU tensor "g" to be registered
+    after that; then it writes three cupy messages to "g", message k all k."""
+    with tw.Sender.connect(address, transport="nixl", timeout=60) as tx:
+        if host_first:
+            tx.write("h", np.ones(tx.spec("h").static_shape, dtype=np.float32))
+            give_up = time.monotonic() + 30
+            while True:  # bounded: the test registers "g" once "h" has landed
+                try:
+                    tx.spec("g")
+                    break
+                except tw.UnknownTensorError:
+                    if time.monotonic() > give_up:
+                        raise
+                    time.sleep(0.05)
+        import cupy as cp  # only now: the process has had no CUDA context until here
+
+        spec = tx.spec("g")
+        for k in range(1, 4):
+            tx.write("g", cp.full(spec.static_shape, k, dtype=spec.dtype))

@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .. import wire
-from ..cuda import data_pointer, device_bytes, synchronize_current
+from ..cuda import data_pointer, device_bytes, hold_context, synchronize_current
 from ..doorbell import deadline_of
 from ..dtypes import exports_buffer
 from ..errors import (
@@ -215,7 +215,10 @@ class NixlChannel(Channel):
         self._agent: Any = None  # registers sources and posts the WRITEs
         self._notifier: Any = None  # sends the headers and the goodbye, receives credits
         self._remote = ""
+        self._remote_metadata = b""  # the receiver's agent metadata, from the latest attach
         self._bases: list[int] = []  # each receiver region's address in the receiver's memory
+        #: our writing agent was created with a CUDA context current (see _need_cuda)
+        self._cuda_ready = False
         self._sources: OrderedDict[tuple[int, int], _Source] = OrderedDict()
         #: the writers' staging buffers, registered once each for the channel's lifetime
         self._staging: list[_Source] = []
@@ -228,9 +231,12 @@ class NixlChannel(Channel):
         # progress, which skips a channel whose writer is at it.
         self._absorbing = threading.Lock()
         try:
-            name = f"tw-tx-{os.getpid()}-{secrets.token_hex(6)}"
-            loopback = is_loopback_host(info.control_host)
+            self._name = name = f"tw-tx-{os.getpid()}-{secrets.token_hex(6)}"
+            self._loopback = loopback = is_loopback_host(info.control_host)
             self._mm_errh = shared_memory_notifications(self._options, loopback)
+            if any(region.kind != HOST for region in info.regions):
+                # GPU slots: UCX must see a CUDA context when the writing agent starts
+                self._cuda_ready = hold_context()
             self._agent = create_agent(name, self._options, loopback)
             self._notifier = create_agent(f"{name}-n", self._options, loopback)
             self._attach()
@@ -269,6 +275,7 @@ class NixlChannel(Channel):
         if self._remote and name != self._remote:
             raise LocalProtocolError(f"receiver at {self._where} changed its agent name to {name}")
         self._remote = name
+        self._remote_metadata = metadata
         self._bases = bases
 
     def _warm_up(self) -> None:
@@ -290,6 +297,10 @@ class NixlChannel(Channel):
                 else ""
             )
             raise WireTimeoutError(f"receiver at {self._where} did not answer a NIXL ping{hint}")
+        self._warm_writes()
+
+    def _warm_writes(self) -> None:
+        """Move a few bytes through the writing agent into the first region's scratch line."""
         src = self._register(np.zeros(SCRATCH_SIZE, dtype=np.uint8))  # not cached: used once
         try:
             self.put(src, self._bases[0] + OFF_SCRATCH, b"", ("DRAM", 0))
@@ -300,6 +311,56 @@ class NixlChannel(Channel):
         if len(regions) > len(self._bases):
             self._attach()  # the receiver registered new regions: fresh metadata and addresses
 
+    def _need_cuda(self) -> None:
+        """Before GPU memory is written from or into: make sure our writing agent was created
+        with a CUDA context current, creating it anew if not.
+
+        UCX decides when an agent starts whether its ``cuda_ipc`` transport can be used; an
+        agent created before the process had a context (a sender connected before it touched
+        the GPU, to a receiver whose GPU tensors came later) moves GPU memory by "software
+        emulation" over TCP, measured at 0.5 GB/s where ``cuda_ipc`` made 239 (16 MiB, H100).
+        Only the writing agent is made again: the receiver knows our notifier, not this agent,
+        and the writes in flight are all complete (every write waits for its own; a batch sends
+        what it posted before a GPU payload)."""
+        if self._cuda_ready or not hold_context():
+            return  # done before, or no CUDA here (cupy would have said so to the caller)
+        self._cuda_ready = True
+        old = self._live_agent()
+        agent: Any = None
+        registered: list[Any] = []
+        try:
+            agent = create_agent(f"{self._name}-cuda", self._options, self._loopback)
+            if _name(agent.add_remote_agent(self._remote_metadata)) != self._remote:
+                raise LocalProtocolError(f"receiver at {self._where} changed its agent name")
+            agent.make_connection(self._remote)
+            for src in self._staging:  # writers hold these: registered again in place
+                registered.append(_register_with(agent, src.array))
+        except Exception as exc:  # keep the agent we have: slower for GPU memory, but it works
+            for descs in registered:
+                with contextlib.suppress(Exception):
+                    agent.deregister_memory(descs)
+            del agent  # the last reference: NIXL tears it down
+            log.warning(
+                "nixl to %s: no NIXL agent could be made with a CUDA context (%s); GPU memory "
+                "goes through the agent made before it, which UCX may move by TCP",
+                self._where,
+                exc,
+            )
+            return
+        for src in self._sources.values():
+            _drop_source(old, src)
+        self._sources.clear()
+        for src, descs in zip(self._staging, registered, strict=True):
+            _release_requests(src)
+            with contextlib.suppress(Exception):
+                old.deregister_memory(src.descs)
+            src.descs = descs
+        self._agent = agent
+        with contextlib.suppress(Exception):
+            old.remove_remote_agent(self._remote)
+        del old  # the last reference: NIXL tears that agent down
+        self._warm_writes()
+
     def writer(
         self, entry: TensorEntry, next_seq: int, released: int, slot_seqs: list[int], epoch: int
     ) -> TensorWriter:
@@ -307,6 +368,8 @@ class NixlChannel(Channel):
             self._attach()
         if entry.layout.region >= len(self._bases):
             raise LocalProtocolError(f"tensor {entry.spec.name!r} lies in an unpublished region")
+        if entry.device is not None:
+            self._need_cuda()
         self._released[entry.tensor_id] = max(released, self._released.get(entry.tensor_id, 0))
         index = entry.layout.payloads_in
         if index >= len(self._bases):
@@ -357,15 +420,10 @@ class NixlChannel(Channel):
         return src
 
     def _register(self, array: Any) -> _Source:
-        agent = self._live_agent()
         memory, device = _memory_of(array)
-        try:
-            descs = agent.register_memory([(data_pointer(array), array.nbytes, device, "")], memory)
-        except Exception as exc:
-            raise TransportError(
-                f"NIXL could not register {array.nbytes} bytes of {memory}: {exc}"
-            ) from exc
-        return _Source(array, descs, memory, device)
+        if memory != "DRAM":
+            self._need_cuda()
+        return _Source(array, _register_with(self._live_agent(), array), memory, device)
 
     def _forget_unused(self) -> None:
         """Deregister sources the caller no longer holds: keeping them would only pin memory."""
@@ -690,6 +748,17 @@ def _held_elsewhere(array: np.ndarray[Any, Any]) -> bool:
     if owner is None:
         return sys.getrefcount(array) > 3
     return sys.getrefcount(owner) > 3
+
+
+def _register_with(agent: Any, array: Any) -> Any:
+    """``array``'s memory registered with ``agent``: its descriptor list."""
+    memory, device = _memory_of(array)
+    try:
+        return agent.register_memory([(data_pointer(array), array.nbytes, device, "")], memory)
+    except Exception as exc:
+        raise TransportError(
+            f"NIXL could not register {array.nbytes} bytes of {memory}: {exc}"
+        ) from exc
 
 
 def _release_requests(src: _Source) -> None:
