@@ -194,24 +194,36 @@ def serve(
         print(f"tensorwire bench serving on {address} (Ctrl-C to stop)", flush=True)
     session: _Session | None = None
     nonce, counter = b"", 0  # (with a secret) the runner's since its hello, and its commands
+    # The nonce of the latest hello, which becomes the runner's only once a command proves the
+    # secret under it: a hello is unauthenticated (it is how a runner learns a nonce), so one
+    # from anyone must not end the numbering of the runner being served.
+    pending = b""
     try:
         if started is not None:
             started()
         while True:
+            raw = rep.recv()
             try:
-                cmd = _decode(rep.recv(), secret, nonce, counter)
+                try:
+                    cmd = _decode(raw, secret, nonce, counter)
+                except _Refused:
+                    if not pending:
+                        raise
+                    cmd = _decode(raw, secret, pending, 0)  # a new runner's first command
+                    if cmd.get("op") != "hello":
+                        nonce, counter, pending = pending, 0, b""
             except _Refused as exc:  # garbage, or a command without the secret's proof
                 rep.send(msgpack.packb({"ok": False, "error": str(exc)}))
                 continue
             op = cmd.get("op")
             if op == "hello":
-                nonce, counter = (new_nonce() if secret else b""), 0
+                pending = new_nonce() if secret else b""
             elif secret:
                 counter += 1
             reply: dict[str, Any] = {"ok": True}
             try:
                 if op == "hello":
-                    reply.update(machine=machine_facts(), nonce=nonce)
+                    reply.update(machine=machine_facts(), nonce=pending)
                 elif op == "setup":
                     if session is not None:
                         session.close()
@@ -271,9 +283,10 @@ class _Refused(Exception):
 
 
 def _decode(raw: bytes, secret: str | None, nonce: bytes, counter: int) -> dict[str, Any]:
-    """The command in ``raw``. With a secret, every command but ``hello`` (which starts a
-    runner's numbering afresh, with a new ``nonce``) comes as ``[body, mac]`` and must carry
-    the proof of the secret for its number since that hello (``command_mac``): whoever can
+    """The command in ``raw``. With a secret, every command but ``hello`` (which offers a new
+    ``nonce``: a runner's numbering starts under it with its first proven command) comes as
+    ``[body, mac]`` and must carry the proof of the secret for its number since that hello
+    (``command_mac``): whoever can
     reach the port cannot make this server set anything up, allocate or stop without it.
     Before, one undecodable message ended the server with a traceback."""
     try:

@@ -231,6 +231,10 @@ def test_bench_serve_takes_commands_only_with_the_secret(tmp_path: Path) -> None
         runner = Runner(address, ["tcp"], [4096], 4096, secret="s3cret", timeout=30)
         try:
             assert runner.throughput("tcp", 4096, 20) > 0
+            # anyone's hello, unauthenticated as hellos are, leaves the runner's numbering be
+            # (it ended it before: the runner's next command was refused)
+            assert ask(msgpack.packb({"op": "hello"}))["nonce"]
+            assert runner.throughput("tcp", 4096, 20) > 0
         finally:
             runner.close()
         assert server.poll() is None  # served on through all of it
