@@ -379,6 +379,50 @@ def test_sources_stay_registered_while_the_caller_holds_them() -> None:
             assert len(channel._staging) == 1  # the staging buffer, once
 
 
+@pytest.mark.nixl
+def test_a_writing_agent_made_anew_for_cuda_writes_on_where_the_old_one_left(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where GPU memory comes after a sender connected, its writing agent is made anew with a
+    CUDA context current (UCX opens cuda_ipc only then: docs/rdma.md). What the swap itself
+    must keep is checked here, on host memory, with ``hold_context`` answering as on a GPU host
+    (this host has no CUDA; the GPU case is tests/test_gpu.py -k cuda_ipc): every tensor's
+    messages go on landing byte-exact in sequence, staged and registered ones alike, the
+    staging buffers are registered with the new agent in place (writers hold them), the
+    cache of callers' arrays starts afresh, and it happens once."""
+    from tensorwire.transports import nixl as nixl_transport
+
+    n = 1 << 15  # 128 KiB of float32: above copy_below, written from the array itself
+    with tw.Receiver(ring=2) as rx:
+        rx.register("big", (n,), "float32")
+        rx.register("small", (16,), "float32")
+        with tw.Sender.connect(rx.address, transport="nixl", timeout=10) as tx:
+            channel = _peer(tx, rx.address).channel
+            held = np.arange(n, dtype=np.float32)
+
+            def round_trip(k: int) -> None:
+                tx.write("big", held + k)
+                tx.write("small", np.full(16, k, np.float32))
+                assert np.array_equal(rx.wait("big", timeout=5), held + k), k
+                assert np.array_equal(rx.wait("small", timeout=5), np.full(16, k)), k
+                rx.release_many(["big", "small"])
+
+            for k in range(3):
+                round_trip(k)
+            old, staged = channel._agent, list(channel._staging)
+            assert not channel._cuda_ready and channel._sources and staged
+            monkeypatch.setattr(nixl_transport, "hold_context", lambda: True)
+            channel._need_cuda()
+            assert channel._agent is not old and channel._cuda_ready
+            assert channel._staging == staged and not channel._sources
+            del old
+            for k in range(3, 8):
+                round_trip(k)
+            swapped = channel._agent
+            channel._need_cuda()  # once only
+            assert channel._agent is swapped and len(channel._staging) == len(staged)
+
+
 def test_more_tensors_than_registered_sources_register_each_staging_buffer_once() -> None:
     """A step writes many small tensors in turn: each one's staging buffer stays registered
     (the cache of callers' arrays is smaller than the step), and a prefix of it of any length
