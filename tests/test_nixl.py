@@ -11,6 +11,8 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -346,37 +348,48 @@ def test_a_batch_of_small_tensors_shares_notifications_and_lands_in_order() -> N
             rx.release_many(["s0", "s0", "s1", "big", "s2"])
 
 
-@pytest.mark.nixl
-def test_sources_stay_registered_while_the_caller_holds_them() -> None:
-    n = 1 << 15  # 128 KiB of float32: above copy_below, so written from the array itself
-    with tw.Receiver(ring=4) as rx:
-        rx.register("t", (n,), "float32")
+#: float32 elements of the large tensor below: 128 KiB, above copy_below, so written from the
+#: caller's array (registered), where "small" is staged
+LARGE = 1 << 15
+
+
+@contextlib.contextmanager
+def _large_and_small(ring: int, large: str) -> Iterator[tuple[tw.Receiver, tw.Sender, Any]]:
+    """A receiver of a large tensor named ``large`` and of "small" (16 float32), a nixl sender
+    to it, and the sender's channel."""
+    with tw.Receiver(ring=ring) as rx:
+        rx.register(large, (LARGE,), "float32")
         rx.register("small", (16,), "float32")
         with tw.Sender.connect(rx.address, transport="nixl", timeout=10) as tx:
-            channel = _peer(tx, rx.address).channel
-            held = np.arange(n, dtype=np.float32)
-            for _ in range(3):
-                tx.write("t", held)
-                assert np.array_equal(rx.wait("t", timeout=5), held)
-                rx.release("t")
-            assert len(channel._sources) == 1  # registered once, reused
-            for k in range(5):  # a fresh array each time, dropped by the caller at once
-                tx.write("t", np.full(n, k, np.float32))
-                assert rx.wait("t", timeout=5)[0] == k
-                rx.release("t")
-            # the dropped ones are deregistered as new ones come; the held one stays
-            assert len(channel._sources) <= 2
-            assert any(
-                src.array is not None and np.shares_memory(src.array, held)
-                for src in channel._sources.values()
-            )
-            before = set(channel._sources)
-            for k in range(5):  # small payloads are copied into the registered staging buffer
-                tx.write("small", np.full(16, k, np.float32))
-                assert rx.wait("small", timeout=5)[15] == k
-                rx.release("small")
-            assert set(channel._sources) == before  # not among the callers' arrays
-            assert len(channel._staging) == 1  # the staging buffer, once
+            yield rx, tx, _peer(tx, rx.address).channel
+
+
+@pytest.mark.nixl
+def test_sources_stay_registered_while_the_caller_holds_them() -> None:
+    with _large_and_small(4, "t") as (rx, tx, channel):
+        held = np.arange(LARGE, dtype=np.float32)
+        for _ in range(3):
+            tx.write("t", held)
+            assert np.array_equal(rx.wait("t", timeout=5), held)
+            rx.release("t")
+        assert len(channel._sources) == 1  # registered once, reused
+        for k in range(5):  # a fresh array each time, dropped by the caller at once
+            tx.write("t", np.full(LARGE, k, np.float32))
+            assert rx.wait("t", timeout=5)[0] == k
+            rx.release("t")
+        # the dropped ones are deregistered as new ones come; the held one stays
+        assert len(channel._sources) <= 2
+        assert any(
+            src.array is not None and np.shares_memory(src.array, held)
+            for src in channel._sources.values()
+        )
+        before = set(channel._sources)
+        for k in range(5):  # small payloads are copied into the registered staging buffer
+            tx.write("small", np.full(16, k, np.float32))
+            assert rx.wait("small", timeout=5)[15] == k
+            rx.release("small")
+        assert set(channel._sources) == before  # not among the callers' arrays
+        assert len(channel._staging) == 1  # the staging buffer, once
 
 
 @pytest.mark.nixl
@@ -392,35 +405,30 @@ def test_a_writing_agent_made_anew_for_cuda_writes_on_where_the_old_one_left(
     cache of callers' arrays starts afresh, and it happens once."""
     from tensorwire.transports import nixl as nixl_transport
 
-    n = 1 << 15  # 128 KiB of float32: above copy_below, written from the array itself
-    with tw.Receiver(ring=2) as rx:
-        rx.register("big", (n,), "float32")
-        rx.register("small", (16,), "float32")
-        with tw.Sender.connect(rx.address, transport="nixl", timeout=10) as tx:
-            channel = _peer(tx, rx.address).channel
-            held = np.arange(n, dtype=np.float32)
+    with _large_and_small(2, "big") as (rx, tx, channel):
+        held = np.arange(LARGE, dtype=np.float32)
 
-            def round_trip(k: int) -> None:
-                tx.write("big", held + k)
-                tx.write("small", np.full(16, k, np.float32))
-                assert np.array_equal(rx.wait("big", timeout=5), held + k), k
-                assert np.array_equal(rx.wait("small", timeout=5), np.full(16, k)), k
-                rx.release_many(["big", "small"])
+        def round_trip(k: int) -> None:
+            tx.write("big", held + k)
+            tx.write("small", np.full(16, k, np.float32))
+            assert np.array_equal(rx.wait("big", timeout=5), held + k), k
+            assert np.array_equal(rx.wait("small", timeout=5), np.full(16, k)), k
+            rx.release_many(["big", "small"])
 
-            for k in range(3):
-                round_trip(k)
-            old, staged = channel._agent, list(channel._staging)
-            assert not channel._cuda_ready and channel._sources and staged
-            monkeypatch.setattr(nixl_transport, "hold_context", lambda: True)
-            channel._need_cuda()
-            assert channel._agent is not old and channel._cuda_ready
-            assert channel._staging == staged and not channel._sources
-            del old
-            for k in range(3, 8):
-                round_trip(k)
-            swapped = channel._agent
-            channel._need_cuda()  # once only
-            assert channel._agent is swapped and len(channel._staging) == len(staged)
+        for k in range(3):
+            round_trip(k)
+        old, staged = channel._agent, list(channel._staging)
+        assert not channel._cuda_ready and channel._sources and staged
+        monkeypatch.setattr(nixl_transport, "hold_context", lambda: True)
+        channel._need_cuda()
+        assert channel._agent is not old and channel._cuda_ready
+        assert channel._staging == staged and not channel._sources
+        del old
+        for k in range(3, 8):
+            round_trip(k)
+        swapped = channel._agent
+        channel._need_cuda()  # once only
+        assert channel._agent is swapped and len(channel._staging) == len(staged)
 
 
 def test_more_tensors_than_registered_sources_register_each_staging_buffer_once() -> None:
