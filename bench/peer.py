@@ -286,9 +286,9 @@ def _decode(raw: bytes, secret: str | None, nonce: bytes, counter: int) -> dict[
     """The command in ``raw``. With a secret, every command but ``hello`` (which offers a new
     ``nonce``: a runner's numbering starts under it with its first proven command) comes as
     ``[body, mac]`` and must carry the proof of the secret for its number since that hello
-    (``command_mac``): whoever can
-    reach the port cannot make this server set anything up, allocate or stop without it.
-    Before, one undecodable message ended the server with a traceback."""
+    (``command_mac``): whoever can reach the port cannot make this server set anything up,
+    allocate or stop without it. Before, one undecodable message ended the server with a
+    traceback."""
     try:
         msg = msgpack.unpackb(raw)
     except Exception as exc:  # msgpack raises several kinds on garbage

@@ -324,7 +324,7 @@ class NixlChannel(Channel):
         what it posted before a GPU payload)."""
         if self._cuda_ready or not hold_context():
             return  # done before, or no CUDA here (cupy would have said so to the caller)
-        self._cuda_ready = True
+        self._cuda_ready = True  # tried once: where it fails, the agent we have goes on
         old = self._live_agent()
         agent: Any = None
         registered: list[Any] = []
@@ -334,7 +334,7 @@ class NixlChannel(Channel):
                 raise LocalProtocolError(f"receiver at {self._where} changed its agent name")
             agent.make_connection(self._remote)
             for src in self._staging:  # writers hold these: registered again in place
-                registered.append(_register_with(agent, src.array))
+                registered.append(_register_with(agent, src.array, src.memory, src.device))
         except Exception as exc:  # keep the agent we have: slower for GPU memory, but it works
             for descs in registered:
                 with contextlib.suppress(Exception):
@@ -423,7 +423,8 @@ class NixlChannel(Channel):
         memory, device = _memory_of(array)
         if memory != "DRAM":
             self._need_cuda()
-        return _Source(array, _register_with(self._live_agent(), array), memory, device)
+        descs = _register_with(self._live_agent(), array, memory, device)
+        return _Source(array, descs, memory, device)
 
     def _forget_unused(self) -> None:
         """Deregister sources the caller no longer holds: keeping them would only pin memory."""
@@ -750,9 +751,9 @@ def _held_elsewhere(array: np.ndarray[Any, Any]) -> bool:
     return sys.getrefcount(owner) > 3
 
 
-def _register_with(agent: Any, array: Any) -> Any:
-    """``array``'s memory registered with ``agent``: its descriptor list."""
-    memory, device = _memory_of(array)
+def _register_with(agent: Any, array: Any, memory: str, device: int) -> Any:
+    """``array``'s memory (NIXL's ``memory`` type on ``device``) registered with ``agent``: its
+    descriptor list."""
     try:
         return agent.register_memory([(data_pointer(array), array.nbytes, device, "")], memory)
     except Exception as exc:
