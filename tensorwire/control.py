@@ -317,6 +317,9 @@ class ControlClient:
         self._sock: zmq.Socket[bytes] | None = None
         self._watch: _Watch | None = None
         self._closed = False
+        #: what a socket opened anew (after an unanswered request) sends before anything else,
+        #: so that the receiver knows it for the session of the one before (None: nothing)
+        self.resume: Callable[[], wire.Message | None] | None = None
         self._open()
 
     def _open(self) -> zmq.Socket[bytes]:
@@ -342,8 +345,24 @@ class ControlClient:
         PeerLostError) ends the wait."""
         if self._closed:
             raise ClosedError("control client is closed")
-        sock = self._sock or self._open()  # after an unanswered request, a new socket
         deadline = None if timeout is None else time.monotonic() + timeout
+        if self._sock is None:  # after an unanswered request, a new socket
+            self._open()
+            resume = self.resume() if self.resume is not None else None
+            if resume is not None:
+                self._exchange(resume, deadline, timeout, check)
+        return self._exchange(msg, deadline, timeout, check)
+
+    def _exchange(
+        self,
+        msg: wire.Message,
+        deadline: float | None,
+        timeout: float | None,
+        check: Callable[[], None] | None,
+    ) -> wire.Message:
+        """One request and its reply on the open socket (see :meth:`request`)."""
+        sock = self._sock
+        assert sock is not None
         # A DEALER's send blocks while it has no connection to queue on (between reconnects,
         # e.g. after a refused CURVE handshake): wait for one within the same deadline.
         sent = False

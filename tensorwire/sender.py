@@ -153,6 +153,8 @@ class _Peer:
             if welcome.host == host_identity():
                 self._watch = ProcessWatch(welcome.pid)
             self.token = welcome.token  # from here on the heartbeats keep the session alive
+            # a control socket opened anew (a request went unanswered) goes on with this session
+            self.control.resume = self._resume
             if self.welcomed is not None:
                 self.welcomed()
             regions = self._lookup()
@@ -228,6 +230,9 @@ class _Peer:
         if len(reply.token) != wire.TOKEN_BYTES:
             raise LocalProtocolError(f"receiver at {self.address} sent a malformed token")
         return reply
+
+    def _resume(self) -> wire.Message:
+        return wire.Resume(self.generation, self.token)
 
     def _lookup(self, timeout: float | None = _DEFAULT) -> list[RegionInfo]:
         """The receiver's address book, within ``timeout`` (default: the sender's timeout)."""

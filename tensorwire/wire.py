@@ -166,6 +166,17 @@ class Heartbeat(Message):
 
 
 @dataclass(frozen=True, slots=True)
+class Resume(Message):
+    """Sender -> receiver, first on a control connection opened anew (its request before went
+    unanswered, and that connection was closed so that a late reply cannot pass for the next
+    request's): the session ``token`` names goes on over this connection. Answered with Ack."""
+
+    TYPE: ClassVar[str] = "resume"
+    generation: int
+    token: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class Goodbye(Message):
     TYPE: ClassVar[str] = "goodbye"
     generation: int
@@ -213,6 +224,7 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         Attach,
         Attached,
         Heartbeat,
+        Resume,
         Goodbye,
         Ack,
         ErrorReply,

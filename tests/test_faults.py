@@ -89,6 +89,38 @@ def test_receiver_killed_sender_gets_peer_lost(transport: str, children: Childre
         assert not set(info["regions"]) & set(os.listdir("/dev/shm"))
 
 
+def test_a_request_a_stopped_receiver_left_unanswered_does_not_end_the_session(
+    transport: str, children: Children
+) -> None:
+    """A write whose control request (here a claim) times out, the receiver being stopped
+    (SIGSTOP), closes the sender's control socket, so that a late reply cannot pass for the
+    next request's; the next request opens a new socket, which the receiver took for a
+    stranger's: "say hello (and authenticate) first", raised as AuthenticationError (a wrong
+    secret). That ended a parameter server in a chaos run (shm, asp, 3 x 3, seed 111: an owed
+    offer's 50 ms claim met a worker just thawed). The session now goes on over the new socket
+    (it resumes by its token): the writes go on, claims and all."""
+    here, there = children.pipe()
+    specs = [("a", (4,), "float32"), ("b", (4,), "float32")]
+    proc = children.start(run_receiver, there, specs, "s3cret")
+    assert here.poll(30)
+    address = here.recv()["address"]
+    with tw.Sender.connect(address, transport=transport, timeout=10, secret="s3cret") as tx:
+        tx.write("a", np.full(4, 1, np.float32))
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(tw.WireTimeoutError):
+                tx.write("b", np.full(4, 2, np.float32), timeout=0.3)
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        tx.write("b", np.full(4, 2, np.float32))
+        tx.write("a", np.full(4, 3, np.float32))
+        for name, total in (("a", 4.0), ("b", 8.0), ("a", 12.0)):
+            here.send((name, 10))
+            assert here.recv() == ("ok", total), name
+    here.send("stop")
+    children.join_ok(proc)
+
+
 def test_closing_a_sender_whose_receiver_was_killed_is_quick(
     transport: str, children: Children
 ) -> None:

@@ -51,6 +51,7 @@ messages = st.one_of(
         st.dictionaries(st.text(max_size=8), st.lists(st.lists(i63, max_size=2), max_size=3)),
     ),
     st.builds(wire.Heartbeat, i63, st.binary(max_size=32)),
+    st.builds(wire.Resume, i63, st.binary(max_size=32)),
     st.builds(wire.Goodbye, i63),
     st.builds(wire.Ack, i63),
     st.builds(wire.ErrorReply, st.sampled_from(sorted(wire.ERROR_CODES)), st.text(max_size=40)),

@@ -117,6 +117,8 @@ class SessionHandler:
                 return self._auth(session, msg)
             if isinstance(msg, wire.Heartbeat):
                 return self._heartbeat(msg)
+            if isinstance(msg, wire.Resume):
+                return self._resume(identity, msg)
             generation = getattr(msg, "generation", None)
             if session is None or not session.authenticated:
                 if generation is not None and generation != state.generation:
@@ -158,6 +160,28 @@ class SessionHandler:
             return wire.ErrorReply("unauthenticated", "unknown session token")
         if msg.generation != self._state.generation:
             return wire.ErrorReply("stale-generation", f"generation {msg.generation} is gone")
+        session.last_seen = time.monotonic()
+        return wire.Ack(self._state.generation)
+
+    def _resume(self, identity: bytes, msg: wire.Resume) -> wire.Message:
+        """A sender's session moves to the control connection ``identity``: the sender closed
+        the one before after a request there went unanswered (we were stopped, or slow). The
+        token, which only the session's sender holds (its heartbeats present it too), proves
+        it. Without this the new connection was a stranger's, told "say hello first", which the
+        sender took for a wrong secret."""
+        session = self._tokens.get(msg.token)
+        if session is None or not session.alive:
+            return wire.ErrorReply("closed", "the session to resume is over; say hello again")
+        if msg.generation != self._state.generation:
+            return wire.ErrorReply("stale-generation", f"generation {msg.generation} is gone")
+        if session.identity != identity:
+            if self._sessions.get(session.identity) is session:
+                del self._sessions[session.identity]
+            other = self._sessions.get(identity)
+            if other is not None:  # cannot be: a connection opened anew has an identity anew
+                self.drop(other, "its connection was taken over by another session")
+            session.identity = identity
+            self._sessions[identity] = session
         session.last_seen = time.monotonic()
         return wire.Ack(self._state.generation)
 
