@@ -151,10 +151,11 @@ def run_receiver(
     specs: list[tuple[Any, ...]],
     secret: str | None = None,
     bind: str = "tcp://127.0.0.1:0",
+    options: dict[str, Any] | None = None,
 ) -> None:
-    """A receiver in its own process: registers ``specs``, reports its address, then consumes
-    messages on request until told to stop (or killed)."""
-    with tw.Receiver(bind, secret=secret) as rx:
+    """A receiver in its own process (made with ``options`` besides): registers ``specs``,
+    reports its address, then consumes messages on request until told to stop (or killed)."""
+    with tw.Receiver(bind, secret=secret, **(options or {})) as rx:
         for name, shape, dtype in specs:
             rx.register(name, shape, dtype)
         conn.send({"address": rx.address, "regions": [r.name for r in rx._table.regions if r.name]})

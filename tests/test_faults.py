@@ -31,6 +31,7 @@ from .peers import (
 )
 
 BIG = (4096, 4096)  # 64 MiB of float32
+BIND = "tcp://127.0.0.1:0"  # a receiver of its own, on loopback
 
 
 def _healthy(rx: tw.Receiver, transport: str, name: str = "other") -> None:
@@ -117,6 +118,38 @@ def test_a_request_a_stopped_receiver_left_unanswered_does_not_end_the_session(
         for name, total in (("a", 4.0), ("b", 8.0), ("a", 12.0)):
             here.send((name, 10))
             assert here.recv() == ("ok", total), name
+    here.send("stop")
+    children.join_ok(proc)
+
+
+def test_a_receiver_s_own_stop_is_no_sender_s_silence(children: Children) -> None:
+    """A receiver stopped (SIGSTOP) for longer than its heartbeat timeout heard no sender
+    meanwhile; once it runs again, it dropped every sender as silent at its first look, before
+    the heartbeats that came in while it was stopped were read (a chaos run: a worker frozen
+    for 2.4 s dropped two of its servers, "silent for 3.0 s", and they had to join it again).
+    The time the receiver itself did not run is no longer counted as its senders' silence.
+    (The receiver's sessions are the same whatever the transport: tcp here.)"""
+    transport = "tcp"
+    here, there = children.pipe()
+    options = {"heartbeat_timeout": 1.0}
+    proc = children.start(run_receiver, there, [("t", (4,), "float32")], None, BIND, options)
+    assert here.poll(30)
+    address = here.recv()["address"]
+    # the sender's own verdict on a silent receiver comes after 3 of its 5 s intervals
+    with tw.Sender.connect(address, transport=transport, timeout=10, heartbeat=5.0) as tx:
+        tx.write("t", np.full(4, 1, np.float32))
+        here.send(("t", 10))
+        assert here.recv() == ("ok", 4.0)
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            time.sleep(2.0)
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        time.sleep(0.5)  # its first looks at the sessions, and the heartbeats since
+        tx.write("t", np.full(4, 2, np.float32))
+        here.send(("t", 10))
+        assert here.recv() == ("ok", 8.0)
+        assert tx.lost() is None
     here.send("stop")
     children.join_ok(proc)
 

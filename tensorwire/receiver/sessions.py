@@ -35,6 +35,10 @@ from .tensors import RegisteredTensor, TensorTable
 #: dropped sessions whose end is remembered, for what their connection asks next (each entry
 #: is an identity and a line: a few hundred bytes)
 DROPPED_KEPT = 1024
+#: A gap between two of the control thread's looks at the sessions (every TICK_SECONDS while
+#: it runs) longer than this: this process did not run meanwhile (stopped, or starved of CPU),
+#: so no sender could be heard, and the gap is not counted as any sender's silence (seconds).
+STALLED_TICK = 0.5
 
 log = logging.getLogger(__name__)
 quiet = QuietLog(log)  # refusals anyone can provoke: rate-limited per reason
@@ -94,6 +98,7 @@ class SessionHandler:
         #: are told (PeerLostError at the sender), not "say hello first", which reads as a
         #: wrong secret and is raised as AuthenticationError
         self._dropped: OrderedDict[bytes, str] = OrderedDict()
+        self._ticked = time.monotonic()  # the latest tick
 
     def by_token(self, token: bytes) -> Session | None:
         return self._tokens.get(token)
@@ -392,9 +397,21 @@ class SessionHandler:
             self._table.wake()
 
     def tick(self) -> None:
-        """The control thread's periodic check: drop senders that died or went silent."""
+        """The control thread's periodic check: drop senders that died or went silent.
+
+        Silence is counted only while we could listen: after a gap of over STALLED_TICK (this
+        process stopped, or starved) each session's silence is counted from where it stood
+        before the gap. Counted through it, a receiver stopped for nearly its timeout dropped
+        every sender at its first look, before it had read the heartbeats that came meanwhile
+        (a chaos run: a worker frozen for 2.4 s dropped two of its servers, which then had to
+        join it again)."""
         now = time.monotonic()
+        stalled = now - self._ticked
+        self._ticked = now
         with self._state.lock:
+            if stalled > STALLED_TICK:
+                for session in self._sessions.values():
+                    session.last_seen = min(now, session.last_seen + stalled)
             for session in list(self._sessions.values()):
                 if session.watch is not None and not session.watch.alive():
                     self.drop(session, "process exited")
