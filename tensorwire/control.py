@@ -319,7 +319,7 @@ class ControlClient:
         self._closed = False
         #: what a socket opened anew (after an unanswered request) sends before anything else,
         #: so that the receiver knows it for the session of the one before (None: nothing)
-        self.resume: Callable[[], wire.Message | None] | None = None
+        self.resume: Callable[[], wire.Message] | None = None
         self._open()
 
     def _open(self) -> zmq.Socket[bytes]:
@@ -348,9 +348,14 @@ class ControlClient:
         deadline = None if timeout is None else time.monotonic() + timeout
         if self._sock is None:  # after an unanswered request, a new socket
             self._open()
-            resume = self.resume() if self.resume is not None else None
-            if resume is not None:
-                self._exchange(resume, deadline, timeout, check)
+            if self.resume is not None:
+                try:
+                    self._exchange(self.resume(), deadline, timeout, check)
+                except TensorWireError:
+                    # not resumed (the session is over, or no answer): the next request tries
+                    # again on a socket anew, and meets the same answer, not "say hello first"
+                    self._reset()
+                    raise
         return self._exchange(msg, deadline, timeout, check)
 
     def _exchange(

@@ -463,6 +463,26 @@ def test_a_request_of_a_restarted_receivers_sender_is_answered_stale_generation(
             ctx.term()
 
 
+def test_only_a_live_session_s_token_resumes_it() -> None:
+    """`Resume` moves a session to a new control connection only with the token of a live
+    session (which only its sender holds): a made-up token is told the session is over
+    ('closed', a loss at a sender), whatever the generation."""
+    with tw.Receiver() as rx:
+        ctx = zmq.Context()
+        dealer = ctx.socket(zmq.DEALER)
+        try:
+            dealer.linger = 0
+            dealer.connect(rx.address)
+            for generation in (rx.generation, rx.generation ^ 1):
+                dealer.send(wire.encode(wire.Resume(generation, bytes(wire.TOKEN_BYTES))))
+                assert dealer.poll(5000)
+                reply = wire.decode(dealer.recv())
+                assert isinstance(reply, wire.ErrorReply) and reply.code == "closed", reply
+        finally:
+            dealer.close()
+            ctx.term()
+
+
 def test_connect_to_nothing_times_out_clearly() -> None:
     with pytest.raises(tw.WireTimeoutError, match=r"did not answer.*nothing accepted a connection"):
         tw.Sender.connect(f"tcp://127.0.0.1:{free_port()}", timeout=0.3)
