@@ -663,14 +663,35 @@ class PSClient:
             )
         self._release()
         assert self.rx is not None
-        for name in [
-            *(status_name(s) for s in range(len(self.servers))),
-            *(dropped_name(s) for s in range(len(self.servers))),
-            *(c.cid for c in self.chunks),
-        ]:
-            self.rx.drain(name)  # what the lost server left half written, and its loss notice
         deadline = time.monotonic() + self.reconnect_timeout
-        self._reconnect(deadline)
+        while True:
+            for name in [
+                *(status_name(s) for s in range(len(self.servers))),
+                *(dropped_name(s) for s in range(len(self.servers))),
+                *(c.cid for c in self.chunks),
+            ]:
+                self.rx.drain(name)  # what a lost server left half written, its loss notice
+            self._reconnect(deadline)
+            try:
+                self._rejoin(deadline)
+                break
+            except tw.PeerLostError as exc:
+                # Another server lost while we joined again (killed after we reached it): all
+                # of them afresh, within the same --reconnect-timeout. Before, this ended the
+                # worker (exit 1) in a chaos run (shm, bsp, 3 x 3, seed 123).
+                if time.monotonic() >= deadline:
+                    raise PSClientError(
+                        f"lost a parameter server while joining again, and the job did not "
+                        f"form again within {self.reconnect_timeout:.3g} s: {exc}"
+                    ) from None
+                log.warning("lost a parameter server while joining again (%s); again", exc)
+        self.reconnects += 1
+        self._joined_anew = True
+        log.warning("rejoined the parameter servers")
+
+    def _rejoin(self, deadline: float) -> None:
+        """Join every server reached again (by ``deadline``, at least 1 s each wait), check
+        that they hold the plan they held, and say we are ready."""
         self._join(max(deadline - time.monotonic(), 1.0))
         self._await_registration(max(deadline - time.monotonic(), 1.0))
         before = [(c.cid, c.shape, c.server) for c in self.chunks]
@@ -682,9 +703,6 @@ class PSClient:
             # while we first join, the initial values we were given)
             self._init = self.host_params()
         self._say_ready()
-        self.reconnects += 1
-        self._joined_anew = True
-        log.warning("rejoined the parameter servers")
 
     def push(
         self,

@@ -701,6 +701,37 @@ def test_server_killed_and_resumed_workers_reconnect(job: Any, tmp_path: Path) -
     assert j.metrics("w0")["test_accuracy"] >= 0.95
 
 
+def test_a_server_lost_while_the_workers_join_another_again_is_waited_for_too(
+    job: Any, tmp_path: Path
+) -> None:
+    """ps1 is killed; the workers reach ps0 again and wait for ps1 to come back; ps0 is killed
+    meanwhile and ps1 comes back, so the workers' join finds ps0 gone. They wait for it too
+    (within --reconnect-timeout) and the job trains on once both are back. Before, the loss
+    met while joining again ended each worker with exit 1 (a chaos run: shm, bsp, 3 x 3, seed
+    123: 'receiver at ... died')."""
+    ckpt = tmp_path / "ckpt"
+    args = ["--steps", ENDLESS, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "500"]
+    j = job(ps=[*args, "--log-level", "INFO"], servers=2)
+    _wait_for(j, "checkpoint at step 500", servers=2)
+    j.ps[1].kill()
+    assert j.ps[1].wait(10) == -signal.SIGKILL
+    for w in range(2):
+        log_has(j.tmp / f"w{w}.log", "lost a parameter server", 30)
+    time.sleep(1.0)  # they reach ps0 again, then try ps1 every 0.2 s
+    j.ps[0].kill()
+    assert j.ps[0].wait(10) == -signal.SIGKILL
+    again1 = j.start([*j.ps[1].args, "--resume"], log="ps1-again")
+    for w in range(2):
+        log_has(j.tmp / f"w{w}.log", "lost a parameter server while joining again", 60)
+    again0 = j.start([*j.ps[0].args, "--resume"], log="ps0-again")
+    _trains_on(j, "ps0-again", checkpoints=1)
+    for p in (again0, again1):
+        p.send_signal(signal.SIGTERM)
+    codes = [p.wait(120) for p in (again0, again1, *j.workers)]
+    assert codes == [0, 0, 0, 0], j.log("w0") + j.log("ps0-again")
+    assert "rejoined the parameter servers" in j.log("w0")
+
+
 def _frozen_untold_over_grpc(job: Any, end: Callable[[subprocess.Popen[bytes]], object]) -> Job:
     """A BSP job over grpc whose worker 0 is frozen (SIGSTOP) past the server's --step-timeout
     and past the drop notice's own timeout (2 s): dropped, not told, its session kept, while the
