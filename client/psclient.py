@@ -268,19 +268,36 @@ class PSClient:
         """Join every server and wait for our tensors; a server lost meanwhile (restarted while
         we started) is reached and joined again, all within ``timeout``."""
         deadline = time.monotonic() + timeout
+
+        def join() -> None:
+            self._join(max(deadline - time.monotonic(), 1.0))
+            self._await_registration(max(deadline - time.monotonic(), 1.0))
+
+        self._until_joined(join, lambda: self._reconnect(deadline), deadline, timeout, "joining")
+
+    def _until_joined(
+        self,
+        join: Callable[[], None],
+        reach_again: Callable[[], None],
+        deadline: float,
+        within: float,
+        doing: str,
+    ) -> None:
+        """``join()`` again, after ``reach_again()``, each time it meets a server's loss (one
+        killed after we reached it), until ``deadline`` (``within`` seconds from the start);
+        then PSClientError, saying what the last loss was."""
         while True:
             try:
-                self._join(max(deadline - time.monotonic(), 1.0))
-                self._await_registration(max(deadline - time.monotonic(), 1.0))
+                join()
                 return
             except tw.PeerLostError as exc:
                 if time.monotonic() >= deadline:
                     raise PSClientError(
-                        f"lost a parameter server while joining, and the job did not form "
-                        f"again within {timeout:.3g} s: {exc}"
+                        f"lost a parameter server while {doing}, and the job did not form "
+                        f"again within {within:.3g} s: {exc}"
                     ) from None
-                log.warning("lost a parameter server while joining (%s); joining again", exc)
-            self._reconnect(deadline)
+                log.warning("lost a parameter server while %s (%s); once more", doing, exc)
+            reach_again()
 
     def _reconnect(self, deadline: float) -> None:
         """Drop every server's session and reach them all afresh (by ``deadline``, at least
@@ -662,29 +679,30 @@ class PSClient:
                 self.reconnect_timeout,
             )
         self._release()
-        assert self.rx is not None
+        rx = self.rx
+        assert rx is not None
         deadline = time.monotonic() + self.reconnect_timeout
-        while True:
+
+        def reach_again() -> None:
             for name in [
                 *(status_name(s) for s in range(len(self.servers))),
                 *(dropped_name(s) for s in range(len(self.servers))),
                 *(c.cid for c in self.chunks),
             ]:
-                self.rx.drain(name)  # what a lost server left half written, its loss notice
+                rx.drain(name)  # what a lost server left half written, and its loss notice
             self._reconnect(deadline)
-            try:
-                self._rejoin(deadline)
-                break
-            except tw.PeerLostError as exc:
-                # Another server lost while we joined again (killed after we reached it): all
-                # of them afresh, within the same --reconnect-timeout. Before, this ended the
-                # worker (exit 1) in a chaos run (shm, bsp, 3 x 3, seed 123).
-                if time.monotonic() >= deadline:
-                    raise PSClientError(
-                        f"lost a parameter server while joining again, and the job did not "
-                        f"form again within {self.reconnect_timeout:.3g} s: {exc}"
-                    ) from None
-                log.warning("lost a parameter server while joining again (%s); again", exc)
+
+        reach_again()
+        # Another server lost while we join again (killed after we reached it) is waited for
+        # too, within the same --reconnect-timeout. Before, its loss ended the worker (exit 1)
+        # in a chaos run (shm, bsp, 3 x 3, seed 123).
+        self._until_joined(
+            lambda: self._rejoin(deadline),
+            reach_again,
+            deadline,
+            self.reconnect_timeout,
+            "joining again",
+        )
         self.reconnects += 1
         self._joined_anew = True
         log.warning("rejoined the parameter servers")
