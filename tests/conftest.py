@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import multiprocessing as mp
 import os
+import signal
 import socket
 import threading
 import time
@@ -220,6 +221,33 @@ class Children:
                 proc.kill()
             proc.join(10)
             proc.close()
+
+
+def freeze(pid: int, timeout: float = 10.0) -> None:
+    """SIGSTOP process ``pid`` and return once every thread of it is stopped. A stop is not
+    done when kill() returns: it begins once one of the process's threads runs to take the
+    signal, and on a busy host (the suite in two processes, 2 cores) its other threads go on
+    meanwhile: a receiver answered a claim sent after the kill 0.6-0.9 ms later, 3 of 15 times,
+    so a write meant to meet a frozen receiver did not."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except FileNotFoundError:
+            return  # reaped: nothing of it runs
+        states = []
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    # the state follows the command name, which may hold spaces and ')'
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except (FileNotFoundError, ProcessLookupError):
+                continue  # the thread ended
+        if all(state in "TtZX" for state in states):  # stopped, or exited
+            return
+        assert time.monotonic() < deadline, f"process {pid} not stopped in {timeout} s: {states}"
+        time.sleep(0.001)
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ import zmq
 import tensorwire as tw
 from tensorwire import wire
 
-from .conftest import Children, free_port, shm_entries
+from .conftest import Children, free_port, freeze, shm_entries
 from .peers import (
     die_mid_write,
     receiver_lost_in_set_up,
@@ -107,7 +107,7 @@ def test_a_request_a_stopped_receiver_left_unanswered_does_not_end_the_session(
     address = here.recv()["address"]
     with tw.Sender.connect(address, transport=transport, timeout=10, secret="s3cret") as tx:
         tx.write("a", np.full(4, 1, np.float32))
-        os.kill(proc.pid, signal.SIGSTOP)
+        freeze(proc.pid)
         try:
             with pytest.raises(tw.WireTimeoutError):
                 tx.write("b", np.full(4, 2, np.float32), timeout=0.3)
@@ -140,7 +140,7 @@ def test_a_receiver_s_own_stop_is_no_sender_s_silence(children: Children) -> Non
         tx.write("t", np.full(4, 1, np.float32))
         here.send(("t", 10))
         assert here.recv() == ("ok", 4.0)
-        os.kill(proc.pid, signal.SIGSTOP)
+        freeze(proc.pid)
         try:
             time.sleep(2.0)
         finally:
@@ -192,7 +192,7 @@ def test_closing_a_sender_of_several_frozen_receivers_takes_one_goodbye(
             tx.add_peer(here.recv()["address"])
             tx.write(f"t{k}", np.zeros(4, np.float32))
         for proc in procs:
-            os.kill(proc.pid, signal.SIGSTOP)
+            freeze(proc.pid)
         # one removed without a goodbye (a caller that knows it frozen): at once
         first = tx.peers[0]
         start = time.monotonic()
@@ -227,7 +227,7 @@ def test_a_goodbye_not_waited_for_reaches_a_frozen_receiver_when_it_runs_again(
         tx.write("t", np.ones(4, np.float32))
         here.send(("t", 10))
         assert here.recv() == ("ok", 4.0)
-        os.kill(proc.pid, signal.SIGSTOP)
+        freeze(proc.pid)
         try:
             start = time.monotonic()
             tx.remove_peer(address, wait=False)
@@ -653,7 +653,7 @@ def test_a_silent_sender_is_declared_lost(transport: str, children: Children) ->
         rx.wait("t", timeout=5)
         rx.release("t")
         time.sleep(1.5)  # heartbeating every 0.2 s: still there
-        os.kill(proc.pid, signal.SIGSTOP)
+        freeze(proc.pid)
         try:
             start = time.monotonic()
             with pytest.raises(tw.PeerLostError, match="no heartbeat"):
@@ -800,7 +800,7 @@ def test_a_frozen_receiver_does_not_hold_back_the_heartbeats_of_another(
         with tw.Sender(timeout=10, heartbeat=1.0) as tx:
             tx.add_peer(frozen)
             tx.add_peer(rx.address)
-            os.kill(proc.pid, signal.SIGSTOP)
+            freeze(proc.pid)
             try:
                 time.sleep(2.5)
                 tx.write("b", np.ones(4, np.float32))
@@ -838,7 +838,7 @@ def test_a_silent_receiver_is_declared_lost(transport: str, children: Children) 
     info = here.recv()
     with tw.Sender.connect(info["address"], transport=transport, timeout=30, heartbeat=0.2) as tx:
         tx.write("t", np.zeros(16, np.float32))
-        os.kill(proc.pid, signal.SIGSTOP)
+        freeze(proc.pid)
         try:
             start = time.monotonic()
             with pytest.raises(tw.PeerLostError, match="missed 3 heartbeats"):
@@ -1020,7 +1020,7 @@ def test_a_tcp_write_interrupted_mid_frame_closes_the_connection(children: Child
     tx = tw.Sender.connect(address, transport="tcp", timeout=None, heartbeat=None)
     try:
         tx.write("a", np.full(BIG, 1, np.float32))  # lands whole in one of the two slots
-        os.kill(proc.pid, signal.SIGSTOP)
+        freeze(proc.pid)
         # a shell that starts pytest in the background leaves SIGINT ignored, and then
         # interrupt_main() does nothing: this test is about Ctrl-C, so it installs Python's own
         interrupt = threading.Timer(0.5, _thread.interrupt_main)
@@ -1112,7 +1112,7 @@ def test_a_large_write_to_a_frozen_receiver_ends_by_its_deadline(
     try:
         timed.write("a", payload)  # both tensors claimed while the receiver still answers
         unbounded.write("b", payload)
-        os.kill(proc.pid, signal.SIGSTOP)
+        freeze(proc.pid)
         start = time.monotonic()
         with pytest.raises((tw.WireTimeoutError, tw.PeerLostError)):
             # A one-sided write (nixl) lands in a stopped process; the ring's two slots are

@@ -21,7 +21,7 @@ import tensorwire as tw
 from tensorwire import wire
 from tensorwire.rdma import NixlOptions, cuda_devices_present
 
-from .conftest import Children
+from .conftest import Children, freeze
 from .peers import (
     count_empty_messages,
     echo_over,
@@ -248,7 +248,7 @@ def test_headers_that_could_not_leave_at_once_arrive_while_the_sender_is_quiet(
     assert here.poll(30)
     with tw.Sender.connect(here.recv(), transport="nixl", timeout=30) as tx:
         tx.write("t", np.zeros(0, np.uint8))  # claimed while the receiver runs
-        os.kill(proc.pid, signal.SIGSTOP)
+        freeze(proc.pid)
         try:
             for _ in range(count - 1):
                 tx.write("t", np.zeros(0, np.uint8))

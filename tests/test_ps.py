@@ -24,7 +24,7 @@ from tensorwire.client.launch import ps_command, worker_command
 from tensorwire.job.plan import plan
 from tensorwire.server import optim
 
-from .conftest import free_port
+from .conftest import free_port, freeze
 from .jobs import (
     Job,
     assert_params_close,
@@ -581,7 +581,7 @@ def test_bsp_tells_a_frozen_worker_it_was_dropped_and_it_joins_again(
     for times, frozen in ((1, j.workers[:1]), (2, j.workers)):  # the second time, both
         time.sleep(0.5)
         for w in frozen:
-            w.send_signal(signal.SIGSTOP)
+            freeze(w.pid)
         try:
             _wait_for(j, "worker 0 lost", times)
             time.sleep(2.5)  # stopped past the notice's own timeout: it waits in its memory
@@ -620,7 +620,7 @@ def test_a_stop_does_not_wait_for_a_frozen_worker(job: Any, tmp_path: Path, sync
     j = job(ps=["--steps", ENDLESS, "--step-timeout", "120", *every, "--log-level", "INFO"])
     _wait_for(j, "checkpoint at step 20 ")
     frozen = j.workers[1]
-    frozen.send_signal(signal.SIGSTOP)
+    freeze(frozen.pid)
     try:
         time.sleep(0.5)  # the step in flight now waits for the frozen worker
         started = time.monotonic()
@@ -742,7 +742,7 @@ def _frozen_untold_over_grpc(job: Any, end: Callable[[subprocess.Popen[bytes]], 
     )
     _wait_for(j, "joined", 2)
     time.sleep(0.5)
-    j.workers[0].send_signal(signal.SIGSTOP)
+    freeze(j.workers[0].pid)
     try:
         _wait_for(j, "worker 0 lost")
         time.sleep(2.5)

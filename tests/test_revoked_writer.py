@@ -18,7 +18,7 @@ import pytest
 
 import tensorwire as tw
 
-from .conftest import Children
+from .conftest import Children, freeze
 from .peers import write_forever
 
 #: Transports whose writers can outlive their session (the sender's process lives on).
@@ -72,7 +72,7 @@ def test_a_stopped_writer_resumed_after_takeover_is_fenced(
         for _ in range(3):  # A's messages flow while it runs
             rx.wait("t", timeout=10)
             rx.release("t")
-        os.kill(proc.pid, signal.SIGSTOP)
+        freeze(proc.pid)
         try:
             for _ in range(1000):  # drain what A wrote before it stopped (bounded)
                 try:

@@ -151,7 +151,7 @@ def test_release_never_blocks_on_a_sender_that_does_not_read_its_credits() -> No
     socket has refused every credit for a while."""
     import signal
 
-    from .conftest import Children
+    from .conftest import Children, freeze
     from .peers import write_then_idle
 
     kids = Children()
@@ -163,7 +163,7 @@ def test_release_never_blocks_on_a_sender_that_does_not_read_its_credits() -> No
             assert here.poll(30) and here.recv() == "claimed"
             rx.wait("t", timeout=10)
             (conn,) = rx._servers["tcp"]._conns  # type: ignore[attr-defined]
-            os.kill(proc.pid, signal.SIGSTOP)
+            freeze(proc.pid)
             try:
                 slowest = 0.0
                 full_at = None
