@@ -196,6 +196,15 @@ _ERRORS: dict[str, type[TensorWireError]] = {
 #: How often a request that is given a check calls it while it waits for the reply (ms)
 CHECK_EVERY_MS = 100
 
+#: A wait that ends this much later than it was due (seconds): this process did not run
+#: meanwhile (stopped, suspended, starved of CPU), so its peer could not be heard, and the gap
+#: is nobody's silence. A wait for a reply gives the time it had left again, and a receiver
+#: does not count the gap as its senders' silence.
+STALL = 0.5
+#: The longest single poll of a wait with a deadline (seconds): a stop of this process longer
+#: than STALL + POLL_SLICE inside it shows as a poll that returned late
+POLL_SLICE = 0.1
+
 #: What a new control socket's monitor reports: enough to tell why a request went unanswered.
 _WATCHED = (
     zmq.EVENT_CONNECTED
@@ -371,7 +380,8 @@ class ControlClient:
         # A DEALER's send blocks while it has no connection to queue on (between reconnects,
         # e.g. after a refused CURVE handshake): wait for one within the same deadline.
         sent = False
-        while not sent and self._ready(zmq.POLLOUT, deadline, check):
+        ready, deadline = self._ready(zmq.POLLOUT, deadline, check)
+        while ready and not sent:
             try:
                 sock.send(wire.encode(msg), zmq.NOBLOCK)
                 sent = True
@@ -382,7 +392,10 @@ class ControlClient:
                 # Before, this ended the request at once as a timeout of its whole deadline.
                 self._raise_if_fatal()
                 time.sleep(0.001)
-        if not sent or not self._ready(zmq.POLLIN, deadline, check):
+                ready, deadline = self._ready(zmq.POLLOUT, deadline, check)
+        if sent:
+            ready, deadline = self._ready(zmq.POLLIN, deadline, check)
+        if not ready:
             why = (
                 self._watch.why()
                 if self._watch is not None
@@ -421,10 +434,21 @@ class ControlClient:
                     raise
                 time.sleep(pause)
 
-    def _ready(self, flag: int, deadline: float | None, check: Callable[[], None] | None) -> bool:
+    def _ready(
+        self, flag: int, deadline: float | None, check: Callable[[], None] | None
+    ) -> tuple[bool, float | None]:
         """Is the socket ready for ``flag`` before ``deadline``? Meanwhile ``check()`` every
         :data:`CHECK_EVERY_MS` (see request), and the connection's events: a handshake that can
-        never succeed raises :class:`AuthenticationError` at once."""
+        never succeed raises :class:`AuthenticationError` at once. Returns the answer and the
+        deadline in force, which a stop of this process moved on.
+
+        A poll that returned over :data:`STALL` later than it was due means this process did
+        not run meanwhile: the time left when it began is given again, once per call (a wait
+        with a deadline polls :data:`POLL_SLICE` at a time, so that a stop inside it shows).
+        Counted, a sender stopped past its request's deadline took the reply that came meanwhile
+        for a timeout when its own I/O thread had not yet read it (1 in 8 tries: a refresh with
+        a 1 s timeout, the sender stopped 2 s while its receiver answered), or did not wait for
+        a receiver that ran again just after it."""
         assert self._sock is not None
         poller = zmq.Poller()
         poller.register(self._sock, flag)
@@ -434,20 +458,26 @@ class ControlClient:
         # By the clock, not per wake-up: the monitor's events (a refused reconnection every
         # ~0.1 s) must not put the check off.
         check_at = None if check is None else time.monotonic() + CHECK_EVERY_MS / 1000
+        moved = False
         while True:
-            if check_at is None:
-                until = deadline
-            else:
-                until = check_at if deadline is None else min(deadline, check_at)
-            ms = None if until is None else max(math.ceil((until - time.monotonic()) * 1000), 0)
+            began = time.monotonic()
+            ends = [t for t in (deadline, check_at) if t is not None]
+            if deadline is not None:
+                ends.append(began + POLL_SLICE)
+            ms = max(math.ceil((min(ends) - began) * 1000), 0) if ends else None
             ready = dict(poller.poll(ms))
             if self._sock in ready:
-                return True
+                return True, deadline
             if watch is not None and watch.events in ready:
                 self._raise_if_fatal()
             now = time.monotonic()
+            if not moved and deadline is not None and ms is not None:
+                overslept = now - began - ms / 1000
+                if overslept > STALL:
+                    moved = True
+                    deadline = now + max(deadline - began, 0.0)
             if deadline is not None and now >= deadline:
-                return False
+                return False, deadline
             if check_at is not None and now >= check_at:
                 assert check is not None
                 try:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -236,6 +237,27 @@ def write_then_idle(address: str, transport: str, name: str, heartbeat: float, r
         tx.write(name, np.zeros(spec.static_shape, spec.dtype))
         ready.send("claimed")
         time.sleep(3600)
+
+
+def ask_across_own_stop(address: str, conn: Any) -> None:
+    """Over tcp, heartbeating every 0.5 s: write ``t`` once and say "ready"; at "go" ask for the
+    address book again (a control request, 3 s timeout) and send how it went; at "write" send
+    what ``lost()`` says of the receiver and how a second write of ``t`` went."""
+
+    def outcome(call: Callable[[], object]) -> str:
+        try:
+            call()
+            return "ok"
+        except tw.TensorWireError as exc:
+            return f"{type(exc).__name__}: {exc}"
+
+    with tw.Sender.connect(address, transport="tcp", timeout=10, heartbeat=0.5) as tx:
+        tx.write("t", np.full(4, 1, np.float32))
+        conn.send("ready")
+        assert conn.recv() == "go"
+        conn.send(outcome(lambda: tx.refresh(timeout=3.0)))
+        assert conn.recv() == "write"
+        conn.send((tx.lost(), outcome(lambda: tx.write("t", np.full(4, 2, np.float32)))))
 
 
 def write_on_request(address: str, transport: str, name: str, conn: Any) -> None:

@@ -23,6 +23,7 @@ from tensorwire import wire
 
 from .conftest import Children, free_port, freeze, shm_entries
 from .peers import (
+    ask_across_own_stop,
     die_mid_write,
     receiver_lost_in_set_up,
     run_receiver,
@@ -152,6 +153,46 @@ def test_a_receiver_s_own_stop_is_no_sender_s_silence(children: Children) -> Non
         assert tx.lost() is None
     here.send("stop")
     children.join_ok(proc)
+
+
+def test_a_sender_s_own_stop_is_no_receiver_s_silence(children: Children) -> None:
+    """The sender's twin of the test above. A sender stopped (SIGSTOP) past the deadline of a
+    control request took it for unanswered at once when it ran again, though the reply may have
+    come meanwhile (its own I/O thread had not yet read it: 1 in 8 tries of a probe); so did the
+    heartbeat in flight, and a receiver that had missed one before the stop was lost. Now a
+    request gives its receiver the time it had left again. Here the receiver is frozen first
+    and runs again just after the sender (0.2 s): before, the request timed out at once."""
+    here, there = children.pipe()
+    receiver = children.start(run_receiver, there, [("t", (4,), "float32")])
+    assert here.poll(30)
+    address = here.recv()["address"]
+    ask, asked = children.pipe()
+    sender = children.start(ask_across_own_stop, address, asked)
+    assert ask.poll(30) and ask.recv() == "ready"
+    freeze(receiver.pid)
+    try:
+        ask.send("go")  # the request waits for the frozen receiver (3 s)
+        time.sleep(1.1)  # at least one heartbeat missed (0.5 s each), not yet the verdict (1.5 s)
+        freeze(sender.pid)
+        try:
+            time.sleep(2.0)  # past the request's deadline and the heartbeats' verdict
+        finally:
+            os.kill(sender.pid, signal.SIGCONT)
+        time.sleep(0.2)
+    finally:
+        os.kill(receiver.pid, signal.SIGCONT)
+    assert ask.poll(30)
+    assert ask.recv() == "ok"  # answered once the receiver ran, not a timeout
+    ask.send("write")
+    assert ask.poll(30)
+    assert ask.recv() == (None, "ok")
+    children.join_ok(sender)
+    here.send(("t", 10))
+    assert here.recv() == ("ok", 4.0)
+    here.send(("t", 10))
+    assert here.recv() == ("ok", 8.0)
+    here.send("stop")
+    children.join_ok(receiver)
 
 
 def test_closing_a_sender_whose_receiver_was_killed_is_quick(

@@ -22,6 +22,7 @@ from typing import Any
 
 from .. import metrics, wire
 from ..auth import client_mac, new_nonce, server_proof, verify
+from ..control import STALL
 from ..doorbell import barrier_everywhere
 from ..errors import PeerLostError, TensorWireError
 from ..process import ProcessWatch
@@ -35,10 +36,6 @@ from .tensors import RegisteredTensor, TensorTable
 #: dropped sessions whose end is remembered, for what their connection asks next (each entry
 #: is an identity and a line: a few hundred bytes)
 DROPPED_KEPT = 1024
-#: A gap between two of the control thread's looks at the sessions (every TICK_SECONDS while
-#: it runs) longer than this: this process did not run meanwhile (stopped, or starved of CPU),
-#: so no sender could be heard, and the gap is not counted as any sender's silence (seconds).
-STALLED_TICK = 0.5
 
 log = logging.getLogger(__name__)
 quiet = QuietLog(log)  # refusals anyone can provoke: rate-limited per reason
@@ -399,7 +396,7 @@ class SessionHandler:
     def tick(self) -> None:
         """The control thread's periodic check: drop senders that died or went silent.
 
-        Silence is counted only while we could listen: after a gap of over STALLED_TICK (this
+        Silence is counted only while we could listen: after a gap of over STALL (this
         process stopped, or starved) each session's silence is counted from where it stood
         before the gap. Counted through it, a receiver stopped for nearly its timeout dropped
         every sender at its first look, before it had read the heartbeats that came meanwhile
@@ -409,7 +406,7 @@ class SessionHandler:
         stalled = now - self._ticked
         self._ticked = now
         with self._state.lock:
-            if stalled > STALLED_TICK:
+            if stalled > STALL:
                 for session in self._sessions.values():
                     session.last_seen = min(now, session.last_seen + stalled)
             for session in list(self._sessions.values()):
