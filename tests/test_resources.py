@@ -389,10 +389,14 @@ def test_live_segments_of_another_pid_namespace_are_not_reaped() -> None:
         assert all(os.path.exists(f"/dev/shm/{n}") for n in names)
         holder.kill()  # kill -9: the regions cannot be unlinked by their owner
         holder.wait(30)
+        # Any receiver of this uid reaps them: one started by a test in the suite's other
+        # process may come first (seen once in five runs), so what this one reaped is not
+        # asked for, only that none is left.
         reaper = _in_pid_namespace(_REAP)
         out, _ = reaper.communicate(timeout=60)
-        assert set(names) <= set(out.split()), "a dead receiver's regions were not reaped"
-        assert not any(os.path.exists(f"/dev/shm/{n}") for n in names)
+        assert reaper.returncode == 0
+        left = [n for n in names if os.path.exists(f"/dev/shm/{n}")]
+        assert not left, f"a dead receiver's regions were not reaped: {left} (reaped: {out})"
     finally:
         if holder.poll() is None:
             holder.kill()
