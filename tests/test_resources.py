@@ -133,12 +133,13 @@ def test_segments_of_a_killed_receiver_are_reaped(children: Children) -> None:
     assert here.poll(30)
     regions = here.recv()["regions"]
     assert regions and all(os.path.exists(f"/dev/shm/{r}") for r in regions)
-    proc.kill()
+    proc.kill()  # kill -9: they cannot be unlinked by their owner
     proc.join(10)
-    assert all(os.path.exists(f"/dev/shm/{r}") for r in regions)  # kill -9 could not unlink
     reaped = reap_stale_segments()
-    assert set(regions) <= set(reaped)
-    assert not any(os.path.exists(f"/dev/shm/{r}") for r in regions)
+    # Reaped here, or by a receiver that a test in the suite's other process started first
+    # (any receiver of this uid reaps them): what this call returned is not asked for.
+    left = [r for r in regions if os.path.exists(f"/dev/shm/{r}")]
+    assert not left, f"a killed receiver's regions were not reaped: {left} (reaped: {reaped})"
 
 
 @pytest.mark.parametrize("transport", ZERO_COPY)
