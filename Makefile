@@ -64,10 +64,11 @@ demo-torch: $(STAMP) $(TORCH_STAMP) bytecode
 # The slowest tests are listed at the end: the suite must stay under 10 minutes in CI (2 cores).
 # It runs in TEST_WORKERS processes (pytest-xdist): most tests wait on real timeouts and
 # daemons, so two processes take 0.58 of the time of one on 2 cores; every leak check is per
-# process. TEST_WORKERS=0 runs it in this one process (pdb, -x, ordered output).
+# process; the tests of one xdist_group (Ray's cluster) run in one process. TEST_WORKERS=0 runs
+# it in this one process (pdb, -x, ordered output).
 TEST_WORKERS ?= 2
 test: $(STAMP) $(RDMA_STAMP) $(TORCH_STAMP) $(GPU_STAMP) $(RAY_STAMP) bytecode
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=15
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15
 
 # The GPU tests alone (marked `gpu`; they skip with the reason where no CUDA device is present).
 test-gpu: $(STAMP) $(RDMA_STAMP) $(TORCH_STAMP) $(GPU_STAMP) bytecode

@@ -27,6 +27,9 @@ from .jobs import log_has
 from .netns import kill_everything_in, namespaces
 
 pytest.importorskip("ray", reason="Ray is not installed (`make test` installs tensorwire[ray])")
+# One process of the suite runs them all (`make test`: --dist loadgroup): one cluster, not one
+# per process, and no job of another test's in /tmp while a test looks for what a job left.
+pytestmark = pytest.mark.xdist_group("ray")
 
 NET = "10.232.0"  # addresses inside this module's own namespaces only
 HEAD = f"{NET}.1"
