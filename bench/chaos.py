@@ -399,6 +399,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
         problems=problems,
         logs=str(tmp) if problems or args.keep else None,
     )
+    # A recovery ends at the second checkpoint after the fault, so it is never shorter than
+    # what two checkpoints take at the job's pace (the gRPC baselines': seconds).
+    first = result["steps"][0]
+    result["steps_per_s"] = None if first is None else round(first / result["duration_s"], 1)
     if not problems and not args.keep:
         shutil.rmtree(tmp, ignore_errors=True)
     return result
@@ -424,6 +428,13 @@ def render(result: dict[str, Any]) -> str:
         f"{worst:.1f} s; servers' steps {result['steps']}; rank 0's test accuracy "
         f"{result['accuracy']}"
     )
+    pace = result.get("steps_per_s")
+    if pace:
+        every = c["checkpoint_every"]
+        lines.append(
+            f"a recovery is two checkpoints ({2 * every} steps): at the job's mean pace, "
+            f"{pace:g} steps/s, those alone take {2 * every / pace:.1f} s"
+        )
     if result["problems"]:
         lines.append("PROBLEMS:\n  " + "\n  ".join(result["problems"]))
         lines.append(f"logs kept in {result['logs']}")

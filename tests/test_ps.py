@@ -1075,6 +1075,7 @@ def test_chaos_job_trains_on_after_every_fault(tmp_path: Path) -> None:
     assert all(e["trained_on_after_s"] <= 60 for e in result["events"])
     assert result["accuracy"] >= 0.9
     assert result["logs"] is None  # nothing kept when all went well
+    assert result["steps_per_s"] > 0 and "steps/s, those alone take" in out
 
 
 def test_chaos_refuses_an_unknown_fault() -> None:
