@@ -91,7 +91,7 @@ PROBE_SLOTS = 4
 #: --step-timeout, whichever comes first: past an orchestrator's grace period (Kubernetes gives
 #: 30 s, then SIGKILL), and the final checkpoint would be lost.
 STOP_GRACE = 5.0
-#: (asp, ssp) Seconds a write of parameters may wait for the worker's slot before they are owed
+#: Seconds a write of parameters may wait for the worker's slot before they are owed
 #: instead (ParameterServer._offer): enough for a release under way to end, so that a worker's
 #: parameters go whole or not at all, and short enough that the other workers barely notice.
 OFFER_TIMEOUT = 0.05
@@ -217,9 +217,10 @@ class _Worker:
     #: gradient sends them to nobody again (a duplicate fills the worker's one slot, and the
     #: worker skipping to another server's step would take it for a new one)
     served: int | None = None
-    #: (asp, ssp) the flags of parameters owed to it, which its slot could not take yet (it
-    #: still held the last ones: waiting on another server, or holding ours from before it
-    #: joined again), and since when: sent once the slot is free, lost after --step-timeout
+    #: the flags of parameters owed to it, which its slot could not take yet (it still held
+    #: the last ones: waiting on another server, or holding ours from before it joined again),
+    #: and since when: sent once the slot is free (asp, ssp: by _pay_owed; bsp, on probation:
+    #: at each step), lost after --step-timeout
     owed: int | None = None
     owed_since: float = 0.0
     owed_next: float = 0.0  # when to try them again
@@ -535,7 +536,7 @@ class ParameterServer:
                 for c in self.chunks:
                     self.rx.drain(init_name(c.cid))
             w.alive, w.step, w.probation, w.served = True, self.step, not during_join, None
-            w.stopped, w.got = False, set()
+            w.stopped, w.got, w.owed = False, set(), None  # what it is sent now supersedes
             self._claim_dropped_notice(w)
             how = "joined" if during_join else "rejoined"
             self.stats.worker_events[how] += 1
@@ -974,7 +975,11 @@ class ParameterServer:
             done = self.step >= self.cfg.steps or self._stop_requested
             for w in self.workers:
                 # (not again what it was sent: a round that ended no step, see _Worker.served)
-                if w.alive and (done or w.served != self.step):
+                if not w.alive or not (done or w.served != self.step):
+                    continue
+                if w.probation and not done:
+                    self._serve_on_probation(w)
+                else:
                     self._serve(w, STATUS_STOP if done else STATUS_RUN)
             if contributors:
                 self._report(self.step, losses, accuracy, t0)
@@ -992,6 +997,32 @@ class ParameterServer:
             self._lose(w, f"it took no parameters in time: {exc}")
         else:
             w.heard = time.monotonic()  # (asp, ssp) its silence counts from here
+
+    def _serve_on_probation(self, w: _Worker) -> None:
+        """(bsp) :meth:`_serve` a worker that joined again and pushed nothing since, without
+        waiting for its slot past OFFER_TIMEOUT: it may still hold our parameters of an earlier
+        step while it waits for another server, which takes it back at the end of its own step,
+        and that step waits for the other workers, who wait for our parameters. Waiting for
+        the slot (--step-timeout) held them all up until we dropped it; it joined again, and
+        the job went a step per --step-timeout for 10-45 s (chaos runs: 2 x 4, bsp, a worker
+        frozen twice, 2.7 s apart; seed 144). A slot still full is tried again at our next
+        step (the worker skips to the later step); one that stays full for --step-timeout
+        loses the worker, as a write that waited that long did."""
+        if self.tx.transport_of(w.address) in CALL_TRANSPORTS:
+            self._serve(w, STATUS_RUN)  # a call the worker answers: whole, waiting, as before
+            return
+        try:
+            self._send(w, STATUS_RUN, timeout=OFFER_TIMEOUT)
+        except tw.PeerLostError as exc:
+            self._lose(w, str(exc), tell=False)  # its receiver is gone
+        except tw.WireTimeoutError as exc:
+            if w.owed is None:
+                w.owed, w.owed_since = STATUS_RUN, time.monotonic()
+            elif time.monotonic() - w.owed_since > self.cfg.step_timeout:
+                w.owed = None
+                self._lose(w, f"it took no parameters in time: {exc}")
+        else:
+            w.owed = None
 
     def _offer(self, w: _Worker, flags: int) -> None:
         """(asp, ssp) :meth:`_serve`, without holding up every other worker for ``w``: where its

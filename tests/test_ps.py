@@ -1078,6 +1078,25 @@ def test_chaos_job_trains_on_after_every_fault(tmp_path: Path) -> None:
     assert result["steps_per_s"] > 0 and "steps/s, those alone take" in out
 
 
+def test_a_bsp_worker_frozen_again_just_after_it_joined_again_does_not_stall_the_job(
+    tmp_path: Path,
+) -> None:
+    """Two servers, four workers, bsp: w0 frozen 3.8 s (dropped, joins again), then 2.7 s
+    again about a second after it did (`bench chaos` seed 144: its first two faults). Taken
+    back by one server and not yet by the other, w0 held the first's parameters while it
+    waited for the second; the first waited for w0's slot, the other workers for the first,
+    and the second for them: each step took the step timeout (2 s), and the job trained on
+    10-45 s after the freeze (three runs). A server now does not wait for the slot of a worker
+    on probation (ParameterServer._serve_on_probation); each server must checkpoint twice
+    within 6 s of each fault."""
+    args = ["--duration", "8", "--seed", "144", "--workers", "4", "--stall", "6"]
+    events = ["--events", "kill-worker,freeze-worker,stop-worker", "--no-progress"]
+    out, result = bench_job(tmp_path, "chaos", *args, *events, timeout=300)
+    assert result["problems"] == [], out
+    assert [e["event"] for e in result["events"]][:2] == ["freeze-worker"] * 2, out
+    assert result["accuracy"] >= 0.9
+
+
 def test_chaos_refuses_an_unknown_fault() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "tensorwire.bench", "chaos", "--events", "kill-worker,explode"],
