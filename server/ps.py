@@ -1011,18 +1011,9 @@ class ParameterServer:
         if self.tx.transport_of(w.address) in CALL_TRANSPORTS:
             self._serve(w, STATUS_RUN)  # a call the worker answers: whole, waiting, as before
             return
-        try:
-            self._send(w, STATUS_RUN, timeout=OFFER_TIMEOUT)
-        except tw.PeerLostError as exc:
-            self._lose(w, str(exc), tell=False)  # its receiver is gone
-        except tw.WireTimeoutError as exc:
-            if w.owed is None:
-                w.owed, w.owed_since = STATUS_RUN, time.monotonic()
-            elif time.monotonic() - w.owed_since > self.cfg.step_timeout:
-                w.owed = None
-                self._lose(w, f"it took no parameters in time: {exc}")
-        else:
-            w.owed = None
+        if w.owed is None:
+            w.owed, w.owed_since = STATUS_RUN, time.monotonic()
+        self._pay(w)  # sent, or still owed (tried at our next step), or lost past the timeout
 
     def _offer(self, w: _Worker, flags: int) -> None:
         """(asp, ssp) :meth:`_serve`, without holding up every other worker for ``w``: where its
