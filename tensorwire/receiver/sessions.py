@@ -154,14 +154,24 @@ class SessionHandler:
                 return wire.Ack(state.generation)
             return wire.ErrorReply("protocol", f"unexpected {msg.TYPE} message")
 
+    def _live(
+        self, msg: wire.Heartbeat | wire.Resume, unknown: wire.ErrorReply
+    ) -> Session | wire.ErrorReply:
+        """The live session ``msg``'s token names, in this generation; else the refusal
+        (``unknown`` for a token of no live session)."""
+        session = self._tokens.get(msg.token)
+        if session is None or not session.alive:
+            return unknown
+        if msg.generation != self._state.generation:
+            return wire.ErrorReply("stale-generation", f"generation {msg.generation} is gone")
+        return session
+
     def _heartbeat(self, msg: wire.Heartbeat) -> wire.Message:
         # Heartbeats come on the sender's own heartbeat socket, so the token, not the socket
         # identity, says which session is alive (and proves it was authenticated).
-        session = self._tokens.get(msg.token)
-        if session is None or not session.alive:
-            return wire.ErrorReply("unauthenticated", "unknown session token")
-        if msg.generation != self._state.generation:
-            return wire.ErrorReply("stale-generation", f"generation {msg.generation} is gone")
+        session = self._live(msg, wire.ErrorReply("unauthenticated", "unknown session token"))
+        if isinstance(session, wire.ErrorReply):
+            return session
         session.last_seen = time.monotonic()
         return wire.Ack(self._state.generation)
 
@@ -171,11 +181,10 @@ class SessionHandler:
         token, which only the session's sender holds (its heartbeats present it too), proves
         it. Without this the new connection was a stranger's, told "say hello first", which the
         sender took for a wrong secret."""
-        session = self._tokens.get(msg.token)
-        if session is None or not session.alive:
-            return wire.ErrorReply("closed", "the session to resume is over; say hello again")
-        if msg.generation != self._state.generation:
-            return wire.ErrorReply("stale-generation", f"generation {msg.generation} is gone")
+        over = wire.ErrorReply("closed", "the session to resume is over; say hello again")
+        session = self._live(msg, over)
+        if isinstance(session, wire.ErrorReply):
+            return session
         if session.identity != identity:
             if self._sessions.get(session.identity) is session:
                 del self._sessions[session.identity]
