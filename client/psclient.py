@@ -169,6 +169,8 @@ class PSClient:
         self.timeout = timeout
         self._told_stop: set[int] = set()  # the servers that said stop (the others hear we leave)
         self._joined_anew = True  # the next parameters come with the servers' first notices
+        #: joining again (_recover): a server's word that it stops ends every wait (_check_stop)
+        self._recovering = False
         self.chunks: list[Chunk] = []  # known once joined
         self.tx = tw.Sender(
             transport=transport,
@@ -241,9 +243,32 @@ class PSClient:
             raise
 
     def _check_stop(self, waiting: str) -> None:
-        """PSClientStopped if a stop was asked meanwhile (``waiting``: for what, in its words)."""
+        """PSClientStopped if a stop was asked meanwhile (``waiting``: for what, in its words),
+        or, while we join again, a server said that it stops."""
         if self._stopping is not None and self._stopping():
             raise PSClientStopped(f"stopped while waiting {waiting}")
+        if self._recovering:
+            self._heed_stop(f"while we waited {waiting}", statuses=False)
+
+    def _heed_stop(self, when: str, *, statuses: bool) -> None:
+        """PSClientStopped if a server said that it stops, in a notice (it let us go as it
+        stopped) or, with ``statuses``, in the status word of its last parameters. Only while
+        we join again: what is taken here is forgotten (a loss notice before a join is moot,
+        and the parameters of a server we lost are drained anyway). A server that stops will
+        serve no other step, so waiting for another one to come back (--reconnect-timeout)
+        could only end in failure."""
+        rx = self.rx
+        if rx is None or not self.chunks:
+            return  # not joined yet: no server has written to us
+        for s, addr in enumerate(self.servers):
+            names = [dropped_name(s), status_name(s)] if statuses else [dropped_name(s)]
+            for name in names:
+                while rx.pending(name):  # bounded: each ring holds two
+                    flags = int(rx.wait(name, timeout=0)[1])
+                    rx.release(name)
+                    if flags == STATUS_STOP:
+                        self._told_stop.add(s)
+                        raise PSClientStopped(f"parameter server {addr} said stop {when}")
 
     def _connect(self, timeout: float) -> None:
         """Reach every server, retrying while they start up."""
@@ -509,6 +534,12 @@ class PSClient:
                 notice = rx.wait(dropped_name(s), timeout=0)
                 flags, at = int(notice[1]), int(notice[2])
                 rx.release(dropped_name(s))
+                if flags == STATUS_STOP:  # it let us go as it stopped (we kept it waiting)
+                    self._told_stop.add(s)
+                    raise PSClientStopped(
+                        f"parameter server {addr} said stop at its step {at} while we waited "
+                        "for the parameters"
+                    )
                 if flags == STATUS_DROPPED:
                     raise _Dropped(
                         f"parameter server {addr} said at its step {at} that it went on without "
@@ -684,6 +715,8 @@ class PSClient:
         deadline = time.monotonic() + self.reconnect_timeout
 
         def reach_again() -> None:
+            # A server that said stop meanwhile (its last status, or a notice) ends the job
+            self._heed_stop("as we joined again", statuses=True)
             for name in [
                 *(status_name(s) for s in range(len(self.servers))),
                 *(dropped_name(s) for s in range(len(self.servers))),
@@ -692,17 +725,21 @@ class PSClient:
                 rx.drain(name)  # what a lost server left half written, and its loss notice
             self._reconnect(deadline)
 
-        reach_again()
-        # Another server lost while we join again (killed after we reached it) is waited for
-        # too, within the same --reconnect-timeout. Before, its loss ended the worker (exit 1)
-        # in a chaos run (shm, bsp, 3 x 3, seed 123).
-        self._until_joined(
-            lambda: self._rejoin(deadline),
-            reach_again,
-            deadline,
-            self.reconnect_timeout,
-            "joining again",
-        )
+        self._recovering = True
+        try:
+            reach_again()
+            # Another server lost while we join again (killed after we reached it) is waited
+            # for too, within the same --reconnect-timeout. Before, its loss ended the worker
+            # (exit 1) in a chaos run (shm, bsp, 3 x 3, seed 123).
+            self._until_joined(
+                lambda: self._rejoin(deadline),
+                reach_again,
+                deadline,
+                self.reconnect_timeout,
+                "joining again",
+            )
+        finally:
+            self._recovering = False
         self.reconnects += 1
         self._joined_anew = True
         log.warning("rejoined the parameter servers")

@@ -73,6 +73,10 @@ class PSError(tw.TensorWireError):
 #: Seconds the notice to a dropped worker (STATUS_DROPPED) may take: best effort, as the worker
 #: may be dead or frozen, and the step of every other worker waits for it.
 DROP_NOTICE_TIMEOUT = 2.0
+#: Seconds the notice that we stop (STATUS_STOP) may take to reach a worker we let go of while
+#: stopping: shorter, as the stop's grace has run already and every such worker adds its own
+#: (a frozen worker takes a notice without answering, but over grpc a write needs it to).
+STOP_NOTICE_TIMEOUT = 0.5
 #: Seconds between looks, while a step waits for a worker's gradients, at whether that worker
 #: joined again (restarted before its loss was seen, or dropped by another server).
 REJOIN_CHECK_EVERY = 1.0
@@ -666,10 +670,16 @@ class ParameterServer:
 
     def _lose(self, w: _Worker, reason: str, *, tell: bool = True) -> None:
         """Go on without ``w``: forget what it left half sent, stop writing to it. ``tell``: it
-        may still run (frozen for a while, or its machine slow), so it is told that it was
-        dropped, and joins again; else it would wait for parameters that never come."""
+        may still run (frozen for a while, its machine slow, or waiting for another server to
+        come back), so it is told that it was dropped, and joins again; else it would wait for
+        parameters that never come. Once we stop, it is told that we stop instead: joining
+        again would wait for us until its --reconnect-timeout (120 s by default), then fail."""
         self._part_with(w, "lost", f"lost at step {self.step} ({reason})")
-        if tell and not self._notify(w, STATUS_DROPPED, DROP_NOTICE_TIMEOUT):
+        ending = self._stop_requested or self.step >= self.cfg.steps
+        notice = (
+            (STATUS_STOP, STOP_NOTICE_TIMEOUT) if ending else (STATUS_DROPPED, DROP_NOTICE_TIMEOUT)
+        )
+        if tell and not self._notify(w, *notice):
             # It may be frozen (over grpc a write needs it to answer): its session stays, for
             # the notice it gets when it runs again and asks (_answer_probes).
             w.untold = True
@@ -841,10 +851,8 @@ class ParameterServer:
                 if time.monotonic() >= deadline:
                     raise _WorkerLost(f"nothing for {self.cfg.step_timeout:g} s") from None
                 grace = self._stop_overdue()
-                if grace is not None:  # stopping: no need to tell it to join again
-                    raise _WorkerLost(
-                        f"nothing within {grace:g} s of the stop", tell=False
-                    ) from None
+                if grace is not None:  # stopping: told that we stop (_lose)
+                    raise _WorkerLost(f"nothing within {grace:g} s of the stop") from None
                 continue
             w.probation = False
             if int(got[meta_name(w.rank)][0]) < self.step:
@@ -973,14 +981,17 @@ class ParameterServer:
             for w in self.workers:
                 w.step = self.step
             done = self.step >= self.cfg.steps or self._stop_requested
+            until = time.monotonic() + min(self.cfg.step_timeout, STOP_GRACE)
             for w in self.workers:
                 # (not again what it was sent: a round that ended no step, see _Worker.served)
                 if not w.alive or not (done or w.served != self.step):
                     continue
-                if w.probation and not done:
+                if done:
+                    self._serve_stop(w, until)
+                elif w.probation:
                     self._serve_on_probation(w)
                 else:
-                    self._serve(w, STATUS_STOP if done else STATUS_RUN)
+                    self._serve(w, STATUS_RUN)
             if contributors:
                 self._report(self.step, losses, accuracy, t0)
             if done:
@@ -997,6 +1008,20 @@ class ParameterServer:
             self._lose(w, f"it took no parameters in time: {exc}")
         else:
             w.heard = time.monotonic()  # (asp, ssp) its silence counts from here
+
+    def _serve_stop(self, w: _Worker, until: float) -> None:
+        """(bsp) The last parameters, with the word that we stop, waiting for ``w``'s slot
+        until ``until`` at most (a STOP_GRACE from the end of the last step): a worker that
+        holds our last ones while it waits for another server (joined again, and not yet
+        taken back there) frees it only when that server serves it. Past it, the worker is
+        told by a notice that we stop (:meth:`_lose`). Before, the write waited out
+        --step-timeout (120 s by default, past an orchestrator's grace period)."""
+        try:
+            self._send(w, STATUS_STOP, timeout=max(until - time.monotonic(), OFFER_TIMEOUT))
+        except tw.PeerLostError as exc:
+            self._lose(w, str(exc), tell=False)  # its receiver is gone
+        except tw.WireTimeoutError:
+            self._lose(w, "it took no parameters after the last step")
 
     def _serve_on_probation(self, w: _Worker) -> None:
         """(bsp) :meth:`_serve` a worker that joined again and pushed nothing since, without
@@ -1046,7 +1071,7 @@ class ParameterServer:
             grace = self._stop_overdue()  # stopping: not waited for past the stop's grace
             if grace is not None:
                 w.owed = None
-                self._lose(w, f"it took no parameters within {grace:g} s of the stop", tell=False)
+                self._lose(w, f"it took no parameters within {grace:g} s of the stop")
             elif time.monotonic() - w.owed_since > self.cfg.step_timeout:
                 w.owed = None
                 self._lose(w, f"it took no parameters in time: {exc}")
@@ -1244,6 +1269,6 @@ class ParameterServer:
                 if any(self.rx.pending(name) for name in self._worker_tensors(w)):
                     w.heard = now
                 elif grace is not None:
-                    self._lose(w, f"not stopped within {grace:g} s of the stop", tell=False)
+                    self._lose(w, f"not stopped within {grace:g} s of the stop")
                 else:
                     self._lose(w, f"nothing for {self.cfg.step_timeout:g} s")

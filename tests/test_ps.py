@@ -614,7 +614,8 @@ def test_a_stop_does_not_wait_for_a_frozen_worker(job: Any, tmp_path: Path, sync
     (5 s here) for it, not until its heartbeats time out (30 s: 29.5 s measured before) or
     --step-timeout (120 s), then goes on without it, checkpoints and exits 0, well within an
     orchestrator's grace period (Kubernetes: 30 s); the other worker is told to stop and exits
-    0."""
+    0. So is the frozen one, once it runs again: the server left it a notice that it stopped
+    (before, it was told nothing, and waited --reconnect-timeout, 120 s, for the server)."""
     ckpt = tmp_path / "ckpt"
     every = ["--checkpoint-dir", str(ckpt), "--checkpoint-every", "20", "--sync", sync]
     j = job(ps=["--steps", ENDLESS, "--step-timeout", "120", *every, "--log-level", "INFO"])
@@ -630,9 +631,13 @@ def test_a_stop_does_not_wait_for_a_frozen_worker(job: Any, tmp_path: Path, sync
         assert code == 0, j.log("ps0")
         assert took < 25, f"the stop took {took:.1f} s"
         assert j.workers[0].wait(30) == 0, j.log("w0")
+        frozen.send_signal(signal.SIGCONT)
+        assert frozen.wait(30) == 0, j.log("w1")
     finally:
-        frozen.kill()
-        frozen.wait(10)
+        if frozen.poll() is None:
+            frozen.kill()
+            frozen.wait(10)
+    assert "said stop" in j.log("w1"), j.log("w1")
     text = j.log("ps0")
     said = "nothing within 5 s of the stop" if sync == "bsp" else "not stopped within 5 s"
     assert "worker 1 lost at step" in text and said in text, text
@@ -730,6 +735,69 @@ def test_a_server_lost_while_the_workers_join_another_again_is_waited_for_too(
     codes = [p.wait(120) for p in (again0, again1, *j.workers)]
     assert codes == [0, 0, 0, 0], j.log("w0") + j.log("ps0-again")
     assert "rejoined the parameter servers" in j.log("w0")
+
+
+def test_a_server_that_stops_while_another_is_lost_ends_the_workers_wait(
+    job: Any, tmp_path: Path
+) -> None:
+    """ps1 is SIGKILLed for good and ps0 is then stopped (SIGTERM): ps0 tells the workers to
+    stop. A worker waiting for ps1 to come back ends that wait once a server said stop (the
+    job is over: ps0 will not serve another step), saying so, and exits 0 within seconds.
+    Before, each waited out its --reconnect-timeout (120 s here) for ps1, and exited 1."""
+    ckpt = tmp_path / "ckpt"
+    args = ["--steps", ENDLESS, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "500"]
+    j = job(ps=[*args, "--log-level", "INFO"], servers=2)
+    _wait_for(j, "checkpoint at step 500", servers=2)
+    j.ps[1].kill()
+    assert j.ps[1].wait(10) == -signal.SIGKILL
+    for w in range(2):
+        log_has(j.tmp / f"w{w}.log", "lost a parameter server", 30)
+    started = time.monotonic()
+    j.ps[0].send_signal(signal.SIGTERM)
+    assert j.ps[0].wait(30) == 0, j.log("ps0")
+    codes = [w.wait(60) for w in j.workers]
+    took = time.monotonic() - started
+    assert codes == [0, 0], j.log("w0") + j.log("w1")
+    assert took < 30, f"took {took:.1f} s"
+    for w in range(2):
+        text = j.log(f"w{w}")
+        assert "said stop" in text and "Traceback" not in text, text
+        assert not (j.tmp / f"w{w}.npz").exists()  # ps1's last write may be torn
+
+
+def test_a_bsp_stop_does_not_wait_for_a_worker_held_by_another_server(
+    job: Any, tmp_path: Path
+) -> None:
+    """w0 and ps1 are SIGKILLed and ps1 is started again afresh: it waits for both workers
+    to join before its first step, so w1, which joined both again, holds ps0's parameters
+    while it waits for ps1's. ps0, stopped (SIGTERM), waits for w1's slot no longer than
+    STOP_GRACE (5 s), tells it in a notice that it stops, and exits 0; w1 reads it and exits
+    0 too. Before, ps0's last write waited out its --step-timeout (120 s by default, past an
+    orchestrator's grace period: Kubernetes gives 30 s, then SIGKILL), then told w1 to join
+    again, and w1 waited for ps0 to come back until its --reconnect-timeout (120 s)."""
+    ckpt = tmp_path / "ckpt"
+    args = ["--steps", ENDLESS, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "500"]
+    j = job(ps=[*args, "--log-level", "INFO"], servers=2)
+    _wait_for(j, "checkpoint at step 500", servers=2)
+    for p in (j.workers[0], j.ps[1]):
+        p.kill()
+        assert p.wait(10) == -signal.SIGKILL
+    afresh = j.start(list(j.ps[1].args), log="ps1-again")
+    log_has(j.tmp / "ps1-again.log", "waiting for 2 workers", 60)
+    log_has(j.tmp / "w1.log", "lost a parameter server", 30)
+    log_has(j.tmp / "ps0.log", "worker 1 rejoined", 30)  # and waits for ps1, which waits for w0
+    assert j.workers[1].poll() is None, j.log("w1")
+    started = time.monotonic()
+    j.ps[0].send_signal(signal.SIGTERM)
+    assert j.ps[0].wait(30) == 0, j.log("ps0")
+    assert "worker 1 lost at step" in j.log("ps0").split("worker 1 rejoined")[-1], j.log("ps0")
+    code = j.workers[1].wait(60)
+    took = time.monotonic() - started
+    assert code == 0, j.log("w1")
+    assert took < 30, f"took {took:.1f} s"
+    assert "said stop" in j.log("w1") and "Traceback" not in j.log("w1"), j.log("w1")
+    afresh.send_signal(signal.SIGTERM)
+    assert afresh.wait(30) == 0, j.log("ps1-again")
 
 
 def _frozen_untold_over_grpc(job: Any, end: Callable[[subprocess.Popen[bytes]], object]) -> Job:
