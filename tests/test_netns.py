@@ -78,9 +78,15 @@ def _worker(k: int, *extra: str) -> list[str]:
     ]
 
 
-def test_worker_link_down_is_detected_and_the_worker_rejoins(
-    hosts: dict[str, str], tmp_path: Path
+@pytest.mark.parametrize("cut", ["w1", "ps"])
+def test_link_down_is_detected_and_the_workers_rejoin(
+    hosts: dict[str, str], tmp_path: Path, cut: str
 ) -> None:
+    """``w1``: worker 1's link goes down (its process runs on); ``ps``: the server's links to
+    both workers (a server cut off while every process runs: each side judges the other
+    silent at once). The server loses the workers cut off within the heartbeat timeout and
+    goes on (or waits for one to come back); the workers lose the server, reconnect once the
+    links are up again and join again, and the job trains on and ends cleanly."""
     secret = tmp_path / "secret"
     secret.write_text("netns-secret\n")
     common = [
@@ -115,17 +121,29 @@ def test_worker_link_down_is_detected_and_the_worker_rejoins(
         log = tmp_path / "ps.log"
         log_has(log, "worker 1 joined", 60)
         time.sleep(1.0)
-        link = f"{hosts['tag']}v1b"
-        ip("-n", hosts["w1"], "link", "set", link, "down")
-        detected = log_has(log, "worker 1 lost", 30)
-        assert detected < 2 + 3  # the heartbeat timeout, plus a step and a tick
-        ip("-n", hosts["w1"], "link", "set", link, "up")
-        log_has(log, "worker 1 rejoined", 60)
+        tag = hosts["tag"]
+        links = [("w1", f"{tag}v1b")] if cut == "w1" else [("ps", f"{tag}v0a"), ("ps", f"{tag}v1a")]
+        cut_off = [1] if cut == "w1" else [0, 1]
+        for ns, link in links:
+            ip("-n", hosts[ns], "link", "set", link, "down")
+        for k in cut_off:
+            detected = log_has(log, f"worker {k} lost", 30)
+            assert detected < 2 + 3  # the heartbeat timeout, plus a step and a tick
+        for k in cut_off:  # each worker judges the server silent too, while the links are down
+            log_has(tmp_path / f"w{k}.log", "lost a parameter server", 30)
+        for ns, link in links:
+            ip("-n", hosts[ns], "link", "set", link, "up")
+        for k in cut_off:
+            log_has(log, f"worker {k} rejoined", 60)
         time.sleep(1.0)
         ps.send_signal(signal.SIGTERM)
         codes = [p.wait(60) for p in procs]
         assert codes == [0, 0, 0], log.read_text()
-        assert "reconnecting" in (tmp_path / "w1.log").read_text()
+        for k in cut_off:
+            assert "rejoined the parameter servers" in (tmp_path / f"w{k}.log").read_text()
+        steps = int(log.read_text().rsplit("done at step ", 1)[1].split(":")[0])
+        lost_at = int(log.read_text().split(f"worker {cut_off[-1]} lost at step ")[1].split()[0])
+        assert steps > lost_at, (steps, lost_at)  # it trained on after the links came back
     finally:
         for p in procs:
             if p.poll() is None:
