@@ -248,24 +248,28 @@ class PSClient:
         if self._stopping is not None and self._stopping():
             raise PSClientStopped(f"stopped while waiting {waiting}")
         if self._recovering:
-            self._heed_stop(f"while we waited {waiting}", statuses=False)
+            self._heed_stop(f"while we waited {waiting}")
 
-    def _heed_stop(self, when: str, *, statuses: bool) -> None:
-        """PSClientStopped if a server said that it stops, in a notice (it let us go as it
-        stopped) or, with ``statuses``, in the status word of its last parameters. Only while
-        we join again: what is taken here is forgotten (a loss notice before a join is moot,
-        and the parameters of a server we lost are drained anyway). A server that stops will
-        serve no other step, so waiting for another one to come back (--reconnect-timeout)
-        could only end in failure."""
+    def _heed_stop(self, when: str) -> None:
+        """PSClientStopped if a server said that it stops: in a notice (it let us go as it
+        stopped) or in the status word of parameters it wrote us. Only while we join again,
+        before we say we are ready: anything a server wrote us then is of our last session,
+        and is forgotten here (a loss notice before a join is moot, and parameters written
+        before the server takes us back are stale; their chunks go with their status). A
+        server that stops will serve no other step, so waiting for another one to come back
+        (--reconnect-timeout) could only end in failure."""
         rx = self.rx
         if rx is None or not self.chunks:
             return  # not joined yet: no server has written to us
         for s, addr in enumerate(self.servers):
-            names = [dropped_name(s), status_name(s)] if statuses else [dropped_name(s)]
-            for name in names:
+            for name in (dropped_name(s), status_name(s)):
                 while rx.pending(name):  # bounded: each ring holds two
                     flags = int(rx.wait(name, timeout=0)[1])
                     rx.release(name)
+                    if name == status_name(s):
+                        for c in self.chunks:
+                            if c.server == s:
+                                rx.drain(c.cid)
                     if flags == STATUS_STOP:
                         self._told_stop.add(s)
                         raise PSClientStopped(f"parameter server {addr} said stop {when}")
@@ -716,7 +720,7 @@ class PSClient:
 
         def reach_again() -> None:
             # A server that said stop meanwhile (its last status, or a notice) ends the job
-            self._heed_stop("as we joined again", statuses=True)
+            self._heed_stop("as we joined again")
             for name in [
                 *(status_name(s) for s in range(len(self.servers))),
                 *(dropped_name(s) for s in range(len(self.servers))),

@@ -737,8 +737,9 @@ def test_a_server_lost_while_the_workers_join_another_again_is_waited_for_too(
     assert "rejoined the parameter servers" in j.log("w0")
 
 
+@pytest.mark.parametrize("sync", ["bsp", "asp"])
 def test_a_server_that_stops_while_another_is_lost_ends_the_workers_wait(
-    job: Any, tmp_path: Path
+    job: Any, tmp_path: Path, sync: str
 ) -> None:
     """ps1 is SIGKILLed for good and ps0 is then stopped (SIGTERM): ps0 tells the workers to
     stop. A worker waiting for ps1 to come back ends that wait once a server said stop (the
@@ -746,7 +747,7 @@ def test_a_server_that_stops_while_another_is_lost_ends_the_workers_wait(
     Before, each waited out its --reconnect-timeout (120 s here) for ps1, and exited 1."""
     ckpt = tmp_path / "ckpt"
     args = ["--steps", ENDLESS, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "500"]
-    j = job(ps=[*args, "--log-level", "INFO"], servers=2)
+    j = job(ps=[*args, "--sync", sync, "--log-level", "INFO"], servers=2)
     _wait_for(j, "checkpoint at step 500", servers=2)
     j.ps[1].kill()
     assert j.ps[1].wait(10) == -signal.SIGKILL
