@@ -89,8 +89,8 @@ PROBATION_POLL = 1e-3
 PROBE_SLOTS = 4
 #: Once a stop is asked, the step in flight waits at most this long for the gradients still to
 #: come (or STOP_GRACE_STEPS times the mean step so far, where steps are slower; never more
-#: than --step-timeout); then it goes on without the workers not heard from, untold, and the
-#: server checkpoints and exits. A frozen or stuck worker would otherwise hold the stop until
+#: than --step-timeout); then it goes on without the workers not heard from (each told in a
+#: notice that we stop, best effort), and the server checkpoints and exits. A frozen or stuck worker would otherwise hold the stop until
 #: its heartbeats time out (--heartbeat-timeout, 30 s by default; measured: 29.5 s) or for
 #: --step-timeout, whichever comes first: past an orchestrator's grace period (Kubernetes gives
 #: 30 s, then SIGKILL), and the final checkpoint would be lost.
