@@ -162,7 +162,6 @@ def train(
     """The training loop; returns its summary. ``stats`` is kept up to date as it goes."""
     stats = stats or WorkerStats(rank)
     stats.client = client
-    losses: list[float] = []
     task.bind(client.params)  # the model reads the buffers the servers write
     t0 = time.monotonic()
     stopped_waiting = False
@@ -190,7 +189,6 @@ def train(
             log.warning("%s: stopping without it", exc)
             stopped_waiting = True
             break
-        losses.append(result.loss)
         stats.steps += 1
         stats.loss = result.loss
         progress.update(step + 1, loss=result.loss, accuracy=acc)
@@ -204,7 +202,7 @@ def train(
         "steps_per_s": steps / secs if secs else 0.0,
         "compute_s": stats.compute_seconds + stats.evaluate_seconds,
         "communication_s": client.comm_seconds,
-        "final_loss": losses[-1] if losses else None,
+        "final_loss": stats.loss if stats.steps else None,
         "test_accuracy": final_acc,
         "stopped_by_signal": stop[0],
         # the servers' last write of the parameters may not have been whole (one was lost)

@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-ps") -> int:
         "steps": server.step,
         "seconds": secs,
         "steps_per_s": steps / secs if secs else 0,
-        "final_loss": server.losses[-1] if server.losses else None,
+        "final_loss": server.last_loss,
         "accuracy": server.last_accuracy,
         "caught_up": server.stats.caught_up,
         "longest_step_s": server.stats.longest_step,

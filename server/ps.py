@@ -90,10 +90,11 @@ PROBE_SLOTS = 4
 #: Once a stop is asked, the step in flight waits at most this long for the gradients still to
 #: come (or STOP_GRACE_STEPS times the mean step so far, where steps are slower; never more
 #: than --step-timeout); then it goes on without the workers not heard from (each told in a
-#: notice that we stop, best effort), and the server checkpoints and exits. A frozen or stuck worker would otherwise hold the stop until
-#: its heartbeats time out (--heartbeat-timeout, 30 s by default; measured: 29.5 s) or for
-#: --step-timeout, whichever comes first: past an orchestrator's grace period (Kubernetes gives
-#: 30 s, then SIGKILL), and the final checkpoint would be lost.
+#: notice that we stop, best effort), and the server checkpoints and exits. A frozen or stuck
+#: worker would otherwise hold the stop until its heartbeats time out (--heartbeat-timeout,
+#: 30 s by default; measured: 29.5 s) or for --step-timeout, whichever comes first: past an
+#: orchestrator's grace period (Kubernetes gives 30 s, then SIGKILL), and the final
+#: checkpoint would be lost.
 STOP_GRACE = 5.0
 #: Seconds a write of parameters may wait for the worker's slot before they are owed
 #: instead (ParameterServer._offer): enough for a release under way to end, so that a worker's
@@ -280,7 +281,9 @@ class ParameterServer:
         self._needs_init = False
         self.fingerprint = ""
         self.workers = [_Worker(r, step=self.step) for r in range(cfg.workers)]
-        self.losses: list[float] = []
+        #: the mean loss of the last step reported (one number, not one a step: a list of
+        #: them grew by about 43 bytes a step, 180 MB an hour at the digits job's pace)
+        self.last_loss: float | None = None
         self.last_accuracy: float | None = None
         self.stats = PSStats(gradient_wait={r: 0.0 for r in range(cfg.workers)})
         self._stop_requested = False
@@ -634,8 +637,7 @@ class ParameterServer:
         log.info("checkpoint at step %d written to %s", self.step, self.ckpt)
 
     def _report(self, step: int, losses: list[float], accuracy: float | None, t0: float) -> None:
-        loss = float(np.mean(losses)) if losses else float("nan")
-        self.losses.append(loss)
+        loss = self.last_loss = float(np.mean(losses)) if losses else float("nan")
         if accuracy is not None:
             self.last_accuracy = accuracy
         seconds = time.monotonic() - t0
