@@ -417,7 +417,8 @@ class Consumer:
             and tensor.released - tensor.credited < tensor.credit_batch
         ):
             owed = self._owed.get(id(link))
-            if owed is None:
+            if owed is None:  # a link new here: what ended links left goes (bounded, not per call)
+                self._forget_ended_links()
                 owed = self._owed[id(link)] = (link, {})
             owed[1][id(tensor)] = tensor
             return True
@@ -436,11 +437,25 @@ class Consumer:
         common loop (take, release, wait for the next) keeps its credits batched; a wait for
         other tensors, or while holding some of this one, pays at once: the messages it waits
         for may be behind the credits."""
+        self._forget_ended_links()
         waiting_for = {id(t) for t in waited}
         for key, (link, tensors) in list(self._owed.items()):
             if any(id(t) not in waiting_for or t.consumed != t.released for t in tensors.values()):
                 del self._owed[key]
                 link.send_credits([])
+
+    def _forget_ended_links(self) -> None:
+        """Drop what is held back for writers gone, or whose tensor another has taken over:
+        nothing is owed on such a link. Kept, every ended link stayed in ``_owed`` for good,
+        with its buffers (over tcp about 250 KiB a sender that came and went: a parameter
+        server's worker restarted, a client that connects per request). Under the lock."""
+        for key, (link, tensors) in list(self._owed.items()):
+            for gone in [
+                k for k, t in tensors.items() if t.owner is None or t.owner.link is not link
+            ]:
+                del tensors[gone]
+            if not tensors:
+                del self._owed[key]
 
     def release_many(self, names: Iterable[str]) -> None:
         tensors = self._lookup_each(names)
