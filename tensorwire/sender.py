@@ -505,6 +505,10 @@ class Sender(Resource):
                 except RuntimeError:  # no new threads (interpreter shutdown): said here
                     pass
                 else:
+                    # (those said already go: one kept for each address ever removed grew
+                    # with every restarted worker a parameter server lost)
+                    for said in [a for a, t in self._farewells.items() if not t.is_alive()]:
+                        del self._farewells[said]
                     self._farewells[address] = thread
                     return
         if p is not None:

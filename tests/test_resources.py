@@ -198,6 +198,30 @@ def test_a_receiver_keeps_nothing_of_senders_that_came_and_went(transport: str) 
     assert grown < 1 << 20, f"45 senders that came and went left {grown} bytes behind"
 
 
+def test_a_sender_keeps_nothing_of_goodbyes_it_said() -> None:
+    """A sender removes 20 receivers in turn with ``remove_peer(wait=False)`` (as a parameter
+    server lets go of lost workers, each restarted on a new port): the goodbye threads it
+    started are not kept once done. Before, one was kept for every address ever removed."""
+    with tw.Sender(transport="tcp") as tx:
+        for _ in range(20):
+            with tw.Receiver() as rx:
+                rx.register("t", (4,), "float32")
+                tx.add_peer(rx.address)
+                tx.write("t", np.ones(4, np.float32), peer=rx.address)
+                tx.remove_peer(rx.address, wait=False)
+                deadline = time.monotonic() + 10
+                while any(t.name.startswith("tensorwire-goodbye") for t in threading.enumerate()):
+                    assert time.monotonic() < deadline, "a goodbye still runs after 10 s"
+                    time.sleep(0.01)
+        gc.collect()
+        kept = [
+            o
+            for o in gc.get_objects()
+            if isinstance(o, threading.Thread) and o.name.startswith("tensorwire-goodbye")
+        ]
+    assert len(kept) <= 1, f"{len(kept)} goodbye threads of 20 are still held"
+
+
 def test_idle_receiver_uses_almost_no_cpu() -> None:
     with tw.Receiver() as rx:
         rx.register("t", (4,), "int32")
