@@ -39,20 +39,35 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--size", type=parse_size, default=parse_size("64K"), help="message size (default 64K)"
     )
+    p.add_argument(
+        "--reconnect-every",
+        type=at_least(0),
+        default=0,
+        metavar="N",
+        help="each sender closes its session and connects again after every N messages, as "
+        "restarted workers and clients that connect per request do (default 0: never); the "
+        "receiver's memory must not grow with the sessions that came and went",
+    )
     p.add_argument("--json", metavar="PATH", type=output_file, help="write the results as JSON")
 
 
-def _sender(address: str, transport: str, name: str, duration: float, conn: Any) -> None:
-    with tw.Sender.connect(address, transport=transport, timeout=60) as tx:
-        spec = tx.spec(name)
-        arr = np.empty(spec.static_shape, dtype=np.int64)
-        sent = 0
-        end = time.monotonic() + duration
-        while time.monotonic() < end:
-            arr.fill(sent)
-            tx.write(name, arr)
-            sent += 1
-    conn.send(sent)
+def _sender(
+    address: str, transport: str, name: str, duration: float, every: int, conn: Any
+) -> None:
+    """Write numbered messages for ``duration`` s, in sessions of ``every`` messages each (0:
+    one session); send back (messages, sessions)."""
+    sent = sessions = 0
+    end = time.monotonic() + duration
+    while time.monotonic() < end:
+        with tw.Sender.connect(address, transport=transport, timeout=60) as tx:
+            sessions += 1
+            arr = np.empty(tx.spec(name).static_shape, dtype=np.int64)
+            stop = sent + every if every else None
+            while time.monotonic() < end and sent != stop:
+                arr.fill(sent)
+                tx.write(name, arr)
+                sent += 1
+    conn.send((sent, sessions))
 
 
 def _rss() -> int:
@@ -79,6 +94,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
     elements = max(2, args.size // 8)
     seg0 = _segments()
     expect: dict[str, int] = {}
+    sessions: dict[str, int] = {}
     result: dict[str, Any] = {"schema": SCHEMA, "kind": "soak", "machine": machine_facts()}
     with tw.Receiver() as rx:
         names = [f"s{k}" for k in range(args.senders)]
@@ -88,7 +104,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
         for k, name in enumerate(names):
             here, there = ctx.Pipe()
             t = transports[k % len(transports)]
-            p = ctx.Process(target=_sender, args=(rx.address, t, name, args.duration, there))
+            p = ctx.Process(
+                target=_sender,
+                args=(rx.address, t, name, args.duration, args.reconnect_every, there),
+            )
             p.start()
             procs.append((name, t, p, here))
         nxt = dict.fromkeys(names, 0)
@@ -117,7 +136,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
                 warm_rss, warm_fds = _rss(), _fds()  # every sender connected by now
             for name, _, _, conn in procs:
                 if name in alive and name not in expect and conn.poll():
-                    expect[name] = conn.recv()
+                    expect[name], sessions[name] = conn.recv()
                 if name in expect and nxt[name] >= expect[name]:
                     alive.discard(name)
         for name, _, p, conn in procs:
@@ -134,9 +153,16 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
             {
                 "duration_s": time.monotonic() - start,
                 "senders": [
-                    {"name": n, "transport": t, "sent": expect.get(n), "received": nxt[n]}
+                    {
+                        "name": n,
+                        "transport": t,
+                        "sent": expect.get(n),
+                        "received": nxt[n],
+                        "sessions": sessions.get(n),
+                    }
                     for n, t, _, _ in procs
                 ],
+                "reconnect_every": args.reconnect_every,
                 "messages": received,
                 "rss_after_warmup": warm_rss,
                 "rss_end": end_rss,
@@ -156,9 +182,12 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
 
 
 def render(result: dict[str, Any]) -> str:
-    lines = [f"{'sender':>8} {'transport':>11} {'sent':>10} {'received':>10}"]
+    lines = [f"{'sender':>8} {'transport':>11} {'sent':>10} {'received':>10} {'sessions':>9}"]
     for s in result["senders"]:
-        lines.append(f"{s['name']:>8} {s['transport']:>11} {s['sent']!s:>10} {s['received']:>10}")
+        lines.append(
+            f"{s['name']:>8} {s['transport']:>11} {s['sent']!s:>10} {s['received']:>10} "
+            f"{s.get('sessions')!s:>9}"
+        )
     lines.append(
         f"{result['messages']} messages in {result['duration_s']:.1f} s; resident memory "
         f"{result['rss_growth_bytes'] / 2**20:+.2f} MiB after warm-up; descriptors "
