@@ -410,6 +410,11 @@ class ParameterServer:
             self._stop_asked_at = time.monotonic()
         self._stop_requested = True
 
+    @property
+    def _ending(self) -> bool:
+        """Every step is done, or a stop was asked: the job ends at this step."""
+        return self.step >= self.cfg.steps or self._stop_requested
+
     def _stop_overdue(self) -> float | None:
         """The grace a stop gives the step in flight, once it has passed (see STOP_GRACE);
         None before, or without a stop."""
@@ -677,9 +682,10 @@ class ParameterServer:
         parameters that never come. Once we stop, it is told that we stop instead: joining
         again would wait for us until its --reconnect-timeout (120 s by default), then fail."""
         self._part_with(w, "lost", f"lost at step {self.step} ({reason})")
-        ending = self._stop_requested or self.step >= self.cfg.steps
         notice = (
-            (STATUS_STOP, STOP_NOTICE_TIMEOUT) if ending else (STATUS_DROPPED, DROP_NOTICE_TIMEOUT)
+            (STATUS_STOP, STOP_NOTICE_TIMEOUT)
+            if self._ending
+            else (STATUS_DROPPED, DROP_NOTICE_TIMEOUT)
         )
         if tell and not self._notify(w, *notice):
             # It may be frozen (over grpc a write needs it to answer): its session stays, for
@@ -982,7 +988,7 @@ class ParameterServer:
                 self._await_any_worker()
             for w in self.workers:
                 w.step = self.step
-            done = self.step >= self.cfg.steps or self._stop_requested
+            done = self._ending
             until = time.monotonic() + min(self.cfg.step_timeout, STOP_GRACE)
             for w in self.workers:
                 # (not again what it was sent: a round that ended no step, see _Worker.served)
