@@ -70,6 +70,15 @@ class PSError(tw.TensorWireError):
     """The parameter server cannot go on (a worker never came, a step timed out, bad setup)."""
 
 
+def _refused(exc: tw.RemoteProtocolError) -> str:
+    """Why a worker is lost whose receiver refused our write: most often ("busy") an earlier
+    session of ours there still holds the tensor (its goodbye has not reached it yet), which
+    the receiver ends at its heartbeat timeout. The worker is told, or, where the notice is
+    refused too, told when it asks (its probes); a server that exited here (it did, on a
+    chaos run) ended the whole job for one worker's state."""
+    return f"its receiver refused our parameters ({exc})"
+
+
 #: Seconds the notice to a dropped worker (STATUS_DROPPED) may take: best effort, as the worker
 #: may be dead or frozen, and the step of every other worker waits for it.
 DROP_NOTICE_TIMEOUT = 2.0
@@ -743,6 +752,9 @@ class ParameterServer:
             )
         except tw.WireTimeoutError:
             return False
+        except tw.RemoteProtocolError as exc:
+            if exc.code == "busy":  # an earlier session of ours still holds it (see _refused)
+                return False
         except tw.TensorWireError:
             pass
         return True
@@ -1014,6 +1026,8 @@ class ParameterServer:
         except tw.WireTimeoutError as exc:
             # frozen, or too slow to take them (grpc, or a tcp socket's buffer full)
             self._lose(w, f"it took no parameters in time: {exc}")
+        except tw.RemoteProtocolError as exc:
+            self._lose(w, _refused(exc))
         else:
             w.heard = time.monotonic()  # (asp, ssp) its silence counts from here
 
@@ -1030,6 +1044,8 @@ class ParameterServer:
             self._lose(w, str(exc), tell=False)  # its receiver is gone
         except tw.WireTimeoutError:
             self._lose(w, "it took no parameters after the last step")
+        except tw.RemoteProtocolError as exc:
+            self._lose(w, _refused(exc))
 
     def _serve_on_probation(self, w: _Worker) -> None:
         """(bsp) :meth:`_serve` a worker that joined again and pushed nothing since, without
@@ -1089,6 +1105,10 @@ class ParameterServer:
         except tw.PeerLostError as exc:
             w.owed = None
             self._lose(w, str(exc), tell=False)  # its receiver is gone
+            return
+        except tw.RemoteProtocolError as exc:
+            w.owed = None
+            self._lose(w, _refused(exc))
             return
         w.owed = None
         w.heard = time.monotonic()  # its silence counts from here

@@ -248,21 +248,24 @@ def test_closing_a_sender_of_several_frozen_receivers_takes_one_goodbye(
 
 
 def test_a_goodbye_not_waited_for_reaches_a_frozen_receiver_when_it_runs_again(
-    children: Children,
+    children: Children, transport: str
 ) -> None:
     """``remove_peer(wait=False)`` returns at once where a frozen (SIGSTOP) receiver makes a
     goodbye wait GOODBYE_TIMEOUT (5 s): a parameter server dropping a frozen worker held every
     other worker's step that long. The goodbye reaches the receiver when it runs again and ends
     the session cleanly, so the same sender's next session writes the tensor the old one held
     at once; a session ended as a loss (``goodbye=False``) keeps it claimed until the
-    receiver's heartbeat timeout (30 s)."""
+    receiver's heartbeat timeout (30 s). Over the gRPC baselines the data plane's Close, given
+    0.5 s, times out on the frozen receiver: the control plane's goodbye follows, as over the
+    other transports. Before, the goodbye ended there, and the new session's claim was refused
+    (a chaos run: grpc-stream, ssp, seed 184, a server exited 1 on "refused claim")."""
     from tensorwire.sender import GOODBYE_TIMEOUT
 
     here, there = children.pipe()
     proc = children.start(run_receiver, there, [("t", (4,), "float32")])
     assert here.poll(30)
     address = here.recv()["address"]
-    tx = tw.Sender(transport="shm", timeout=30)
+    tx = tw.Sender(transport=transport, timeout=30)
     try:
         tx.add_peer(address)
         tx.write("t", np.ones(4, np.float32))

@@ -801,13 +801,16 @@ def test_a_bsp_stop_does_not_wait_for_a_worker_held_by_another_server(
     assert afresh.wait(30) == 0, j.log("ps1-again")
 
 
-def _frozen_untold_over_grpc(job: Any, end: Callable[[subprocess.Popen[bytes]], object]) -> Job:
-    """A BSP job over grpc whose worker 0 is frozen (SIGSTOP) past the server's --step-timeout
-    and past the drop notice's own timeout (2 s): dropped, not told, its session kept, while the
-    job goes on with worker 1. ``end(worker 0)`` then ends the freeze (SIGCONT, SIGKILL)."""
+def _frozen_untold_over_grpc(
+    job: Any, end: Callable[[subprocess.Popen[bytes]], object], transport: str = "grpc"
+) -> Job:
+    """A BSP job over ``transport`` (a gRPC baseline) whose worker 0 is frozen (SIGSTOP) past
+    the server's --step-timeout and past the drop notice's own timeout (2 s): dropped, not told,
+    its session kept, while the job goes on with worker 1. ``end(worker 0)`` then ends the
+    freeze (SIGCONT, SIGKILL)."""
     j = job(
-        ps=["--steps", ENDLESS, "--step-timeout", "1.5", "--transport", "grpc"],
-        worker=["--transport", "grpc"],
+        ps=["--steps", ENDLESS, "--step-timeout", "1.5", "--transport", transport],
+        worker=["--transport", transport],
     )
     _wait_for(j, "joined", 2)
     time.sleep(0.5)
@@ -820,8 +823,9 @@ def _frozen_untold_over_grpc(job: Any, end: Callable[[subprocess.Popen[bytes]], 
     return j
 
 
+@pytest.mark.parametrize("transport", ["grpc", "grpc-stream"])
 def test_a_worker_frozen_over_grpc_is_dropped_told_when_it_asks_and_joins_again(
-    job: Any,
+    job: Any, transport: str
 ) -> None:
     """Over grpc a write into a frozen worker's memory needs its gRPC server to answer: the
     server's write of parameters (or its step timeout) drops the worker, and the job goes on
@@ -830,7 +834,9 @@ def test_a_worker_frozen_over_grpc_is_dropped_told_when_it_asks_and_joins_again(
     it still counts on it, and the server tells it then, through the session it kept: the
     worker joins again by itself, and every process ends at a SIGTERM with exit 0. Before, it
     learned it only when it missed the server's heartbeats for its heartbeat timeout (30 s)."""
-    j = _frozen_untold_over_grpc(job, lambda worker: worker.send_signal(signal.SIGCONT))
+    j = _frozen_untold_over_grpc(
+        job, lambda worker: worker.send_signal(signal.SIGCONT), transport
+    )
     _wait_for(j, "still waits for us: told it again")
     _wait_for(j, "worker 0 rejoined")
     text = j.log("ps0")

@@ -19,7 +19,6 @@ every message is exactly one call, as in TensorFlow's runtime. The receiver pick
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import queue
@@ -420,10 +419,17 @@ class GrpcChannel(Channel):
         self.raise_if_lost()
 
     def goodbye(self, timeout: float) -> bool:
-        # Unary writes return only once the data is in the slot, so nothing is in flight and the
-        # Close is a courtesy: keep it short, as a receiver that went away makes it wait it out.
-        with contextlib.suppress(grpc.RpcError):  # unanswered: the receiver is gone or stuck
+        # Writes return only once the data is in the slot, so nothing is in flight: the Close is
+        # kept short, as a receiver that went away makes it wait it out. Unanswered (the
+        # receiver gone, or stopped: its gRPC server answers nothing meanwhile), the session
+        # may live on there with its claims, so False: the control plane's goodbye follows,
+        # and reaches a stopped receiver when it runs again. Before, True: the same sender's
+        # next session had its claims refused until the receiver's heartbeat timeout (a chaos
+        # run: a server exited on "refused claim" when a frozen worker joined again).
+        try:
             self.stub.Close(pb.CloseRequest(token=self.token), timeout=min(timeout, CLOSE_TIMEOUT))
+        except grpc.RpcError:
+            return False
         return True
 
     def close(self) -> None:
