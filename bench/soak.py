@@ -46,7 +46,8 @@ def add_parser(sub: Any) -> None:
         metavar="N",
         help="each sender closes its session and connects again after every N messages, as "
         "restarted workers and clients that connect per request do (default 0: never); the "
-        "receiver's memory must not grow with the sessions that came and went",
+        "report's memory line shows whether the receiver grew with the sessions that came and "
+        "went",
     )
     p.add_argument("--json", metavar="PATH", type=output_file, help="write the results as JSON")
 
