@@ -437,24 +437,20 @@ class Consumer:
         common loop (take, release, wait for the next) keeps its credits batched; a wait for
         other tensors, or while holding some of this one, pays at once: the messages it waits
         for may be behind the credits."""
-        self._forget_ended_links()
         waiting_for = {id(t) for t in waited}
         for key, (link, tensors) in list(self._owed.items()):
-            if any(id(t) not in waiting_for or t.consumed != t.released for t in tensors.values()):
+            if _ended(link, tensors):
+                del self._owed[key]
+            elif any(
+                id(t) not in waiting_for or t.consumed != t.released for t in tensors.values()
+            ):
                 del self._owed[key]
                 link.send_credits([])
 
     def _forget_ended_links(self) -> None:
-        """Drop what is held back for writers gone, or whose tensor another has taken over:
-        nothing is owed on such a link. Kept, every ended link stayed in ``_owed`` for good,
-        with its buffers (over tcp about 250 KiB a sender that came and went: a parameter
-        server's worker restarted, a client that connects per request). Under the lock."""
+        """Drop what is held back on links that ended (:func:`_ended`). Under the lock."""
         for key, (link, tensors) in list(self._owed.items()):
-            for gone in [
-                k for k, t in tensors.items() if t.owner is None or t.owner.link is not link
-            ]:
-                del tensors[gone]
-            if not tensors:
+            if _ended(link, tensors):
                 del self._owed[key]
 
     def release_many(self, names: Iterable[str]) -> None:
@@ -515,3 +511,14 @@ class Consumer:
         deadline = time.monotonic() + seconds
         while self._active and time.monotonic() < deadline:
             self._idle.wait(0.05)
+
+
+def _ended(link: CreditLink, tensors: dict[int, RegisteredTensor]) -> bool:
+    """Forget the tensors of ``tensors`` (credits held back on ``link``) whose writer is gone,
+    or another writer's now: nothing is owed on ``link`` for them. True once none is left.
+    Kept, every ended link stayed in ``Consumer._owed`` for good, with its buffers (over tcp
+    about 250 KiB a sender that came and went: a parameter server's worker restarted, a client
+    that connects per request)."""
+    for gone in [k for k, t in tensors.items() if t.owner is None or t.owner.link is not link]:
+        del tensors[gone]
+    return not tensors
