@@ -1007,7 +1007,13 @@ class ParameterServer:
                 if not w.alive or not (done or w.served != self.step):
                     continue
                 if done:
-                    self._serve_stop(w, until)
+                    # The last parameters wait for the slot a STOP_GRACE from the end of the
+                    # last step at most: a worker that holds our last ones while it waits for
+                    # another server (joined again, not yet taken back there) frees it only
+                    # when that server serves it. Past it, it is told by a notice that we stop
+                    # (_lose). Before, the write waited out --step-timeout (120 s by default,
+                    # past an orchestrator's grace period).
+                    self._serve(w, STATUS_STOP, max(until - time.monotonic(), OFFER_TIMEOUT))
                 elif w.probation:
                     self._serve_on_probation(w)
                 else:
@@ -1017,10 +1023,10 @@ class ParameterServer:
             if done:
                 break
 
-    def _serve(self, w: _Worker, flags: int) -> None:
+    def _serve(self, w: _Worker, flags: int, timeout: float | None = None) -> None:
         """:meth:`_send`, going on without a worker that cannot take the parameters."""
         try:
-            self._send(w, flags)
+            self._send(w, flags, timeout)
         except tw.PeerLostError as exc:
             self._lose(w, str(exc), tell=False)  # its receiver is gone
         except tw.WireTimeoutError as exc:
@@ -1030,22 +1036,6 @@ class ParameterServer:
             self._lose(w, _refused(exc))
         else:
             w.heard = time.monotonic()  # (asp, ssp) its silence counts from here
-
-    def _serve_stop(self, w: _Worker, until: float) -> None:
-        """(bsp) The last parameters, with the word that we stop, waiting for ``w``'s slot
-        until ``until`` at most (a STOP_GRACE from the end of the last step): a worker that
-        holds our last ones while it waits for another server (joined again, and not yet
-        taken back there) frees it only when that server serves it. Past it, the worker is
-        told by a notice that we stop (:meth:`_lose`). Before, the write waited out
-        --step-timeout (120 s by default, past an orchestrator's grace period)."""
-        try:
-            self._send(w, STATUS_STOP, timeout=max(until - time.monotonic(), OFFER_TIMEOUT))
-        except tw.PeerLostError as exc:
-            self._lose(w, str(exc), tell=False)  # its receiver is gone
-        except tw.WireTimeoutError:
-            self._lose(w, "it took no parameters after the last step")
-        except tw.RemoteProtocolError as exc:
-            self._lose(w, _refused(exc))
 
     def _serve_on_probation(self, w: _Worker) -> None:
         """(bsp) :meth:`_serve` a worker that joined again and pushed nothing since, without
