@@ -216,6 +216,8 @@ class _Worker:
     step: int = 0  # the step whose gradient we expect next
     got: set[str] = field(default_factory=set)
     meta: Any = None
+    #: sent our STATUS_STOP (with parameters, or in a notice once we let it go), or it left:
+    #: nothing more to tell it as we stop
     stopped: bool = False
     alive: bool = False  # joined and ready, and not lost since
     joined: bool = False  # its join (address, specs) arrived; alive once it says it is ready
@@ -480,6 +482,7 @@ class ParameterServer:
                             if w.alive:
                                 self._serve(w, STATUS_STOP)
                     self.stopped_while_joining = f"{detail} before the stop was asked"
+                    self._tell_those_left_out(take_joins=False)
                     return False
                 raise PSError(
                     f"{detail} within {self.cfg.join_timeout:g} s (is each started with "
@@ -679,7 +682,10 @@ class ParameterServer:
             self._run_bsp()
         else:
             self._run_async(10**9 if self.cfg.sync == "asp" else self.cfg.staleness)
-        self._checkpoint(final=True)
+        try:
+            self._checkpoint(final=True)
+        finally:  # (a final checkpoint that fails ends the run: they are told all the same)
+            self._tell_those_left_out()
 
     def _worker_tensors(self, w: _Worker) -> list[str]:
         return [*(grad_name(w.rank, c.cid) for c in self.chunks), meta_name(w.rank)]
@@ -701,6 +707,8 @@ class ParameterServer:
             # the notice it gets when it runs again and asks (_answer_probes).
             w.untold = True
             return
+        if tell and self._ending:
+            w.stopped = True
         with contextlib.suppress(tw.TensorWireError):
             # One not heard from in time may be frozen: its goodbye would wait GOODBYE_TIMEOUT
             # (5 s, measured) for its answer. While we serve, it is said on a thread of its own
@@ -714,8 +722,48 @@ class ParameterServer:
             w, "left", f"left at step {self.step} (another server said stop, or it was stopped)"
         )
         self.rx.drain(leave_name(w.rank))
+        w.stopped = True  # nothing to tell it as we stop
         with contextlib.suppress(tw.TensorWireError):
             self.tx.remove_peer(w.address)
+
+    def _tell_those_left_out(self, *, take_joins: bool = True) -> None:
+        """We stop: tell every worker we know of and did not tell yet (best effort, STOP_GRACE
+        for all of them). One we went on without earlier (its step timeout, or lost while it
+        lived on) may wait for another server to come back, and one whose join or ready we had
+        not taken waits for us; without a word each would wait out its --reconnect-timeout
+        (120 s by default) and exit 1. Those we served and those we let go of while stopping
+        were told already (:meth:`_send`, :meth:`_lose`). A worker that joins again heeds the
+        notice before it says it is ready (PSClient._heed_stop); one of a first join has no
+        tensor for it yet, and is not told. ``take_joins``: take the join and ready messages
+        that landed since the last look first (not before the job formed: they would plan it)."""
+        deadline = time.monotonic() + STOP_GRACE
+        if take_joins:
+            try:
+                self._take_join_messages(during_join=False)
+            except PSError as exc:
+                log.warning("a worker's join as we stopped: %s", exc)
+        for w in self.workers:
+            left = deadline - time.monotonic()
+            if w.stopped or not w.address or left <= 0:
+                continue
+            if w.alive and not self._needs_init:
+                # ready just now: the last parameters, as the others had them (never the zeros
+                # held before rank 0's initial values: a worker saves what it is sent last)
+                self._serve(w, STATUS_STOP, max(min(left, STOP_NOTICE_TIMEOUT), OFFER_TIMEOUT))
+                continue
+            try:
+                if w.address not in self.tx.peers:  # let go of earlier: a session again
+                    self.tx.add_peer(w.address, connect_timeout=min(left, STOP_NOTICE_TIMEOUT))
+            except tw.TensorWireError:
+                continue  # gone (its process exited), or unreachable
+            w.stopped = self._notify(w, STATUS_STOP, min(left, STOP_NOTICE_TIMEOUT))
+            log.info(
+                "worker %d, which we went on without, %s",
+                w.rank,
+                "told that we stop" if w.stopped else "could not be told that we stop",
+            )
+            with contextlib.suppress(tw.TensorWireError):
+                self.tx.remove_peer(w.address, goodbye=False)
 
     def _part_with(self, w: _Worker, event: str, what: str) -> None:
         """What losing ``w`` and its leaving share: it no longer takes part, it is counted and

@@ -766,6 +766,36 @@ def test_a_server_that_stops_while_another_is_lost_ends_the_workers_wait(
         assert not (j.tmp / f"w{w}.npz").exists()  # ps1's last write may be torn
 
 
+@pytest.mark.parametrize("sync", ["bsp", "asp"])
+def test_a_server_that_stops_tells_the_workers_it_went_on_without(
+    job: Any, tmp_path: Path, sync: str
+) -> None:
+    """ps1 is SIGKILLed for good; the workers wait for it to come back, push nothing, and ps0
+    drops them at its 2 s step timeout (telling them to join again, which they cannot before
+    ps1 is back). ps0, then stopped (SIGTERM), tells them that it stops, and each exits 0
+    within seconds. Before, ps0 told only the workers it still counted: these waited out their
+    --reconnect-timeout (120 s here) for ps1, and exited 1."""
+    args = ["--steps", ENDLESS, "--step-timeout", "2", "--sync", sync, "--log-level", "INFO"]
+    j = job(ps=args, servers=2)
+    _wait_for(j, "joined", 2, servers=2)
+    j.ps[1].kill()
+    assert j.ps[1].wait(10) == -signal.SIGKILL
+    _wait_for(j, "worker 0 lost at step")
+    _wait_for(j, "worker 1 lost at step")
+    time.sleep(0.5)  # (the drop notices read and forgotten: the workers wait for ps1 only)
+    assert [w.poll() for w in j.workers] == [None, None], j.log("w0") + j.log("w1")
+    started = time.monotonic()
+    j.ps[0].send_signal(signal.SIGTERM)
+    assert j.ps[0].wait(30) == 0, j.log("ps0")
+    codes = [w.wait(60) for w in j.workers]
+    took = time.monotonic() - started
+    assert codes == [0, 0], j.log("w0") + j.log("w1")
+    assert took < 30, f"took {took:.1f} s"
+    for w in range(2):
+        text = j.log(f"w{w}")
+        assert "said stop" in text and "Traceback" not in text, text
+
+
 def test_a_bsp_stop_does_not_wait_for_a_worker_held_by_another_server(
     job: Any, tmp_path: Path
 ) -> None:
