@@ -252,8 +252,11 @@ def _marks(job: _Job) -> dict[str, tuple[str, int]]:
     return {d.name: (d.log, job.checkpoints(d)) for d in job.servers}
 
 
-def _disrupt(job: _Job, event: str, rng: random.Random, args: argparse.Namespace) -> str:
-    """Make the fault ``event`` and bring the daemon back; what was done, in words."""
+def _disrupt(
+    job: _Job, event: str, rng: random.Random, args: argparse.Namespace, record: dict[str, Any]
+) -> str:
+    """Make the fault ``event`` and bring the daemon back; what was done, in words. A worker
+    stopped: how long it took to exit at its SIGTERM, in ``record["exited_after_s"]``."""
     pool = job.workers if event.endswith("worker") else job.servers
     d = rng.choice(pool)
     proc = d.proc
@@ -276,9 +279,11 @@ def _disrupt(job: _Job, event: str, rng: random.Random, args: argparse.Namespace
         # one started again just now may not have its handler yet (Python still importing):
         # SIGTERM ends it as it ends any process then
         starting = "joined " not in (job.tmp / d.log).read_text(errors="replace")
+        asked = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         try:
             code = proc.wait(EXIT_TIMEOUT)
+            record["exited_after_s"] = round(time.monotonic() - asked, 2)
         except subprocess.TimeoutExpired:
             raise _Failure(
                 f"{d.name} did not exit within {EXIT_TIMEOUT:g} s of SIGTERM ({job.tail(d)})"
@@ -287,7 +292,10 @@ def _disrupt(job: _Job, event: str, rng: random.Random, args: argparse.Namespace
             raise _Failure(f"{d.name} exited with {code} at SIGTERM ({job.tail(d)})")
     time.sleep(pause)
     job.start(d, *(["--resume-if-present"] if d in job.servers else []))
-    verb = "killed" if event.startswith("kill") else "stopped"
+    if event.startswith("kill"):
+        verb = "killed"
+    else:
+        verb = f"stopped (exited {record['exited_after_s']:.1f} s after its SIGTERM)"
     return f"{d.name} {verb}, started again {pause:.1f} s later"
 
 
@@ -369,15 +377,15 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
             marks = _marks(job)
             record: dict[str, Any] = {"at_s": round(at, 2), "event": event}
             done.append(record)  # before the wait: a failure names the fault it followed
-            record["what"] = _disrupt(job, event, rng, args)
+            record["what"] = _disrupt(job, event, rng, args, record)
             recovered = _await_progress(job, marks, args.stall)
             record["trained_on_after_s"] = round(recovered, 2)
             what = record["what"]
             if not args.no_progress:
                 print(f"{at:7.1f} s  {what}; trained on {recovered:.1f} s later", flush=True)
         # Quiet before the end: a worker dropped by the last fault joins again meanwhile. One
-        # still joining when the servers stop is told nothing: it waits --reconnect-timeout
-        # for them and exits 1 (RELIABILITY.md).
+        # started again and still in its first join when the servers stop is told nothing: it
+        # waits --connect-timeout for them and exits 1 (RELIABILITY.md).
         time.sleep(2 * args.step_timeout + 1)
         _await_progress(job, _marks(job), args.stall)
         problems += _finish(job, args.stall)
