@@ -737,6 +737,21 @@ def test_a_server_lost_while_the_workers_join_another_again_is_waited_for_too(
     assert "rejoined the parameter servers" in j.log("w0")
 
 
+def _stop_ps0_and_see_both_workers_told(j: Job) -> None:
+    """SIGTERM ps0 (exit 0), whose workers wait for another server: both must hear that it
+    stops, say so, and exit 0 within 30 s of the SIGTERM."""
+    started = time.monotonic()
+    j.ps[0].send_signal(signal.SIGTERM)
+    assert j.ps[0].wait(30) == 0, j.log("ps0")
+    codes = [w.wait(60) for w in j.workers]
+    took = time.monotonic() - started
+    assert codes == [0, 0], j.log("w0") + j.log("w1")
+    assert took < 30, f"took {took:.1f} s"
+    for w in range(2):
+        text = j.log(f"w{w}")
+        assert "said stop" in text and "Traceback" not in text, text
+
+
 @pytest.mark.parametrize("sync", ["bsp", "asp"])
 def test_a_server_that_stops_while_another_is_lost_ends_the_workers_wait(
     job: Any, tmp_path: Path, sync: str
@@ -753,16 +768,8 @@ def test_a_server_that_stops_while_another_is_lost_ends_the_workers_wait(
     assert j.ps[1].wait(10) == -signal.SIGKILL
     for w in range(2):
         log_has(j.tmp / f"w{w}.log", "lost a parameter server", 30)
-    started = time.monotonic()
-    j.ps[0].send_signal(signal.SIGTERM)
-    assert j.ps[0].wait(30) == 0, j.log("ps0")
-    codes = [w.wait(60) for w in j.workers]
-    took = time.monotonic() - started
-    assert codes == [0, 0], j.log("w0") + j.log("w1")
-    assert took < 30, f"took {took:.1f} s"
+    _stop_ps0_and_see_both_workers_told(j)
     for w in range(2):
-        text = j.log(f"w{w}")
-        assert "said stop" in text and "Traceback" not in text, text
         assert not (j.tmp / f"w{w}.npz").exists()  # ps1's last write may be torn
 
 
@@ -784,16 +791,7 @@ def test_a_server_that_stops_tells_the_workers_it_went_on_without(
     _wait_for(j, "worker 1 lost at step")
     time.sleep(0.5)  # (the drop notices read and forgotten: the workers wait for ps1 only)
     assert [w.poll() for w in j.workers] == [None, None], j.log("w0") + j.log("w1")
-    started = time.monotonic()
-    j.ps[0].send_signal(signal.SIGTERM)
-    assert j.ps[0].wait(30) == 0, j.log("ps0")
-    codes = [w.wait(60) for w in j.workers]
-    took = time.monotonic() - started
-    assert codes == [0, 0], j.log("w0") + j.log("w1")
-    assert took < 30, f"took {took:.1f} s"
-    for w in range(2):
-        text = j.log(f"w{w}")
-        assert "said stop" in text and "Traceback" not in text, text
+    _stop_ps0_and_see_both_workers_told(j)
 
 
 def test_a_bsp_stop_does_not_wait_for_a_worker_held_by_another_server(
