@@ -549,6 +549,9 @@ class ParameterServer:
                 log.warning("worker %d joined but cannot be reached: %s", w.rank, exc)
                 return
             w.address, w.joined = address, True
+            # a session anew: what the last one was told (a stop) the worker let go of as it
+            # joined again, so a stop is told again (_tell_those_left_out)
+            w.stopped = False
         elif w.joined:  # ready: its parameters are registered
             # What its previous session left in its tensors (a worker dropped while it ran
             # pushes the rest of its step before it learns it), and rank 0's initial values
