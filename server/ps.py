@@ -761,7 +761,7 @@ class ParameterServer:
                 continue  # gone (its process exited), or unreachable
             w.stopped = self._notify(w, STATUS_STOP, min(left, STOP_NOTICE_TIMEOUT))
             log.info(
-                "worker %d, which we went on without, %s",
+                "worker %d, not taking part as we stop, %s",
                 w.rank,
                 "told that we stop" if w.stopped else "could not be told that we stop",
             )
