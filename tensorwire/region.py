@@ -130,15 +130,8 @@ class Region:
         """
         if not shared or not shm_available():
             return cls(None, size, _private_mapping(size), owner=True)
-        pid = os.getpid()
-        name = f"{_PREFIX}{os.getuid()}.{pid}.{_process_start_time(pid)}.{secrets.token_hex(16)}"
-        path = os.path.join(SHM_DIR, name)
-        # Created under a temporary name and locked before it takes its real one, so that no
-        # reaper can find it under its real name unlocked.
-        new_path = path + _NEW_SUFFIX
-        fd = os.open(new_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        name, path, new_path, fd = _new_locked_segment()
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a file this new is ours alone
             try:
                 # Allocates every page now: a full /dev/shm fails here, not as SIGBUS mid-write.
                 os.posix_fallocate(fd, 0, size)
@@ -219,6 +212,44 @@ _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 #: madvise(2) advice that faults every page of a range in for writing (Linux 5.14; the mmap
 #: module names it from Python 3.13 on, hence the number)
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
+
+
+#: Tries at a segment file of our own: each fails only where a reaper took the new file
+#: between its creation and our lock (a millionth of a second), so a second try succeeds
+CREATE_TRIES = 8
+
+
+def _new_locked_segment() -> tuple[str, str, str, int]:
+    """A new segment file under its temporary name, locked by us: (its real name, the real
+    name's path, the temporary path, the locked descriptor). Created under a temporary name and
+    locked before it takes its real one, so that no reaper finds it under its real name
+    unlocked. Between ``open`` and ``flock`` it is unlocked under the temporary name, which
+    reapers look at too (a creator killed after its lock leaves one): a reaper there locks it
+    first (our lock is refused) or unlinks it before our lock (our lock is taken on a file that
+    has no name any more). Either way a new file is made under a new name. Before, the first
+    case raised BlockingIOError from ``Receiver()``, the second FileNotFoundError at the rename
+    (a receiver started while another started on the same host: seen in the suite; 138 of
+    55,392 regions made next to two processes reaping in a loop)."""
+    pid = os.getpid()
+    for _ in range(CREATE_TRIES):
+        name = f"{_PREFIX}{os.getuid()}.{pid}.{_process_start_time(pid)}.{secrets.token_hex(16)}"
+        path = os.path.join(SHM_DIR, name)
+        new_path = path + _NEW_SUFFIX
+        fd = os.open(new_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            # Locked: no reaper can unlink it from here on; it still bears the name if none did.
+            if os.stat(new_path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
+                return name, path, new_path, fd
+        except (BlockingIOError, FileNotFoundError):
+            pass  # a reaper holds it, or unlinked it already
+        os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(new_path)  # (a reaper holding it finds it gone, and lets it be)
+    raise TransportError(
+        f"cannot create a region in {SHM_DIR}: {CREATE_TRIES} new files in a row were removed "
+        "as we made them (other processes reaping segments of this user)"
+    )
 
 
 def _private_mapping(size: int) -> mmap.mmap:
