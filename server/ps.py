@@ -787,8 +787,9 @@ class ParameterServer:
         """Write a first notice that says nothing (STATUS_RUN) to ``w``'s ``dropped`` tensor
         now, while it answers: a write's first of a tensor claims it through the receiver's
         control thread, which a frozen worker (the one we drop) cannot answer; later writes go
-        straight into its memory (shm) or its socket's buffer (tcp)."""
-        self._notify(w, STATUS_RUN, self.cfg.step_timeout)
+        straight into its memory (shm) or its socket's buffer (tcp). As we stop (a worker ready
+        at our last look, _tell_those_left_out), within the stop notice's time, not the step's."""
+        self._notify(w, STATUS_RUN, STOP_NOTICE_TIMEOUT if self._ending else self.cfg.step_timeout)
 
     def _notify(self, w: _Worker, flags: int, timeout: float) -> bool:
         """A status word with ``flags`` in ``w``'s ``dropped`` tensor, best effort: a worker
