@@ -214,8 +214,8 @@ _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 
 
-#: Tries at a segment file of our own: each fails only where a reaper took the new file
-#: between its creation and our lock (a millionth of a second), so a second try succeeds
+#: Tries at a segment file of our own: one fails only where a reaper took the new file in the
+#: moment between its creation and our lock, so a second try all but always succeeds
 CREATE_TRIES = 8
 
 
@@ -231,21 +231,26 @@ def _new_locked_segment() -> tuple[str, str, str, int]:
     (a receiver started while another started on the same host: seen in the suite; 138 of
     55,392 regions made next to two processes reaping in a loop)."""
     pid = os.getpid()
+    stem = f"{_PREFIX}{os.getuid()}.{pid}.{_process_start_time(pid)}."
     for _ in range(CREATE_TRIES):
-        name = f"{_PREFIX}{os.getuid()}.{pid}.{_process_start_time(pid)}.{secrets.token_hex(16)}"
+        name = stem + secrets.token_hex(16)
         path = os.path.join(SHM_DIR, name)
         new_path = path + _NEW_SUFFIX
         fd = os.open(new_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        ours = False
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             # Locked: no reaper can unlink it from here on; it still bears the name if none did.
-            if os.stat(new_path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
-                return name, path, new_path, fd
+            ours = os.stat(new_path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
         except (BlockingIOError, FileNotFoundError):
             pass  # a reaper holds it, or unlinked it already
-        os.close(fd)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(new_path)  # (a reaper holding it finds it gone, and lets it be)
+        finally:
+            if not ours:
+                os.close(fd)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(new_path)  # (a reaper holding it finds it gone, and lets it be)
+        if ours:
+            return name, path, new_path, fd
     raise TransportError(
         f"cannot create a region in {SHM_DIR}: {CREATE_TRIES} new files in a row were removed "
         "as we made them (other processes reaping segments of this user)"
