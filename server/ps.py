@@ -86,6 +86,11 @@ DROP_NOTICE_TIMEOUT = 2.0
 #: stopping: shorter, as the stop's grace has run already and every such worker adds its own
 #: (a frozen worker takes a notice without answering, but over grpc a write needs it to).
 STOP_NOTICE_TIMEOUT = 0.5
+#: Seconds the handshake with a worker that just joined may take: its receiver answers at once
+#: (the worker is waiting for us), so one that does not is unreachable at the address it gave
+#: (a wrong --advertise, a firewall) or died since, and every other worker waits meanwhile.
+#: Before, the handshake had --step-timeout (120 s by default).
+JOIN_CONNECT_TIMEOUT = 10.0
 #: Seconds between looks, while a step waits for a worker's gradients, at whether that worker
 #: joined again (restarted before its loss was seen, or dropped by another server).
 REJOIN_CHECK_EVERY = 1.0
@@ -541,10 +546,15 @@ class ParameterServer:
                     self.tx.remove_peer(w.address)
                 w.untold = False
             try:
-                self.tx.add_peer(address)
+                self.tx.add_peer(
+                    address, connect_timeout=min(self.cfg.step_timeout, JOIN_CONNECT_TIMEOUT)
+                )
             except tw.TensorWireError as exc:
                 if during_join:
-                    raise PSError(f"worker {w.rank} joined from {address}: {exc}") from None
+                    raise PSError(
+                        f"worker {w.rank} joined from {address}, which does not answer: {exc} "
+                        "(the address is the worker's --bind, its host replaced by --advertise)"
+                    ) from None
                 # gone again, or unreachable: it may join again later
                 log.warning("worker %d joined but cannot be reached: %s", w.rank, exc)
                 return

@@ -213,6 +213,26 @@ def test_a_worker_that_never_arrives_is_named(job: Any) -> None:
     assert "workers 1 of 2 did not join within 6 s" in text and "Traceback" not in text
 
 
+def test_a_worker_that_cannot_be_reached_where_it_says_is_named_within_seconds(job: Any) -> None:
+    """Worker 1 gives an address nothing answers at (``--advertise 127.0.0.2``, while it binds
+    127.0.0.1, as a wrong --advertise or a firewall does): the server's handshake with it gives
+    up after JOIN_CONNECT_TIMEOUT (10 s), and the server exits 1 naming the worker, the
+    address and what to check. Before, that handshake waited the server's --step-timeout
+    (120 s by default), and a worker joining again so held every other worker's step as long."""
+    j = job(start_workers=1)
+    started = time.monotonic()
+    j.start(
+        worker_command(j.addresses, "--no-progress", "--advertise", "127.0.0.2", rank=1, workers=2),
+        log="w1",
+    )
+    assert j.ps[0].wait(60) == 1, j.log("ps0")
+    took = time.monotonic() - started
+    text = j.log("ps0")
+    assert "worker 1 joined from tcp://127.0.0.2:" in text and "--advertise" in text, text
+    assert "Traceback" not in text, text
+    assert took < 40, f"took {took:.1f} s"
+
+
 def test_a_second_worker_given_a_taken_rank_is_told_and_the_job_goes_on(job: Any) -> None:
     """A worker started with the rank of one already in the job: the server refuses its join
     ("busy"); it tries again until its --connect-timeout, as a worker restarted on another host
