@@ -68,6 +68,8 @@ PROBE_TIMEOUT = 5.0
 PROBE_WRITE_TIMEOUT = 0.5
 #: Seconds the word that we stop may take to reach a server, when we close: best effort
 LEAVE_TIMEOUT = 2.0
+#: Seconds one try at writing our join may take (see PSClient._write_join)
+JOIN_WRITE_TRY = 2.0
 
 
 class PSClientError(tw.TensorWireError):
@@ -359,8 +361,21 @@ class PSClient:
         said = False
         while True:
             try:
-                self.tx.write(join_name(self.rank), message, peer=addr)
+                # In tries of JOIN_WRITE_TRY: a server frozen or held up takes no join (its
+                # first write here claims the tensor through the server), and a stop asked
+                # meanwhile is looked at after each (before, after --step-timeout, or once the
+                # server missed 3 heartbeats: 15.6 s measured)
+                left = max(deadline - time.monotonic(), 0.0)
+                try_for = max(min(JOIN_WRITE_TRY, left), 0.01)
+                self.tx.write(join_name(self.rank), message, peer=addr, timeout=try_for)
                 return
+            except tw.WireTimeoutError as exc:
+                if time.monotonic() >= deadline:
+                    raise PSClientError(
+                        f"parameter server {addr} did not take our join in time: {exc}"
+                    ) from None
+                self._check_stop(f"for parameter server {addr} to take our join")
+                continue
             except tw.RemoteProtocolError as exc:
                 if exc.code != "busy":
                     raise
@@ -830,12 +845,21 @@ class PSClient:
         if self.rx is None or not self.chunks:
             return  # never joined
         for s, addr in enumerate(self.servers):
-            if s in self._told_stop:
+            if s in self._told_stop or addr not in self.tx.peers:
                 continue
-            with contextlib.suppress(tw.TensorWireError):  # gone, or an older server
+            if leave_name(self.rank) not in self.tx.tensors(peer=addr):
+                continue  # a server started again that has not formed its job: none to tell
+            try:
                 self.tx.write(
                     leave_name(self.rank), np.ones(1, np.int64), peer=addr, timeout=LEAVE_TIMEOUT
                 )
+            except tw.WireTimeoutError:
+                # Frozen or held up: our goodbye, as we close, would wait for its answer too
+                # (GOODBYE_TIMEOUT, 5 s). It sees us gone by our exit or our silence.
+                with contextlib.suppress(tw.TensorWireError):
+                    self.tx.remove_peer(addr, goodbye=False)
+            except tw.TensorWireError:
+                pass  # gone, or an older server
 
     def __enter__(self) -> PSClient:
         return self

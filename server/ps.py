@@ -91,6 +91,8 @@ STOP_NOTICE_TIMEOUT = 0.5
 #: (a wrong --advertise, a firewall) or died since, and every other worker waits meanwhile.
 #: Before, the handshake had --step-timeout (120 s by default).
 JOIN_CONNECT_TIMEOUT = 10.0
+#: The same as we stop, within STOP_GRACE
+STOP_JOIN_CONNECT_TIMEOUT = 2.0
 #: Seconds between looks, while a step waits for a worker's gradients, at whether that worker
 #: joined again (restarted before its loss was seen, or dropped by another server).
 REJOIN_CHECK_EVERY = 1.0
@@ -431,6 +433,14 @@ class ParameterServer:
         """Every step is done, or a stop was asked: the job ends at this step."""
         return self.step >= self.cfg.steps or self._stop_requested
 
+    @property
+    def _join_connect_timeout(self) -> float:
+        """How long the handshake with a worker whose join we take may take: JOIN_CONNECT_TIMEOUT,
+        or STOP_JOIN_CONNECT_TIMEOUT as we stop (a join taken then only hears that we stop; one
+        from a worker gone since would otherwise hold our exit 10 s)."""
+        limit = STOP_JOIN_CONNECT_TIMEOUT if self._ending else JOIN_CONNECT_TIMEOUT
+        return min(self.cfg.step_timeout, limit)
+
     def _stop_overdue(self) -> float | None:
         """The grace a stop gives the step in flight, once it has passed (see STOP_GRACE);
         None before, or without a stop."""
@@ -546,11 +556,11 @@ class ParameterServer:
                     self.tx.remove_peer(w.address)
                 w.untold = False
             try:
-                self.tx.add_peer(
-                    address, connect_timeout=min(self.cfg.step_timeout, JOIN_CONNECT_TIMEOUT)
-                )
+                self.tx.add_peer(address, connect_timeout=self._join_connect_timeout)
             except tw.TensorWireError as exc:
-                if during_join:
+                # While the job forms, the address is most likely wrong: said at once. Not once
+                # a stop was asked: the worker may have been stopped too, after it joined.
+                if during_join and not self._stop_requested:
                     raise PSError(
                         f"worker {w.rank} joined from {address}, which does not answer: {exc} "
                         "(the address is the worker's --bind, its host replaced by --advertise)"

@@ -814,6 +814,42 @@ def test_a_server_that_stops_tells_the_workers_it_went_on_without(
     _stop_ps0_and_see_both_workers_told(j)
 
 
+def test_a_worker_joining_a_frozen_server_again_heeds_its_sigterm(job: Any, tmp_path: Path) -> None:
+    """ps1 is SIGKILLed; the workers reach ps0 again and wait for ps1. ps0 is then frozen
+    (SIGSTOP) and ps1 started again: the workers reach it and write their join to ps0 first,
+    which cannot take it. w0, stopped (SIGTERM) meanwhile, exits 0 within seconds. Before, the
+    write went on until ps0 missed 3 heartbeats (15.6 s after the SIGTERM, in a run) or for
+    --step-timeout, and only then did the worker look at its stop; and as it closed, its
+    goodbye to the frozen ps0 waited 5 s more (GOODBYE_TIMEOUT) after its word that it
+    leaves had timed out."""
+    ckpt = tmp_path / "ckpt"
+    args = ["--steps", ENDLESS, "--checkpoint-dir", str(ckpt), "--log-level", "INFO"]
+    j = job(ps=args, servers=2)
+    _wait_for(j, "joined", 2, servers=2)
+    j.ps[1].kill()
+    assert j.ps[1].wait(10) == -signal.SIGKILL
+    for w in range(2):
+        log_has(j.tmp / f"w{w}.log", "lost a parameter server", 30)
+    time.sleep(1.0)  # (each reached ps0 again, and tries ps1 every 2 s)
+    freeze(j.ps[0].pid)
+    try:
+        again = j.start([*j.ps[1].args, "--resume-if-present"], log="ps1-again")
+        log_has(j.tmp / "ps1-again.log", "waiting for 2 workers", 60)
+        # w0 reaches ps1 within its next try (2 s), then writes its join to ps0 first
+        time.sleep(3.0)
+        started = time.monotonic()
+        j.workers[0].send_signal(signal.SIGTERM)
+        code = j.workers[0].wait(60)
+        took = time.monotonic() - started
+    finally:
+        os.kill(j.ps[0].pid, signal.SIGCONT)
+    assert code == 0, j.log("w0")
+    assert took < 10, f"took {took:.1f} s"
+    for p in (j.ps[0], again, j.workers[1]):
+        p.send_signal(signal.SIGTERM)
+    assert [p.wait(60) for p in (j.ps[0], again, j.workers[1])] == [0, 0, 0], j.log("ps0")
+
+
 def test_a_bsp_stop_does_not_wait_for_a_worker_held_by_another_server(
     job: Any, tmp_path: Path
 ) -> None:
