@@ -779,6 +779,7 @@ class ParameterServer:
                     self.tx.add_peer(w.address, connect_timeout=min(left, STOP_NOTICE_TIMEOUT))
             except tw.TensorWireError:
                 continue  # gone (its process exited), or unreachable
+            left = max(deadline - time.monotonic(), OFFER_TIMEOUT)  # (the handshake took some)
             w.stopped = self._notify(w, STATUS_STOP, min(left, STOP_NOTICE_TIMEOUT))
             log.info(
                 "worker %d, not taking part as we stop, %s",
