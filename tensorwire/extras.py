@@ -16,7 +16,7 @@ from .errors import MissingDependencyError
 
 @dataclass(frozen=True)
 class Extra:
-    name: str  # as in pip install 'tensorwire[name]'
+    name: str  # as in pip install 'tensorwire[<name>]'
     module: str  # what it makes importable
     gives: str  # what for, in a user's words
 
