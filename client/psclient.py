@@ -237,7 +237,7 @@ class PSClient:
                 self.params = {p: np.zeros(v.shape, np.float32) for p, v in landed.items()}
                 self._grads_out = {c.cid: np.empty(c.shape, self.wire_dtype) for c in self.chunks}
             try:
-                self._say_ready()
+                self._say_ready(time.monotonic() + self.timeout)
             except tw.PeerLostError as exc:  # a server lost since: join them all again
                 self._recover(str(exc))
         except BaseException:
@@ -414,9 +414,11 @@ class PSClient:
                     "(it exited, or is unreachable)"
                 ) from None
 
-    def _say_ready(self) -> None:
+    def _say_ready(self, deadline: float) -> None:
         """Our parameters are registered: rank 0 writes the initial values where a server asks
-        for them, then every server hears that we are ready."""
+        for them, then every server hears that we are ready (by ``deadline``, in tries with a
+        stop looked at after each, as our join: a server frozen since it took the join held a
+        stop asked meanwhile until it was seen lost)."""
         for s, addr in enumerate(self.servers):
             published = self.tx.tensors(peer=addr)
             for c in self.chunks:
@@ -430,7 +432,8 @@ class PSClient:
                 value = np.asarray(self._init[c.param], dtype=np.float32)
                 rows = value[c.start : c.stop] if value.ndim else value
                 self.tx.write(init_name(c.cid), rows, peer=addr, allow_copy=True)
-            self.tx.write(join_name(self.rank), np.frombuffer(encode_ready(), np.uint8), peer=addr)
+            ready = np.frombuffer(encode_ready(), np.uint8)
+            self._write_join(addr, ready, max(deadline, time.monotonic() + 1.0))
 
     def _await_registration(self, timeout: float) -> None:
         """Once every worker has joined, each server registers the tensors it plans: wait until
@@ -776,7 +779,7 @@ class PSClient:
             # a server that restarted afresh starts from ours (once the servers wrote them:
             # while we first join, the initial values we were given)
             self._init = self.host_params()
-        self._say_ready()
+        self._say_ready(deadline)
 
     def push(
         self,
