@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import socket
 import time
 from collections.abc import Callable, Mapping
@@ -237,7 +238,8 @@ class PSClient:
                 self.params = {p: np.zeros(v.shape, np.float32) for p, v in landed.items()}
                 self._grads_out = {c.cid: np.empty(c.shape, self.wire_dtype) for c in self.chunks}
             try:
-                self._say_ready(time.monotonic() + self.timeout)
+                no_later = math.inf if self.timeout is None else time.monotonic() + self.timeout
+                self._say_ready(no_later)
             except tw.PeerLostError as exc:  # a server lost since: join them all again
                 self._recover(str(exc))
         except BaseException:
