@@ -25,6 +25,7 @@ can be asked for again; the timings of the processes will differ.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import random
@@ -115,6 +116,27 @@ def add_parser(sub: Any) -> None:
         default=0.9,
         help="rank 0's test accuracy at the end (default 0.9)",
     )
+    p.add_argument(
+        "--wire-dtype",
+        default="float32",
+        choices=("float32", "bfloat16", "float16"),
+        help="the servers' --wire-dtype: what gradients and parameters travel as (default "
+        "float32)",
+    )
+    p.add_argument(
+        "--optimizer",
+        default="sgd",
+        choices=("sgd", "momentum", "adam"),
+        help="the servers' --optimizer (default sgd); momentum and adam keep state that a "
+        "restarted server takes back from its checkpoint",
+    )
+    p.add_argument(
+        "--framework",
+        default="numpy",
+        choices=("numpy", "torch"),
+        help="the workers' --framework: torch trains the digits model as a PyTorch module "
+        "(default numpy)",
+    )
     p.add_argument("--seed", type=int, default=None, help="the faults' random seed")
     p.add_argument(
         "--keep", metavar="DIR", help="keep the daemons' logs here (kept anyway on failure)"
@@ -157,6 +179,7 @@ class _Job:
                     *("--checkpoint-dir", str(tmp / f"ckpt{s}")),
                     *("--checkpoint-every", str(args.checkpoint_every)),
                     *("--metrics", str(tmp / f"ps{s}.json")),
+                    *("--wire-dtype", args.wire_dtype, "--optimizer", args.optimizer),
                     shard=s,
                     shards=args.servers,
                     workers=args.workers,
@@ -171,6 +194,7 @@ class _Job:
                     addresses,
                     *common,
                     *("--log-level", "INFO", "--metrics", str(tmp / f"w{r}.json")),
+                    *("--framework", args.framework),
                     rank=r,
                     workers=args.workers,
                 ),
@@ -345,6 +369,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
         )
     if args.transport not in tw.TRANSPORT_NAMES or args.transport == "auto":
         parser.error(f"--transport {args.transport}: from {', '.join(tw.TRANSPORT_NAMES[1:])}")
+    if args.framework == "torch" and importlib.util.find_spec("torch") is None:
+        parser.error("--framework torch: PyTorch is not installed: pip install 'tensorwire[torch]'")
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     rng = random.Random(seed)
     tmp = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="tensorwire-chaos-"))
@@ -356,6 +382,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
         "config": {
             **{k: getattr(args, k) for k in ("transport", "servers", "workers", "sync")},
             **{k: getattr(args, k) for k in ("duration", "step_timeout", "checkpoint_every")},
+            **{k: getattr(args, k) for k in ("wire_dtype", "optimizer", "framework")},
             "events": events,
             "seed": seed,
         },
@@ -420,7 +447,16 @@ def render(result: dict[str, Any]) -> str:
     c = result["config"]
     lines = [
         f"chaos over {c['transport']}: {c['servers']} servers, {c['workers']} workers, "
-        f"{c['sync']}, seed {c['seed']}",
+        f"{c['sync']}, seed {c['seed']}"
+        + "".join(
+            f", {label} {c[key]}"
+            for key, label, default in (
+                ("wire_dtype", "wire", "float32"),
+                ("optimizer", "optimizer", "sgd"),
+                ("framework", "framework", "numpy"),
+            )
+            if c.get(key, default) != default
+        ),
         f"{'at s':>8} {'trained on after s':>19}  fault",
     ]
     for e in result["events"]:
