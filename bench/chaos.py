@@ -48,6 +48,18 @@ from .report import SCHEMA
 
 EVENTS = ("kill-worker", "freeze-worker", "stop-worker", "kill-server", "freeze-server")
 DEFAULT_EVENTS = "kill-worker,freeze-worker,stop-worker,kill-server,freeze-server"
+#: the daemons' flags a run may set, each with its choices (the first is the default) and what
+#: it changes: the 16-bit wires, optimizer state that a restarted server takes back from its
+#: checkpoint, and workers training a PyTorch module
+PASSED_ON: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("--wire-dtype", ("float32", "bfloat16", "float16"), "the servers' --wire-dtype"),
+    ("--optimizer", ("sgd", "momentum", "adam"), "the servers' --optimizer"),
+    (
+        "--framework",
+        ("numpy", "torch"),
+        "the workers' --framework (torch: the digits model as a PyTorch module)",
+    ),
+)
 #: steps no run reaches: the run ends the job with SIGTERM
 ENDLESS = "100000000"
 #: checkpoint lines that mean "trained on" after a disruption (the first may be a step that was
@@ -116,27 +128,10 @@ def add_parser(sub: Any) -> None:
         default=0.9,
         help="rank 0's test accuracy at the end (default 0.9)",
     )
-    p.add_argument(
-        "--wire-dtype",
-        default="float32",
-        choices=("float32", "bfloat16", "float16"),
-        help="the servers' --wire-dtype: what gradients and parameters travel as (default "
-        "float32)",
-    )
-    p.add_argument(
-        "--optimizer",
-        default="sgd",
-        choices=("sgd", "momentum", "adam"),
-        help="the servers' --optimizer (default sgd); momentum and adam keep state that a "
-        "restarted server takes back from its checkpoint",
-    )
-    p.add_argument(
-        "--framework",
-        default="numpy",
-        choices=("numpy", "torch"),
-        help="the workers' --framework: torch trains the digits model as a PyTorch module "
-        "(default numpy)",
-    )
+    for flag, choices, why in PASSED_ON:
+        p.add_argument(
+            flag, default=choices[0], choices=choices, help=f"{why} (default {choices[0]})"
+        )
     p.add_argument("--seed", type=int, default=None, help="the faults' random seed")
     p.add_argument(
         "--keep", metavar="DIR", help="keep the daemons' logs here (kept anyway on failure)"
@@ -449,13 +444,9 @@ def render(result: dict[str, Any]) -> str:
         f"chaos over {c['transport']}: {c['servers']} servers, {c['workers']} workers, "
         f"{c['sync']}, seed {c['seed']}"
         + "".join(
-            f", {label} {c[key]}"
-            for key, label, default in (
-                ("wire_dtype", "wire", "float32"),
-                ("optimizer", "optimizer", "sgd"),
-                ("framework", "framework", "numpy"),
-            )
-            if c.get(key, default) != default
+            f", {flag} {c[key]}"
+            for flag, choices, _ in PASSED_ON
+            if c.get(key := flag[2:].replace("-", "_"), choices[0]) != choices[0]
         ),
         f"{'at s':>8} {'trained on after s':>19}  fault",
     ]
