@@ -290,6 +290,8 @@ def test_bad_arguments_are_one_clear_line(args: list[str]) -> None:
         (["bench", "chaos", "--gap", "-1"], "--gap"),
         (["bench", "chaos", "--step-timeout", "nan"], "--step-timeout"),
         (["bench", "chaos", "--min-accuracy", "2"], "--min-accuracy"),
+        (["bench", "chaos", "--wire-dtype", "int8"], "--wire-dtype"),
+        (["bench", "chaos", "--optimizer", "lbfgs"], "--optimizer"),
         (["bench", "soak", "--duration", "nan"], "--duration"),
         (["bench", "ps", "--batch", "0"], "--batch"),
         (["ray-job", "--cpus-per-worker", "nan"], "--cpus-per-worker"),
