@@ -21,7 +21,7 @@ from tensorwire.job.progress import Progress
 
 from . import checkpoint, optim
 from .metrics import ps_metrics
-from .ps import SYNC_MODES, WIRE_DTYPES, ParameterServer, PSConfig, StepReport
+from .ps import ASYNC_LR, SYNC_MODES, WIRE_DTYPES, ParameterServer, PSConfig, StepReport
 
 
 def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
@@ -55,6 +55,15 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
     )
     p.add_argument("--optimizer", default=d.optimizer, choices=optim.OPTIMIZERS)
     p.add_argument("--lr", type=float, default=d.lr, help=f"learning rate (default {d.lr})")
+    p.add_argument(
+        "--async-lr",
+        default=d.async_lr,
+        choices=ASYNC_LR,
+        help="asp, ssp: the rate of each worker's gradient as it lands. mean: --lr divided by "
+        "--workers, so a round of every worker's push moves the parameters as one bsp step "
+        "does and --lr means the same under every --sync; each: every push at the full --lr "
+        f"(Downpour SGD; divide --lr yourself for momentum and adam) (default {d.async_lr})",
+    )
     p.add_argument(
         "--momentum",
         type=float,
@@ -190,6 +199,14 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-ps") -> int:
         server.address,
         cfg.workers,
     )
+    if cfg.sync != "bsp":
+        logging.getLogger("tensorwire.ps").info(
+            "%s: each worker's gradient is applied as it lands, at %g (--lr %g, --async-lr %s)",
+            cfg.sync,
+            server.push_lr,
+            cfg.lr,
+            cfg.async_lr,
+        )
     start = server.step
     try:
         server.run()
