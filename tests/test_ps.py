@@ -73,6 +73,27 @@ def test_optimizer_settings_that_would_poison_or_diverge_are_refused() -> None:
     assert optim.make("momentum", 0.1, weight_decay=0.0, momentum=0.0).momentum == 0.0
 
 
+def test_the_rate_of_one_update_under_each_sync_mode() -> None:
+    """bsp: one update a step, of the mean gradient, at --lr; asp and ssp: one per push, at
+    --lr / --workers (--async-lr mean) or at --lr (--async-lr each)."""
+    from tensorwire.server.ps import ParameterServer, PSConfig, PSError
+
+    for sync, rule, rate in (
+        ("bsp", "mean", 0.1),
+        ("asp", "mean", 0.025),
+        ("ssp", "mean", 0.025),
+        ("asp", "each", 0.1),
+    ):
+        cfg = PSConfig(bind=f"tcp://127.0.0.1:{free_port()}", workers=4, sync=sync, async_lr=rule)
+        server = ParameterServer(cfg)
+        try:
+            assert server.opt.lr == pytest.approx(rate), (sync, rule)
+        finally:
+            server.close()
+    with pytest.raises(PSError, match="unknown async learning-rate rule 'sum'; choose one of"):
+        ParameterServer(PSConfig(bind=f"tcp://127.0.0.1:{free_port()}", async_lr="sum"))
+
+
 def test_digits_read_from_the_file_are_scikit_learns_own() -> None:
     """Workers read the digits from scikit-learn's data file, without importing it: the
     arrays are those load_digits() returns."""
