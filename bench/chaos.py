@@ -128,6 +128,12 @@ def add_parser(sub: Any) -> None:
         default=0.9,
         help="rank 0's test accuracy at the end (default 0.9)",
     )
+    p.add_argument(
+        "--model",
+        default="digits",
+        help="the workers' --model (default digits; large and many train on synthetic data: "
+        "set --min-accuracy for them)",
+    )
     for flag, choices, why in PASSED_ON:
         p.add_argument(
             flag, default=choices[0], choices=choices, help=f"{why} (default {choices[0]})"
@@ -189,7 +195,7 @@ class _Job:
                     addresses,
                     *common,
                     *("--log-level", "INFO", "--metrics", str(tmp / f"w{r}.json")),
-                    *("--framework", args.framework),
+                    *("--framework", args.framework, "--model", args.model),
                     rank=r,
                     workers=args.workers,
                 ),
@@ -377,7 +383,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
         "config": {
             **{k: getattr(args, k) for k in ("transport", "servers", "workers", "sync")},
             **{k: getattr(args, k) for k in ("duration", "step_timeout", "checkpoint_every")},
-            **{k: getattr(args, k) for k in ("wire_dtype", "optimizer", "framework")},
+            **{k: getattr(args, k) for k in ("wire_dtype", "optimizer", "framework", "model")},
             "events": events,
             "seed": seed,
         },
@@ -443,6 +449,7 @@ def render(result: dict[str, Any]) -> str:
     lines = [
         f"chaos over {c['transport']}: {c['servers']} servers, {c['workers']} workers, "
         f"{c['sync']}, seed {c['seed']}"
+        + ("" if c.get("model", "digits") == "digits" else f", --model {c['model']}")
         + "".join(
             f", {flag} {c[key]}"
             for flag, choices, _ in PASSED_ON
