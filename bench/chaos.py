@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import tensorwire as tw
+from tensorwire import curve as tw_curve
 from tensorwire.client.launch import free_port, job_environment, ps_command, worker_command
 from tensorwire.job.config import at_least, fraction, positive_seconds, zero_or_more_seconds
 from tensorwire.job.files import output_file
@@ -134,6 +135,12 @@ def add_parser(sub: Any) -> None:
         help="the workers' --model (default digits; large and many train on synthetic data: "
         "set --min-accuracy for them)",
     )
+    p.add_argument(
+        "--curve",
+        action="store_true",
+        help="encrypt the job's control plane with a CURVE key pair made for the run "
+        "(--curve-keys on every daemon)",
+    )
     for flag, choices, why in PASSED_ON:
         p.add_argument(
             flag, default=choices[0], choices=choices, help=f"{why} (default {choices[0]})"
@@ -169,6 +176,9 @@ class _Job:
         self.env = job_environment()  # as `bench ps` runs its jobs
         addresses = [f"tcp://127.0.0.1:{free_port()}" for _ in range(args.servers)]
         common = ["--transport", args.transport, "--heartbeat-timeout", "3", "--no-progress"]
+        if args.curve:
+            tw_curve.generate(str(tmp / "keys"))
+            common += ["--curve-keys", str(tmp / "keys")]
         self.servers = [
             _Daemon(
                 f"ps{s}",
@@ -370,6 +380,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
         )
     if args.transport not in tw.TRANSPORT_NAMES or args.transport == "auto":
         parser.error(f"--transport {args.transport}: from {', '.join(tw.TRANSPORT_NAMES[1:])}")
+    if args.curve and not tw_curve.available():
+        parser.error("--curve: this libzmq has no CURVE support")
     if args.framework == "torch" and importlib.util.find_spec("torch") is None:
         parser.error("--framework torch: PyTorch is not installed: pip install 'tensorwire[torch]'")
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
@@ -384,6 +396,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
             **{k: getattr(args, k) for k in ("transport", "servers", "workers", "sync")},
             **{k: getattr(args, k) for k in ("duration", "step_timeout", "checkpoint_every")},
             **{k: getattr(args, k) for k in ("wire_dtype", "optimizer", "framework", "model")},
+            "curve": args.curve,
             "events": events,
             "seed": seed,
         },
@@ -450,6 +463,7 @@ def render(result: dict[str, Any]) -> str:
         f"chaos over {c['transport']}: {c['servers']} servers, {c['workers']} workers, "
         f"{c['sync']}, seed {c['seed']}"
         + ("" if c.get("model", "digits") == "digits" else f", --model {c['model']}")
+        + (", CURVE" if c.get("curve") else "")
         + "".join(
             f", {flag} {c[key]}"
             for flag, choices, _ in PASSED_ON
