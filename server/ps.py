@@ -68,8 +68,8 @@ WIRE_DTYPES = ("float32", "bfloat16", "float16")
 #: divided by --workers, so that a round in which every worker pushed once moves the parameters
 #: as far as one bsp step of their mean gradient, and --lr means the same in every mode. "each":
 #: every push at the full --lr (Downpour SGD's rule): N workers take N steps a round, which
-#: with momentum or adam at a rate tuned for bsp sent the digits MLP to chance accuracy (0.08-0.38
-#: after 3000 steps of 3 workers at --lr 0.1, where bsp and "mean" reached 0.98-0.99)
+#: with momentum or adam at a rate tuned for bsp left the digits MLP near chance (0.08-0.38
+#: after 3000-4000 steps of 3 workers at --lr 0.1, where bsp and "mean" reached 0.98-0.99)
 ASYNC_LR = ("mean", "each")
 
 
