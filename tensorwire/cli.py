@@ -4,6 +4,7 @@ installation."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from . import __version__
@@ -14,7 +15,14 @@ RDMA_TRANSPORTS = frozenset(
 )
 
 
-def _info() -> int:
+def _info(argv: list[str]) -> int:
+    # a parser of its own, with no options: `info --help` says what it does, and an argument
+    # given by mistake is refused instead of ignored
+    argparse.ArgumentParser(
+        prog="tensorwire info",
+        description="What this installation can do: its transports, shared memory, GPUs, NIXL "
+        "and UCX's transports.",
+    ).parse_args(argv)
     from .doorbell import HAVE_FUTEX
     from .extras import GRPC, installed
     from .process import host_identity
@@ -182,35 +190,50 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     ns = parser.parse_args(args)
-    if ns.command == "demo":
+    try:
+        code = _run(ns.command, ns.rest)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at the interpreter's exit
+        return code
+    except BrokenPipeError:
+        # Output piped into a reader that closed early (`tensorwire info | head -2`): the
+        # Python documentation's way, stdout pointed at /dev/null so that the interpreter's
+        # last flush cannot fail too; 141 is what a shell reports for SIGPIPE.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+
+
+def _run(command: str, rest: list[str]) -> int:
+    """Run ``command`` with its arguments ``rest``."""
+    if command == "demo":
         from .client.demo import main as demo  # the main job: a parameter server and workers
 
-        return demo(ns.rest)
-    if ns.command == "ps":
+        return demo(rest)
+    if command == "ps":
         from .server.daemon import main as ps
 
-        return ps(ns.rest, prog="tensorwire ps")
-    if ns.command == "worker":
+        return ps(rest, prog="tensorwire ps")
+    if command == "worker":
         from .client.worker import main as worker
 
-        return worker(ns.rest, prog="tensorwire worker")
-    if ns.command == "ray-job":
+        return worker(rest, prog="tensorwire worker")
+    if command == "ray-job":
         from .ray import main as ray_job
 
-        return ray_job(ns.rest)
-    if ns.command == "top":
+        return ray_job(rest)
+    if command == "top":
         from .top import main as top
 
-        return top(ns.rest)
-    if ns.command == "keys":
-        return _keys(ns.rest)
-    if ns.command == "ping":
-        return _ping(ns.rest)
-    if ns.command == "bench":
+        return top(rest)
+    if command == "keys":
+        return _keys(rest)
+    if command == "ping":
+        return _ping(rest)
+    if command == "bench":
         from .bench.cli import main as bench
 
-        return bench(ns.rest)
-    return _info()
+        return bench(rest)
+    return _info(rest)
 
 
 if __name__ == "__main__":

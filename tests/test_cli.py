@@ -409,6 +409,38 @@ def test_a_bad_value_names_the_variable_it_came_from() -> None:
     )
 
 
+def test_info_has_help_and_refuses_an_argument() -> None:
+    """`tensorwire info --help` printed the report, and an argument given by mistake was
+    ignored."""
+    out = run("-m", "tensorwire.cli", "info", "--help")
+    assert out.returncode == 0 and out.stdout.startswith("usage: tensorwire info"), out.stdout
+    out = run("-m", "tensorwire.cli", "info", "--gpu")
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1] == (
+        "tensorwire info: error: unrecognized arguments: --gpu"
+    )
+
+
+def test_output_into_a_closed_pipe_ends_without_a_traceback() -> None:
+    """`tensorwire info | head -1`: a reader that closes early ended the command in a
+    BrokenPipeError traceback. Here the reader is gone before the command writes a byte."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        out = subprocess.run(
+            [PY, "-m", "tensorwire.cli", "info"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert out.returncode == 141, out.stderr
+    assert "Traceback" not in out.stderr and "Exception ignored" not in out.stderr, out.stderr
+
+
 def test_daemon_help_names_each_setting_s_variable_and_the_toml_table() -> None:
     for module, table in (
         ("tensorwire.server.daemon", "[ps]"),
