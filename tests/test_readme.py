@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 def test_readme_library_example_runs(tmp_path: Path) -> None:
     text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
@@ -37,3 +39,75 @@ def test_documents_link_only_to_files_that_exist() -> None:
             assert path.exists(), f"{doc.name} links to a missing file: {target}"
             checked += 1
     assert checked >= 10
+
+
+#: flags the documents give to tools that are not ours (pip, docker, kubectl, ray, perf)
+OUTSIDE_FLAGS = {
+    "--no-deps",
+    "--build",
+    "--build-arg",
+    "--cap-add",
+    "--ulimit",
+    "--ipc",
+    "--from-literal",
+    "--head",
+    "--per-thread",
+}
+
+
+def _our_flags(monkeypatch: pytest.MonkeyPatch) -> set[str]:
+    """Every option of every command and benchmark tool, read from their own --help."""
+    import contextlib
+    import importlib
+    import io
+    import re
+
+    commands: list[tuple[str, list[str]]] = [
+        ("tensorwire.cli", [c, "--help"])
+        for c in ("demo", "ps", "worker", "ray-job", "top", "ping", "keys", "info", "bench")
+    ]
+    commands += [("tensorwire.cli", ["bench", c, "--help"]) for c in ("run", "serve", "ps")]
+    commands += [("tensorwire.cli", ["bench", c, "--help"]) for c in ("soak", "chaos")]
+    commands += [
+        (f"tensorwire.{m}", ["--help"])
+        for m in ("demo", "bench.cycle", "bench.notifier_kills", "bench.copy_threads")
+    ]
+    commands += [
+        (f"tensorwire.{m}", ["--help"])
+        for m in ("bench.metrics_cost", "bench.depths", "bench.polling", "bench.ray_launch")
+    ]
+    flags: set[str] = set()
+    for module, argv in commands:
+        main = importlib.import_module(module).main
+        out = io.StringIO()
+        monkeypatch.setattr(sys, "argv", [module, *argv])  # (a main that reads sys.argv)
+        with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as done:
+            main(argv) if main.__code__.co_argcount else main()
+        assert done.value.code == 0, (module, argv)
+        found = set(re.findall(r"--[a-z0-9][a-z0-9-]*", out.getvalue()))
+        assert found, (module, argv)
+        flags |= found
+    return flags
+
+
+def test_every_flag_the_documents_name_is_a_flag_of_ours(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A flag renamed or removed stays in the pages users copy commands from; each `--flag`
+    written in code in the documents is an option of one of the project's commands (or of
+    an outside tool, listed)."""
+    import re
+
+    root = Path(__file__).resolve().parent.parent
+    ours = _our_flags(monkeypatch)
+    assert {"--step-timeout", "--async-lr", "--wire-dtype", "--curve"} <= ours
+    docs = [root / n for n in ("README.md", "BENCHMARKS.md", "RELIABILITY.md")]
+    docs += sorted((root / "docs").glob("*.md"))
+    unknown: dict[str, set[str]] = {}
+    named = 0
+    for doc in docs:
+        for code in re.findall(r"`([^`]*)`", doc.read_text()):
+            for flag in re.findall(r"(?<![\w-])--[a-z0-9][a-z0-9-]*", code):
+                named += 1
+                if flag not in ours and flag not in OUTSIDE_FLAGS:
+                    unknown.setdefault(flag, set()).add(doc.name)
+    assert named > 100
+    assert not unknown, f"flags in the documents that no command of ours has: {unknown}"
