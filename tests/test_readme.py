@@ -1,4 +1,5 @@
-"""The project's documents: the README's library example runs as printed, and links resolve."""
+"""The project's documents: the README's library example runs as printed, links resolve, and
+every flag they and the code name exists."""
 
 from __future__ import annotations
 
@@ -55,6 +56,10 @@ OUTSIDE_FLAGS = {
 }
 
 
+#: flags of ours that no --help shows: how one of our processes runs another
+INTERNAL_FLAGS = {"--ucx-json"}
+
+
 def _our_flags(monkeypatch: pytest.MonkeyPatch) -> set[str]:
     """Every option of every command and benchmark tool, read from their own --help."""
     import contextlib
@@ -91,9 +96,10 @@ def _our_flags(monkeypatch: pytest.MonkeyPatch) -> set[str]:
 
 
 def test_every_flag_the_documents_name_is_a_flag_of_ours(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A flag renamed or removed stays in the pages users copy commands from; each `--flag`
-    written in code in the documents is an option of one of the project's commands (or of
-    an outside tool, listed)."""
+    """A flag renamed or removed stays in the pages users copy commands from, and in the
+    errors that tell them what to pass; each `--flag` written in code in the documents, and
+    each in the code, is an option of one of the project's commands (or of an outside tool,
+    listed)."""
     import re
 
     root = Path(__file__).resolve().parent.parent
@@ -109,5 +115,12 @@ def test_every_flag_the_documents_name_is_a_flag_of_ours(monkeypatch: pytest.Mon
                 named += 1
                 if flag not in ours and flag not in OUTSIDE_FLAGS:
                     unknown.setdefault(flag, set()).add(doc.name)
-    assert named > 100
+    # and the messages, help and comments of the code: what an error tells a user to pass
+    for package in ("tensorwire", "client", "server", "bench"):
+        for path in (root / package).rglob("*.py"):
+            for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*[a-z0-9]", path.read_text()):
+                named += 1
+                if flag not in ours and flag not in OUTSIDE_FLAGS | INTERNAL_FLAGS:
+                    unknown.setdefault(flag, set()).add(str(path.relative_to(root)))
+    assert named > 500
     assert not unknown, f"flags in the documents that no command of ours has: {unknown}"
