@@ -116,11 +116,17 @@ def test_every_flag_the_documents_name_is_a_flag_of_ours(monkeypatch: pytest.Mon
                 if flag not in ours and flag not in OUTSIDE_FLAGS:
                     unknown.setdefault(flag, set()).add(doc.name)
     # and the messages, help and comments of the code: what an error tells a user to pass
-    for package in ("tensorwire", "client", "server", "bench"):
-        for path in (root / package).rglob("*.py"):
-            for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*[a-z0-9]", path.read_text()):
-                named += 1
-                if flag not in ours and flag not in OUTSIDE_FLAGS | INTERNAL_FLAGS:
-                    unknown.setdefault(flag, set()).add(str(path.relative_to(root)))
+    code = [
+        path
+        for package in ("tensorwire", "client", "server", "bench")
+        for path in (root / package).rglob("*.py")
+    ]
+    # and the commands the deployments run
+    code += [*(root / "docker").glob("*.yaml"), *(root / "deploy").rglob("*.yaml")]
+    for path in code:
+        for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*[a-z0-9]", path.read_text()):
+            named += 1
+            if flag not in ours and flag not in OUTSIDE_FLAGS | INTERNAL_FLAGS:
+                unknown.setdefault(flag, set()).add(str(path.relative_to(root)))
     assert named > 500
     assert not unknown, f"flags in the documents that no command of ours has: {unknown}"
