@@ -29,6 +29,7 @@ import importlib.util
 import json
 import os
 import random
+import shlex
 import shutil
 import signal
 import subprocess
@@ -141,6 +142,14 @@ def add_parser(sub: Any) -> None:
         help="encrypt the job's control plane with a CURVE key pair made for the run "
         "(--curve-keys on every daemon)",
     )
+    for daemon in ("ps", "worker"):
+        p.add_argument(
+            f"--{daemon}-args",
+            default="",
+            metavar="FLAGS",
+            help=f"more flags for every tensorwire-{daemon}, after the run's own (they win), "
+            f'e.g. --{daemon}-args="--no-shm" (default none)',
+        )
     for flag, choices, why in PASSED_ON:
         p.add_argument(
             flag, default=choices[0], choices=choices, help=f"{why} (default {choices[0]})"
@@ -191,6 +200,7 @@ class _Job:
                     *("--checkpoint-every", str(args.checkpoint_every)),
                     *("--metrics", str(tmp / f"ps{s}.json")),
                     *("--wire-dtype", args.wire_dtype, "--optimizer", args.optimizer),
+                    *args.extra["ps"],
                     shard=s,
                     shards=args.servers,
                     workers=args.workers,
@@ -206,6 +216,7 @@ class _Job:
                     *common,
                     *("--log-level", "INFO", "--metrics", str(tmp / f"w{r}.json")),
                     *("--framework", args.framework, "--model", args.model),
+                    *args.extra["worker"],
                     rank=r,
                     workers=args.workers,
                 ),
@@ -371,6 +382,29 @@ def _metric(path: Path, key: str) -> float | None:
         return None
 
 
+def _daemon_flags(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, daemon: str
+) -> list[str]:
+    """The flags of ``--ps-args`` or ``--worker-args``, checked against the daemon's own parser
+    now: a flag it does not have would otherwise fail each daemon as the run starts it."""
+    text = getattr(args, f"{daemon}_args")
+    try:
+        flags = shlex.split(text)
+    except ValueError as exc:
+        parser.error(f"--{daemon}-args {text!r}: {exc}")
+    if daemon == "ps":
+        from tensorwire.server.daemon import build_parser
+    else:
+        from tensorwire.client.worker import build_parser
+    own = build_parser(f"tensorwire-{daemon}")
+    # its errors in one line of ours, not after the daemon's whole usage
+    own.error = lambda message: parser.error(f"--{daemon}-args: {message}")
+    _, unknown = own.parse_known_args(flags)
+    if unknown:
+        parser.error(f"--{daemon}-args: tensorwire-{daemon} has no {' '.join(unknown)}")
+    return flags
+
+
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
     events = [e.strip() for e in args.events.split(",") if e.strip()]
     bad = [e for e in events if e not in EVENTS]
@@ -380,6 +414,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
         )
     if args.transport not in tw.TRANSPORT_NAMES or args.transport == "auto":
         parser.error(f"--transport {args.transport}: from {', '.join(tw.TRANSPORT_NAMES[1:])}")
+    args.extra = {daemon: _daemon_flags(parser, args, daemon) for daemon in ("ps", "worker")}
     if args.curve and not tw_curve.available():
         parser.error("--curve: this libzmq has no CURVE support")
     if args.framework == "torch" and importlib.util.find_spec("torch") is None:
@@ -397,6 +432,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
             **{k: getattr(args, k) for k in ("duration", "step_timeout", "checkpoint_every")},
             **{k: getattr(args, k) for k in ("wire_dtype", "optimizer", "framework", "model")},
             "curve": args.curve,
+            "ps_args": args.extra["ps"],
+            "worker_args": args.extra["worker"],
             "events": events,
             "seed": seed,
         },

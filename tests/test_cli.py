@@ -292,6 +292,8 @@ def test_bad_arguments_are_one_clear_line(args: list[str]) -> None:
         (["bench", "chaos", "--min-accuracy", "2"], "--min-accuracy"),
         (["bench", "chaos", "--wire-dtype", "int8"], "--wire-dtype"),
         (["bench", "chaos", "--optimizer", "lbfgs"], "--optimizer"),
+        (["bench", "chaos", "--worker-args=--no-such-flag"], "--worker-args"),
+        (["bench", "chaos", "--ps-args=--sync maybe"], "--ps-args"),
         (["bench", "soak", "--duration", "nan"], "--duration"),
         (["bench", "ps", "--batch", "0"], "--batch"),
         (["ray-job", "--cpus-per-worker", "nan"], "--cpus-per-worker"),
