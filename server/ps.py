@@ -924,9 +924,13 @@ class ParameterServer:
             with contextlib.suppress(tw.TensorWireError):
                 self.tx.remove_peer(w.address)
 
-    def _collect(self, w: _Worker) -> tuple[dict[str, Any], list[str]] | None:
+    def _collect(self, w: _Worker, heard: float) -> tuple[dict[str, Any], list[str]] | None:
         """All of ``w``'s gradient chunks and its meta for this step, held (not yet released);
-        None for a worker on probation that has sent none yet.
+        None for a worker on probation that has sent none yet. ``w`` is lost once nothing came
+        for --step-timeout since ``heard``: when this step's wait began or a worker's
+        gradients last landed. Before, each worker had its own --step-timeout from when the
+        server began to wait for it: K workers silent at once (waiting for a frozen server)
+        were dropped one a step timeout after another, and the job stalled K times as long.
 
         A rejoined worker is on probation until its first gradients land: with several
         shards, each admits it at the end of its own step, and two shards may be a step apart
@@ -941,7 +945,7 @@ class ParameterServer:
             # gradients that will not come, not after REJOIN_CHECK_EVERY each (with several
             # workers rejoining, those waits added up past the other servers' step timeouts)
             raise _WorkerLost("it joined again", tell=False)
-        deadline = time.monotonic() + self.cfg.step_timeout
+        deadline = heard + self.cfg.step_timeout
         while True:
             left = deadline - time.monotonic()
             wait = 0.0 if w.probation else max(min(left, REJOIN_CHECK_EVERY), 0.0)
@@ -1041,12 +1045,13 @@ class ParameterServer:
             losses: list[float] = []
             accuracy: float | None = None
             contributors = 0
+            heard = time.monotonic()  # the last time a worker's gradients landed (see _collect)
             for w in self.workers:
                 if not w.alive:
                     continue
                 waited = time.monotonic()
                 try:
-                    collected = self._collect(w)
+                    collected = self._collect(w, heard)
                 except _WorkerLost as exc:
                     self._lose(w, str(exc), tell=exc.tell)
                     continue
@@ -1063,6 +1068,7 @@ class ParameterServer:
                     self.stats.gradient_wait[w.rank] += time.monotonic() - waited
                 if collected is None:
                     continue  # rejoined, on probation: nothing of it yet
+                heard = time.monotonic()
                 got, held = collected
                 meta = got[meta_name(w.rank)]
                 if int(meta[0]) != self.step:
