@@ -62,6 +62,13 @@ log = logging.getLogger("tensorwire.worker")
 #: that dies after it wrote to us is seen at once (its claims end with it); one that dies before
 #: its first write to us (while the job forms, or before the first step) is seen only this way.
 PROBE_EVERY = 2.0
+#: Seconds a wait for the parameters goes on before it looks at the servers' notices (and at a
+#: stop asked): a server that went on without us is heard within this, not at the next ping.
+#: Read every PROBE_EVERY before, the notice of a server that dropped us while we waited for
+#: another (frozen) was read 2 s late, and each worker's late join again made the other
+#: servers drop the next one: a chaos run (shm, bsp, 3 x 3) took 6.4 s to train on after a
+#: server frozen 2 s, its workers joining again one after another, 2 s apart.
+NOTICE_LOOK = 0.1
 #: Seconds a server has to answer that ping before it counts as lost
 PROBE_TIMEOUT = 5.0
 #: Seconds a probe (are we still counted on?) may wait for a free slot: the server reads them at
@@ -663,20 +670,39 @@ class PSClient:
             ) from None
 
     def _wait_all(self, names: list[str], deadline: float | None) -> dict[str, Any]:
-        """``rx.wait_all(names)`` by ``deadline``, pinging every server after each
-        :data:`PROBE_EVERY` s of waiting: PeerLostError for one that does not answer."""
+        """``rx.wait_all(names)`` by ``deadline``, looking at the servers' notices (and at a
+        stop asked) every :data:`NOTICE_LOOK` s of waiting, and pinging every server after
+        each :data:`PROBE_EVERY` s: PeerLostError for one that does not answer."""
         rx = self.rx
         assert rx is not None
+        notices = [dropped_name(s) for s in range(len(self.servers))]
+        began = time.monotonic()
         while True:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= PROBE_EVERY:
-                return rx.wait_all(names, timeout=max(left, 0.0))  # the last stretch
-            try:
-                return rx.wait_all(names, timeout=PROBE_EVERY)
-            except tw.WireTimeoutError:
-                pass
-            self._check_stop("for the parameter servers' parameters")
-            self._read_notices()
+            ping_at = time.monotonic() + PROBE_EVERY
+            while True:
+                now = time.monotonic()
+                if deadline is not None and deadline <= now:
+                    try:
+                        return rx.wait_all(names, timeout=0)  # the last look
+                    except tw.WireTimeoutError:
+                        missing = [n for n in names if not rx.pending(n)]
+                        raise tw.WireTimeoutError(
+                            f"the servers' parameters did not all land within "
+                            f"{now - began:.3g} s of waiting: nothing yet in {len(missing)} "
+                            f"of {len(names)} tensors (first {missing[:1]})"
+                        ) from None
+                look = min(NOTICE_LOOK, max(ping_at - now, 0.0))
+                if deadline is not None:
+                    look = min(look, deadline - now)
+                try:
+                    return rx.wait_all(names, timeout=look)
+                except tw.WireTimeoutError:
+                    pass
+                self._check_stop("for the parameter servers' parameters")
+                if any(rx.pending(n) for n in notices):
+                    self._read_notices()
+                if time.monotonic() >= ping_at:
+                    break
             for addr in self.servers:
                 try:
                     self.tx.ping(addr, timeout=PROBE_TIMEOUT)

@@ -557,6 +557,51 @@ def _trains_on(j: Job, log: str = "ps0", checkpoints: int = 2) -> None:
     log_has(j.tmp / f"{log}.log", "checkpoint at step ", 120, seen + checkpoints)
 
 
+def _log_time(line: str) -> float:
+    """The seconds of the day of a daemon's log line (``2026-11-27 00:23:11,975 ...``)."""
+    clock = line.split()[1]
+    hours, minutes, seconds = clock.replace(",", ".").split(":")
+    return int(hours) * 3600 + int(minutes) * 60 + float(seconds)
+
+
+def test_a_worker_waiting_for_a_frozen_server_hears_at_once_that_another_dropped_it(
+    job: Any, tmp_path: Path
+) -> None:
+    """bsp, two servers: ps1 frozen past the step timeout; the workers wait for its parameters
+    and send ps0 nothing, so ps0 drops them and says so. Each worker read that notice only at
+    its next ping of the servers (every 2 s): in a chaos run (shm, bsp, 3 x 3) each read it 2 s
+    late, joined again late, and was dropped by the next server meanwhile; the job trained on
+    6.4 s after a 2 s freeze. The notices are now looked at every 0.1 s of a wait."""
+    every = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "200"]
+    j = job(
+        ps=["--steps", ENDLESS, "--step-timeout", "1", *every, "--log-level", "INFO"],
+        servers=2,
+        worker=["--log-level", "INFO"],
+    )
+    _wait_for(j, "checkpoint at step ", 1, servers=2)
+    freeze(j.ps[1].pid)
+    try:
+        _wait_for(j, "worker 1 lost", 1)
+        _wait_for(j, "worker 0 lost", 1)
+        log_has(j.tmp / "w0.log", "went on without this worker", 10)
+        log_has(j.tmp / "w1.log", "went on without this worker", 10)
+    finally:
+        j.ps[1].send_signal(signal.SIGCONT)
+    for rank in (0, 1):
+        lost = next(ln for ln in j.log("ps0").splitlines() if f"worker {rank} lost" in ln)
+        heard = next(
+            ln for ln in j.log(f"w{rank}").splitlines() if "went on without this worker" in ln
+        )
+        # before: 0-2 s, 2 s where the ping fell just before the notice (each of the chaos run)
+        assert _log_time(heard) - _log_time(lost) < 0.6, (lost, heard)
+    _wait_for(j, "worker 0 rejoined", 1, servers=2)
+    _trains_on(j)
+    for p in j.ps:
+        p.send_signal(signal.SIGTERM)
+    codes = j.wait(120)
+    assert codes == [0] * 4, j.log("ps0") + j.log("w0")
+
+
 @pytest.mark.parametrize("servers", [1, 2])
 def test_bsp_survives_a_killed_worker_and_takes_it_back(
     job: Any, tmp_path: Path, servers: int
