@@ -50,16 +50,25 @@ from .report import SCHEMA
 
 EVENTS = ("kill-worker", "freeze-worker", "stop-worker", "kill-server", "freeze-server")
 DEFAULT_EVENTS = "kill-worker,freeze-worker,stop-worker,kill-server,freeze-server"
-#: the daemons' flags a run may set, each with its choices (the first is the default) and what
-#: it changes: the 16-bit wires, optimizer state that a restarted server takes back from its
-#: checkpoint, and workers training a PyTorch module
-PASSED_ON: tuple[tuple[str, tuple[str, ...], str], ...] = (
-    ("--wire-dtype", ("float32", "bfloat16", "float16"), "the servers' --wire-dtype"),
-    ("--optimizer", ("sgd", "momentum", "adam"), "the servers' --optimizer"),
+#: the daemons' flags a run may set: each flag, the daemon it goes to, its choices (None: any
+#: value) with the default first, and what it is. They vary what the faults meet: the 16-bit
+#: wires, optimizer state that a restarted server takes back from its checkpoint, workers
+#: training a PyTorch module, models of 200 tensors or 25.6 MB.
+PASSED_ON: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
+    ("--wire-dtype", "ps", ("float32", "bfloat16", "float16"), "the servers' --wire-dtype"),
+    ("--optimizer", "ps", ("sgd", "momentum", "adam"), "the servers' --optimizer"),
     (
         "--framework",
+        "worker",
         ("numpy", "torch"),
         "the workers' --framework (torch: the digits model as a PyTorch module)",
+    ),
+    (
+        "--model",
+        "worker",
+        ("digits",),  # or any other --model: large and many train on synthetic data
+        "the workers' --model (large and many learn nothing of their synthetic data: set "
+        "--min-accuracy 0 for them)",
     ),
 )
 #: steps no run reaches: the run ends the job with SIGTERM
@@ -131,12 +140,6 @@ def add_parser(sub: Any) -> None:
         help="rank 0's test accuracy at the end (default 0.9)",
     )
     p.add_argument(
-        "--model",
-        default="digits",
-        help="the workers' --model (default digits; large and many train on synthetic data: "
-        "set --min-accuracy for them)",
-    )
-    p.add_argument(
         "--curve",
         action="store_true",
         help="encrypt the job's control plane with a CURVE key pair made for the run "
@@ -150,9 +153,12 @@ def add_parser(sub: Any) -> None:
             help=f"more flags for every tensorwire-{daemon}, after the run's own (they win), "
             f'e.g. --{daemon}-args="--no-shm" (default none)',
         )
-    for flag, choices, why in PASSED_ON:
+    for flag, _, choices, why in PASSED_ON:
         p.add_argument(
-            flag, default=choices[0], choices=choices, help=f"{why} (default {choices[0]})"
+            flag,
+            default=choices[0],
+            choices=choices if len(choices) > 1 else None,
+            help=f"{why} (default {choices[0]})",
         )
     p.add_argument("--seed", type=int, default=None, help="the faults' random seed")
     p.add_argument(
@@ -199,7 +205,6 @@ class _Job:
                     *("--checkpoint-dir", str(tmp / f"ckpt{s}")),
                     *("--checkpoint-every", str(args.checkpoint_every)),
                     *("--metrics", str(tmp / f"ps{s}.json")),
-                    *("--wire-dtype", args.wire_dtype, "--optimizer", args.optimizer),
                     *args.extra["ps"],
                     shard=s,
                     shards=args.servers,
@@ -215,7 +220,6 @@ class _Job:
                     addresses,
                     *common,
                     *("--log-level", "INFO", "--metrics", str(tmp / f"w{r}.json")),
-                    *("--framework", args.framework, "--model", args.model),
                     *args.extra["worker"],
                     rank=r,
                     workers=args.workers,
@@ -382,6 +386,24 @@ def _metric(path: Path, key: str) -> float | None:
         return None
 
 
+def _key(flag: str) -> str:
+    """The name argparse gives ``flag``'s value: ``--wire-dtype`` -> ``wire_dtype``."""
+    return flag[2:].replace("-", "_")
+
+
+def _value(args: argparse.Namespace, flag: str) -> str:
+    return str(getattr(args, _key(flag)))
+
+
+def _passed_on(args: argparse.Namespace, daemon: str) -> list[str]:
+    """The flags of PASSED_ON that go to ``daemon``, with this run's values."""
+    flags: list[str] = []
+    for flag, to, _, _ in PASSED_ON:
+        if to == daemon:
+            flags += [flag, _value(args, flag)]
+    return flags
+
+
 def _daemon_flags(
     parser: argparse.ArgumentParser, args: argparse.Namespace, daemon: str
 ) -> list[str]:
@@ -414,7 +436,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
         )
     if args.transport not in tw.TRANSPORT_NAMES or args.transport == "auto":
         parser.error(f"--transport {args.transport}: from {', '.join(tw.TRANSPORT_NAMES[1:])}")
-    args.extra = {daemon: _daemon_flags(parser, args, daemon) for daemon in ("ps", "worker")}
+    # each daemon's flags: what PASSED_ON sets, then --ps-args or --worker-args (they win)
+    given = {daemon: _daemon_flags(parser, args, daemon) for daemon in ("ps", "worker")}
+    args.extra = {daemon: [*_passed_on(args, daemon), *given[daemon]] for daemon in given}
     if args.curve and not tw_curve.available():
         parser.error("--curve: this libzmq has no CURVE support")
     if args.framework == "torch" and importlib.util.find_spec("torch") is None:
@@ -430,10 +454,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
         "config": {
             **{k: getattr(args, k) for k in ("transport", "servers", "workers", "sync")},
             **{k: getattr(args, k) for k in ("duration", "step_timeout", "checkpoint_every")},
-            **{k: getattr(args, k) for k in ("wire_dtype", "optimizer", "framework", "model")},
+            **{_key(flag): _value(args, flag) for flag, _, _, _ in PASSED_ON},
             "curve": args.curve,
-            "ps_args": args.extra["ps"],
-            "worker_args": args.extra["worker"],
+            **{f"{daemon}_args": flags for daemon, flags in given.items()},
             "events": events,
             "seed": seed,
         },
@@ -499,13 +522,12 @@ def render(result: dict[str, Any]) -> str:
     lines = [
         f"chaos over {c['transport']}: {c['servers']} servers, {c['workers']} workers, "
         f"{c['sync']}, seed {c['seed']}"
-        + ("" if c.get("model", "digits") == "digits" else f", --model {c['model']}")
-        + (", CURVE" if c.get("curve") else "")
         + "".join(
-            f", {flag} {c[key]}"
-            for flag, choices, _ in PASSED_ON
-            if c.get(key := flag[2:].replace("-", "_"), choices[0]) != choices[0]
-        ),
+            f", {flag} {c[_key(flag)]}"
+            for flag, _, choices, _ in PASSED_ON
+            if c.get(_key(flag), choices[0]) != choices[0]
+        )
+        + (", CURVE" if c.get("curve") else ""),
         f"{'at s':>8} {'trained on after s':>19}  fault",
     ]
     for e in result["events"]:
