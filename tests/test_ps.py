@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -350,11 +351,25 @@ def test_sigterm_finishes_the_step_checkpoints_and_exits_zero(
 def _replace_with_a_file(directory: Path) -> None:
     """Put a file where the checkpoint ``directory`` is. Moved aside first, at once: removed
     in place, it could gain the file of a checkpoint being written meanwhile, and the removal
-    then failed ("Directory not empty": seen once in `make test`)."""
-    aside = directory.with_name(directory.name + "-gone")
-    directory.rename(aside)
-    directory.write_text("not a directory")
-    shutil.rmtree(aside)
+    then failed ("Directory not empty": seen once in `make test`). The server makes the
+    directory again where it is missing, at its next checkpoint, which can come between the
+    move and the file (IsADirectoryError, once in a fresh clone's `.ci/run`): the file is made
+    beside it and renamed into its place, and a directory made meanwhile is moved aside too."""
+    made = directory.with_name(directory.name + "-file")
+    made.write_text("not a directory")
+    for attempt in range(50):  # each a few system calls; the server makes it at most once a step
+        aside = directory.with_name(f"{directory.name}-gone{attempt}")
+        with contextlib.suppress(FileNotFoundError):
+            directory.rename(aside)
+        try:
+            made.rename(directory)  # fails where a directory was made again meanwhile
+            break
+        except IsADirectoryError:
+            continue
+    else:
+        raise AssertionError(f"{directory} was made again 50 times in a row")
+    for gone in directory.parent.glob(f"{directory.name}-gone*"):
+        shutil.rmtree(gone)
 
 
 def test_a_checkpoint_that_cannot_be_written_is_an_error_and_training_goes_on(
