@@ -675,7 +675,6 @@ class PSClient:
         each :data:`PROBE_EVERY` s: PeerLostError for one that does not answer."""
         rx = self.rx
         assert rx is not None
-        notices = [dropped_name(s) for s in range(len(self.servers))]
         began = time.monotonic()
         while True:
             ping_at = time.monotonic() + PROBE_EVERY
@@ -699,8 +698,7 @@ class PSClient:
                 except tw.WireTimeoutError:
                     pass
                 self._check_stop("for the parameter servers' parameters")
-                if any(rx.pending(n) for n in notices):
-                    self._read_notices()
+                self._read_notices()  # (a look at each server's notices: nothing when none)
                 if time.monotonic() >= ping_at:
                     break
             for addr in self.servers:
