@@ -188,6 +188,13 @@ def load() -> ModuleType:
     )
 
 
+def is_remote_disconnect(exc: BaseException) -> bool:
+    """Did NIXL raise ``exc`` because the remote agent is gone (``NIXL_ERR_REMOTE_DISCONNECT``)?
+    Told by its type's name, which every NIXL build gives its bindings' exception, so that the
+    bindings need not be imported here."""
+    return type(exc).__name__ == "nixlRemoteDisconnectError"
+
+
 def available() -> bool:
     try:
         load()

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -106,6 +107,7 @@ def test_ucx_over_tcp_byte_exact() -> None:
 
 _NOTIFY_LANE = """
 import sys
+import time
 import numpy as np
 import tensorwire as tw
 opts = tw.NixlOptions(env=dict(a.split("=", 1) for a in sys.argv[1:]))
@@ -503,3 +505,41 @@ def test_an_explicit_tls_list_gets_a_cuda_transport_on_a_gpu_host() -> None:
     for kept in ("rc,cuda_copy", "tcp,cuda_ipc", "^ud", "all"):
         assert with_cuda_transport(kept) == kept
     assert "UCX_TLS" not in NixlOptions().environment(True, gpus=True)  # UCX's own choice
+
+
+@pytest.mark.nixl
+def test_credits_to_a_killed_sender_leave_one_error_line_not_one_per_release(
+    children: Children, tmp_path: Any, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A sender SIGKILLed with the receiver's ring full of its messages: the consumer then
+    takes and releases each one, and each release's credit goes to an agent that is gone.
+    NIXL logs every failed notification on stderr (``genNotif ... NIXL_ERR_REMOTE_DISCONNECT``,
+    17 lines for a ring of 16 before); the receiver stops notifying an agent once NIXL said it
+    is disconnected, so an operator's log says it once."""
+    from .peers import write_numbered
+
+    depth = 16
+    with tw.Receiver(nixl=True) as rx:
+        rx.register("t", (64,), "int64", ring=depth)
+        count = tmp_path / "acked"
+        count.write_bytes(bytes(8))
+        proc = children.start(write_numbered, rx.address, "nixl", "t", 0, str(count), 60.0)
+        deadline = time.monotonic() + 30
+        while int(np.fromfile(count, np.int64)[0]) < depth:  # the ring is full (bounded)
+            assert time.monotonic() < deadline and proc.is_alive(), "the sender never filled it"
+            time.sleep(0.01)
+        time.sleep(0.2)  # it waits for a credit now
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(10)
+        capfd.readouterr()
+        taken = 0
+        with contextlib.suppress(tw.PeerLostError):
+            for _ in range(depth + 1):  # its messages, then the loss (bounded)
+                view = rx.wait("t", timeout=10)
+                assert int(view[0]) == taken
+                taken += 1
+                rx.release("t")
+        time.sleep(0.5)  # the credits' sends (the polling thread's too)
+        failures = [ln for ln in capfd.readouterr().err.splitlines() if "genNotif" in ln]
+    assert taken == depth
+    assert len(failures) <= 1, failures

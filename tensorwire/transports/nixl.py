@@ -56,7 +56,13 @@ from ..layout import OFF_SCRATCH, SCRATCH_SIZE
 from ..memory import CUDA, HOST, Memory, RegionInfo
 from ..process import host_identity
 from ..quietlog import QuietLog
-from ..rdma import NixlOptions, create_agent, is_loopback_host, shared_memory_notifications
+from ..rdma import (
+    NixlOptions,
+    create_agent,
+    is_loopback_host,
+    is_remote_disconnect,
+    shared_memory_notifications,
+)
 from ..ring import SlotChooser
 from .base import (
     CONSUMER_DRIVES,
@@ -979,6 +985,7 @@ class NixlDataServer(DataServer):
         self._regions: list[tuple[int, int]] = []
         self._registrations: list[Any] = []
         self._peers: dict[str, NixlPeer] = {}
+        self._disconnected: set[str] = set()  # agents NIXL said are gone (notify skips them)
         self._closed = False
         self._polling = threading.Lock()  # held by whichever thread is completing notifications
         self._driven_at = 0.0  # when a consumer last polled (monotonic); 0: none polls
@@ -1056,16 +1063,23 @@ class NixlDataServer(DataServer):
             for peer in gone:
                 del self._peers[peer.agent]
         for peer in gone:
+            self._disconnected.discard(peer.agent)
             with contextlib.suppress(Exception):
                 self._agent.remove_remote_agent(peer.agent)
 
     def notify(self, agent: str, message: bytes) -> None:
-        if self._closed:
+        if self._closed or agent in self._disconnected:
             return
         try:
             self._agent.send_notif(agent, message)
         except Exception as exc:  # the sender is gone: its heartbeat or pidfd will say so
             log.debug("nixl notification to %s failed: %s", agent, exc)
+            if is_remote_disconnect(exc):
+                # NIXL logs each failed notification on stderr: a consumer releasing a ring
+                # of a sender killed wrote one line per credit (17 for a ring of 16). Nothing
+                # reaches that agent again (its endpoint is gone); a credit lost meanwhile to
+                # anything else is made good by the next, which carries the count released.
+                self._disconnected.add(agent)
 
     # -- polling: the server's thread, or a consumer waiting for a message -----------------
 
