@@ -5,6 +5,12 @@ Several sender processes (over every chosen transport) write continuously into o
 sender's messages arrive exactly once and in order (none lost, none duplicated, none torn: every
 element of a message carries the same counter), and that its own resident memory, open file
 descriptors and shared-memory segments stay flat after a warm-up. Exit status 1 on any violation.
+
+With ``--kill-every``, senders are SIGKILLed at random moments mid-stream and a new process takes
+each one's tensor over: its messages never come before a killed one's, the killed one's never
+after its successor's, none is torn, and where a write returns only once the message is the
+receiver's (:data:`WRITE_IS_DELIVERY`) every message a killed sender's writes returned for
+arrives. The receiver's resources stay flat through the kills.
 """
 
 from __future__ import annotations
@@ -12,7 +18,10 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import random
+import signal
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -23,6 +32,18 @@ from tensorwire.job.files import output_file
 
 from .common import machine_facts, parse_size
 from .report import SCHEMA
+
+#: Transports whose write returns only once the message is the receiver's (completed in its
+#: ring, or acknowledged by it): every message a killed sender wrote must still arrive. Over
+#: the others a write returns once the bytes are handed on (a socket's buffer, a queued RDMA
+#: write), and what a sender killed just after handed on may be lost with it.
+WRITE_IS_DELIVERY = frozenset({"shm", "grpc"})
+
+#: A message's counter: the sender's incarnation in the high 32 bits, its sequence below.
+SEQ_BITS = 32
+
+#: Seconds at the end of the run in which no sender is killed, so that the last ones finish.
+KILL_QUIET = 3.0
 
 
 def add_parser(sub: Any) -> None:
@@ -49,15 +70,46 @@ def add_parser(sub: Any) -> None:
         "report's memory line shows whether the receiver grew with the sessions that came and "
         "went",
     )
+    p.add_argument(
+        "--kill-every",
+        type=positive_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="SIGKILL a sender chosen at random every SECONDS on average (exponential gaps; "
+        f"none in the last {KILL_QUIET:g} s) and start a new process that takes its tensor "
+        "over; the report says what each killed one wrote and what arrived (default: none)",
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the kills' moments and choices (default 0)"
+    )
+    p.add_argument(
+        "--heartbeat-timeout",
+        type=positive_seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="the receiver's heartbeat timeout: how long a killed sender's tensor may stay "
+        "claimed where its death is seen only by its silence (default 30)",
+    )
     p.add_argument("--json", metavar="PATH", type=output_file, help="write the results as JSON")
 
 
 def _sender(
-    address: str, transport: str, name: str, duration: float, every: int, conn: Any
+    address: str,
+    transport: str,
+    name: str,
+    duration: float,
+    every: int,
+    conn: Any,
+    incarnation: int,
+    acked: Any,
+    slot: int,
 ) -> None:
     """Write numbered messages for ``duration`` s, in sessions of ``every`` messages each (0:
-    one session); send back (messages, sessions)."""
+    one session), each counter ``incarnation << SEQ_BITS | seq``; store how many writes have
+    returned in ``acked[slot]`` after each (shared memory: the count survives a SIGKILL); send
+    back (messages, sessions)."""
     sent = sessions = 0
+    base = incarnation << SEQ_BITS
     end = time.monotonic() + duration
     while time.monotonic() < end:
         with tw.Sender.connect(address, transport=transport, timeout=60) as tx:
@@ -65,9 +117,10 @@ def _sender(
             arr = np.empty(tx.spec(name).static_shape, dtype=np.int64)
             stop = sent + every if every else None
             while time.monotonic() < end and sent != stop:
-                arr.fill(sent)
+                arr.fill(base | sent)
                 tx.write(name, arr)
                 sent += 1
+                acked[slot] = sent
     conn.send((sent, sessions))
 
 
@@ -86,6 +139,28 @@ def _segments() -> int:
     return sum(1 for n in os.listdir("/dev/shm") if n.startswith(mine))
 
 
+@dataclass
+class _Stream:
+    """One tensor, its transport, and the sender processes that wrote it in turn."""
+
+    name: str
+    transport: str
+    slot: int  # its index in the shared counts of returned writes
+    proc: Any = None
+    conn: Any = None
+    incarnation: int = 0  # of the process writing now
+    seen: int = 0  # the latest incarnation a message of which arrived
+    received: dict[int, int] = field(default_factory=dict)  # incarnation -> messages arrived
+    killed: list[dict[str, Any]] = field(default_factory=list)
+    sent: int | None = None  # the last process's report: messages written
+    sessions: int | None = None
+    losses: int = 0  # the receiver's notices of a lost writer
+
+    @property
+    def done(self) -> bool:
+        return self.sent is not None and self.received.get(self.incarnation, 0) >= self.sent
+
+
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
     transports = [t.strip() for t in args.transports.split(",") if t.strip()]
     bad = [t for t in transports if t not in tw.TRANSPORT_NAMES or t == "auto"]
@@ -94,59 +169,113 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
     ctx = mp.get_context("spawn")
     elements = max(2, args.size // 8)
     seg0 = _segments()
-    expect: dict[str, int] = {}
-    sessions: dict[str, int] = {}
+    rng = random.Random(args.seed)
+    kill_every: float | None = args.kill_every
+    acked = ctx.RawArray("q", args.senders)
     result: dict[str, Any] = {"schema": SCHEMA, "kind": "soak", "machine": machine_facts()}
-    with tw.Receiver() as rx:
-        names = [f"s{k}" for k in range(args.senders)]
-        for name in names:
-            rx.register(name, (elements,), "int64")
-        procs = []
-        for k, name in enumerate(names):
+    with tw.Receiver(heartbeat_timeout=args.heartbeat_timeout) as rx:
+        streams = [
+            _Stream(f"s{k}", transports[k % len(transports)], k) for k in range(args.senders)
+        ]
+        by_name = {s.name: s for s in streams}
+        start = time.monotonic()
+        end = start + args.duration
+
+        def launch(s: _Stream) -> None:
+            acked[s.slot] = 0
             here, there = ctx.Pipe()
-            t = transports[k % len(transports)]
-            p = ctx.Process(
+            s.proc = ctx.Process(
                 target=_sender,
-                args=(rx.address, t, name, args.duration, args.reconnect_every, there),
+                args=(
+                    rx.address,
+                    s.transport,
+                    s.name,
+                    max(end - time.monotonic(), 0.1),
+                    args.reconnect_every,
+                    there,
+                    s.incarnation,
+                    acked,
+                    s.slot,
+                ),
             )
-            p.start()
-            procs.append((name, t, p, here))
-        nxt = dict.fromkeys(names, 0)
+            s.proc.start()
+            there.close()
+            s.conn = here
+
+        for s in streams:
+            rx.register(s.name, (elements,), "int64")
+            launch(s)
         problems: list[str] = []
         received = 0
-        start = time.monotonic()
         warm_rss: int | None = None
         warm_fds = 0
-        deadline = start + args.duration + 60
-        alive = set(names)
-        while alive and time.monotonic() < deadline:
+        deadline = end + 60
+        next_kill = start + rng.expovariate(1 / kill_every) if kill_every else None
+        while not all(s.done for s in streams) and time.monotonic() < deadline:
             try:
-                name, view = rx.wait_any(timeout=0.5)
+                name, view = rx.wait_any(timeout=0.2)
             except tw.WireTimeoutError:
                 view = None
+            except tw.PeerLostError as exc:  # said once per lost writer; its successor goes on
+                lost = by_name.get(exc.tensor or "")
+                if lost is not None:
+                    lost.losses += 1
+                view = None
             if view is not None:
-                k = int(view[0])
-                if k != nxt[name]:
-                    problems.append(f"{name}: expected message {nxt[name]}, got {k}")
-                elif view.min() != k or view.max() != k:
-                    problems.append(f"{name}: message {k} is torn")
-                nxt[name] = k + 1
+                s = by_name[name]
+                value = int(view[0])
+                inc, seq = value >> SEQ_BITS, value & ((1 << SEQ_BITS) - 1)
+                got = s.received.get(inc, 0)
+                if inc < s.seen:
+                    problems.append(
+                        f"{name}: a message of sender {inc} after one of its successor {s.seen}"
+                    )
+                elif seq != got:
+                    problems.append(f"{name}: sender {inc}: expected message {got}, got {seq}")
+                elif view.min() != value or view.max() != value:
+                    problems.append(f"{name}: sender {inc}: message {seq} is torn")
+                if got == 0 and inc > 0 and s.killed and s.killed[-1]["incarnation"] == inc - 1:
+                    s.killed[-1]["takeover_s"] = time.monotonic() - s.killed[-1]["at"]
+                s.seen = max(s.seen, inc)
+                s.received[inc] = got + 1
                 received += 1
                 rx.release(name)
-            if warm_rss is None and time.monotonic() - start > min(5.0, args.duration / 5):
+            now = time.monotonic()
+            if warm_rss is None and now - start > min(5.0, args.duration / 5):
                 warm_rss, warm_fds = _rss(), _fds()  # every sender connected by now
-            for name, _, _, conn in procs:
-                if name in alive and name not in expect and conn.poll():
-                    expect[name], sessions[name] = conn.recv()
-                if name in expect and nxt[name] >= expect[name]:
-                    alive.discard(name)
-        for name, _, p, conn in procs:
-            p.join(30)
-            conn.close()
-            if name not in expect:
-                problems.append(f"{name}: the sender did not finish (exit code {p.exitcode})")
-            elif nxt[name] != expect[name]:
-                problems.append(f"{name}: sent {expect[name]}, received {nxt[name]}")
+            for s in streams:
+                if s.sent is None and s.conn.poll():
+                    s.sent, s.sessions = s.conn.recv()
+            if next_kill is not None and kill_every and now >= next_kill:
+                next_kill = now + rng.expovariate(1 / kill_every)
+                if now < end - KILL_QUIET:
+                    _kill_one(rng, streams, acked, launch)
+        for s in streams:
+            for old in s.killed:
+                del old["at"]
+                old["received"] = s.received.get(old["incarnation"], 0)
+                wrote, got = old["acked"], old["received"]
+                # the write in flight at the kill may have landed: one more than returned
+                if got > wrote + 1:
+                    problems.append(
+                        f"{s.name}: killed sender {old['incarnation']} wrote {wrote}, "
+                        f"{got} arrived"
+                    )
+                elif s.transport in WRITE_IS_DELIVERY and got < wrote:
+                    problems.append(
+                        f"{s.name}: killed sender {old['incarnation']}'s writes returned for "
+                        f"{wrote} messages over {s.transport}, {got} arrived"
+                    )
+            s.proc.join(30)
+            s.conn.close()
+            last = s.received.get(s.incarnation, 0)
+            if s.sent is None:
+                problems.append(
+                    f"{s.name}: sender {s.incarnation} did not finish (exit code "
+                    f"{s.proc.exitcode})"
+                )
+            elif last != s.sent:
+                problems.append(f"{s.name}: sent {s.sent}, received {last}")
         end_rss = _rss()
         time.sleep(0.5)  # the senders' connections wind down
         end_fds = _fds()
@@ -155,15 +284,19 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
                 "duration_s": time.monotonic() - start,
                 "senders": [
                     {
-                        "name": n,
-                        "transport": t,
-                        "sent": expect.get(n),
-                        "received": nxt[n],
-                        "sessions": sessions.get(n),
+                        "name": s.name,
+                        "transport": s.transport,
+                        "sent": s.sent,
+                        "received": s.received.get(s.incarnation, 0),
+                        "sessions": s.sessions,
+                        "killed": s.killed,
+                        "losses_told": s.losses,
                     }
-                    for n, t, _, _ in procs
+                    for s in streams
                 ],
                 "reconnect_every": args.reconnect_every,
+                "kill_every": kill_every,
+                "seed": args.seed,
                 "messages": received,
                 "rss_after_warmup": warm_rss,
                 "rss_end": end_rss,
@@ -182,13 +315,46 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
     return result
 
 
+def _kill_one(rng: random.Random, streams: list[_Stream], acked: Any, launch: Any) -> None:
+    """SIGKILL the sender of a stream chosen at random, mid-stream (one that has written), and
+    start its successor."""
+    writing = [s for s in streams if s.sent is None and acked[s.slot] > 0 and s.proc.is_alive()]
+    if not writing:
+        return
+    s = rng.choice(writing)
+    os.kill(s.proc.pid, signal.SIGKILL)
+    s.proc.join(10)
+    s.conn.close()
+    # takeover_s: from the kill to its successor's first message, set when that arrives
+    s.killed.append(
+        {"incarnation": s.incarnation, "acked": int(acked[s.slot]), "at": time.monotonic()}
+    )
+    s.incarnation += 1
+    launch(s)
+
+
 def render(result: dict[str, Any]) -> str:
-    lines = [f"{'sender':>8} {'transport':>11} {'sent':>10} {'received':>10} {'sessions':>9}"]
+    lines = [
+        f"{'sender':>8} {'transport':>11} {'sent':>10} {'received':>10} {'sessions':>9} "
+        f"{'killed':>7}"
+    ]
     for s in result["senders"]:
         lines.append(
             f"{s['name']:>8} {s['transport']:>11} {s['sent']!s:>10} {s['received']:>10} "
-            f"{s.get('sessions')!s:>9}"
+            f"{s.get('sessions')!s:>9} {len(s.get('killed', [])):>7}"
         )
+    kills = [k for s in result["senders"] for k in s.get("killed", [])]
+    if kills:
+        lines.append(
+            f"{len(kills)} senders killed mid-stream: {sum(k['acked'] for k in kills)} of their "
+            f"writes returned, {sum(k['received'] for k in kills)} of their messages arrived"
+        )
+        takeovers = sorted(k["takeover_s"] for k in kills if "takeover_s" in k)
+        if takeovers:
+            lines.append(
+                f"a successor's first message {takeovers[len(takeovers) // 2]:.2f} s after the "
+                f"kill (median), {takeovers[-1]:.2f} s at most"
+            )
     lines.append(
         f"{result['messages']} messages in {result['duration_s']:.1f} s; resident memory "
         f"{result['rss_growth_bytes'] / 2**20:+.2f} MiB after warm-up; descriptors "
