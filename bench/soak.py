@@ -107,20 +107,24 @@ def _sender(
     """Write numbered messages for ``duration`` s, in sessions of ``every`` messages each (0:
     one session), each counter ``incarnation << SEQ_BITS | seq``; store how many writes have
     returned in ``acked[slot]`` after each (shared memory: the count survives a SIGKILL); send
-    back (messages, sessions)."""
+    back (messages, sessions), or the error that ended it."""
     sent = sessions = 0
     base = incarnation << SEQ_BITS
     end = time.monotonic() + duration
-    while time.monotonic() < end:
-        with tw.Sender.connect(address, transport=transport, timeout=60) as tx:
-            sessions += 1
-            arr = np.empty(tx.spec(name).static_shape, dtype=np.int64)
-            stop = sent + every if every else None
-            while time.monotonic() < end and sent != stop:
-                arr.fill(base | sent)
-                tx.write(name, arr)
-                sent += 1
-                acked[slot] = sent
+    try:
+        while time.monotonic() < end:
+            with tw.Sender.connect(address, transport=transport, timeout=60) as tx:
+                sessions += 1
+                arr = np.empty(tx.spec(name).static_shape, dtype=np.int64)
+                stop = sent + every if every else None
+                while time.monotonic() < end and sent != stop:
+                    arr.fill(base | sent)
+                    tx.write(name, arr)
+                    sent += 1
+                    acked[slot] = sent
+    except tw.TensorWireError as exc:
+        conn.send(f"{type(exc).__name__} after {sent} messages: {exc}")
+        raise SystemExit(1) from None
     conn.send((sent, sessions))
 
 
@@ -154,11 +158,29 @@ class _Stream:
     killed: list[dict[str, Any]] = field(default_factory=list)
     sent: int | None = None  # the last process's report: messages written
     sessions: int | None = None
+    failed: str | None = None  # why the last process ended before its time, if it did
     losses: int = 0  # the receiver's notices of a lost writer
 
     @property
     def done(self) -> bool:
+        if self.failed is not None:
+            return True
         return self.sent is not None and self.received.get(self.incarnation, 0) >= self.sent
+
+    def hear(self) -> None:
+        """Take the last process's report, if it sent one (or the news that it ended
+        without: an error, or its death)."""
+        if self.sent is not None or self.failed is not None or not self.conn.poll():
+            return
+        try:
+            said = self.conn.recv()
+        except EOFError:
+            self.proc.join(10)
+            said = f"it exited (code {self.proc.exitcode}) without a word"
+        if isinstance(said, str):
+            self.failed = f"{self.name}: sender {self.incarnation} ({self.transport}): {said}"
+        else:
+            self.sent, self.sessions = said
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
@@ -244,8 +266,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
             if warm_rss is None and now - start > min(5.0, args.duration / 5):
                 warm_rss, warm_fds = _rss(), _fds()  # every sender connected by now
             for s in streams:
-                if s.sent is None and s.conn.poll():
-                    s.sent, s.sessions = s.conn.recv()
+                s.hear()
             if next_kill is not None and kill_every and now >= next_kill:
                 next_kill = now + rng.expovariate(1 / kill_every)
                 if now < end - KILL_QUIET:
@@ -269,7 +290,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
             s.proc.join(30)
             s.conn.close()
             last = s.received.get(s.incarnation, 0)
-            if s.sent is None:
+            if s.failed is not None:
+                problems.append(s.failed)
+            elif s.sent is None:
                 problems.append(
                     f"{s.name}: sender {s.incarnation} did not finish (exit code "
                     f"{s.proc.exitcode})"
@@ -318,7 +341,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
 def _kill_one(rng: random.Random, streams: list[_Stream], acked: Any, launch: Any) -> None:
     """SIGKILL the sender of a stream chosen at random, mid-stream (one that has written), and
     start its successor."""
-    writing = [s for s in streams if s.sent is None and acked[s.slot] > 0 and s.proc.is_alive()]
+    writing = [
+        s
+        for s in streams
+        if s.sent is None and s.failed is None and acked[s.slot] > 0 and s.proc.is_alive()
+    ]
     if not writing:
         return
     s = rng.choice(writing)
