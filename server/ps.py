@@ -158,6 +158,17 @@ class _WorkerLost(Exception):
         self.tell = tell
 
 
+@dataclass(frozen=True)
+class _Notice:
+    """How a notice to a worker went (ParameterServer._notify)."""
+
+    told: bool
+    #: not told, and it may be later: frozen (the write timed out), or an earlier session of
+    #: ours still held its tensor; it keeps its session for the notice it asks for
+    later: bool
+    why: str = ""  # the error, where not told
+
+
 @dataclass
 class PSConfig:
     bind: str = "tcp://127.0.0.1:5700"
@@ -748,7 +759,7 @@ class ParameterServer:
             if self._ending
             else (STATUS_DROPPED, DROP_NOTICE_TIMEOUT)
         )
-        if tell and not self._notify(w, *notice):
+        if tell and self._notify(w, *notice).later:
             # It may be frozen (over grpc a write needs it to answer): its session stays, for
             # the notice it gets when it runs again and asks (_answer_probes).
             w.untold = True
@@ -803,11 +814,14 @@ class ParameterServer:
             except tw.TensorWireError:
                 continue  # gone (its process exited), or unreachable
             left = max(deadline - time.monotonic(), OFFER_TIMEOUT)  # (the handshake took some)
-            w.stopped = self._notify(w, STATUS_STOP, min(left, STOP_NOTICE_TIMEOUT))
+            notice = self._notify(w, STATUS_STOP, min(left, STOP_NOTICE_TIMEOUT))
+            w.stopped = not notice.later
             log.info(
                 "worker %d, not taking part as we stop, %s",
                 w.rank,
-                "told that we stop" if w.stopped else "could not be told that we stop",
+                "told that we stop"
+                if notice.told
+                else f"could not be told that we stop ({notice.why})",
             )
             with contextlib.suppress(tw.TensorWireError):
                 self.tx.remove_peer(w.address, goodbye=False)
@@ -835,10 +849,11 @@ class ParameterServer:
         at our last look, _tell_those_left_out), within the stop notice's time, not the step's."""
         self._notify(w, STATUS_RUN, STOP_NOTICE_TIMEOUT if self._ending else self.cfg.step_timeout)
 
-    def _notify(self, w: _Worker, flags: int, timeout: float) -> bool:
-        """A status word with ``flags`` in ``w``'s ``dropped`` tensor, best effort: a worker
-        that is dead or older (no such tensor) is not told, and one that died is lost at our
-        next write anyway. False if the write timed out: the worker may be frozen."""
+    def _notify(self, w: _Worker, flags: int, timeout: float) -> _Notice:
+        """A status word with ``flags`` in ``w``'s ``dropped`` tensor, best effort. A worker
+        that is dead, or has no such tensor (an older one, or one of a first join: it registers
+        that tensor once it learns the job's plan), cannot be told, and one that died is lost
+        at our next write anyway. One whose write timed out may be frozen: told later."""
         try:
             self.tx.write(
                 dropped_name(self.cfg.shard),
@@ -846,14 +861,14 @@ class ParameterServer:
                 peer=w.address,
                 timeout=timeout,
             )
-        except tw.WireTimeoutError:
-            return False
+        except tw.WireTimeoutError as exc:
+            return _Notice(told=False, later=True, why=str(exc))
         except tw.RemoteProtocolError as exc:
-            if exc.code == "busy":  # an earlier session of ours still holds it (see _refused)
-                return False
-        except tw.TensorWireError:
-            pass
-        return True
+            # busy: an earlier session of ours still holds it (see _refused)
+            return _Notice(told=False, later=exc.code == "busy", why=str(exc))
+        except tw.TensorWireError as exc:
+            return _Notice(told=False, later=False, why=str(exc))
+        return _Notice(told=True, later=False)
 
     def _status_word(self, w: _Worker, flags: int) -> Any:
         """What a worker reads in its status and ``dropped`` tensors: [the step we expect of
@@ -913,13 +928,17 @@ class ParameterServer:
         self.rx.drain(probe_name(w.rank))
         if not w.untold or w.alive or w.joined or self.rx.pending(join_name(w.rank)):
             return
-        told = self._notify(w, STATUS_DROPPED, DROP_NOTICE_TIMEOUT)
+        notice = self._notify(w, STATUS_DROPPED, DROP_NOTICE_TIMEOUT)
         log.warning(
             "worker %d, which we went on without, still waits for us: %s",
             w.rank,
-            "told it again" if told else "telling it failed again",
+            "told it again"
+            if notice.told
+            else f"telling it failed again ({notice.why})"
+            if notice.later
+            else f"it cannot be told ({notice.why})",
         )
-        if told:
+        if not notice.later:
             w.untold = False
             with contextlib.suppress(tw.TensorWireError):
                 self.tx.remove_peer(w.address)

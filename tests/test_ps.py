@@ -914,6 +914,8 @@ def test_a_server_that_stops_tells_the_workers_it_went_on_without(
     time.sleep(0.5)  # (the drop notices read and forgotten: the workers wait for ps1 only)
     assert [w.poll() for w in j.workers] == [None, None], j.log("w0") + j.log("w1")
     _stop_ps0_and_see_both_workers_told(j)
+    for w in range(2):  # (the server's word of it says what came of its notice)
+        assert f"worker {w}, not taking part as we stop, told that we stop" in j.log("ps0")
 
 
 def test_a_worker_joining_a_frozen_server_again_heeds_its_sigterm(job: Any, tmp_path: Path) -> None:
