@@ -360,13 +360,17 @@ class PSClient:
                 deadline,
                 f"server {addr} has no slot for rank {self.rank}: it expects fewer workers",
             )
-            self._write_join(addr, message, deadline)
+            self._write_join(addr, join_name(self.rank), message, deadline, "our join")
 
-    def _write_join(self, addr: str, message: Array, deadline: float) -> None:
-        """Our join into server ``addr``'s ``join/<rank>``. Another session may still hold
-        that tensor: our previous process, dead on a host the server hears from only by
-        heartbeats (a worker restarted elsewhere), until the server drops it; or a second
-        worker given our rank by mistake. Tried again until ``deadline``, then said which."""
+    def _write_join(
+        self, addr: str, name: str, value: Array, deadline: float, what: str, **kw: Any
+    ) -> None:
+        """``what`` (our join, or a message of the join's: rank 0's initial values, that we
+        are ready) into server ``addr``'s tensor ``name``; ``kw`` for the write. Another
+        session may still hold that tensor: our previous process, dead on a host the server
+        hears from only by heartbeats (a worker restarted elsewhere), until the server drops
+        it; or a second worker given our rank by mistake. Tried again until ``deadline``, then
+        said which."""
         said = False
         while True:
             try:
@@ -376,14 +380,14 @@ class PSClient:
                 # server missed 3 heartbeats: 15.6 s measured)
                 left = max(deadline - time.monotonic(), 0.0)
                 try_for = max(min(JOIN_WRITE_TRY, left), 0.01)
-                self.tx.write(join_name(self.rank), message, peer=addr, timeout=try_for)
+                self.tx.write(name, value, peer=addr, timeout=try_for, **kw)
                 return
             except tw.WireTimeoutError as exc:
                 if time.monotonic() >= deadline:
                     raise PSClientError(
-                        f"parameter server {addr} did not take our join in time: {exc}"
+                        f"parameter server {addr} did not take {what} in time: {exc}"
                     ) from None
-                self._check_stop(f"for parameter server {addr} to take our join")
+                self._check_stop(f"for parameter server {addr} to take {what}")
                 continue
             except tw.RemoteProtocolError as exc:
                 if exc.code != "busy":
@@ -402,7 +406,7 @@ class PSClient:
                         self.rank,
                         exc,
                     )
-            self._check_stop(f"for parameter server {addr} to take our join")
+            self._check_stop(f"for parameter server {addr} to take {what}")
             time.sleep(min(0.5, max(deadline - time.monotonic(), 0.0)))
 
     def _await_tensor(self, addr: str, name: str, deadline: float, missing: str) -> None:
@@ -425,9 +429,10 @@ class PSClient:
 
     def _say_ready(self, deadline: float) -> None:
         """Our parameters are registered: rank 0 writes the initial values where a server asks
-        for them, then every server hears that we are ready (by ``deadline``, in tries with a
-        stop looked at after each, as our join: a server frozen since it took the join held a
-        stop asked meanwhile until it was seen lost)."""
+        for them, then every server hears that we are ready (by ``deadline``, each write in
+        tries with a stop looked at after each, as our join: a server frozen since it took the
+        join held a stop asked meanwhile until it was seen lost; the initial values waited for
+        the sender's whole timeout)."""
         for s, addr in enumerate(self.servers):
             published = self.tx.tensors(peer=addr)
             for c in self.chunks:
@@ -440,9 +445,22 @@ class PSClient:
                     )
                 value = np.asarray(self._init[c.param], dtype=np.float32)
                 rows = value[c.start : c.stop] if value.ndim else value
-                self.tx.write(init_name(c.cid), rows, peer=addr, allow_copy=True)
+                self._write_join(
+                    addr,
+                    init_name(c.cid),
+                    rows,
+                    max(deadline, time.monotonic() + 1.0),
+                    f"our initial values of {c.cid}",
+                    allow_copy=True,
+                )
             ready = np.frombuffer(encode_ready(), np.uint8)
-            self._write_join(addr, ready, max(deadline, time.monotonic() + 1.0))
+            self._write_join(
+                addr,
+                join_name(self.rank),
+                ready,
+                max(deadline, time.monotonic() + 1.0),
+                "that we are ready",
+            )
 
     def _await_registration(self, timeout: float) -> None:
         """Once every worker has joined, each server registers the tensors it plans: wait until
