@@ -11,11 +11,17 @@ each one's tensor over: its messages never come before a killed one's, the kille
 after its successor's, none is torn, and where a write returns only once the message is the
 receiver's (:data:`WRITE_IS_DELIVERY`) every message a killed sender's writes returned for
 arrives. The receiver's resources stay flat through the kills.
+
+With ``--freeze-every``, senders are SIGSTOPped instead, and their successors take over once the
+receiver has dropped them (its heartbeat timeout); each frozen one then runs again and must find
+itself fenced: its write in flight at the freeze may complete, its next raises
+:class:`~tensorwire.PeerLostError`, and none of its messages lands after its successor's.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing as mp
 import os
 import random
@@ -42,8 +48,18 @@ WRITE_IS_DELIVERY = frozenset({"shm", "grpc"})
 #: A message's counter: the sender's incarnation in the high 32 bits, its sequence below.
 SEQ_BITS = 32
 
-#: Seconds at the end of the run in which no sender is killed, so that the last ones finish.
+#: Seconds at the end of the run in which no sender is killed or frozen, so that the last ones
+#: finish (a frozen one is resumed before this begins).
 KILL_QUIET = 3.0
+#: A frozen sender stays stopped until its successor's first message arrived (the receiver
+#: dropped it at its heartbeat timeout, and the successor took the tensor over), and this many
+#: seconds more; or, if that does not come, for the heartbeat timeout and FREEZE_LIMIT more.
+FREEZE_PAST_TAKEOVER = 0.2
+FREEZE_LIMIT = 5.0
+#: Seconds past the heartbeat timeout a takeover takes, as planned for (0.1-1.1 s measured)
+FREEZE_TAKES = 2.0
+#: Seconds between a successor's claims of a tensor its frozen predecessor still holds
+CLAIM_RETRY = 0.05
 
 
 def add_parser(sub: Any) -> None:
@@ -80,6 +96,17 @@ def add_parser(sub: Any) -> None:
         "over; the report says what each killed one wrote and what arrived (default: none)",
     )
     p.add_argument(
+        "--freeze-every",
+        type=positive_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="SIGSTOP a sender chosen at random every SECONDS on average and start a new "
+        "process that takes its tensor over once the receiver drops the frozen one (its "
+        "--heartbeat-timeout); the frozen one runs again once its successor's first message "
+        "arrived, and must find itself fenced: no write of it lands after its successor's "
+        "(default: none)",
+    )
+    p.add_argument(
         "--seed", type=int, default=0, help="seed of the kills' moments and choices (default 0)"
     )
     p.add_argument(
@@ -101,13 +128,15 @@ def _sender(
     every: int,
     conn: Any,
     incarnation: int,
-    acked: Any,
+    counts: Any,
     slot: int,
 ) -> None:
     """Write numbered messages for ``duration`` s, in sessions of ``every`` messages each (0:
     one session), each counter ``incarnation << SEQ_BITS | seq``; store how many writes have
-    returned in ``acked[slot]`` after each (shared memory: the count survives a SIGKILL); send
-    back (messages, sessions), or the error that ended it."""
+    returned in ``counts[slot]`` after each (shared memory: the count survives a SIGKILL); send
+    back (messages, sessions), or the error that ended it. A tensor still written by the
+    sender this one succeeds (frozen: the receiver has not dropped it yet) is claimed again
+    until it is free, as a replacement of a hung process would."""
     sent = sessions = 0
     base = incarnation << SEQ_BITS
     end = time.monotonic() + duration
@@ -117,11 +146,19 @@ def _sender(
                 sessions += 1
                 arr = np.empty(tx.spec(name).static_shape, dtype=np.int64)
                 stop = sent + every if every else None
+                claimed = False
                 while time.monotonic() < end and sent != stop:
                     arr.fill(base | sent)
-                    tx.write(name, arr)
+                    try:
+                        tx.write(name, arr)
+                    except tw.RemoteProtocolError as exc:
+                        if exc.code != "busy" or claimed:
+                            raise
+                        time.sleep(CLAIM_RETRY)  # the session's first: not ours yet
+                        continue
+                    claimed = True
                     sent += 1
-                    acked[slot] = sent
+                    counts[slot] = sent
     except tw.TensorWireError as exc:
         conn.send(f"{type(exc).__name__} after {sent} messages: {exc}")
         raise SystemExit(1) from None
@@ -133,8 +170,15 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def _fds() -> dict[int, str]:
+    """Our open file descriptors, with what each is (a socket's, a pipe's inode, a path)."""
+    out = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            out[int(name)] = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:  # (the listing's own, closed since)
+            continue
+    return out
 
 
 def _segments() -> int:
@@ -144,33 +188,32 @@ def _segments() -> int:
 
 
 @dataclass
-class _Stream:
-    """One tensor, its transport, and the sender processes that wrote it in turn."""
+class _Process:
+    """One sender process of a stream: its incarnation, the count of its writes that
+    returned, and what it said at its end."""
 
-    name: str
-    transport: str
-    slot: int  # its index in the shared counts of returned writes
-    proc: Any = None
-    conn: Any = None
-    incarnation: int = 0  # of the process writing now
-    seen: int = 0  # the latest incarnation a message of which arrived
-    received: dict[int, int] = field(default_factory=dict)  # incarnation -> messages arrived
-    killed: list[dict[str, Any]] = field(default_factory=list)
-    sent: int | None = None  # the last process's report: messages written
+    incarnation: int
+    proc: Any
+    conn: Any
+    counts: Any  # shared int64s: ours, at ``slot``, counts the writes that returned
+    slot: int
+    sent: int | None = None  # its report at its end: messages written
     sessions: int | None = None
-    failed: str | None = None  # why the last process ended before its time, if it did
-    losses: int = 0  # the receiver's notices of a lost writer
+    failed: str | None = None  # the error that ended it, or how it died without a word
+    exitcode: int | None = None  # once closed
 
     @property
-    def done(self) -> bool:
-        if self.failed is not None:
-            return True
-        return self.sent is not None and self.received.get(self.incarnation, 0) >= self.sent
+    def ended(self) -> bool:
+        return self.sent is not None or self.failed is not None
+
+    @property
+    def acked(self) -> int:
+        """How many of its writes have returned."""
+        return int(self.counts[self.slot])
 
     def hear(self) -> None:
-        """Take the last process's report, if it sent one (or the news that it ended
-        without: an error, or its death)."""
-        if self.sent is not None or self.failed is not None or not self.conn.poll():
+        """Take its report, if it sent one (or the news that it ended without one)."""
+        if self.ended or not self.conn.poll():
             return
         try:
             said = self.conn.recv()
@@ -178,100 +221,173 @@ class _Stream:
             self.proc.join(10)
             said = f"it exited (code {self.proc.exitcode}) without a word"
         if isinstance(said, str):
-            self.failed = f"{self.name}: sender {self.incarnation} ({self.transport}): {said}"
+            self.failed = said
         else:
             self.sent, self.sessions = said
 
+    def close(self) -> None:
+        self.proc.join(30)
+        if self.proc.is_alive():  # (a problem the report names: it did not end in time)
+            self.proc.kill()
+            self.proc.join(10)
+        self.conn.close()
+        self.exitcode = self.proc.exitcode
+        with contextlib.suppress(ValueError):  # (one that would not die keeps its sentinel)
+            self.proc.close()  # its sentinel's descriptor, which the count would take for ours
 
-def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
-    transports = [t.strip() for t in args.transports.split(",") if t.strip()]
-    bad = [t for t in transports if t not in tw.TRANSPORT_NAMES or t == "auto"]
-    if bad or not transports:
-        parser.error(f"--transports: unknown {', '.join(bad) or '(none given)'}")
-    ctx = mp.get_context("spawn")
-    elements = max(2, args.size // 8)
-    seg0 = _segments()
-    rng = random.Random(args.seed)
-    kill_every: float | None = args.kill_every
-    acked = ctx.RawArray("q", args.senders)
-    result: dict[str, Any] = {"schema": SCHEMA, "kind": "soak", "machine": machine_facts()}
-    with tw.Receiver(heartbeat_timeout=args.heartbeat_timeout) as rx:
-        streams = [
-            _Stream(f"s{k}", transports[k % len(transports)], k) for k in range(args.senders)
+
+@dataclass
+class _Stream:
+    """One tensor, its transport, and the sender processes that wrote it in turn: the one
+    writing now, and those killed or frozen before it."""
+
+    name: str
+    transport: str
+    now: _Process | None = None
+    seen: int = 0  # the latest incarnation a message of which arrived
+    received: dict[int, int] = field(default_factory=dict)  # incarnation -> messages arrived
+    killed: list[dict[str, Any]] = field(default_factory=list)
+    frozen: list[tuple[_Process, dict[str, Any]]] = field(default_factory=list)
+    losses: int = 0  # the receiver's notices of a lost writer
+
+    @property
+    def done(self) -> bool:
+        p = self.now
+        assert p is not None
+        if p.failed is not None:
+            return True
+        return p.sent is not None and self.received.get(p.incarnation, 0) >= p.sent
+
+    def writing(self) -> bool:
+        """Is its sender writing (started, claimed, not ended)?"""
+        p = self.now
+        return p is not None and not p.ended and p.acked > 0 and p.proc.is_alive()
+
+
+class _Soak:
+    """The receiver's side of a run: the streams, their senders' lives, and the checks."""
+
+    def __init__(self, args: argparse.Namespace, rx: tw.Receiver, transports: list[str]):
+        self.args = args
+        self.rx = rx
+        self.ctx = mp.get_context("spawn")
+        self.rng = random.Random(args.seed)
+        self.streams = [
+            _Stream(f"s{k}", transports[k % len(transports)]) for k in range(args.senders)
         ]
-        by_name = {s.name: s for s in streams}
-        start = time.monotonic()
-        end = start + args.duration
-
-        def launch(s: _Stream) -> None:
-            acked[s.slot] = 0
-            here, there = ctx.Pipe()
-            s.proc = ctx.Process(
-                target=_sender,
-                args=(
-                    rx.address,
-                    s.transport,
-                    s.name,
-                    max(end - time.monotonic(), 0.1),
-                    args.reconnect_every,
-                    there,
-                    s.incarnation,
-                    acked,
-                    s.slot,
-                ),
-            )
-            s.proc.start()
-            there.close()
-            s.conn = here
-
-        for s in streams:
+        self.by_name = {s.name: s for s in self.streams}
+        self.problems: list[str] = []
+        self.received = 0
+        self.start = time.monotonic()
+        self.end = self.start + args.duration
+        self.freeze_for = args.heartbeat_timeout + FREEZE_LIMIT  # at most
+        # One count of returned writes per sender process, made at once (one made per process
+        # would hold a descriptor of multiprocessing's heap: a leak to the report's count).
+        # Room for twice the faults expected; none is made past it.
+        rate = sum(1 / every for every in (args.kill_every, args.freeze_every) if every)
+        self.counts = self.ctx.RawArray("q", args.senders + 2 * int(rate * args.duration) + 64)
+        self.slots_used = 0
+        elements = max(2, args.size // 8)
+        for s in self.streams:
             rx.register(s.name, (elements,), "int64")
-            launch(s)
-        problems: list[str] = []
-        received = 0
-        warm_rss: int | None = None
-        warm_fds = 0
-        deadline = end + 60
-        next_kill = start + rng.expovariate(1 / kill_every) if kill_every else None
-        while not all(s.done for s in streams) and time.monotonic() < deadline:
-            try:
-                name, view = rx.wait_any(timeout=0.2)
-            except tw.WireTimeoutError:
-                view = None
-            except tw.PeerLostError as exc:  # said once per lost writer; its successor goes on
-                lost = by_name.get(exc.tensor or "")
-                if lost is not None:
-                    lost.losses += 1
-                view = None
-            if view is not None:
-                s = by_name[name]
-                value = int(view[0])
-                inc, seq = value >> SEQ_BITS, value & ((1 << SEQ_BITS) - 1)
-                got = s.received.get(inc, 0)
-                if inc < s.seen:
-                    problems.append(
-                        f"{name}: a message of sender {inc} after one of its successor {s.seen}"
-                    )
-                elif seq != got:
-                    problems.append(f"{name}: sender {inc}: expected message {got}, got {seq}")
-                elif view.min() != value or view.max() != value:
-                    problems.append(f"{name}: sender {inc}: message {seq} is torn")
-                if got == 0 and inc > 0 and s.killed and s.killed[-1]["incarnation"] == inc - 1:
-                    s.killed[-1]["takeover_s"] = time.monotonic() - s.killed[-1]["at"]
-                s.seen = max(s.seen, inc)
-                s.received[inc] = got + 1
-                received += 1
-                rx.release(name)
-            now = time.monotonic()
-            if warm_rss is None and now - start > min(5.0, args.duration / 5):
-                warm_rss, warm_fds = _rss(), _fds()  # every sender connected by now
-            for s in streams:
-                s.hear()
-            if next_kill is not None and kill_every and now >= next_kill:
-                next_kill = now + rng.expovariate(1 / kill_every)
-                if now < end - KILL_QUIET:
-                    _kill_one(rng, streams, acked, launch)
-        for s in streams:
+            self.launch(s, 0)
+
+    def launch(self, s: _Stream, incarnation: int) -> None:
+        slot = self.slots_used
+        self.slots_used += 1
+        here, there = self.ctx.Pipe()
+        proc = self.ctx.Process(
+            target=_sender,
+            args=(
+                self.rx.address,
+                s.transport,
+                s.name,
+                max(self.end - time.monotonic(), 0.1),
+                self.args.reconnect_every,
+                there,
+                incarnation,
+                self.counts,
+                slot,
+            ),
+        )
+        proc.start()
+        there.close()
+        s.now = _Process(incarnation, proc, here, self.counts, slot)
+
+    def take(self, name: str, view: Any) -> None:
+        """Check one message against what came before it on its tensor."""
+        s = self.by_name[name]
+        value = int(view[0])
+        inc, seq = value >> SEQ_BITS, value & ((1 << SEQ_BITS) - 1)
+        got = s.received.get(inc, 0)
+        if inc < s.seen:
+            self.problems.append(
+                f"{name}: a message of sender {inc} after one of its successor {s.seen}"
+            )
+        elif seq != got:
+            self.problems.append(f"{name}: sender {inc}: expected message {got}, got {seq}")
+        elif view.min() != value or view.max() != value:
+            self.problems.append(f"{name}: sender {inc}: message {seq} is torn")
+        if got == 0 and inc > 0:  # a successor's first: how long after its predecessor's end
+            for record in (*s.killed, *(r for _, r in s.frozen)):
+                if record["incarnation"] == inc - 1:
+                    now = time.monotonic()
+                    record["takeover_s"] = now - record["at"]
+                    if "resume_at" in record:  # frozen: it runs again a moment after
+                        record["resume_at"] = min(record["resume_at"], now + FREEZE_PAST_TAKEOVER)
+        s.seen = max(s.seen, inc)
+        s.received[inc] = got + 1
+        self.received += 1
+
+    def pick(self) -> _Stream | None:
+        """A stream whose sender is writing now, at random (None where none is, or no count
+        is left for a successor)."""
+        if self.slots_used >= len(self.counts):
+            return None
+        writing = [s for s in self.streams if s.writing()]
+        return self.rng.choice(writing) if writing else None
+
+    def kill_one(self) -> None:
+        """SIGKILL a writing sender mid-stream and start its successor."""
+        s = self.pick()
+        if s is None or s.now is None:
+            return
+        p = s.now
+        os.kill(p.proc.pid, signal.SIGKILL)
+        p.close()
+        # takeover_s: from the kill to its successor's first message, set when that arrives
+        s.killed.append({"incarnation": p.incarnation, "acked": p.acked, "at": time.monotonic()})
+        self.launch(s, p.incarnation + 1)
+
+    def freeze_one(self) -> None:
+        """SIGSTOP a writing sender mid-stream and start its successor, which claims the
+        tensor once the receiver has dropped the frozen one (its heartbeat timeout); the
+        frozen one runs again once the successor's first message arrived (:meth:`thaw`)."""
+        s = self.pick()
+        if s is None or s.now is None:
+            return
+        p = s.now
+        os.kill(p.proc.pid, signal.SIGSTOP)
+        at = time.monotonic()
+        record = {"incarnation": p.incarnation, "acked_at_freeze": p.acked, "at": at}
+        record["resume_at"] = at + self.freeze_for
+        s.frozen.append((p, record))
+        self.launch(s, p.incarnation + 1)
+
+    def thaw(self, now: float, *, all_of_them: bool = False) -> None:
+        """Resume the frozen senders whose time has come, and hear from those resumed."""
+        for s in self.streams:
+            for p, record in s.frozen:
+                if "resumed_after_s" not in record and (all_of_them or now >= record["resume_at"]):
+                    os.kill(p.proc.pid, signal.SIGCONT)
+                    record["resumed_after_s"] = now - record["at"]
+                p.hear()
+
+    def account(self) -> None:
+        """What each killed and frozen sender wrote against what arrived of it, and each
+        last sender's report against what arrived."""
+        problems = self.problems
+        for s in self.streams:
             for old in s.killed:
                 del old["at"]
                 old["received"] = s.received.get(old["incarnation"], 0)
@@ -279,85 +395,162 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
                 # the write in flight at the kill may have landed: one more than returned
                 if got > wrote + 1:
                     problems.append(
-                        f"{s.name}: killed sender {old['incarnation']} wrote {wrote}, "
-                        f"{got} arrived"
+                        f"{s.name}: killed sender {old['incarnation']} wrote {wrote}, {got} arrived"
                     )
                 elif s.transport in WRITE_IS_DELIVERY and got < wrote:
                     problems.append(
                         f"{s.name}: killed sender {old['incarnation']}'s writes returned for "
                         f"{wrote} messages over {s.transport}, {got} arrived"
                     )
-            s.proc.join(30)
-            s.conn.close()
-            last = s.received.get(s.incarnation, 0)
-            if s.failed is not None:
-                problems.append(s.failed)
-            elif s.sent is None:
+            for frozen, old in s.frozen:
+                frozen.close()
+                self._account_frozen(s, frozen, old)
+            p = s.now
+            assert p is not None
+            p.close()
+            last = s.received.get(p.incarnation, 0)
+            if p.failed is not None:
+                problems.append(f"{s.name}: sender {p.incarnation} ({s.transport}): {p.failed}")
+            elif p.sent is None:
                 problems.append(
-                    f"{s.name}: sender {s.incarnation} did not finish (exit code "
-                    f"{s.proc.exitcode})"
+                    f"{s.name}: sender {p.incarnation} did not finish (exit code {p.exitcode})"
                 )
-            elif last != s.sent:
-                problems.append(f"{s.name}: sent {s.sent}, received {last}")
+            elif last != p.sent:
+                problems.append(f"{s.name}: sent {p.sent}, received {last}")
+
+    def _account_frozen(self, s: _Stream, p: _Process, old: dict[str, Any]) -> None:
+        """A frozen sender, dropped by the receiver while it was stopped and succeeded: once
+        it runs again, its write in flight at the freeze may complete, and the next must
+        fail (it is fenced); none of its messages may come after its successor's, nor more
+        than its writes returned for."""
+        inc = old["incarnation"]
+        del old["at"], old["resume_at"]
+        old["acked"] = wrote = p.acked
+        old["received"] = got = s.received.get(inc, 0)
+        old["ended"] = p.failed if p.failed is not None else "its time was up"
+        where = f"{s.name}: frozen sender {inc} ({s.transport})"
+        if "takeover_s" not in old or old["takeover_s"] > old.get("resumed_after_s", 0.0):
+            self.problems.append(
+                f"{where}: its successor's first message did not arrive within "
+                f"{self.freeze_for:g} s: the receiver did not drop it at its heartbeat timeout"
+            )
+            return
+        if got > wrote + 1:
+            self.problems.append(f"{where}: wrote {wrote}, {got} arrived")
+        elif s.transport in WRITE_IS_DELIVERY and got < wrote:
+            self.problems.append(f"{where}: writes returned for {wrote} messages, {got} arrived")
+        if wrote > old["acked_at_freeze"] + 1:
+            self.problems.append(
+                f"{where}: {wrote - old['acked_at_freeze']} writes returned after it was "
+                "dropped (the first of them may have been in flight at the freeze)"
+            )
+        if p.failed is not None and not p.failed.startswith("PeerLostError"):
+            self.problems.append(f"{where}: ended by {p.failed} (PeerLostError expected)")
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    transports = [t.strip() for t in args.transports.split(",") if t.strip()]
+    bad = [t for t in transports if t not in tw.TRANSPORT_NAMES or t == "auto"]
+    if bad or not transports:
+        parser.error(f"--transports: unknown {', '.join(bad) or '(none given)'}")
+    seg0 = _segments()
+    result: dict[str, Any] = {"schema": SCHEMA, "kind": "soak", "machine": machine_facts()}
+    with tw.Receiver(heartbeat_timeout=args.heartbeat_timeout) as rx:
+        soak = _Soak(args, rx, transports)
+        warm_rss: int | None = None
+        warm_fds: dict[int, str] = {}
+        deadline = soak.end + 60
+        acts = ((args.kill_every, soak.kill_one), (args.freeze_every, soak.freeze_one))
+        faults = [(every, act) for every, act in acts if every]
+        # No fault begins in the last KILL_QUIET s, nor a freeze that would not end before them
+        # (a takeover comes within the heartbeat timeout and a second or so, FREEZE_TAKES).
+        last = {soak.kill_one: soak.end - KILL_QUIET}
+        last[soak.freeze_one] = soak.end - KILL_QUIET - args.heartbeat_timeout - FREEZE_TAKES
+        due = [soak.start + soak.rng.expovariate(1 / every) for every, _ in faults]
+        while not all(s.done for s in soak.streams) and time.monotonic() < deadline:
+            try:
+                name, view = rx.wait_any(timeout=0.2)
+            except tw.WireTimeoutError:
+                view = None
+            except tw.PeerLostError as exc:  # said once per lost writer; its successor goes on
+                lost = soak.by_name.get(exc.tensor or "")
+                if lost is not None:
+                    lost.losses += 1
+                view = None
+            if view is not None:
+                soak.take(name, view)
+                rx.release(name)
+            now = time.monotonic()
+            if (
+                warm_rss is None
+                and now - soak.start > min(5.0, args.duration / 5)
+                and all(s.received for s in soak.streams)
+            ):
+                # every sender connected, and every server the receiver starts on demand
+                # (nixl's, with its descriptors) started
+                warm_rss, warm_fds = _rss(), _fds()
+            for s in soak.streams:
+                assert s.now is not None
+                s.now.hear()
+            soak.thaw(now)
+            for k, (every, act) in enumerate(faults):
+                if now >= due[k]:
+                    due[k] = now + soak.rng.expovariate(1 / every)
+                    if now < last[act]:
+                        act()
+        soak.thaw(time.monotonic(), all_of_them=True)  # (the run ran out of time)
+        soak.account()
         end_rss = _rss()
         time.sleep(0.5)  # the senders' connections wind down
         end_fds = _fds()
         result.update(
             {
-                "duration_s": time.monotonic() - start,
+                "duration_s": time.monotonic() - soak.start,
                 "senders": [
                     {
                         "name": s.name,
                         "transport": s.transport,
-                        "sent": s.sent,
-                        "received": s.received.get(s.incarnation, 0),
-                        "sessions": s.sessions,
+                        "sent": s.now.sent if s.now else None,
+                        "received": s.received.get(s.now.incarnation, 0) if s.now else 0,
+                        "sessions": s.now.sessions if s.now else None,
                         "killed": s.killed,
+                        "frozen": [record for _, record in s.frozen],
                         "losses_told": s.losses,
                     }
-                    for s in streams
+                    for s in soak.streams
                 ],
                 "reconnect_every": args.reconnect_every,
-                "kill_every": kill_every,
+                "kill_every": args.kill_every,
+                "freeze_every": args.freeze_every,
+                "heartbeat_timeout": args.heartbeat_timeout,
                 "seed": args.seed,
-                "messages": received,
+                "messages": soak.received,
                 "rss_after_warmup": warm_rss,
                 "rss_end": end_rss,
                 "rss_growth_bytes": end_rss - (warm_rss or end_rss),
             }
         )
         # Compared with the warm-up, when every sender was connected: the senders have gone since,
-        # so anything above that count would be a descriptor that outlived its use.
-        result["fd_growth"] = end_fds - (warm_fds if warm_rss is not None else end_fds)
+        # so anything above that count would be a descriptor that outlived its use. Fewer, as
+        # senders' sessions went, could hide a leak of each killed one's: a descriptor opened
+        # since the warm-up and open still (its number and what it is alike) is one of those.
+        base = warm_fds if warm_rss is not None else end_fds
+        result["fd_growth"] = len(end_fds) - len(base)
+        left = sorted(f"{fd}: {what}" for fd, what in end_fds.items() if base.get(fd) != what)
+        result["fds_left_open"] = left
     result["segment_growth"] = _segments() - seg0
+    problems = soak.problems
     if result["fd_growth"] > 0:
         problems.append(f"{result['fd_growth']} file descriptors leaked")
+    elif left:
+        problems.append(
+            f"{len(left)} file descriptors opened during the run are open still: "
+            f"{', '.join(left[:5])}"
+        )
     if result["segment_growth"]:
         problems.append(f"{result['segment_growth']} shared-memory segments leaked")
     result["problems"] = problems
     return result
-
-
-def _kill_one(rng: random.Random, streams: list[_Stream], acked: Any, launch: Any) -> None:
-    """SIGKILL the sender of a stream chosen at random, mid-stream (one that has written), and
-    start its successor."""
-    writing = [
-        s
-        for s in streams
-        if s.sent is None and s.failed is None and acked[s.slot] > 0 and s.proc.is_alive()
-    ]
-    if not writing:
-        return
-    s = rng.choice(writing)
-    os.kill(s.proc.pid, signal.SIGKILL)
-    s.proc.join(10)
-    s.conn.close()
-    # takeover_s: from the kill to its successor's first message, set when that arrives
-    s.killed.append(
-        {"incarnation": s.incarnation, "acked": int(acked[s.slot]), "at": time.monotonic()}
-    )
-    s.incarnation += 1
-    launch(s)
 
 
 def render(result: dict[str, Any]) -> str:
@@ -370,22 +563,27 @@ def render(result: dict[str, Any]) -> str:
             f"{s['name']:>8} {s['transport']:>11} {s['sent']!s:>10} {s['received']:>10} "
             f"{s.get('sessions')!s:>9} {len(s.get('killed', [])):>7}"
         )
-    kills = [k for s in result["senders"] for k in s.get("killed", [])]
-    if kills:
+    for what, key in (("killed", "killed"), ("frozen", "frozen")):
+        faults = [k for s in result["senders"] for k in s.get(key, [])]
+        if not faults:
+            continue
         lines.append(
-            f"{len(kills)} senders killed mid-stream: {sum(k['acked'] for k in kills)} of their "
-            f"writes returned, {sum(k['received'] for k in kills)} of their messages arrived"
+            f"{len(faults)} senders {what} mid-stream: {sum(k['acked'] for k in faults)} of "
+            f"their writes returned, {sum(k['received'] for k in faults)} of their messages "
+            "arrived"
         )
-        takeovers = sorted(k["takeover_s"] for k in kills if "takeover_s" in k)
+        takeovers = sorted(k["takeover_s"] for k in faults if "takeover_s" in k)
         if takeovers:
             lines.append(
-                f"a successor's first message {takeovers[len(takeovers) // 2]:.2f} s after the "
-                f"kill (median), {takeovers[-1]:.2f} s at most"
+                f"  a successor's first message {takeovers[len(takeovers) // 2]:.2f} s after "
+                f"the {'freeze' if key == 'frozen' else 'kill'} (median), "
+                f"{takeovers[-1]:.2f} s at most"
             )
     lines.append(
         f"{result['messages']} messages in {result['duration_s']:.1f} s; resident memory "
         f"{result['rss_growth_bytes'] / 2**20:+.2f} MiB after warm-up; descriptors "
-        f"{result['fd_growth']:+d}; segments {result['segment_growth']:+d}"
+        f"{result['fd_growth']:+d} ({len(result.get('fds_left_open', []))} opened since and "
+        f"open still); segments {result['segment_growth']:+d}"
     )
     lines.append(
         "OK: nothing lost, duplicated or torn"

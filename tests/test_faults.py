@@ -987,6 +987,7 @@ def test_soak_accounts_for_every_message(tmp_path: Path) -> None:
     for s in result["senders"]:
         assert s["sent"] == s["received"] > 0
     assert result["segment_growth"] == 0 and result["fd_growth"] <= 0
+    assert result["fds_left_open"] == []
     assert result["rss_growth_bytes"] < 64 << 20  # flat: a leak per message would be far more
 
 
@@ -1005,6 +1006,7 @@ def test_soak_with_senders_that_come_and_go(tmp_path: Path) -> None:
     for s in result["senders"]:
         assert s["sent"] == s["received"] > 50 and s["sessions"] > 1, s
     assert result["segment_growth"] == 0 and result["fd_growth"] <= 0
+    assert result["fds_left_open"] == []
     assert result["rss_growth_bytes"] < 64 << 20
 
 
@@ -1037,6 +1039,40 @@ def test_soak_with_senders_killed_mid_stream(tmp_path: Path) -> None:
             if s["transport"] in WRITE_IS_DELIVERY:
                 assert k["received"] >= k["acked"], (s["transport"], k)
     assert result["segment_growth"] == 0 and result["fd_growth"] <= 0
+    assert result["fds_left_open"] == []
+
+
+@pytest.mark.nixl
+def test_soak_with_senders_frozen_and_taken_over(tmp_path: Path) -> None:
+    """`tensorwire bench soak --freeze-every 1.5`: four senders (shm, tcp, grpc, nixl) are
+    SIGSTOPped at random moments for 12 s; a new process takes each one's tensor over once
+    the receiver drops it (its 2 s heartbeat timeout), and the frozen one then runs again.
+    Each frozen one is fenced: at most its write in flight at the freeze returns after it,
+    its next raises PeerLostError, none of its messages lands after its successor's, and
+    over shm and grpc every one its writes returned for arrived."""
+    from .jobs import bench_job
+
+    _, result = bench_job(
+        tmp_path,
+        "soak",
+        *("--duration", "12", "--freeze-every", "1.5", "--seed", "5", "--senders", "4"),
+        *("--transports", "shm,tcp,grpc,nixl", "--heartbeat-timeout", "2"),
+        timeout=240,
+    )
+    assert result["problems"] == []
+    frozen = [(s["transport"], f) for s in result["senders"] for f in s["frozen"]]
+    assert len(frozen) >= 2, result["senders"]
+    for transport, f in frozen:
+        assert f["takeover_s"] < f["resumed_after_s"], f  # it ran again after its successor
+        assert f["acked"] <= f["acked_at_freeze"] + 1, (transport, f)
+        assert f["ended"].startswith("PeerLostError"), (transport, f)
+        assert f["received"] <= f["acked"] + 1
+        if transport in WRITE_IS_DELIVERY:
+            assert f["received"] >= f["acked"], (transport, f)
+    for s in result["senders"]:
+        assert s["sent"] == s["received"] > 0, s
+    assert result["segment_growth"] == 0 and result["fd_growth"] <= 0
+    assert result["fds_left_open"] == []
 
 
 def test_curve_encrypted_control_plane(tmp_path: Path, transport: str) -> None:
