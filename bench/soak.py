@@ -107,7 +107,10 @@ def add_parser(sub: Any) -> None:
         "(default: none)",
     )
     p.add_argument(
-        "--seed", type=int, default=0, help="seed of the kills' moments and choices (default 0)"
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the kills' and freezes' moments and choices (default 0)",
     )
     p.add_argument(
         "--heartbeat-timeout",
@@ -115,7 +118,7 @@ def add_parser(sub: Any) -> None:
         default=30.0,
         metavar="SECONDS",
         help="the receiver's heartbeat timeout: how long a killed sender's tensor may stay "
-        "claimed where its death is seen only by its silence (default 30)",
+        "claimed where its death is seen only by its silence, and a frozen one's (default 30)",
     )
     p.add_argument("--json", metavar="PATH", type=output_file, help="write the results as JSON")
 
@@ -453,6 +456,18 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
     bad = [t for t in transports if t not in tw.TRANSPORT_NAMES or t == "auto"]
     if bad or not transports:
         parser.error(f"--transports: unknown {', '.join(bad) or '(none given)'}")
+    if args.kill_every and args.duration <= KILL_QUIET:
+        parser.error(
+            f"--kill-every: no sender is killed in the last {KILL_QUIET:g} s of the run; "
+            f"give a --duration over {KILL_QUIET:g} s"
+        )
+    room = KILL_QUIET + args.heartbeat_timeout + FREEZE_TAKES
+    if args.freeze_every and args.duration <= room:
+        parser.error(
+            f"--freeze-every: a frozen sender is taken over after the --heartbeat-timeout "
+            f"({args.heartbeat_timeout:g} s), and none is frozen in the last {room:g} s of the "
+            f"run; give a --duration over {room:g} s, or a shorter --heartbeat-timeout"
+        )
     seg0 = _segments()
     result: dict[str, Any] = {"schema": SCHEMA, "kind": "soak", "machine": machine_facts()}
     with tw.Receiver(heartbeat_timeout=args.heartbeat_timeout) as rx:

@@ -295,6 +295,10 @@ def test_bad_arguments_are_one_clear_line(args: list[str]) -> None:
         (["bench", "chaos", "--worker-args=--no-such-flag"], "--worker-args"),
         (["bench", "chaos", "--ps-args=--sync maybe"], "--ps-args"),
         (["bench", "soak", "--duration", "nan"], "--duration"),
+        # faults that could not begin within the run: refused, not a run without them
+        (["bench", "soak", "--kill-every", "1", "--duration", "2"], "--kill-every"),
+        (["bench", "soak", "--freeze-every", "1", "--duration", "30"], "--freeze-every"),
+        (["bench", "soak", "--freeze-every", "0"], "--freeze-every"),
         (["bench", "ps", "--batch", "0"], "--batch"),
         (["ray-job", "--cpus-per-worker", "nan"], "--cpus-per-worker"),
         (["ray-job", "--timeout", "-1"], "--timeout"),
