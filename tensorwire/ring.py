@@ -270,9 +270,9 @@ class RingMemory:
         self, slots: SlotChooser, seq: int, epoch: int, array: np.ndarray[Any, Any], bell: bool
     ) -> int:
         """Writer: message ``seq`` of a static host tensor, whole, in one call, where a credit
-        is there: choose its slot (``slots``, told of the write), announce the write
-        (:meth:`enter_write`), copy ``array`` (checked: the spec's dtype and shape), :meth:`publish`
-        it and leave (:meth:`leave_write`). Returns 1 when written; 0 when there is no credit for
+        is there: announce the write (:meth:`enter_write`), choose its slot (``slots``, told of
+        the write), copy ``array`` (checked: the spec's dtype and shape), :meth:`publish` it and
+        leave (:meth:`leave_write`). Returns 1 when written; 0 when there is no credit for
         ``seq`` (nothing done: wait for one and call again); -1 when claim ``epoch`` may no longer
         write (nothing written). The steps of the calls named inline: this is the per-message
         path of small ``shm`` messages, where each method call costs as much as the copy."""
@@ -280,16 +280,20 @@ class RingMemory:
         released = q[self._released]
         if seq - released > self.depth:
             return 0
-        # SlotChooser.choose() and wrote() inline where the slot written last is free again,
-        # as it is whenever the consumer keeps up (one-process timing: 0.09 us a message)
-        last = slots.last
-        slot = last if slots.seqs[last] <= released else slots.choose(released)
         writing = self._writing
         q[writing] = epoch
         if q[self._owner] != epoch:
             q[writing] = 0
             return -1
         try:
+            # The slot is chosen once the claim is known to hold: a writer dropped while it was
+            # stopped finds the ring's released count another writer's, which may free none of
+            # the slots it mirrors (a soak with frozen senders met SlotChooser's "no free slot"
+            # RuntimeError here, where the write was to raise PeerLostError). SlotChooser's
+            # choose() and wrote() inline where the slot written last is free again, as it is
+            # whenever the consumer keeps up (one-process timing: 0.09 us a message).
+            last = slots.last
+            slot = last if slots.seqs[last] <= released else slots.choose(released)
             # Into the slot's own array: numpy's assignment of an array of the same dtype and
             # shape is a plain copy, and it needs no byte view of the source, which costs more
             # to make than a 4 KiB copy (one-process timing: 0.28 us against 0.41 us through

@@ -101,3 +101,29 @@ def test_a_stopped_writer_resumed_after_takeover_is_fenced(
             os.kill(proc.pid, signal.SIGCONT)
         proc.join(30)
         assert proc.exitcode == 3, "the resumed sender did not stop with PeerLostError"
+
+
+def test_a_writer_whose_claim_was_revoked_gets_nothing_written_whatever_the_ring_holds() -> None:
+    """The shm fast path (`RingMemory.write_next`) of a writer dropped while it was stopped:
+    the ring now belongs to another claim, and its released count frees none of the slots the
+    old writer mirrors. The write stores nothing and says the claim is gone (-1: the sender
+    raises PeerLostError). Before, the slot was chosen before the claim was checked, and
+    SlotChooser raised "no free slot" (a RuntimeError out of `Sender.write`, seen in a soak
+    with frozen senders: `bench soak --freeze-every 1 --reconnect-every 40`)."""
+    from tensorwire.ring import SlotChooser
+
+    with tw.Receiver() as rx:
+        rx.register("t", (8,), "int64")
+        ring = rx._table.by_name["t"].ring  # the ring's words, as the sender maps them
+        depth = ring.depth
+        # What the old writer mirrors need not agree with the other claim's counts (the soak
+        # met a mirror none of whose slots the new count freed): here messages 2 .. depth + 1
+        stale = SlotChooser(list(range(2, depth + 2)))
+        ring.set_owner(7)  # another claim holds the ring now
+        ring._q[ring._released] = 1  # its count: a credit for the old writer's next message
+        before = ring.slot_seqs()
+        assert ring.write_next(stale, depth + 1, 6, np.full(8, 5, np.int64), True) == -1
+        assert ring.slot_seqs() == before and not ring.writer_inside()
+        fresh = SlotChooser(ring.slot_seqs())  # the owner's own, as its claim gave it
+        assert ring.write_next(fresh, 1, 7, np.full(8, 5, np.int64), True) == 1
+        assert int(rx.wait("t", timeout=5)[0]) == 5

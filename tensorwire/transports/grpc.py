@@ -161,10 +161,13 @@ def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -
 
 class _SessionLink:
     """The credit link of one gRPC session. Credits need no message: a queued write watches the
-    ring's released count itself. What is left is ending the session."""
+    ring's released count itself. What is left is ending the session, and with it the streamed
+    messages still arriving."""
 
     def __init__(self) -> None:
         self.closed = False
+        self._lock = threading.Lock()
+        self._streams: set[grpc.ServicerContext] = set()  # grpc-stream calls in flight
 
     def send_credit(self, tensor_id: int, released: int, defer: bool = False) -> None:
         pass  # a write waiting for this slot sees the ring's released word change
@@ -172,10 +175,32 @@ class _SessionLink:
     def send_credits(self, credits: list[tuple[int, int]], defer: bool = False) -> None:
         pass
 
-    def close(self) -> None:
-        self.closed = True
+    def enter(self, context: grpc.ServicerContext) -> bool:
+        """A streamed message of this session begins to arrive; False if the session ended."""
+        with self._lock:
+            if self.closed:
+                return False
+            self._streams.add(context)
+            return True
 
-    cut = close  # the servicer answers a cut session's next call with ABORTED (peer lost)
+    def leave(self, context: grpc.ServicerContext) -> None:
+        with self._lock:
+            self._streams.discard(context)
+
+    def close(self, but: grpc.ServicerContext | None = None) -> None:
+        """End the session: its next call is answered ABORTED (peer lost), and each streamed
+        message still arriving (but ``but``, the call that ends it) is cancelled. Its handler
+        waits for the stream's next chunk, which a sender stopped midway (frozen, its network
+        stalled) never sends: it held the write in flight, which fences the tensor, and a new
+        writer's claim was refused until the stalled sender ran again. A cancelled call's wait
+        raises at once, and the write is let go (never completed)."""
+        with self._lock:
+            self.closed = True
+            streams = [c for c in self._streams if c is not but]
+        for context in streams:
+            context.cancel()
+
+    cut = close
 
 
 def _deadline(context: grpc.ServicerContext) -> float | None:
@@ -239,7 +264,7 @@ class GrpcDataServer(pb_grpc.TensorServiceServicer, DataServer):
             entry = self._sessions.pop(bytes(token), None)
         sink = self._sink_ref()
         if entry is not None and sink is not None:
-            entry[1].close()
+            entry[1].close(but=context)  # (answered here, below)
             sink.disconnected(entry[0], f"protocol error: {exc}")
         quiet.warning("grpc writes refused", "refusing a grpc write: %s", exc)
         lost = isinstance(exc, PeerLostError)  # the receiver dropped the session: not a bad write
@@ -310,6 +335,24 @@ class GrpcDataServer(pb_grpc.TensorServiceServicer, DataServer):
             _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "stream must start with a header")
         token = first[: wire.TOKEN_BYTES]
         session, link = self._session(token, context)
+        if not link.enter(context):
+            _abort(context, grpc.StatusCode.ABORTED, "the receiver dropped this session")
+        try:
+            return self._take_stream(chunks, context, first, token, session, link)
+        finally:
+            link.leave(context)
+
+    def _take_stream(
+        self,
+        chunks: Iterator[bytes],
+        context: grpc.ServicerContext,
+        first: bytes,
+        token: bytes,
+        session: object,
+        link: _SessionLink,
+    ) -> bytes:
+        """One streamed message into its slot: the header in ``first``, the payload in the
+        chunks after it (a call the session's end cancels: see :meth:`_SessionLink.close`)."""
         sink = self._sink(context)
         try:
             reader = wire.HeaderReader()
