@@ -45,10 +45,13 @@ from .report import SCHEMA
 #: write), and what a sender killed just after handed on may be lost with it.
 WRITE_IS_DELIVERY = frozenset({"shm", "grpc"})
 
-#: Transports whose sender writes the receiver's memory itself: one frozen inside a write holds
-#: a new claim of the tensor off until that write ends or its process dies (docs/design.md,
-#: section 4, the claims' epochs), since the receiver cannot stop it storing into the slot.
+#: Transports whose sender writes the receiver's memory itself, so that the receiver holds a
+#: new claim of a tensor off while a dropped writer on its host could still store into it
+#: (docs/design.md, section 4, the claims' epochs): over shm while one frozen inside a write
+#: has not finished it; over nixl while a dropped writer's process runs (its RDMA write cannot
+#: be revoked). Such a hold, ended once the frozen sender ran again, is counted, not a problem.
 HELD_IN_A_WRITE = frozenset({"shm"})
+HELD_WHILE_IT_RUNS = frozenset({"nixl"})
 
 #: A message's counter: the sender's incarnation in the high 32 bits, its sequence below.
 SEQ_BITS = 32
@@ -454,11 +457,12 @@ class _Soak:
         old["ended"] = p.failed if p.failed is not None else "its time was up"
         where = f"{s.name}: frozen sender {inc} ({s.transport})"
         if "takeover_s" not in old or old["takeover_s"] > old.get("resumed_after_s", 0.0):
-            if s.transport in HELD_IN_A_WRITE and wrote == old["acked_at_freeze"] + 1:
-                # Stopped inside a write into the receiver's memory: a new claim waits until
-                # that write ends (its process runs again, or dies), as designed; it ended
-                # once resumed. Counted, not a problem.
-                old["held_in_a_write"] = True
+            if (s.transport in HELD_IN_A_WRITE and wrote == old["acked_at_freeze"] + 1) or (
+                s.transport in HELD_WHILE_IT_RUNS and p.failed is not None and "takeover_s" in old
+            ):
+                # Held as designed (HELD_IN_A_WRITE): until the write it was stopped in ended,
+                # or until it exited, once it ran again and found itself dropped.
+                old["held"] = True
                 return
             self.problem(
                 f"{where}: its successor's first message did not arrive within "
@@ -616,14 +620,14 @@ def render(result: dict[str, Any]) -> str:
             f"their writes returned, {sum(k['received'] for k in faults)} of their messages "
             "arrived"
         )
-        held = sum(1 for k in faults if k.get("held_in_a_write"))
+        held = sum(1 for k in faults if k.get("held"))
         if held:
             lines.append(
-                f"  {held} frozen inside a write into the receiver's memory held their tensor "
-                "until they ran again (shm, by design)"
+                f"  {held} held their tensor until they ran again (shm: frozen inside a write; "
+                "nixl: until they exited), as designed"
             )
         takeovers = sorted(
-            k["takeover_s"] for k in faults if "takeover_s" in k and not k.get("held_in_a_write")
+            k["takeover_s"] for k in faults if "takeover_s" in k and not k.get("held")
         )
         if takeovers:
             lines.append(

@@ -1042,28 +1042,30 @@ def test_soak_with_senders_killed_mid_stream(tmp_path: Path) -> None:
     assert result["fds_left_open"] == []
 
 
+@pytest.mark.nixl
 def test_soak_with_senders_frozen_and_taken_over(tmp_path: Path) -> None:
-    """`tensorwire bench soak --freeze-every 1.5`: four senders (shm, tcp, grpc, grpc-stream)
-    are SIGSTOPped at random moments for 12 s; a new process takes each one's tensor over once
-    the receiver drops it (its 2 s heartbeat timeout), and the frozen one then runs again.
-    Each frozen one is fenced: at most its write in flight at the freeze returns after it,
-    its next raises PeerLostError, none of its messages lands after its successor's, and
-    over shm and grpc every one its writes returned for arrived. (Not nixl: a frozen nixl
-    writer's RDMA write can land in its successor's slots, RELIABILITY.md "Limits".)"""
+    """`tensorwire bench soak --freeze-every 1.5`: five senders (shm, tcp, grpc, grpc-stream,
+    nixl) are SIGSTOPped at random moments for 12 s; a new process takes each one's tensor
+    over once the receiver drops it (its 2 s heartbeat timeout), and the frozen one then runs
+    again. Each frozen one is fenced: at most its write in flight at the freeze returns after
+    it, its next raises PeerLostError, none of its messages lands after its successor's, and
+    over shm and grpc every one its writes returned for arrived. Over nixl the successor's
+    claim waits until the frozen process has exited (its RDMA write cannot be revoked)."""
     from .jobs import bench_job
 
     _, result = bench_job(
         tmp_path,
         "soak",
-        *("--duration", "12", "--freeze-every", "1.5", "--seed", "5", "--senders", "4"),
-        *("--transports", "shm,tcp,grpc,grpc-stream", "--heartbeat-timeout", "2"),
+        *("--duration", "12", "--freeze-every", "1.5", "--seed", "5", "--senders", "5"),
+        *("--transports", "shm,tcp,grpc,grpc-stream,nixl", "--heartbeat-timeout", "2"),
         timeout=240,
     )
     assert result["problems"] == []
     frozen = [(s["transport"], f) for s in result["senders"] for f in s["frozen"]]
     assert len(frozen) >= 2, result["senders"]
     for transport, f in frozen:
-        if f.get("held_in_a_write"):  # shm, stopped inside a write: held, as designed
+        if f.get("held"):  # shm stopped inside a write, or nixl: held until it ran again
+            assert transport in ("shm", "nixl") and f["ended"].startswith("PeerLostError"), f
             continue
         assert f["takeover_s"] < f["resumed_after_s"], f  # it ran again after its successor
         assert f["acked"] <= f["acked_at_freeze"] + 1, (transport, f)

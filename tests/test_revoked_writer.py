@@ -8,10 +8,12 @@ no message of the new owner may be lost or overwritten without an error on some 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -127,3 +129,46 @@ def test_a_writer_whose_claim_was_revoked_gets_nothing_written_whatever_the_ring
         fresh = SlotChooser(ring.slot_seqs())  # the owner's own, as its claim gave it
         assert ring.write_next(fresh, 1, 7, np.full(8, 5, np.int64), True) == 1
         assert int(rx.wait("t", timeout=5)[0]) == 5
+
+
+@pytest.mark.nixl
+def test_a_nixl_writer_dropped_while_stopped_holds_its_tensor_until_its_process_ends(
+    children: Children, tmp_path: Any
+) -> None:
+    """A `nixl` writer in another process of this host is stopped (SIGSTOP) and dropped at the
+    heartbeat timeout. Its RDMA write may be posted once it runs again, and nothing can revoke
+    it (UCX's cross-memory attach writes the receiver's memory by its pid), so no other
+    process may claim the tensor while it lives: a claim is refused, saying why, until it
+    exits; then one succeeds. Before, the claim was granted at once, and a frozen writer
+    resumed later stored into the new owner's slots (`bench soak --freeze-every 1
+    --transports nixl`: torn messages, and messages of the new owner overwritten)."""
+    from .peers import write_numbered
+
+    count = tmp_path / "acked"
+    count.write_bytes(bytes(8))
+    with tw.Receiver(heartbeat_timeout=1.0) as rx:
+        rx.register("t", (1024,), "int64")
+        proc = children.start(write_numbered, rx.address, "nixl", "t", 0, str(count), 60.0)
+        deadline = time.monotonic() + 30
+        while int(np.fromfile(count, np.int64)[0]) < 3:  # it writes (bounded)
+            assert time.monotonic() < deadline and proc.is_alive(), "the writer never wrote"
+            with contextlib.suppress(tw.WireTimeoutError):
+                rx.wait("t", timeout=0.1)
+                rx.release("t")
+        freeze(proc.pid)
+        for _ in range(1000):  # its messages, then the notice that it was dropped (bounded)
+            try:
+                rx.wait("t", timeout=10)
+            except tw.PeerLostError:
+                break
+            rx.release("t")
+        else:
+            raise AssertionError("the frozen writer was never dropped")
+        with tw.Sender.connect(rx.address, transport="nixl", timeout=10) as b:
+            with pytest.raises(tw.TensorWireError, match="still runs"):
+                b.write("t", np.full(1024, 7, np.int64), timeout=2)
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.join(10)
+            b.write("t", np.full(1024, 7, np.int64), timeout=10)
+            assert int(rx.wait("t", timeout=10)[0]) == 7
+            rx.release("t")

@@ -287,7 +287,7 @@ class SessionHandler:
                 return wire.ErrorReply(
                     "protocol", f"open the {msg.transport} data connection first"
                 )
-        fenced = self._fenced(tensor)
+        fenced = self._fenced(tensor, session)
         if fenced is not None:
             return wire.ErrorReply("fenced", f"tensor {tensor.spec.name!r}: {fenced}")
         tensor.epoch += 1
@@ -315,23 +315,35 @@ class SessionHandler:
             tensor.epoch,
         )
 
-    @staticmethod
-    def _fenced(tensor: RegisteredTensor) -> str | None:
-        """Why the tensor cannot be claimed yet: its previous writer may still be storing into
-        it. None when a new writer may start (and the ring is cleared for it)."""
+    def _fenced(self, tensor: RegisteredTensor, session: Session) -> str | None:
+        """Why ``session`` cannot claim the tensor yet: its previous writer may still be storing
+        into it. None when a new writer may start (and the ring is cleared for it)."""
         inflight = tensor.inflight
         if inflight is not None:
             return f"a message from {inflight.describe()} is still arriving"
         stale = tensor.stale_writer
         if stale is not None:
-            # The dropped writer read the owner word before or after we cleared it: if before,
-            # its WRITING announcement is visible once every CPU has passed a barrier.
-            barrier_everywhere()
-            if tensor.ring.writer_inside() and stale.alive():
+            if tensor.sender_completes:
+                # shm: the dropped writer read the owner word before or after we cleared it: if
+                # before, its WRITING announcement is visible once every CPU has passed a
+                # barrier.
+                barrier_everywhere()
+                if tensor.ring.writer_inside() and stale.alive():
+                    return (
+                        f"its previous writer (pid {stale.pid}) was dropped in the middle of a "
+                        "write and has not finished it (is it stopped?); it can be claimed once "
+                        "that write ends or that process exits"
+                    )
+            elif stale.alive() and (session.host, session.pid) != (self._state.host, stale.pid):
+                # nixl: the dropped writer reads that it was dropped before each write, and one
+                # stopped between that read and its RDMA write posts the write once it runs
+                # again; nothing here can revoke it (UCX's cross-memory attach writes our
+                # memory by our pid). Its own process claiming anew runs, and a write of its
+                # sender is done (completed, under the sender's lock) before the next begins.
                 return (
-                    f"its previous writer (pid {stale.pid}) was dropped in the middle of a write "
-                    "and has not finished it (is it stopped?); it can be claimed once that write "
-                    "ends or that process exits"
+                    f"its previous writer (pid {stale.pid}) was dropped and still runs (is it "
+                    "stopped?): a nixl write it had begun could still land; it can be claimed "
+                    "once that process exits, or by that process anew"
                 )
             stale.close()
             tensor.stale_writer = None
@@ -389,10 +401,17 @@ class SessionHandler:
                 drained = tensor.drained == (tensor.epoch, tensor.ring.last_complete())
                 if reason is not None and not drained:
                     tensor.lost = f"{session.describe()} was lost: {reason}"
-                    if tensor.sender_completes and writer_alive:
-                        if tensor.stale_writer is not None:
-                            tensor.stale_writer.close()
-                        tensor.stale_writer = ProcessWatch(session.pid)
+                # A writer that stores into our memory itself and still runs may store again:
+                # the next claim is fenced (_fenced), whether or not the consumer drained it
+                # (that forgets its messages and its notice, not what it may still store).
+                if (
+                    reason is not None
+                    and writer_alive
+                    and TRANSPORTS[tensor.transport].stores_itself
+                ):
+                    if tensor.stale_writer is not None:
+                        tensor.stale_writer.close()
+                    tensor.stale_writer = ProcessWatch(session.pid)
         session.claims.clear()
         if reason is not None:
             self._dropped[session.identity] = f"{session.describe()} was dropped: {reason}"

@@ -33,6 +33,10 @@ class Transport:
     server: str | None
     #: it reaches only a receiver on this host whose regions are in shared memory
     same_host: bool = False
+    #: its sender stores into the receiver's memory itself (shm, nixl): a dropped one whose
+    #: process runs may store again, which only its own end (or the receiver's fences) can stop;
+    #: the others write through the receiver's threads, which stop with the session
+    stores_itself: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,9 +95,9 @@ def _nixl_server(settings: ServerSettings, sink: DataSink) -> DataServer:
 TRANSPORTS: dict[str, Transport] = {
     t.name: t
     for t in (
-        Transport("shm", ShmChannel, None, same_host=True),
+        Transport("shm", ShmChannel, None, same_host=True, stores_itself=True),
         Transport("tcp", TcpChannel, "tcp"),
-        Transport("nixl", _nixl, "nixl"),
+        Transport("nixl", _nixl, "nixl", stores_itself=True),
         Transport("grpc", _grpc, "grpc"),
         Transport("grpc-stream", _grpc_stream, "grpc"),
     )
