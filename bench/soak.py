@@ -142,7 +142,6 @@ def _sender(
     conn: Any,
     incarnation: int,
     counts: Any,
-    retired: Any,
     slot: int,
 ) -> None:
     """Write numbered messages for ``duration`` s, in sessions of ``every`` messages each (0:
@@ -155,9 +154,7 @@ def _sender(
     base = incarnation << SEQ_BITS
     end = time.monotonic() + duration
     try:
-        # (retired: frozen and succeeded, it begins no new session once it runs again; one
-        # would claim the tensor anew, as it may, whenever its successor is between sessions)
-        while time.monotonic() < end and not retired[slot]:
+        while time.monotonic() < end:
             with tw.Sender.connect(address, transport=transport, timeout=60) as tx:
                 sessions += 1
                 arr = np.empty(tx.spec(name).static_shape, dtype=np.int64)
@@ -304,7 +301,6 @@ class _Soak:
         # Room for twice the faults expected; none is made past it.
         rate = sum(1 / every for every in (args.kill_every, args.freeze_every) if every)
         self.counts = self.ctx.RawArray("q", args.senders + 2 * int(rate * args.duration) + 64)
-        self.retired = self.ctx.RawArray("b", len(self.counts))  # frozen ones: no new session
         self.slots_used = 0
         elements = max(2, args.size // 8)
         for s in self.streams:
@@ -326,7 +322,6 @@ class _Soak:
                 there,
                 incarnation,
                 self.counts,
-                self.retired,
                 slot,
             ),
         )
@@ -362,7 +357,7 @@ class _Soak:
     def problem(self, what: str) -> None:
         """Note a violation; past MAX_PROBLEMS, only count it (one fault can make thousands)."""
         if len(self.problems) < MAX_PROBLEMS:
-            self.problem(what)
+            self.problems.append(what)
         else:
             self.more_problems += 1
 
@@ -395,7 +390,6 @@ class _Soak:
             return
         p = s.now
         os.kill(p.proc.pid, signal.SIGSTOP)
-        self.retired[p.slot] = 1
         at = time.monotonic()
         record = {"incarnation": p.incarnation, "acked_at_freeze": p.acked, "at": at}
         record["resume_at"] = at + self.freeze_for
@@ -410,6 +404,14 @@ class _Soak:
                     os.kill(p.proc.pid, signal.SIGCONT)
                     record["resumed_after_s"] = now - record["at"]
                 p.hear()
+
+    def kill_all(self) -> None:
+        """SIGKILL every sender process still there, stopped ones too (the run failed)."""
+        for s in self.streams:
+            for p in (s.now, *(f for f, _ in s.frozen)):
+                if p is not None and p.exitcode is None and p.proc.is_alive():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(p.proc.pid, signal.SIGKILL)
 
     def account(self) -> None:
         """What each killed and frozen sender wrote against what arrived of it, and each
@@ -492,6 +494,12 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
             f"--kill-every: no sender is killed in the last {KILL_QUIET:g} s of the run; "
             f"give a --duration over {KILL_QUIET:g} s"
         )
+    if args.freeze_every and args.reconnect_every:
+        parser.error(
+            "--freeze-every with --reconnect-every: a frozen sender, once it runs again, would "
+            "begin new sessions that claim its tensor back from its successor whenever that one "
+            "is between sessions, as any process may; give one or the other"
+        )
     room = KILL_QUIET + args.heartbeat_timeout + FREEZE_TAKES
     if args.freeze_every and args.duration <= room:
         parser.error(
@@ -503,47 +511,51 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
     result: dict[str, Any] = {"schema": SCHEMA, "kind": "soak", "machine": machine_facts()}
     with tw.Receiver(heartbeat_timeout=args.heartbeat_timeout) as rx:
         soak = _Soak(args, rx, transports)
-        warm_rss: int | None = None
-        warm_fds: dict[int, str] = {}
-        deadline = soak.end + 60
-        acts = ((args.kill_every, soak.kill_one), (args.freeze_every, soak.freeze_one))
-        faults = [(every, act) for every, act in acts if every]
-        # No fault begins in the last KILL_QUIET s, nor a freeze that would not end before them
-        # (a takeover comes within the heartbeat timeout and a second or so, FREEZE_TAKES).
-        last = {soak.kill_one: soak.end - KILL_QUIET}
-        last[soak.freeze_one] = soak.end - KILL_QUIET - args.heartbeat_timeout - FREEZE_TAKES
-        due = [soak.start + soak.rng.expovariate(1 / every) for every, _ in faults]
-        while not all(s.done for s in soak.streams) and time.monotonic() < deadline:
-            try:
-                name, view = rx.wait_any(timeout=0.2)
-            except tw.WireTimeoutError:
-                view = None
-            except tw.PeerLostError as exc:  # said once per lost writer; its successor goes on
-                lost = soak.by_name.get(exc.tensor or "")
-                if lost is not None:
-                    lost.losses += 1
-                view = None
-            if view is not None:
-                soak.take(name, view)
-                rx.release(name)
-            now = time.monotonic()
-            if (
-                warm_rss is None
-                and now - soak.start > min(5.0, args.duration / 5)
-                and all(s.received for s in soak.streams)
-            ):
-                # every sender connected, and every server the receiver starts on demand
-                # (nixl's, with its descriptors) started
-                warm_rss, warm_fds = _rss(), _fds()
-            for s in soak.streams:
-                assert s.now is not None
-                s.now.hear()
-            soak.thaw(now)
-            for k, (every, act) in enumerate(faults):
-                if now >= due[k]:
-                    due[k] = now + soak.rng.expovariate(1 / every)
-                    if now < last[act]:
-                        act()
+        try:
+            warm_rss: int | None = None
+            warm_fds: dict[int, str] = {}
+            deadline = soak.end + 60
+            acts = ((args.kill_every, soak.kill_one), (args.freeze_every, soak.freeze_one))
+            faults = [(every, act) for every, act in acts if every]
+            # No fault begins in the last KILL_QUIET s, nor a freeze that would not end before them
+            # (a takeover comes within the heartbeat timeout and a second or so, FREEZE_TAKES).
+            last = {soak.kill_one: soak.end - KILL_QUIET}
+            last[soak.freeze_one] = soak.end - KILL_QUIET - args.heartbeat_timeout - FREEZE_TAKES
+            due = [soak.start + soak.rng.expovariate(1 / every) for every, _ in faults]
+            while not all(s.done for s in soak.streams) and time.monotonic() < deadline:
+                try:
+                    name, view = rx.wait_any(timeout=0.2)
+                except tw.WireTimeoutError:
+                    view = None
+                except tw.PeerLostError as exc:  # said once per lost writer; its successor goes on
+                    lost = soak.by_name.get(exc.tensor or "")
+                    if lost is not None:
+                        lost.losses += 1
+                    view = None
+                if view is not None:
+                    soak.take(name, view)
+                    rx.release(name)
+                now = time.monotonic()
+                if (
+                    warm_rss is None
+                    and now - soak.start > min(5.0, args.duration / 5)
+                    and all(s.received for s in soak.streams)
+                ):
+                    # every sender connected, and every server the receiver starts on demand
+                    # (nixl's, with its descriptors) started
+                    warm_rss, warm_fds = _rss(), _fds()
+                for s in soak.streams:
+                    assert s.now is not None
+                    s.now.hear()
+                soak.thaw(now)
+                for k, (every, act) in enumerate(faults):
+                    if now >= due[k]:
+                        due[k] = now + soak.rng.expovariate(1 / every)
+                        if now < last[act]:
+                            act()
+        except BaseException:
+            soak.kill_all()  # a stopped child would hold this process at its exit
+            raise
         soak.thaw(time.monotonic(), all_of_them=True)  # (the run ran out of time)
         soak.account()
         end_rss = _rss()

@@ -299,6 +299,7 @@ def test_bad_arguments_are_one_clear_line(args: list[str]) -> None:
         (["bench", "soak", "--kill-every", "1", "--duration", "2"], "--kill-every"),
         (["bench", "soak", "--freeze-every", "1", "--duration", "30"], "--freeze-every"),
         (["bench", "soak", "--freeze-every", "0"], "--freeze-every"),
+        (["bench", "soak", "--freeze-every", "1", "--reconnect-every", "9"], "--reconnect-every"),
         (["bench", "ps", "--batch", "0"], "--batch"),
         (["ray-job", "--cpus-per-worker", "nan"], "--cpus-per-worker"),
         (["ray-job", "--timeout", "-1"], "--timeout"),
