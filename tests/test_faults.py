@@ -1274,8 +1274,8 @@ def test_a_grpc_stream_writer_stalled_mid_message_does_not_hold_its_tensor_once_
     the tensor succeeds while the stalled call is still open; none of the stalled message
     lands. Before, the receiver's handler thread waited for the rest of that stream, its write
     in flight fenced the tensor, and the new sender's claims were refused until the stalled one
-    ran again (`bench soak --freeze-every`: 3 of 3 frozen grpc-stream senders held their
-    tensors until resumed, 7 s there)."""
+    ran again (`bench soak --freeze-every`: 9 of 32 frozen grpc-stream senders held their
+    tensors until resumed, 3-7 s there)."""
     from tensorwire.transports.grpc import CHUNK
 
     stall = threading.Event()
