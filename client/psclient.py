@@ -76,7 +76,7 @@ PROBE_TIMEOUT = 5.0
 PROBE_WRITE_TIMEOUT = 0.5
 #: Seconds the word that we stop may take to reach a server, when we close: best effort
 LEAVE_TIMEOUT = 2.0
-#: Seconds one try at writing our join may take (see PSClient._write_join)
+#: Seconds one try at writing our join, or a message of it, may take (PSClient._write_in_tries)
 JOIN_WRITE_TRY = 2.0
 
 
@@ -360,9 +360,9 @@ class PSClient:
                 deadline,
                 f"server {addr} has no slot for rank {self.rank}: it expects fewer workers",
             )
-            self._write_join(addr, join_name(self.rank), message, deadline, "our join")
+            self._write_in_tries(addr, join_name(self.rank), message, deadline, "our join")
 
-    def _write_join(
+    def _write_in_tries(
         self, addr: str, name: str, value: Array, deadline: float, what: str, **kw: Any
     ) -> None:
         """``what`` (our join, or a message of the join's: rank 0's initial values, that we
@@ -445,7 +445,7 @@ class PSClient:
                     )
                 value = np.asarray(self._init[c.param], dtype=np.float32)
                 rows = value[c.start : c.stop] if value.ndim else value
-                self._write_join(
+                self._write_in_tries(
                     addr,
                     init_name(c.cid),
                     rows,
@@ -454,7 +454,7 @@ class PSClient:
                     allow_copy=True,
                 )
             ready = np.frombuffer(encode_ready(), np.uint8)
-            self._write_join(
+            self._write_in_tries(
                 addr,
                 join_name(self.rank),
                 ready,
