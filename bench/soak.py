@@ -420,17 +420,8 @@ class _Soak:
             for old in s.killed:
                 del old["at"]
                 old["received"] = s.received.get(old["incarnation"], 0)
-                wrote, got = old["acked"], old["received"]
-                # the write in flight at the kill may have landed: one more than returned
-                if got > wrote + 1:
-                    self.problem(
-                        f"{s.name}: killed sender {old['incarnation']} wrote {wrote}, {got} arrived"
-                    )
-                elif s.transport in WRITE_IS_DELIVERY and got < wrote:
-                    self.problem(
-                        f"{s.name}: killed sender {old['incarnation']}'s writes returned for "
-                        f"{wrote} messages over {s.transport}, {got} arrived"
-                    )
+                where = f"{s.name}: killed sender {old['incarnation']} ({s.transport})"
+                self._compare(where, s.transport, old["acked"], old["received"])
             for frozen, old in s.frozen:
                 frozen.close()
                 self._account_frozen(s, frozen, old)
@@ -447,6 +438,13 @@ class _Soak:
             elif last != p.sent:
                 self.problem(f"{s.name}: sent {p.sent}, received {last}")
 
+    def _compare(self, where: str, transport: str, wrote: int, got: int) -> None:
+        """What arrived of a killed or frozen sender against how many of its writes returned:
+        the write in flight at the fault may have landed (one more), and over a transport
+        whose write returns once the message is the receiver's, none that returned is lost."""
+        if got > wrote + 1 or (transport in WRITE_IS_DELIVERY and got < wrote):
+            self.problem(f"{where}: its writes returned for {wrote} messages, {got} arrived")
+
     def _account_frozen(self, s: _Stream, p: _Process, old: dict[str, Any]) -> None:
         """A frozen sender, dropped by the receiver while it was stopped and succeeded: once
         it runs again, its write in flight at the freeze may complete, and the next must
@@ -458,6 +456,7 @@ class _Soak:
         old["received"] = got = s.received.get(inc, 0)
         old["ended"] = p.failed if p.failed is not None else "its time was up"
         where = f"{s.name}: frozen sender {inc} ({s.transport})"
+        self._compare(where, s.transport, wrote, got)
         if "takeover_s" not in old or old["takeover_s"] > old.get("resumed_after_s", 0.0):
             if (s.transport in HELD_IN_A_WRITE and wrote == old["acked_at_freeze"] + 1) or (
                 s.transport in HELD_WHILE_IT_RUNS and p.failed is not None and "takeover_s" in old
@@ -471,10 +470,6 @@ class _Soak:
                 f"{self.freeze_for:g} s: the receiver did not drop it at its heartbeat timeout"
             )
             return
-        if got > wrote + 1:
-            self.problem(f"{where}: wrote {wrote}, {got} arrived")
-        elif s.transport in WRITE_IS_DELIVERY and got < wrote:
-            self.problem(f"{where}: writes returned for {wrote} messages, {got} arrived")
         if wrote > old["acked_at_freeze"] + 1:
             self.problem(
                 f"{where}: {wrote - old['acked_at_freeze']} writes returned after it was "
