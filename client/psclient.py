@@ -411,21 +411,25 @@ class PSClient:
 
     def _await_tensor(self, addr: str, name: str, deadline: float, missing: str) -> None:
         """Wait until server ``addr`` publishes tensor ``name``; PSClientError(``missing``) at
-        ``deadline``. A server that stops answering meanwhile (it died while the job formed) is
-        waited for until ``deadline`` too, not for the sender's whole timeout."""
+        ``deadline``. A server that stops answering meanwhile (it died while the job formed, or
+        is frozen) is asked again until ``deadline``, in requests of JOIN_WRITE_TRY at most with
+        a stop looked at between them: one request with all the time left (up to
+        --reconnect-timeout while we join again) held a stop asked meanwhile until it ended."""
         while name not in self.tx.tensors(peer=addr):
             self._check_stop(f"for parameter server {addr} to form the job")
             left = deadline - time.monotonic()
             if left <= 0:
                 raise PSClientError(missing)
             time.sleep(min(0.1, left))
+            left = deadline - time.monotonic()
             try:
-                self.tx.refresh(peer=addr, timeout=max(deadline - time.monotonic(), 0.01))
+                self.tx.refresh(peer=addr, timeout=max(min(JOIN_WRITE_TRY, left), 0.01))
             except tw.WireTimeoutError:
-                raise PSClientError(
-                    f"parameter server {addr} stopped answering while the job was forming "
-                    "(it exited, or is unreachable)"
-                ) from None
+                if time.monotonic() >= deadline:
+                    raise PSClientError(
+                        f"parameter server {addr} stopped answering while the job was forming "
+                        "(it exited, or is unreachable)"
+                    ) from None
 
     def _say_ready(self, deadline: float) -> None:
         """Our parameters are registered: rank 0 writes the initial values where a server asks

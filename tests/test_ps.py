@@ -315,6 +315,29 @@ def test_a_stop_before_the_job_forms_ends_it_cleanly(job: Any) -> None:
     assert all(np.array_equal(saved[k], v) for k, v in initial.items()), sorted(saved)
 
 
+def test_a_worker_waiting_for_the_job_to_form_heeds_its_sigterm_while_its_server_is_frozen(
+    job: Any,
+) -> None:
+    """w0 has joined, and waits for the job to form (the other worker never comes); the server
+    is frozen (SIGSTOP) and w0 stopped (SIGTERM): it says so and exits 0 within seconds, its
+    waits looking at the stop while the server answers nothing."""
+    j = job(workers=2, start_workers=1, ps=["--log-level", "INFO"])
+    _wait_for(j, "worker 0 joined from")
+    time.sleep(0.5)  # (w0 waits for the plan, looking at the server's tensors)
+    freeze(j.ps[0].pid)
+    try:
+        time.sleep(0.5)  # (its next look is a request the frozen server leaves unanswered)
+        started = time.monotonic()
+        j.workers[0].send_signal(signal.SIGTERM)
+        code = j.workers[0].wait(60)
+        took = time.monotonic() - started
+    finally:
+        os.kill(j.ps[0].pid, signal.SIGCONT)
+    assert code == 0, j.log("w0")
+    assert took < 10, f"took {took:.1f} s"
+    assert "stopped while waiting" in j.log("w0"), j.log("w0")
+
+
 @pytest.mark.parametrize(("servers", "sync"), [(1, "bsp"), (2, "bsp"), (2, "asp")])
 def test_sigterm_finishes_the_step_checkpoints_and_exits_zero(
     job: Any, tmp_path: Path, servers: int, sync: str
