@@ -327,10 +327,7 @@ def test_a_worker_waiting_for_the_job_to_form_heeds_its_sigterm_while_its_server
     freeze(j.ps[0].pid)
     try:
         time.sleep(0.5)  # (its next look is a request the frozen server leaves unanswered)
-        started = time.monotonic()
-        j.workers[0].send_signal(signal.SIGTERM)
-        code = j.workers[0].wait(60)
-        took = time.monotonic() - started
+        code, took = _stop_and_time(j.workers[0])
     finally:
         os.kill(j.ps[0].pid, signal.SIGCONT)
     assert code == 0, j.log("w0")
@@ -577,6 +574,14 @@ def test_secret_protected_job_trains(job: Any, tmp_path: Path) -> None:
     assert j.metrics("w0")["steps"] == 50
 
 
+def _stop_and_time(proc: Any) -> tuple[int, float]:
+    """SIGTERM ``proc`` and wait for it (60 s at most): its exit code, and the seconds it took."""
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(60)
+    return code, time.monotonic() - started
+
+
 def _wait_for(j: Job, text: str, count: int = 1, timeout: float = 60, servers: int = 1) -> None:
     """Until ``text`` is ``count`` times in the log of each of the first ``servers`` servers."""
     for s in range(servers):
@@ -769,10 +774,7 @@ def test_a_stop_does_not_wait_for_a_frozen_worker(job: Any, tmp_path: Path, sync
     freeze(frozen.pid)
     try:
         time.sleep(0.5)  # the step in flight now waits for the frozen worker
-        started = time.monotonic()
-        j.ps[0].send_signal(signal.SIGTERM)
-        code = j.ps[0].wait(60)
-        took = time.monotonic() - started
+        code, took = _stop_and_time(j.ps[0])
         assert code == 0, j.log("ps0")
         assert took < 25, f"the stop took {took:.1f} s"
         assert j.workers[0].wait(30) == 0, j.log("w0")
@@ -964,10 +966,7 @@ def test_a_worker_joining_a_frozen_server_again_heeds_its_sigterm(job: Any, tmp_
         log_has(j.tmp / "ps1-again.log", "waiting for 2 workers", 60)
         # w0 reaches ps1 within its next try (2 s), then writes its join to ps0 first
         time.sleep(3.0)
-        started = time.monotonic()
-        j.workers[0].send_signal(signal.SIGTERM)
-        code = j.workers[0].wait(60)
-        took = time.monotonic() - started
+        code, took = _stop_and_time(j.workers[0])
     finally:
         os.kill(j.ps[0].pid, signal.SIGCONT)
     assert code == 0, j.log("w0")
