@@ -975,6 +975,13 @@ def test_senders_killed_again_and_again_lose_nothing_they_wrote(
         assert wrote > 0
 
 
+def _assert_soak_left_nothing(result: dict[str, Any]) -> None:
+    """A soak's receiver kept no segment, and no descriptor beyond its warm-up's or opened
+    during the run (a leak per session or per killed sender)."""
+    assert result["segment_growth"] == 0 and result["fd_growth"] <= 0
+    assert result["fds_left_open"] == []
+
+
 def test_soak_accounts_for_every_message(tmp_path: Path) -> None:
     """The CI version of `tensorwire bench soak`: 8 s of load from three senders over shm, tcp
     and grpc (12 s until the suite neared its 10 minutes); every message exactly once and
@@ -986,8 +993,7 @@ def test_soak_accounts_for_every_message(tmp_path: Path) -> None:
     assert {s["transport"] for s in result["senders"]} == {"shm", "tcp", "grpc"}
     for s in result["senders"]:
         assert s["sent"] == s["received"] > 0
-    assert result["segment_growth"] == 0 and result["fd_growth"] <= 0
-    assert result["fds_left_open"] == []
+    _assert_soak_left_nothing(result)
     assert result["rss_growth_bytes"] < 64 << 20  # flat: a leak per message would be far more
 
 
@@ -1005,8 +1011,7 @@ def test_soak_with_senders_that_come_and_go(tmp_path: Path) -> None:
     assert result["problems"] == []
     for s in result["senders"]:
         assert s["sent"] == s["received"] > 50 and s["sessions"] > 1, s
-    assert result["segment_growth"] == 0 and result["fd_growth"] <= 0
-    assert result["fds_left_open"] == []
+    _assert_soak_left_nothing(result)
     assert result["rss_growth_bytes"] < 64 << 20
 
 
@@ -1038,8 +1043,7 @@ def test_soak_with_senders_killed_mid_stream(tmp_path: Path) -> None:
             assert k["received"] <= k["acked"] + 1
             if s["transport"] in WRITE_IS_DELIVERY:
                 assert k["received"] >= k["acked"], (s["transport"], k)
-    assert result["segment_growth"] == 0 and result["fd_growth"] <= 0
-    assert result["fds_left_open"] == []
+    _assert_soak_left_nothing(result)
 
 
 @pytest.mark.nixl
@@ -1075,8 +1079,7 @@ def test_soak_with_senders_frozen_and_taken_over(tmp_path: Path) -> None:
             assert f["received"] >= f["acked"], (transport, f)
     for s in result["senders"]:
         assert s["sent"] == s["received"] > 0, s
-    assert result["segment_growth"] == 0 and result["fd_growth"] <= 0
-    assert result["fds_left_open"] == []
+    _assert_soak_left_nothing(result)
 
 
 def test_curve_encrypted_control_plane(tmp_path: Path, transport: str) -> None:
