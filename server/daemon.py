@@ -54,7 +54,10 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
         "--staleness", type=config.at_least(0), default=d.staleness, help="ssp: max steps ahead"
     )
     p.add_argument("--optimizer", default=d.optimizer, choices=optim.OPTIMIZERS)
-    p.add_argument("--lr", type=float, default=d.lr, help=f"learning rate (default {d.lr})")
+    rates = ", ".join(f"{r:g} for {n}" for n, r in optim.DEFAULT_LR.items())
+    p.add_argument(
+        "--lr", type=float, default=d.lr, help=f"learning rate (default: the optimizer's, {rates})"
+    )
     p.add_argument(
         "--async-lr",
         default=d.async_lr,
@@ -204,7 +207,7 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-ps") -> int:
             "%s: each worker's gradient is applied as it lands, at %g (--lr %g, --async-lr %s)",
             cfg.sync,
             server.push_lr,
-            cfg.lr,
+            server.lr,
             cfg.async_lr,
         )
     start = server.step

@@ -180,7 +180,7 @@ class PSConfig:
     staleness: int = 2
     async_lr: str = "mean"  # one of ASYNC_LR
     optimizer: str = "sgd"
-    lr: float = 0.1
+    lr: float | None = None  # None: the optimizer's own default (optim.DEFAULT_LR)
     momentum: float = 0.9
     weight_decay: float = 0.0
     transport: str = "auto"
@@ -272,6 +272,10 @@ class ParameterServer:
     def __init__(self, cfg: PSConfig, on_step: Callable[[StepReport], None] | None = None) -> None:
         if cfg.sync not in SYNC_MODES:
             raise PSError(f"unknown sync mode {cfg.sync!r}; choose one of {', '.join(SYNC_MODES)}")
+        if cfg.optimizer not in optim.OPTIMIZERS:
+            raise PSError(
+                f"unknown optimizer {cfg.optimizer!r}; choose one of {', '.join(optim.OPTIMIZERS)}"
+            )
         if cfg.async_lr not in ASYNC_LR:
             raise PSError(
                 f"unknown async learning-rate rule {cfg.async_lr!r}; choose one of "
@@ -464,8 +468,13 @@ class ParameterServer:
         at --lr divided by --workers unless --async-lr each (see ASYNC_LR)."""
         cfg = self.cfg
         if cfg.sync == "bsp" or cfg.async_lr == "each":
-            return cfg.lr
-        return cfg.lr / cfg.workers
+            return self.lr
+        return self.lr / cfg.workers
+
+    @property
+    def lr(self) -> float:
+        """--lr, or the optimizer's own default when it was left out (optim.DEFAULT_LR)."""
+        return optim.default_lr(self.cfg.optimizer) if self.cfg.lr is None else self.cfg.lr
 
     @property
     def _join_connect_timeout(self) -> float:
