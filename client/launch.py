@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -14,9 +15,44 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+#: The lowest port :func:`free_port` hands out (beneath the kernel's ephemeral range)
+FREE_PORTS_FROM = 10000
+#: free_port's own draw (the random module's is seeded by whoever seeds it: a test, a benchmark)
+_PORT_DRAW = random.Random()
 
-def free_port() -> int:
-    with socket.socket() as s:
+
+def ephemeral_low() -> int:
+    """The first port of the kernel's range for outgoing connections and binds to port 0."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def free_port(part: int = 0, parts: int = 1) -> int:
+    """A loopback port that nothing listens on now, for a daemon to bind a moment later.
+
+    Drawn from beneath the kernel's ephemeral range: a port the kernel hands out (a bind to
+    port 0) lies in that range, where any process's outgoing connection may take it before the
+    daemon binds it (the test suite met "cannot bind the control plane to ...: Address already
+    in use" so); no connection's own end is given a port below it. Callers that hand out ports
+    side by side (pytest-xdist's workers) each draw from ``part`` of ``parts`` ranges, so that
+    they never hand out the same one."""
+    low = ephemeral_low()
+    parts = max(parts, 1)
+    span = (low - FREE_PORTS_FROM) // parts
+    if span >= 100:
+        base = FREE_PORTS_FROM + (part % parts) * span
+        for _ in range(100):  # bounded: a port another process listens on is skipped
+            port = _PORT_DRAW.randrange(base, base + span)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
+    with socket.socket() as s:  # a kernel range reaching that low: the kernel's choice
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 

@@ -5,9 +5,7 @@ from __future__ import annotations
 import gc
 import multiprocessing as mp
 import os
-import random
 import signal
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -19,6 +17,7 @@ import pytest
 from hypothesis import settings
 
 from tensorwire import cuda, extras
+from tensorwire.client import launch
 from tensorwire.rdma import installed as rdma_installed
 
 # `make fuzz`: the wire decoders under a long hypothesis run, outside CI.
@@ -260,46 +259,12 @@ def children() -> Iterator[Children]:
         kids.cleanup()
 
 
-#: The lowest port handed out by free_port (beneath the kernel's ephemeral range, below)
-FREE_PORTS_FROM = 10000
-#: free_port's own draw (the module's would follow hypothesis, which seeds it in its tests)
-_PORT_DRAW = random.Random()
-
-
-def _ephemeral_low() -> int:
-    """The first port of the kernel's range for outgoing connections and binds to port 0."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768  # Linux's default
-
-
 def free_port() -> int:
-    """A loopback port that nothing listens on now, for a daemon to bind a moment later.
-
-    Taken from beneath the kernel's ephemeral range: a port the kernel hands out (a bind to
-    port 0) lies in that range, where any test's outgoing connection may take it before the
-    daemon binds it (a fresh clone's run: "cannot bind the control plane to ...: Address
-    already in use"); no connection's own end is ever given a port below it. Each pytest-xdist
-    worker draws from a range of its own, so that the two never hand out the same port."""
-    low = _ephemeral_low()
+    """client.launch.free_port (a loopback port beneath the ephemeral range, free now), from a
+    range of this pytest-xdist worker's own, so that the two never hand out the same port."""
     workers = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1), 1)
-    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").lstrip("gw") or 0) % workers
-    span = (low - FREE_PORTS_FROM) // workers
-    if span >= 100:
-        base = FREE_PORTS_FROM + worker * span
-        for _ in range(100):  # bounded: a port another process listens on is skipped
-            port = _PORT_DRAW.randrange(base, base + span)
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-                return port
-    with socket.socket() as s:  # (a kernel range reaching that low: the old way)
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").lstrip("gw") or 0)
+    return launch.free_port(worker, workers)
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -127,6 +128,26 @@ def test_digits_read_from_the_file_are_scikit_learns_own() -> None:
     np.testing.assert_array_equal(pixels, reference.data)
     np.testing.assert_array_equal(labels, reference.target)
     assert pixels.shape == (1797, 64) and pixels.dtype == reference.data.dtype
+
+
+def test_a_free_port_for_a_daemon_lies_beneath_the_ephemeral_range() -> None:
+    """The demo, `bench chaos` and the tests choose the daemons' ports before the daemons bind
+    them: from beneath the kernel's range for outgoing connections, where no connection's own
+    end can take one meanwhile; side by side callers (xdist workers) draw from ranges apart."""
+    from tensorwire.client import launch
+
+    low = launch.ephemeral_low()
+    assert low > launch.FREE_PORTS_FROM + 200  # this machine's range leaves room beneath it
+    for parts in (1, 2, 3):
+        spans = []
+        for part in range(parts):
+            ports = {launch.free_port(part, parts) for _ in range(20)}
+            assert all(launch.FREE_PORTS_FROM <= p < low for p in ports), ports
+            spans.append((min(ports), max(ports)))
+            with socket.socket() as s:  # free now: a daemon can bind it
+                s.bind(("127.0.0.1", ports.pop()))
+        for (_, top), (bottom, _) in itertools.pairwise(spans):
+            assert top < bottom, spans
 
 
 def test_plan_splits_large_tensors_and_balances_bytes() -> None:
