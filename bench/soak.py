@@ -16,6 +16,9 @@ With ``--freeze-every``, senders are SIGSTOPped instead, and their successors ta
 receiver has dropped them (its heartbeat timeout); each frozen one then runs again and must find
 itself fenced: its write in flight at the freeze may complete, its next raises
 :class:`~tensorwire.PeerLostError`, and none of its messages lands after its successor's.
+
+With ``--dynamic``, each tensor's first dimension is dynamic and every message has a length of
+its own (told from its counter): the shape travels with each message and must arrive with it.
 """
 
 from __future__ import annotations
@@ -87,6 +90,12 @@ def add_parser(sub: Any) -> None:
         "--size", type=parse_size, default=parse_size("64K"), help="message size (default 64K)"
     )
     p.add_argument(
+        "--dynamic",
+        action="store_true",
+        help="dynamic shapes: each message 1 to --size/8 int64 long, its length drawn from its "
+        "counter, which the receiver checks against the shape it gets (default: static)",
+    )
+    p.add_argument(
         "--reconnect-every",
         type=at_least(0),
         default=0,
@@ -133,6 +142,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--json", metavar="PATH", type=output_file, help="write the results as JSON")
 
 
+def message_length(counter: int, elements: int) -> int:
+    """A ``--dynamic`` message's length, 1 to ``elements``, told from its counter (a
+    multiplicative hash, so that neighbouring messages differ in length)."""
+    return 1 + (counter * 2654435761 >> 7) % elements
+
+
 def _sender(
     address: str,
     transport: str,
@@ -143,9 +158,11 @@ def _sender(
     incarnation: int,
     counts: Any,
     slot: int,
+    dynamic: int,
 ) -> None:
     """Write numbered messages for ``duration`` s, in sessions of ``every`` messages each (0:
-    one session), each counter ``incarnation << SEQ_BITS | seq``; store how many writes have
+    one session), each counter ``incarnation << SEQ_BITS | seq`` (``dynamic``: of at most that
+    many elements, :func:`message_length`; 0: the static shape); store how many writes have
     returned in ``counts[slot]`` after each (shared memory: the count survives a SIGKILL); send
     back (messages, sessions), or the error that ended it. A tensor still written by the
     sender this one succeeds (frozen: the receiver has not dropped it yet) is claimed again
@@ -157,13 +174,14 @@ def _sender(
         while time.monotonic() < end:
             with tw.Sender.connect(address, transport=transport, timeout=60) as tx:
                 sessions += 1
-                arr = np.empty(tx.spec(name).static_shape, dtype=np.int64)
+                arr = np.empty(dynamic or tx.spec(name).static_shape, dtype=np.int64)
                 stop = sent + every if every else None
                 claimed = False
                 while time.monotonic() < end and sent != stop:
-                    arr.fill(base | sent)
+                    counter = base | sent
+                    arr.fill(counter)
                     try:
-                        tx.write(name, arr)
+                        tx.write(name, arr[: message_length(counter, dynamic)] if dynamic else arr)
                     except tw.RemoteProtocolError as exc:
                         if exc.code != "busy" or claimed:
                             raise
@@ -302,9 +320,13 @@ class _Soak:
         rate = sum(1 / every for every in (args.kill_every, args.freeze_every) if every)
         self.counts = self.ctx.RawArray("q", args.senders + 2 * int(rate * args.duration) + 64)
         self.slots_used = 0
-        elements = max(2, args.size // 8)
+        self.elements = elements = max(2, args.size // 8)
+        self.dynamic = elements if args.dynamic else 0
         for s in self.streams:
-            rx.register(s.name, (elements,), "int64")
+            if self.dynamic:
+                rx.register(s.name, (None,), "int64", max_bytes=elements * 8)
+            else:
+                rx.register(s.name, (elements,), "int64")
             self.launch(s, 0)
 
     def launch(self, s: _Stream, incarnation: int) -> None:
@@ -323,6 +345,7 @@ class _Soak:
                 incarnation,
                 self.counts,
                 slot,
+                self.dynamic,
             ),
         )
         proc.start()
@@ -340,6 +363,11 @@ class _Soak:
             self.problem(f"{name}: a message of sender {inc} after one of its successor {s.seen}")
         elif seq != expected:  # a gap or a repeat, said once: the messages after it follow it
             self.problem(f"{name}: sender {inc}: expected message {expected}, got {seq}")
+        elif self.dynamic and view.shape != (message_length(value, self.dynamic),):
+            self.problem(
+                f"{name}: sender {inc}: message {seq} arrived with shape {view.shape}, written "
+                f"with ({message_length(value, self.dynamic)},)"
+            )
         elif view.min() != value or view.max() != value:
             self.problem(f"{name}: sender {inc}: message {seq} is torn")
         s.expect[inc] = seq + 1
@@ -572,6 +600,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
                     }
                     for s in soak.streams
                 ],
+                "size": args.size,
+                "dynamic": args.dynamic,
                 "reconnect_every": args.reconnect_every,
                 "kill_every": args.kill_every,
                 "freeze_every": args.freeze_every,
