@@ -25,6 +25,8 @@ from tensorwire.client import models
 from tensorwire.client.launch import ps_command, worker_command
 from tensorwire.job.plan import plan
 from tensorwire.server import optim
+from tensorwire.server.ps import DROP_NOTICE_TIMEOUT
+from tensorwire.transports.grpc import ANSWER_GRACE
 
 from .conftest import free_port, freeze
 from .jobs import (
@@ -1061,9 +1063,10 @@ def _frozen_untold_over_grpc(
     job: Any, end: Callable[[subprocess.Popen[bytes]], object], transport: str = "grpc"
 ) -> Job:
     """A BSP job over ``transport`` (a gRPC baseline) whose worker 0 is frozen (SIGSTOP) past
-    the server's --step-timeout and past the drop notice's own timeout (2 s): dropped, not told,
-    its session kept, while the job goes on with worker 1. ``end(worker 0)`` then ends the
-    freeze (SIGCONT, SIGKILL)."""
+    the server's --step-timeout and past the drop notice's own timeout (2 s, and the 0.5 s a
+    gRPC write waits past its deadline for the receiver's answer: ANSWER_GRACE): dropped, not
+    told, its session kept, while the job goes on with worker 1. ``end(worker 0)`` then ends
+    the freeze (SIGCONT, SIGKILL)."""
     j = job(
         ps=["--steps", ENDLESS, "--step-timeout", "1.5", "--transport", transport],
         worker=["--transport", transport],
@@ -1073,7 +1076,7 @@ def _frozen_untold_over_grpc(
     freeze(j.workers[0].pid)
     try:
         _wait_for(j, "worker 0 lost")
-        time.sleep(2.5)
+        time.sleep(DROP_NOTICE_TIMEOUT + ANSWER_GRACE + 1.0)
     finally:
         end(j.workers[0])
     return j

@@ -62,6 +62,14 @@ CHUNK = 1 << 20
 #: A queued write gives up this long before the caller's deadline, so that its answer (no free
 #: slot: WireTimeoutError naming the ring) reaches the caller before gRPC's DEADLINE_EXCEEDED.
 DEADLINE_MARGIN = 0.05
+#: A write's call waits this much past the write's own deadline for the receiver's answer, and
+#: the receiver's wait for a slot ends that much earlier than the call's deadline it sees (at the
+#: write's deadline). gRPC's deadline is the caller's alone: a caller that gave up at it could
+#: not know whether the message had landed, and one that had (its handler scheduled late, a
+#: slot freed meanwhile) left the sender's count a message behind the receiver's ("expected
+#: message 4, got 3" on the next write: test_conformance -k full_ring, under load). The caller
+#: now hears what happened unless the receiver stalls this long.
+ANSWER_GRACE = 0.5
 SERVER_THREADS = 32
 CLOSE_TIMEOUT = 0.5
 LOSS_CHECK = 0.1  # how often a call in flight looks whether the receiver was declared lost
@@ -204,11 +212,19 @@ class _SessionLink:
 
 
 def _deadline(context: grpc.ServicerContext) -> float | None:
-    """Where a queued write stops waiting: a little before the caller's deadline, if any."""
+    """Where a queued write stops waiting: a little before the write's deadline (the call's,
+    less the caller's ANSWER_GRACE), if any."""
     left = context.time_remaining()
     if left is None or left > 1e8:  # no deadline
         return None
-    return time.monotonic() + max(left - DEADLINE_MARGIN, 0.0)
+    return time.monotonic() + max(left - ANSWER_GRACE - DEADLINE_MARGIN, 0.0)
+
+
+def _still_awaited(context: grpc.ServicerContext) -> None:
+    """Just before a message is completed: refuse it where its caller stopped waiting (its
+    call cancelled or past its deadline), which then reports it unwritten."""
+    if not context.is_active():
+        _abort(context, grpc.StatusCode.DEADLINE_EXCEEDED, "the caller stopped waiting")
 
 
 class GrpcDataServer(pb_grpc.TensorServiceServicer, DataServer):
@@ -311,6 +327,7 @@ class GrpcDataServer(pb_grpc.TensorServiceServicer, DataServer):
         header, dst = self._begin(sink, session, request.token, header, context)
         try:
             dst[:] = content  # the deserialised message's bytes, copied into the registered slot
+            _still_awaited(context)
             sink.end_write(session, header)
         except TensorWireError as exc:
             self._refuse(request.token, exc, context)
@@ -378,6 +395,7 @@ class GrpcDataServer(pb_grpc.TensorServiceServicer, DataServer):
                 got += len(chunk)
             if got != len(dst):  # cut short: the slot is never completed
                 raise LocalProtocolError("stream shorter than its header")
+            _still_awaited(context)
             sink.end_write(session, header)
         except TensorWireError as exc:
             self._refuse(token, exc, context)
@@ -504,7 +522,8 @@ class GrpcWriter(TensorWriter):
         self._deadline: float | None = None  # of the message being produced through acquire()
 
     def _timeout(self, deadline: float | None) -> float | None:
-        return None if deadline is None else max(deadline - time.monotonic(), 0.001)
+        """The call's timeout: the write's, and ANSWER_GRACE for the receiver's answer."""
+        return None if deadline is None else max(deadline - time.monotonic(), 0.001) + ANSWER_GRACE
 
     def _send(self, array: np.ndarray[Any, Any], deadline: float | None) -> None:
         self._channel.check_peer()
