@@ -19,6 +19,8 @@ itself fenced: its write in flight at the freeze may complete, its next raises
 
 With ``--dynamic``, each tensor's first dimension is dynamic and every message has a length of
 its own (told from its counter): the shape travels with each message and must arrive with it.
+With ``--api buffer``, each message is produced in place (:meth:`tensorwire.Sender.buffer`: over
+``shm`` the receiver's slot itself), so a fault lands mid-fill as often as mid-write.
 """
 
 from __future__ import annotations
@@ -96,6 +98,13 @@ def add_parser(sub: Any) -> None:
         "counter, which the receiver checks against the shape it gets (default: static)",
     )
     p.add_argument(
+        "--api",
+        choices=("write", "buffer"),
+        default="write",
+        help="how each message is written: write (a copy of the sender's array) or buffer "
+        "(filled in place: over shm, in the receiver's slot) (default write)",
+    )
+    p.add_argument(
         "--reconnect-every",
         type=at_least(0),
         default=0,
@@ -159,10 +168,12 @@ def _sender(
     counts: Any,
     slot: int,
     dynamic: int,
+    in_place: bool,
 ) -> None:
     """Write numbered messages for ``duration`` s, in sessions of ``every`` messages each (0:
     one session), each counter ``incarnation << SEQ_BITS | seq`` (``dynamic``: of at most that
-    many elements, :func:`message_length`; 0: the static shape); store how many writes have
+    many elements, :func:`message_length`; 0: the static shape; ``in_place``: filled in
+    :meth:`~tensorwire.Sender.buffer`'s array, not written from ours); store how many writes have
     returned in ``counts[slot]`` after each (shared memory: the count survives a SIGKILL); send
     back (messages, sessions), or the error that ended it. A tensor still written by the
     sender this one succeeds (frozen: the receiver has not dropped it yet) is claimed again
@@ -179,9 +190,14 @@ def _sender(
                 claimed = False
                 while time.monotonic() < end and sent != stop:
                     counter = base | sent
-                    arr.fill(counter)
+                    shape = (message_length(counter, dynamic),) if dynamic else None
                     try:
-                        tx.write(name, arr[: message_length(counter, dynamic)] if dynamic else arr)
+                        if in_place:
+                            with tx.buffer(name, shape=shape) as out:
+                                out.fill(counter)
+                        else:
+                            arr.fill(counter)
+                            tx.write(name, arr[: shape[0]] if shape else arr)
                     except tw.RemoteProtocolError as exc:
                         if exc.code != "busy" or claimed:
                             raise
@@ -346,6 +362,7 @@ class _Soak:
                 self.counts,
                 slot,
                 self.dynamic,
+                self.args.api == "buffer",
             ),
         )
         proc.start()
@@ -602,6 +619,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
                 ],
                 "size": args.size,
                 "dynamic": args.dynamic,
+                "api": args.api,
                 "reconnect_every": args.reconnect_every,
                 "kill_every": args.kill_every,
                 "freeze_every": args.freeze_every,

@@ -191,13 +191,20 @@ class RingMemory:
         self._q[self._writing] = 0
 
     def enter_write(self, epoch: int) -> bool:
-        """Writer: announce a write by claim ``epoch``; False (and nothing announced) if the
-        receiver no longer lets that claim write."""
+        """Writer: announce a write by claim ``epoch``; False if the receiver no longer lets
+        that claim write.
+
+        The WRITING word is one for the ring, and another claim's writer may be inside a write,
+        announced there: a writer looks at its claim before it stores anything, and one that
+        lost its claim never stores 0 over another's announcement (see :func:`_withdraw`)."""
         q = self._q
+        owner = self._owner
+        if q[owner] != epoch:
+            return False
         q[self._writing] = epoch
-        if q[self._owner] == epoch:
+        if q[owner] == epoch:
             return True
-        q[self._writing] = 0
+        _withdraw(q, self._writing, owner)
         return False
 
     def owned_by(self, epoch: int) -> bool:
@@ -281,9 +288,12 @@ class RingMemory:
         if seq - released > self.depth:
             return 0
         writing = self._writing
+        owner = self._owner
+        if q[owner] != epoch:  # before the announcement: see enter_write
+            return -1
         q[writing] = epoch
-        if q[self._owner] != epoch:
-            q[writing] = 0
+        if q[owner] != epoch:
+            _withdraw(q, writing, owner)
             return -1
         try:
             # The slot is chosen once the claim is known to hold: a writer dropped while it was
@@ -376,6 +386,18 @@ class RingMemory:
         self._q[self._owner] = 0
         self._q[self._writing] = 0
         self._q[self._device_stores] = 0
+
+
+def _withdraw(q: Any, writing: int, owner: int) -> None:
+    """A writer that announced itself and then found its claim revoked (the receiver dropped it
+    between its two looks at the OWNER word): take the announcement down only where no claim
+    has been granted since. Where one has (OWNER holds another epoch), that claim's writer may
+    have announced a write of its own in the same word, which this writer's store has just
+    overwritten; leaving an announcement up there errs on the safe side: the next claim of the
+    ring is fenced while the writer it would take over from runs, instead of granted while that
+    writer may be copying (and that writer takes it down itself at the end of its next write)."""
+    if q[owner] == 0:
+        q[writing] = 0
 
 
 class SlotChooser:

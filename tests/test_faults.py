@@ -1112,6 +1112,32 @@ def test_soak_with_senders_frozen_and_taken_over(tmp_path: Path) -> None:
     _assert_soak_left_nothing(result)
 
 
+def test_soak_of_messages_made_in_place_with_senders_killed_and_frozen(tmp_path: Path) -> None:
+    """`tensorwire bench soak --api buffer`: each 1 MiB message filled in place
+    (`Sender.buffer`: over shm, in the receiver's slot), senders SIGKILLed and SIGSTOPped at
+    random, so that faults land mid-fill. Its first runs at 4 MiB met a frozen shm sender's
+    returned message lost, two of its successor's, and the ring stuck: a dropped writer trying
+    again had wiped its successor's WRITING announcement (`test_revoked_writer.py -k
+    announcement`). Nothing lost, torn or out of order, over shm (two senders), tcp and nixl."""
+    from .jobs import bench_job
+
+    _, result = bench_job(
+        tmp_path,
+        "soak",
+        *("--duration", "12", "--freeze-every", "1", "--kill-every", "1", "--seed", "8"),
+        *("--senders", "4", "--transports", "shm,tcp,shm,nixl", "--heartbeat-timeout", "2"),
+        *("--api", "buffer", "--size", "1M"),
+        timeout=240,
+    )
+    assert result["problems"] == []
+    assert result["api"] == "buffer"
+    faults = [f for s in result["senders"] for f in (*s["frozen"], *s["killed"])]
+    assert len(faults) >= 3, result["senders"]
+    for s in result["senders"]:
+        assert s["sent"] == s["received"] > 0, s
+    _assert_soak_left_nothing(result)
+
+
 def test_curve_encrypted_control_plane(tmp_path: Path, transport: str) -> None:
     from tensorwire import curve
 

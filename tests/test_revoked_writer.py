@@ -131,6 +131,49 @@ def test_a_writer_whose_claim_was_revoked_gets_nothing_written_whatever_the_ring
         assert int(rx.wait("t", timeout=5)[0]) == 5
 
 
+@pytest.mark.parametrize("api", ["write", "buffer"])
+def test_a_dropped_writer_trying_again_leaves_the_next_owners_announcement_up(api: str) -> None:
+    """shm: A, dropped, tries to write while B (its successor) is inside a write. A's try must
+    not take down B's WRITING announcement: if B is then dropped mid-write (stopped), the next
+    claim must be fenced until B's write ends. Before, a writer announced itself by storing its
+    epoch in the ring's WRITING word and then looked whether its claim held, storing 0 when it
+    did not: a revoked writer's try wiped its successor's announcement, the next claim was
+    granted while B was still copying, and B's message then landed in C's ring (`bench soak
+    --api buffer --freeze-every 1 --kill-every 1` at 4 MiB: a returned message of one frozen
+    sender lost, two of its successor's, and the ring stuck). A writer now looks at its claim
+    before it announces anything, and never stores into the word once it has lost it."""
+    with tw.Receiver(heartbeat_timeout=0.5) as rx:
+        rx.register("t", (8,), "int64")
+        opts: dict[str, Any] = {"transport": "shm", "heartbeat": None, "timeout": 10}
+        with tw.Sender.connect(rx.address, **opts) as a:
+            a.write("t", np.full(8, 1, np.int64))
+            assert int(rx.wait("t", timeout=5)[0]) == 1
+            rx.release("t")
+            _wait_dropped(rx, "t")  # A was silent past the heartbeat timeout
+            b = tw.Sender.connect(rx.address, **opts)
+            with b, b.buffer("t") as out:  # B claims, and is inside a write until the block ends
+                with pytest.raises(tw.PeerLostError):
+                    if api == "buffer":
+                        with a.buffer("t") as theirs:
+                            theirs.fill(3)
+                    else:
+                        a.write("t", np.full(8, 3, np.int64))
+                _wait_dropped(rx, "t")  # B too: dropped in the middle of its write
+                with (
+                    tw.Sender.connect(rx.address, transport="shm", timeout=1) as c,
+                    pytest.raises(tw.TensorWireError, match="middle of a write"),
+                ):
+                    c.write("t", np.full(8, 5, np.int64), timeout=1)
+                out.fill(2)
+            assert int(rx.wait("t", timeout=5)[0]) == 2  # B's message, whole
+            rx.release("t")
+            with tw.Sender.connect(rx.address, transport="shm", timeout=10) as c:
+                c.write("t", np.full(8, 5, np.int64))  # B's write ended: C may claim now
+                got = rx.wait("t", timeout=5)
+                assert got.tolist() == [5] * 8
+                rx.release("t")
+
+
 @pytest.mark.nixl
 def test_a_nixl_writer_dropped_while_stopped_holds_its_tensor_until_its_process_ends(
     children: Children, tmp_path: Any
