@@ -135,14 +135,16 @@ OPTIMIZERS = ("sgd", "momentum", "adam")
 DEFAULT_LR = {"sgd": 0.1, "momentum": 0.1, "adam": 0.01}
 
 
+def _unknown(name: str) -> ValueError:
+    return ValueError(f"unknown optimizer {name!r}; choose one of: {', '.join(OPTIMIZERS)}")
+
+
 def default_lr(name: str) -> float:
     """The learning rate optimizer ``name`` uses when none is given (see DEFAULT_LR)."""
     try:
         return DEFAULT_LR[name]
     except KeyError:
-        raise ValueError(
-            f"unknown optimizer {name!r}; choose one of: {', '.join(OPTIMIZERS)}"
-        ) from None
+        raise _unknown(name) from None
 
 
 def make(
@@ -155,4 +157,4 @@ def make(
         return Momentum(lr, weight_decay, momentum, xp)
     if name == "adam":
         return Adam(lr, weight_decay, xp=xp)
-    raise ValueError(f"unknown optimizer {name!r}; choose one of: {', '.join(OPTIMIZERS)}")
+    raise _unknown(name)
