@@ -725,7 +725,12 @@ class PSClient:
                     break
             for addr in self.servers:
                 try:
-                    self.tx.ping(addr, timeout=PROBE_TIMEOUT)
+                    # a notice that comes while a frozen server holds the ping up (up to
+                    # PROBE_TIMEOUT) is read then, not after (test_ps -k hears_at_once: a
+                    # ping begun just before ps0's notice heard it 5 s late)
+                    self.tx.ping(addr, timeout=PROBE_TIMEOUT, check=self._read_notices)
+                except PSClientStopped:  # a server's notice read meanwhile: it said stop
+                    raise
                 except tw.TensorWireError as exc:  # no answer, found dead, or its session gone
                     raise tw.PeerLostError(
                         f"parameter server {addr} failed a ping while we waited for its "

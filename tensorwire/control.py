@@ -394,7 +394,13 @@ class ControlClient:
                 time.sleep(0.001)
                 ready, deadline = self._ready(zmq.POLLOUT, deadline, check)
         if sent:
-            ready, deadline = self._ready(zmq.POLLIN, deadline, check)
+            try:
+                ready, deadline = self._ready(zmq.POLLIN, deadline, check)
+            except BaseException:
+                # check() ended the wait: the reply may still come, and must not be taken for
+                # the next request's (the timeout below resets for the same reason)
+                self._reset()
+                raise
         if not ready:
             why = (
                 self._watch.why()

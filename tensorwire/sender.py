@@ -888,17 +888,33 @@ class Sender(Resource):
                 "(its message) before another message of the tensor"
             )
 
-    def ping(self, peer: str | None = None, timeout: float | None = _DEFAULT) -> None:
+    def ping(
+        self,
+        peer: str | None = None,
+        timeout: float | None = _DEFAULT,
+        *,
+        check: Callable[[], None] | None = None,
+    ) -> None:
         """A control-plane heartbeat round trip (raises if the receiver does not answer).
 
         A receiver found dead meanwhile (the data channel's check of its peer: a pidfd on this
-        host, the heartbeats' verdict) raises PeerLostError at once, not after ``timeout``."""
+        host, the heartbeats' verdict) raises PeerLostError at once, not after ``timeout``.
+        ``check``, if given, is called about every 0.1 s while the ping waits, and what it
+        raises ends the wait (a caller's own news that makes the answer moot)."""
         with self._lock:
             p = self._peer(peer)
             assert p.control is not None
             t = self.timeout if timeout is _DEFAULT else timeout
-            check = None if p.channel is None else p.channel.check_peer
-            p.control.request(wire.Heartbeat(p.generation, p.token), t, check=check)
+            peer_check = None if p.channel is None else p.channel.check_peer
+            looks = [c for c in (peer_check, check) if c is not None]
+
+            def look() -> None:
+                for c in looks:
+                    c()
+
+            p.control.request(
+                wire.Heartbeat(p.generation, p.token), t, check=look if looks else None
+            )
 
     # ---------------------------------------------------------------------------------------
 

@@ -600,6 +600,41 @@ def test_a_ping_of_a_receiver_that_died_ends_at_once(children: Children) -> None
         assert time.monotonic() - start < 5
 
 
+def test_a_ping_ends_when_its_check_raises_and_the_next_one_is_answered(
+    children: Children,
+) -> None:
+    """`Sender.ping(check=...)`: a ping of a frozen receiver ends as soon as the caller's own
+    check raises (a worker's look at the other servers' notices while one server holds its ping
+    up: it heard another's notice 5 s late). The pings and the write after it go on (the
+    abandoned request's socket is opened anew, so that its late answer is not taken for the
+    next request's)."""
+    here, there = children.pipe()
+    proc = children.start(run_receiver, there, [("t", (16,), "float32")])
+    assert here.poll(30)
+    info = here.recv()
+    with tw.Sender.connect(info["address"], transport="shm", timeout=30) as tx:
+        tx.write("t", np.zeros(16, np.float32))
+        tx.ping(timeout=10)
+        looks: list[float] = []
+
+        def check() -> None:
+            looks.append(time.monotonic())
+            if len(looks) >= 3:
+                raise KeyError("news")
+
+        freeze(proc.pid)
+        try:
+            start = time.monotonic()
+            with pytest.raises(KeyError, match="news"):
+                tx.ping(timeout=20, check=check)
+            assert time.monotonic() - start < 5 and len(looks) == 3
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        for _ in range(3):
+            tx.ping(timeout=10)
+        tx.write("t", np.ones(16, np.float32))
+
+
 def _close_ends(
     blocked: Callable[[], object], close: Callable[[], None], within: float
 ) -> list[BaseException]:
