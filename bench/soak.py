@@ -336,7 +336,7 @@ class _Soak:
         rate = sum(1 / every for every in (args.kill_every, args.freeze_every) if every)
         self.counts = self.ctx.RawArray("q", args.senders + 2 * int(rate * args.duration) + 64)
         self.slots_used = 0
-        self.elements = elements = max(2, args.size // 8)
+        elements = max(2, args.size // 8)
         self.dynamic = elements if args.dynamic else 0
         for s in self.streams:
             if self.dynamic:
