@@ -719,17 +719,16 @@ class PSClient:
                     return rx.wait_all(names, timeout=look)
                 except tw.WireTimeoutError:
                     pass
-                self._check_stop("for the parameter servers' parameters")
-                self._read_notices()  # (a look at each server's notices: nothing when none)
+                self._look_while_waiting()
                 if time.monotonic() >= ping_at:
                     break
             for addr in self.servers:
                 try:
-                    # a notice that comes while a frozen server holds the ping up (up to
-                    # PROBE_TIMEOUT) is read then, not after (test_ps -k hears_at_once: a
-                    # ping begun just before ps0's notice heard it 5 s late)
-                    self.tx.ping(addr, timeout=PROBE_TIMEOUT, check=self._read_notices)
-                except PSClientStopped:  # a server's notice read meanwhile: it said stop
+                    # the same looks while a frozen server holds the ping up (up to
+                    # PROBE_TIMEOUT), not after it (test_ps -k hears_at_once: a ping begun
+                    # just before ps0's notice heard it 5 s late)
+                    self.tx.ping(addr, timeout=PROBE_TIMEOUT, check=self._look_while_waiting)
+                except PSClientStopped:  # a stop asked, or a server's notice that it stops
                     raise
                 except tw.TensorWireError as exc:  # no answer, found dead, or its session gone
                     raise tw.PeerLostError(
@@ -737,6 +736,12 @@ class PSClient:
                         f"parameters: {exc}"
                     ) from None
                 self._probe(addr)
+
+    def _look_while_waiting(self) -> None:
+        """What a wait for parameters looks at every NOTICE_LOOK: a stop asked, then each
+        server's notices (nothing when none)."""
+        self._check_stop("for the parameter servers' parameters")
+        self._read_notices()
 
     def _probe(self, addr: str) -> None:
         """Ask server ``addr`` whether it still counts on us: one that went on without us
