@@ -84,6 +84,16 @@ class TensorSpec:
                     f"tensor {name!r}: shape {shape!r} is dynamic, so max_bytes (its capacity) "
                     f"must be given as a positive integer, got {max_bytes!r}"
                 )
+            # The smallest message but an empty one: one along each dynamic dimension. A
+            # capacity below it holds only empty messages, which is a mistake (max_bytes is
+            # in bytes, not elements), not a tensor anyone means to register.
+            smallest = math.prod(1 if d is None else d for d in dims) * dt.itemsize
+            if capacity < smallest:
+                raise SpecMismatchError(
+                    f"tensor {name!r}: max_bytes={capacity} holds no message of shape "
+                    f"{_format(dt, dims)}: the smallest that is not empty is {smallest} bytes "
+                    "(max_bytes is in bytes)"
+                )
         else:
             capacity = math.prod(d for d in dims if d is not None) * dt.itemsize
             if max_bytes is not None and max_bytes != capacity:

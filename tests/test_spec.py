@@ -26,6 +26,15 @@ def test_dynamic_spec_needs_capacity() -> None:
         spec.check_shape((11, 4))
 
 
+def test_a_dynamic_capacity_below_one_row_is_refused() -> None:
+    """A capacity that holds only empty messages is a mistake (elements given for bytes, say)."""
+    with pytest.raises(tw.SpecMismatchError, match="smallest that is not empty is 16 bytes"):
+        TensorSpec.create("ids", (None, 4), "float32", max_bytes=15)
+    assert TensorSpec.create("ids", (None, 4), "float32", max_bytes=16).max_bytes == 16
+    # a static zero dimension: every message is empty, so any capacity holds one
+    assert TensorSpec.create("e", (None, 0), "float32", max_bytes=1).max_bytes == 1
+
+
 @pytest.mark.parametrize("dtype", ["object", "U4", [("a", "i4")], "V8", "datetime64[s]"])
 def test_unsupported_dtypes_are_refused(dtype: object) -> None:
     with pytest.raises(tw.SpecMismatchError):
