@@ -420,6 +420,24 @@ def test_register_many_takes_specs_and_tuples() -> None:
         assert rx.specs["ids"].dynamic and rx.specs["ids"].max_bytes == 64
 
 
+def test_register_many_registers_none_when_an_item_is_bad() -> None:
+    """A bad item is named, and the items before it are not left registered."""
+    with tw.Receiver() as rx:
+        rx.register("old", (2,), "int8")
+        bad_items: list[tuple[list[object], str]] = [
+            ([("a", (2,), "int8"), ("b", (3,))], "item 1 must be a TensorSpec"),
+            ([("a", (2,), "int8"), ("b", (-3,), "int8")], "negative dimension"),
+            ([("a", (2,), "int8"), ("a", (2,), "int8")], "'a' is named twice"),
+            ([("a", (2,), "int8"), ("old", (2,), "int8")], "'old' is already registered"),
+        ]
+        for items, why in bad_items:
+            with pytest.raises(tw.SpecMismatchError, match=why):
+                rx.register_many(items)  # type: ignore[arg-type]
+            assert list(rx.specs) == ["old"]
+        got = rx.register_many([("a", (2,), "int8"), ("ids", (None,), "int64", 64)])
+        assert [s.name for s in got] == ["a", "ids"] and rx.specs["ids"].max_bytes == 64
+
+
 def test_descriptors_past_1024(transport: str) -> None:
     """select() cannot watch a descriptor numbered 1024 or more; a receiver whose sockets are
     numbered past it (a busy daemon, max_connections=1024) must still accept, receive and return

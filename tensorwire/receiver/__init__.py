@@ -33,7 +33,7 @@ from ..control import ControlServer
 from ..cuda import parse_device
 from ..curve import CurveKeys
 from ..endpoint import split_endpoint
-from ..errors import AuthenticationError, TensorWireError, TransportError
+from ..errors import AuthenticationError, SpecMismatchError, TensorWireError, TransportError
 from ..heartbeat import check_seconds
 from ..process import host_identity
 from ..rdma import NixlOptions, is_loopback_host
@@ -232,23 +232,13 @@ class Receiver(Resource):
     def register_many(
         self, specs: Iterable[TensorSpec | tuple[Any, ...]], *, device: Any = "cpu"
     ) -> list[TensorSpec]:
-        """Register several tensors; each item a :class:`TensorSpec` or ``(name, shape, dtype)``,
-        all on ``device`` (as for :meth:`register`)."""
-        out = []
-        for item in specs:
-            if isinstance(item, TensorSpec):
-                out.append(
-                    self.register(
-                        item.name,
-                        item.shape,
-                        item.dtype,
-                        max_bytes=item.max_bytes if item.dynamic else None,
-                        device=device,
-                    )
-                )
-            else:
-                out.append(self.register(*item, device=device))
-        return out
+        """Register several tensors; each item a :class:`TensorSpec`, ``(name, shape, dtype)``
+        or ``(name, shape, dtype, max_bytes)``, all on ``device`` (as for :meth:`register`).
+
+        Every item is checked (its spec, a name given twice or registered already) before any
+        is registered: a bad item raises :class:`SpecMismatchError` and registers none."""
+        checked = [_spec_of(k, item) for k, item in enumerate(specs)]
+        return self._table.register_many(checked, parse_device(device))
 
     @property
     def specs(self) -> dict[str, TensorSpec]:
@@ -381,3 +371,17 @@ class Receiver(Resource):
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self.specs)} tensors"
         return f"<Receiver {self.name} at {getattr(self, 'address', '?')} ({state})>"
+
+
+def _spec_of(index: int, item: Any) -> TensorSpec:
+    """Item ``index`` of :meth:`Receiver.register_many`, as a checked spec."""
+    if isinstance(item, TensorSpec):
+        return TensorSpec.create(
+            item.name, item.shape, item.dtype, item.max_bytes if item.dynamic else None
+        )
+    if isinstance(item, (tuple, list)) and len(item) in (3, 4):
+        return TensorSpec.create(*item)
+    raise SpecMismatchError(
+        f"register_many: item {index} must be a TensorSpec, (name, shape, dtype) or "
+        f"(name, shape, dtype, max_bytes), got {item!r}"
+    )

@@ -243,6 +243,20 @@ class TensorTable:
             layout = plan_ring(base, depth, spec.max_bytes, spec.ndim, spec.dynamic, offset)
             self._add(spec, layout, index)
 
+    def register_many(self, specs: list[TensorSpec], device: int | None) -> list[TensorSpec]:
+        """Register ``specs`` at the receiver's default depth, once all of their names are
+        known to be new (none registered if one is not)."""
+        with self._state.lock:
+            seen: set[str] = set()
+            for spec in specs:
+                if spec.name in seen:
+                    raise SpecMismatchError(f"tensor {spec.name!r} is named twice")
+                seen.add(spec.name)
+                self._check_new(spec.name)
+            for spec in specs:
+                self.register(spec, None, device)
+        return specs
+
     def register_parts(
         self, name: str, shape: Any, dtype: Any, rows: list[int], device: int | None = None
     ) -> list[TensorSpec]:
