@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import multiprocessing as mp
 import os
 import random
@@ -215,6 +216,19 @@ def _sender(
 def _rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _trimmed_rss() -> int | None:
+    """Resident memory once the C allocator has handed its free memory back (glibc's
+    ``malloc_trim``), which tells memory still in use from memory freed but kept for reuse (a
+    leak grows both; an allocator keeping freed blocks grows the first only). None where the C
+    library has no ``malloc_trim``."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except AttributeError:
+        return None
+    trim(0)
+    return _rss()
 
 
 def _fds() -> dict[int, str]:
@@ -553,6 +567,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
         soak = _Soak(args, rx, transports)
         try:
             warm_rss: int | None = None
+            warm_trimmed: int | None = None
             warm_fds: dict[int, str] = {}
             deadline = soak.end + 60
             acts = ((args.kill_every, soak.kill_one), (args.freeze_every, soak.freeze_one))
@@ -584,6 +599,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
                     # every sender connected, and every server the receiver starts on demand
                     # (nixl's, with its descriptors) started
                     warm_rss, warm_fds = _rss(), _fds()
+                    warm_trimmed = _trimmed_rss()
                 for s in soak.streams:
                     assert s.now is not None
                     s.now.hear()
@@ -599,6 +615,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
         soak.thaw(time.monotonic(), all_of_them=True)  # (the run ran out of time)
         soak.account()
         end_rss = _rss()
+        end_trimmed = _trimmed_rss()
         time.sleep(0.5)  # the senders' connections wind down
         end_fds = _fds()
         result.update(
@@ -629,6 +646,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
                 "rss_after_warmup": warm_rss,
                 "rss_end": end_rss,
                 "rss_growth_bytes": end_rss - (warm_rss or end_rss),
+                # both after malloc_trim: the growth of memory in use (None: no malloc_trim)
+                "rss_growth_trimmed_bytes": (
+                    None if end_trimmed is None else end_trimmed - (warm_trimmed or end_trimmed)
+                ),
             }
         )
         # Compared with the warm-up, when every sender was connected: the senders have gone since,
@@ -654,6 +675,13 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
         problems.append(f"{result['segment_growth']} shared-memory segments leaked")
     result["problems"] = problems
     return result
+
+
+def _trimmed(result: dict[str, Any]) -> str:
+    growth = result.get("rss_growth_trimmed_bytes")
+    if growth is None:
+        return ""
+    return f" ({growth / 2**20:+.2f} MiB in use: after malloc_trim at both ends)"
 
 
 def render(result: dict[str, Any]) -> str:
@@ -692,9 +720,10 @@ def render(result: dict[str, Any]) -> str:
             )
     lines.append(
         f"{result['messages']} messages in {result['duration_s']:.1f} s; resident memory "
-        f"{result['rss_growth_bytes'] / 2**20:+.2f} MiB after warm-up; descriptors "
-        f"{result['fd_growth']:+d} ({len(result.get('fds_left_open', []))} opened since and "
-        f"open still); segments {result['segment_growth']:+d}"
+        f"{result['rss_growth_bytes'] / 2**20:+.2f} MiB after warm-up{_trimmed(result)}; "
+        f"descriptors {result['fd_growth']:+d} "
+        f"({len(result.get('fds_left_open', []))} opened since and open still); "
+        f"segments {result['segment_growth']:+d}"
     )
     lines.append(
         "OK: nothing lost, duplicated or torn"
