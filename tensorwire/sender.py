@@ -835,6 +835,10 @@ class Sender(Resource):
         For a tensor the receiver holds on a GPU the array is a cupy array on that GPU (over
         ``shm``, the receiver's slot itself); the work queued on the current CUDA stream is
         waited for before the message is completed.
+
+        The array is lent for the block only: a host array is read-only once the block ends.
+        Views made of it inside the block are not, and must not be kept either: over ``shm``
+        a write through them after the block would change a message already sent.
         """
         with self._lock:
             p, entry = self._resolve(name, peer)
@@ -870,11 +874,18 @@ class Sender(Resource):
                     w.traffic.bytes += staging.nbytes
                     return
                 out = w.acquire(shape, deadline)
+                # A view of its own, made read-only when the block ends: over shm the array is
+                # the receiver's slot, and a write through a reference kept past the block
+                # would change a message already completed (a later one, once the slot is
+                # reused). cupy arrays have no such flag.
+                lent = out.view() if isinstance(out, np.ndarray) else out
                 try:
-                    yield out
+                    yield lent
                 except BaseException:
+                    _lock_out(lent)
                     w.abort()
                     raise
+                _lock_out(lent)
                 w.commit(shape)
                 w.traffic.messages += 1
                 w.traffic.bytes += out.nbytes
@@ -969,3 +980,9 @@ class Sender(Resource):
 
     def __repr__(self) -> str:
         return f"<Sender {self.name} peers={self.peers}{' closed' if self._closed else ''}>"
+
+
+def _lock_out(lent: Any) -> None:
+    """The end of a :meth:`Sender.buffer` block: its host array is read-only from now on."""
+    if isinstance(lent, np.ndarray):
+        lent.flags.writeable = False

@@ -239,6 +239,27 @@ def test_produce_in_place_with_buffer(transport: str) -> None:
                 rx.wait("c", timeout=0.1)  # the aborted message was never completed
 
 
+def test_a_buffer_kept_past_its_block_is_read_only(transport: str) -> None:
+    """Over shm the block's array is the receiver's slot: a write through a reference kept past
+    the block changed the message the receiver then read (by hand: [9, 9, 9, 9] for a message
+    filled with 5s). It is read-only once the block ends, also when the block raised."""
+    with tw.Receiver() as rx:
+        rx.register("x", (4,), "float32")
+        with tw.Sender.connect(rx.address, transport=transport, timeout=5) as tx:
+            with pytest.raises(KeyError), tx.buffer("x") as aborted:
+                raise KeyError("the producer failed")
+            with tx.buffer("x") as kept:
+                kept[:] = 5
+            for lent in (aborted, kept):
+                with pytest.raises(ValueError, match="read-only"):
+                    lent[:] = 9
+            assert rx.wait("x", timeout=5).tolist() == [5.0] * 4
+            rx.release("x")
+            with tx.buffer("x") as again:  # the same slot lent anew: writable in its block
+                again[:] = 6
+            assert rx.wait("x", timeout=5).tolist() == [6.0] * 4
+
+
 def test_another_message_of_a_tensor_inside_its_buffer_block_is_refused(transport: str) -> None:
     """A buffer() block holds its tensor's next slot (over shm) or its staging buffer: a
     second block of the same tensor, or a write of it, inside the block took that slot and
