@@ -861,6 +861,17 @@ class PSClient:
         missing = [p for p in self._shapes if p not in grads]
         if missing:
             raise PSClientError(f"push(): no gradient for {', '.join(missing)}")
+        # Before anything is released or written: over a 16-bit wire each gradient is rounded
+        # into a buffer by assignment, which would broadcast a wrong shape (a scalar, an extra
+        # axis of 1) into the servers' rows without a word.
+        for param, shape in self._shapes.items():
+            got = getattr(grads[param], "shape", None)
+            if got is None or tuple(got) != tuple(shape):
+                raise PSClientError(
+                    f"push(): the gradient of {param!r} is "
+                    f"{'not an array' if got is None else f'of shape {tuple(got)}'}; the "
+                    f"parameter's shape is {tuple(shape)}"
+                )
         t0 = time.perf_counter()
         self._release()
         try:

@@ -1093,9 +1093,7 @@ def test_a_worker_frozen_over_grpc_is_dropped_told_when_it_asks_and_joins_again(
     it still counts on it, and the server tells it then, through the session it kept: the
     worker joins again by itself, and every process ends at a SIGTERM with exit 0. Before, it
     learned it only when it missed the server's heartbeats for its heartbeat timeout (30 s)."""
-    j = _frozen_untold_over_grpc(
-        job, lambda worker: worker.send_signal(signal.SIGCONT), transport
-    )
+    j = _frozen_untold_over_grpc(job, lambda worker: worker.send_signal(signal.SIGCONT), transport)
     _wait_for(j, "still waits for us: told it again")
     _wait_for(j, "worker 0 rejoined")
     text = j.log("ps0")
@@ -1360,17 +1358,20 @@ def test_rank_0_must_bring_the_initial_parameters(tmp_path: Path) -> None:
         ps.wait(30)
 
 
-def test_a_custom_loop_pushes_each_step_once_and_every_gradient(tmp_path: Path) -> None:
+@pytest.mark.parametrize("wire", ["float32", "bfloat16"])
+def test_a_custom_loop_pushes_each_step_once_and_every_gradient(tmp_path: Path, wire: str) -> None:
     """A custom loop's push() without a gradient the model has is refused, naming it (before:
-    a KeyError of the parameter's name); a second push() of one step is refused (before: it
-    went out, an asp server applied the gradients a second time as they landed, and the job
-    made no step more: a loop pushing twice each step was still waiting after 60 s). The job
-    then ends as usual."""
+    a KeyError of the parameter's name); so is one of another shape, or not an array (before:
+    over a 16-bit wire a scalar or an extra axis of 1 was broadcast into the servers' rows
+    without a word, and a list raised AttributeError); a second push() of one step is refused
+    (before: it went out, an asp server applied the gradients a second time as they landed,
+    and the job made no step more: a loop pushing twice each step was still waiting after 60
+    s). The job then ends as usual."""
     from tensorwire.client.psclient import PSClient, PSClientError
 
     address = f"tcp://127.0.0.1:{free_port()}"
     ps = subprocess.Popen(
-        ps_command(address, "--steps", "3", "--sync", "asp", "--no-progress"),
+        ps_command(address, "--steps", "3", "--sync", "asp", "--wire-dtype", wire, "--no-progress"),
         stderr=subprocess.DEVNULL,
     )
     try:
@@ -1383,6 +1384,14 @@ def test_a_custom_loop_pushes_each_step_once_and_every_gradient(tmp_path: Path) 
                 first = next(iter(grads))
                 with pytest.raises(PSClientError, match=f"no gradient for {first}"):
                     c.push({n: g for n, g in grads.items() if n != first})
+                shape = grads[first].shape
+                for wrong, why in (
+                    (np.float32(1.0), "of shape \\(\\)"),
+                    (grads[first][None], f"of shape \\(1, {shape[0]}"),
+                    (grads[first].tolist(), "not an array"),
+                ):
+                    with pytest.raises(PSClientError, match=f"{first!r} is {why}"):
+                        c.push({**grads, first: wrong})
                 c.push(grads, loss=1.0)
                 with pytest.raises(PSClientError, match=f"push\\(\\) again for step {step}"):
                     c.push(grads, loss=1.0)
