@@ -878,14 +878,16 @@ class Sender(Resource):
                 # the receiver's slot, and a write through a reference kept past the block
                 # would change a message already completed (a later one, once the slot is
                 # reused). cupy arrays have no such flag.
-                lent = out.view() if isinstance(out, np.ndarray) else out
+                host = isinstance(out, np.ndarray)
+                lent = out.view() if host else out
                 try:
                     yield lent
                 except BaseException:
-                    _lock_out(lent)
                     w.abort()
                     raise
-                _lock_out(lent)
+                finally:
+                    if host:
+                        lent.flags.writeable = False
                 w.commit(shape)
                 w.traffic.messages += 1
                 w.traffic.bytes += out.nbytes
@@ -980,9 +982,3 @@ class Sender(Resource):
 
     def __repr__(self) -> str:
         return f"<Sender {self.name} peers={self.peers}{' closed' if self._closed else ''}>"
-
-
-def _lock_out(lent: Any) -> None:
-    """The end of a :meth:`Sender.buffer` block: its host array is read-only from now on."""
-    if isinstance(lent, np.ndarray):
-        lent.flags.writeable = False
