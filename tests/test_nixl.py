@@ -176,6 +176,32 @@ def test_the_notifier_kills_probe_runs_and_the_default_keeps_the_receiver_hearin
 
 
 @pytest.mark.nixl
+def test_the_fence_probe_sees_a_dropped_writers_write_land_over_tcp() -> None:
+    """``python -m tensorwire.bench.nixl_fence --tls tcp`` (UCX's transport between hosts
+    without InfiniBand): a WRITE the writer posts after the receiver removed its agent, as
+    tensorwire does when it drops a session, still lands, and so does one after the receiver
+    deregistered the memory: over tcp UCX does not check the target's registration. This is
+    why a dropped `nixl` writer on another host is not fenced (RELIABILITY.md, "Limits"); should
+    a UCX release fence it, this fails, and that limit can be lifted."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "tensorwire.bench.nixl_fence", "--tls", "tcp", "--size", "65536"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines == [
+        f"UCX_TLS=tcp, {after}: the dropped writer's WRITE landed (its transfer: DONE)"
+        for after in (
+            "with nothing done",
+            "after remove_remote_agent",
+            "after deregister_memory",
+        )
+    ], proc.stdout
+
+
+@pytest.mark.nixl
 def test_ends_that_disagree_on_shared_memory_error_handling_are_refused_not_crashed() -> None:
     """Two agents of one host with and without UCX_MM_ERROR_HANDLING find no transport to each
     other, and NIXL 1.5.1 then crashed the process that loaded the other's metadata. The receiver
