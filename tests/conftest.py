@@ -5,7 +5,10 @@ from __future__ import annotations
 import gc
 import multiprocessing as mp
 import os
+import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -248,6 +251,38 @@ def freeze(pid: int, timeout: float = 10.0) -> None:
             return
         assert time.monotonic() < deadline, f"process {pid} not stopped in {timeout} s: {states}"
         time.sleep(0.001)
+
+
+#: pid namespaces can be made here (root, and util-linux's unshare(1))
+needs_pid_namespaces = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="needs root and unshare(1) to make pid namespaces",
+)
+
+
+def in_pid_namespace(argv: list[str], **kwargs: Any) -> subprocess.Popen[str]:
+    """``python *argv`` as pid 1 of a pid and mount namespace of its own (with its own /proc),
+    sharing this host's /dev/shm and network, as two containers with ``--ipc=host`` do: its host
+    identity (tensorwire.process.host_identity) differs from ours. Killing the returned process
+    (unshare) kills it too."""
+    cmd = ["unshare", "--pid", "--kill-child", "--mount-proc", sys.executable, *argv]
+    return subprocess.Popen(cmd, text=True, **kwargs)
+
+
+def namespaced_pid(proc: subprocess.Popen[str], timeout: float = 10.0) -> int:
+    """The pid, in our namespace, of the process that :func:`in_pid_namespace` started."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
+                kids = f.read().split()
+        except OSError:
+            kids = []
+        if kids:
+            return int(kids[0])
+        assert proc.poll() is None, f"unshare exited with {proc.returncode}"
+        assert time.monotonic() < deadline, "unshare started no process"
+        time.sleep(0.01)
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gc
 import os
-import shutil
 import stat
 import subprocess
 import sys
@@ -22,7 +21,13 @@ import tensorwire as tw
 from tensorwire import region as region_module
 from tensorwire.region import Region, reap_stale_segments
 
-from .conftest import ZERO_COPY, Children, shm_entries
+from .conftest import (
+    ZERO_COPY,
+    Children,
+    in_pid_namespace,
+    needs_pid_namespaces,
+    shm_entries,
+)
 from .peers import make_array, run_receiver, send_plan, send_uniform
 
 
@@ -477,16 +482,10 @@ _REAP = "import tensorwire.region as r; print(' '.join(r.reap_stale_segments()))
 
 
 def _in_pid_namespace(code: str, **kwargs: Any) -> subprocess.Popen[str]:
-    """``python -c code`` as pid 1 of a pid namespace of its own (with its own /proc), sharing
-    this host's /dev/shm, as two containers with ``--ipc=host`` do."""
-    cmd = ["unshare", "--pid", "--kill-child", "--mount-proc", sys.executable, "-c", code]
-    return subprocess.Popen(cmd, text=True, stdout=subprocess.PIPE, **kwargs)
+    return in_pid_namespace(["-c", code], stdout=subprocess.PIPE, **kwargs)
 
 
-@pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("unshare") is None,
-    reason="needs root and unshare(1) to make pid namespaces",
-)
+@needs_pid_namespaces
 def test_live_segments_of_another_pid_namespace_are_not_reaped() -> None:
     """Two pid namespaces share /dev/shm: a receiver starting in one must not reap the live
     regions of a receiver in the other (same uid, and its pid means nothing there), and must
