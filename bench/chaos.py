@@ -18,6 +18,12 @@ What the faults are (``--events``):
 - ``kill-server``: SIGKILL a server, start it again with ``--resume-if-present``;
 - ``freeze-server``: SIGSTOP a server for up to ``--step-timeout``, then SIGCONT.
 
+With ``--hosts separate`` every daemon runs in a pid and mount namespace of its own (root and
+util-linux's ``unshare``), so that each sees the others as on other machines: a death or a freeze
+is told by connections and heartbeats only, never by a process of the host, as across machines
+(``shm`` cannot cross it). Each daemon is then pid 1 of its namespace, as in a container without
+an init; the faults' signals go to it.
+
 The random choices come from ``--seed`` (printed in the report), so a failing sequence of faults
 can be asked for again; the timings of the processes will differ.
 """
@@ -25,6 +31,7 @@ can be asked for again; the timings of the processes will differ.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -78,6 +85,8 @@ ENDLESS = "100000000"
 PROGRESS_CHECKPOINTS = 2
 #: seconds a daemon has to exit at SIGTERM, or at the end of the job
 EXIT_TIMEOUT = 120.0
+#: what runs a daemon as if on a machine of its own (``--hosts separate``)
+UNSHARE = ["unshare", "--pid", "--kill-child", "--mount-proc"]
 
 
 _DESCRIPTION = (
@@ -140,6 +149,13 @@ def add_parser(sub: Any) -> None:
         help="rank 0's test accuracy at the end (default 0.9)",
     )
     p.add_argument(
+        "--hosts",
+        default="one",
+        choices=("one", "separate"),
+        help="separate: every daemon in a pid and mount namespace of its own (needs root and "
+        "unshare), as if each ran on a machine of its own (default one)",
+    )
+    p.add_argument(
         "--curve",
         action="store_true",
         help="encrypt the job's control plane with a CURVE key pair made for the run "
@@ -188,6 +204,7 @@ class _Job:
 
     def __init__(self, tmp: Path, args: argparse.Namespace) -> None:
         self.tmp = tmp
+        self.separate = args.hosts == "separate"
         self.env = job_environment()  # as `bench ps` runs its jobs
         addresses = [f"tcp://127.0.0.1:{free_port()}" for _ in range(args.servers)]
         common = ["--transport", args.transport, "--heartbeat-timeout", "3", "--no-progress"]
@@ -234,10 +251,26 @@ class _Job:
 
     def start(self, d: _Daemon, *extra: str) -> None:
         d.starts += 1
+        cmd = [*d.cmd, *extra]
+        if self.separate:
+            cmd = [*UNSHARE, *cmd]
         with open(self.tmp / d.log, "wb") as out:
-            d.proc = subprocess.Popen(
-                [*d.cmd, *extra], stdout=out, stderr=subprocess.STDOUT, env=self.env
-            )
+            d.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env)
+
+    def signal(self, d: _Daemon, sig: int) -> None:
+        """Send ``sig`` to the daemon ``d`` (with ``--hosts separate``: to the process unshare
+        started, not to unshare)."""
+        assert d.proc is not None
+        pid = d.proc.pid
+        if self.separate:
+            pid = _started_by(d.proc)
+        with contextlib.suppress(ProcessLookupError):  # it exited meanwhile: its code tells
+            os.kill(pid, sig)
+
+    def killed(self, code: int) -> bool:
+        """Whether ``code`` is the exit code of a daemon this run SIGKILLed: unshare, whose
+        child was killed, fails to raise the signal again and exits 1 (util-linux 2.38)."""
+        return code == -signal.SIGKILL or (self.separate and code == 1)
 
     def checkpoints(self, d: _Daemon) -> int:
         """Checkpoint lines in the log of ``d``'s current process."""
@@ -263,10 +296,29 @@ class _Job:
     def close(self) -> None:
         for d in self.daemons:
             if d.proc is not None and d.proc.poll() is None:
-                d.proc.send_signal(signal.SIGCONT)  # a frozen one cannot die otherwise
-                d.proc.kill()
+                with contextlib.suppress(_Failure):  # unshare without its daemon yet
+                    self.signal(d, signal.SIGCONT)  # a frozen one cannot die otherwise
+                d.proc.kill()  # (unshare's child is killed with it: --kill-child)
             if d.proc is not None:
                 d.proc.wait(30)
+
+
+def _started_by(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> int:
+    """The pid of the process ``proc`` (unshare) started, once it has (bounded); ``proc``'s
+    own once it has exited."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None:
+        try:
+            with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
+                kids = f.read().split()
+        except OSError:
+            kids = []
+        if kids:
+            return int(kids[0])
+        if time.monotonic() > deadline:
+            raise _Failure(f"unshare (pid {proc.pid}) started no daemon within {timeout:g} s")
+        time.sleep(0.01)
+    return proc.pid
 
 
 class _Failure(Exception):
@@ -315,22 +367,27 @@ def _disrupt(
         # workers: past the servers' step timeout half the time (dropped, then joining again)
         most = args.step_timeout * (2 if event.endswith("worker") else 1)
         pause = rng.uniform(0.2, most)
-        proc.send_signal(signal.SIGSTOP)
+        job.signal(d, signal.SIGSTOP)
         time.sleep(pause)
-        proc.send_signal(signal.SIGCONT)
+        job.signal(d, signal.SIGCONT)
         return f"{d.name} frozen for {pause:.1f} s"
     pause = rng.uniform(0.1, 2.0)
     if event.startswith("kill"):
-        proc.kill()
+        job.signal(d, signal.SIGKILL)
         code = proc.wait(30)
-        if code != -signal.SIGKILL:
+        if not job.killed(code):
             raise _Failure(f"{d.name} exited with {code} before its SIGKILL ({job.tail(d)})")
     else:  # stop-worker: it leaves the job and exits 0
         # one started again just now may not have its handler yet (Python still importing):
         # SIGTERM ends it as it ends any process then
         starting = "joined " not in (job.tmp / d.log).read_text(errors="replace")
+        if starting and job.separate:
+            # pid 1 of its namespace, Python ignores SIGTERM until the daemon handles it
+            # (a container without an init does the same): stop it once it has joined
+            _await_joined(job, d, args.stall)
+            starting = False
         asked = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
+        job.signal(d, signal.SIGTERM)
         try:
             code = proc.wait(EXIT_TIMEOUT)
             record["exited_after_s"] = round(time.monotonic() - asked, 2)
@@ -349,22 +406,31 @@ def _disrupt(
     return f"{d.name} {verb}, started again {pause:.1f} s later"
 
 
+def _await_joined(job: _Job, d: _Daemon, stall: float) -> None:
+    """Until the worker ``d`` has joined its job; _Failure after ``stall`` seconds, or when a
+    daemon exits unasked."""
+    deadline = time.monotonic() + stall
+    while "joined " not in (job.tmp / d.log).read_text(errors="replace"):
+        if time.monotonic() > deadline:
+            raise _Failure(f"{d.name} did not join within {stall:g} s ({job.tail(d)})")
+        problem = job.unexpected_exit()
+        if problem:
+            raise _Failure(problem)
+        time.sleep(0.1)
+
+
 def _finish(job: _Job, stall: float) -> list[str]:
     """Once every worker has joined (one started again just now may not have yet), SIGTERM the
     servers; every daemon must exit 0 (the workers follow their servers)."""
     problems = []
     deadline = time.monotonic() + stall
     for d in job.workers:
-        while "joined " not in (job.tmp / d.log).read_text(errors="replace"):
-            if time.monotonic() > deadline:
-                return [f"{d.name} did not join within {stall:g} s ({job.tail(d)})"]
-            problem = job.unexpected_exit()
-            if problem:
-                return [problem]
-            time.sleep(0.1)
+        try:
+            _await_joined(job, d, max(deadline - time.monotonic(), 0.1))
+        except _Failure as exc:
+            return [str(exc)]
     for d in job.servers:
-        assert d.proc is not None
-        d.proc.send_signal(signal.SIGTERM)
+        job.signal(d, signal.SIGTERM)
     deadline = time.monotonic() + EXIT_TIMEOUT
     for d in job.daemons:
         assert d.proc is not None
@@ -439,6 +505,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
     # each daemon's flags: what PASSED_ON sets, then --ps-args or --worker-args (they win)
     given = {daemon: _daemon_flags(parser, args, daemon) for daemon in ("ps", "worker")}
     args.extra = {daemon: [*_passed_on(args, daemon), *given[daemon]] for daemon in given}
+    if args.hosts == "separate":
+        if args.transport == "shm":
+            parser.error("--hosts separate: shm does not reach across hosts; pick another")
+        if os.geteuid() != 0 or shutil.which("unshare") is None:
+            parser.error("--hosts separate: needs root and unshare(1) to make the namespaces")
     if args.curve and not tw_curve.available():
         parser.error("--curve: this libzmq has no CURVE support")
     if args.framework == "torch" and importlib.util.find_spec("torch") is None:
@@ -456,6 +527,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
             **{k: getattr(args, k) for k in ("duration", "step_timeout", "checkpoint_every")},
             **{_key(flag): _value(args, flag) for flag, _, _, _ in PASSED_ON},
             "curve": args.curve,
+            "hosts": args.hosts,
             **{f"{daemon}_args": flags for daemon, flags in given.items()},
             "events": events,
             "seed": seed,
@@ -527,7 +599,8 @@ def render(result: dict[str, Any]) -> str:
             for flag, _, choices, _ in PASSED_ON
             if c.get(_key(flag), choices[0]) != choices[0]
         )
-        + (", CURVE" if c.get("curve") else ""),
+        + (", CURVE" if c.get("curve") else "")
+        + (", each daemon on a host of its own" if c.get("hosts") == "separate" else ""),
         f"{'at s':>8} {'trained on after s':>19}  fault",
     ]
     for e in result["events"]:

@@ -28,7 +28,7 @@ from tensorwire.server import optim
 from tensorwire.server.ps import DROP_NOTICE_TIMEOUT
 from tensorwire.transports.grpc import ANSWER_GRACE
 
-from .conftest import free_port, freeze
+from .conftest import free_port, freeze, needs_pid_namespaces
 from .jobs import (
     Job,
     assert_params_close,
@@ -1419,6 +1419,28 @@ def test_chaos_job_trains_on_after_every_fault(tmp_path: Path) -> None:
     assert result["accuracy"] >= 0.9
     assert result["logs"] is None  # nothing kept when all went well
     assert result["steps_per_s"] > 0 and "steps/s, those alone take" in out
+
+
+@needs_pid_namespaces
+def test_chaos_job_with_each_daemon_on_a_host_of_its_own_trains_on(tmp_path: Path) -> None:
+    """`bench chaos --hosts separate`: every daemon in a pid and mount namespace of its own, so
+    each sees the others as on other machines (a sender's death is told by its connection or
+    its heartbeats, never by a process of the host: the paths a job across machines takes),
+    over tcp, for 10 s of faults of every kind. A shm job cannot be run so, and is refused."""
+    args = ["--transport", "tcp", "--hosts", "separate", "--duration", "10", "--seed", "2311"]
+    out, result = bench_job(tmp_path, "chaos", *args, "--stall", "60", "--no-progress", timeout=300)
+    assert result["problems"] == [], out
+    assert result["config"]["hosts"] == "separate"
+    assert len(result["events"]) >= 3, out
+    assert result["accuracy"] >= 0.9
+    refused = subprocess.run(
+        [sys.executable, "-m", "tensorwire.bench", "chaos", "--hosts", "separate"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2
+    assert "shm does not reach across hosts" in refused.stderr
 
 
 def test_a_bsp_worker_frozen_again_just_after_it_joined_again_does_not_stall_the_job(
