@@ -200,7 +200,7 @@ def _sender(
                             arr.fill(counter)
                             tx.write(name, arr[: shape[0]] if shape else arr)
                     except tw.RemoteProtocolError as exc:
-                        if exc.code != "busy" or claimed:
+                        if exc.code not in ("busy", "silent-owner") or claimed:
                             raise
                         time.sleep(CLAIM_RETRY)  # the session's first: not ours yet
                         continue

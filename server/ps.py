@@ -743,7 +743,9 @@ class ParameterServer:
             return  # stopped before the job formed: nothing trained, nothing to checkpoint
         self.started_at = time.monotonic()  # steps/s counts from here, not from start-up
         for w in self.workers:
-            self._send(w, STATUS_STOP if self.step >= self.cfg.steps else STATUS_RUN)
+            # a worker that cannot take them is gone on without, as in any step (this send
+            # ended the server with exit 1 before)
+            self._serve(w, STATUS_STOP if self.step >= self.cfg.steps else STATUS_RUN)
         if self.cfg.sync == "bsp":
             self._run_bsp()
         else:
@@ -874,7 +876,8 @@ class ParameterServer:
             return _Notice(told=False, later=True, why=str(exc))
         except tw.RemoteProtocolError as exc:
             # busy: an earlier session of ours still holds it (see _refused)
-            return _Notice(told=False, later=exc.code == "busy", why=str(exc))
+            later = exc.code in ("busy", "silent-owner")
+            return _Notice(told=False, later=later, why=str(exc))
         except tw.TensorWireError as exc:
             return _Notice(told=False, later=False, why=str(exc))
         return _Notice(told=True, later=False)

@@ -176,6 +176,12 @@ class FencedError(NotYetError):
     the claim may succeed later."""
 
 
+class SilentOwnerError(NotYetError):
+    """Another sender holds the tensor, on another host, and has not spoken since a claim
+    first met it: it may be dead, and the receiver drops it at its heartbeat timeout (code
+    ``"silent-owner"``); the claim may succeed then."""
+
+
 class StartingError(NotYetError):
     """The receiver's data server for the transport attached to is still starting (one started
     when its first sender attaches, on a thread of its own: NIXL's agent takes over a second on
@@ -184,6 +190,7 @@ class StartingError(NotYetError):
 
 _ERRORS: dict[str, type[TensorWireError]] = {
     "fenced": FencedError,
+    "silent-owner": SilentOwnerError,
     "starting": StartingError,
     "auth": AuthenticationError,
     "unauthenticated": AuthenticationError,

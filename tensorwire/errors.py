@@ -46,7 +46,9 @@ class RemoteProtocolError(ProtocolError):
     """The peer refused what we sent as a protocol violation.
 
     ``code``: the receiver's reason, where it gave one (``"busy"``: another sender writes the
-    tensor; ``"protocol"``: the request broke the protocol), else None."""
+    tensor; ``"silent-owner"``: another sender, on another host, wrote it and has not spoken
+    since, and was still not dropped when the write's time ran out (the claim is asked again
+    until then); ``"protocol"``: the request broke the protocol), else None."""
 
     remote = True
     code: str | None = None

@@ -203,6 +203,7 @@ ERROR_CODES = frozenset(
         "stale-generation",
         "unknown-tensor",
         "busy",
+        "silent-owner",  # its writer, on another host, is silent (dead?): claim again later
         "fenced",  # the tensor's dropped writer may still be storing into it: claim again later
         "protocol",
         "closed",

@@ -133,3 +133,44 @@ def test_a_sender_on_another_host_that_dies_or_freezes_is_dropped_and_taken_over
             _stop(first)  # a frozen one too: SIGKILL ends a stopped process
             if second is not None:
                 _stop(second)
+
+
+@pytest.mark.parametrize("transport", ["grpc", "grpc-stream", "nixl"])
+def test_a_sender_restarted_on_another_host_waits_for_its_dead_self_to_be_dropped(
+    transport: str,
+) -> None:
+    """A sender on another host is SIGKILLed and a new one started at once, as an orchestrator
+    restarts a process, before the receiver drops the dead one (nothing of its host tells it;
+    over these transports no connection does either): the new one's claim is asked again
+    ("silent-owner") until the heartbeat timeout drops the dead one, and its messages arrive.
+    Before, it was refused "busy" and the new sender failed (a parameter server restarted so
+    exited 1: `bench chaos --hosts separate`, seeds 2321, 2322, 2324, 2325)."""
+    timeout = 3.0  # the new sender, starting (about 1 s), claims well before it
+    with tw.Receiver(heartbeat_timeout=timeout) as rx:
+        rx.register("t", (1024,), "int64")
+        first = _writer(rx.address, transport, 0)
+        second = None
+        try:
+            assert rx.wait("t", timeout=30)[0] == 0
+            rx.release("t")
+            os.kill(namespaced_pid(first), signal.SIGKILL)
+            killed = time.monotonic()
+            second = _writer(rx.address, transport, 1_000_000)
+            for _ in range(100_000):  # the dead one's messages, then its loss (bounded)
+                try:
+                    got = rx.wait("t", timeout=30)
+                except tw.PeerLostError:
+                    break
+                assert got[0] < 1_000_000, "the new sender wrote while the dead one held it"
+                rx.release("t")
+            dropped = time.monotonic() - killed
+            for k in range(100):
+                got = rx.wait("t", timeout=30)
+                assert got[0] == got[-1] == 1_000_000 + k, f"message {k} of the new sender"
+                rx.release("t")
+            assert second.poll() is None, _stop(second)
+            assert dropped > 1.0, f"dropped {dropped:.1f} s after: the claim met no dead owner"
+        finally:
+            _stop(first)
+            if second is not None:
+                _stop(second)

@@ -60,6 +60,9 @@ class Session:
     alive: bool = True
     dropped: str = ""  # why the session ended (once it has)
     last_seen: float = field(default_factory=time.monotonic)  # any message, frame or heartbeat
+    #: since when another session's claim waits to learn whether this one, on another host,
+    #: lives (None: no claim waits): see SessionHandler._unsure_of
+    contested_since: float | None = None
 
     def describe(self) -> str:
         return f"sender {self.client!r} (pid {self.pid})"
@@ -272,6 +275,15 @@ class SessionHandler:
             tensor.credited = tensor.released  # the claim's reply tells the writer
             return self._claimed(tensor)
         if owner is not None:
+            if self._unsure_of(owner):
+                silent = time.monotonic() - owner.last_seen
+                return wire.ErrorReply(
+                    "silent-owner",
+                    f"tensor {tensor.spec.name!r} is written by {owner.describe()} on another "
+                    f"host, silent for {silent:.1f} s: the claim can be asked again until it "
+                    f"speaks (then it is refused: busy) or the heartbeat timeout "
+                    f"({self._heartbeat_timeout:g} s) drops it",
+                )
             return wire.ErrorReply(
                 "busy", f"tensor {tensor.spec.name!r} is already written by {owner.describe()}"
             )
@@ -304,6 +316,25 @@ class SessionHandler:
         tensor.lost = None
         session.claims.add(tensor.tensor_id)
         return self._claimed(tensor)
+
+    def _unsure_of(self, owner: Session) -> bool:
+        """Whether a claim that meets ``owner`` must be asked again rather than refused "busy":
+        ``owner`` is on another host and has not spoken (a heartbeat, a request, a message)
+        since a claim first met it. Such a writer may be dead: nothing of this host tells (a
+        writer of this host is dropped as its process exits), and one restarted claiming its
+        tensors again must wait for the heartbeat timeout to drop the dead one, not be refused
+        (a parameter server restarted on another host exited 1 on "busy": `bench chaos --hosts
+        separate`). A live one speaks within its heartbeat interval, and the claim is then
+        refused "busy"."""
+        if self._heartbeat_timeout is None or owner.host == self._state.host:
+            return False  # never dropped for silence / dropped at once if it dies
+        if owner.contested_since is None:
+            owner.contested_since = time.monotonic()
+            return True
+        if owner.last_seen > owner.contested_since:
+            owner.contested_since = None  # it spoke: alive; a later claim asks anew
+            return False
+        return True
 
     def _claimed(self, tensor: RegisteredTensor) -> wire.Claimed:
         return wire.Claimed(
