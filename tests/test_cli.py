@@ -645,3 +645,33 @@ def test_a_server_that_dies_before_its_first_write_is_found_lost(tmp_path: Path)
     assert code == 1 and "Traceback" not in err
     assert f"parameter server {address} failed a ping while we waited" in err
     assert err.strip().splitlines()[-1].startswith("tensorwire-worker: error: parameter server")
+
+
+def test_daemons_checking_one_directory_at_once_do_not_fail_each_other(tmp_path: Path) -> None:
+    """Each daemon checks as it starts that it can write where it will write (--metrics,
+    --checkpoint-dir, --save-params) by writing a probe file there. The probe was named by its
+    pid, which is 1 for every container's daemon, so two that shared a directory (a compose
+    volume) removed each other's, and one failed its check ("is not writable: No such file or
+    directory": `bench chaos --hosts separate`, seed 2325). Eight threads of one process (so
+    of one pid) probing one directory 200 times each all pass, and leave nothing there."""
+    import threading
+
+    from tensorwire.job.files import unwritable_directory
+
+    failures: list[str] = []
+
+    def probe() -> None:
+        for _ in range(200):
+            why = unwritable_directory(str(tmp_path))
+            if why is not None:
+                failures.append(why)
+
+    threads = [threading.Thread(target=probe) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert failures == []
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "file").write_text("")
+    assert unwritable_directory(str(tmp_path / "file")) == "exists and is not a directory"

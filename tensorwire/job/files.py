@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import tempfile
 from collections.abc import Callable
 from typing import IO
 
@@ -30,11 +31,12 @@ def unwritable_directory(directory: str, *, create: bool = True) -> str | None:
         return "does not exist"
     if not os.path.isdir(directory):
         return "is not a directory"
-    probe = os.path.join(directory, f".tensorwire-probe-{os.getpid()}")
+    # A file of a name no other process can take, gone once closed: a name made of the pid was
+    # the same for every container's daemon (each is pid 1), and two of them that shared the
+    # directory removed each other's, which failed one's check (`bench chaos --hosts separate`).
     try:
-        with open(probe, "wb"):
+        with tempfile.TemporaryFile(dir=directory, prefix=".tensorwire-probe-"):
             pass
-        os.unlink(probe)
     except OSError as exc:
         return f"is not writable: {exc.strerror}"
     return None
