@@ -260,12 +260,16 @@ needs_pid_namespaces = pytest.mark.skipif(
 )
 
 
+#: runs a command as pid 1 of a pid and mount namespace of its own (in_pid_namespace)
+UNSHARE = ["unshare", "--pid", "--kill-child", "--mount-proc"]
+
+
 def in_pid_namespace(argv: list[str], **kwargs: Any) -> subprocess.Popen[str]:
     """``python *argv`` as pid 1 of a pid and mount namespace of its own (with its own /proc),
     sharing this host's /dev/shm and network, as two containers with ``--ipc=host`` do: its host
     identity (tensorwire.process.host_identity) differs from ours. Killing the returned process
     (unshare) kills it too."""
-    cmd = ["unshare", "--pid", "--kill-child", "--mount-proc", sys.executable, *argv]
+    cmd = [*UNSHARE, sys.executable, *argv]
     return subprocess.Popen(cmd, text=True, **kwargs)
 
 

@@ -20,7 +20,7 @@ from tensorwire.client import models
 from tensorwire.client.launch import ps_command, worker_command
 from tensorwire.server import optim
 
-from .conftest import free_port
+from .conftest import UNSHARE, free_port
 
 PY = sys.executable
 
@@ -38,10 +38,13 @@ class Processes:
     """Daemons started as subprocesses, each logging to ``tmp/NAME.log``; :meth:`kill` reaps
     every one still running."""
 
-    def __init__(self, tmp: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, tmp: Path, env: dict[str, str] | None = None, *, hosts: str = "one") -> None:
         self.tmp = tmp
         self.env = {**os.environ, **(env or {})}
         self.procs: list[subprocess.Popen[str]] = []
+        #: "separate": each daemon in a pid and mount namespace of its own, as on a machine of
+        #: its own (conftest.in_pid_namespace); signal it at conftest.namespaced_pid
+        self.prefix = UNSHARE if hosts == "separate" else []
 
     def start(
         self, cmd: list[str], *, log: str, env: dict[str, str] | None = None
@@ -49,7 +52,11 @@ class Processes:
         """Start ``cmd`` with stdout and stderr in ``log``.log and ``env`` over the base one."""
         out = open(self.tmp / f"{log}.log", "w")  # noqa: SIM115 - closed with the process
         proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, text=True, env={**self.env, **(env or {})}
+            [*self.prefix, *cmd],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**self.env, **(env or {})},
         )
         out.close()
         self.procs.append(proc)
@@ -83,8 +90,9 @@ class Job(Processes):
         worker: list[str] | None = None,
         start_workers: int | None = None,
         env: dict[str, str] | None = None,
+        hosts: str = "one",
     ) -> None:
-        super().__init__(tmp, env)
+        super().__init__(tmp, env, hosts=hosts)
         self.addresses = [f"tcp://127.0.0.1:{free_port()}" for _ in range(servers)]
         self.ps = [
             self.start(
@@ -123,9 +131,13 @@ class Job(Processes):
     def restart_worker(self, rank: int, *extra: str) -> subprocess.Popen[str]:
         """Start worker ``rank`` again (a new process, a new receiver, the same rank)."""
         args = next(p.args for p in self.workers if f"--rank {rank} " in " ".join(p.args) + " ")
-        proc = self.start([*args, *extra], log=f"w{rank}-again")
+        proc = self.start([*self.command(args), *extra], log=f"w{rank}-again")
         self.workers.append(proc)
         return proc
+
+    def command(self, args: Any) -> list[str]:
+        """The daemon's own command line, of a process :meth:`start` started."""
+        return list(args)[len(self.prefix) :]
 
     def metrics(self, name: str) -> dict[str, Any]:
         return json.loads((self.tmp / f"{name}.json").read_text())

@@ -28,7 +28,7 @@ from tensorwire.server import optim
 from tensorwire.server.ps import DROP_NOTICE_TIMEOUT
 from tensorwire.transports.grpc import ANSWER_GRACE
 
-from .conftest import free_port, freeze, needs_pid_namespaces
+from .conftest import free_port, freeze, namespaced_pid, needs_pid_namespaces
 from .jobs import (
     Job,
     assert_params_close,
@@ -899,6 +899,43 @@ def test_server_killed_and_resumed_workers_reconnect(job: Any, tmp_path: Path) -
     assert j.metrics("ps0")["steps"] >= saved + 500
     assert "rejoined the parameter servers" in j.log("w0") or "reconnecting" in j.log("w0")
     assert j.metrics("w0")["test_accuracy"] >= 0.95
+
+
+@needs_pid_namespaces
+def test_a_server_restarted_at_once_on_a_host_of_its_own_trains_on_with_its_workers(
+    job: Any, tmp_path: Path
+) -> None:
+    """Server and workers each on a host of their own (pid namespaces), over grpc-stream, with a
+    heartbeat timeout (8 s) well past the step timeout (2 s): the server is SIGKILLed and started
+    again at once with --resume. The workers, whose writes to it fail at once, join it again
+    while their receivers still hold its dead self's claims (nothing of their host tells them it
+    died). Its first parameters to each wait for those claims ("silent-owner") for the step
+    timeout; the worker is then gone on without, and told when it asks, and joins again once
+    its receiver dropped the dead server: the job trains on, and every process ends at the
+    SIGTERM with exit 0. Before, that first send ended the restarted server with exit 1
+    ("refused claim: ... already written by sender 'ps0' (pid 1)": `bench chaos --hosts
+    separate`, seeds 2321, 2322, 2324, 2325)."""
+    ckpt = tmp_path / "ckpt"
+    args = ["--steps", ENDLESS, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "50"]
+    common = ["--transport", "grpc-stream", "--heartbeat-timeout", "8"]
+    j = job(
+        ps=[*args, *common, "--step-timeout", "2", "--log-level", "INFO"],
+        worker=[*common, "--log-level", "INFO"],
+        hosts="separate",
+    )
+    _wait_for(j, "checkpoint at step 100")
+    j.ps[0].kill()  # unshare, and its daemon with it (--kill-child)
+    assert j.ps[0].wait(10) == -signal.SIGKILL
+    again = j.start([*j.command(j.ps[0].args), "--resume"], log="ps0-again")
+    log_has(j.tmp / "ps0-again.log", "resumed shard 0 from ", 60)
+    _trains_on(j, "ps0-again")
+    os.kill(namespaced_pid(again), signal.SIGTERM)
+    codes = [p.wait(120) for p in (again, *j.workers)]
+    text = (j.tmp / "ps0-again.log").read_text()
+    assert codes == [0, 0, 0], text + j.log("w0")
+    # told by silence or its connection, as across machines, not by a process of the host
+    assert "sender 'ps0' (pid 1) lost: " in j.log("w0") + j.log("w1")
+    assert "lost at step" in text, text  # its first parameters found the claims held
 
 
 def test_a_server_lost_while_the_workers_join_another_again_is_waited_for_too(
