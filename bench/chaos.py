@@ -51,6 +51,7 @@ from tensorwire import curve as tw_curve
 from tensorwire.client.launch import free_port, job_environment, ps_command, worker_command
 from tensorwire.job.config import at_least, fraction, positive_seconds, zero_or_more_seconds
 from tensorwire.job.files import output_file
+from tensorwire.process import first_child
 
 from .common import machine_facts
 from .report import SCHEMA
@@ -306,18 +307,11 @@ class _Job:
 def _started_by(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> int:
     """The pid of the process ``proc`` (unshare) started, once it has (bounded); ``proc``'s
     own once it has exited."""
-    deadline = time.monotonic() + timeout
-    while proc.poll() is None:
-        try:
-            with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
-                kids = f.read().split()
-        except OSError:
-            kids = []
-        if kids:
-            return int(kids[0])
-        if time.monotonic() > deadline:
-            raise _Failure(f"unshare (pid {proc.pid}) started no daemon within {timeout:g} s")
-        time.sleep(0.01)
+    kid = first_child(proc.pid, timeout, lambda: proc.poll() is None)
+    if kid is not None:
+        return kid
+    if proc.poll() is None:
+        raise _Failure(f"unshare (pid {proc.pid}) started no daemon within {timeout:g} s")
     return proc.pid
 
 

@@ -12,6 +12,8 @@ import contextlib
 import os
 import select
 import socket
+import time
+from collections.abc import Callable
 
 
 def host_identity() -> str:
@@ -71,3 +73,22 @@ class ProcessWatch:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._poll = None
+
+
+def first_child(pid: int, timeout: float, running: Callable[[], bool]) -> int | None:
+    """The pid of the first child of process ``pid`` (the process ``unshare --fork`` runs a
+    command in, which signals must reach), once it has one; None if it has none within
+    ``timeout`` seconds, or once ``running()`` is False."""
+    deadline = time.monotonic() + timeout
+    while running():
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                kids = f.read().split()
+        except OSError:
+            kids = []
+        if kids:
+            return int(kids[0])
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.01)
+    return None

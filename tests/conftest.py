@@ -21,6 +21,7 @@ from hypothesis import settings
 
 from tensorwire import cuda, extras
 from tensorwire.client import launch
+from tensorwire.process import first_child
 from tensorwire.rdma import installed as rdma_installed
 
 # `make fuzz`: the wire decoders under a long hypothesis run, outside CI.
@@ -275,18 +276,9 @@ def in_pid_namespace(argv: list[str], **kwargs: Any) -> subprocess.Popen[str]:
 
 def namespaced_pid(proc: subprocess.Popen[str], timeout: float = 10.0) -> int:
     """The pid, in our namespace, of the process that :func:`in_pid_namespace` started."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
-                kids = f.read().split()
-        except OSError:
-            kids = []
-        if kids:
-            return int(kids[0])
-        assert proc.poll() is None, f"unshare exited with {proc.returncode}"
-        assert time.monotonic() < deadline, "unshare started no process"
-        time.sleep(0.01)
+    kid = first_child(proc.pid, timeout, lambda: proc.poll() is None)
+    assert kid is not None, f"unshare started no process (exit code {proc.poll()})"
+    return kid
 
 
 @pytest.fixture
