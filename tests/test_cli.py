@@ -675,3 +675,35 @@ def test_daemons_checking_one_directory_at_once_do_not_fail_each_other(tmp_path:
     assert list(tmp_path.iterdir()) == []
     (tmp_path / "file").write_text("")
     assert unwritable_directory(str(tmp_path / "file")) == "exists and is not a directory"
+
+
+def test_files_written_whole_by_several_writers_at_once_stay_whole(tmp_path: Path) -> None:
+    """A checkpoint, summary or parameter file is written beside its name and renamed over it.
+    That file was named by the pid, the same (1) for every container's daemon, so two writing
+    one path at once (a server still stopping while its replacement resumed, on one volume)
+    wrote into one file. Eight threads of one process (one pid) each writing its own 64 KiB
+    of one value into one path 50 times: the file is always one writer's whole, and nothing
+    is left beside it."""
+    import threading
+
+    from tensorwire.job.files import write_whole
+
+    path = tmp_path / "ckpt.bin"
+    failures: list[str] = []
+
+    def writer(value: int) -> None:
+        for _ in range(50):
+            try:
+                write_whole(str(path), lambda f: f.write(bytes([value]) * 65536))
+            except OSError as exc:
+                failures.append(str(exc))
+
+    threads = [threading.Thread(target=writer, args=(v,)) for v in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert failures == []
+    data = path.read_bytes()
+    assert len(data) == 65536 and data == data[:1] * 65536
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.bin"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import secrets
 import tempfile
 from collections.abc import Callable
 from typing import IO
@@ -63,9 +64,11 @@ def output_file(text: str) -> str:
 def write_whole(path: str, write: Callable[[IO[bytes]], object]) -> None:
     """Write ``path`` through ``write`` into a file beside it, synced, then renamed over it.
     OSError (a full disk, a volume gone) leaves no partial file and ``path`` as it was."""
-    tmp = f"{path}.tmp-{os.getpid()}"
+    # Beside it under a name of its own: one made of the pid alone was the same for every
+    # container's daemon (each is pid 1), and two writing one path interleaved in one file.
+    tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
     try:
-        with open(tmp, "wb") as f:
+        with open(tmp, "xb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
