@@ -53,6 +53,11 @@ OUTSIDE_FLAGS = {
     "--from-literal",
     "--head",
     "--per-thread",
+    # unshare(1), which `bench chaos --hosts separate` runs each daemon under
+    "--pid",
+    "--fork",
+    "--kill-child",
+    "--mount-proc",
 }
 
 
