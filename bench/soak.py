@@ -17,6 +17,11 @@ receiver has dropped them (its heartbeat timeout); each frozen one then runs aga
 itself fenced: its write in flight at the freeze may complete, its next raises
 :class:`~tensorwire.PeerLostError`, and none of its messages lands after its successor's.
 
+With ``--hosts separate`` (root and util-linux's ``unshare``), each sender process runs in a pid
+and mount namespace of its own, so that the receiver sees it as on another machine: its death
+and its freeze are told by its connection and its heartbeats only, and a dropped ``nixl`` writer
+is not fenced by its process (RELIABILITY.md, "Limits": what lands of a frozen one is reported).
+
 With ``--dynamic``, each tensor's first dimension is dynamic and every message has a length of
 its own (told from its counter): the shape travels with each message and must arrive with it.
 With ``--api buffer``, each message is produced in place (:meth:`tensorwire.Sender.buffer`: over
@@ -31,9 +36,14 @@ import ctypes
 import multiprocessing as mp
 import os
 import random
+import shlex
+import shutil
 import signal
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from multiprocessing import spawn as mp_spawn
 from typing import Any
 
 import numpy as np
@@ -41,7 +51,9 @@ import numpy as np
 import tensorwire as tw
 from tensorwire.job.config import at_least, positive_seconds
 from tensorwire.job.files import output_file
+from tensorwire.process import first_child
 
+from .chaos import UNSHARE
 from .common import machine_facts, parse_size
 from .report import SCHEMA
 
@@ -148,6 +160,13 @@ def add_parser(sub: Any) -> None:
         metavar="SECONDS",
         help="the receiver's heartbeat timeout: how long a killed sender's tensor may stay "
         "claimed where its death is seen only by its silence, and a frozen one's (default 30)",
+    )
+    p.add_argument(
+        "--hosts",
+        choices=("one", "separate"),
+        default="one",
+        help="separate: every sender in a pid and mount namespace of its own (needs root and "
+        "unshare; not shm), as if on a machine of its own (default one)",
     )
     p.add_argument("--json", metavar="PATH", type=output_file, help="write the results as JSON")
 
@@ -258,6 +277,7 @@ class _Process:
     conn: Any
     counts: Any  # shared int64s: ours, at ``slot``, counts the writes that returned
     slot: int
+    separate: bool = False  # run by unshare, on a host of its own: signals go to its child
     sent: int | None = None  # its report at its end: messages written
     sessions: int | None = None
     failed: str | None = None  # the error that ended it, or how it died without a word
@@ -266,6 +286,15 @@ class _Process:
     @property
     def ended(self) -> bool:
         return self.sent is not None or self.failed is not None
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to the sender (under ``--hosts separate``: to the process unshare runs
+        it in, not to unshare)."""
+        pid = self.proc.pid
+        if self.separate:
+            pid = first_child(pid, 10.0, self.proc.is_alive) or pid
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
 
     @property
     def acked(self) -> int:
@@ -381,7 +410,7 @@ class _Soak:
         )
         proc.start()
         there.close()
-        s.now = _Process(incarnation, proc, here, self.counts, slot)
+        s.now = _Process(incarnation, proc, here, self.counts, slot, self.args.hosts == "separate")
 
     def take(self, name: str, view: Any) -> None:
         """Check one message against what came before it on its tensor."""
@@ -435,7 +464,7 @@ class _Soak:
         if s is None or s.now is None:
             return False
         p = s.now
-        os.kill(p.proc.pid, signal.SIGKILL)
+        p.signal(signal.SIGKILL)
         p.close()
         # takeover_s: from the kill to its successor's first message, set when that arrives
         s.killed.append({"incarnation": p.incarnation, "acked": p.acked, "at": time.monotonic()})
@@ -451,7 +480,7 @@ class _Soak:
         if s is None or s.now is None:
             return False
         p = s.now
-        os.kill(p.proc.pid, signal.SIGSTOP)
+        p.signal(signal.SIGSTOP)
         at = time.monotonic()
         record = {"incarnation": p.incarnation, "acked_at_freeze": p.acked, "at": at}
         record["resume_at"] = at + self.freeze_for
@@ -464,7 +493,7 @@ class _Soak:
         for s in self.streams:
             for p, record in s.frozen:
                 if "resumed_after_s" not in record and (all_of_them or now >= record["resume_at"]):
-                    os.kill(p.proc.pid, signal.SIGCONT)
+                    p.signal(signal.SIGCONT)
                     record["resumed_after_s"] = now - record["at"]
                 p.hear()
 
@@ -473,8 +502,7 @@ class _Soak:
         for s in self.streams:
             for p in (s.now, *(f for f, _ in s.frozen)):
                 if p is not None and p.exitcode is None and p.proc.is_alive():
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(p.proc.pid, signal.SIGKILL)
+                    p.signal(signal.SIGKILL)
 
     def account(self) -> None:
         """What each killed and frozen sender wrote against what arrived of it, and each
@@ -565,8 +593,42 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
             f"({args.heartbeat_timeout:g} s), and none is frozen in the last {room:g} s of the "
             f"run; give a --duration over {room:g} s, or a shorter --heartbeat-timeout"
         )
+    if args.hosts == "separate":
+        if "shm" in transports:
+            parser.error("--hosts separate: shm does not reach across hosts; leave it out")
+        if os.geteuid() != 0 or shutil.which("unshare") is None:
+            parser.error("--hosts separate: needs root and unshare(1) to make the namespaces")
+    with _senders_on_hosts_of_their_own(args.hosts == "separate"):
+        return _run(args, transports)
+
+
+@contextlib.contextmanager
+def _senders_on_hosts_of_their_own(separate: bool) -> Iterator[None]:
+    """Where ``separate``, multiprocessing starts each sender through unshare, in a pid and
+    mount namespace of its own (the descriptors it hands the child pass through). unshare
+    (util-linux 2.38) says "sigprocmask unblock failed" on stderr for each sender killed."""
+    if not separate:
+        yield
+        return
+    spawn = mp.get_context("spawn")
+    before = mp_spawn.get_executable()
+    with tempfile.TemporaryDirectory(prefix="tensorwire-soak-") as tmp:
+        wrapper = os.path.join(tmp, "python-on-a-host-of-its-own")
+        python = shlex.quote(os.fsdecode(before))
+        with open(wrapper, "w") as f:
+            f.write(f'#!/bin/sh\nexec {" ".join(UNSHARE)} {python} "$@"\n')
+        os.chmod(wrapper, 0o700)
+        spawn.set_executable(wrapper)
+        try:
+            yield
+        finally:
+            spawn.set_executable(before)
+
+
+def _run(args: argparse.Namespace, transports: list[str]) -> dict[str, Any]:
     seg0 = _segments()
     result: dict[str, Any] = {"schema": SCHEMA, "kind": "soak", "machine": machine_facts()}
+    result["hosts"] = args.hosts
     with tw.Receiver(heartbeat_timeout=args.heartbeat_timeout) as rx:
         soak = _Soak(args, rx, transports)
         try:
