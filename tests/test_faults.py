@@ -1053,6 +1053,22 @@ def test_soak_with_senders_that_come_and_go(tmp_path: Path) -> None:
 
 
 @pytest.mark.nixl
+def _assert_kills_accounted(result: dict[str, Any]) -> None:
+    """A soak with kills: at least 3 of them; every killed sender taken over, and at most one
+    more of its messages arrived than its writes returned for (every one over the transports
+    whose write returns on delivery); the last senders' messages all arrived; nothing left."""
+    kills = [k for s in result["senders"] for k in s["killed"]]
+    assert len(kills) >= 3, result["senders"]
+    for s in result["senders"]:
+        assert s["sent"] == s["received"] > 0, s
+        for k in s["killed"]:
+            assert "takeover_s" in k, k  # its successor's messages came
+            assert k["received"] <= k["acked"] + 1
+            if s["transport"] in WRITE_IS_DELIVERY:
+                assert k["received"] >= k["acked"], (s["transport"], k)
+    _assert_soak_left_nothing(result)
+
+
 def test_soak_with_senders_killed_mid_stream(tmp_path: Path) -> None:
     """`tensorwire bench soak --kill-every 0.7`: four senders (shm, tcp, grpc, nixl), each
     SIGKILLed at random moments for 8 s and a new process taking its tensor over. Nothing
@@ -1071,16 +1087,7 @@ def test_soak_with_senders_killed_mid_stream(tmp_path: Path) -> None:
         timeout=240,
     )
     assert result["problems"] == []
-    kills = [k for s in result["senders"] for k in s["killed"]]
-    assert len(kills) >= 3, result["senders"]
-    for s in result["senders"]:
-        assert s["sent"] == s["received"] > 0, s
-        for k in s["killed"]:
-            assert "takeover_s" in k, k  # its successor's messages came
-            assert k["received"] <= k["acked"] + 1
-            if s["transport"] in WRITE_IS_DELIVERY:
-                assert k["received"] >= k["acked"], (s["transport"], k)
-    _assert_soak_left_nothing(result)
+    _assert_kills_accounted(result)
 
 
 @needs_pid_namespaces
@@ -1102,14 +1109,7 @@ def test_soak_with_senders_on_hosts_of_their_own_killed_mid_stream(tmp_path: Pat
         timeout=240,
     )
     assert result["problems"] == [] and result["hosts"] == "separate"
-    kills = [k for s in result["senders"] for k in s["killed"]]
-    assert len(kills) >= 3, result["senders"]
-    for s in result["senders"]:
-        assert s["sent"] == s["received"] > 0, s
-        for k in s["killed"]:
-            assert "takeover_s" in k, k  # its successor's messages came
-            assert k["received"] <= k["acked"] + 1
-    _assert_soak_left_nothing(result)
+    _assert_kills_accounted(result)
 
 
 def test_soak_of_dynamic_shapes_with_senders_killed_mid_stream(tmp_path: Path) -> None:
