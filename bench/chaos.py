@@ -53,7 +53,7 @@ from tensorwire.job.config import at_least, fraction, positive_seconds, zero_or_
 from tensorwire.job.files import output_file
 from tensorwire.process import first_child
 
-from .common import machine_facts
+from .common import UNSHARE, hosts_problem, machine_facts
 from .report import SCHEMA
 
 EVENTS = ("kill-worker", "freeze-worker", "stop-worker", "kill-server", "freeze-server")
@@ -86,8 +86,6 @@ ENDLESS = "100000000"
 PROGRESS_CHECKPOINTS = 2
 #: seconds a daemon has to exit at SIGTERM, or at the end of the job
 EXIT_TIMEOUT = 120.0
-#: what runs a daemon as if on a machine of its own (``--hosts separate``)
-UNSHARE = ["unshare", "--pid", "--kill-child", "--mount-proc"]
 
 
 _DESCRIPTION = (
@@ -499,11 +497,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
     # each daemon's flags: what PASSED_ON sets, then --ps-args or --worker-args (they win)
     given = {daemon: _daemon_flags(parser, args, daemon) for daemon in ("ps", "worker")}
     args.extra = {daemon: [*_passed_on(args, daemon), *given[daemon]] for daemon in given}
-    if args.hosts == "separate":
-        if args.transport == "shm":
-            parser.error("--hosts separate: shm does not reach across hosts; pick another")
-        if os.geteuid() != 0 or shutil.which("unshare") is None:
-            parser.error("--hosts separate: needs root and unshare(1) to make the namespaces")
+    problem = hosts_problem(args.hosts, [args.transport])
+    if problem:
+        parser.error(problem)
     if args.curve and not tw_curve.available():
         parser.error("--curve: this libzmq has no CURVE support")
     if args.framework == "torch" and importlib.util.find_spec("torch") is None:

@@ -8,6 +8,7 @@ import hashlib
 import hmac
 import os
 import platform
+import shutil
 import socket
 from importlib import metadata
 from typing import Any
@@ -105,3 +106,20 @@ def command_mac(secret: str, nonce: bytes, counter: int, body: bytes) -> bytes:
     hello (a command replayed, or replayed to another server, does not verify) and its bytes."""
     message = b"tensorwire-bench" + nonce + counter.to_bytes(8, "big") + body
     return hmac.new(secret.encode(), message, hashlib.sha256).digest()
+
+
+#: what runs a command as if on a machine of its own (``--hosts separate`` of ``bench chaos``
+#: and ``bench soak``): pid 1 of a pid and mount namespace of its own, so that its host identity
+#: differs, killed with the unshare process that runs it
+UNSHARE = ["unshare", "--pid", "--kill-child", "--mount-proc"]
+
+
+def hosts_problem(hosts: str, transports: list[str]) -> str | None:
+    """Why ``--hosts`` cannot be had here with ``transports``, or None."""
+    if hosts != "separate":
+        return None
+    if "shm" in transports:
+        return "--hosts separate: shm does not reach across hosts; leave it out"
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return "--hosts separate: needs root and unshare(1) to make the namespaces"
+    return None

@@ -37,7 +37,6 @@ import multiprocessing as mp
 import os
 import random
 import shlex
-import shutil
 import signal
 import tempfile
 import time
@@ -53,8 +52,7 @@ from tensorwire.job.config import at_least, positive_seconds
 from tensorwire.job.files import output_file
 from tensorwire.process import first_child
 
-from .chaos import UNSHARE
-from .common import machine_facts, parse_size
+from .common import UNSHARE, hosts_problem, machine_facts, parse_size
 from .report import SCHEMA
 
 #: Transports whose write returns only once the message is the receiver's (completed in its
@@ -593,11 +591,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
             f"({args.heartbeat_timeout:g} s), and none is frozen in the last {room:g} s of the "
             f"run; give a --duration over {room:g} s, or a shorter --heartbeat-timeout"
         )
-    if args.hosts == "separate":
-        if "shm" in transports:
-            parser.error("--hosts separate: shm does not reach across hosts; leave it out")
-        if os.geteuid() != 0 or shutil.which("unshare") is None:
-            parser.error("--hosts separate: needs root and unshare(1) to make the namespaces")
+    problem = hosts_problem(args.hosts, transports)
+    if problem:
+        parser.error(problem)
     with _senders_on_hosts_of_their_own(args.hosts == "separate"):
         return _run(args, transports)
 

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import settings
 
 from tensorwire import cuda, extras
+from tensorwire.bench.common import UNSHARE
 from tensorwire.client import launch
 from tensorwire.process import first_child
 from tensorwire.rdma import installed as rdma_installed
@@ -259,10 +260,6 @@ needs_pid_namespaces = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("unshare") is None,
     reason="needs root and unshare(1) to make pid namespaces",
 )
-
-
-#: runs a command as pid 1 of a pid and mount namespace of its own (in_pid_namespace)
-UNSHARE = ["unshare", "--pid", "--kill-child", "--mount-proc"]
 
 
 def in_pid_namespace(argv: list[str], **kwargs: Any) -> subprocess.Popen[str]:

@@ -16,11 +16,12 @@ from typing import Any
 
 import numpy as np
 
+from tensorwire.bench.common import UNSHARE
 from tensorwire.client import models
 from tensorwire.client.launch import ps_command, worker_command
 from tensorwire.server import optim
 
-from .conftest import UNSHARE, free_port
+from .conftest import free_port
 
 PY = sys.executable
 
