@@ -217,7 +217,7 @@ def _sender(
                             arr.fill(counter)
                             tx.write(name, arr[: shape[0]] if shape else arr)
                     except tw.RemoteProtocolError as exc:
-                        if exc.code not in ("busy", "silent-owner") or claimed:
+                        if not exc.held_by_another or claimed:
                             raise
                         time.sleep(CLAIM_RETRY)  # the session's first: not ours yet
                         continue

@@ -390,7 +390,7 @@ class PSClient:
                 self._check_stop(f"for parameter server {addr} to take {what}")
                 continue
             except tw.RemoteProtocolError as exc:
-                if exc.code not in ("busy", "silent-owner"):  # held by another session
+                if not exc.held_by_another:
                     raise
                 if time.monotonic() >= deadline:
                     raise PSClientError(

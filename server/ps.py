@@ -876,8 +876,7 @@ class ParameterServer:
             return _Notice(told=False, later=True, why=str(exc))
         except tw.RemoteProtocolError as exc:
             # busy: an earlier session of ours still holds it (see _refused)
-            later = exc.code in ("busy", "silent-owner")
-            return _Notice(told=False, later=later, why=str(exc))
+            return _Notice(told=False, later=exc.held_by_another, why=str(exc))
         except tw.TensorWireError as exc:
             return _Notice(told=False, later=False, why=str(exc))
         return _Notice(told=True, later=False)

@@ -53,6 +53,12 @@ class RemoteProtocolError(ProtocolError):
     remote = True
     code: str | None = None
 
+    @property
+    def held_by_another(self) -> bool:
+        """Whether the tensor was refused because another sender's session holds it (``busy``
+        or ``silent-owner``): a claim that may succeed once that session ends."""
+        return self.code in ("busy", "silent-owner")
+
 
 class AuthenticationError(TensorWireError):
     """The control-plane handshake failed: a missing, wrong or unexpected shared secret, or a
