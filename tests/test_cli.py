@@ -707,3 +707,66 @@ def test_files_written_whole_by_several_writers_at_once_stay_whole(tmp_path: Pat
     data = path.read_bytes()
     assert len(data) == 65536 and data == data[:1] * 65536
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.bin"]
+
+
+_WRITER_STUCK_MID_WRITE = """
+import sys, time
+from tensorwire.job.files import write_whole
+
+def write(f):
+    f.write(b"partial")
+    f.flush()
+    print("writing", flush=True)
+    time.sleep(120)
+
+write_whole(sys.argv[1], write)
+"""
+
+
+def test_partial_files_of_writers_that_died_are_removed_by_the_next_write(
+    tmp_path: Path,
+) -> None:
+    """A daemon SIGKILLed while it writes a checkpoint leaves its partial file; its name is
+    unique, so nothing reused and so removed it, and a job restarted again and again filled
+    its volume. The next whole write of that path removes those whose writer died (no lock
+    held on them) and that are older than a minute; a live writer's, however old, stays."""
+    import signal
+    import time
+
+    from tensorwire.job import files
+
+    path = tmp_path / "ckpt.npz"
+    writers = []
+    for _ in range(2):
+        proc = subprocess.Popen(
+            [PY, "-c", _WRITER_STUCK_MID_WRITE, str(path)], stdout=subprocess.PIPE, text=True
+        )
+        writers.append(proc)
+        assert proc.stdout is not None and proc.stdout.readline() == "writing\n"
+    dead, alive = writers
+    try:
+        partials = sorted(tmp_path.iterdir())
+        assert len(partials) == 2
+        dead.send_signal(signal.SIGKILL)
+        dead.wait(10)
+        dead_partial = next(p for p in partials if f".tmp-{dead.pid}-" in p.name)
+        alive_partial = next(p for p in partials if f".tmp-{alive.pid}-" in p.name)
+        # A young partial file is kept though its writer died: its age covers a writer's
+        # instant between creating its file and locking it.
+        young = tmp_path / "ckpt.npz.tmp-7-0badf00d"
+        young.write_bytes(b"young")
+        files.write_whole(str(path), lambda f: f.write(b"whole"))
+        assert sorted(tmp_path.iterdir()) == sorted([path, dead_partial, alive_partial, young])
+        hour_ago = time.time() - 3600
+        for partial in (dead_partial, alive_partial):
+            os.utime(partial, (hour_ago, hour_ago))
+        files.write_whole(str(path), lambda f: f.write(b"whole again"))
+        assert sorted(tmp_path.iterdir()) == sorted([path, alive_partial, young])
+        assert path.read_bytes() == b"whole again"
+        assert alive.poll() is None
+    finally:
+        for proc in writers:
+            proc.kill()
+            proc.wait(10)
+            assert proc.stdout is not None
+            proc.stdout.close()

@@ -4,16 +4,20 @@ A daemon writes its checkpoints, its end-of-job summary (``--metrics``) and a wo
 parameters (``--save-params``) long after it started. A path that cannot be written is refused
 at the start, not found out after the whole job; and each file is written beside its name and
 renamed over it, so that a crash, a full disk or a reader never sees half of it (a failed write
-removes its partial file, which would otherwise keep a full disk full).
+removes its partial file, which would otherwise keep a full disk full). A writer killed
+mid-write leaves its partial file; the next whole write of that path removes it.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
+import glob
 import os
 import secrets
 import tempfile
+import time
 from collections.abc import Callable
 from typing import IO
 
@@ -61,19 +65,57 @@ def output_file(text: str) -> str:
     return text
 
 
+# A partial file this old whose writer holds no lock on it is abandoned: its writer died. The
+# age covers the instant between a writer creating its file and locking it.
+ABANDONED_AFTER = 60.0
+
+
 def write_whole(path: str, write: Callable[[IO[bytes]], object]) -> None:
     """Write ``path`` through ``write`` into a file beside it, synced, then renamed over it.
-    OSError (a full disk, a volume gone) leaves no partial file and ``path`` as it was."""
+    OSError (a full disk, a volume gone) leaves no partial file and ``path`` as it was. Partial
+    files of ``path`` left by writers that died are removed after."""
     # Beside it under a name of its own: one made of the pid alone was the same for every
     # container's daemon (each is pid 1), and two writing one path interleaved in one file.
     tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
     try:
         with open(tmp, "xb") as f:
+            # Held until the rename: it tells the sweep below, in any process, that this file
+            # is being written; the kernel lets go of it when its writer dies.
+            fcntl.flock(f, fcntl.LOCK_EX)
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+            os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    remove_abandoned(path)
+
+
+def remove_abandoned(path: str) -> list[str]:
+    """Remove the partial files of ``path`` whose writers died (SIGKILLed, or their machine
+    gone, mid-write): unlocked and older than ``ABANDONED_AFTER``. Returns their names. Their
+    names are unique, so nothing else would ever reuse and so remove them."""
+    removed = []
+    for candidate in glob.glob(glob.escape(path) + ".tmp-*"):
+        try:
+            fd = os.open(candidate, os.O_RDONLY)
+        except OSError:
+            continue  # renamed into place or removed meanwhile
+        try:
+            if time.time() - os.fstat(fd).st_mtime < ABANDONED_AFTER:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # its writer lives (or the file system has no locks: keep it)
+            # Still the file under that name (not one renamed over it since it was opened).
+            if os.stat(candidate).st_ino == os.fstat(fd).st_ino:
+                os.unlink(candidate)
+                removed.append(candidate)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+    return removed
