@@ -125,7 +125,14 @@ class TensorSpec:
         """Check that a tensor of ``shape`` (and ``dtype``) may be written; return its bytes."""
         dt = self.dtype if dtype is None else dtype
         nbytes = math.prod(shape) * dt.itemsize
-        if dt != self.dtype:
+        if dt != self.dtype and dt.newbyteorder("=") == self.dtype.newbyteorder("="):
+            # The same type in the other byte order (a big-endian file's data, say): its name
+            # reads like the registered one's, so say what differs and the one-line remedy.
+            problem = (
+                f"byte order mismatch (the tensor is {self.dtype.str}: "
+                f"send x.astype({self.dtype.str!r}))"
+            )
+        elif dt != self.dtype:
             problem = "dtype mismatch"
         elif any(d < 0 for d in shape):
             problem = "negative dimension"

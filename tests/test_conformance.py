@@ -292,6 +292,8 @@ def test_another_message_of_a_tensor_inside_its_buffer_block_is_refused(transpor
 
 BAD_WRITES = [
     ("dtype", lambda: np.zeros((4, 4), dtype=np.float64), "dtype mismatch"),
+    # float32 in the other byte order: named apart from the registered type, with the remedy
+    ("byteorder", lambda: np.zeros((4, 4), dtype=">f4"), r"byte order mismatch .*astype"),
     ("shape", lambda: np.zeros((2, 8), dtype=np.float32), "shape mismatch"),
     ("rank", lambda: np.zeros(16, dtype=np.float32), "shape mismatch"),
     ("strided", lambda: np.zeros((4, 8), dtype=np.float32)[:, ::2], "not C-contiguous"),
