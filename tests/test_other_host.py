@@ -14,6 +14,7 @@ import signal
 import subprocess
 import time
 
+import numpy as np
 import pytest
 
 import tensorwire as tw
@@ -174,3 +175,62 @@ def test_a_sender_restarted_on_another_host_waits_for_its_dead_self_to_be_droppe
             _stop(first)
             if second is not None:
                 _stop(second)
+
+
+#: a receiver of tensor "t" (1024 int64) that prints its address, then reads message k == k
+#: for ever; exits 5 on a message out of order
+_RECEIVE_FOREVER = """
+import sys, tensorwire as tw
+with tw.Receiver(bind="tcp://127.0.0.1:0") as rx:
+    rx.register("t", (1024,), "int64")
+    print(rx.address, flush=True)
+    k = 0
+    while True:
+        got = rx.wait("t", timeout=120)
+        if not got[0] == got[-1] == k:
+            sys.exit(5)
+        rx.release("t")
+        k += 1
+"""
+
+
+@pytest.mark.parametrize("fault", ["kill", "freeze"])
+@pytest.mark.parametrize("transport", ["tcp", "grpc", "grpc-stream", "nixl"])
+def test_a_receiver_on_another_host_that_dies_or_freezes_ends_its_sender_s_writes(
+    transport: str, fault: str
+) -> None:
+    """A receiver on another host is SIGKILLed or frozen while a sender here streams to it.
+    The sender cannot look at its process (that pid names nothing, or another process, here),
+    so a write raises PeerLostError once the connection closes or the heartbeats go unanswered,
+    within seconds (0.01-0.02 s after a kill, the connection reset; 0.7-0.9 s after a freeze,
+    three heartbeats of 0.2 s missed), and `lost()` says why from then on."""
+    receiver = in_pid_namespace(["-c", _RECEIVE_FOREVER], stdout=subprocess.PIPE)
+    try:
+        assert receiver.stdout is not None
+        address = receiver.stdout.readline().strip()
+        assert address.startswith("tcp://"), address
+        with tw.Sender.connect(address, transport=transport, timeout=10, heartbeat=0.2) as tx:
+            for k in range(50):
+                tx.write("t", np.full(1024, k, np.int64))
+            pid = namespaced_pid(receiver)
+            if fault == "kill":
+                os.kill(pid, signal.SIGKILL)
+            else:
+                freeze(pid)
+            faulted = time.monotonic()
+            with pytest.raises(tw.PeerLostError):
+                for k in range(50, 100_000):  # bounded: its credits run out after a few
+                    tx.write("t", np.full(1024, k, np.int64), timeout=10)
+                    time.sleep(0.001)
+            lost_after = time.monotonic() - faulted
+            assert lost_after < 5, f"told of the loss {lost_after:.1f} s after"
+            why = tx.lost() or ""
+            # Over tcp it said None after a hang-up's PeerLostError (its reason is kept now).
+            assert why, "lost() names no reason after a PeerLostError"
+            assert "died" not in why, why  # no verdict on a process it cannot see
+            if fault == "freeze":
+                assert "missed 3 heartbeats" in why, why
+        if fault == "freeze":
+            os.kill(pid, signal.SIGCONT)
+    finally:
+        _stop(receiver)

@@ -279,10 +279,10 @@ class TcpChannel(Channel):
             except BlockingIOError:
                 break
             except OSError as exc:
-                raise PeerLostError(f"tcp data connection to {self._where} failed: {exc}") from exc
+                raise self._lost(f"tcp data connection to {self._where} failed: {exc}") from exc
             if n == 0:
                 self._take_credits()  # what came before the hang-up still counts
-                raise PeerLostError(
+                raise self._lost(
                     f"receiver at {self._where} closed the data connection (it closed, or it "
                     "dropped this sender's session)"
                 )
@@ -290,6 +290,13 @@ class TcpChannel(Channel):
             if not hung_up:
                 break
         self._take_credits()
+
+    def _lost(self, reason: str) -> PeerLostError:
+        """The error for a connection found broken, kept as the channel's ``lost``: the sender's
+        ``lost()`` reports it from then on, as it does the heartbeats' verdict (before, it said
+        None after a write had raised PeerLostError for a receiver's hang-up)."""
+        self.mark_lost(reason)
+        return PeerLostError(reason)
 
     def _take_credits(self) -> None:
         size = wire.CREDIT.size
@@ -390,7 +397,7 @@ class TcpChannel(Channel):
             self._shutdown()  # the receiver may still read: it must not see half a frame land
             raise
         except OSError as exc:
-            raise PeerLostError(f"tcp data connection to {self._where} failed: {exc}") from exc
+            raise self._lost(f"tcp data connection to {self._where} failed: {exc}") from exc
         except BaseException:
             # Interrupted (Ctrl-C) once a byte went out: the frame can never be finished, and
             # the next one's bytes would finish its payload, so the receiver would complete a
