@@ -1,10 +1,10 @@
-"""Senders on another host, as a receiver sees them.
+"""Peers on another host: senders as a receiver sees them, and receivers as a sender does.
 
-Every other test's senders share the receiver's host, where a sender's death is told by its
-process (a pidfd) and a dropped `nixl` writer is fenced by its process. Here each sender runs in a
-pid and mount namespace of its own (``unshare``), so its host identity differs from the
-receiver's, as a sender on another machine or in another container does: only what crosses hosts
-is left to the receiver, the data connection, the heartbeats, and the fences on its own side.
+Every other test's peers share one host, where a peer's death is told by its process (a pidfd)
+and a dropped `nixl` writer is fenced by its process. Here the sender, or the receiver, runs in a
+pid and mount namespace of its own (``unshare``), so its host identity differs from its peer's,
+as a process on another machine or in another container does: only what crosses hosts is left,
+the connections, the heartbeats, and the fences on the receiver's own side.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 
 import tensorwire as tw
 
-from .conftest import freeze, in_pid_namespace, namespaced_pid, needs_pid_namespaces
+from .conftest import free_port, freeze, in_pid_namespace, namespaced_pid, needs_pid_namespaces
 
 pytestmark = needs_pid_namespaces
 
@@ -234,3 +234,49 @@ def test_a_receiver_on_another_host_that_dies_or_freezes_ends_its_sender_s_write
             os.kill(pid, signal.SIGCONT)
     finally:
         _stop(receiver)
+
+
+#: like _RECEIVE_FOREVER at a given address, saying each message's first value on stdout
+_RECEIVE_AND_SAY = """
+import sys, tensorwire as tw
+with tw.Receiver(bind=sys.argv[1]) as rx:
+    rx.register("t", (1024,), "int64")
+    print(rx.address, flush=True)
+    while True:
+        got = rx.wait("t", timeout=120)
+        print(int(got[0]) if got[0] == got[-1] else "torn", flush=True)
+        rx.release("t")
+"""
+
+
+@pytest.mark.parametrize("transport", ["tcp", "grpc", "grpc-stream", "nixl"])
+def test_a_sender_with_reconnect_writes_on_into_a_receiver_restarted_on_another_host(
+    transport: str,
+) -> None:
+    """A receiver on another host is SIGKILLed and started again at its address (as an
+    orchestrator restarts it): a sender with ``reconnect=True`` writes on, its next writes
+    landing whole in the new receiver (a new generation), none lost after the restart."""
+    bind = f"tcp://127.0.0.1:{free_port()}"
+    first = in_pid_namespace(["-c", _RECEIVE_AND_SAY, bind], stdout=subprocess.PIPE)
+    second = None
+    try:
+        assert first.stdout is not None
+        address = first.stdout.readline().strip()
+        with tw.Sender.connect(
+            address, transport=transport, timeout=10, heartbeat=0.2, reconnect=True
+        ) as tx:
+            for k in range(10):
+                tx.write("t", np.full(1024, k, np.int64))
+            os.kill(namespaced_pid(first), signal.SIGKILL)
+            _stop(first)
+            second = in_pid_namespace(["-c", _RECEIVE_AND_SAY, bind], stdout=subprocess.PIPE)
+            assert second.stdout is not None
+            assert second.stdout.readline().strip() == address
+            for k in range(10, 20):
+                tx.write("t", np.full(1024, k, np.int64), timeout=20)
+            said = [second.stdout.readline().strip() for _ in range(10)]
+            assert said == [str(k) for k in range(10, 20)]
+    finally:
+        _stop(first)
+        if second is not None:
+            _stop(second)
