@@ -112,6 +112,13 @@ def add_parser(sub: Any) -> None:
         help="seconds of disruptions (default 120)",
     )
     p.add_argument(
+        "--min-faults",
+        type=at_least(0),
+        default=0,
+        help="go on past --duration until this many faults were made: their number then does "
+        "not hang on the job's pace, which a loaded machine slows (default 0)",
+    )
+    p.add_argument(
         "--events",
         default=DEFAULT_EVENTS,
         help=f"comma-separated, from {','.join(EVENTS)} (default: all)",
@@ -514,7 +521,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
         "machine": machine_facts(),
         "config": {
             **{k: getattr(args, k) for k in ("transport", "servers", "workers", "sync")},
-            **{k: getattr(args, k) for k in ("duration", "step_timeout", "checkpoint_every")},
+            **{k: getattr(args, k) for k in ("duration", "min_faults", "step_timeout")},
+            "checkpoint_every": args.checkpoint_every,
             **{_key(flag): _value(args, flag) for flag, _, _, _ in PASSED_ON},
             "curve": args.curve,
             "hosts": args.hosts,
@@ -533,7 +541,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
         # the job forms: every server checkpoints twice
         _await_progress(job, _marks(job), max(args.stall, 120.0))
         end = time.monotonic() + args.duration
-        while time.monotonic() < end:
+        while time.monotonic() < end or len(done) < args.min_faults:
             time.sleep(rng.uniform(0, args.gap))
             event = rng.choice(events)
             at = time.monotonic() - started

@@ -58,6 +58,17 @@ def _stop(proc: subprocess.Popen[str]) -> str:
     return out
 
 
+def _fault(proc: subprocess.Popen[str], fault: str) -> int:
+    """SIGKILL (``kill``) or freeze (``freeze``) the process ``proc`` started in a namespace;
+    its pid here."""
+    pid = namespaced_pid(proc)
+    if fault == "kill":
+        os.kill(pid, signal.SIGKILL)
+    else:
+        freeze(pid)
+    return pid
+
+
 def test_a_shm_sender_on_another_host_is_told_so() -> None:
     """A `shm` sender in another pid namespace cannot write the receiver's segments by pid:
     its connect fails, saying the receiver is on another host."""
@@ -93,11 +104,7 @@ def test_a_sender_on_another_host_that_dies_or_freezes_is_dropped_and_taken_over
                 got = rx.wait("t", timeout=30)
                 assert got[0] == got[-1] == k, f"message {k}: {got[0]}..{got[-1]}"
                 rx.release("t")
-            pid = namespaced_pid(first)
-            if fault == "kill":
-                os.kill(pid, signal.SIGKILL)
-            else:
-                freeze(pid)
+            pid = _fault(first, fault)
             faulted = time.monotonic()
             last = 49
             for _ in range(100_000):  # what it wrote before the fault (bounded by its credits)
@@ -212,11 +219,7 @@ def test_a_receiver_on_another_host_that_dies_or_freezes_ends_its_sender_s_write
         with tw.Sender.connect(address, transport=transport, timeout=10, heartbeat=0.2) as tx:
             for k in range(50):
                 tx.write("t", np.full(1024, k, np.int64))
-            pid = namespaced_pid(receiver)
-            if fault == "kill":
-                os.kill(pid, signal.SIGKILL)
-            else:
-                freeze(pid)
+            pid = _fault(receiver, fault)
             faulted = time.monotonic()
             with pytest.raises(tw.PeerLostError):
                 for k in range(50, 100_000):  # bounded: its credits run out after a few
