@@ -1,7 +1,7 @@
 """Checkpoints of a parameter-server shard: parameters and optimizer state, written atomically.
 
 The file is written beside its final name and renamed over it, so a crash mid-write leaves the
-previous checkpoint intact.
+previous checkpoint intact (and its partial file, which the next checkpoint written removes).
 """
 
 from __future__ import annotations
