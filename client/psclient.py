@@ -31,6 +31,7 @@ import numpy as np
 import tensorwire as tw
 from tensorwire.checks import check_amount, check_count, check_distinct
 from tensorwire.curve import CurveKeys
+from tensorwire.endpoint import is_ipv6, tcp_endpoint
 from tensorwire.job.plan import (
     HOW_ASYNC,
     HOW_MAY_CATCH_UP,
@@ -104,13 +105,14 @@ def _advertised(address: str, advertise: str | None, towards: str) -> str:
         host = advertise
     elif host in ("0.0.0.0", "*", "::"):
         server_host = urlsplit(towards).hostname or "127.0.0.1"
-        if server_host in ("127.0.0.1", "localhost"):
-            host = "127.0.0.1"
+        if server_host in ("127.0.0.1", "localhost", "::1"):
+            host = "::1" if server_host == "::1" else "127.0.0.1"
         else:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            family = socket.AF_INET6 if is_ipv6(server_host) else socket.AF_INET
+            with socket.socket(family, socket.SOCK_DGRAM) as s:
                 s.connect((server_host, 9))  # picks the outgoing interface; sends nothing
                 host = s.getsockname()[0]
-    return f"tcp://{host}:{parts.port}"
+    return tcp_endpoint(host.strip("[]"), parts.port or 0)
 
 
 class PSClient:

@@ -29,6 +29,7 @@ from zmq.utils.monitor import recv_monitor_message
 from . import curve, metrics, quietlog, wire
 from .curve import CurveKeys
 from .doorbell import remaining
+from .endpoint import is_ipv6_endpoint
 from .errors import (
     AuthenticationError,
     ClosedError,
@@ -58,11 +59,16 @@ def _context() -> zmq.Context[zmq.Socket[bytes]]:
     return zmq.Context.instance()
 
 
-def _socket(kind: int) -> zmq.Socket[bytes]:
+def _socket(kind: int, endpoint: str = "") -> zmq.Socket[bytes]:
     sock = _context().socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
     # Bounds what a peer can make us buffer: one control message is never larger than this.
     sock.setsockopt(zmq.MAXMSGSIZE, MAX_CONTROL_MESSAGE)
+    # ZeroMQ takes IPv6 only when asked. Asked for an IPv6 address only (``tcp://[::1]:PORT``):
+    # asked for all, it would resolve a name such as ``localhost`` to its IPv6 address first
+    # and keep trying to reach a receiver that listens on IPv4 alone.
+    if is_ipv6_endpoint(endpoint):
+        sock.setsockopt(zmq.IPV6, 1)
     return sock
 
 
@@ -77,7 +83,7 @@ class ControlServer:
         name: str = "tensorwire-control",
         curve_keys: CurveKeys | None = None,
     ) -> None:
-        self._sock = _socket(zmq.ROUTER)
+        self._sock = _socket(zmq.ROUTER, bind)
         try:
             if curve_keys is not None:
                 curve.serve(self._sock, curve_keys)
@@ -339,7 +345,7 @@ class ControlClient:
         self._open()
 
     def _open(self) -> zmq.Socket[bytes]:
-        sock = _socket(zmq.DEALER)
+        sock = _socket(zmq.DEALER, self.address)
         try:
             if self._curve is not None:
                 curve.connect(sock, self._curve)

@@ -1,4 +1,8 @@
-"""Control-plane endpoints: the ``tcp://HOST:PORT`` form every receiver, sender and daemon uses."""
+"""Control-plane endpoints: the ``tcp://HOST:PORT`` form every receiver, sender and daemon uses.
+
+HOST is a name, an IPv4 address or an IPv6 address in brackets (``tcp://[::1]:5555``, as in a
+URL); :func:`host_port` writes an address back in the form sockets and gRPC take.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,8 @@ from urllib.parse import urlsplit
 def split_endpoint(text: str) -> tuple[str, int] | None:
     """``(host, port)`` of ``tcp://HOST:PORT``, or None when ``text`` is not one (another scheme,
     no host, no port or a port that is not a number). Port 0 is returned as 0: a bind may mean
-    "any free port", an address to connect to may not."""
+    "any free port", an address to connect to may not. An IPv6 host comes without its
+    brackets."""
     try:
         parts = urlsplit(text)
         host, port = parts.hostname, parts.port
@@ -17,3 +22,24 @@ def split_endpoint(text: str) -> tuple[str, int] | None:
     if parts.scheme != "tcp" or not host or port is None:
         return None
     return host, port
+
+
+def is_ipv6(host: str) -> bool:
+    """Is ``host`` an IPv6 address (no name is: resolving one is left to the connect)?"""
+    return ":" in host
+
+
+def is_ipv6_endpoint(text: str) -> bool:
+    """Is ``text`` a ``tcp://[IPV6]:PORT`` endpoint?"""
+    split = split_endpoint(text)
+    return split is not None and is_ipv6(split[0])
+
+
+def host_port(host: str, port: int) -> str:
+    """``HOST:PORT``, an IPv6 host in brackets (``[::1]:5555``)."""
+    return f"[{host}]:{port}" if is_ipv6(host) else f"{host}:{port}"
+
+
+def tcp_endpoint(host: str, port: int) -> str:
+    """``tcp://HOST:PORT``, an IPv6 host in brackets."""
+    return f"tcp://{host_port(host, port)}"

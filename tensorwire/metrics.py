@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from . import extras
+from .endpoint import host_port
 
 #: distinct tensor names labelled per direction; further names are counted as ``_other``
 MAX_TENSOR_LABELS = 256
@@ -300,8 +301,8 @@ class MetricsServer:
 
     @property
     def url(self) -> str:
-        host = "127.0.0.1" if self.host in ("", "0.0.0.0") else self.host
-        return f"http://{host}:{self.port}/metrics"
+        host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
+        return f"http://{host_port(host, self.port)}/metrics"
 
     def close(self) -> None:
         self._close()

@@ -36,6 +36,7 @@ import grpc
 import numpy as np
 
 from .. import metrics, wire
+from ..endpoint import host_port
 from ..errors import (
     LocalProtocolError,
     PeerLostError,
@@ -248,8 +249,7 @@ class GrpcDataServer(pb_grpc.TensorServiceServicer, DataServer):
             )
         )
         self.host = host
-        bind_host = f"[{host}]" if ":" in host else host
-        self.port: int = self._server.add_insecure_port(f"{bind_host}:0")
+        self.port: int = self._server.add_insecure_port(host_port(host, 0))
         if not self.port:
             self._pool.shutdown(wait=False)
             raise TensorWireError(f"cannot bind the grpc data port on {host}")
@@ -429,13 +429,11 @@ class GrpcChannel(Channel):
 
     def __init__(self, info: PeerInfo) -> None:
         host, port = info.data_endpoint("grpc")
-        self.where = f"{host}:{port}"
+        self.where = host_port(host, port)
         self.token = info.welcome.token
         self.generation = info.welcome.generation
         self._timeout = info.timeout
-        self._channel = grpc.insecure_channel(
-            f"[{host}]:{port}" if ":" in host else self.where, options=GRPC_OPTIONS
-        )
+        self._channel = grpc.insecure_channel(self.where, options=GRPC_OPTIONS)
         self.stub = pb_grpc.TensorServiceStub(self._channel)
         self.stream = self._channel.stream_unary(STREAM_METHOD)
         self._setup_check = info.check  # the sender's check of the receiver, during Open

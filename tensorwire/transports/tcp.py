@@ -33,6 +33,7 @@ from .. import wire
 from ..cuda import STAGING_CHUNK_BYTES, PinnedBuffer, device_bytes
 from ..doorbell import deadline_of
 from ..dtypes import exports_buffer
+from ..endpoint import host_port, is_ipv6
 from ..errors import (
     LocalProtocolError,
     PeerLostError,
@@ -220,7 +221,7 @@ class TcpChannel(Channel):
 
     def __init__(self, info: PeerInfo) -> None:
         host, port = info.data_endpoint("tcp")
-        self._where = f"{host}:{port}"
+        self._where = host_port(host, port)
         self._generation = info.welcome.generation
         try:
             sock = socket.create_connection((host, port), timeout=info.timeout)
@@ -968,7 +969,11 @@ class TcpDataServer(DataServer):
         self._sink_ref = weakref.ref(sink)
         self._max = max_connections
         try:
-            self._listener = socket.create_server((host, 0), backlog=128)
+            # "::" takes IPv4 too, as the control plane's and gRPC's ports bound there do.
+            family = socket.AF_INET6 if is_ipv6(host) else socket.AF_INET
+            self._listener = socket.create_server(
+                (host, 0), family=family, backlog=128, dualstack_ipv6=host == "::"
+            )
         except OSError as exc:
             raise TensorWireError(f"cannot bind the tcp data port on {host}: {exc}") from exc
         self.host = host
