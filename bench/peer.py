@@ -21,6 +21,7 @@ import zmq
 
 import tensorwire as tw
 from tensorwire.auth import new_nonce, verify
+from tensorwire.endpoint import endpoint_host, is_ipv6, tcp_endpoint
 from tensorwire.rdma import is_loopback_host
 
 from .common import (
@@ -47,7 +48,7 @@ class _Session:
         self.transports: list[str] = setup["transports"]
         self.latency_bytes: int = setup["latency_bytes"]
         self.rx = tw.Receiver(
-            f"tcp://{host}:0",
+            tcp_endpoint(host, 0),
             ring=setup.get("ring"),
             secret=secret,
             shm=setup.get("shm"),
@@ -55,12 +56,18 @@ class _Session:
         #: the receiver's slots are in /dev/shm (raw NIXL's buffer is then there too)
         self.shared_memory = setup.get("shm") is not False
         self.senders: dict[str, tw.Sender] = {}
-        self.raw_listener = socket.create_server((host, 0))
+        family = socket.AF_INET6 if is_ipv6(host) else socket.AF_INET
+        self.raw_listener = socket.create_server(
+            (host, 0), family=family, dualstack_ipv6=host == "::"
+        )
         self.raw: socket.socket | None = None
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.pair = self.ctx.socket(zmq.PAIR)
         self.pair.linger = 0
-        self.pair_port = self.pair.bind_to_random_port(f"tcp://{host}")
+        self.pair.ipv6 = is_ipv6(host)
+        self.pair_port = self.pair.bind_to_random_port(
+            f"tcp://[{host}]" if is_ipv6(host) else f"tcp://{host}"
+        )
         self.buffer = np.empty(max([*self.sizes, self.latency_bytes]), dtype=np.uint8)
         self.host = host
         self.raw_nixl: RawNixl | None = None
@@ -177,10 +184,11 @@ def serve(
     ``started`` is called once everything it opened will be closed however it ends (the CLI
     lets Ctrl-C in from there).
     """
-    host = bind.split("://", 1)[1].rsplit(":", 1)[0]
+    host = endpoint_host(bind)
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     rep = ctx.socket(zmq.REP)
     rep.linger = 0
+    rep.ipv6 = is_ipv6(host)
     try:
         rep.bind(bind)
     except zmq.ZMQError as exc:

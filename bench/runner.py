@@ -45,6 +45,7 @@ import zmq
 
 import tensorwire as tw
 from tensorwire import cuda as tw_cuda
+from tensorwire.endpoint import endpoint_host, is_ipv6, tcp_endpoint
 from tensorwire.rdma import is_loopback_host
 
 from .common import (
@@ -90,8 +91,10 @@ def count_for(size: int, seconds_each: float) -> int:
 def local_address_towards(host: str) -> str:
     """The address of this host that ``host`` can reach us on (no packet is sent)."""
     if host in ("127.0.0.1", "localhost", "::1"):
-        return "127.0.0.1"
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        return "::1" if host == "::1" else "127.0.0.1"
+    with socket.socket(
+        socket.AF_INET6 if is_ipv6(host) else socket.AF_INET, socket.SOCK_DGRAM
+    ) as s:
         s.connect((host, 9))
         return str(s.getsockname()[0])
 
@@ -133,11 +136,12 @@ class Runner:
         ``shm`` transport cannot reach). ``batch``: also measure each transport writing that
         many tensors per ``write_many`` (0: not). ``copy_threads``: the senders' (threads per
         large ``shm`` copy); above 1 the reference :attr:`split_memcpy` is measured too."""
-        self.host = connect.split("://", 1)[1].rsplit(":", 1)[0]
+        self.host = endpoint_host(connect)
         self.timeout = timeout
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._req = self._ctx.socket(zmq.REQ)
         self._req.linger = 0
+        self._req.ipv6 = is_ipv6(self.host)
         self._req.connect(connect)
         self.senders: dict[str, tw.Sender] = {}
         self.pong_rx: tw.Receiver | None = None
@@ -167,7 +171,7 @@ class Runner:
                 )
             self._nonce = nonce
             self.pong_rx = tw.Receiver(
-                f"tcp://{local_address_towards(self.host)}:0",
+                tcp_endpoint(local_address_towards(self.host), 0),
                 ring=ring,
                 secret=secret,
                 shm=shm,
@@ -205,7 +209,8 @@ class Runner:
             tune_socket(self._raw)
             self._pair = self._ctx.socket(zmq.PAIR)
             self._pair.linger = 0
-            self._pair.connect(f"tcp://{self.host}:{info['zmq_port']}")
+            self._pair.ipv6 = is_ipv6(self.host)
+            self._pair.connect(tcp_endpoint(self.host, info["zmq_port"]))
             if "nixl" in self.senders:  # its buffers where the tensors are (DRAM or VRAM)
                 self.raw_nixl = RawNixl(
                     "runner",

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
+from .errors import TensorWireError
+
 
 def split_endpoint(text: str) -> tuple[str, int] | None:
     """``(host, port)`` of ``tcp://HOST:PORT``, or None when ``text`` is not one (another scheme,
@@ -22,6 +24,15 @@ def split_endpoint(text: str) -> tuple[str, int] | None:
     if parts.scheme != "tcp" or not host or port is None:
         return None
     return host, port
+
+
+def endpoint_host(text: str) -> str:
+    """The host of ``tcp://HOST:PORT`` (an IPv6 one without its brackets); TensorWireError names
+    ``text`` when it is not one."""
+    split = split_endpoint(text)
+    if split is None:
+        raise TensorWireError(f"{text!r} is not an address: use tcp://HOST:PORT")
+    return split[0]
 
 
 def is_ipv6(host: str) -> bool:

@@ -7,6 +7,7 @@ import multiprocessing as mp
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -260,6 +261,18 @@ needs_pid_namespaces = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("unshare") is None,
     reason="needs root and unshare(1) to make pid namespaces",
 )
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+needs_ipv6 = pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback (::1) here")
 
 
 def in_pid_namespace(argv: list[str], **kwargs: Any) -> subprocess.Popen[str]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import NIXL_INSTALLED, free_port
+from .conftest import NIXL_INSTALLED, free_port, needs_ipv6
 from .jobs import Processes, log_has
 
 PY = sys.executable
@@ -123,8 +123,10 @@ def test_bench_runs_end_to_end_with_json_and_plot(tmp_path: Path) -> None:
     assert "| 4 KiB | tcp x3 |" in table
 
 
-def test_bench_serve_and_run_as_two_hosts_would(tmp_path: Path) -> None:
-    """`bench serve` on one end, `bench run --connect` on the other (here both on loopback)."""
+@pytest.mark.parametrize("host", ["127.0.0.1", pytest.param("[::1]", marks=needs_ipv6)])
+def test_bench_serve_and_run_as_two_hosts_would(tmp_path: Path, host: str) -> None:
+    """`bench serve` on one end, `bench run --connect` on the other (here both on loopback,
+    over IPv4 and over IPv6)."""
     port = free_port()
     server = subprocess.Popen(
         [
@@ -133,7 +135,7 @@ def test_bench_serve_and_run_as_two_hosts_would(tmp_path: Path) -> None:
             "tensorwire.bench",
             "serve",
             "--bind",
-            f"tcp://127.0.0.1:{port}",
+            f"tcp://{host}:{port}",
             "--once",
         ],
         stdout=subprocess.PIPE,
@@ -149,7 +151,7 @@ def test_bench_serve_and_run_as_two_hosts_would(tmp_path: Path) -> None:
             "tensorwire.bench",
             "run",
             "--connect",
-            f"tcp://127.0.0.1:{port}",
+            f"tcp://{host}:{port}",
             "--sizes",
             "64K",
             "--repeat",

@@ -3,7 +3,6 @@ loopback. Skipped, with the reason, where this host has no IPv6 loopback."""
 
 from __future__ import annotations
 
-import socket
 import sys
 from pathlib import Path
 
@@ -13,20 +12,8 @@ import pytest
 import tensorwire as tw
 from tensorwire.endpoint import host_port, is_ipv6_endpoint, split_endpoint, tcp_endpoint
 
-from .conftest import free_port
+from .conftest import free_port, needs_ipv6
 from .jobs import Processes
-
-
-def _ipv6_loopback() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
-            s.bind(("::1", 0))
-    except OSError:
-        return False
-    return True
-
-
-needs_ipv6 = pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback (::1) here")
 
 
 def test_ipv6_endpoints_are_read_and_written_with_brackets() -> None:
