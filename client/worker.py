@@ -97,7 +97,8 @@ def build_parser(prog: str = "tensorwire-worker") -> argparse.ArgumentParser:
     p.add_argument(
         "--advertise",
         default=None,
-        help="host name servers reach this worker at (when --bind is 0.0.0.0)",
+        help="host name or address servers reach this worker at (when --bind is 0.0.0.0 or "
+        "[::]); found from the route to the first server if not given",
     )
     p.add_argument(
         "--eval-every", type=config.at_least(0), default=50, help="rank 0: test accuracy every N"

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .checks import check_amount, check_count
+from .endpoint import tcp_endpoint
 from .errors import MissingDependencyError, TensorWireError
 from .extras import RAY, require
 
@@ -157,7 +158,7 @@ class DaemonActor:
 
         self.name = name
         self.host = ray.util.get_node_ip_address()
-        self.bind = f"tcp://{self.host}:{port}"
+        self.bind = tcp_endpoint(self.host, port)  # the node may have an IPv6 address
         # The job's directory on this node: metrics, default checkpoints, and the count of
         # starts (an actor restarted by Ray comes back to its node: its placement bundle).
         self._dir = job_directory(job)
