@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import math
 import os
 import platform
 import time
@@ -104,25 +105,28 @@ def barrier_everywhere() -> None:
     time.sleep(0.001)
 
 
-def check_timeout(timeout: float | None) -> None:
+def check_timeout(timeout: float | None) -> float | None:
     """A timeout must be None (block), 0 (poll) or positive seconds: ValueError otherwise. NaN
     too, which compares false with everything: a deadline made of it never passes, and a wait
-    on it would block for ever."""
+    on it would block for ever. Returns it, infinity as None: it blocks too, and the clocks,
+    sockets and gRPC calls a timeout reaches take no infinite one (a `tcp` connect raised
+    OverflowError, a gRPC write timed out at once)."""
     if timeout is None:
-        return
+        return None
     try:
         if timeout >= 0 and timeout.__class__ is not bool:
-            return
+            return None if timeout == math.inf else timeout
     except TypeError:  # a string: "'>=' not supported between instances of 'str' and 'int'"
         pass
     raise ValueError(f"timeout must be None, 0 or positive seconds, got {timeout!r}")
 
 
 def deadline_of(timeout: float | None) -> float | None:
-    """The monotonic deadline for a timeout: None blocks, 0 polls, > 0 is seconds."""
+    """The monotonic deadline for a timeout: None (or infinity) blocks, 0 polls, > 0 is
+    seconds."""
+    timeout = check_timeout(timeout)
     if timeout is None:
         return None
-    check_timeout(timeout)
     return time.monotonic() + timeout
 
 

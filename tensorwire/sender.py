@@ -144,7 +144,7 @@ class _Peer:
         self.setup_lost = None
         saved = self._timeout
         if connect_timeout is not None:
-            self._timeout = connect_timeout
+            self._timeout = check_timeout(connect_timeout)  # infinity: no bound
         try:
             welcome = self._hello()
             self.generation = welcome.generation
@@ -276,11 +276,14 @@ class _Peer:
     def writer(self, entry: TensorEntry, deadline: float | None = None) -> TensorWriter:
         """The tensor's writer, claiming the tensor first if we have not. While the receiver
         fences the tensor (its dropped previous writer may still be storing into it) the claim
-        is retried until ``deadline`` (default: the sender's timeout)."""
+        is retried until ``deadline`` (default: the sender's timeout). A deadline already
+        reached (a write that polls, ``timeout=0``) gives the claim the sender's timeout: a
+        round trip never fits in none, and a caller polling again and again would never
+        have its claim made."""
         w = self.writers.get(entry.tensor_id)
         if w is None:
             assert self.control is not None and self.channel is not None
-            if deadline is None:
+            if deadline is None or deadline <= time.monotonic():
                 deadline = deadline_of(self._timeout)
             claim = wire.Claim(self.generation, entry.tensor_id, self.transport)
             # A receiver that dies meanwhile never answers: the channel's check of its peer (a
@@ -378,10 +381,9 @@ class Sender(Resource):
         self._nixl = nixl
         check_copy_threads(copy_threads)
         check_seconds("heartbeat", heartbeat)
-        check_timeout(timeout)
         self._transport = check_name(transport)
         self._secret = normalise_secret(secret)
-        self.timeout = timeout
+        self.timeout = check_timeout(timeout)
         self.reconnect = reconnect
         self.name = name or f"sender-{os.getpid()}-{secrets.token_hex(3)}"
         self._peers: dict[str, _Peer] = {}
@@ -553,7 +555,7 @@ class Sender(Resource):
         the sender's timeout; None: no bound); one that does not answer in time raises
         :class:`WireTimeoutError`."""
         if timeout is not _DEFAULT:
-            check_timeout(timeout)
+            timeout = check_timeout(timeout)
         with self._lock:
             peers = [self._peer(peer)] if peer is not None else list(self._peers.values())
             self._forget_routes()
@@ -626,7 +628,9 @@ class Sender(Resource):
 
         The array must match the published dtype and shape exactly (a dynamic dimension may take
         any size within the capacity) and be C-contiguous, unless ``allow_copy=True``. Blocks while
-        every slot is held by the receiver, up to ``timeout``.
+        every slot is held by the receiver, up to ``timeout`` (0: raises WireTimeoutError at
+        once; a tensor's first write still makes its claim, one round trip bounded by the
+        sender's timeout).
 
         On return ``array`` may be reused, with one exception: a GPU array written over ``shm``
         into GPU slots on its own GPU (with ``TENSORWIRE_GPU_STREAM_STORES=0``, one of 32 MiB or

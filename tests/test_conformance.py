@@ -6,7 +6,9 @@ that rebuild their arrays from seeds, so the receiver can check every byte that 
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -473,3 +475,70 @@ def test_a_waiting_consumer_sees_a_goodbye_as_a_clean_end(transport: str) -> Non
             finally:
                 sender.join(30)
             assert not sender.is_alive()
+
+
+def test_a_polling_first_write_makes_its_claim(transport: str) -> None:
+    """``write(timeout=0)`` polls for a free slot; a tensor's first write makes its claim first,
+    one round trip, which no time at all never fits. Before, that claim was given none: every
+    polling write failed ("did not answer a claim request within 0 s ... has it exited?"),
+    then "no connection could be made in that time", so a caller polling again and again never
+    wrote at all."""
+    with tw.Receiver(ring=2) as rx:
+        rx.register("a", (4,), "float32")
+        with tw.Sender.connect(rx.address, transport=transport, timeout=10) as tx:
+            for k in range(2):
+                tx.write("a", np.full(4, k, np.float32), timeout=0)
+            with pytest.raises(tw.WireTimeoutError, match="no free slot"):
+                tx.write("a", np.full(4, 2, np.float32), timeout=0)
+            assert rx.wait("a", timeout=10).tolist() == [0.0] * 4
+            rx.release("a")
+            for _ in range(1000):  # bounded: the release's credit reaches the sender at once
+                try:
+                    tx.write("a", np.full(4, 2, np.float32), timeout=0)
+                    break
+                except tw.WireTimeoutError:
+                    time.sleep(0.01)
+            for k in (1, 2):
+                assert rx.wait("a", timeout=10).tolist() == [float(k)] * 4
+                rx.release("a")
+
+
+def test_an_infinite_timeout_waits_as_none_does(transport: str) -> None:
+    """``math.inf`` as a timeout waits without end, as None: for the connect, a write waiting
+    for a slot, and a wait. Before, a `tcp` connect raised OverflowError and a `grpc` write
+    timed out at once."""
+    with tw.Receiver(ring=1) as rx:
+        rx.register("a", (4,), "float32")
+        with tw.Sender.connect(rx.address, transport=transport, timeout=math.inf) as tx:
+            tx.write("a", np.zeros(4, np.float32), timeout=math.inf)
+            assert rx.wait("a", timeout=math.inf).tolist() == [0.0] * 4
+            releaser = threading.Timer(0.3, rx.release, args=("a",))
+            releaser.start()
+            try:
+                start = time.monotonic()
+                tx.write("a", np.ones(4, np.float32), timeout=math.inf)  # waits for the release
+                assert time.monotonic() - start >= 0.2
+            finally:
+                releaser.join(10)
+            assert rx.wait("a", timeout=math.inf).tolist() == [1.0] * 4
+
+
+@pytest.mark.parametrize("bad", [float("nan"), -1.0, "5"])
+def test_a_bad_wait_timeout_is_refused_with_a_message_there_too(
+    transport: str, bad: object
+) -> None:
+    """A NaN, negative or string timeout is refused by ``wait`` whether or not its message has
+    arrived, and the message stays for the next wait. Before, a message already there was
+    handed out, the bad timeout unseen."""
+    with tw.Receiver() as rx:
+        rx.register("a", (4,), "float32")
+        with tw.Sender.connect(rx.address, transport=transport, timeout=10) as tx:
+            tx.write("a", np.ones(4, np.float32))
+            for _ in range(1000):  # bounded: until it has landed
+                if rx.pending("a"):
+                    break
+                time.sleep(0.01)
+            with pytest.raises(ValueError, match="timeout must be"):
+                rx.wait("a", timeout=bad)  # type: ignore[arg-type]
+            assert rx.pending("a") == 1
+            assert rx.wait("a", timeout=10).tolist() == [1.0] * 4

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ..cuda import synchronize_current
-from ..doorbell import deadline_of, remaining, wait_for
+from ..doorbell import check_timeout, deadline_of, remaining, wait_for
 from ..errors import ClosedError, PeerLostError, TensorWireError
 from ..layout import OFF_DOORBELL, OFF_RX_WAITING
 from ..received import received
@@ -162,6 +162,11 @@ class Consumer:
     def wait(self, name: str, timeout: float | None) -> Any:
         # The message is often there already: then it is taken here, with _lookup,
         # _take_next and _next_slot inline (the per-message path), and no wait is set up.
+        # A bad timeout is refused first, found there or not (before, a NaN or negative one
+        # was refused only when the message had not arrived): the check is called only for
+        # what is not a float >= 0 already, None aside.
+        if timeout is not None and not (timeout.__class__ is float and timeout >= 0):
+            check_timeout(timeout)
         state = self._state
         tensor = self._table.by_name.get(name)
         if tensor is not None and not state.closed:
