@@ -56,6 +56,17 @@ class Resource:
     def __enter__(self: R) -> R:
         return self
 
+    def __reduce__(self) -> Any:
+        # Handed to another process (multiprocessing, Ray), pickle failed on whichever lock or
+        # socket it met first ("cannot pickle '_thread.RLock' object"), naming neither this
+        # object nor what to do instead.
+        kind = type(self).__name__
+        raise TypeError(
+            f"a tensorwire {kind} cannot be pickled or sent to another process: it owns this "
+            f"process's sockets, threads and memory. Make the {kind} in the process that uses "
+            "it, and pass the receiver's address (a string) instead"
+        )
+
     def __exit__(self, *exc: Any) -> None:
         self.close()
 

@@ -518,3 +518,21 @@ def test_live_segments_of_another_pid_namespace_are_not_reaped() -> None:
             holder.stdin.close()
         if holder.stdout is not None:
             holder.stdout.close()
+
+
+def test_a_receiver_or_sender_handed_to_another_process_says_what_to_do() -> None:
+    """Pickled (multiprocessing's spawn, Ray), a Receiver or Sender failed on whichever lock or
+    socket pickle met first ("cannot pickle '_thread.RLock' object"). It says now that it
+    cannot go, and what to pass instead; copying it is refused the same way."""
+    import copy
+    import pickle
+
+    with tw.Receiver() as rx:
+        rx.register("t", (4,), "float32")
+        with tw.Sender.connect(rx.address, transport="tcp", timeout=10) as tx:
+            for obj, kind in ((rx, "Receiver"), (tx, "Sender")):
+                for send in (pickle.dumps, copy.copy):
+                    with pytest.raises(TypeError, match=f"a tensorwire {kind} cannot be pickled"):
+                        send(obj)
+            tx.write("t", np.ones(4, np.float32))  # both still work
+            assert rx.wait("t", timeout=10).tolist() == [1.0] * 4
