@@ -848,6 +848,11 @@ class Sender(Resource):
             p, entry = self._resolve(name, peer)
             spec = entry.spec
             if shape is None:
+                if spec.dynamic:
+                    raise SpecMismatchError(
+                        f"tensor {name!r} has a dynamic shape {spec.describe()}: give this "
+                        "message's, buffer(name, shape=...)"
+                    )
                 shape = spec.static_shape
             try:
                 shape = tuple(whole_number(d) for d in shape)

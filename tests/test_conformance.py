@@ -234,6 +234,8 @@ def test_produce_in_place_with_buffer(transport: str) -> None:
             assert rx.wait("d", timeout=5).tolist() == list(range(7))
             with pytest.raises(tw.SpecMismatchError, match="takes whole numbers"):
                 tx.buffer("d", shape=(7.5,)).__enter__()  # int() made it 7
+            with pytest.raises(tw.SpecMismatchError, match=r"dynamic shape .* shape=\.\.\."):
+                tx.buffer("d").__enter__()  # the message's shape is needed
             with pytest.raises(RuntimeError), tx.buffer("c") as out:
                 out[:] = 1
                 raise RuntimeError("producer failed")
