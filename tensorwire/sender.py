@@ -747,6 +747,7 @@ class Sender(Resource):
                     raise TypeError(
                         "write_many takes a mapping of names to arrays, or (name, array) or "
                         f"(name, array, peer) items; got an item of type {type(item).__name__}"
+                        + (f" of {len(item)}" if isinstance(item, (tuple, list)) else "")
                     )
                 name = item[0]
                 where = item[2] if len(item) > 2 else peer

@@ -92,6 +92,8 @@ def test_a_bad_item_writes_nothing(transport: str) -> None:
                 tx.write_many({"a0": good, "nope": good})
             with pytest.raises(TypeError, match="got an item of type ndarray"):
                 tx.write_many([("a0", good), np.ones(3, np.float32)])  # not a pair
+            with pytest.raises(TypeError, match="got an item of type tuple of 4"):
+                tx.write_many([("a0", good, None, 1)])
             # nothing landed: the next batch's messages are the first of each tensor
             handles = tx.write_many({f"a{k}": good * k for k in range(4)})
             assert [h.seq for h in handles] == [1, 1, 1, 1]

@@ -475,7 +475,7 @@ class Consumer:
                 want = 1 if times is None else times[id(tensor)]
                 if tensor.consumed - tensor.released < want:
                     raise TensorWireError(
-                        f"tensor {tensor.spec.name!r}: released {want} times, but "
+                        f"tensor {tensor.spec.name!r}: released {want} time(s), but "
                         f"{tensor.consumed - tensor.released} message(s) held; nothing released"
                     )
             for tensor in tensors:
