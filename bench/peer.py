@@ -21,7 +21,7 @@ import zmq
 
 import tensorwire as tw
 from tensorwire.auth import new_nonce, verify
-from tensorwire.endpoint import endpoint_host, is_ipv6, tcp_endpoint
+from tensorwire.endpoint import bracketed, endpoint_host, family, is_ipv6, tcp_endpoint
 from tensorwire.rdma import is_loopback_host
 
 from .common import (
@@ -56,18 +56,15 @@ class _Session:
         #: the receiver's slots are in /dev/shm (raw NIXL's buffer is then there too)
         self.shared_memory = setup.get("shm") is not False
         self.senders: dict[str, tw.Sender] = {}
-        family = socket.AF_INET6 if is_ipv6(host) else socket.AF_INET
         self.raw_listener = socket.create_server(
-            (host, 0), family=family, dualstack_ipv6=host == "::"
+            (host, 0), family=family(host), dualstack_ipv6=host == "::"
         )
         self.raw: socket.socket | None = None
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.pair = self.ctx.socket(zmq.PAIR)
         self.pair.linger = 0
         self.pair.ipv6 = is_ipv6(host)
-        self.pair_port = self.pair.bind_to_random_port(
-            f"tcp://[{host}]" if is_ipv6(host) else f"tcp://{host}"
-        )
+        self.pair_port = self.pair.bind_to_random_port(f"tcp://{bracketed(host)}")
         self.buffer = np.empty(max([*self.sizes, self.latency_bytes]), dtype=np.uint8)
         self.host = host
         self.raw_nixl: RawNixl | None = None

@@ -45,7 +45,7 @@ import zmq
 
 import tensorwire as tw
 from tensorwire import cuda as tw_cuda
-from tensorwire.endpoint import endpoint_host, is_ipv6, tcp_endpoint
+from tensorwire.endpoint import endpoint_host, is_ipv6, local_address_towards, tcp_endpoint
 from tensorwire.rdma import is_loopback_host
 
 from .common import (
@@ -86,17 +86,6 @@ def count_for(size: int, seconds_each: float) -> int:
     if seconds_each > 0:
         count = max(count, int(MIN_SECONDS / seconds_each))
     return max(MIN_COUNT, min(MAX_COUNT, count))
-
-
-def local_address_towards(host: str) -> str:
-    """The address of this host that ``host`` can reach us on (no packet is sent)."""
-    if host in ("127.0.0.1", "localhost", "::1"):
-        return "::1" if host == "::1" else "127.0.0.1"
-    with socket.socket(
-        socket.AF_INET6 if is_ipv6(host) else socket.AF_INET, socket.SOCK_DGRAM
-    ) as s:
-        s.connect((host, 9))
-        return str(s.getsockname()[0])
 
 
 def batch_method(transport: str, batch: int) -> str:

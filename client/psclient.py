@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import socket
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -31,7 +30,7 @@ import numpy as np
 import tensorwire as tw
 from tensorwire.checks import check_amount, check_count, check_distinct
 from tensorwire.curve import CurveKeys
-from tensorwire.endpoint import is_ipv6, tcp_endpoint
+from tensorwire.endpoint import local_address_towards, tcp_endpoint
 from tensorwire.job.plan import (
     HOW_ASYNC,
     HOW_MAY_CATCH_UP,
@@ -104,14 +103,7 @@ def _advertised(address: str, advertise: str | None, towards: str) -> str:
     if advertise:
         host = advertise
     elif host in ("0.0.0.0", "*", "::"):
-        server_host = urlsplit(towards).hostname or "127.0.0.1"
-        if server_host in ("127.0.0.1", "localhost", "::1"):
-            host = "::1" if server_host == "::1" else "127.0.0.1"
-        else:
-            family = socket.AF_INET6 if is_ipv6(server_host) else socket.AF_INET
-            with socket.socket(family, socket.SOCK_DGRAM) as s:
-                s.connect((server_host, 9))  # picks the outgoing interface; sends nothing
-                host = s.getsockname()[0]
+        host = local_address_towards(urlsplit(towards).hostname or "127.0.0.1")
     return tcp_endpoint(host.strip("[]"), parts.port or 0)
 
 

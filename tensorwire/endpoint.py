@@ -6,6 +6,7 @@ URL); :func:`host_port` writes an address back in the form sockets and gRPC take
 
 from __future__ import annotations
 
+import socket
 from urllib.parse import urlsplit
 
 from .errors import TensorWireError
@@ -46,9 +47,30 @@ def is_ipv6_endpoint(text: str) -> bool:
     return split is not None and is_ipv6(split[0])
 
 
+def family(host: str) -> socket.AddressFamily:
+    """The socket family of an address (a name is reached over IPv4, as ZeroMQ does)."""
+    return socket.AF_INET6 if is_ipv6(host) else socket.AF_INET
+
+
+def bracketed(host: str) -> str:
+    """``host``, an IPv6 one in brackets, as it goes before ``:PORT``."""
+    return f"[{host}]" if is_ipv6(host) else host
+
+
 def host_port(host: str, port: int) -> str:
     """``HOST:PORT``, an IPv6 host in brackets (``[::1]:5555``)."""
-    return f"[{host}]:{port}" if is_ipv6(host) else f"{host}:{port}"
+    return f"{bracketed(host)}:{port}"
+
+
+def local_address_towards(host: str) -> str:
+    """The address of this machine that ``host`` reaches it at: loopback for loopback, else the
+    address of the interface the route to ``host`` leaves by (a UDP connect picks it; no packet
+    is sent)."""
+    if host in ("127.0.0.1", "localhost", "::1"):
+        return "::1" if host == "::1" else "127.0.0.1"
+    with socket.socket(family(host), socket.SOCK_DGRAM) as s:
+        s.connect((host, 9))
+        return str(s.getsockname()[0])
 
 
 def tcp_endpoint(host: str, port: int) -> str:

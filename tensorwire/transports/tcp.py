@@ -33,7 +33,7 @@ from .. import wire
 from ..cuda import STAGING_CHUNK_BYTES, PinnedBuffer, device_bytes
 from ..doorbell import deadline_of
 from ..dtypes import exports_buffer
-from ..endpoint import host_port, is_ipv6
+from ..endpoint import family, host_port
 from ..errors import (
     LocalProtocolError,
     PeerLostError,
@@ -970,9 +970,8 @@ class TcpDataServer(DataServer):
         self._max = max_connections
         try:
             # "::" takes IPv4 too, as the control plane's and gRPC's ports bound there do.
-            family = socket.AF_INET6 if is_ipv6(host) else socket.AF_INET
             self._listener = socket.create_server(
-                (host, 0), family=family, backlog=128, dualstack_ipv6=host == "::"
+                (host, 0), family=family(host), backlog=128, dualstack_ipv6=host == "::"
             )
         except OSError as exc:
             raise TensorWireError(f"cannot bind the tcp data port on {host}: {exc}") from exc
