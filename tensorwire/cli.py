@@ -142,7 +142,7 @@ def _keys(argv: list[str]) -> int:
 def _ping(argv: list[str]) -> int:
     import socket
 
-    from .endpoint import split_endpoint
+    from .endpoint import ipv6_hint, split_endpoint
     from .job.config import positive_seconds
 
     parser = argparse.ArgumentParser(
@@ -155,7 +155,10 @@ def _ping(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     split = split_endpoint(args.endpoint)
     if split is None:
-        parser.error(f"endpoint must look like tcp://HOST:PORT, got {args.endpoint!r}")
+        parser.error(
+            f"endpoint must look like tcp://HOST:PORT, got {args.endpoint!r}"
+            f"{ipv6_hint(args.endpoint)}"
+        )
     try:
         socket.create_connection(split, timeout=args.timeout).close()
     except OSError as exc:

@@ -27,12 +27,21 @@ def split_endpoint(text: str) -> tuple[str, int] | None:
     return host, port
 
 
+def ipv6_hint(text: str) -> str:
+    """What to say of a refused endpoint that looks like an IPv6 address without its brackets
+    (``tcp://::1:5555``, which no reader can split); "" for any other."""
+    rest = text.split("://", 1)[-1]
+    if rest.count(":") > 1 and not rest.startswith("["):
+        return " (an IPv6 address goes in brackets: tcp://[::1]:5555)"
+    return ""
+
+
 def endpoint_host(text: str) -> str:
     """The host of ``tcp://HOST:PORT`` (an IPv6 one without its brackets); TensorWireError names
     ``text`` when it is not one."""
     split = split_endpoint(text)
     if split is None:
-        raise TensorWireError(f"{text!r} is not an address: use tcp://HOST:PORT")
+        raise TensorWireError(f"{text!r} is not an address: use tcp://HOST:PORT{ipv6_hint(text)}")
     return split[0]
 
 

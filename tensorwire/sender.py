@@ -25,7 +25,7 @@ from .checks import whole_number
 from .control import ControlClient
 from .cuda import cupy as cupy_module
 from .doorbell import check_timeout, deadline_of
-from .endpoint import split_endpoint
+from .endpoint import ipv6_hint, split_endpoint
 from .errors import (
     AuthenticationError,
     ClosedError,
@@ -100,6 +100,7 @@ class _Peer:
         if split is None or split[1] == 0:
             raise TensorWireError(
                 f"receiver address must look like tcp://HOST:PORT, got {address!r}"
+                f"{ipv6_hint(address)}"
             )
         host = split[0]
         check_name(transport)

@@ -3,6 +3,7 @@ loopback. Skipped, with the reason, where this host has no IPv6 loopback."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -94,3 +95,23 @@ def test_a_name_is_not_taken_for_an_ipv6_address() -> None:
         with tw.Sender.connect(f"tcp://localhost:{port}", transport="tcp", timeout=10) as tx:
             tx.write("t", np.ones(4, np.float32))
             assert rx.wait("t", timeout=10).tolist() == [1.0] * 4
+
+
+def test_an_ipv6_address_without_brackets_is_refused_with_the_form_to_use() -> None:
+    """``tcp://::1:5555`` cannot be split into host and port: the receiver, the sender and the
+    CLI refuse it, saying an IPv6 address goes in brackets."""
+    hint = r"an IPv6 address goes in brackets: tcp://\[::1\]:5555"
+    with pytest.raises(tw.TensorWireError, match=hint):
+        tw.Receiver(bind="tcp://::1:0")
+    with pytest.raises(tw.TensorWireError, match=hint):
+        tw.Sender.connect("tcp://fd00::2:5555", timeout=1)
+    with pytest.raises(tw.TensorWireError) as err:
+        tw.Receiver(bind="tcp://nope")
+    assert "brackets" not in str(err.value)  # only where it looks like IPv6
+    out = subprocess.run(
+        [sys.executable, "-m", "tensorwire", "ping", "tcp://::1:1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and "goes in brackets" in out.stderr, out.stderr

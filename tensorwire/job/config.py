@@ -25,7 +25,7 @@ import configargparse
 
 import tensorwire as tw
 from tensorwire import metrics as tw_metrics
-from tensorwire.endpoint import split_endpoint
+from tensorwire.endpoint import ipv6_hint, split_endpoint
 from tensorwire.job import files
 from tensorwire.metrics import Metric, MetricsServer
 
@@ -285,7 +285,10 @@ def launcher_int(parser: argparse.ArgumentParser, *names: str) -> int | None:
 def check_endpoint(parser: argparse.ArgumentParser, flag: str, endpoint: str) -> None:
     """Refuse what is not ``tcp://HOST:PORT`` before anything uses it."""
     if split_endpoint(endpoint) is None:
-        parser.error(f"{flag} {endpoint!r} is not an address: use tcp://HOST:PORT (PORT 0: any)")
+        parser.error(
+            f"{flag} {endpoint!r} is not an address: use tcp://HOST:PORT (PORT 0: any)"
+            f"{ipv6_hint(endpoint)}"
+        )
 
 
 def is_loopback(endpoint: str) -> bool:

@@ -32,7 +32,7 @@ from ..checks import check_count
 from ..control import ControlServer
 from ..cuda import parse_device
 from ..curve import CurveKeys
-from ..endpoint import split_endpoint
+from ..endpoint import ipv6_hint, split_endpoint
 from ..errors import AuthenticationError, SpecMismatchError, TensorWireError, TransportError
 from ..heartbeat import check_seconds
 from ..process import host_identity
@@ -59,6 +59,7 @@ def _parse_bind(bind: str) -> tuple[str, str]:
     if split is None:
         raise TensorWireError(
             f"bind address must look like tcp://HOST:PORT (PORT 0 picks a free one), got {bind!r}"
+            f"{ipv6_hint(bind)}"
         )
     host = split[0]
     data_host = "0.0.0.0" if host in ("*", "0.0.0.0") else host
