@@ -113,7 +113,8 @@ COLUMNS = (
 
 
 def _num(value: float | None, fmt: str = ".3g") -> str:
-    return "-" if value is None else format(value, fmt)
+    # NaN: a gauge with nothing to say yet (a server's loss before its first step)
+    return "-" if value is None or value != value else format(value, fmt)
 
 
 def _bytes_per_s(rates: dict[str, float]) -> str:

@@ -369,3 +369,37 @@ def test_grpc_calls_with_forged_tokens_are_refused_and_counted() -> None:
                 assert wrote.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert rx.pending("t") == 0
     assert counted() == {"grpc_opens_refused": 3, "grpc_calls_with_unknown_tokens": 3}
+
+
+def test_top_shows_no_loss_before_the_first_step(tmp_path: Path) -> None:
+    """A server waiting for its workers exports its loss as NaN (no step yet): `tensorwire top`
+    shows "-" there, as for every other value it does not have, not "nan"."""
+    from .jobs import Processes
+
+    port = free_port()
+    procs = Processes(tmp_path)
+    try:
+        ps = ["ps", "--bind", f"tcp://127.0.0.1:{free_port()}", "--workers", "2"]
+        ps += ["--metrics-port", str(port), "--no-progress"]
+        procs.start([sys.executable, "-m", "tensorwire", *ps], log="ps")
+        url = f"http://127.0.0.1:{port}/metrics"
+        for _ in range(600):  # bounded: until it serves its metrics
+            try:
+                loss = _samples(scrape(url, timeout=10), "tensorwire_ps_loss")
+                break
+            except (urllib.error.URLError, ConnectionError):
+                time.sleep(0.05)
+        assert all(v != v for v in loss.values()), loss  # NaN: no step yet
+        top = subprocess.run(
+            [sys.executable, "-m", "tensorwire", "top", f"127.0.0.1:{port}", "--count", "1"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert top.returncode == 0, top.stderr
+        row = next(line for line in top.stdout.splitlines() if f"ps0 127.0.0.1:{port}" in line)
+        cells = [c.strip() for c in row.split("│")]
+        assert cells[4] == "-" and "nan" not in row, row
+    finally:
+        procs.kill()
