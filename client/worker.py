@@ -226,6 +226,8 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:
     servers = [s.strip() for s in args.servers.split(",") if s.strip()]
     if not servers:
         parser.error("argument --servers: names no parameter server")
+    for server in servers:  # refused now, as --bind is, not at its first connect
+        config.check_endpoint(parser, "--servers", server, to_bind=False)
     try:  # one connection would serve two shards, and the job's plan would not fit
         check_distinct("the list", servers)
     except ValueError as exc:

@@ -772,3 +772,21 @@ def test_partial_files_of_writers_that_died_are_removed_by_the_next_write(
             proc.wait(10)
             assert proc.stdout is not None
             proc.stdout.close()
+
+
+@pytest.mark.parametrize(
+    ("servers", "why"),
+    [
+        ("tcp://nope", "is not an address: use tcp://HOST:PORT$"),
+        ("tcp://127.0.0.1:0", "is not an address: use tcp://HOST:PORT$"),  # port 0: not to reach
+        ("tcp://127.0.0.1:5,tcp://::1:5", r"an IPv6 address goes in brackets: tcp://\[::1\]:5555"),
+    ],
+)
+def test_a_worker_refuses_a_server_that_is_no_address_at_its_start(servers: str, why: str) -> None:
+    """`--servers` is checked as `--bind` is, at the start, naming the flag: before, the first
+    connect refused it as a "receiver address"."""
+    out = run("-m", "tensorwire", "worker", "--servers", servers, "--no-progress")
+    assert out.returncode == 2, out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("tensorwire worker: error: --servers "), last
+    assert re.search(why, last), last

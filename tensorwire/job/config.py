@@ -282,11 +282,16 @@ def launcher_int(parser: argparse.ArgumentParser, *names: str) -> int | None:
     return None
 
 
-def check_endpoint(parser: argparse.ArgumentParser, flag: str, endpoint: str) -> None:
-    """Refuse what is not ``tcp://HOST:PORT`` before anything uses it."""
-    if split_endpoint(endpoint) is None:
+def check_endpoint(
+    parser: argparse.ArgumentParser, flag: str, endpoint: str, *, to_bind: bool = True
+) -> None:
+    """Refuse what is not ``tcp://HOST:PORT`` before anything uses it; port 0 (any free one)
+    only in an address ``to_bind``, not in one to reach."""
+    split = split_endpoint(endpoint)
+    if split is None or (not to_bind and split[1] == 0):
+        any_port = " (PORT 0: any)" if to_bind else ""
         parser.error(
-            f"{flag} {endpoint!r} is not an address: use tcp://HOST:PORT (PORT 0: any)"
+            f"{flag} {endpoint!r} is not an address: use tcp://HOST:PORT{any_port}"
             f"{ipv6_hint(endpoint)}"
         )
 
