@@ -21,8 +21,14 @@ import zmq
 
 import tensorwire as tw
 from tensorwire.auth import new_nonce, verify
-from tensorwire.endpoint import bracketed, endpoint_host, family, is_ipv6, tcp_endpoint
-from tensorwire.rdma import is_loopback_host
+from tensorwire.endpoint import (
+    bracketed,
+    endpoint_host,
+    family,
+    is_ipv6,
+    is_loopback_host,
+    tcp_endpoint,
+)
 
 from .common import (
     BATCH_MAX_BYTES,

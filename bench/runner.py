@@ -45,8 +45,13 @@ import zmq
 
 import tensorwire as tw
 from tensorwire import cuda as tw_cuda
-from tensorwire.endpoint import endpoint_host, is_ipv6, local_address_towards, tcp_endpoint
-from tensorwire.rdma import is_loopback_host
+from tensorwire.endpoint import (
+    endpoint_host,
+    is_ipv6,
+    is_loopback_host,
+    local_address_towards,
+    tcp_endpoint,
+)
 
 from .common import (
     BATCH_MAX_BYTES,

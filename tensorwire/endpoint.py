@@ -6,6 +6,7 @@ URL); :func:`host_port` writes an address back in the form sockets and gRPC take
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 from urllib.parse import urlsplit
 
@@ -56,6 +57,16 @@ def is_ipv6_endpoint(text: str) -> bool:
     return split is not None and is_ipv6(split[0])
 
 
+def is_loopback_host(host: str) -> bool:
+    """Is ``host`` (a name or an address) this machine's loopback?"""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def family(host: str) -> socket.AddressFamily:
     """The socket family of an address (a name is reached over IPv4, as ZeroMQ does)."""
     return socket.AF_INET6 if is_ipv6(host) else socket.AF_INET
@@ -75,8 +86,8 @@ def local_address_towards(host: str) -> str:
     """The address of this machine that ``host`` reaches it at: loopback for loopback, else the
     address of the interface the route to ``host`` leaves by (a UDP connect picks it; no packet
     is sent)."""
-    if host in ("127.0.0.1", "localhost", "::1"):
-        return "::1" if host == "::1" else "127.0.0.1"
+    if is_loopback_host(host):
+        return "::1" if is_ipv6(host) else "127.0.0.1"
     with socket.socket(family(host), socket.SOCK_DGRAM) as s:
         s.connect((host, 9))
         return str(s.getsockname()[0])

@@ -22,7 +22,6 @@ import glob
 import importlib
 import importlib.metadata
 import importlib.util
-import ipaddress
 import json
 import os
 import subprocess
@@ -142,16 +141,6 @@ def shared_memory_notifications(options: NixlOptions, loopback: bool) -> bool:
             "UCX_MM_ERROR_HANDLING", os.environ.get("UCX_MM_ERROR_HANDLING", "n")
         )
     return value.strip().lower() in ("y", "yes", "on", "1", "true")
-
-
-def is_loopback_host(host: str) -> bool:
-    """Is ``host`` (a name or an address) this machine's loopback?"""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def installed() -> bool:

@@ -25,7 +25,7 @@ import configargparse
 
 import tensorwire as tw
 from tensorwire import metrics as tw_metrics
-from tensorwire.endpoint import ipv6_hint, split_endpoint
+from tensorwire.endpoint import ipv6_hint, is_loopback_host, split_endpoint
 from tensorwire.job import files
 from tensorwire.metrics import Metric, MetricsServer
 
@@ -298,8 +298,7 @@ def check_endpoint(
 
 def is_loopback(endpoint: str) -> bool:
     """Does ``tcp://HOST:PORT`` listen only on this machine?"""
-    host = urlsplit(endpoint).hostname or ""
-    return host in ("localhost", "::1") or host.startswith("127.")
+    return is_loopback_host(urlsplit(endpoint).hostname or "")
 
 
 def add_secret_flags(parser: argparse.ArgumentParser) -> None:

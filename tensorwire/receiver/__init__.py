@@ -32,11 +32,11 @@ from ..checks import check_count
 from ..control import ControlServer
 from ..cuda import parse_device
 from ..curve import CurveKeys
-from ..endpoint import ipv6_hint, split_endpoint
+from ..endpoint import ipv6_hint, is_loopback_host, split_endpoint
 from ..errors import AuthenticationError, SpecMismatchError, TensorWireError, TransportError
 from ..heartbeat import check_seconds
 from ..process import host_identity
-from ..rdma import NixlOptions, is_loopback_host
+from ..rdma import NixlOptions
 from ..region import reap_stale_segments, shm_available
 from ..resource import Resource
 from ..spec import TensorSpec

@@ -45,6 +45,7 @@ from .. import wire
 from ..cuda import data_pointer, device_bytes, hold_context, synchronize_current
 from ..doorbell import deadline_of
 from ..dtypes import exports_buffer
+from ..endpoint import is_loopback_host
 from ..errors import (
     LocalProtocolError,
     PeerLostError,
@@ -59,7 +60,6 @@ from ..quietlog import QuietLog
 from ..rdma import (
     NixlOptions,
     create_agent,
-    is_loopback_host,
     is_remote_disconnect,
     shared_memory_notifications,
 )
