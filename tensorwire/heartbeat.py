@@ -101,8 +101,12 @@ class Heartbeats:
                     # found gone meanwhile is told to the set-up (``setup_lost``), whose waits
                     # end then rather than at their timeouts.
                     channel = peer.channel
+                    # The token before the generation: a reconnect sets the generation first,
+                    # so a heartbeat never pairs a new generation's token with an old generation.
+                    token = peer.token
+                    generation = peer.generation
                     if (
-                        not peer.token
+                        not token
                         or (channel is not None and channel.lost is not None)
                         or (channel is None and peer.setup_lost is not None)
                     ):
@@ -122,7 +126,7 @@ class Heartbeats:
                     sent = time.monotonic()
                     try:
                         client.request(
-                            wire.Heartbeat(peer.generation, peer.token), min(every, patience)
+                            wire.Heartbeat(generation, token), min(every, patience)
                         )
                         missed[peer.address] = 0
                         silent_since.pop(peer.address, None)
@@ -139,6 +143,13 @@ class Heartbeats:
                             )
                     except TensorWireError as exc:  # session or generation gone
                         verdict = f"receiver at {peer.address}: {exc}"
+                    if verdict is not None and peer.token != token:
+                        # The peer reconnected while this heartbeat was out: the verdict is
+                        # on the session before (a restarted receiver knows not its token),
+                        # and must not end the new one's set-up (found by a CI run: a
+                        # sender's reconnect to a restarted receiver failed with "refused
+                        # heartbeat: unknown session token").
+                        verdict = None
                     if verdict is not None:
                         if channel is not None:
                             channel.mark_lost(verdict)

@@ -330,6 +330,7 @@ class _Peer:
         control, self.control = self.control, None
         watch, self._watch = self._watch, None
         self.writers = {}
+        self.token = b""  # no session: the heartbeats pass this peer by until its next welcome
         if channel is not None:
             channel.close()
         if control is not None:

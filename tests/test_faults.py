@@ -471,6 +471,32 @@ def test_restarted_receiver_has_new_generation(transport: str) -> None:
             assert rx_new.wait("u", timeout=5).tolist() == [10, 11, 12, 13]
 
 
+def test_a_reconnect_is_not_ended_by_a_heartbeat_of_the_session_before(transport: str) -> None:
+    """A sender heartbeating often (every 10 ms) reconnects to a receiver restarted at its
+    address, eight times. Before, the heartbeat thread went on presenting the old session's
+    token while the sender reconnected; the new receiver refused it ("unknown session token")
+    and that verdict ended the new session's set-up, so the write after a restart raised
+    PeerLostError with ``reconnect=True`` (found by CI, over nixl, whose set-up is longest)."""
+    bind = f"tcp://127.0.0.1:{free_port()}"
+    rx = tw.Receiver(bind)
+    try:
+        rx.register("t", (4,), "int32")
+        with tw.Sender.connect(
+            bind, transport=transport, timeout=5, heartbeat=0.01, reconnect=True
+        ) as tx:
+            tx.write("t", np.arange(4, dtype=np.int32))
+            assert rx.wait("t", timeout=5).tolist() == [0, 1, 2, 3]
+            for k in range(1, 9):
+                rx.close()
+                rx = tw.Receiver(bind)
+                rx.register("t", (4,), "int32")
+                time.sleep(0.05)  # the heartbeats find the old session gone
+                tx.write("t", np.arange(4, dtype=np.int32) + 10 * k)
+                assert rx.wait("t", timeout=5).tolist() == [10 * k + i for i in range(4)]
+    finally:
+        rx.close()
+
+
 def test_a_request_of_a_restarted_receivers_sender_is_answered_stale_generation() -> None:
     """A receiver restarted at the same address knows none of its predecessor's sessions. A
     request of one of them (a claim: a sender's first write of a tensor after the restart) is
