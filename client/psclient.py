@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import operator
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -96,6 +97,67 @@ class _Dropped(Exception):
     """A server went on without this worker (a notice in its ``dropped`` tensor): join again."""
 
 
+#: The longest parameter name, in UTF-8 bytes: the tensors named after a parameter
+#: (``grad/<rank>/<name>@<part>``) must fit a tensor name's 255 bytes.
+MAX_PARAM_NAME_BYTES = 200
+
+
+def _checked_shapes(shapes: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Every parameter's shape as a tuple of ints, or PSClientError naming the first bad one
+    (before anything is opened: an empty name or a negative dimension went on to the servers,
+    and a worker failed to join with a message about the servers' plan)."""
+    out: dict[str, tuple[int, ...]] = {}
+    for name, shape in shapes.items():
+        if not isinstance(name, str) or not name:
+            raise PSClientError(f"parameter names must be non-empty strings, got {name!r}")
+        if len(name.encode()) > MAX_PARAM_NAME_BYTES:
+            raise PSClientError(
+                f"parameter name {name[:40]!r}... is {len(name.encode())} bytes long: at most "
+                f"{MAX_PARAM_NAME_BYTES} (the tensors named after it must fit 255)"
+            )
+        try:
+            dims = tuple(operator.index(d) for d in shape)
+        except TypeError:
+            dims = None
+        if dims is None or any(d < 0 for d in dims):
+            raise PSClientError(
+                f"parameter {name!r}: shape {shape!r} is not a tuple of whole numbers of 0 or more"
+            )
+        out[name] = dims
+    return out
+
+
+def _checked_init(init: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
+    """Rank 0's initial values as float32 host arrays, or PSClientError naming the first that
+    is missing or of another shape. Anything numpy takes is accepted (lists, torch CPU
+    tensors), and GPU arrays (cupy's ``get()``, torch's ``cpu()``): they are written once."""
+    out: dict[str, Any] = {}
+    for name, shape in shapes.items():
+        if name not in init:
+            raise PSClientError(
+                f"init has no value for parameter {name!r}: give an array of shape {shape} "
+                "for every parameter"
+            )
+        value = init[name]
+        if hasattr(value, "get") and hasattr(value, "__cuda_array_interface__"):
+            value = value.get()  # cupy
+        elif hasattr(value, "detach") and hasattr(value, "cpu"):
+            value = value.detach().cpu()  # torch, on any device
+        try:
+            host = np.asarray(value, dtype=np.float32)
+        except (TypeError, ValueError) as exc:
+            raise PSClientError(
+                f"init[{name!r}] is not an array of numbers ({type(value).__name__}: {exc})"
+            ) from None
+        if host.shape != shape:
+            raise PSClientError(
+                f"init does not match shapes for {name!r}: give an array of shape {shape} "
+                f"for every parameter (got {host.shape})"
+            )
+        out[name] = host
+    return out
+
+
 def _advertised(address: str, advertise: str | None, towards: str) -> str:
     """The receiver address servers should use: ``advertise`` replaces a wildcard bind host."""
     parts = urlsplit(address)
@@ -157,14 +219,8 @@ class PSClient:
             raise PSClientError(str(exc)) from None
         if not shapes:
             raise PSClientError("no parameters given (shapes is empty)")
-        if init is not None:
-            wrong = [n for n in shapes if n not in init or tuple(init[n].shape) != tuple(shapes[n])]
-            if wrong:
-                raise PSClientError(
-                    f"init does not match shapes for {wrong[0]!r}: give an array of shape "
-                    f"{tuple(shapes[wrong[0]])} for every parameter"
-                )
-        self._init = init
+        shapes = _checked_shapes(shapes)
+        self._init = None if init is None else _checked_init(init, shapes)
         self.device = device
         self._stopping = stopping
         self._specs = specs_of({n: (tuple(s), "float32") for n, s in shapes.items()})
@@ -441,7 +497,7 @@ class PSClient:
                         "the servers start from rank 0's initial parameters: give them to "
                         "PSClient(init=...)"
                     )
-                value = np.asarray(self._init[c.param], dtype=np.float32)
+                value = self._init[c.param]
                 rows = value[c.start : c.stop] if value.ndim else value
                 self._write_in_tries(
                     addr,

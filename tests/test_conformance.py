@@ -436,6 +436,25 @@ def test_tensor_in_parts_is_one_array_written_by_several_senders(transport: str)
             rx.array("nope")
 
 
+def test_a_scalar_in_parts_is_one_part_of_one_row(transport: str) -> None:
+    """A scalar registered in parts (a model's temperature, as the parameter server's plan
+    counts it: one row) is one part, ``s@0``, of shape (). Before, register_parts refused every
+    scalar, and a PSClient of a model with one could not join."""
+    with tw.Receiver() as rx:
+        (part,) = rx.register_parts("s", (), "float32", rows=[1])
+        assert part.name == "s@0" and part.static_shape == ()
+        whole = rx.array("s")
+        assert whole.shape == () and not whole.flags.writeable
+        with tw.Sender.connect(rx.address, transport=transport, timeout=5) as tx:
+            tx.write("s@0", np.float32(2.5) * np.ones((), np.float32))
+            rx.wait("s@0", timeout=5)
+            assert float(whole) == 2.5
+        for rows in ([2], [0, 1], [1, 0]):
+            with pytest.raises(tw.SpecMismatchError, match=r"a scalar is one part of one row"):
+                rx.register_parts("t", (), "float32", rows=rows)
+        assert "t" not in rx.specs and "t@0" not in rx.specs
+
+
 def test_negative_dynamic_shape_is_refused_before_any_byte_moves(transport: str) -> None:
     with tw.Receiver() as rx:
         rx.register("d", (None, None), "float32", max_bytes=1024)

@@ -1358,13 +1358,23 @@ def test_a_client_that_never_reached_its_servers_leaves_nothing_behind() -> None
             "servers names tcp://127.0.0.1:1 more than once",
         ),
         ({"shapes": {}}, "no parameters given"),
+        ({"shapes": {"": (2,)}}, "parameter names must be non-empty strings, got ''"),
+        ({"shapes": {"w": (-1, 3)}}, r"parameter 'w': shape \(-1, 3\) is not a tuple of whole"),
+        ({"shapes": {"w": 3}}, "parameter 'w': shape 3 is not a tuple of whole"),
+        ({"shapes": {"w": (2.5,)}}, r"parameter 'w': shape \(2.5,\) is not a tuple"),
+        ({"shapes": {"w" * 201: (2,)}}, "is 201 bytes long: at most 200"),
+        ({"shapes": {"w": (2,), "b": (3,)}, "init": {"w": [0, 0]}}, "no value for parameter 'b'"),
+        ({"shapes": {"w": (2,)}, "init": {"w": "ab"}}, r"init\['w'\] is not an array of numbers"),
+        ({"shapes": {"w": (2,)}, "init": {"w": [1, 2, 3]}}, r"give an array of shape \(2,\)"),
     ],
 )
 def test_a_client_refuses_bad_arguments_before_it_opens_anything(
     given: dict[str, Any], says: str
 ) -> None:
-    """Before, a NaN connect_timeout waited for ever, and a negative or fractional rank, or a
-    server given twice, went on to the servers."""
+    """Before, a NaN connect_timeout waited for ever, and a negative or fractional rank, a
+    server given twice, an empty parameter name or a negative dimension went on to the
+    servers (the last two failed the join with words about the servers' plan); initial values
+    as a list raised AttributeError."""
     from tensorwire.client.psclient import PSClient, PSClientError
 
     args: dict[str, Any] = {
@@ -1376,6 +1386,37 @@ def test_a_client_refuses_bad_arguments_before_it_opens_anything(
     }
     with pytest.raises(PSClientError, match=says):
         PSClient(**args)
+
+
+def test_a_custom_loop_trains_a_scalar_parameter_from_initial_values_given_as_lists() -> None:
+    """A PSClient loop of a model with a scalar parameter (shape ()), its initial values given
+    as Python lists and numbers: three sgd steps of gradient one move every value by 3 x lr.
+    Before, a scalar could not be registered in parts and the join failed ("parts of [1]
+    rows do not add up"), and a list as an initial value raised AttributeError."""
+    from tensorwire.client.psclient import PSClient
+
+    address = f"tcp://127.0.0.1:{free_port()}"
+    ps = subprocess.Popen(
+        ps_command(address, "--no-progress", "--join-timeout", "30", "--steps", "3"),
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        shapes = {"w": (2, 3), "temperature": ()}
+        init = {"w": [[1, 2, 3], [4, 5, 6]], "temperature": 1.0}
+        with PSClient([address], 0, shapes, init=init, connect_timeout=30, timeout=30) as c:
+            assert c.params["temperature"].shape == ()
+            steps = 0
+            while c.wait_params(timeout=30) is not None and steps < 10:
+                c.push({n: np.ones(v.shape, np.float32) for n, v in c.params.items()}, loss=1.0)
+                steps += 1
+            assert steps == 3
+            assert np.allclose(c.params["w"], np.array(init["w"], np.float32) - 0.3)
+            assert np.isclose(float(c.params["temperature"]), 0.7)
+        assert ps.wait(30) == 0
+    finally:
+        if ps.poll() is None:
+            ps.kill()
+        ps.wait(30)
 
 
 def test_rank_0_must_bring_the_initial_parameters(tmp_path: Path) -> None:

@@ -216,8 +216,8 @@ class Receiver(Resource):
         Part ``k`` is a tensor of its own, named ``f"{name}@{k}"``, with ``rows[k]`` rows and one
         slot: each part may have its own writer (e.g. the parameter server shard that owns those
         rows), and :meth:`array` hands out the whole tensor as one read-only view of the slots the
-        parts land in. This is how a model's parameters can *be* registered memory. ``device``
-        as for :meth:`register`.
+        parts land in. This is how a model's parameters can *be* registered memory. A scalar
+        (shape ``()``) is one part of one row: ``rows=[1]``. ``device`` as for :meth:`register`.
         """
         return self._table.register_parts(name, shape, dtype, rows, parse_device(device))
 

@@ -262,14 +262,19 @@ class TensorTable:
     ) -> list[TensorSpec]:
         whole = TensorSpec.create(name, shape, dtype)
         dims = whole.static_shape
-        if not dims or sum(rows) != dims[0] or any(r < 0 for r in rows) or not rows:
+        # A scalar (a model's temperature, a learned scale) is one part of one "row": the
+        # parameter server's plan counts it so. Before, it could not be registered in parts,
+        # and a PSClient of a model with one failed to join.
+        first = dims[0] if dims else 1
+        if sum(rows) != first or any(r < 0 for r in rows) or not rows or (not dims and rows != [1]):
             raise SpecMismatchError(
                 f"tensor {name!r}: parts of {rows} rows do not add up to the first dimension of "
-                f"{whole.describe()}"
+                f"{whole.describe()}" + ("" if dims else " (a scalar is one part of one row: [1])")
             )
-        row_bytes = whole.max_bytes // dims[0] if dims[0] else 0
+        row_bytes = whole.max_bytes // first if first else 0
         parts = [
-            TensorSpec.create(f"{name}@{k}", (r, *dims[1:]), dtype) for k, r in enumerate(rows)
+            TensorSpec.create(f"{name}@{k}", (r, *dims[1:]) if dims else (), dtype)
+            for k, r in enumerate(rows)
         ]
         capacities = [r * row_bytes for r in rows]
         with self._state.lock:
