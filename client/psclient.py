@@ -31,6 +31,7 @@ import numpy as np
 import tensorwire as tw
 from tensorwire.checks import check_amount, check_count, check_distinct
 from tensorwire.curve import CurveKeys
+from tensorwire.dtypes import canonical_dtype
 from tensorwire.endpoint import local_address_towards, tcp_endpoint
 from tensorwire.job.plan import (
     HOW_ASYNC,
@@ -158,6 +159,15 @@ def _checked_init(init: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]
     return out
 
 
+def _dtype_name(array: Any) -> str:
+    """The name of ``array``'s dtype, numpy's, cupy's or torch's alike ("float32")."""
+    dtype = getattr(array, "dtype", None)
+    try:
+        return canonical_dtype(dtype).name
+    except tw.TensorWireError:
+        return str(dtype)
+
+
 def _advertised(address: str, advertise: str | None, towards: str) -> str:
     """The receiver address servers should use: ``advertise`` replaces a wildcard bind host."""
     parts = urlsplit(address)
@@ -201,6 +211,7 @@ class PSClient:
         parameters into (False: private memory, for servers on other hosts). ``stopping``:
         looked at in every wait for the servers (at least every PROBE_EVERY s); once true, the
         wait ends with :class:`PSClientStopped`."""
+        self._closed = False
         if not servers:
             raise PSClientError("no parameter servers given")
         # Checked before anything is opened: a NaN wait never ends, a rank that is not a
@@ -246,6 +257,9 @@ class PSClient:
         #: this step's gradients went out: a second push would count them twice (asp and ssp
         #: apply each as it lands)
         self._pushed = False
+        #: a step's parameters were handed out and its gradients not yet pushed: a second
+        #: wait_params() would wait in vain (the servers wait for those gradients)
+        self._owed = False
         self._shapes = dict(shapes)
         self.reconnect_timeout = reconnect_timeout
         self._meta = np.zeros(META_FIELDS, np.float64)
@@ -302,6 +316,11 @@ class PSClient:
         except BaseException:
             self.close()
             raise
+
+    def _check_open(self, call: str) -> None:
+        if self._closed:
+            # before, push() after close() said it came before wait_params()
+            raise tw.ClosedError(f"{call}(): the PSClient of worker {self.rank} is closed")
 
     def _check_stop(self, waiting: str) -> None:
         """PSClientStopped if a stop was asked meanwhile (``waiting``: for what, in its words),
@@ -586,7 +605,22 @@ class PSClient:
         on without this worker (it heard nothing from it within its step timeout: the worker
         was frozen, or its machine too slow) says so, and the client joins again at the
         server's current step."""
+        self._check_open("wait_params")
         assert self.rx is not None
+        if timeout is not None:
+            try:
+                check_amount("timeout", timeout)
+            except ValueError as exc:
+                # before, a NaN timeout handed out the parameters unchecked when they had
+                # landed, and waited for ever when they had not
+                raise PSClientError(f"wait_params(): {exc}") from None
+        if self._owed:
+            raise PSClientError(
+                f"wait_params() again before push() for step {self.step}: the servers wait for "
+                "this step's gradients before they write the next parameters (push() them "
+                "first; without them, this wait would last until the servers' --step-timeout "
+                "dropped this worker)"
+            )
         t0 = time.perf_counter()
         self._pushed = False
         wait = self.timeout if timeout is None else timeout
@@ -621,6 +655,7 @@ class PSClient:
                 np.copyto(self.params[p], landed)  # 16-bit wire -> the model's float32
             self.phase_seconds["pull"] += time.perf_counter() - t1
         self.step = None if stop else max(steps)
+        self._owed = self.step is not None
         if stop:
             self._told_stop = said_stop
         return self.step
@@ -901,6 +936,7 @@ class PSClient:
         """Send this step's gradients (each server gets its rows, one-sided) and the step's
         metrics; the parameters may change from here on. If a server is lost meanwhile, the
         client reconnects; the step is then redone from the restarted server's checkpoint."""
+        self._check_open("push")
         if self.step is None:
             raise PSClientError("push() before wait_params() returned a step")
         if self._pushed:
@@ -922,6 +958,18 @@ class PSClient:
                     f"{'not an array' if got is None else f'of shape {tuple(got)}'}; the "
                     f"parameter's shape is {tuple(shape)}"
                 )
+            dtype = _dtype_name(grads[param])
+            if dtype != "float32":
+                # before, refused by the transport under the name of an internal tensor
+                # (grad/0/w@0) over a float32 wire, and rounded silently over a 16-bit one
+                raise PSClientError(
+                    f"push(): the gradient of {param!r} is {dtype}; the parameters are "
+                    "float32: push float32 gradients (numpy: g.astype(np.float32))"
+                )
+        try:
+            loss = float(loss)
+        except (TypeError, ValueError):
+            raise PSClientError(f"push(): loss must be a number, got {loss!r}") from None
         t0 = time.perf_counter()
         self._release()
         try:
@@ -945,8 +993,10 @@ class PSClient:
             # One operation: every array checked first, one doorbell or sendmsg per server.
             self.tx.write_many(batch, allow_copy=True)
             self._pushed = True
+            self._owed = False
         except tw.PeerLostError as exc:
             self._recover(str(exc))
+            self._owed = False  # joined again: the next wait_params() gives the step to redo
         self.phase_seconds["push"] += time.perf_counter() - t0
 
     @property
@@ -955,6 +1005,10 @@ class PSClient:
         return sum(self.phase_seconds.values())
 
     def close(self) -> None:
+        """Tell the servers we stop and release every socket and buffer. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
         self._leave()
         self.tx.close()
         if self.rx is not None:

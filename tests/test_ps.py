@@ -1419,6 +1419,52 @@ def test_a_custom_loop_trains_a_scalar_parameter_from_initial_values_given_as_li
         ps.wait(30)
 
 
+def test_a_custom_loop_is_told_its_mistakes_at_once_and_trains_on() -> None:
+    """A PSClient loop's mistakes are refused at once, with what to do, and the loop trains on
+    after each: a NaN wait timeout (before, it handed out the parameters unchecked), a second
+    wait_params() before the step's push() (before, it waited until the servers' step timeout
+    dropped the worker), float64 gradients (before, refused under an internal tensor's name),
+    a loss that is no number (a bare ValueError), and any call after close() (push() said it
+    came before wait_params())."""
+    from tensorwire.client.psclient import PSClient, PSClientError
+
+    address = f"tcp://127.0.0.1:{free_port()}"
+    ps = subprocess.Popen(
+        ps_command(address, "--no-progress", "--join-timeout", "30", "--steps", "2"),
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        shapes = {"w": (2, 3)}
+        with PSClient(
+            [address], 0, shapes, init={"w": np.zeros((2, 3))}, connect_timeout=30, timeout=30
+        ) as c:
+            with pytest.raises(PSClientError, match="timeout must be a number"):
+                c.wait_params(timeout=float("nan"))
+            assert c.wait_params(timeout=30) == 0
+            t0 = time.monotonic()
+            with pytest.raises(PSClientError, match=r"wait_params\(\) again before push\(\)"):
+                c.wait_params(timeout=30)
+            assert time.monotonic() - t0 < 5
+            with pytest.raises(PSClientError, match="'w' is float64; the parameters are float32"):
+                c.push({"w": np.ones((2, 3))}, loss=1.0)
+            with pytest.raises(PSClientError, match="loss must be a number, got 'x'"):
+                c.push({"w": np.ones((2, 3), np.float32)}, loss="x")  # type: ignore[arg-type]
+            c.push({"w": np.ones((2, 3), np.float32)}, loss=1.0)
+            assert c.wait_params(timeout=30) == 1
+            c.push({"w": np.ones((2, 3), np.float32)}, loss=1.0)
+            assert c.wait_params(timeout=30) is None
+            assert np.allclose(c.params["w"], -0.2)
+        ones = {"w": np.ones((2, 3), np.float32)}
+        for call in (lambda: c.wait_params(timeout=1), lambda: c.push(ones)):
+            with pytest.raises(tw.ClosedError, match="the PSClient of worker 0 is closed"):
+                call()
+        assert ps.wait(30) == 0
+    finally:
+        if ps.poll() is None:
+            ps.kill()
+        ps.wait(30)
+
+
 def test_rank_0_must_bring_the_initial_parameters(tmp_path: Path) -> None:
     from tensorwire.client.psclient import PSClient, PSClientError
 
