@@ -27,6 +27,7 @@ not: this port is untested there.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Any
 
@@ -110,13 +111,20 @@ class RingMemory:
             self.slot_bytes = [b.data.cast("B") for b in self.payload_bytes]
         if not spec.dynamic:
             shape = spec.static_shape
-            self.static_views = [self._over(slot, shape) for slot in range(self.depth)]
+            if payload is None:  # inline of _over's host case: a deep ring has many slots
+                nbytes = math.prod(shape) * spec.dtype.itemsize
+                dtype = spec.dtype
+                self.static_views = [
+                    b[:nbytes].view(dtype).reshape(shape) for b in self.payload_bytes
+                ]
+            else:
+                self.static_views = [self._over(slot, shape) for slot in range(self.depth)]
 
     def _over(self, slot: int, shape: tuple[int, ...]) -> Any:
         """``slot``'s payload as an array of ``shape`` (host or GPU memory)."""
         if self._payload is not None:
             return self._payload.view(self.layout.payloads[slot], self.spec.dtype, shape)
-        nbytes = int(np.prod(shape)) * self.spec.dtype.itemsize
+        nbytes = math.prod(shape) * self.spec.dtype.itemsize
         return self.payload_bytes[slot][:nbytes].view(self.spec.dtype).reshape(shape)
 
     # -- sequence numbers ------------------------------------------------------------------

@@ -98,6 +98,33 @@ def test_wait_any_from_two_threads_hands_out_each_message_once() -> None:
         assert taken == sorted((n, k) for n in "ab" for k in range(N_MESSAGES))
 
 
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_wait_any_serves_tensors_registered_while_it_waits(transport: str) -> None:
+    """wait_any() in one thread, while another registers tensors and writes the last one:
+    the message of a tensor registered after the wait began is handed out (the registration
+    order is a snapshot rebuilt after each registration, read without the lock)."""
+    with tw.Receiver() as rx:
+        rx.register("first", (1,), "int64")
+        result: list[tuple[str, int]] = []
+
+        def take() -> None:
+            name, view = rx.wait_any(timeout=10)
+            result.append((name, int(view[0])))
+
+        waiter = threading.Thread(target=take)
+        waiter.start()
+        try:
+            time.sleep(0.1)  # the wait has begun
+            for k in range(50):
+                rx.register(f"late{k}", (1,), "int64")
+            with tw.Sender.connect(rx.address, transport=transport, timeout=10) as tx:
+                tx.write("late49", np.array([7], np.int64))
+        finally:
+            waiter.join(15)
+        assert result == [("late49", 7)]
+        assert [t for t in rx.specs][-1] == "late49" and len(rx.specs) == 51
+
+
 def test_wait_all_from_two_threads_takes_whole_sets_once() -> None:
     """Two threads wait for the pair (a, b) while a sender writes a's message, pauses, then b's:
     a waiting thread finds a first and, on a later wake-up, b, while the other thread may have
