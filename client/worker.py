@@ -78,6 +78,7 @@ def build_parser(prog: str = "tensorwire-worker") -> argparse.ArgumentParser:
     p.add_argument("--batch", type=config.at_least(1), default=32, help="batch size per worker")
     p.add_argument(
         "--device",
+        type=config.device_form,
         default="cpu",
         metavar="cpu|cuda|cuda:N",
         help="where a torch model trains and its parameters' buffers live; on a GPU the servers "
@@ -101,7 +102,10 @@ def build_parser(prog: str = "tensorwire-worker") -> argparse.ArgumentParser:
         "[::]); found from the route to the first server if not given",
     )
     p.add_argument(
-        "--eval-every", type=config.at_least(0), default=50, help="rank 0: test accuracy every N"
+        "--eval-every",
+        type=config.at_least(0),
+        default=50,
+        help="rank 0: test accuracy every N steps, and at the end (0: only at the end)",
     )
     p.add_argument("--seed", type=int, default=0, help="data order and initialisation seed")
     p.add_argument(

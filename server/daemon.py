@@ -89,6 +89,7 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--device",
+        type=config.device_form,
         default=d.device,
         metavar="cpu|cuda|cuda:N",
         help="where the shard keeps its parameters, the workers' gradients and the optimizer's "
@@ -164,6 +165,8 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-ps") -> int:
         problem = checkpoint.unusable(args.checkpoint_dir)
         if problem:
             parser.error(f"--checkpoint-dir {args.checkpoint_dir}: {problem}")
+    if args.resume and args.checkpoint_dir is None:
+        parser.error("--resume needs --checkpoint-dir (where the checkpoint is)")
     if args.resume_if_present:
         if args.checkpoint_dir is None:
             parser.error("--resume-if-present needs --checkpoint-dir (where to look)")

@@ -501,10 +501,23 @@ def test_heartbeats_timeouts_and_counts_out_of_range_are_refused_in_one_line() -
         ("tensorwire.client.worker", "--batch", "0", "give a whole number of at least 1"),
         ("tensorwire.server.daemon", "--staleness", "2.5", "'2.5' is not a whole number"),
         ("tensorwire.client.worker", "--servers", "tcp://h:1,tcp://h:1", "tcp://h:1 more than"),
+        # before, a numpy worker was told that numpy models train on the CPU
+        ("tensorwire.client.worker", "--device", "cuda:x", "give cpu, cuda or cuda:N"),
+        ("tensorwire.server.daemon", "--device", "gpu", "give cpu, cuda or cuda:N"),
     ):
         out = run("-m", module, flag, value, "--no-progress")
         assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
         assert f"argument {flag}: " in out.stderr and says in out.stderr
+
+
+def test_resume_without_a_checkpoint_dir_is_refused_at_start() -> None:
+    """Before, it was refused once the server had started, as "no checkpoint at (no
+    --checkpoint-dir)"."""
+    out = run("-m", "tensorwire.server.daemon", "--resume", "--no-progress")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines()[-1].endswith(
+        "--resume needs --checkpoint-dir (where the checkpoint is)"
+    )
 
 
 def test_an_unusable_checkpoint_dir_is_refused_at_start(tmp_path: Path) -> None:

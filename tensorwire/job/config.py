@@ -230,6 +230,16 @@ def at_least(minimum: int) -> Callable[[str], int]:
     return whole
 
 
+def device_form(text: str) -> str:
+    """An argparse type: ``cpu``, ``cuda`` or ``cuda:N`` (whether that GPU exists is checked
+    where it is used). Before, a worker given ``--device cuda:x`` with a numpy model was told
+    that numpy models train on the CPU, not that ``cuda:x`` names no device."""
+    kind, colon, index = text.strip().lower().partition(":")
+    if (kind, colon) in (("cpu", ""), ("cuda", "")) or (kind == "cuda" and index.isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r}: give cpu, cuda or cuda:N (N: a GPU's index)")
+
+
 def add_heartbeat_flags(
     parser: argparse.ArgumentParser, peer: str, interval: float, timeout: float
 ) -> None:
