@@ -41,6 +41,7 @@ from .common import (
     machine_facts,
     parse_size,
     parse_sizes,
+    parse_transports,
 )
 from .peer import serve
 from .runner import (
@@ -207,17 +208,18 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[st
     except (ValueError, tw.TensorWireError) as exc:
         parser.error(f"--device {args.device}: {exc}")
     args.device = tw_cuda.describe_device(device)
+    if args.plot:  # before the sweep: a plot refused after it lost nothing but time, all of it
+        if not extras.installed(extras.BENCH_PLOTS):
+            parser.error("--plot needs matplotlib: pip install 'tensorwire[bench]'")
+        problem = report.plot_format_problem(args.plot)
+        if problem:
+            parser.error(f"--plot {args.plot}: {problem}")
     if args.transports is None:
         return list(TRANSPORTS)
-    chosen = [t.strip() for t in args.transports.split(",") if t.strip()]
-    unknown = [t for t in chosen if t not in TRANSPORTS]
-    if unknown or not chosen:
-        parser.error(
-            f"unknown transport(s) {', '.join(unknown) or '(none)'}; "
-            f"choose from {', '.join(TRANSPORTS)}"
-        )
-    if args.plot and not extras.installed(extras.BENCH_PLOTS):
-        parser.error("--plot needs matplotlib: pip install 'tensorwire[bench]'")
+    try:
+        chosen = parse_transports(args.transports)
+    except ValueError as exc:
+        parser.error(f"--transports: {exc}")
     return chosen
 
 

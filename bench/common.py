@@ -13,6 +13,9 @@ import socket
 from importlib import metadata
 from typing import Any
 
+import tensorwire as tw
+from tensorwire.checks import check_distinct
+
 MiB = 1 << 20
 #: batches are measured up to this size: above it a message's time is its copy, not its calls
 BATCH_MAX_BYTES = MiB
@@ -36,6 +39,23 @@ def parse_sizes(text: str) -> list[int]:
     if not sizes:
         raise argparse.ArgumentTypeError("no sizes given")
     return sizes
+
+
+def parse_transports(text: str) -> list[str]:
+    """A ``--transports`` list: each of tensorwire's transports at most once ("auto" is no
+    transport of its own). ValueError says what is wrong; the bench commands each parsed it
+    their own way, and a transport given twice failed the sweep with "tensor 'shm/pong' is
+    already registered"."""
+    chosen = [t.strip() for t in text.split(",") if t.strip()]
+    known = [t for t in tw.TRANSPORT_NAMES if t != "auto"]
+    unknown = [t for t in chosen if t not in known]
+    if unknown or not chosen:
+        raise ValueError(
+            f"unknown transport(s) {', '.join(unknown) or '(none given)'}; choose from "
+            f"{', '.join(known)}"
+        )
+    check_distinct("the list", chosen)
+    return chosen
 
 
 def human(n: int) -> str:

@@ -19,7 +19,7 @@ from tensorwire.client.launch import run_job
 from tensorwire.job.config import at_least
 from tensorwire.job.files import output_file
 
-from .common import machine_facts
+from .common import machine_facts, parse_transports
 from .report import SCHEMA
 
 DEFAULT_TRANSPORTS = "shm,tcp,grpc"
@@ -58,12 +58,11 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
-    import tensorwire as tw
 
-    transports = [t.strip() for t in args.transports.split(",") if t.strip()]
-    bad = [t for t in transports if t not in tw.TRANSPORT_NAMES or t == "auto"]
-    if bad or not transports:
-        parser.error(f"unknown transport(s) {', '.join(bad) or '(none)'}")
+    try:
+        transports = parse_transports(args.transports)
+    except ValueError as exc:
+        parser.error(f"--transports: {exc}")
     try:
         factory = tasks.load_factory(args.model, args.framework)
         made = tasks.as_task(factory(tasks.JobInfo(0, 1, args.batch, 0)))

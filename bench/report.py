@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 from tensorwire.job import files
@@ -121,6 +122,21 @@ def write_json(path: str, result: dict[str, Any]) -> None:
     """Write ``result`` whole (the sweep rewrites it after each size: a reader sees either)."""
     text = (json.dumps(result, indent=2) + "\n").encode()
     files.write_whole(path, lambda f: f.write(text))
+
+
+def plot_format_problem(path: str) -> str | None:
+    """Why matplotlib cannot draw into ``path`` (its extension names no format it writes), or
+    None. Before, such a path failed with a traceback after the whole sweep had run."""
+    from matplotlib.figure import Figure
+
+    formats = Figure().canvas.get_supported_filetypes()
+    ext = os.path.splitext(path)[1].lstrip(".").lower()
+    if ext in formats:
+        return None
+    return (
+        f"{'no file extension' if not ext else f'.{ext} is not an image format'}: "
+        f"name the file .png, .svg or .pdf (or one of {', '.join(sorted(formats))})"
+    )
 
 
 def plot(path: str, result: dict[str, Any]) -> None:

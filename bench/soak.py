@@ -52,7 +52,7 @@ from tensorwire.job.config import at_least, positive_seconds
 from tensorwire.job.files import output_file
 from tensorwire.process import first_child
 
-from .common import UNSHARE, hosts_problem, machine_facts, parse_size
+from .common import UNSHARE, hosts_problem, machine_facts, parse_size, parse_transports
 from .report import SCHEMA
 
 #: Transports whose write returns only once the message is the receiver's (completed in its
@@ -569,10 +569,10 @@ class _Soak:
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
-    transports = [t.strip() for t in args.transports.split(",") if t.strip()]
-    bad = [t for t in transports if t not in tw.TRANSPORT_NAMES or t == "auto"]
-    if bad or not transports:
-        parser.error(f"--transports: unknown {', '.join(bad) or '(none given)'}")
+    try:
+        transports = parse_transports(args.transports)
+    except ValueError as exc:
+        parser.error(f"--transports: {exc}")
     if args.kill_every and args.duration <= KILL_QUIET:
         parser.error(
             f"--kill-every: no sender is killed in the last {KILL_QUIET:g} s of the run; "

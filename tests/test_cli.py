@@ -311,6 +311,14 @@ def test_bad_arguments_are_one_clear_line(args: list[str]) -> None:
         # files written at the end: checked at the start, not found out after the whole run
         (["bench", "--json", "/nonexistent-tensorwire/x.json"], "--json"),
         (["bench", "--plot", "/"], "--plot"),
+        # a plot matplotlib cannot write was a traceback after the whole sweep (also with the
+        # default transports, for which the --plot check was skipped)
+        (["bench", "--plot", "/tmp/tensorwire-plot.txt"], ".txt is not an image format"),
+        # a transport given twice failed the sweep with "tensor 'shm/pong' is already
+        # registered"; soak and ps each parsed the list their own way
+        (["bench", "--transports", "shm,shm"], "--transports: the list names shm more than"),
+        (["bench", "ps", "--transports", "tcp,tcp"], "the list names tcp more than once"),
+        (["bench", "soak", "--transports", "grpc,pigeon"], "unknown transport(s) pigeon"),
         (["bench", "chaos", "--json", "/nonexistent-tensorwire/x.json"], "--json"),
         (["ps", "--metrics", "/nonexistent-tensorwire/ps0.json"], "--metrics"),
         (["worker", "--save-params", "/nonexistent-tensorwire/p.npz"], "--save-params"),
