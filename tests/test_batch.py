@@ -151,6 +151,23 @@ def test_release_many_checks_every_name_first() -> None:
             tx.write("a", np.ones(2, np.uint8), timeout=5)
 
 
+def test_a_str_is_refused_where_a_list_of_names_is_asked_for() -> None:
+    """A str is an iterable of one-letter names: before, ``wait_all("ab")`` took the messages
+    of tensors "a" and "b" (another thread may have been waiting for them). Refused, and
+    nothing is taken or released."""
+    with tw.Receiver() as rx:
+        rx.register("a", (1,), "int64")
+        rx.register("b", (1,), "int64")
+        with tw.Sender.connect(rx.address, transport="shm", timeout=10) as tx:
+            tx.write_many({"a": np.array([1]), "b": np.array([2])})
+            for call in (rx.wait_all, rx.release_many, lambda n: list(rx.wait_each(n))):
+                with pytest.raises(TypeError, match="give a list of tensor names, not the str"):
+                    call("ab")
+            assert rx.pending("a") == 1 and rx.pending("b") == 1
+            got = rx.wait_all(["a", "b"], timeout=5)
+            assert int(got["a"][0]) == 1 and int(got["b"][0]) == 2
+
+
 def test_a_tcp_batch_longer_than_one_sendmsg_takes() -> None:
     count = 700  # 1400 buffers: more than IOV_MAX (1024) in one sendmsg
     names = [f"s{k}" for k in range(count)]

@@ -263,6 +263,10 @@ class Consumer:
 
     def _lookup_each(self, names: Iterable[str]) -> list[RegisteredTensor]:
         """:meth:`_lookup` of each name, its dict lookup inline (per name of a batch)."""
+        if isinstance(names, str):
+            # a str is an iterable of names too: wait_all("ab") took the messages of tensors
+            # "a" and "b" (which another thread may have been waiting for)
+            raise TypeError(f"give a list of tensor names, not the str {names!r}")
         by_name = self._table.by_name
         return [by_name.get(n) or self._lookup(n) for n in names]
 
