@@ -484,6 +484,10 @@ class Sender(Resource):
             finally:
                 del self._joining[address]
             self._peers[address] = peer
+            # A name resolved before may now be published twice: resolved again, it is refused
+            # as ambiguous, as it would be by a sender that connected to both at once (before,
+            # writes without peer= went on to the receiver found first)
+            self._forget_routes()
             metrics.count("tensorwire_peers_connected_total", "sender")
 
     def remove_peer(self, address: str, *, goodbye: bool = True, wait: bool = True) -> None:

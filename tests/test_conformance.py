@@ -180,16 +180,27 @@ def test_one_sender_to_many_receivers(transport: str, children: Children) -> Non
         children.join_ok(proc)
 
 
-def test_ambiguous_name_needs_a_peer(transport: str) -> None:
+@pytest.mark.parametrize("written_before", [False, True])
+def test_ambiguous_name_needs_a_peer(transport: str, written_before: bool) -> None:
+    """A name two receivers publish needs peer=, also when it was written without one before
+    the second receiver was added (before, those writes went on to the first receiver, and
+    spec() answered with its spec, where a sender connected to both at once refused)."""
     with tw.Receiver() as r1, tw.Receiver() as r2:
         r1.register("x", (3,), "float64")
         r2.register("x", (3,), "float64")
         with tw.Sender.connect(r1.address, transport=transport, timeout=5) as tx:
+            if written_before:
+                tx.write("x", np.full(3, 7.0))
+                assert np.array_equal(r1.wait("x", timeout=5), np.full(3, 7.0))
+                r1.release("x")
             tx.add_peer(r2.address)
             with pytest.raises(tw.TensorWireError, match="several receivers"):
                 tx.write("x", np.zeros(3))
+            with pytest.raises(tw.TensorWireError, match="several receivers"):
+                tx.spec("x")
             tx.write("x", np.ones(3), peer=r2.address)
             assert np.array_equal(r2.wait("x", timeout=5), np.ones(3))
+            assert r1.pending("x") == 0
 
 
 def test_dynamic_shapes(transport: str, children: Children) -> None:
