@@ -32,7 +32,7 @@ import tensorwire as tw
 from tensorwire.checks import check_amount, check_count, check_distinct
 from tensorwire.curve import CurveKeys
 from tensorwire.dtypes import canonical_dtype
-from tensorwire.endpoint import local_address_towards, tcp_endpoint
+from tensorwire.endpoint import is_wildcard_host, local_address_towards, tcp_endpoint
 from tensorwire.job.plan import (
     HOW_ASYNC,
     HOW_MAY_CATCH_UP,
@@ -174,7 +174,7 @@ def _advertised(address: str, advertise: str | None, towards: str) -> str:
     host = parts.hostname or ""
     if advertise:
         host = advertise
-    elif host in ("0.0.0.0", "*", "::"):
+    elif is_wildcard_host(host):
         host = local_address_towards(urlsplit(towards).hostname or "127.0.0.1")
     return tcp_endpoint(host.strip("[]"), parts.port or 0)
 

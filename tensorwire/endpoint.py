@@ -67,6 +67,28 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
+#: Bind hosts that mean every interface: ZeroMQ's ``*``, IPv4's ``0.0.0.0``, IPv6's ``::``
+#: (which listens on IPv4 too, see :mod:`tensorwire.transports.tcp`).
+WILDCARD_HOSTS = frozenset({"*", "0.0.0.0", "::"})
+
+
+def is_wildcard_host(host: str | None) -> bool:
+    """Does a bind host (or a receiver's advertised one) name every interface rather than an
+    address a peer can reach? An empty or missing host counts as one."""
+    return not host or host.strip("[]") in WILDCARD_HOSTS
+
+
+def socket_host(host: str) -> str:
+    """A bind host as a socket takes it: ZeroMQ's ``*`` is IPv4's ``0.0.0.0``."""
+    return "0.0.0.0" if host == "*" else host
+
+
+def loopback_for(host: str) -> str:
+    """This machine's loopback address in ``host``'s family (for a wildcard-bound server's
+    own URL: ``::`` is reached at ``::1``, anything else at ``127.0.0.1``)."""
+    return "::1" if is_ipv6(host.strip("[]")) else "127.0.0.1"
+
+
 def family(host: str) -> socket.AddressFamily:
     """The socket family of an address (a name is reached over IPv4, as ZeroMQ does)."""
     return socket.AF_INET6 if is_ipv6(host) else socket.AF_INET
@@ -87,7 +109,7 @@ def local_address_towards(host: str) -> str:
     address of the interface the route to ``host`` leaves by (a UDP connect picks it; no packet
     is sent)."""
     if is_loopback_host(host):
-        return "::1" if is_ipv6(host) else "127.0.0.1"
+        return loopback_for(host)
     with socket.socket(family(host), socket.SOCK_DGRAM) as s:
         s.connect((host, 9))
         return str(s.getsockname()[0])

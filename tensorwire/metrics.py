@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from . import extras
-from .endpoint import host_port
+from .endpoint import host_port, is_wildcard_host, loopback_for
 
 #: distinct tensor names labelled per direction; further names are counted as ``_other``
 MAX_TENSOR_LABELS = 256
@@ -301,7 +301,7 @@ class MetricsServer:
 
     @property
     def url(self) -> str:
-        host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
+        host = loopback_for(self.host) if is_wildcard_host(self.host) else self.host
         return f"http://{host_port(host, self.port)}/metrics"
 
     def close(self) -> None:

@@ -11,7 +11,15 @@ import numpy as np
 import pytest
 
 import tensorwire as tw
-from tensorwire.endpoint import host_port, is_ipv6_endpoint, split_endpoint, tcp_endpoint
+from tensorwire.endpoint import (
+    host_port,
+    is_ipv6_endpoint,
+    is_wildcard_host,
+    loopback_for,
+    socket_host,
+    split_endpoint,
+    tcp_endpoint,
+)
 
 from .conftest import free_port, needs_ipv6
 from .jobs import Processes
@@ -25,6 +33,18 @@ def test_ipv6_endpoints_are_read_and_written_with_brackets() -> None:
     assert not is_ipv6_endpoint("tcp://localhost:1")  # a name: resolved as before, IPv4 first
     assert host_port("::1", 7) == "[::1]:7" and host_port("10.0.0.1", 7) == "10.0.0.1:7"
     assert tcp_endpoint("fd00::2", 80) == "tcp://[fd00::2]:80"
+
+
+def test_the_hosts_that_mean_every_interface_are_told_in_one_place() -> None:
+    """Five places each listed them, each a slightly different set (the worker's advertised
+    address took an empty host for a reachable one)."""
+    for host in ("*", "0.0.0.0", "::", "[::]", "", None):
+        assert is_wildcard_host(host), host
+    for host in ("127.0.0.1", "::1", "[::1]", "localhost", "10.0.0.2", "0.0.0.1"):
+        assert not is_wildcard_host(host), host
+    assert socket_host("*") == "0.0.0.0" and socket_host("::") == "::"
+    assert loopback_for("::") == "::1" and loopback_for("[::]") == "::1"
+    assert loopback_for("0.0.0.0") == "127.0.0.1" and loopback_for("") == "127.0.0.1"
 
 
 @needs_ipv6

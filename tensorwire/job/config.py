@@ -25,7 +25,7 @@ import configargparse
 
 import tensorwire as tw
 from tensorwire import metrics as tw_metrics
-from tensorwire.endpoint import ipv6_hint, is_loopback_host, split_endpoint
+from tensorwire.endpoint import ipv6_hint, is_loopback_host, socket_host, split_endpoint
 from tensorwire.job import files
 from tensorwire.metrics import Metric, MetricsServer
 
@@ -271,9 +271,7 @@ def start_metrics(
         return None
     if not 0 <= args.metrics_port < 65536:
         raise tw.TensorWireError(f"--metrics-port {args.metrics_port} is not a port")
-    host = args.metrics_host or urlsplit(bind).hostname or "127.0.0.1"
-    if host == "*":
-        host = "0.0.0.0"
+    host = socket_host(args.metrics_host or urlsplit(bind).hostname or "127.0.0.1")
     server = tw_metrics.serve(args.metrics_port, host, sources=[source] if source else [])
     logging.getLogger("tensorwire").info("metrics at %s", server.url)
     return server

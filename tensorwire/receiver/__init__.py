@@ -32,7 +32,7 @@ from ..checks import check_count
 from ..control import ControlServer
 from ..cuda import parse_device
 from ..curve import CurveKeys
-from ..endpoint import ipv6_hint, is_loopback_host, split_endpoint
+from ..endpoint import ipv6_hint, is_loopback_host, socket_host, split_endpoint
 from ..errors import AuthenticationError, SpecMismatchError, TensorWireError, TransportError
 from ..heartbeat import check_seconds
 from ..process import host_identity
@@ -62,7 +62,7 @@ def _parse_bind(bind: str) -> tuple[str, str]:
             f"{ipv6_hint(bind)}"
         )
     host = split[0]
-    data_host = "0.0.0.0" if host in ("*", "0.0.0.0") else host
+    data_host = socket_host(host)
     return host, data_host
 
 

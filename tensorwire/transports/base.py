@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 
 from ..cuda import PinnedBuffer
+from ..endpoint import is_wildcard_host
 from ..errors import LocalProtocolError, PeerLostError, TransportError
 from ..layout import RingLayout
 from ..memory import Memory, RegionInfo
@@ -71,7 +72,7 @@ class PeerInfo:
         if not isinstance(details, dict):
             raise TransportError(f"receiver at {self.control_address} offers no {transport} port")
         host, port = details.get("host"), details.get("port")
-        if host in (None, "", "0.0.0.0", "::", "*"):
+        if host is None or (isinstance(host, str) and is_wildcard_host(host)):
             host = self.control_host
         if not isinstance(host, str) or not isinstance(port, int) or not 0 < port < 65536:
             raise LocalProtocolError(
