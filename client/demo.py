@@ -13,6 +13,7 @@ import sys
 
 import tensorwire as tw
 from tensorwire import extras
+from tensorwire.checks import check_distinct
 from tensorwire.job.config import at_least
 
 from . import tasks
@@ -74,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"--transports: unknown {', '.join(bad) or '(none given)'}; from "
                 f"{', '.join(tw.TRANSPORT_NAMES)}"
             )
+        try:
+            check_distinct("--transports", transports)  # before, shm,shm compared shm with shm
+        except ValueError as exc:
+            parser.error(str(exc))
     elif extras.installed(extras.GRPC):
         transports = ["shm", "grpc"]
     else:

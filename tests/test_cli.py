@@ -306,6 +306,7 @@ def test_bad_arguments_are_one_clear_line(args: list[str]) -> None:
         (["ray-job", "--cpus-per-worker", "nan"], "--cpus-per-worker"),
         (["ray-job", "--timeout", "-1"], "--timeout"),
         (["demo", "--transports", "pigeon"], "--transports"),
+        (["demo", "--transports", "shm,shm"], "--transports names shm more than once"),
         (["demo", "--ps-args", '"unclosed'], "--ps-args"),
         (["demo", "--model", "nosuch"], "--model"),
         # files written at the end: checked at the start, not found out after the whole run
