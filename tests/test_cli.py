@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .conftest import NIXL_INSTALLED, free_port, needs_ipv6
+from .conftest import NIXL_INSTALLED, free_port, freeze, needs_ipv6
 from .jobs import Processes, log_has
 
 PY = sys.executable
@@ -588,6 +590,56 @@ def test_ping_says_whether_an_endpoint_accepts_connections() -> None:
         assert run("-m", "tensorwire", "ping", rx.address).returncode == 0
     out = run("-m", "tensorwire", "ping", f"tcp://127.0.0.1:{free_port()}")
     assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_ping_fails_a_frozen_daemon_and_another_service() -> None:
+    """A stopped daemon's kernel still accepts connections: before, ping said it was healthy,
+    as it did for any service on the port (here an HTTP server). Now it waits for ZeroMQ's
+    greeting, which only a running control plane sends."""
+    bind = f"tcp://127.0.0.1:{free_port()}"
+    daemon = subprocess.Popen(
+        [sys.executable, "-c", _RECEIVER_UNTIL_KILLED, bind], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert daemon.stdout is not None and daemon.stdout.readline().strip() == bind
+        assert run("-m", "tensorwire", "ping", bind).returncode == 0
+        freeze(daemon.pid)
+        out = run("-m", "tensorwire", "ping", bind, "--timeout", "1")
+        assert out.returncode == 1, out.stderr
+        assert "accepted the connection but sent no greeting within 1 s" in out.stderr
+        os.kill(daemon.pid, signal.SIGCONT)
+        assert run("-m", "tensorwire", "ping", bind).returncode == 0
+    finally:
+        daemon.kill()
+        daemon.wait(30)
+        if daemon.stdout is not None:
+            daemon.stdout.close()
+    port = free_port()
+    http = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        out = None
+        for _ in range(100):  # bounded: until it listens (refused before)
+            out = run("-m", "tensorwire", "ping", f"tcp://127.0.0.1:{port}", "--timeout", "1")
+            if "refused" not in out.stderr:
+                break
+            time.sleep(0.1)
+        assert out is not None and out.returncode == 1
+        assert "sent no greeting within 1 s" in out.stderr, out.stderr
+    finally:
+        http.kill()
+        http.wait(30)
+
+
+_RECEIVER_UNTIL_KILLED = """
+import sys, time, tensorwire as tw
+rx = tw.Receiver(sys.argv[1])
+print(rx.address, flush=True)
+time.sleep(600)
+"""
 
 
 def test_the_library_logs_nowhere_unless_the_application_says(tmp_path: Path) -> None:
