@@ -41,9 +41,10 @@ def parse_sizes(text: str) -> list[int]:
     return sizes
 
 
-def parse_transports(text: str) -> list[str]:
-    """A ``--transports`` list: each of tensorwire's transports at most once ("auto" is no
-    transport of its own). ValueError says what is wrong; the bench commands each parsed it
+def parse_transports(text: str, *, distinct: bool = True) -> list[str]:
+    """A ``--transports`` list of tensorwire's transports ("auto" is no transport of its own),
+    each at most once where ``distinct`` (a soak cycles its list over its senders, so a
+    transport may come back). ValueError says what is wrong; the bench commands each parsed it
     their own way, and a transport given twice failed the sweep with "tensor 'shm/pong' is
     already registered"."""
     chosen = [t.strip() for t in text.split(",") if t.strip()]
@@ -54,7 +55,8 @@ def parse_transports(text: str) -> list[str]:
             f"unknown transport(s) {', '.join(unknown) or '(none given)'}; choose from "
             f"{', '.join(known)}"
         )
-    check_distinct("the list", chosen)
+    if distinct:
+        check_distinct("the list", chosen)
     return chosen
 
 

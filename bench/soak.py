@@ -570,7 +570,7 @@ class _Soak:
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
     try:
-        transports = parse_transports(args.transports)
+        transports = parse_transports(args.transports, distinct=False)  # cycled over senders
     except ValueError as exc:
         parser.error(f"--transports: {exc}")
     if args.kill_every and args.duration <= KILL_QUIET:

@@ -31,7 +31,6 @@ def _gpu(test: Any) -> Any:
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (["--device", "tpu"], "device must be 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),
         (["--device", "cuda:99"], "cuda:99 was asked for, but this host has"),
         (
             ["--device", "cuda", "--wire-dtype", "bfloat16"],
@@ -41,11 +40,12 @@ def _gpu(test: Any) -> Any:
 )
 def test_a_device_the_server_cannot_use_is_one_line(args: list[str], says: str) -> None:
     """Checked before the server binds or waits for anyone (without cupy, the line says how to
-    install it instead)."""
+    install it instead). A device that is no device's name (tpu) is refused by the parser
+    (test_cli.py, test_heartbeats_timeouts_and_counts_out_of_range_are_refused_in_one_line)."""
     out = cli("-m", "tensorwire.server.daemon", "--no-progress", *args)
     last = out.stderr.strip().splitlines()[-1]
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
-    if importlib.util.find_spec("cupy") is None and "tpu" not in args:
+    if importlib.util.find_spec("cupy") is None:
         assert "pip install 'tensorwire[gpu]'" in last
     else:
         assert says in last, out.stderr
