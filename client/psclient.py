@@ -143,7 +143,7 @@ def _checked_init(init: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]
         if hasattr(value, "get") and hasattr(value, "__cuda_array_interface__"):
             value = value.get()  # cupy
         elif hasattr(value, "detach") and hasattr(value, "cpu"):
-            value = value.detach().cpu()  # torch, on any device
+            value = value.detach().float().cpu()  # torch, on any device, of any float type
         try:
             host = np.asarray(value, dtype=np.float32)
         except (TypeError, ValueError) as exc:
