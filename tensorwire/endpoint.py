@@ -51,10 +51,41 @@ def is_ipv6(host: str) -> bool:
     return ":" in host
 
 
+#: Names found to resolve to IPv6 addresses alone (kept: such a name's family does not change
+#: while a process runs; a failed lookup is not kept, so a name not yet in DNS, as a pod's
+#: peers' are while a job starts, is looked up again).
+_IPV6_ONLY: dict[str, bool] = {}
+
+
+def reached_over_ipv6(host: str) -> bool:
+    """Is ``host`` reached over IPv6: an IPv6 address, or a name that resolves to IPv6 addresses
+    alone (an IPv6-only cluster's DNS)? A name with an IPv4 address is reached over IPv4, as
+    ZeroMQ does by default (``localhost`` resolves to ``::1`` first, and a receiver bound to
+    ``127.0.0.1`` would not be found there). Before, such a name was never reached."""
+    host = host.strip("[]")
+    if is_ipv6(host):
+        return True
+    if not host or host in WILDCARD_HOSTS:
+        return False
+    try:
+        ipaddress.ip_address(host)
+        return False  # an IPv4 address
+    except ValueError:
+        pass
+    known = _IPV6_ONLY.get(host)
+    if known is None:
+        try:
+            infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+        except (OSError, UnicodeError):
+            return False  # the connect says why
+        known = _IPV6_ONLY[host] = {info[0] for info in infos} == {socket.AF_INET6}
+    return known
+
+
 def is_ipv6_endpoint(text: str) -> bool:
-    """Is ``text`` a ``tcp://[IPV6]:PORT`` endpoint?"""
+    """Is ``text`` a ``tcp://HOST:PORT`` endpoint reached over IPv6 (:func:`reached_over_ipv6`)?"""
     split = split_endpoint(text)
-    return split is not None and is_ipv6(split[0])
+    return split is not None and reached_over_ipv6(split[0])
 
 
 def is_loopback_host(host: str) -> bool:
@@ -90,8 +121,8 @@ def loopback_for(host: str) -> str:
 
 
 def family(host: str) -> socket.AddressFamily:
-    """The socket family of an address (a name is reached over IPv4, as ZeroMQ does)."""
-    return socket.AF_INET6 if is_ipv6(host) else socket.AF_INET
+    """The socket family ``host`` is reached (or bound) over: :func:`reached_over_ipv6`."""
+    return socket.AF_INET6 if reached_over_ipv6(host) else socket.AF_INET
 
 
 def bracketed(host: str) -> str:

@@ -23,10 +23,15 @@ def ip(*args: str) -> str:
 
 @contextlib.contextmanager
 def namespaces(
-    tag: str, names: list[str], links: list[tuple[str, str, str, str]]
+    tag: str,
+    names: list[str],
+    links: list[tuple[str, str, str, str]],
+    hosts: str | None = None,
 ) -> Iterator[dict[str, str]]:
     """Namespaces ``tag + name`` for each name, with loopback up, and one veth pair per link
-    ``(name_a, address_a/prefix, name_b, address_b/prefix)``. Yields name -> namespace."""
+    ``(name_a, address_a/prefix, name_b, address_b/prefix)``. Yields name -> namespace.
+    ``hosts``: the ``/etc/hosts`` of processes run with ``ip netns exec`` in each (which mounts
+    ``/etc/netns/NAMESPACE/hosts`` over it), removed with the namespaces."""
     if shutil.which("ip") is None:
         pytest.skip("iproute2's `ip` is not installed")
     if os.geteuid() != 0:
@@ -41,6 +46,10 @@ def namespaces(
                 pytest.skip(f"cannot create a network namespace here: {exc.stderr.strip()}")
             created.append(ns)
             ip("-n", ns, "link", "set", "lo", "up")
+            if hosts is not None:
+                os.makedirs(f"/etc/netns/{ns}", exist_ok=True)
+                with open(f"/etc/netns/{ns}/hosts", "w") as f:
+                    f.write(hosts)
         for k, (a, addr_a, b, addr_b) in enumerate(links):
             va, vb = f"{tag}v{k}a", f"{tag}v{k}b"
             ip("link", "add", va, "type", "veth", "peer", "name", vb)
@@ -53,6 +62,8 @@ def namespaces(
         for ns in created:
             kill_everything_in(ns)
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+            if hosts is not None:
+                shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
 
 
 def kill_everything_in(ns: str, grace: float = 5.0) -> None:

@@ -135,3 +135,44 @@ def test_an_ipv6_address_without_brackets_is_refused_with_the_form_to_use() -> N
         timeout=60,
     )
     assert out.returncode == 2 and "goes in brackets" in out.stderr, out.stderr
+
+
+_OVER_A_NAME = """
+import sys, numpy as np, tensorwire as tw
+from tensorwire.endpoint import local_address_towards
+name = sys.argv[1]
+print("towards", local_address_towards(name))
+with tw.Receiver(f"tcp://{name}:0", insecure=True) as bound:
+    print("bound", bound.address)
+with tw.Receiver("tcp://[::1]:0") as rx:
+    rx.register("t", (1,), "int64")
+    port = rx.address.rsplit(":", 1)[1]
+    for k, transport in enumerate(["tcp", "grpc", "grpc-stream", "shm", "nixl"]):
+        with tw.Sender.connect(f"tcp://{name}:{port}", transport=transport, timeout=10) as tx:
+            tx.write("t", np.array([k]))
+            print(transport, int(rx.wait("t", timeout=10)[0]))
+            rx.release("t")
+"""
+
+
+def test_a_name_that_resolves_to_ipv6_alone_is_reached_over_ipv6() -> None:
+    """An IPv6-only cluster's DNS gives its names IPv6 addresses alone. Before, such a name
+    was never reached (ZeroMQ is asked for IPv6 only for IPv6 addresses, and the tcp data
+    port was bound as IPv4): every connect timed out. Here a network namespace's /etc/hosts
+    gives the name ::1 alone; a receiver binds it, senders of every transport reach one on
+    ::1 by it, and a worker's advertised address towards it is ::1."""
+    from .netns import namespaces
+
+    name = "v6only.tensorwire.test"
+    with namespaces("twv6n", ["h"], [], hosts=f"::1 {name}\n127.0.0.1 localhost\n") as ns:
+        out = subprocess.run(
+            ["ip", "netns", "exec", ns["h"], sys.executable, "-c", _OVER_A_NAME, name],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.split("\n")
+    assert lines[0] == "towards ::1" and lines[1].startswith("bound tcp://[::1]:"), out.stdout
+    assert lines[2:7] == ["tcp 0", "grpc 1", "grpc-stream 2", "shm 3", "nixl 4"], out.stdout
