@@ -220,7 +220,8 @@ def main(argv: list[str]) -> int:
         "--count",
         type=at_least(1),
         default=None,
-        help="stop after this many refreshes (default: never)",
+        help="stop after this many refreshes (default: never); the exit status is 1 if no "
+        "endpoint answered the last one",
     )
     args = parser.parse_args(argv)
     try:
@@ -250,4 +251,8 @@ def main(argv: list[str]) -> int:
                 console.print(frame)
     except KeyboardInterrupt:
         pass
+    if targets and all(t.error for t in targets):
+        # a script's `top --count 1` learns that nothing answered, as a health check would
+        print("tensorwire top: no endpoint answered at the last refresh", file=sys.stderr)
+        return 1
     return 0

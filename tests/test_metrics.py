@@ -286,6 +286,20 @@ def test_top_shows_the_checkpoints_a_server_could_not_write() -> None:
     assert row(t)[1] == "1200"
 
 
+def test_top_exits_1_when_no_endpoint_answers() -> None:
+    """Before, `top --count 1` exited 0 with every endpoint unreachable: a script could not
+    tell a live job from a dead one."""
+    top = subprocess.run(
+        [sys.executable, "-m", "tensorwire", "top", f"127.0.0.1:{free_port()}", "--count", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert top.returncode == 1 and "unreachable" in top.stdout
+    assert top.stderr.strip() == "tensorwire top: no endpoint answered at the last refresh"
+
+
 def test_top_refuses_what_is_not_a_metrics_address() -> None:
     top = subprocess.run(
         [sys.executable, "-m", "tensorwire", "top", "ftp://host/metrics"],
