@@ -312,12 +312,14 @@ class _Peer:
         deadline = time.monotonic() + GOODBYE_TIMEOUT
 
         def check() -> None:
-            channel.raise_if_lost()
+            if not channel.ended_here:  # (else lost by our own doing: the receiver may live)
+                channel.raise_if_lost()
             self.check_alive()
 
         try:
             check()
-            channel.check_peer()
+            if not channel.ended_here:
+                channel.check_peer()
             if not channel.goodbye(GOODBYE_TIMEOUT):
                 left = deadline - time.monotonic()
                 if left > 0:
@@ -712,6 +714,11 @@ class Sender(Resource):
         """After a PeerLostError with ``reconnect``: reconnect to ``p`` and resolve ``name``
         at the restarted receiver."""
         self._forget_routes()
+        if p.channel is not None and p.channel.ended_here:
+            # the receiver lives and still holds the session we ended: its tensors would
+            # refuse the new session's claims ("already written by sender ...") until its
+            # heartbeat timeout
+            p.goodbye()
         p.open()
         return self._resolve(name, p.address)
 

@@ -7,6 +7,8 @@ import contextlib
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -469,6 +471,59 @@ def test_restarted_receiver_has_new_generation(transport: str) -> None:
             assert rx_new.pending("t") == 0
             tx2.write("u", np.arange(4, dtype=np.int32) + 10)  # re-resolves transparently
             assert rx_new.wait("u", timeout=5).tolist() == [10, 11, 12, 13]
+
+
+_INTERRUPTED_WRITE = """
+import os, signal, sys, threading, numpy as np, tensorwire as tw
+def take_until(rx, got, value):
+    while not got or got[-1] != value:
+        got.append(int(rx.wait("a", timeout=10)[0]))
+        rx.release("a")
+
+
+for _ in range(3):  # the interrupted write lands in some rounds, not in others
+    got = []
+    with tw.Receiver(ring=2) as rx:
+        rx.register("a", (4,), "int64")
+        with tw.Sender.connect(rx.address, transport=sys.argv[1], timeout=30, reconnect=True) as tx:
+            tx.write("a", np.full(4, 0))
+            tx.write("a", np.full(4, 5))
+            threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+            try:
+                tx.write("a", np.full(4, 10))  # waits for a slot: the receiver holds both
+                print("not interrupted")
+            except KeyboardInterrupt:
+                print("interrupted")
+            take_until(rx, got, 5)  # frees both slots: one for the interrupted write, if it lands
+            for k in (20, 30):
+                tx.write("a", np.full(4, k), timeout=10)
+                take_until(rx, got, k)
+    print(*got)
+"""
+
+
+def test_a_write_interrupted_while_it_waits_leaves_the_sender_able_to_go_on(
+    transport: str,
+) -> None:
+    """Ctrl-C (KeyboardInterrupt) while a write waits for the slot the receiver holds; the
+    sender, with ``reconnect=True``, writes on. Every message after it lands, in order, and
+    none twice; the interrupted one may have landed or not. Before, over ``grpc`` and
+    ``grpc-stream`` the interrupted call went on in gRPC's threads and landed once the slot
+    freed, and the next write reused its sequence number: the receiver dropped the session
+    as a protocol error ("expected message 3, got 2"), which no reconnect acts on."""
+    out = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED_WRITE, transport],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 6, out.stdout
+    for said, got in zip(lines[::2], lines[1::2], strict=True):
+        assert said == "interrupted"
+        assert got in ("0 5 20 30", "0 5 10 20 30"), out.stdout
 
 
 def test_a_reconnect_is_not_ended_by_a_heartbeat_of_the_session_before(transport: str) -> None:

@@ -145,6 +145,10 @@ class Channel(ABC):
     transport: ClassVar[str]
     #: why the receiver is known to be gone (then every operation raises PeerLostError)
     lost: str | None = None
+    #: this side ended the session (a call interrupted in flight, whose outcome is unknown),
+    #: while the receiver may well live: a goodbye is still owed to it, which releases the
+    #: session's tensors for the next one (the sender's reconnect, or another sender)
+    ended_here: bool = False
 
     def mark_lost(self, reason: str) -> None:
         """Called from the sender's heartbeat thread when the receiver stopped answering."""

@@ -473,6 +473,23 @@ class GrpcChannel(Channel):
                         raise
             except grpc.RpcError as exc:
                 raise _rpc_error(exc, self.where, self) from exc
+            except BaseException as exc:
+                # Interrupted (a KeyboardInterrupt) with the call in flight: gRPC goes on with
+                # it in its own threads, and the receiver may still complete it (a write held
+                # for a slot lands once one frees), also once cancelled, if the cancel comes
+                # second. Its outcome is unknown, and the writer's sequence numbers with it:
+                # the session ends (the next write raises PeerLostError, which reconnect=True
+                # acts on), as at a sender's death mid-write. Before, the next write reused the
+                # number of the one that had landed, and the receiver dropped the session as a
+                # protocol error ("expected message 3, got 2").
+                future.cancel()
+                self.ended_here = True
+                self.mark_lost(
+                    f"a call to {self.where} was interrupted in flight "
+                    f"({type(exc).__name__}): whether it landed is unknown, so this session "
+                    "ends"
+                )
+                raise
 
     def check_peer(self) -> None:
         self.raise_if_lost()
