@@ -184,7 +184,10 @@ def batch_at(
     x, y = data.x_train[rank::world], data.y_train[rank::world]
     per_epoch = len(x) // batch
     if per_epoch == 0:
-        raise ValueError(f"batch {batch} is larger than worker {rank}'s shard of {len(x)} rows")
+        raise ValueError(
+            f"batch {batch} is larger than worker {rank}'s shard of {len(x)} rows (the training "
+            f"set split over {world} worker(s)): give a --batch of at most {len(x)}"
+        )
     epoch, k = divmod(step, per_epoch)
     order = np.random.default_rng((seed, rank, epoch)).permutation(len(x))
     idx = order[k * batch : (k + 1) * batch]

@@ -114,6 +114,9 @@ def builtin(name: str) -> Callable[[JobInfo], NumpyTask]:
     def factory(job: JobInfo) -> NumpyTask:
         spec = models.model(name)
         data = models.load(name, job.seed)
+        # a batch larger than this worker's shard, refused before it joins the servers (before,
+        # a traceback at its first step, the job formed and left waiting for it)
+        models.batch_at(data, job.rank, job.workers, job.batch, 0, job.seed)
         return NumpyTask(
             _Mlp(spec, job.seed),
             lambda step: models.batch_at(data, job.rank, job.workers, job.batch, step, job.seed),

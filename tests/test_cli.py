@@ -521,6 +521,21 @@ def test_heartbeats_timeouts_and_counts_out_of_range_are_refused_in_one_line() -
         assert f"argument {flag}: " in out.stderr and says in out.stderr
 
 
+def test_a_batch_larger_than_the_workers_shard_is_refused_before_it_joins() -> None:
+    """Before, the worker joined its servers and failed at its first step with a traceback,
+    leaving the job formed and waiting for it. Nothing listens at --servers here: the refusal
+    comes before any connect."""
+    out = run(
+        "-m",
+        "tensorwire.client.worker",
+        *("--servers", f"tcp://127.0.0.1:{free_port()}", "--batch", "100000", "--no-progress"),
+    )
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert "batch 100000 is larger than worker 0's shard of" in last
+    assert "give a --batch of at most" in last and "reaching" not in out.stderr
+
+
 def test_resume_without_a_checkpoint_dir_is_refused_at_start() -> None:
     """Before, it was refused once the server had started, as "no checkpoint at (no
     --checkpoint-dir)"."""
