@@ -36,6 +36,7 @@ from tensorwire.endpoint import is_wildcard_host, local_address_towards, tcp_end
 from tensorwire.job.plan import (
     HOW_ASYNC,
     HOW_MAY_CATCH_UP,
+    JOB_TENSOR,
     META_FIELDS,
     STATUS_DROPPED,
     STATUS_FIELDS,
@@ -201,6 +202,7 @@ class PSClient:
         init: Mapping[str, Array] | None = None,
         device: str = "cpu",
         stopping: Callable[[], bool] | None = None,
+        workers: int | None = None,
     ) -> None:
         """``shapes``: every parameter's shape (float32), in the model's order. ``init``: their
         initial values, required of rank 0 (the servers start from them unless they resume from
@@ -210,7 +212,8 @@ class PSClient:
         as they are. ``shm``: as :class:`tensorwire.Receiver`'s, for the receiver the servers write
         parameters into (False: private memory, for servers on other hosts). ``stopping``:
         looked at in every wait for the servers (at least every PROBE_EVERY s); once true, the
-        wait ends with :class:`PSClientStopped`."""
+        wait ends with :class:`PSClientStopped`. ``workers``: the job's size as this worker
+        splits its data by it; a server of a job of another size is refused when we join."""
         self._closed = False
         if not servers:
             raise PSClientError("no parameter servers given")
@@ -232,6 +235,7 @@ class PSClient:
             raise PSClientError("no parameters given (shapes is empty)")
         shapes = _checked_shapes(shapes)
         self._init = None if init is None else _checked_init(init, shapes)
+        self._workers = workers
         self.device = device
         self._stopping = stopping
         self._specs = specs_of({n: (tuple(s), "float32") for n, s in shapes.items()})
@@ -429,6 +433,16 @@ class PSClient:
                 deadline,
                 f"server {addr} has no slot for rank {self.rank}: it expects fewer workers",
             )
+            job = self.tx.tensors(peer=addr).get(JOB_TENSOR)
+            if self._workers is not None and job is not None:
+                size = job.static_shape[0]
+                if size != self._workers:
+                    raise PSClientError(
+                        f"parameter server {addr} serves a job of {size} workers, and this one "
+                        f"was started for {self._workers} (--workers): each worker's share of "
+                        "the data is cut by it, so give every worker and server the same "
+                        "--workers"
+                    )
             self._write_in_tries(addr, join_name(self.rank), message, deadline, "our join")
 
     def _write_in_tries(

@@ -295,6 +295,7 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:
             init=initial if args.rank == 0 else None,
             device=getattr(task, "device", "cpu"),
             stopping=lambda: stop[0],
+            workers=args.workers,
         ) as client:
             log.info(
                 "joined %d server(s) over %s", len(servers), client.tx.transport_of(servers[0])

@@ -30,6 +30,7 @@ from tensorwire import curve
 from tensorwire.job.plan import (
     HOW_ASYNC,
     HOW_MAY_CATCH_UP,
+    JOB_TENSOR,
     JOIN_MAX_BYTES,
     META_FIELDS,
     STATUS_DROPPED,
@@ -365,6 +366,7 @@ class ParameterServer:
             curve_server_key=keys.public if keys else None,
         )
         try:
+            self.rx.register(JOB_TENSOR, (cfg.workers,), "uint8", ring=1)
             for w in range(cfg.workers):
                 self.rx.register(join_name(w), (None,), "uint8", max_bytes=JOIN_MAX_BYTES)
                 self.rx.register(leave_name(w), (1,), "int64", ring=2)

@@ -1465,6 +1465,33 @@ def test_a_custom_loop_is_told_its_mistakes_at_once_and_trains_on() -> None:
         ps.wait(30)
 
 
+def test_a_worker_started_for_another_job_size_is_refused_when_it_joins() -> None:
+    """A server of a job of 2 workers, a worker started with --workers 3: it would cut the
+    data set in three and train on a third of it as one half of the job (its shard
+    overlapping another's, some rows in none), and before, it did, silently. Now it exits 1
+    as it joins, naming both sizes."""
+    address = f"tcp://127.0.0.1:{free_port()}"
+    ps = subprocess.Popen(
+        ps_command(address, "--no-progress", "--join-timeout", "30", "--workers", "2"),
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        out = subprocess.run(
+            worker_command([address], "--no-progress", rank=0, workers=3),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        ps.kill()
+        ps.wait(30)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert f"parameter server {address} serves a job of 2 workers" in last, last
+    assert "started for 3 (--workers)" in last
+
+
 def test_rank_0_must_bring_the_initial_parameters(tmp_path: Path) -> None:
     from tensorwire.client.psclient import PSClient, PSClientError
 

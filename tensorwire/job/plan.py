@@ -195,6 +195,13 @@ def probe_name(rank: int) -> str:
     return f"probe/{rank}"
 
 
+#: A tensor no one writes, whose shape, ``(workers,)``, tells a joining worker the size of the
+#: server's job: registered before anything else, so it is in every address book a worker
+#: reads. A worker started with another ``--workers`` splits the data set otherwise than the
+#: job (its shard overlapping another's, or some rows in none), and trained on silently.
+JOB_TENSOR = "job"
+
+
 #: The kinds of tensor a worker writes to a server, each named ``kind/<rank>[/...]`` by the
 #: functions above (a server tells whose a message is from its name's first part).
 WORKER_KINDS = frozenset(
