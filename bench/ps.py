@@ -58,7 +58,6 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
-
     try:
         transports = parse_transports(args.transports)
     except ValueError as exc:

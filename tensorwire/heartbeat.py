@@ -125,9 +125,7 @@ class Heartbeats:
                     verdict = None
                     sent = time.monotonic()
                     try:
-                        client.request(
-                            wire.Heartbeat(generation, token), min(every, patience)
-                        )
+                        client.request(wire.Heartbeat(generation, token), min(every, patience))
                         missed[peer.address] = 0
                         silent_since.pop(peer.address, None)
                     except WireTimeoutError:

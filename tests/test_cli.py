@@ -541,8 +541,10 @@ def test_resume_without_a_checkpoint_dir_is_refused_at_start() -> None:
     --checkpoint-dir)"."""
     out = run("-m", "tensorwire.server.daemon", "--resume", "--no-progress")
     assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert out.stderr.strip().splitlines()[-1].endswith(
-        "--resume needs --checkpoint-dir (where the checkpoint is)"
+    assert (
+        out.stderr.strip()
+        .splitlines()[-1]
+        .endswith("--resume needs --checkpoint-dir (where the checkpoint is)")
     )
 
 

@@ -483,12 +483,13 @@ class GrpcChannel(Channel):
                 # number of the one that had landed, and the receiver dropped the session as a
                 # protocol error ("expected message 3, got 2").
                 future.cancel()
-                self.ended_here = True
-                self.mark_lost(
-                    f"a call to {self.where} was interrupted in flight "
-                    f"({type(exc).__name__}): whether it landed is unknown, so this session "
-                    "ends"
-                )
+                if self.lost is None:  # (a receiver already known gone is owed no goodbye)
+                    self.ended_here = True
+                    self.mark_lost(
+                        f"a call to {self.where} was interrupted in flight "
+                        f"({type(exc).__name__}): whether it landed is unknown, so this "
+                        "session ends"
+                    )
                 raise
 
     def check_peer(self) -> None:
