@@ -78,6 +78,7 @@ class Heartbeats:
         missed: dict[str, int] = {}
         silent_since: dict[str, float] = {}  # when the first heartbeat still unanswered went
         due: dict[str, float] = {}  # when each peer's next heartbeat goes
+        counted: dict[str, bytes] = {}  # the session (token) whose silence ``missed`` counts
         try:
             while not self._stop.is_set():
                 self._wake.clear()  # before looking: a peer welcomed from here on wakes the wait
@@ -89,6 +90,7 @@ class Heartbeats:
                     clients.pop(address).close()  # the peer was removed: its socket goes too
                     missed.pop(address, None)
                     silent_since.pop(address, None)
+                    counted.pop(address, None)
                 for address in [a for a in due if a not in current]:
                     del due[address]
                 # No answer is awaited longer than the shortest interval: one thread serves
@@ -111,6 +113,12 @@ class Heartbeats:
                         or (channel is None and peer.setup_lost is not None)
                     ):
                         continue
+                    if counted.get(peer.address) != token:
+                        # a new session (the sender reconnected): the silence of the one
+                        # before is not its, and must not bring its verdict early
+                        counted[peer.address] = token
+                        missed.pop(peer.address, None)
+                        silent_since.pop(peer.address, None)
                     every = self.interval_for(peer)
                     # first heartbeat one interval after the welcome
                     when = due.setdefault(peer.address, now + every)

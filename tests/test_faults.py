@@ -527,17 +527,19 @@ def test_a_write_interrupted_while_it_waits_leaves_the_sender_able_to_go_on(
 
 
 def test_a_reconnect_is_not_ended_by_a_heartbeat_of_the_session_before(transport: str) -> None:
-    """A sender heartbeating often (every 10 ms) reconnects to a receiver restarted at its
-    address, eight times. Before, the heartbeat thread went on presenting the old session's
-    token while the sender reconnected; the new receiver refused it ("unknown session token")
-    and that verdict ended the new session's set-up, so the write after a restart raised
-    PeerLostError with ``reconnect=True`` (found by CI, over nixl, whose set-up is longest)."""
+    """A sender heartbeating often (every 30 ms: it is lost after 90 ms unanswered, which a
+    loaded machine reaches at 10 ms) reconnects to a receiver restarted at its address, eight
+    times. Before, the heartbeat thread went on presenting the old session's token while the
+    sender reconnected; the new receiver refused it ("unknown session token") and that
+    verdict ended the new session's set-up, so the write after a restart raised PeerLostError
+    with ``reconnect=True`` (found by CI, over nixl, whose set-up is longest; this test failed
+    3 of 10 transport runs before the fix)."""
     bind = f"tcp://127.0.0.1:{free_port()}"
     rx = tw.Receiver(bind)
     try:
         rx.register("t", (4,), "int32")
         with tw.Sender.connect(
-            bind, transport=transport, timeout=5, heartbeat=0.01, reconnect=True
+            bind, transport=transport, timeout=5, heartbeat=0.03, reconnect=True
         ) as tx:
             tx.write("t", np.arange(4, dtype=np.int32))
             assert rx.wait("t", timeout=5).tolist() == [0, 1, 2, 3]
