@@ -30,6 +30,7 @@ import numpy as np
 
 import tensorwire as tw
 from tensorwire.checks import check_amount, check_count, check_distinct
+from tensorwire.cuda import parse_device
 from tensorwire.curve import CurveKeys
 from tensorwire.dtypes import canonical_dtype
 from tensorwire.endpoint import is_wildcard_host, local_address_towards, tcp_endpoint
@@ -231,6 +232,10 @@ class PSClient:
             check_distinct("servers", list(servers))
         except ValueError as exc:
             raise PSClientError(str(exc)) from None
+        try:  # before, found once joined: the servers had taken us in, and waited for us
+            parse_device(device)
+        except (ValueError, tw.TensorWireError) as exc:
+            raise PSClientError(f"device {device!r}: {exc}") from None
         if not shapes:
             raise PSClientError("no parameters given (shapes is empty)")
         shapes = _checked_shapes(shapes)

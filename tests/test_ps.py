@@ -1358,6 +1358,7 @@ def test_a_client_that_never_reached_its_servers_leaves_nothing_behind() -> None
             "servers names tcp://127.0.0.1:1 more than once",
         ),
         ({"shapes": {}}, "no parameters given"),
+        ({"device": "tpu"}, "device 'tpu': device must be 'cpu', 'cuda' or 'cuda:N'"),
         ({"shapes": {"": (2,)}}, "parameter names must be non-empty strings, got ''"),
         ({"shapes": {"w": (-1, 3)}}, r"parameter 'w': shape \(-1, 3\) is not a tuple of whole"),
         ({"shapes": {"w": 3}}, "parameter 'w': shape 3 is not a tuple of whole"),
