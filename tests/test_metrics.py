@@ -239,23 +239,10 @@ def test_top_shows_a_live_job(job: Any) -> None:
         except (urllib.error.URLError, ConnectionError):
             pass
         time.sleep(0.05)
-    top = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tensorwire",
-            "top",
-            f"127.0.0.1:{ps_port}",
-            f"http://127.0.0.1:{nobody}/metrics",
-            "--interval",
-            "0.5",
-            "--count",
-            "2",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    top = _top(
+        f"127.0.0.1:{ps_port}",
+        f"http://127.0.0.1:{nobody}/metrics",
+        *("--interval", "0.5", "--count", "2"),
     )
     j.kill()
     assert top.returncode == 0, top.stderr
@@ -268,6 +255,17 @@ def test_top_shows_a_live_job(job: Any) -> None:
     assert 0 < step <= 6000 and rate > 0, ps_rows
     assert "tcp" in ps_rows[-1] or "shm" in ps_rows[-1]  # bytes/s per transport
     assert top.stdout.count("unreachable") == 2
+
+
+def _top(*args: str) -> subprocess.CompletedProcess[str]:
+    """``tensorwire top`` with ``args``, run to its end (give ``--count``)."""
+    return subprocess.run(
+        [sys.executable, "-m", "tensorwire", "top", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def test_top_shows_the_checkpoints_a_server_could_not_write() -> None:
@@ -289,25 +287,13 @@ def test_top_shows_the_checkpoints_a_server_could_not_write() -> None:
 def test_top_exits_1_when_no_endpoint_answers() -> None:
     """Before, `top --count 1` exited 0 with every endpoint unreachable: a script could not
     tell a live job from a dead one."""
-    top = subprocess.run(
-        [sys.executable, "-m", "tensorwire", "top", f"127.0.0.1:{free_port()}", "--count", "1"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    top = _top(f"127.0.0.1:{free_port()}", "--count", "1")
     assert top.returncode == 1 and "unreachable" in top.stdout
     assert top.stderr.strip() == "tensorwire top: no endpoint answered at the last refresh"
 
 
 def test_top_refuses_what_is_not_a_metrics_address() -> None:
-    top = subprocess.run(
-        [sys.executable, "-m", "tensorwire", "top", "ftp://host/metrics"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    top = _top("ftp://host/metrics")
     assert top.returncode == 2 and "is not an http address" in top.stderr
 
 
@@ -404,13 +390,7 @@ def test_top_shows_no_loss_before_the_first_step(tmp_path: Path) -> None:
             except (urllib.error.URLError, ConnectionError):
                 time.sleep(0.05)
         assert all(v != v for v in loss.values()), loss  # NaN: no step yet
-        top = subprocess.run(
-            [sys.executable, "-m", "tensorwire", "top", f"127.0.0.1:{port}", "--count", "1"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        top = _top(f"127.0.0.1:{port}", "--count", "1")
         assert top.returncode == 0, top.stderr
         row = next(line for line in top.stdout.splitlines() if f"ps0 127.0.0.1:{port}" in line)
         cells = [c.strip() for c in row.split("│")]

@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -1389,6 +1389,23 @@ def test_a_client_refuses_bad_arguments_before_it_opens_anything(
         PSClient(**args)
 
 
+@contextlib.contextmanager
+def _one_server(*flags: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A parameter server on a free port (``flags`` added), for a custom loop or a worker to
+    join; killed at the end if it still runs."""
+    address = f"tcp://127.0.0.1:{free_port()}"
+    ps = subprocess.Popen(
+        ps_command(address, "--no-progress", "--join-timeout", "30", *flags),
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        yield address, ps
+    finally:
+        if ps.poll() is None:
+            ps.kill()
+        ps.wait(30)
+
+
 def test_a_custom_loop_trains_a_scalar_parameter_from_initial_values_given_as_lists() -> None:
     """A PSClient loop of a model with a scalar parameter (shape ()), its initial values given
     as Python lists and numbers: three sgd steps of gradient one move every value by 3 x lr.
@@ -1396,12 +1413,7 @@ def test_a_custom_loop_trains_a_scalar_parameter_from_initial_values_given_as_li
     rows do not add up"), and a list as an initial value raised AttributeError."""
     from tensorwire.client.psclient import PSClient
 
-    address = f"tcp://127.0.0.1:{free_port()}"
-    ps = subprocess.Popen(
-        ps_command(address, "--no-progress", "--join-timeout", "30", "--steps", "3"),
-        stderr=subprocess.DEVNULL,
-    )
-    try:
+    with _one_server("--steps", "3") as (address, ps):
         shapes = {"w": (2, 3), "temperature": ()}
         init = {"w": [[1, 2, 3], [4, 5, 6]], "temperature": 1.0}
         with PSClient([address], 0, shapes, init=init, connect_timeout=30, timeout=30) as c:
@@ -1414,10 +1426,6 @@ def test_a_custom_loop_trains_a_scalar_parameter_from_initial_values_given_as_li
             assert np.allclose(c.params["w"], np.array(init["w"], np.float32) - 0.3)
             assert np.isclose(float(c.params["temperature"]), 0.7)
         assert ps.wait(30) == 0
-    finally:
-        if ps.poll() is None:
-            ps.kill()
-        ps.wait(30)
 
 
 def test_a_custom_loop_is_told_its_mistakes_at_once_and_trains_on() -> None:
@@ -1429,12 +1437,7 @@ def test_a_custom_loop_is_told_its_mistakes_at_once_and_trains_on() -> None:
     came before wait_params())."""
     from tensorwire.client.psclient import PSClient, PSClientError
 
-    address = f"tcp://127.0.0.1:{free_port()}"
-    ps = subprocess.Popen(
-        ps_command(address, "--no-progress", "--join-timeout", "30", "--steps", "2"),
-        stderr=subprocess.DEVNULL,
-    )
-    try:
+    with _one_server("--steps", "2") as (address, ps):
         shapes = {"w": (2, 3)}
         with PSClient(
             [address], 0, shapes, init={"w": np.zeros((2, 3))}, connect_timeout=30, timeout=30
@@ -1460,10 +1463,6 @@ def test_a_custom_loop_is_told_its_mistakes_at_once_and_trains_on() -> None:
             with pytest.raises(tw.ClosedError, match="the PSClient of worker 0 is closed"):
                 call()
         assert ps.wait(30) == 0
-    finally:
-        if ps.poll() is None:
-            ps.kill()
-        ps.wait(30)
 
 
 def test_a_worker_started_for_another_job_size_is_refused_when_it_joins() -> None:
@@ -1471,12 +1470,7 @@ def test_a_worker_started_for_another_job_size_is_refused_when_it_joins() -> Non
     data set in three and train on a third of it as one half of the job (its shard
     overlapping another's, some rows in none), and before, it did, silently. Now it exits 1
     as it joins, naming both sizes."""
-    address = f"tcp://127.0.0.1:{free_port()}"
-    ps = subprocess.Popen(
-        ps_command(address, "--no-progress", "--join-timeout", "30", "--workers", "2"),
-        stderr=subprocess.DEVNULL,
-    )
-    try:
+    with _one_server("--workers", "2") as (address, _):
         out = subprocess.run(
             worker_command([address], "--no-progress", rank=0, workers=3),
             capture_output=True,
@@ -1484,30 +1478,19 @@ def test_a_worker_started_for_another_job_size_is_refused_when_it_joins() -> Non
             timeout=120,
             check=False,
         )
-    finally:
-        ps.kill()
-        ps.wait(30)
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
     last = out.stderr.strip().splitlines()[-1]
     assert f"parameter server {address} serves a job of 2 workers" in last, last
     assert "started for 3 (--workers)" in last
 
 
-def test_rank_0_must_bring_the_initial_parameters(tmp_path: Path) -> None:
+def test_rank_0_must_bring_the_initial_parameters() -> None:
     from tensorwire.client.psclient import PSClient, PSClientError
 
-    address = f"tcp://127.0.0.1:{free_port()}"
-    ps = subprocess.Popen(
-        ps_command(address, "--no-progress", "--join-timeout", "20"),
-        stderr=subprocess.DEVNULL,
-    )
-    try:
+    with _one_server() as (address, _):
         shapes = models.model("digits").shapes()
         with pytest.raises(PSClientError, match=r"give them to PSClient\(init=\.\.\.\)"):
             PSClient([address], 0, shapes, connect_timeout=30)
-    finally:
-        ps.kill()
-        ps.wait(30)
 
 
 @pytest.mark.parametrize("wire", ["float32", "bfloat16"])
