@@ -18,6 +18,10 @@ import numpy as np
 
 import tensorwire as tw
 from tensorwire.job.config import at_least
+from tensorwire.job.files import output_file
+
+from .common import machine_facts
+from .report import write_json
 
 
 def measure(tensors: int, transport: str) -> dict[str, float]:
@@ -56,13 +60,24 @@ def main(argv: list[str] | None = None) -> int:
         "--transport", default="shm", choices=[t for t in tw.TRANSPORT_NAMES if t != "auto"]
     )
     parser.add_argument("--repeat", type=at_least(1), default=3, help="default 3")
+    parser.add_argument("--json", metavar="PATH", type=output_file, help="write the runs as JSON")
     args = parser.parse_args(argv)
     runs = [measure(args.tensors, args.transport) for _ in range(args.repeat)]
     print(f"{args.tensors} float32[16] tensors over {args.transport}, median of {args.repeat}:")
+    medians = {}
     for key in runs[0]:
-        median = statistics.median(r[key] for r in runs)
+        medians[key] = median = statistics.median(r[key] for r in runs)
         per = median / args.tensors * 1e6
         print(f"  {key:<16} {median:8.2f} s  ({per:7.1f} us a tensor)")
+    if args.json:
+        result = {
+            "kind": "registration",
+            "machine": machine_facts(),
+            "config": {"tensors": args.tensors, "transport": args.transport},
+            "runs": runs,
+            "medians": medians,
+        }
+        write_json(args.json, result)
     return 0
 
 

@@ -977,7 +977,9 @@ class PSClient:
                     f"{'not an array' if got is None else f'of shape {tuple(got)}'}; the "
                     f"parameter's shape is {tuple(shape)}"
                 )
-            dtype = _dtype_name(grads[param])
+            # (numpy's and cupy's float32 compare equal at once: the check costs a step of a
+            # large model nothing; a torch dtype is named through canonical_dtype)
+            dtype = "float32" if grads[param].dtype == np.float32 else _dtype_name(grads[param])
             if dtype != "float32":
                 # before, refused by the transport under the name of an internal tensor
                 # (grad/0/w@0) over a float32 wire, and rounded silently over a 16-bit one
