@@ -488,8 +488,8 @@ for _ in range(3):  # the interrupted write lands in some rounds, not in others
         with tw.Sender.connect(rx.address, transport=sys.argv[1], timeout=30, reconnect=True) as tx:
             tx.write("a", np.full(4, 0))
             tx.write("a", np.full(4, 5))
-            threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
-            try:
+            try:  # (the timer inside: a SIGINT before the write still lands in this try)
+                threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
                 tx.write("a", np.full(4, 10))  # waits for a slot: the receiver holds both
                 print("not interrupted")
             except KeyboardInterrupt:
