@@ -24,9 +24,9 @@ from tensorwire.auth import new_nonce, verify
 from tensorwire.endpoint import (
     bracketed,
     endpoint_host,
-    family,
-    is_ipv6,
     is_loopback_host,
+    listener,
+    reached_over_ipv6,
     tcp_endpoint,
 )
 
@@ -62,14 +62,12 @@ class _Session:
         #: the receiver's slots are in /dev/shm (raw NIXL's buffer is then there too)
         self.shared_memory = setup.get("shm") is not False
         self.senders: dict[str, tw.Sender] = {}
-        self.raw_listener = socket.create_server(
-            (host, 0), family=family(host), dualstack_ipv6=host == "::"
-        )
+        self.raw_listener = listener(host)
         self.raw: socket.socket | None = None
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.pair = self.ctx.socket(zmq.PAIR)
         self.pair.linger = 0
-        self.pair.ipv6 = is_ipv6(host)
+        self.pair.ipv6 = reached_over_ipv6(host)
         self.pair_port = self.pair.bind_to_random_port(f"tcp://{bracketed(host)}")
         self.buffer = np.empty(max([*self.sizes, self.latency_bytes]), dtype=np.uint8)
         self.host = host
@@ -191,7 +189,7 @@ def serve(
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     rep = ctx.socket(zmq.REP)
     rep.linger = 0
-    rep.ipv6 = is_ipv6(host)
+    rep.ipv6 = reached_over_ipv6(host)
     try:
         rep.bind(bind)
     except zmq.ZMQError as exc:

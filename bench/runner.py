@@ -47,9 +47,9 @@ import tensorwire as tw
 from tensorwire import cuda as tw_cuda
 from tensorwire.endpoint import (
     endpoint_host,
-    is_ipv6,
     is_loopback_host,
     local_address_towards,
+    reached_over_ipv6,
     tcp_endpoint,
 )
 
@@ -135,7 +135,7 @@ class Runner:
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._req = self._ctx.socket(zmq.REQ)
         self._req.linger = 0
-        self._req.ipv6 = is_ipv6(self.host)
+        self._req.ipv6 = reached_over_ipv6(self.host)
         self._req.connect(connect)
         self.senders: dict[str, tw.Sender] = {}
         self.pong_rx: tw.Receiver | None = None
@@ -203,7 +203,7 @@ class Runner:
             tune_socket(self._raw)
             self._pair = self._ctx.socket(zmq.PAIR)
             self._pair.linger = 0
-            self._pair.ipv6 = is_ipv6(self.host)
+            self._pair.ipv6 = reached_over_ipv6(self.host)
             self._pair.connect(tcp_endpoint(self.host, info["zmq_port"]))
             if "nixl" in self.senders:  # its buffers where the tensors are (DRAM or VRAM)
                 self.raw_nixl = RawNixl(

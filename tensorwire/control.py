@@ -64,9 +64,10 @@ def _socket(kind: int, endpoint: str = "") -> zmq.Socket[bytes]:
     sock.setsockopt(zmq.LINGER, 0)
     # Bounds what a peer can make us buffer: one control message is never larger than this.
     sock.setsockopt(zmq.MAXMSGSIZE, MAX_CONTROL_MESSAGE)
-    # ZeroMQ takes IPv6 only when asked. Asked for an IPv6 address only (``tcp://[::1]:PORT``):
-    # asked for all, it would resolve a name such as ``localhost`` to its IPv6 address first
-    # and keep trying to reach a receiver that listens on IPv4 alone.
+    # ZeroMQ takes IPv6 only when asked. Asked only for a host reached over IPv6 (an IPv6
+    # address, or a name with IPv6 addresses alone: endpoint.reached_over_ipv6): asked for all,
+    # it would resolve a name such as ``localhost`` to its IPv6 address first and keep trying
+    # to reach a receiver that listens on IPv4 alone.
     if is_ipv6_endpoint(endpoint):
         sock.setsockopt(zmq.IPV6, 1)
     return sock

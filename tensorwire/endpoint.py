@@ -51,6 +51,11 @@ def is_ipv6(host: str) -> bool:
     return ":" in host
 
 
+#: Bind hosts that mean every interface: ZeroMQ's ``*``, IPv4's ``0.0.0.0``, IPv6's ``::``
+#: (which listens on IPv4 too, see :func:`listener`).
+WILDCARD_HOSTS = frozenset({"*", "0.0.0.0", "::"})
+
+
 #: Names found to resolve to IPv6 addresses alone (kept: such a name's family does not change
 #: while a process runs; a failed lookup is not kept, so a name not yet in DNS, as a pod's
 #: peers' are while a job starts, is looked up again).
@@ -98,11 +103,6 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
-#: Bind hosts that mean every interface: ZeroMQ's ``*``, IPv4's ``0.0.0.0``, IPv6's ``::``
-#: (which listens on IPv4 too, see :mod:`tensorwire.transports.tcp`).
-WILDCARD_HOSTS = frozenset({"*", "0.0.0.0", "::"})
-
-
 def is_wildcard_host(host: str | None) -> bool:
     """Does a bind host (or a receiver's advertised one) name every interface rather than an
     address a peer can reach? An empty or missing host counts as one."""
@@ -123,6 +123,14 @@ def loopback_for(host: str) -> str:
 def family(host: str) -> socket.AddressFamily:
     """The socket family ``host`` is reached (or bound) over: :func:`reached_over_ipv6`."""
     return socket.AF_INET6 if reached_over_ipv6(host) else socket.AF_INET
+
+
+def listener(host: str, backlog: int = 128) -> socket.socket:
+    """A TCP socket listening on a free port of ``host``, in its family; ``::`` takes IPv4
+    too, as the control plane's and gRPC's ports bound there do."""
+    return socket.create_server(
+        (host, 0), family=family(host), backlog=backlog, dualstack_ipv6=host == "::"
+    )
 
 
 def bracketed(host: str) -> str:

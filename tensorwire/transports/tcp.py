@@ -33,7 +33,7 @@ from .. import wire
 from ..cuda import STAGING_CHUNK_BYTES, PinnedBuffer, device_bytes
 from ..doorbell import deadline_of
 from ..dtypes import exports_buffer
-from ..endpoint import family, host_port
+from ..endpoint import host_port, listener
 from ..errors import (
     LocalProtocolError,
     PeerLostError,
@@ -969,10 +969,7 @@ class TcpDataServer(DataServer):
         self._sink_ref = weakref.ref(sink)
         self._max = max_connections
         try:
-            # "::" takes IPv4 too, as the control plane's and gRPC's ports bound there do.
-            self._listener = socket.create_server(
-                (host, 0), family=family(host), backlog=128, dualstack_ipv6=host == "::"
-            )
+            self._listener = listener(host)
         except OSError as exc:
             raise TensorWireError(f"cannot bind the tcp data port on {host}: {exc}") from exc
         self.host = host
