@@ -9,7 +9,7 @@ A dtype may be given as a numpy dtype or type, a name (``"bfloat16"``), an ``ml_
 a PyTorch dtype (``torch.bfloat16``: read by name, torch is never imported for it).
 
 :func:`as_host_array` turns what a user writes into a numpy array without copying: numpy arrays
-as they are, PyTorch CPU tensors through DLPack (detached when they require grad; bfloat16 and
+as they are (a subclass's as a plain view; masked arrays refused), PyTorch CPU tensors through DLPack (detached when they require grad; bfloat16 and
 float8 reinterpreted, as numpy's DLPack import does not know them), other DLPack or array-interface
 objects through numpy. Anything else is refused with a :class:`SpecMismatchError` naming it.
 """
@@ -129,11 +129,25 @@ def import_torch(tensor: Any, from_dlpack: Callable[[Any], Any]) -> Any:
     return from_dlpack(tensor.view(same_size)).view(ml)
 
 
+def plain_array(obj: np.ndarray[Any, Any], name: str) -> np.ndarray[Any, Any]:
+    """A numpy subclass's array as a plain ndarray over the same memory: the transports read
+    a plain array's bytes, shape and strides, which a subclass may answer otherwise (a
+    ``np.matrix`` stays two-dimensional when flattened, a masked array's ``tobytes`` fills
+    its masked elements). A masked array is refused: its mask cannot travel, and what lies
+    under the mask is no value."""
+    if isinstance(obj, np.ma.MaskedArray):
+        raise SpecMismatchError(
+            f"tensor {name!r}: got a masked array, whose mask cannot travel: send "
+            "x.filled(value) (masked elements replaced) or x.data (the raw values)"
+        )
+    return obj.view(np.ndarray)
+
+
 def as_host_array(obj: Any, name: str) -> np.ndarray[Any, Any]:
     """``obj`` as a numpy array over the same memory where it can be (see the module's
     docstring); :class:`SpecMismatchError` for what cannot be written."""
     if isinstance(obj, np.ndarray):
-        return obj
+        return obj if obj.__class__ is np.ndarray else plain_array(obj, name)
     if obj is None or isinstance(obj, (str, bytes, bytearray, dict)):
         raise SpecMismatchError(f"tensor {name!r}: expected an array, got {_describe(obj)}")
     try:

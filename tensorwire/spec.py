@@ -16,8 +16,9 @@ import numpy as np
 
 from .checks import whole_number
 from .cuda import array_device, as_device_array, cupy
-from .dtypes import as_host_array, canonical_dtype, dtype_to_wire
+from .dtypes import as_host_array, canonical_dtype, dtype_to_wire, plain_array
 from .errors import SpecMismatchError
+from .received import ReceivedArray
 
 #: A dynamic tensor's header carries its shape; bound the rank so the header stays small.
 MAX_DYNAMIC_NDIM = 16
@@ -158,8 +159,10 @@ class TensorSpec:
         match, and a non-contiguous array unless ``allow_copy`` is set, in which case a
         contiguous copy is returned.
         """
-        if isinstance(array, np.ndarray):
+        if array.__class__ is np.ndarray or array.__class__ is ReceivedArray:
             arr = array
+        elif isinstance(array, np.ndarray):  # a subclass: np.matrix, np.memmap, masked
+            arr = plain_array(array, self.name)
         elif array_device(array) is not None:
             arr = as_device_array(array, self.name)
         else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -313,6 +314,13 @@ BAD_WRITES = [
     ("rank", lambda: np.zeros(16, dtype=np.float32), "shape mismatch"),
     ("strided", lambda: np.zeros((4, 8), dtype=np.float32)[:, ::2], "not C-contiguous"),
     ("list", lambda: [[1.0] * 4] * 4, "dtype mismatch"),
+    # its mask cannot travel (before, shm sent the raw values, grpc the fill value, and tcp
+    # raised a bare ValueError)
+    (
+        "masked",
+        lambda: np.ma.masked_array(np.zeros((4, 4), np.float32), mask=np.eye(4, dtype=bool)),
+        r"masked array.*filled",
+    ),
 ]
 
 
@@ -336,6 +344,29 @@ def test_bad_static_write_refused_and_buffer_untouched(
             assert np.array_equal(view, before)
             tx.write("w", good + 1)  # the connection is still good
             assert np.array_equal(rx.wait("w", timeout=5), good + 1)
+
+
+def test_numpy_subclasses_land_as_their_plain_arrays(transport: str, tmp_path: Path) -> None:
+    """A ``np.matrix`` stays two-dimensional when flattened, which the tcp writer read as a
+    one-row payload (before: an IndexError, then the receiver cut the connection for a header
+    of 1 byte); a ``np.memmap`` is a file's memory. Each lands byte-exact through ``write``
+    and ``write_many``, static and dynamic, and the connection stays good."""
+    src = np.arange(12, dtype=np.float32).reshape(4, 3)
+    mapped = np.memmap(tmp_path / "m.bin", dtype=np.float32, mode="w+", shape=(4, 3))
+    mapped[:] = src + 100
+    with tw.Receiver() as rx:
+        rx.register("s", (4, 3), "float32")
+        rx.register("d", (None, 3), "float32", max_bytes=1024)
+        with tw.Sender.connect(rx.address, transport=transport, timeout=5) as tx:
+            for made in (np.matrix(src), mapped):
+                tx.write("s", made)
+                tx.write_many({"s": made, "d": made})
+                tx.write("s", src)  # a plain one after it: the connection is still good
+                for expected in (made, made, src):
+                    assert np.array_equal(rx.wait("s", timeout=5), expected)
+                    rx.release("s")
+                assert np.array_equal(rx.wait("d", timeout=5), made)
+                rx.release("d")
 
 
 def test_non_contiguous_written_from_a_copy_when_asked(transport: str) -> None:
