@@ -8,10 +8,11 @@ JAX uses for them in numpy) and travel by name, since numpy spells them all ``"<
 A dtype may be given as a numpy dtype or type, a name (``"bfloat16"``), an ``ml_dtypes`` type or
 a PyTorch dtype (``torch.bfloat16``: read by name, torch is never imported for it).
 
-:func:`as_host_array` turns what a user writes into a numpy array without copying: numpy arrays
-as they are (a subclass's as a plain view; masked arrays refused), PyTorch CPU tensors through DLPack (detached when they require grad; bfloat16 and
-float8 reinterpreted, as numpy's DLPack import does not know them), other DLPack or array-interface
-objects through numpy. Anything else is refused with a :class:`SpecMismatchError` naming it.
+:func:`as_host_array` turns what a user writes into a numpy array without copying: numpy arrays as
+they are (a subclass's as a plain view; masked arrays refused), PyTorch CPU tensors through DLPack
+(detached when they require grad; bfloat16 and float8 reinterpreted, as numpy's DLPack import does
+not know them), other DLPack or array-interface objects through numpy. Anything else is refused with
+a :class:`SpecMismatchError` naming it.
 """
 
 from __future__ import annotations
