@@ -191,10 +191,12 @@ def as_device_array(obj: Any, name: str) -> Any:
         if isinstance(obj, cp.ndarray):
             return obj
         if type(obj).__module__.startswith("torch"):
-            return import_torch(obj, cp.from_dlpack)
+            return import_torch(obj, cp.from_dlpack, name)
         if hasattr(obj, "__dlpack__"):
             return cp.from_dlpack(obj)
         return cp.asarray(obj)
+    except SpecMismatchError:
+        raise
     except Exception as exc:  # cupy, DLPack and torch each raise their own kinds
         raise SpecMismatchError(
             f"tensor {name!r}: cannot read a {type(obj).__module__}.{type(obj).__qualname__} "

@@ -108,17 +108,34 @@ def _from_torch(tensor: Any, name: str) -> np.ndarray[Any, Any]:
             f"tensor {name!r}: got a torch tensor on {tensor.device}; tensorwire writes host and "
             "CUDA memory: move it with .cpu() first"
         )
-    array: np.ndarray[Any, Any] = import_torch(tensor, np.from_dlpack)
+    array: np.ndarray[Any, Any] = import_torch(tensor, np.from_dlpack, name)
     return array
 
 
-def import_torch(tensor: Any, from_dlpack: Callable[[Any], Any]) -> Any:
+def import_torch(tensor: Any, from_dlpack: Callable[[Any], Any], name: str) -> Any:
     """A torch tensor (CPU or CUDA) imported through DLPack over the same memory, by
     ``from_dlpack`` (numpy's or cupy's): without its autograd graph, lazy conjugate/negative
     views materialised, and a dtype the importers lack (bfloat16, float8: numpy and cupy have
     no DLPack code for them) imported as a plain integer of the same size and viewed back."""
     import torch  # the caller holds a torch tensor, so torch is imported already
 
+    # Tensors that are not one block of elements: DLPack refuses them, in words that name
+    # torch's internals (a nested tensor's "Internal error ... Please file an issue").
+    if getattr(tensor, "is_nested", False):
+        raise SpecMismatchError(
+            f"tensor {name!r}: got a nested torch tensor; tensorwire writes dense tensors: send "
+            "x.to_padded_tensor(0), or each of x.unbind() to a tensor of its own"
+        )
+    if tensor.layout is not torch.strided:
+        raise SpecMismatchError(
+            f"tensor {name!r}: got a torch tensor of layout {tensor.layout}; tensorwire writes "
+            "dense tensors: send x.to_dense()"
+        )
+    if tensor.is_quantized:
+        raise SpecMismatchError(
+            f"tensor {name!r}: got a quantized torch tensor ({tensor.dtype}); send "
+            "x.dequantize() (its values) or x.int_repr() (its integers, beside its scale)"
+        )
     if tensor.requires_grad:
         tensor = tensor.detach()  # the same memory, without the autograd graph
     if tensor.is_conj() or tensor.is_neg():

@@ -7,6 +7,7 @@ The byte-exact transfer of every dtype over every transport is in the conformanc
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import ml_dtypes
@@ -132,6 +133,20 @@ def test_torch_tensors_that_cannot_be_written_are_refused() -> None:
                 tx.write("t", torch.empty(3, device="meta"))
             with pytest.raises(tw.SpecMismatchError, match="dtype mismatch"):
                 tx.write("t", torch.ones(3, dtype=torch.float64))
+            # Not one block of elements: each named with its remedy (before, DLPack's words:
+            # a nested tensor's "Internal error ... Please file an issue").
+            dense = torch.ones(3)
+            with warnings.catch_warnings():  # nested: a prototype; quantized: deprecated
+                warnings.simplefilter("ignore", UserWarning)
+                nested = torch.nested.as_nested_tensor([dense])
+                quantized = torch.quantize_per_tensor(dense, 0.1, 0, torch.quint8)
+            for wrong, remedy in (
+                (dense.to_sparse(), r"layout torch.sparse_coo; .*x.to_dense\(\)"),
+                (nested, r"nested torch tensor; .*unbind"),
+                (quantized, r"quantized .*dequantize"),
+            ):
+                with pytest.raises(tw.SpecMismatchError, match=remedy):
+                    tx.write("t", wrong)
             assert rx.pending("t") == 0
 
 
