@@ -356,7 +356,9 @@ class Sender(Resource):
     ``"shm"``, ``"tcp"``, ``"nixl"`` (RDMA through NIXL, set up by ``nixl``, a
     :class:`~tensorwire.rdma.NixlOptions`) or the gRPC baselines ``"grpc"`` and
     ``"grpc-stream"``. ``timeout`` bounds every wait (connect, credits) unless a call says
-    otherwise: None blocks, 0 polls, a positive number is seconds. With ``reconnect=True`` a write
+    otherwise: None blocks, 0 polls, a positive number is seconds. Writes of a sender whose
+    timeout is 0 poll for a free slot, while the round trips a receiver must answer (connecting,
+    a tensor's first claim, :meth:`ping`) wait up to 60 s (``DEFAULT_TIMEOUT``). With ``reconnect=True`` a write
     that finds its receiver restarted re-resolves the address book once and retries.
     A background thread heartbeats every receiver every ``heartbeat`` seconds (None: never); a
     receiver that misses three in a row is declared lost. ``curve_server_key`` (the job's CURVE
@@ -388,6 +390,10 @@ class Sender(Resource):
         self._transport = check_name(transport)
         self._secret = normalise_secret(secret)
         self.timeout = check_timeout(timeout)
+        # What a round trip the receiver must answer (the handshake, a tensor's claim, a ping)
+        # waits: the sender's timeout, but a sender whose writes poll (0) cannot do one in
+        # no time (before, its every claim timed out "within 0 s", and it never wrote).
+        self._round_trip = DEFAULT_TIMEOUT if self.timeout == 0 else self.timeout
         self.reconnect = reconnect
         self.name = name or f"sender-{os.getpid()}-{secrets.token_hex(3)}"
         self._peers: dict[str, _Peer] = {}
@@ -425,8 +431,10 @@ class Sender(Resource):
         curve_server_key: bytes | None = None,
         nixl: NixlOptions | None = None,
         copy_threads: int = 1,
+        connect_timeout: float | None = None,
     ) -> Sender:
-        """Create a sender connected to the receiver at ``address``."""
+        """Create a sender connected to the receiver at ``address`` (more with
+        :meth:`add_peer`); ``connect_timeout`` as there."""
         sender = cls(
             transport=transport,
             secret=secret,
@@ -439,7 +447,7 @@ class Sender(Resource):
             copy_threads=copy_threads,
         )
         try:
-            sender.add_peer(address)
+            sender.add_peer(address, connect_timeout=connect_timeout)
         except BaseException:
             sender.close()
             raise
@@ -450,7 +458,18 @@ class Sender(Resource):
     ) -> None:
         """Connect to one more receiver (its tensors become writable by name).
 
-        ``connect_timeout`` bounds the handshake alone (default: the sender's timeout)."""
+        ``connect_timeout`` bounds the handshake alone (default: the sender's timeout, or 60 s
+        where that is 0)."""
+        if not isinstance(address, str):  # a list of receivers, say: one call each
+            raise TypeError(
+                f"address must be one receiver's 'tcp://HOST:PORT', got {type(address).__name__}"
+                ": connect to one, then add_peer() each of the others"
+            )
+        if connect_timeout == 0:
+            raise ValueError(
+                "connect_timeout must be positive seconds or None: a handshake cannot be done "
+                "in no time (a timeout of 0 is for writes that poll)"
+            )
         check_timeout(connect_timeout)
         farewell = self._farewells.get(address)
         if farewell is not None:
@@ -471,7 +490,7 @@ class Sender(Resource):
                 address,
                 transport=transport or self._transport,
                 secret=self._secret,
-                timeout=self.timeout,
+                timeout=self._round_trip,
                 client=self.name,
                 curve_server_key=self._curve,
                 nixl=self._nixl,
@@ -940,7 +959,7 @@ class Sender(Resource):
         with self._lock:
             p = self._peer(peer)
             assert p.control is not None
-            t = self.timeout if timeout is _DEFAULT else timeout
+            t = self._round_trip if timeout is _DEFAULT else timeout
             peer_check = None if p.channel is None else p.channel.check_peer
             looks = [c for c in (peer_check, check) if c is not None]
 

@@ -566,6 +566,33 @@ def test_a_polling_first_write_makes_its_claim(transport: str) -> None:
                 rx.release("a")
 
 
+def test_a_sender_whose_timeout_is_0_connects_claims_and_polls(transport: str) -> None:
+    """``Sender(timeout=0)``: every write polls, while the round trips the receiver must
+    answer (the handshake, the claim, a ping) still get time. Before, the connect failed
+    ("did not answer a hello request within 0 s ... does a firewall let the port through?"),
+    and a sender connected with ``add_peer(connect_timeout=...)`` never wrote: each claim
+    timed out "within 0 s", then each resume."""
+    with tw.Receiver(ring=2) as rx:
+        rx.register("a", (4,), "float32")
+        with tw.Sender.connect(rx.address, transport=transport, timeout=0) as tx:
+            tx.ping()
+            for k in range(2):
+                tx.write("a", np.full(4, k, np.float32))
+            with pytest.raises(tw.WireTimeoutError, match="no free slot"):
+                tx.write("a", np.full(4, 2, np.float32))
+            assert rx.wait("a", timeout=10).tolist() == [0.0] * 4
+            rx.release("a")
+            for _ in range(1000):  # bounded: the release's credit reaches the sender at once
+                try:
+                    tx.write("a", np.full(4, 2, np.float32))
+                    break
+                except tw.WireTimeoutError:
+                    time.sleep(0.01)
+            for k in (1, 2):
+                assert rx.wait("a", timeout=10).tolist() == [float(k)] * 4
+                rx.release("a")
+
+
 def test_an_infinite_timeout_waits_as_none_does(transport: str) -> None:
     """``math.inf`` as a timeout waits without end, as None: for the connect, a write waiting
     for a slot, and a wait. Before, a `tcp` connect raised OverflowError and a `grpc` write

@@ -405,6 +405,18 @@ def test_bad_constructor_arguments() -> None:
         tw.Sender(transport="carrier-pigeon")
     with pytest.raises(tw.TensorWireError, match="tcp://HOST:PORT"):
         tw.Sender.connect("localhost:5")
+    # 0 connections refused every sender; a frame timeout of 0 gave a stalled peer no bound
+    with pytest.raises(ValueError, match="max_connections must be a whole number of at least 1"):
+        tw.Receiver(max_connections=0)
+    for bad_frame in (0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="frame_timeout must be a positive number"):
+            tw.Receiver(frame_timeout=bad_frame)
+    with tw.Receiver() as rx:
+        # several receivers at once (before: "unhashable type: 'list'")
+        with pytest.raises(TypeError, match="one receiver's .*add_peer"):
+            tw.Sender.connect([rx.address, rx.address])  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="handshake cannot be done in no time"):
+            tw.Sender.connect(rx.address, connect_timeout=0)
     with tw.Receiver() as rx:
         rx.register("t", (2,), "int8")
         with pytest.raises(tw.SpecMismatchError, match="already registered"):

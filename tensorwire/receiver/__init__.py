@@ -28,7 +28,7 @@ from typing import Any
 
 from .. import metrics
 from ..auth import normalise_secret
-from ..checks import check_count
+from ..checks import check_amount, check_count
 from ..control import ControlServer
 from ..cuda import parse_device
 from ..curve import CurveKeys
@@ -124,6 +124,10 @@ class Receiver(Resource):
         if ring is not None:
             check_count("ring", ring, 1)
         check_count("region_bytes", region_bytes, 1)
+        # 0 refused every data connection; a frame timeout of 0 or less gave a stalled peer
+        # no bound at all (the socket's timeout off) or failed in the accept thread.
+        check_count("max_connections", max_connections, 1)
+        check_amount("frame_timeout", frame_timeout, positive=True)
         check_seconds("heartbeat_timeout", heartbeat_timeout)
         if secret is None and not insecure and not is_loopback_host(bind_host):
             raise AuthenticationError(
