@@ -358,8 +358,9 @@ class Sender(Resource):
     ``"grpc-stream"``. ``timeout`` bounds every wait (connect, credits) unless a call says
     otherwise: None blocks, 0 polls, a positive number is seconds. Writes of a sender whose
     timeout is 0 poll for a free slot, while the round trips a receiver must answer (connecting,
-    a tensor's first claim, :meth:`ping`) wait up to 60 s (``DEFAULT_TIMEOUT``). With ``reconnect=True`` a write
-    that finds its receiver restarted re-resolves the address book once and retries.
+    a tensor's first claim, :meth:`ping`) wait up to 60 s (``DEFAULT_TIMEOUT``). With
+    ``reconnect=True`` a write that finds its receiver restarted re-resolves the address book
+    once and retries.
     A background thread heartbeats every receiver every ``heartbeat`` seconds (None: never); a
     receiver that misses three in a row is declared lost. ``curve_server_key`` (the job's CURVE
     public key) encrypts the control plane towards receivers that serve it with CURVE.

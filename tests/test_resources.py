@@ -413,7 +413,7 @@ def test_bad_constructor_arguments() -> None:
             tw.Receiver(frame_timeout=bad_frame)
     with tw.Receiver() as rx:
         # several receivers at once (before: "unhashable type: 'list'")
-        with pytest.raises(TypeError, match="one receiver's .*add_peer"):
+        with pytest.raises(TypeError, match=r"one receiver's .*add_peer"):
             tw.Sender.connect([rx.address, rx.address])  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="handshake cannot be done in no time"):
             tw.Sender.connect(rx.address, connect_timeout=0)
