@@ -1498,9 +1498,7 @@ def test_a_grpc_stream_writer_stalled_mid_message_does_not_hold_its_tensor_once_
             rx.release("t")
             peer = stalled._peers[rx.address]  # fault injection: a call that stops midway
             channel = peer.channel
-            header = wire.DataHeader(
-                peer.entries["t"].tensor_id, 0, peer.generation, 2, size, None
-            )
+            header = wire.DataHeader(peer.entries["t"].tensor_id, 0, peer.generation, 2, size, None)
 
             def chunks() -> Any:
                 yield channel.token + wire.encode_data_header(header)
