@@ -426,6 +426,23 @@ def test_bad_constructor_arguments() -> None:
         assert isinstance(tw.UnknownTensorError("x"), KeyError)
 
 
+def test_a_tcp_connection_past_max_connections_is_refused_in_words() -> None:
+    """The data port closes a connection past the limit before admitting it; the sender says
+    it was not admitted and why that happens (before: "Connection reset by peer" alone). The
+    sender already admitted writes on."""
+    with tw.Receiver(max_connections=1) as rx:
+        rx.register("a", (4,), "float32")
+        rx.register("b", (4,), "float32")
+        with tw.Sender.connect(rx.address, transport="tcp", timeout=10) as first:
+            first.write("a", np.ones(4, np.float32))
+            with pytest.raises(tw.PeerLostError, match="not admitted: .*max_connections"):
+                tw.Sender.connect(rx.address, transport="tcp", timeout=10)
+            first.write("a", np.full(4, 2, np.float32))
+            for k in (1, 2):
+                assert rx.wait("a", timeout=10).tolist() == [float(k)] * 4
+                rx.release("a")
+
+
 def test_register_many_takes_specs_and_tuples() -> None:
     from tensorwire.spec import TensorSpec
 

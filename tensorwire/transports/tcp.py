@@ -255,6 +255,14 @@ class TcpChannel(Channel):
                 lambda: f"receiver's data port {self._where} did not acknowledge our token",
                 info.check,
             )
+        except PeerLostError as exc:
+            self.close()
+            # Closed before the acknowledgement: the receiver did not admit this connection
+            # (before, a bare "Connection reset by peer").
+            raise PeerLostError(
+                f"{exc}; it was not admitted: a receiver closes data connections past its "
+                "max_connections, and those of a session it no longer has (its log says which)"
+            ) from None
         except BaseException:
             self.close()
             raise
