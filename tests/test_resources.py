@@ -435,7 +435,7 @@ def test_a_tcp_connection_past_max_connections_is_refused_in_words() -> None:
         rx.register("b", (4,), "float32")
         with tw.Sender.connect(rx.address, transport="tcp", timeout=10) as first:
             first.write("a", np.ones(4, np.float32))
-            with pytest.raises(tw.PeerLostError, match="not admitted: .*max_connections"):
+            with pytest.raises(tw.PeerLostError, match=r"not admitted: .*max_connections"):
                 tw.Sender.connect(rx.address, transport="tcp", timeout=10)
             first.write("a", np.full(4, 2, np.float32))
             for k in (1, 2):
