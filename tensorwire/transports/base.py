@@ -70,7 +70,11 @@ class PeerInfo:
         """
         details = self.welcome.transports.get(transport)
         if not isinstance(details, dict):
-            raise TransportError(f"receiver at {self.control_address} offers no {transport} port")
+            offered = ", ".join(sorted(self.welcome.transports)) or "none"
+            raise TransportError(
+                f"receiver at {self.control_address} offers no {transport} port (it was made "
+                f"without it, or lacks what it needs; it offers: {offered})"
+            )
         host, port = details.get("host"), details.get("port")
         if host is None or (isinstance(host, str) and is_wildcard_host(host)):
             host = self.control_host
