@@ -417,9 +417,12 @@ def test_bad_constructor_arguments() -> None:
             tw.Sender.connect([rx.address, rx.address])  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="handshake cannot be done in no time"):
             tw.Sender.connect(rx.address, connect_timeout=0)
-    with tw.Receiver(grpc=False) as rx:  # a transport it was made without: what it offers
-        with pytest.raises(tw.TransportError, match=r"offers no grpc port .*offers: .*tcp"):
-            tw.Sender.connect(rx.address, transport="grpc")
+    # a transport it was made without: what it offers
+    with (
+        tw.Receiver(grpc=False) as rx,
+        pytest.raises(tw.TransportError, match=r"offers no grpc port .*offers: .*tcp"),
+    ):
+        tw.Sender.connect(rx.address, transport="grpc")
     with tw.Receiver() as rx:
         rx.register("t", (2,), "int8")
         with pytest.raises(tw.SpecMismatchError, match="already registered"):
