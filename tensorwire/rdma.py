@@ -184,7 +184,21 @@ def is_remote_disconnect(exc: BaseException) -> bool:
     return type(exc).__name__ == "nixlRemoteDisconnectError"
 
 
+#: The process that made this process's first NIXL agent, inherited by a forked child: UCX
+#: must not be used again in a child forked from a process that used it ("it's OK to fork as
+#: long as no RDMA or UCX API are used in the child", openucx/ucx#4325). Before, a forked
+#: child's NIXL sender waited out its timeout ("did not answer a NIXL ping") amid UCX errors.
+_ucx_user: int | None = None
+
+
+def forked_from_ucx_user() -> int | None:
+    """The pid of the process this one was forked from that used NIXL, if any."""
+    return _ucx_user if _ucx_user is not None and _ucx_user != os.getpid() else None
+
+
 def available() -> bool:
+    if forked_from_ucx_user() is not None:
+        return False
     try:
         load()
     except TransportError:
@@ -198,6 +212,15 @@ def create_agent(name: str, options: NixlOptions, loopback: bool) -> Any:
     The agent serialises its own calls (strict thread-sync mode): a receiver's polling thread and
     the threads that release slots (and so send credits) use it at the same time.
     """
+    global _ucx_user
+    parent = forked_from_ucx_user()
+    if parent is not None:
+        raise TransportError(
+            f"this process was forked from process {parent}, which used NIXL: UCX cannot be used "
+            "again in a forked child (openucx/ucx#4325). Start the child with the 'spawn' start "
+            "method (multiprocessing.get_context('spawn'); a DataLoader's "
+            "multiprocessing_context='spawn'), or use tcp or shm in it"
+        )
     api = load()
     with _ENV_LOCK:
         # Under the lock: another thread's agent may be in its window, its settings exported
@@ -220,6 +243,8 @@ def create_agent(name: str, options: NixlOptions, loopback: bool) -> Any:
                     os.environ.pop(key, None)
                 else:
                     os.environ[key] = value
+    if _ucx_user is None:
+        _ucx_user = os.getpid()
     if "UCX" not in agent.backends:
         raise TransportError(
             "NIXL started without its UCX backend plugin (plugins found: "

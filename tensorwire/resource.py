@@ -6,7 +6,12 @@ itself), in the manner of pyzmq and UCX-Py.
 
 A forked child leaves the objects it inherited alone: they are its parent's (closing the copy
 would unlink the parent's regions and wait for threads the child does not have); the kernel drops
-the child's copies of the mappings and sockets when it exits.
+the child's copies of the mappings and sockets when it exits. Nor may the child use them: its
+copy of a sender would write with the parent's claims and sequence numbers (a message of the
+parent's was lost over ``shm``, and the parent's session cut over ``tcp``), its copy of a
+receiver would take the parent's messages. At the fork each is marked closed in the child
+(:meth:`Resource._forked`), with a new lock (one a parent's thread held at the fork would be
+held for ever), and every call there says to make one of its own.
 
 One still open when the interpreter exits is closed by an :mod:`atexit` hook, newest first (a
 sender says goodbye before the receiver it writes to closes). It cannot be left to ``__del__``:
@@ -70,6 +75,19 @@ class Resource:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    def _forked(self) -> None:
+        """In a child forked while this was open: make every later call here refuse (with
+        :meth:`_forked_message`), and ``close()`` do nothing; the object is the parent's."""
+
+    def _forked_message(self) -> str:
+        kind = type(self).__name__
+        return (
+            f"{kind.lower()} {self.name} belongs to process {self._pid}, which forked this one "
+            f"({os.getpid()}): its sessions, claims and sequence numbers are that process's, "
+            f"so it is closed here; make a {kind} of this process's own (as a DataLoader worker "
+            "or a multiprocessing child must)"
+        )
+
     def _close_unclosed(self) -> None:
         """Close what its owner forgot to, saying so (in the process that made it only)."""
         if self._closed or self._pid != os.getpid():
@@ -87,6 +105,16 @@ class Resource:
         # thread; the atexit hook below has closed everything that was open by then.
         if not sys.is_finalizing():
             self._close_unclosed()
+
+
+def _in_forked_child() -> None:
+    for key in list(_live.keys()):
+        resource = _live.get(key)
+        if resource is not None and not resource._closed:
+            resource._forked()
+
+
+os.register_at_fork(after_in_child=_in_forked_child)
 
 
 @atexit.register

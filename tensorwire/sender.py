@@ -413,6 +413,7 @@ class Sender(Resource):
         self._farewells: dict[str, threading.Thread] = {}
         self._lock = threading.RLock()
         self._closed = False
+        self._forked_away = False  # this is a forked child's copy (Resource._forked)
         self._heartbeat = heartbeat
         self._heartbeats: Heartbeats | None = None
         self._copier = SplitCopier(copy_threads, self.name) if copy_threads > 1 else None
@@ -602,7 +603,16 @@ class Sender(Resource):
 
     def _check_open(self) -> None:
         if self._closed:
+            if self._forked_away:
+                raise ClosedError(self._forked_message())
             raise ClosedError(f"sender {self.name} is closed")
+
+    def _forked(self) -> None:
+        self._lock = threading.RLock()
+        self._forked_away = True
+        self._closed = True  # close() does nothing here: a goodbye would end the parent's session
+        self._routes = {}
+        self._fast = {}  # write()'s fast routes skip the check of being open
 
     def _peer(self, address: str | None) -> _Peer:
         self._check_open()

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import tensorwire as tw
+from tensorwire import rdma
 from tensorwire import region as region_module
 from tensorwire.region import Region, reap_stale_segments
 
@@ -367,6 +368,79 @@ def test_a_forked_child_that_exits_leaves_its_parents_receiver_alone() -> None:
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["child", "0", "received", "4.0"], run.stdout + run.stderr
     assert shm_entries() - before == set()
+
+
+_FORKED_USE = """
+import os, sys, numpy as np, tensorwire as tw
+transport = sys.argv[1]
+rx = tw.Receiver()
+rx.register("a", (4,), "float32")
+rx.register("b", (4,), "float32")
+tx = tw.Sender.connect(rx.address, transport=transport, timeout=10)
+tx.write("a", np.ones(4, np.float32))
+pid = os.fork()
+if pid == 0:
+    uses = (
+        lambda: tx.write("a", np.full(4, 7, np.float32)),
+        lambda: tx.write_many({"a": np.full(4, 7, np.float32)}),
+        lambda: rx.wait("a", timeout=1),
+        lambda: rx.release("a"),
+    )
+    for use in uses:
+        try:
+            use()
+            print("child-used-it", flush=True)
+        except tw.ClosedError as exc:
+            print("refused", "forked this one" in str(exc), flush=True)
+    tx.close()  # the parent's: no goodbye is said for it, no region unlinked
+    rx.close()
+    try:  # a sender of its own
+        with tw.Sender.connect(rx.address, transport=transport, timeout=10) as own:
+            own.write("b", np.full(4, 5, np.float32))
+        print("own-wrote", flush=True)
+    except tw.TransportError as exc:  # nixl: UCX may not be used again in a forked child
+        print("own-refused", "openucx/ucx#4325" in str(exc), flush=True)
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status), flush=True)
+tx.write("a", np.full(4, 2, np.float32))
+for _ in range(2):
+    print("a", rx.wait("a", timeout=10)[0], flush=True)
+    rx.release("a")
+if transport != "nixl":
+    print("b", rx.wait("b", timeout=10)[0], flush=True)
+tx.close()
+rx.close()
+"""
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp", "nixl", "grpc"])
+def test_a_forked_child_cannot_use_its_parents_sender_or_receiver(transport: str) -> None:
+    """A child forked while a sender and a receiver were open (a DataLoader worker, a
+    multiprocessing child of the default start method) gets a ClosedError that says to make
+    its own, and its ``close()`` leaves them to the parent. Before, its copy of the sender wrote
+    with the parent's sequence numbers: the parent's next message was lost over ``shm`` (its
+    write returned, nothing arrived) and its session cut over ``tcp`` ("expected message 3, got
+    2"); and the child's copy of the receiver took the parent's messages. A sender of its own
+    works; over ``nixl`` it is refused at once with the reason (UCX), where it waited out its
+    timeout."""
+    if transport == "nixl" and not rdma.available():
+        pytest.skip("NIXL is not installed here")
+    run = subprocess.run(
+        [sys.executable, "-c", _FORKED_USE, transport],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    own = ["own-refused", "True"] if transport == "nixl" else ["own-wrote"]
+    after = [] if transport == "nixl" else ["b", "5.0"]
+    assert run.stdout.split() == [
+        *["refused", "True"] * 4,
+        *own,
+        *["child", "0", "a", "1.0", "a", "2.0"],
+        *after,
+    ], run.stdout + run.stderr
 
 
 def test_views_outlive_close_safely() -> None:

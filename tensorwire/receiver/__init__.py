@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -334,6 +335,13 @@ class Receiver(Resource):
     # ---------------------------------------------------------------------------------------
     # Lifetime
     # ---------------------------------------------------------------------------------------
+
+    def _forked(self) -> None:
+        state = self._state
+        state.lock = threading.RLock()
+        state.closed_because = self._forked_message()
+        # close() does nothing here: the regions and sessions are the parent's
+        state.closed = self._closed = True
 
     def close(self) -> None:
         """Stop serving, wake every waiter with ClosedError, unlink every region. Idempotent."""

@@ -22,7 +22,9 @@ class ReceiverState:
     host: str  # this host's identity (tensorwire.process.host_identity)
     lock: threading.RLock = field(default_factory=threading.RLock)
     closed: bool = False
+    #: why it is closed where that is not close(): a forked child's copy (Resource._forked)
+    closed_because: str | None = None
 
     def check_open(self) -> None:
         if self.closed:
-            raise ClosedError(f"receiver {self.name} is closed")
+            raise ClosedError(self.closed_because or f"receiver {self.name} is closed")
