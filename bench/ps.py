@@ -14,6 +14,7 @@ import argparse
 import statistics
 from typing import Any
 
+import tensorwire as tw
 from tensorwire.client import tasks
 from tensorwire.client.launch import run_job
 from tensorwire.job.config import at_least
@@ -64,9 +65,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
         parser.error(f"--transports: {exc}")
     try:
         factory = tasks.load_factory(args.model, args.framework)
-        made = tasks.as_task(factory(tasks.JobInfo(0, 1, args.batch, 0)))
+        made = tasks.as_task(tasks.build(factory, args.model, tasks.JobInfo(0, 1, args.batch, 0)))
         tasks.check_framework(made, args.framework)
-    except ValueError as exc:
+    except (ValueError, TypeError, tw.MissingDependencyError) as exc:  # TypeError: its return
         parser.error(str(exc))
     initial = made.initial_params()
     param_bytes = sum(a.nbytes for a in initial.values())

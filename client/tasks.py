@@ -23,11 +23,14 @@ import importlib
 import importlib.util
 import os
 import sys
+import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+
+import tensorwire as tw
 
 from . import models
 
@@ -165,10 +168,42 @@ def load_factory(spec: str, framework: str = "auto") -> Callable[[JobInfo], Any]
             module = importlib.import_module(where)
     except (ImportError, OSError) as exc:
         raise ValueError(f"--model {spec!r}: cannot import {where}: {exc}") from None
+    except Exception as exc:  # the user's module failed as it ran: one line, with where
+        raise ValueError(
+            f"--model {spec!r}: cannot import {where}: {_failure(exc, first_frame=False)}"
+        ) from None
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise ValueError(f"--model {spec!r}: {where} has no callable {attr!r}")
     return factory
+
+
+def build(factory: Callable[[JobInfo], Any], spec: str, job: JobInfo) -> Any:
+    """``factory(job)``; ValueError in one line, naming where the user's code failed, for
+    anything it raises (a missing optional dependency passes as it is)."""
+    try:
+        return factory(job)
+    except tw.MissingDependencyError:
+        raise
+    except Exception as exc:
+        raise ValueError(f"model factory {spec!r} failed: {_failure(exc)}") from None
+
+
+def _failure(exc: BaseException, first_frame: bool = True) -> str:
+    """``exc`` in one line, with the file and line of the user's code it came from. A call
+    that failed before the factory ran (its traceback no deeper than the caller's own frame)
+    is a factory that does not take the job."""
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, SyntaxError):
+        return text  # its text names the file and line
+    frames = traceback.extract_tb(exc.__traceback__)
+    if first_frame and len(frames) <= 1:
+        return (
+            f"{text} (a factory is called as factory(job), with a tensorwire.client.tasks.JobInfo)"
+        )
+    if not frames:
+        return text
+    return f"{text} (at {frames[-1].filename}:{frames[-1].lineno})"
 
 
 _CPU_ONLY = (

@@ -242,12 +242,9 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:
         parser.error(str(exc))
     job = tasks.JobInfo(args.rank, args.workers, args.batch, args.seed)
     try:
-        made = factory(job)
-    except tw.MissingDependencyError as exc:
+        made = tasks.build(factory, args.model, job)
+    except (tw.MissingDependencyError, ValueError) as exc:  # (the user's code: where it failed)
         print(f"{prog}: error: {exc}", file=sys.stderr)
-        return 1
-    except Exception as exc:  # the user's factory: say whose code failed, in one line
-        print(f"{prog}: error: model factory {args.model!r} failed: {exc!r}", file=sys.stderr)
         return 1
     try:
         task = tasks.as_task(made, args.device)  # a torch module is moved to --device here

@@ -881,3 +881,37 @@ def test_a_worker_refuses_a_server_that_is_no_address_at_its_start(servers: str,
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("tensorwire worker: error: --servers "), last
     assert re.search(why, last), last
+
+
+FACTORIES = """
+def fails(job):
+    raise RuntimeError("the user's bug")
+
+def takes_nothing():
+    return None
+"""
+
+
+@pytest.mark.parametrize(
+    ("module", "factory", "says"),
+    [
+        (FACTORIES, "fails", r"failed: RuntimeError: the user's bug \(at .*factories\.py:3\)"),
+        (FACTORIES, "takes_nothing", r"TypeError: .*\(a factory is called as factory\(job\)"),
+        ("def x(:\n", "x", r"cannot import .*: SyntaxError: .*line 1"),
+        ("1 / 0\n", "x", r"cannot import .*: ZeroDivisionError: .*\(at .*factories\.py:1\)"),
+    ],
+    ids=["raises", "signature", "syntax", "at-import"],
+)
+def test_a_user_factory_that_fails_is_one_line_saying_where(
+    tmp_path: Path, module: str, factory: str, says: str
+) -> None:
+    """The user's code failing (as the worker imports it, or builds the model) is one line that
+    says what and where, before the worker reaches for a server. Before, an import that failed
+    was a traceback, and a factory's failure said only its exception's repr."""
+    (tmp_path / "factories.py").write_text(module)
+    out = run(
+        "-m", "tensorwire.client.worker", "--servers", "tcp://127.0.0.1:1",
+        "--model", f"{tmp_path / 'factories.py'}:{factory}", "--no-progress",
+    )  # fmt: skip
+    assert out.returncode in (1, 2) and "Traceback" not in out.stderr, out.stderr
+    assert re.search(says, out.stderr.strip().splitlines()[-1]), out.stderr
