@@ -528,6 +528,11 @@ def test_bad_config_file_is_one_line(tmp_path: Path) -> None:
         ("steps = 3", "settings must be under a [ps] table, found steps outside it"),
         ("[ps]\nstepz = 3", f"unknown key 'stepz' in config file {tmp_path / 'bad.toml'}"),
         ("[ps]\nsteps = 'many'", "--steps: 'many' is not a whole number (from config file"),
+        # a file for the workers alone (before: read as empty, without a word)
+        (
+            "[worker]\nbatch = 3",
+            "no [ps] table: this daemon reads its settings there (the file has [worker])",
+        ),
     ):
         cfg = tmp_path / "bad.toml"
         cfg.write_text(body)
@@ -540,13 +545,19 @@ def test_flags_beat_environment_beats_toml(tmp_path: Path) -> None:
     from tensorwire.server.daemon import build_parser
 
     cfg = tmp_path / "ps.toml"
-    cfg.write_text("[ps]\nsteps = 7\nlr = 0.5\nsync = 'asp'\nresume = true\n[worker]\nbatch = 3\n")
+    # join_timeout: a key with underscores names the flag as its hyphens do (before: "unknown
+    # key 'join_timeout'")
+    cfg.write_text(
+        "[ps]\nsteps = 7\nlr = 0.5\nsync = 'asp'\nresume = true\njoin_timeout = 9\n"
+        "[worker]\nbatch = 3\n"
+    )
     os.environ["TENSORWIRE_LR"] = "0.25"
     try:
         args = config.parse(build_parser(), ["--config", str(cfg), "--sync", "ssp"])
     finally:
         del os.environ["TENSORWIRE_LR"]
     assert (args.steps, args.lr, args.sync, args.resume, args.workers) == (7, 0.25, "ssp", True, 1)
+    assert args.join_timeout == 9
 
 
 # -- the entry points around the daemons --------------------------------------------------------

@@ -59,8 +59,16 @@ class _TomlTable(configargparse.TomlConfigParser):
                 f"settings must be under a [{self.section}] table, found {', '.join(loose)} "
                 "outside it"
             )
+        if self.section not in table:
+            # a file written for another daemon (or its table misspelt): none of it would apply
+            tables = ", ".join(f"[{k}]" for k in table) or "none"
+            raise configargparse.ConfigFileParserException(
+                f"no [{self.section}] table: this daemon reads its settings there (the file "
+                f"has {tables})"
+            )
         stream.seek(0)
-        return super().parse(stream)
+        # TOML keys are often written with underscores (no_shm): the flag's name either way
+        return {key.replace("_", "-"): value for key, value in super().parse(stream).items()}
 
 
 class DaemonParser(configargparse.ArgParser):
@@ -99,7 +107,8 @@ def new_parser(prog: str, description: str, section: str) -> DaemonParser:
         config_file_parser_class=_TomlTable(section),
         args_for_setting_config_path=["--config"],
         config_arg_help_message=(
-            f"read settings from a TOML file: keys named like the flags, under [{section}]"
+            f"read settings from a TOML file: keys named like the flags (join-timeout or "
+            f"join_timeout), under [{section}]"
         ),
         auto_env_var_prefix=ENV_PREFIX,
         epilog=(
