@@ -522,6 +522,19 @@ def test_bad_flags_and_files_are_one_line(args: list[str]) -> None:
     assert "error:" in out.stderr.strip().splitlines()[-1]
 
 
+def test_an_empty_secret_is_refused_naming_where_it_came_from() -> None:
+    """An empty secret (a template's variable left unset) was taken on loopback as no secret at
+    all, so the servers and workers of one job could disagree, and elsewhere it was told to
+    "set TENSORWIRE_SECRET", which was set."""
+    for module, env, args, where in (
+        ("tensorwire.server.daemon", {"TENSORWIRE_SECRET": ""}, [], "TENSORWIRE_SECRET"),
+        ("tensorwire.client.worker", {}, ["--secret", " "], "--secret"),
+    ):
+        out = _cli("-m", module, *args, env=env)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+        assert f"{where} is set but empty" in out.stderr.strip().splitlines()[-1], out.stderr
+
+
 def test_bad_config_file_is_one_line(tmp_path: Path) -> None:
     for body, message in (
         ("steps = [", "not valid TOML"),

@@ -384,6 +384,10 @@ def resolve_secret(
     refuses to start) when ``bind`` accepts connections from other hosts."""
     check_endpoint(parser, "--bind", bind)
     secret = args.secret
+    if secret is not None and not secret.strip():
+        # as the library refuses secret="": most likely a variable its template left empty
+        where = "TENSORWIRE_SECRET" if os.environ.get("TENSORWIRE_SECRET") == secret else "--secret"
+        parser.error(f"{where} is set but empty: give the job's secret, or leave it unset")
     if args.secret_file:
         secret = read_secret_file(parser, args.secret_file)
     if not secret and not is_loopback(bind):
