@@ -724,10 +724,10 @@ class Sender(Resource):
                 if w.writes_now and peer is None and fast is None:
                     route = (w, entry.spec.static_shape, entry.spec.dtype, w.now_class)
                     self._fast[name] = route
-            except PeerLostError:
+            except PeerLostError as exc:
                 p.note_lost()
                 if not self.reconnect:
-                    raise
+                    raise self._explained(exc, p) from None
                 p, entry = self._reopen(p, name)
                 arr = entry.spec.check_array(arr)
                 w = p.writer(entry, deadline)
@@ -739,6 +739,18 @@ class Sender(Resource):
             return _new_tuple(WriteHandle, (name, w.next_seq - 1, nbytes))
         finally:
             lock.release()
+
+    def _explained(self, exc: PeerLostError, p: _Peer) -> PeerLostError:
+        """``exc``, saying why an idle sender that sends no heartbeats loses its receiver (the
+        loss names only what the writer saw: a closed connection, a revoked claim)."""
+        if self._heartbeat is not None or p.heartbeat_timeout is None:
+            return exc
+        return PeerLostError(
+            f"{exc}; this sender sends no heartbeats (heartbeat=None), and the receiver ends "
+            f"a session silent for {p.heartbeat_timeout:g} s: give heartbeat= a number of "
+            "seconds to keep an idle sender's sessions",
+            tensor=exc.tensor,
+        )
 
     def _reopen(self, p: _Peer, name: str) -> tuple[_Peer, TensorEntry]:
         """After a PeerLostError with ``reconnect``: reconnect to ``p`` and resolve ``name``
@@ -816,11 +828,11 @@ class Sender(Resource):
             for indices in groups:
                 try:
                     self._write_group(planned, indices, handles, deadline)
-                except PeerLostError:
+                except PeerLostError as exc:
                     lost, first_entry = planned[indices[0]][0], planned[indices[0]][1]
                     lost.note_lost()
                     if not self.reconnect:
-                        raise
+                        raise self._explained(exc, lost) from None
                     self._reopen(lost, first_entry.spec.name)
                     for k in indices:
                         _, entry, arr = planned[k]

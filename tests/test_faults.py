@@ -947,6 +947,24 @@ def test_heartbeats_follow_a_receiver_timeout_shorter_than_their_interval(
     assert "no heartbeat" not in caplog.text
 
 
+def test_an_idle_sender_without_heartbeats_is_told_why_it_was_dropped(transport: str) -> None:
+    """``heartbeat=None`` sends none, so a receiver that ends silent sessions drops the sender
+    once it idles that long, as it should; its next write says so and what to do. Before, the
+    error named only what the writer met (a closed connection, a revoked claim)."""
+    with tw.Receiver(heartbeat_timeout=0.5) as rx:
+        rx.register("t", (8,), "float32")
+        with tw.Sender.connect(rx.address, transport=transport, timeout=10, heartbeat=None) as tx:
+            tx.write("t", np.ones(8, np.float32))
+            assert rx.wait("t", timeout=10).tolist() == [1.0] * 8
+            rx.release("t")
+            time.sleep(1.5)  # idle, three of the receiver's timeouts
+            with pytest.raises(tw.PeerLostError, match=r"heartbeat=None.*silent for 0.5 s"):
+                for _ in range(50):  # bounded: the drop reaches the writer within a write or two
+                    tx.write("t", np.ones(8, np.float32))
+                    rx.wait("t", timeout=10)
+                    rx.release("t")
+
+
 def test_a_frozen_receiver_does_not_hold_back_the_heartbeats_of_another(
     children: Children, caplog: pytest.LogCaptureFixture
 ) -> None:
