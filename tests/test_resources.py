@@ -548,8 +548,16 @@ def test_register_many_registers_none_when_an_item_is_bad() -> None:
             with pytest.raises(tw.SpecMismatchError, match=why):
                 rx.register_many(items)  # type: ignore[arg-type]
             assert list(rx.specs) == ["old"]
+        # Memory that runs out part way (1 TiB: more than any /dev/shm or RAM here) registers
+        # none either: before, "a" stayed, and the retry was refused "already registered".
+        with pytest.raises(tw.TransportError, match="cannot allocate"):
+            rx.register_many([("a", (2,), "int8"), ("huge", (1 << 40,), "int8")])
+        assert list(rx.specs) == ["old"]
         got = rx.register_many([("a", (2,), "int8"), ("ids", (None,), "int64", 64)])
         assert [s.name for s in got] == ["a", "ids"] and rx.specs["ids"].max_bytes == 64
+        with tw.Sender.connect(rx.address, timeout=10) as tx:  # and they work
+            tx.write("a", np.array([1, 2], np.int8))
+            assert rx.wait("a", timeout=10).tolist() == [1, 2]
 
 
 def test_descriptors_past_1024(transport: str) -> None:

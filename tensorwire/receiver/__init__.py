@@ -242,7 +242,8 @@ class Receiver(Resource):
         or ``(name, shape, dtype, max_bytes)``, all on ``device`` (as for :meth:`register`).
 
         Every item is checked (its spec, a name given twice or registered already) before any
-        is registered: a bad item raises :class:`SpecMismatchError` and registers none."""
+        is registered: a bad item raises :class:`SpecMismatchError` and registers none, as
+        does memory that runs out part way (:class:`TransportError`)."""
         checked = [_spec_of(k, item) for k, item in enumerate(specs)]
         return self._table.register_many(checked, parse_device(device))
 

@@ -271,8 +271,24 @@ class TensorTable:
                     raise SpecMismatchError(f"tensor {spec.name!r} is named twice")
                 seen.add(spec.name)
                 self._check_new(spec.name)
-            for spec in specs:
-                self.register(spec, None, device)
+            host_index, next_offset = self._host_index, self._next_offset
+            added: list[RegisteredTensor] = []
+            try:
+                for spec in specs:
+                    self.register(spec, None, device)
+                    added.append(self.by_name[spec.name])
+            except BaseException:
+                # Memory ran out part way (a full /dev/shm): none of the batch stays, so it may
+                # be retried whole (before, its first items stayed registered, and the retry was
+                # refused "already registered"). Under the lock, no sender has seen them.
+                for tensor in added:
+                    del self.by_name[tensor.spec.name]
+                    del self.by_id[tensor.tensor_id]
+                    self._order.remove(tensor)
+                self._order_version += 1
+                if self._host_index == host_index:  # their bytes are free again
+                    self._next_offset = next_offset
+                raise
         return specs
 
     def register_parts(
