@@ -255,6 +255,26 @@ def test_produce_in_place_with_buffer(transport: str) -> None:
                 rx.wait("c", timeout=0.1)  # the aborted message was never completed
 
 
+def test_a_receiver_closed_while_a_buffer_block_is_open_ends_the_block_lost(
+    transport: str,
+) -> None:
+    """The block's message cannot be delivered: its end raises PeerLostError on every
+    transport. Before, over ``shm`` the block ended as if it had been, its message completed in
+    the closed receiver's memory."""
+    rx = tw.Receiver()
+    rx.register("a", (1024,), "float32")
+    try:
+        with tw.Sender.connect(rx.address, transport=transport, timeout=5) as tx:
+            with pytest.raises(tw.PeerLostError), tx.buffer("a") as out:
+                out[:] = 1.0
+                rx.close()
+                out[:] = 2.0
+            with pytest.raises(tw.PeerLostError):
+                tx.write("a", np.ones(1024, np.float32))
+    finally:
+        rx.close()
+
+
 def test_a_buffer_kept_past_its_block_is_read_only(transport: str) -> None:
     """Over shm the block's array is the receiver's slot: a write through a reference kept past
     the block changed the message the receiver then read (by hand: [9, 9, 9, 9] for a message

@@ -420,6 +420,14 @@ class ShmWriter(TensorWriter):
         )
 
     def commit(self, shape: tuple[int, ...]) -> None:
+        try:
+            # A buffer() block may last long: a receiver that closed or died meanwhile would
+            # get a message nobody reads, and the block would end as if it were delivered (it
+            # did, where the networked transports raise PeerLostError as they send).
+            self._channel.check_peer()
+        except PeerLostError:
+            self.abort()
+            raise
         nbytes = int(np.prod(shape)) * self.spec.dtype.itemsize
         device = self._device
         if device is not None:
