@@ -10,6 +10,7 @@ import math
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -569,21 +570,27 @@ def test_a_polling_first_write_makes_its_claim(transport: str) -> None:
     with tw.Receiver(ring=2) as rx:
         rx.register("a", (4,), "float32")
         with tw.Sender.connect(rx.address, transport=transport, timeout=10) as tx:
-            for k in range(2):
-                tx.write("a", np.full(4, k, np.float32), timeout=0)
-            with pytest.raises(tw.WireTimeoutError, match="no free slot"):
-                tx.write("a", np.full(4, 2, np.float32), timeout=0)
-            assert rx.wait("a", timeout=10).tolist() == [0.0] * 4
-            rx.release("a")
-            for _ in range(1000):  # bounded: the release's credit reaches the sender at once
-                try:
-                    tx.write("a", np.full(4, 2, np.float32), timeout=0)
-                    break
-                except tw.WireTimeoutError:
-                    time.sleep(0.01)
-            for k in (1, 2):
-                assert rx.wait("a", timeout=10).tolist() == [float(k)] * 4
-                rx.release("a")
+            _poll_through_a_ring_of_two(rx, lambda x: tx.write("a", x, timeout=0))
+
+
+def _poll_through_a_ring_of_two(rx: tw.Receiver, write: Any) -> None:
+    """Fill tensor ``a``'s two slots with polling writes, be refused a third, and write it
+    once the consumer releases one."""
+    for k in range(2):
+        write(np.full(4, k, np.float32))
+    with pytest.raises(tw.WireTimeoutError, match="no free slot"):
+        write(np.full(4, 2, np.float32))
+    assert rx.wait("a", timeout=10).tolist() == [0.0] * 4
+    rx.release("a")
+    for _ in range(1000):  # bounded: the release's credit reaches the sender at once
+        try:
+            write(np.full(4, 2, np.float32))
+            break
+        except tw.WireTimeoutError:
+            time.sleep(0.01)
+    for k in (1, 2):
+        assert rx.wait("a", timeout=10).tolist() == [float(k)] * 4
+        rx.release("a")
 
 
 def test_a_sender_whose_timeout_is_0_connects_claims_and_polls(transport: str) -> None:
@@ -596,21 +603,7 @@ def test_a_sender_whose_timeout_is_0_connects_claims_and_polls(transport: str) -
         rx.register("a", (4,), "float32")
         with tw.Sender.connect(rx.address, transport=transport, timeout=0) as tx:
             tx.ping()
-            for k in range(2):
-                tx.write("a", np.full(4, k, np.float32))
-            with pytest.raises(tw.WireTimeoutError, match="no free slot"):
-                tx.write("a", np.full(4, 2, np.float32))
-            assert rx.wait("a", timeout=10).tolist() == [0.0] * 4
-            rx.release("a")
-            for _ in range(1000):  # bounded: the release's credit reaches the sender at once
-                try:
-                    tx.write("a", np.full(4, 2, np.float32))
-                    break
-                except tw.WireTimeoutError:
-                    time.sleep(0.01)
-            for k in (1, 2):
-                assert rx.wait("a", timeout=10).tolist() == [float(k)] * 4
-                rx.release("a")
+            _poll_through_a_ring_of_two(rx, lambda x: tx.write("a", x))
 
 
 def test_an_infinite_timeout_waits_as_none_does(transport: str) -> None:
