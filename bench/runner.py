@@ -50,6 +50,7 @@ from tensorwire.endpoint import (
     is_loopback_host,
     local_address_towards,
     reached_over_ipv6,
+    split_endpoint,
     tcp_endpoint,
 )
 
@@ -107,6 +108,25 @@ class BenchError(tw.TensorWireError):
     """The benchmark peer refused or failed a command."""
 
 
+#: How long the first command waits for the peer: a `bench serve` answers at once.
+HELLO_TIMEOUT = 10.0
+
+
+def _check_reachable(connect: str) -> None:
+    """A BenchError at once where nothing accepts connections at ``connect``: ZeroMQ would
+    retry for ever, and the hello waited its whole timeout (before: 120 s, without a word)."""
+    split = split_endpoint(connect)
+    if split is None:
+        raise BenchError(f"--connect must look like tcp://HOST:PORT, got {connect!r}")
+    try:
+        socket.create_connection(split, timeout=HELLO_TIMEOUT).close()
+    except OSError as exc:
+        raise BenchError(
+            f"nothing accepts connections at {connect} ({exc.strerror or exc}): start "
+            "`tensorwire bench serve --bind tcp://HOST:PORT` on the peer first"
+        ) from None
+
+
 class Runner:
     def __init__(
         self,
@@ -149,8 +169,17 @@ class Runner:
         self._copy_threads = copy_threads
         self._secret = secret
         self._nonce, self._counter = b"", 0  # the server's, from our hello; our commands since
+        self._greeted = False  # the peer answered our hello: it is owed a goodbye
         try:
-            hello = self.call("hello")
+            _check_reachable(connect)
+            self._send("hello")
+            hello = self._reply(
+                HELLO_TIMEOUT,
+                f"{connect} accepted a connection but did not answer the benchmark's hello "
+                f"within {HELLO_TIMEOUT:g} s: is it a `tensorwire bench serve` (not another "
+                "daemon's port), and does it run?",
+            )
+            self._greeted = True
             self.remote_machine = hello["machine"]
             nonce = hello.get("nonce") or b""
             if nonce and secret is None:
@@ -265,10 +294,11 @@ class Runner:
         else:
             self._req.send(body)
 
-    def _reply(self) -> dict[str, Any]:
-        if not self._req.poll(int(self.timeout * 1000)):
+    def _reply(self, timeout: float | None = None, silent: str | None = None) -> dict[str, Any]:
+        wait = self.timeout if timeout is None else timeout
+        if not self._req.poll(int(wait * 1000)):
             raise BenchError(
-                f"the benchmark peer at {self.host} did not answer in {self.timeout} s"
+                silent or f"the benchmark peer at {self.host} did not answer in {wait:g} s"
             )
         reply: dict[str, Any] = msgpack.unpackb(self._req.recv())
         if not reply.get("ok"):
@@ -429,8 +459,11 @@ class Runner:
         for tx in self.senders.values():  # before the peer's receiver goes away
             tx.close()
         with contextlib.suppress(Exception):
-            if not self._req.closed:
-                self.call("bye")
+            if self._greeted and not self._req.closed:
+                # bounded: a peer that stopped answering must not hold the exit for the
+                # commands' timeout (a failed set-up waited 120 s here)
+                self._send("bye")
+                self._reply(HELLO_TIMEOUT)
         if self._raw is not None:
             self._raw.close()
         if self._pair is not None:

@@ -915,3 +915,16 @@ def test_a_user_factory_that_fails_is_one_line_saying_where(
     )  # fmt: skip
     assert out.returncode in (1, 2) and "Traceback" not in out.stderr, out.stderr
     assert re.search(says, out.stderr.strip().splitlines()[-1]), out.stderr
+
+
+def test_bench_run_where_nothing_serves_is_one_line_at_once() -> None:
+    """`bench run --connect` to a port where nothing listens: ZeroMQ retried for ever and the
+    hello waited 120 s, then the set-up's goodbye 120 s more, without a word; now one line (the
+    subprocess's 60 s timeout guards the wait)."""
+    out = run(
+        "-m", "tensorwire.bench", "run", "--connect", f"tcp://127.0.0.1:{free_port()}",
+        "--sizes", "4K", "--repeat", "1", "--no-progress",
+        timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert "nothing accepts connections at" in out.stderr.strip().splitlines()[-1], out.stderr
