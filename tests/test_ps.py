@@ -620,7 +620,7 @@ def test_bench_ps_reports_each_transport(tmp_path: Path) -> None:
 
 def test_binding_beyond_loopback_needs_a_secret(tmp_path: Path) -> None:
     for module in ("tensorwire.server.daemon", "tensorwire.client.worker"):
-        out = _cli("-m", module, "--bind", "tcp://0.0.0.0:0", env={"TENSORWIRE_SECRET": ""})
+        out = _cli("-m", module, "--bind", "tcp://0.0.0.0:0", env={"TENSORWIRE_SECRET": None})
         assert out.returncode == 2 and "shared secret is required" in out.stderr
     secret = tmp_path / "secret"
     secret.write_text("s3cret\n")
