@@ -148,7 +148,7 @@ def _ping(argv: list[str]) -> int:
     import socket
 
     from .endpoint import ipv6_hint, split_endpoint
-    from .job.config import positive_seconds
+    from .job.argtypes import positive_seconds  # light: a health check runs every few seconds
 
     parser = argparse.ArgumentParser(
         prog="tensorwire ping",

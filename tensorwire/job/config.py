@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import re
 import sys
@@ -27,6 +26,13 @@ import tensorwire as tw
 from tensorwire import metrics as tw_metrics
 from tensorwire.endpoint import ipv6_hint, is_loopback_host, socket_host, split_endpoint
 from tensorwire.job import files
+
+# the daemons' parsers use these as config.<name>
+from tensorwire.job.argtypes import amount as amount
+from tensorwire.job.argtypes import at_least as at_least
+from tensorwire.job.argtypes import fraction as fraction
+from tensorwire.job.argtypes import positive_seconds as positive_seconds
+from tensorwire.job.argtypes import zero_or_more_seconds as zero_or_more_seconds
 from tensorwire.metrics import Metric, MetricsServer
 
 if sys.version_info >= (3, 11):
@@ -186,57 +192,6 @@ def add_metrics_flags(parser: argparse.ArgumentParser) -> None:
         metavar="HOST",
         help="the interface --metrics-port listens on (default: the host of --bind)",
     )
-
-
-def _number(text: str, what: str, ok: Callable[[float], bool], wanted: str) -> float:
-    """``text`` as a finite number for which ``ok`` holds, else an argparse error saying what
-    was ``wanted`` (NaN compares false with every bound, so a check of the bound alone passed
-    it, and an infinite timeout never ends)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
-    if not (math.isfinite(value) and ok(value)):
-        raise argparse.ArgumentTypeError(f"{text!r}: give {wanted}")
-    return value
-
-
-def positive_seconds(text: str) -> float:
-    """An argparse type: a positive number of seconds (a zero or negative interval or timeout
-    would heartbeat without pause, or drop every peer at once)."""
-    return _number(text, "a number of seconds", lambda v: v > 0, "a positive number of seconds")
-
-
-def zero_or_more_seconds(text: str) -> float:
-    """An argparse type: 0 or a positive number of seconds (a pause that may be none)."""
-    return _number(text, "a number of seconds", lambda v: v >= 0, "0 or more seconds")
-
-
-def amount(text: str) -> float:
-    """An argparse type: 0 or a positive number (CPUs or GPUs a process asks for)."""
-    return _number(text, "a number", lambda v: v >= 0, "0 or a positive number")
-
-
-def fraction(text: str) -> float:
-    """An argparse type: a number from 0 to 1 (an accuracy, a share)."""
-    return _number(text, "a number", lambda v: 0 <= v <= 1, "a number from 0 to 1")
-
-
-def at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: a whole number no smaller than ``minimum`` (a count, a step, a size).
-    A negative one would otherwise pass the parser and misbehave later: ``--checkpoint-every
-    -1`` checkpointed every step, ``--batch 0`` divided by zero."""
-
-    def whole(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of at least {minimum}")
-        return value
-
-    return whole
 
 
 def device_form(text: str) -> str:

@@ -1,0 +1,63 @@
+"""The argparse types of the daemons' and CLIs' numbers: seconds, amounts, fractions, counts.
+
+Each refuses what would pass a bare ``float``/``int`` and misbehave later (NaN, infinity, a
+negative count), with a one-line usage error. A module of its own, light to import, so that
+``tensorwire ping`` (a health check run every few seconds) need not load the daemons' config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+
+
+def _number(text: str, what: str, ok: Callable[[float], bool], wanted: str) -> float:
+    """``text`` as a finite number for which ``ok`` holds, else an argparse error saying what
+    was ``wanted`` (NaN compares false with every bound, so a check of the bound alone passed
+    it, and an infinite timeout never ends)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+    if not (math.isfinite(value) and ok(value)):
+        raise argparse.ArgumentTypeError(f"{text!r}: give {wanted}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type: a positive number of seconds (a zero or negative interval or timeout
+    would heartbeat without pause, or drop every peer at once)."""
+    return _number(text, "a number of seconds", lambda v: v > 0, "a positive number of seconds")
+
+
+def zero_or_more_seconds(text: str) -> float:
+    """An argparse type: 0 or a positive number of seconds (a pause that may be none)."""
+    return _number(text, "a number of seconds", lambda v: v >= 0, "0 or more seconds")
+
+
+def amount(text: str) -> float:
+    """An argparse type: 0 or a positive number (CPUs or GPUs a process asks for)."""
+    return _number(text, "a number", lambda v: v >= 0, "0 or a positive number")
+
+
+def fraction(text: str) -> float:
+    """An argparse type: a number from 0 to 1 (an accuracy, a share)."""
+    return _number(text, "a number", lambda v: 0 <= v <= 1, "a number from 0 to 1")
+
+
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number no smaller than ``minimum`` (a count, a step, a size).
+    A negative one would otherwise pass the parser and misbehave later: ``--checkpoint-every
+    -1`` checkpointed every step, ``--batch 0`` divided by zero."""
+
+    def whole(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of at least {minimum}")
+        return value
+
+    return whole
