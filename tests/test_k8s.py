@@ -8,7 +8,9 @@ import copy
 import json
 import re
 import secrets
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -84,9 +86,19 @@ def test_every_pod_has_the_secret_shared_memory_and_probes_where_it_serves() -> 
             command = container["command"]
             assert command[command.index("--metrics-port") + 1] == "9100"
             if workload == "tensorwire-ps":
-                port = container["readinessProbe"]["tcpSocket"]["port"]
                 named = {p["name"]: p["containerPort"] for p in container["ports"]}
-                assert f"tcp://0.0.0.0:{named[port]}" == command[command.index("--bind") + 1]
+                bind = command[command.index("--bind") + 1]
+                assert (
+                    f"tcp://0.0.0.0:{named[container['livenessProbe']['tcpSocket']['port']]}"
+                    == bind
+                )
+                # ready once the control plane greets as tensorwire's does, at the bound port
+                ping = container["readinessProbe"]["exec"]["command"]
+                assert ping[:2] == ["tensorwire", "ping"]
+                assert ping[-1] == bind.replace("0.0.0.0", "127.0.0.1")
+                assert container["readinessProbe"]["timeoutSeconds"] > float(
+                    ping[ping.index("--timeout") + 1]
+                )
 
 
 def test_the_pods_commands_train_locally(tmp_path: Path) -> None:
@@ -101,7 +113,9 @@ def test_the_pods_commands_train_locally(tmp_path: Path) -> None:
     def local(pod: str, arg: str) -> str:
         def endpoint(m: re.Match[str]) -> str:
             host, port = m.group(1), m.group(2)
-            owner = pod if host == "0.0.0.0" else host.removesuffix(f".{service}")
+            # the pod's own: what it binds, and what its probes reach on its loopback
+            own = host in ("0.0.0.0", "127.0.0.1")
+            owner = pod if own else host.removesuffix(f".{service}")
             return f"tcp://127.0.0.1:{ports.setdefault((owner, port), free_port())}"
 
         return re.sub(r"tcp://([\w.-]+):(\d+)", endpoint, arg).replace("/data", str(tmp_path))
@@ -133,6 +147,15 @@ def test_the_pods_commands_train_locally(tmp_path: Path) -> None:
             if workload != "tensorwire-ps":
                 cmd += ["--metrics", str(tmp_path / f"{pod}.json")]
             procs.start(cmd, log=pod, env=env_of(container, index))
+            if "exec" in container.get("readinessProbe", {}):
+                probe = container["readinessProbe"]["exec"]["command"]
+                probe = [str(BIN / probe[0])] + [local(pod, a) for a in probe[1:]]
+                for _ in range(120):  # bounded: the server binds within a second or two
+                    ready = subprocess.run(probe, capture_output=True, text=True, timeout=30)
+                    if ready.returncode == 0:
+                        break
+                    time.sleep(0.25)
+                assert ready.returncode == 0, ready.stderr
         codes = dict(zip(names, procs.wait(180), strict=True))
     finally:
         procs.kill()
