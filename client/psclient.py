@@ -54,6 +54,7 @@ from tensorwire.job.plan import (
     leave_name,
     meta_name,
     parse_grad_name,
+    parse_settings,
     probe_name,
     specs_of,
     status_name,
@@ -428,9 +429,12 @@ class PSClient:
         self._connect(max(deadline - time.monotonic(), 1.0))
 
     def _join(self, timeout: float) -> None:
-        """Tell every server where we receive and what our parameters are."""
+        """Tell every server where we receive and what our parameters are, once every one
+        of them is known to serve this job (its size, the settings they share): a join a later
+        check refused would leave a server waiting for a worker that is gone."""
         message = np.frombuffer(encode_join(self._me, self._specs), np.uint8)
         deadline = time.monotonic() + timeout
+        first: tuple[str, dict[str, str]] | None = None  # a server's settings, to compare
         for addr in self.servers:
             self._await_tensor(
                 addr,
@@ -438,7 +442,16 @@ class PSClient:
                 deadline,
                 f"server {addr} has no slot for rank {self.rank}: it expects fewer workers",
             )
-            job = self.tx.tensors(peer=addr).get(JOB_TENSOR)
+            published = self.tx.tensors(peer=addr)
+            settings = next(
+                (got for n in published if (got := parse_settings(n)) is not None), None
+            )
+            if settings is not None:
+                if first is None:
+                    first = (addr, settings)
+                else:
+                    _check_same_settings(first, (addr, settings))
+            job = published.get(JOB_TENSOR)
             if self._workers is not None and job is not None:
                 size = job.static_shape[0]
                 if size != self._workers:
@@ -448,6 +461,7 @@ class PSClient:
                         "the data is cut by it, so give every worker and server the same "
                         "--workers"
                     )
+        for addr in self.servers:
             self._write_in_tries(addr, join_name(self.rank), message, deadline, "our join")
 
     def _write_in_tries(
@@ -1063,3 +1077,20 @@ class PSClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _check_same_settings(
+    one: tuple[str, dict[str, str]], other: tuple[str, dict[str, str]]
+) -> None:
+    """PSClientError naming each setting two servers of the job disagree on."""
+    (a, mine), (b, theirs) = one, other
+    differ = [k for k in sorted({*mine, *theirs}) if mine.get(k) != theirs.get(k)]
+    if differ:
+        said = "; ".join(
+            f"--{k} {mine.get(k, '?')} on {a}, {theirs.get(k, '?')} on {b}" for k in differ
+        )
+        raise PSClientError(
+            f"the job's servers were started with different settings ({said}): restart them "
+            "with the same flags (each would end the job at its own step, or train its shard "
+            "otherwise)"
+        )

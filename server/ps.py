@@ -52,6 +52,7 @@ from tensorwire.job.plan import (
     meta_name,
     plan,
     probe_name,
+    settings_name,
     specs_digest,
     status_name,
 )
@@ -367,6 +368,7 @@ class ParameterServer:
         )
         try:
             self.rx.register(JOB_TENSOR, (cfg.workers,), "uint8", ring=1)
+            self.rx.register(settings_name(self._shared_settings()), (0,), "uint8", ring=1)
             for w in range(cfg.workers):
                 self.rx.register(join_name(w), (None,), "uint8", max_bytes=JOIN_MAX_BYTES)
                 self.rx.register(leave_name(w), (1,), "int64", ring=2)
@@ -477,6 +479,22 @@ class ParameterServer:
     def lr(self) -> float:
         """--lr, or the optimizer's own default when it was left out (optim.DEFAULT_LR)."""
         return optim.default_lr(self.cfg.optimizer) if self.cfg.lr is None else self.cfg.lr
+
+    def _shared_settings(self) -> dict[str, object]:
+        """What every server of the job must agree on, as the workers compare it (plan's
+        SETTINGS_PREFIX): when the job ends, and how each shard trains."""
+        cfg = self.cfg
+        return {
+            "shards": cfg.shards,
+            "steps": cfg.steps,
+            "sync": cfg.sync,
+            "staleness": cfg.staleness if cfg.sync == "ssp" else "-",
+            "async-lr": cfg.async_lr if cfg.sync != "bsp" else "-",
+            "optimizer": cfg.optimizer,
+            "lr": f"{self.lr:g}",
+            "momentum": f"{cfg.momentum:g}" if cfg.optimizer == "momentum" else "-",
+            "weight-decay": f"{cfg.weight_decay:g}",
+        }
 
     @property
     def _join_connect_timeout(self) -> float:

@@ -61,6 +61,7 @@ def __getattr__(name: str) -> Any:
 def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY})
 
+
 # The library logs under "tensorwire"; what is shown, and where, is the application's choice.
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 

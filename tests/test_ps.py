@@ -1508,6 +1508,32 @@ def test_a_worker_started_for_another_job_size_is_refused_when_it_joins() -> Non
     assert "started for 3 (--workers)" in last
 
 
+def test_servers_of_one_job_started_with_different_settings_are_refused_by_the_worker() -> None:
+    """Two shards, one started with another --steps and --lr: before, the job ran, each shard
+    trained at its own rate, and the one that finished first stopped the workers while the
+    other waited for them. Now the worker names what differs, before it joins either."""
+    with (
+        _one_server("--shard", "0", "--shards", "2", "--steps", "50") as (first, _),
+        _one_server("--shard", "1", "--shards", "2", "--steps", "80", "--lr", "0.05") as (
+            second,
+            _,
+        ),
+    ):
+        out = subprocess.run(
+            worker_command([first, second], "--no-progress", rank=0, workers=1),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert "the job's servers were started with different settings" in last, last
+    assert f"--lr 0.1 on {first}, 0.05 on {second}" in last, last
+    assert f"--steps 50 on {first}, 80 on {second}" in last, last
+    assert "--sync" not in last and "--optimizer" not in last  # what they share is not named
+
+
 def test_rank_0_must_bring_the_initial_parameters() -> None:
     from tensorwire.client.psclient import PSClient, PSClientError
 

@@ -202,6 +202,27 @@ def probe_name(rank: int) -> str:
 JOB_TENSOR = "job"
 
 
+#: The prefix of a tensor no one writes (shape ``(0,)``: no memory), whose name carries the
+#: settings every server of a job must share, ``key=value`` pairs after it (:func:`settings_name`).
+#: A worker compares its servers' before it joins: servers started with another ``--steps``
+#: ended the job at different steps (the first to finish stopped the workers, the other waited
+#: for them), and another ``--lr`` or ``--optimizer`` trained each shard otherwise, silently.
+SETTINGS_PREFIX = "job/settings/"
+
+
+def settings_name(settings: dict[str, object]) -> str:
+    """The settings tensor's name for ``settings`` (their values without ``,`` or ``=``)."""
+    return SETTINGS_PREFIX + ",".join(f"{k}={v}" for k, v in settings.items())
+
+
+def parse_settings(name: str) -> dict[str, str] | None:
+    """The settings a name made by :func:`settings_name` carries; None for any other name."""
+    if not name.startswith(SETTINGS_PREFIX):
+        return None
+    pairs = (item.partition("=") for item in name[len(SETTINGS_PREFIX) :].split(","))
+    return {key: value for key, _, value in pairs if key}
+
+
 #: The kinds of tensor a worker writes to a server, each named ``kind/<rank>[/...]`` by the
 #: functions above (a server tells whose a message is from its name's first part).
 WORKER_KINDS = frozenset(
