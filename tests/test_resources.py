@@ -3,8 +3,10 @@ receiver sleeps, and every object cleans up after itself."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -426,12 +428,22 @@ def test_a_forked_child_cannot_use_its_parents_sender_or_receiver(transport: str
     timeout."""
     if transport == "nixl" and not rdma.available():
         pytest.skip("NIXL is not installed here")
-    run = subprocess.run(
+    # A session of its own, killed whole at the end: a forked child that hangs (as one did
+    # before the fix, spinning in UCX) must not outlive the test.
+    proc = subprocess.Popen(
         [sys.executable, "-c", _FORKED_USE, transport],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=120,
+        start_new_session=True,
     )
+    try:
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    run = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     assert run.returncode == 0, run.stderr
     own = ["own-refused", "True"] if transport == "nixl" else ["own-wrote"]
     after = [] if transport == "nixl" else ["b", "5.0"]
