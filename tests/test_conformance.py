@@ -367,6 +367,7 @@ def test_bad_static_write_refused_and_buffer_untouched(
             assert np.array_equal(rx.wait("w", timeout=5), good + 1)
 
 
+@pytest.mark.filterwarnings("ignore:the matrix subclass:PendingDeprecationWarning")
 def test_numpy_subclasses_land_as_their_plain_arrays(transport: str, tmp_path: Path) -> None:
     """A ``np.matrix`` stays two-dimensional when flattened, which the tcp writer read as a
     one-row payload (before: an IndexError, then the receiver cut the connection for a header
