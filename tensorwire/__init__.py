@@ -36,8 +36,8 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 #: The endpoints and what they take, imported on first use (PEP 562): numpy, pyzmq and the
-#: transports cost about 0.4 s to import, which a command that needs none of them (``tensorwire
-#: ping``, a health check run every few seconds; ``--help``) paid on every start.
+#: transports took about a quarter of a second to import, which a command that needs none of
+#: them (``tensorwire ping``, a health check run every few seconds) paid on every start.
 _LAZY = {
     "NixlOptions": ".rdma",
     "ReceivedArray": ".received",
