@@ -93,6 +93,10 @@ def reap_stale_segments() -> list[str]:
     return reaped
 
 
+#: The largest region: file sizes and mapping lengths are signed 64-bit numbers.
+MAX_REGION_BYTES = (1 << 63) - 1
+
+
 class Region:
     """One mapped slab of registered memory.
 
@@ -128,6 +132,13 @@ class Region:
         process can reach, which is all the network transports need, backed by huge pages
         where the kernel allows (:func:`_private_mapping`).
         """
+        if size > MAX_REGION_BYTES:
+            # what a file or a mapping can be: beyond it the allocation raised a bare
+            # OverflowError ("Python int too large to convert to C long")
+            raise TransportError(
+                f"cannot allocate a {size}-byte region: no file or mapping can be larger than "
+                f"{MAX_REGION_BYTES} bytes (is a tensor's shape or max_bytes what was meant?)"
+            )
         if not shared or not shm_available():
             return cls(None, size, _private_mapping(size), owner=True)
         name, path, new_path, fd = _new_locked_segment()

@@ -479,6 +479,11 @@ def test_bad_constructor_arguments() -> None:
             rx.register("t", (4,), "float32", ring=1.5)
         with pytest.raises(tw.SpecMismatchError, match=r"positive integer, got 2\.5"):
             rx.register("d", (None,), "float32", max_bytes=2.5)
+        # more than any file or mapping can be: the library's error (before: OverflowError,
+        # "Python int too large to convert to C long")
+        for too_big in ({"shape": (None,), "max_bytes": 2**70}, {"shape": (2**63,)}):
+            with pytest.raises(tw.TransportError, match="no file or mapping can be larger"):
+                rx.register("t", too_big["shape"], "float32", max_bytes=too_big.get("max_bytes"))
         # nothing was half registered: the names are free
         assert rx.register("t", (4,), "float32", ring=2).shape == (4,)
         assert rx.register("d", (None,), "float32", max_bytes=64).max_bytes == 64
