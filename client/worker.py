@@ -232,6 +232,8 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:
         parser.error("argument --servers: names no parameter server")
     for server in servers:  # refused now, as --bind is, not at its first connect
         config.check_endpoint(parser, "--servers", server, to_bind=False)
+    if args.advertise is not None:
+        config.check_host(parser, "--advertise", args.advertise)
     try:  # one connection would serve two shards, and the job's plan would not fit
         check_distinct("the list", servers)
     except ValueError as exc:

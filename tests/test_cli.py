@@ -276,6 +276,9 @@ def test_bench_serve_takes_commands_only_with_the_secret(tmp_path: Path) -> None
         ["-m", "tensorwire.server.daemon", "--steps", "-"],
         ["-m", "tensorwire.client.worker", "--bind", "tcp://host-without-port"],
         ["-m", "tensorwire.client.worker", "--transport", "pigeon"],
+        # a URL or a host with a port went into the join, and the server failed later
+        ["-m", "tensorwire.client.worker", "--advertise", "tcp://10.0.0.5:5800"],
+        ["-m", "tensorwire.client.worker", "--advertise", "10.0.0.5:5800"],
     ],
 )
 def test_bad_arguments_are_one_clear_line(args: list[str]) -> None:

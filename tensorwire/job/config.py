@@ -10,6 +10,7 @@ flag, and which file or variable it came from; ``--help`` shows each setting's v
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import logging
 import os
@@ -265,6 +266,21 @@ def check_endpoint(
         parser.error(
             f"{flag} {endpoint!r} is not an address: use tcp://HOST:PORT{any_port}"
             f"{ipv6_hint(endpoint)}"
+        )
+
+
+def check_host(parser: argparse.ArgumentParser, flag: str, host: str) -> None:
+    """Refuse what is neither an IP address nor a host name (``--advertise``): before, a URL or
+    a host with a port went into the join, and the server failed to reach the worker later."""
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+        return
+    except ValueError:
+        pass
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", host):
+        parser.error(
+            f"{flag} {host!r} is not a host name or address: give the host alone (10.0.0.5, "
+            "worker-0.example), without tcp:// or a port"
         )
 
 
