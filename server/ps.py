@@ -491,9 +491,9 @@ class ParameterServer:
             "staleness": cfg.staleness if cfg.sync == "ssp" else "-",
             "async-lr": cfg.async_lr if cfg.sync != "bsp" else "-",
             "optimizer": cfg.optimizer,
-            "lr": f"{self.lr:g}",
-            "momentum": f"{cfg.momentum:g}" if cfg.optimizer == "momentum" else "-",
-            "weight-decay": f"{cfg.weight_decay:g}",
+            "lr": repr(self.lr),  # exact: 1e-3 and 0.001 agree, 0.0012345 and 0.00123451 not
+            "momentum": repr(cfg.momentum) if cfg.optimizer == "momentum" else "-",
+            "weight-decay": repr(cfg.weight_decay),
         }
 
     @property
