@@ -1489,21 +1489,27 @@ def test_a_custom_loop_is_told_its_mistakes_at_once_and_trains_on() -> None:
         assert ps.wait(30) == 0
 
 
+def _refused_worker(servers: list[str], workers: int) -> str:
+    """Run worker 0 of ``workers`` against ``servers``, which must refuse it with exit 1 and
+    one line: that line."""
+    out = subprocess.run(
+        worker_command(servers, "--no-progress", rank=0, workers=workers),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    return out.stderr.strip().splitlines()[-1]
+
+
 def test_a_worker_started_for_another_job_size_is_refused_when_it_joins() -> None:
     """A server of a job of 2 workers, a worker started with --workers 3: it would cut the
     data set in three and train on a third of it as one half of the job (its shard
     overlapping another's, some rows in none), and before, it did, silently. Now it exits 1
     as it joins, naming both sizes."""
     with _one_server("--workers", "2") as (address, _):
-        out = subprocess.run(
-            worker_command([address], "--no-progress", rank=0, workers=3),
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
-    last = out.stderr.strip().splitlines()[-1]
+        last = _refused_worker([address], workers=3)
     assert f"parameter server {address} serves a job of 2 workers" in last, last
     assert "started for 3 (--workers)" in last
 
@@ -1519,15 +1525,7 @@ def test_servers_of_one_job_started_with_different_settings_are_refused_by_the_w
             _,
         ),
     ):
-        out = subprocess.run(
-            worker_command([first, second], "--no-progress", rank=0, workers=1),
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
-    last = out.stderr.strip().splitlines()[-1]
+        last = _refused_worker([first, second], workers=1)
     assert "the job's servers were started with different settings" in last, last
     assert f"--lr 0.1 on {first}, 0.05 on {second}" in last, last
     assert f"--steps 50 on {first}, 80 on {second}" in last, last
