@@ -52,6 +52,7 @@ from tensorwire.endpoint import (
     reached_over_ipv6,
     split_endpoint,
     tcp_endpoint,
+    zeromq_greeting_problem,
 )
 
 from .common import (
@@ -113,18 +114,18 @@ HELLO_TIMEOUT = 10.0
 
 
 def _check_reachable(connect: str) -> None:
-    """A BenchError at once where nothing accepts connections at ``connect``: ZeroMQ would
-    retry for ever, and the hello waited its whole timeout (before: 120 s, without a word)."""
+    """A BenchError at once where nothing at ``connect`` greets as ZeroMQ does (nothing
+    listens, or another service): ZeroMQ would retry for ever, and the hello waited its whole
+    timeout (before: 120 s, without a word)."""
     split = split_endpoint(connect)
     if split is None:
         raise BenchError(f"--connect must look like tcp://HOST:PORT, got {connect!r}")
-    try:
-        socket.create_connection(split, timeout=HELLO_TIMEOUT).close()
-    except OSError as exc:
+    problem = zeromq_greeting_problem(split, HELLO_TIMEOUT)
+    if problem is not None:
         raise BenchError(
-            f"nothing accepts connections at {connect} ({exc.strerror or exc}): start "
-            "`tensorwire bench serve --bind tcp://HOST:PORT` on the peer first"
-        ) from None
+            f"no benchmark peer at {connect}: {problem}; start `tensorwire bench serve --bind "
+            "tcp://HOST:PORT` on the peer first"
+        )
 
 
 class Runner:

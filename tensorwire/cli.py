@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 from . import __version__
 
@@ -140,14 +139,8 @@ def _keys(argv: list[str]) -> int:
     return 0
 
 
-#: The length of ZMTP's signature, the first bytes a ZeroMQ peer sends (RFC 23/ZMTP)
-ZMTP_SIGNATURE_BYTES = 10
-
-
 def _ping(argv: list[str]) -> int:
-    import socket
-
-    from .endpoint import ipv6_hint, split_endpoint
+    from .endpoint import ipv6_hint, split_endpoint, zeromq_greeting_problem
     from .job.argtypes import positive_seconds  # light: a health check runs every few seconds
 
     parser = argparse.ArgumentParser(
@@ -167,36 +160,9 @@ def _ping(argv: list[str]) -> int:
             f"endpoint must look like tcp://HOST:PORT, got {args.endpoint!r}"
             f"{ipv6_hint(args.endpoint)}"
         )
-    deadline = time.monotonic() + args.timeout
-    try:
-        with socket.create_connection(split, timeout=args.timeout) as conn:
-            greeting = b""
-            # ZMTP's signature: 0xFF, eight bytes, 0x7F, sent by the daemon's I/O thread as it
-            # accepts (libzmq sends it before the peer says anything). The kernel accepts for
-            # a stopped process too: only the greeting says the daemon runs.
-            while len(greeting) < ZMTP_SIGNATURE_BYTES:
-                conn.settimeout(max(deadline - time.monotonic(), 0.001))
-                chunk = conn.recv(ZMTP_SIGNATURE_BYTES - len(greeting))
-                if not chunk:
-                    break
-                greeting += chunk
-    except TimeoutError:
-        print(
-            f"tensorwire ping: {args.endpoint}: accepted the connection but sent no greeting "
-            f"within {args.timeout:g} s: is the daemon stopped (frozen), or is this port "
-            "another service's?",
-            file=sys.stderr,
-        )
-        return 1
-    except OSError as exc:
-        print(f"tensorwire ping: {args.endpoint}: {exc.strerror or exc}", file=sys.stderr)
-        return 1
-    if len(greeting) < ZMTP_SIGNATURE_BYTES or greeting[0] != 0xFF or greeting[-1] != 0x7F:
-        print(
-            f"tensorwire ping: {args.endpoint}: the service there is not a tensorwire daemon "
-            f"(it answered {greeting[:16]!r}, not ZeroMQ's greeting)",
-            file=sys.stderr,
-        )
+    problem = zeromq_greeting_problem(split, args.timeout)
+    if problem is not None:
+        print(f"tensorwire ping: {args.endpoint}: {problem}", file=sys.stderr)
         return 1
     return 0
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import time
 from urllib.parse import urlsplit
 
 from .errors import TensorWireError
@@ -157,3 +158,39 @@ def local_address_towards(host: str) -> str:
 def tcp_endpoint(host: str, port: int) -> str:
     """``tcp://HOST:PORT``, an IPv6 host in brackets."""
     return f"tcp://{host_port(host, port)}"
+
+
+#: The length of ZMTP's signature, the first bytes a ZeroMQ peer sends (RFC 23/ZMTP)
+ZMTP_SIGNATURE_BYTES = 10
+
+
+def zeromq_greeting_problem(host_port: tuple[str, int], timeout: float) -> str | None:
+    """None if something at ``host_port`` accepts a connection and greets it as a ZeroMQ socket
+    does (a tensorwire daemon's control plane, a `bench serve`) within ``timeout`` seconds;
+    else what went wrong, in words. The kernel accepts for a stopped process too: only the
+    greeting says the process runs."""
+    deadline = time.monotonic() + timeout
+    greeting = b""
+    try:
+        with socket.create_connection(host_port, timeout=timeout) as conn:
+            # ZMTP's signature: 0xFF, eight bytes, 0x7F, sent by the peer's I/O thread as it
+            # accepts (libzmq sends it before the other end says anything)
+            while len(greeting) < ZMTP_SIGNATURE_BYTES:
+                conn.settimeout(max(deadline - time.monotonic(), 0.001))
+                chunk = conn.recv(ZMTP_SIGNATURE_BYTES - len(greeting))
+                if not chunk:
+                    break
+                greeting += chunk
+    except TimeoutError:
+        return (
+            f"accepted the connection but sent no greeting within {timeout:g} s: is the process "
+            "stopped (frozen), or is this port another service's?"
+        )
+    except OSError as exc:
+        return str(exc.strerror or exc)
+    if len(greeting) < ZMTP_SIGNATURE_BYTES or greeting[0] != 0xFF or greeting[-1] != 0x7F:
+        return (
+            f"the service there is not a tensorwire one (it answered {greeting[:16]!r}, not "
+            "ZeroMQ's greeting)"
+        )
+    return None
