@@ -1055,6 +1055,8 @@ class PSClient:
         stops each at the end of its own step, and one may be a step behind the others."""
         if self.rx is None or not self.chunks:
             return  # never joined
+        if self.tx.closed:
+            return  # a forked child's copy: the sender, and the goodbye, are its parent's
         for s, addr in enumerate(self.servers):
             if s in self._told_stop or addr not in self.tx.peers:
                 continue

@@ -1503,6 +1503,45 @@ def _refused_worker(servers: list[str], workers: int) -> str:
     return out.stderr.strip().splitlines()[-1]
 
 
+_PSCLIENT_FORKS = """
+import os, sys, numpy as np, tensorwire as tw
+from tensorwire.client.psclient import PSClient
+with PSClient([sys.argv[1]], 0, {"w": (2, 3)}, init={"w": np.zeros((2, 3))},
+              connect_timeout=30, timeout=30) as c:
+    assert c.wait_params(timeout=30) == 0
+    pid = os.fork()
+    if pid == 0:  # leaves the block: its close() must not tell the server the worker left
+        try:
+            c.close()
+            print("child-closed-quietly", flush=True)
+        except Exception as exc:
+            print("child-raised", type(exc).__name__, flush=True)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    for _ in range(2):
+        c.push({"w": np.ones((2, 3), np.float32)}, loss=1.0)
+        c.wait_params(timeout=30)
+    print("parent-trained", round(float(c.params["w"][0, 0]), 4), flush=True)
+"""
+
+
+def test_a_forked_child_closing_its_parents_psclient_leaves_the_job_alone() -> None:
+    """Before, the child's close() raised ClosedError from its parent's sender; had it not, it
+    would have told the server that worker 0 left. The parent trains on."""
+    with _one_server("--steps", "2") as (address, ps):
+        out = subprocess.run(
+            [sys.executable, "-c", _PSCLIENT_FORKS, address],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            start_new_session=True,
+        )
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == ["child-closed-quietly", "parent-trained", "-0.2"], out.stdout
+        assert ps.wait(30) == 0
+
+
 def test_a_worker_started_for_another_job_size_is_refused_when_it_joins() -> None:
     """A server of a job of 2 workers, a worker started with --workers 3: it would cut the
     data set in three and train on a third of it as one half of the job (its shard
