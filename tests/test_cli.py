@@ -932,3 +932,13 @@ def test_bench_run_where_nothing_serves_is_one_line_at_once() -> None:
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
     last = out.stderr.strip().splitlines()[-1]
     assert "no benchmark peer at" in last and "Connection refused" in last, out.stderr
+
+
+def test_the_ping_startup_benchmark_times_pings_against_a_live_receiver(tmp_path: Path) -> None:
+    path = tmp_path / "ping.json"
+    out = run("-m", "tensorwire.bench.startup", "--runs", "2", "--json", str(path))
+    assert out.returncode == 0, out.stderr
+    written = json.loads(path.read_text())
+    assert written["kind"] == "ping-startup" and len(written["rows"]) == 1
+    assert len(written["rows"][0]["seconds"]) == 2 and written["rows"][0]["median"] > 0
+    assert "median" in out.stdout
