@@ -86,7 +86,9 @@ def _our_flags(monkeypatch: pytest.MonkeyPatch) -> set[str]:
         (f"tensorwire.{m}", ["--help"])
         for m in ("bench.metrics_cost", "bench.depths", "bench.polling", "bench.ray_launch")
     ]
-    commands += [(f"tensorwire.bench.{m}", ["--help"]) for m in ("nixl_fence", "registration")]
+    commands += [
+        (f"tensorwire.bench.{m}", ["--help"]) for m in ("nixl_fence", "registration", "startup")
+    ]
     flags: set[str] = set()
     for module, argv in commands:
         main = importlib.import_module(module).main
