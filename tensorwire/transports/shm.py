@@ -188,6 +188,20 @@ class ShmChannel(Channel):
                 self.lost = str(exc)
                 raise
 
+    def check_receiver_runs(self) -> None:
+        """PeerLostError if the receiver closed (its region says so) or its process is gone.
+        Not for this sender's own session ending: a dropped writer's message in flight still
+        completes (the receiver holds a new claim off until it has: docs/design.md, claims)."""
+        if self._bell_words[_STATE_WORD] == REGION_CLOSED:
+            self.lost = f"receiver at {self.address} closed"
+            raise PeerLostError(self.lost)
+        if self._check_receiver is not None:
+            try:
+                self._check_receiver()
+            except PeerLostError as exc:
+                self.lost = str(exc)
+                raise
+
     def ring_receiver(self) -> None:
         """Ring the receiver's doorbell for the messages published without it (a batch)."""
         if self.bell_owed is not None:
@@ -424,7 +438,7 @@ class ShmWriter(TensorWriter):
             # A buffer() block may last long: a receiver that closed or died meanwhile would
             # get a message nobody reads, and the block would end as if it were delivered (it
             # did, where the networked transports raise PeerLostError as they send).
-            self._channel.check_peer()
+            self._channel.check_receiver_runs()
         except PeerLostError:
             self.abort()
             raise
