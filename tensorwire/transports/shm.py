@@ -174,28 +174,23 @@ class ShmChannel(Channel):
 
     def _check_peer_slowly(self) -> None:
         self.raise_if_lost()
-        if self._bell_words[_STATE_WORD] == REGION_CLOSED:
-            self.lost = f"receiver at {self.address} closed"
-            raise PeerLostError(self.lost)
-        # A receiver that closes says so in its region header (checked above, for free). One that
-        # was killed can only be seen through its pidfd: a syscall, so not on every tiny write.
+        # A receiver that closes says so in its region header (for free). One that was killed
+        # can only be seen through its pidfd: a syscall, so not on every tiny write.
         now = time.monotonic()
-        if now >= self._next_watch and self._check_receiver is not None:
+        watch = now >= self._next_watch
+        if watch:
             self._next_watch = now + WATCH_INTERVAL
-            try:
-                self._check_receiver()
-            except PeerLostError as exc:
-                self.lost = str(exc)
-                raise
+        self.check_receiver_runs(watch_process=watch)
 
-    def check_receiver_runs(self) -> None:
-        """PeerLostError if the receiver closed (its region says so) or its process is gone.
-        Not for this sender's own session ending: a dropped writer's message in flight still
-        completes (the receiver holds a new claim off until it has: docs/design.md, claims)."""
+    def check_receiver_runs(self, watch_process: bool = True) -> None:
+        """PeerLostError if the receiver closed (its region says so) or, with
+        ``watch_process``, its process is gone. Not for this sender's own session ending: a
+        dropped writer's message in flight still completes (the receiver holds a new claim
+        off until it has: docs/design.md, claims)."""
         if self._bell_words[_STATE_WORD] == REGION_CLOSED:
             self.lost = f"receiver at {self.address} closed"
             raise PeerLostError(self.lost)
-        if self._check_receiver is not None:
+        if watch_process and self._check_receiver is not None:
             try:
                 self._check_receiver()
             except PeerLostError as exc:
