@@ -15,10 +15,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import tensorwire as tw
+
 #: The lowest port :func:`free_port` hands out (beneath the kernel's ephemeral range)
 FREE_PORTS_FROM = 10000
 #: free_port's own draw (the random module's is seeded by whoever seeds it: a test, a benchmark)
 _PORT_DRAW = random.Random()
+#: Ports free_port has handed out in this process: a port that is free now is free until its
+#: daemon binds it, so two draws a moment apart (a job's servers, a server's control plane and
+#: its metrics) could otherwise hand out the same one, and the second daemon to bind it fails
+#: (or, where one binds it on every interface, a client reaches the wrong service)
+_HANDED_OUT: set[int] = set()
 
 
 def ephemeral_low() -> int:
@@ -30,31 +37,79 @@ def ephemeral_low() -> int:
         return 32768  # Linux's default
 
 
+#: The variable that confines :func:`free_port` to ``LOW-HIGH`` (inclusive): the ports a firewall
+#: leaves open, or a range of a test worker's own that the daemons it starts inherit
+PORT_RANGE_VARIABLE = "TENSORWIRE_FREE_PORTS"
+
+
+def port_range() -> tuple[int, int, bool]:
+    """The ports :func:`free_port` draws from, ``[low, high)``, and whether an operator chose
+    them (``TENSORWIRE_FREE_PORTS=LOW-HIGH``); by default those beneath the ephemeral range.
+    A value that is no such range raises TensorWireError naming the variable."""
+    value = os.environ.get(PORT_RANGE_VARIABLE, "").strip()
+    if not value:
+        return FREE_PORTS_FROM, ephemeral_low(), False
+    low_text, dash, high_text = value.partition("-")
+    try:
+        low, high = int(low_text), int(high_text)
+    except ValueError:
+        low, high = 0, -1
+    if not dash or not 1 <= low <= high <= 65535:
+        raise tw.TensorWireError(
+            f"{PORT_RANGE_VARIABLE}={value!r} is not a range of ports LOW-HIGH (1-65535)"
+        )
+    return low, high + 1, True
+
+
 def free_port(part: int = 0, parts: int = 1) -> int:
     """A loopback port that nothing listens on now, for a daemon to bind a moment later.
 
     Drawn from beneath the kernel's ephemeral range: a port the kernel hands out (a bind to
     port 0) lies in that range, where any process's outgoing connection may take it before the
     daemon binds it (the test suite met "cannot bind the control plane to ...: Address already
-    in use" so); no connection's own end is given a port below it. Callers that hand out ports
-    side by side (pytest-xdist's workers) each draw from ``part`` of ``parts`` ranges, so that
-    they never hand out the same one."""
-    low = ephemeral_low()
+    in use" so); no connection's own end is given a port below it. ``TENSORWIRE_FREE_PORTS``
+    chooses another range (:func:`port_range`); the processes a caller starts inherit it, so
+    that a job's launcher draws from its caller's range. Callers that hand out ports side by
+    side (pytest-xdist's workers) each draw from ``part`` of ``parts`` ranges, so that they
+    never hand out the same one; nor does one process hand out a port twice, until it has
+    no other left (then it starts afresh). An operator's range with no free port left raises
+    TensorWireError."""
+    low, high, chosen = port_range()
     parts = max(parts, 1)
-    span = (low - FREE_PORTS_FROM) // parts
-    if span >= 100:
-        base = FREE_PORTS_FROM + (part % parts) * span
-        for _ in range(100):  # bounded: a port another process listens on is skipped
-            port = _PORT_DRAW.randrange(base, base + span)
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
+    span = (high - low) // parts
+    if span >= 100 or (chosen and span >= 1):
+        base = low + (part % parts) * span
+        for _ in range(2):  # bounded: once more after forgetting what was handed out
+            port = _draw_free(range(base, base + span), everyone=chosen)
+            if port is not None:
+                _HANDED_OUT.add(port)
                 return port
+            _HANDED_OUT.clear()
+        if chosen:
+            raise tw.TensorWireError(
+                f"no free port left in {PORT_RANGE_VARIABLE} ({low}-{high - 1})"
+            )
     with socket.socket() as s:  # a kernel range reaching that low: the kernel's choice
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _draw_free(ports: range, everyone: bool) -> int | None:
+    """A port of ``ports`` not handed out yet that nothing listens on: a hundred random draws,
+    then (``everyone``) each port in turn; None if none is."""
+    draws = [_PORT_DRAW.randrange(ports.start, ports.stop) for _ in range(100)]
+    if everyone:
+        draws += _PORT_DRAW.sample(ports, len(ports))
+    for port in draws:  # bounded: ports handed out or taken are skipped
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    return None
 
 
 def ps_command(

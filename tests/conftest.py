@@ -300,12 +300,26 @@ def children() -> Iterator[Children]:
         kids.cleanup()
 
 
-def free_port() -> int:
-    """client.launch.free_port (a loopback port beneath the ephemeral range, free now), from a
-    range of this pytest-xdist worker's own, so that the two never hand out the same port."""
+def _confine_free_ports() -> None:
+    """Give this pytest-xdist worker a range of ports of its own (``TENSORWIRE_FREE_PORTS``),
+    which the processes its tests start inherit: a demo or a benchmark launched by one worker
+    then never draws a port that the other worker has just handed out to a daemon of its own
+    (a fresh clone's CI run met a metrics scrape answered by another job's ZeroMQ socket)."""
     workers = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1), 1)
     worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").lstrip("gw") or 0)
-    return launch.free_port(worker, workers)
+    low, high, _ = launch.port_range()
+    span = (high - low) // workers
+    first = low + (worker % workers) * span
+    os.environ[launch.PORT_RANGE_VARIABLE] = f"{first}-{first + span - 1}"
+
+
+_confine_free_ports()
+
+
+def free_port() -> int:
+    """client.launch.free_port (a loopback port beneath the ephemeral range, free now), from
+    this pytest-xdist worker's own range."""
+    return launch.free_port()
 
 
 @pytest.fixture

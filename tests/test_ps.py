@@ -152,6 +152,58 @@ def test_a_free_port_for_a_daemon_lies_beneath_the_ephemeral_range() -> None:
             assert top < bottom, spans
 
 
+def test_a_process_never_hands_out_one_free_port_twice() -> None:
+    """Two ports drawn a moment apart (a job's two servers, a server's control plane and its
+    metrics port) are both free when drawn, and were sometimes the same one: the second daemon
+    then failed to bind it, or bound it beside the first on another interface (a fresh clone's
+    CI run met a metrics scrape answered by the server's ZeroMQ socket). Drawn from a range of
+    a hundred ports, fifty draws are fifty ports."""
+    from tensorwire.client import launch
+
+    low, high, _ = launch.port_range()
+    parts = (high - low) // 100  # a span of 100 ports each
+    ports = [launch.free_port(parts - 1, parts) for _ in range(50)]
+    assert len(set(ports)) == len(ports), sorted(ports)
+
+
+def test_an_operators_port_range_confines_the_daemons_ports(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """TENSORWIRE_FREE_PORTS=LOW-HIGH (the ports a firewall leaves open; each xdist worker's own
+    range, which the demos and benchmarks its tests start inherit): every port drawn lies in
+    it, one held by another socket is skipped, a range with none free is one error naming the
+    variable, and so is a value that is no range."""
+    from tensorwire.client import launch
+
+    _, high, _ = launch.port_range()
+    first = launch.free_port()  # three free ports in a row, found as a daemon's would be
+    for start in range(first, high - 3):
+        with contextlib.ExitStack() as probes:
+            try:
+                for port in range(start, start + 3):
+                    probes.enter_context(socket.socket()).bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        break
+    monkeypatch.setenv(launch.PORT_RANGE_VARIABLE, f"{start}-{start + 2}")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", start + 1))
+        held.listen()
+        drawn = {launch.free_port() for _ in range(4)}
+        assert drawn == {start, start + 2}, drawn
+        with socket.socket() as second, socket.socket() as third:
+            second.bind(("127.0.0.1", start))
+            third.bind(("127.0.0.1", start + 2))
+            with pytest.raises(
+                tw.TensorWireError, match=f"no free port left in {launch.PORT_RANGE_VARIABLE}"
+            ):
+                launch.free_port()
+    for bad in ("abc", "9000", "9000-8000", "0-10", "1-70000"):
+        monkeypatch.setenv(launch.PORT_RANGE_VARIABLE, bad)
+        with pytest.raises(tw.TensorWireError, match="is not a range of ports LOW-HIGH"):
+            launch.free_port()
+
+
 def test_plan_splits_large_tensors_and_balances_bytes() -> None:
     shapes = models.MODELS["large"].shapes()
     chunks = plan(shapes, 2, 1 << 20)
