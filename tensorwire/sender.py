@@ -42,7 +42,7 @@ from .process import ProcessWatch, host_identity
 from .rdma import NixlOptions
 from .received import ReceivedArray
 from .resource import Resource
-from .spec import TensorSpec
+from .spec import TensorSpec, names_listed, shown_name
 from .split_copy import SplitCopier, check_copy_threads
 from .transports import check_name, choose, open_channel
 from .transports.base import Channel, PeerInfo, TensorEntry, TensorWriter
@@ -645,9 +645,10 @@ class Sender(Resource):
                 self._forget_routes()
                 for p in candidates:
                     p.refresh()
-        known = sorted({n for p in candidates for n in p.entries})
+        known = {n for p in candidates for n in p.entries}
         raise UnknownTensorError(
-            f"no receiver publishes tensor {name!r}; published: {', '.join(known) or 'none'}"
+            f"no receiver publishes tensor {shown_name(name)}; published: "
+            f"{names_listed(name, known)}"
         )
 
     def _deadline(self, timeout: float | None) -> float | None:

@@ -8,7 +8,10 @@ with ``None`` in some dimensions is *dynamic*: the free dimensions are chosen pe
 
 from __future__ import annotations
 
+import difflib
 import math
+import reprlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +27,45 @@ from .received import ReceivedArray
 MAX_DYNAMIC_NDIM = 16
 
 Shape = tuple[int | None, ...]
+
+#: Tensor names are at most this many bytes of UTF-8
+MAX_NAME_BYTES = 255
+#: How many names an error lists before it lists only the nearest few
+NAMES_LISTED = 12
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxother = 80
+
+
+def shown_name(name: Any) -> str:
+    """``repr(name)``, shortened: an error names what it was given without echoing 70 KB."""
+    return _SHOWN.repr(name)
+
+
+def name_problem(name: Any) -> str | None:
+    """What is wrong with ``name`` as a tensor name, or None: a non-empty string of at most
+    255 bytes of UTF-8 (a lone surrogate has no UTF-8, and would fail later, on the wire)."""
+    if not isinstance(name, str) or not name:
+        return f"tensor name must be a non-empty string, not {shown_name(name)}"
+    try:
+        size = len(name.encode())
+    except UnicodeEncodeError as exc:
+        return f"tensor name {shown_name(name)} has no UTF-8 form ({exc.reason} at {exc.start})"
+    if size > MAX_NAME_BYTES:
+        return f"tensor name {shown_name(name)} is {size} bytes of UTF-8; at most {MAX_NAME_BYTES}"
+    return None
+
+
+def names_listed(name: Any, known: Iterable[str]) -> str:
+    """The names an unknown-name error offers instead: all of a few, or how many there are
+    and the nearest to ``name`` (a model's hundreds of parameters are not one line)."""
+    names = sorted(known)
+    if len(names) <= NAMES_LISTED:
+        return ", ".join(names) or "none"
+    near = difflib.get_close_matches(name, names, n=3) if isinstance(name, str) else []
+    if near:
+        return f"{len(names)} tensors, the nearest {', '.join(near)}"
+    return f"{len(names)} tensors, among them {', '.join(names[:3])}"
 
 
 def _format(dtype: np.dtype[Any], shape: Shape) -> str:
@@ -48,10 +90,9 @@ class TensorSpec:
     @classmethod
     def create(cls, name: str, shape: Any, dtype: Any, max_bytes: int | None = None) -> TensorSpec:
         """Validate and build a spec; ``max_bytes`` is required when a dimension is ``None``."""
-        if not isinstance(name, str) or not name or len(name.encode()) > 255:
-            raise SpecMismatchError(
-                f"tensor name must be a non-empty string of <= 255 bytes: {name!r}"
-            )
+        problem = name_problem(name)
+        if problem:
+            raise SpecMismatchError(problem)
         dt = canonical_dtype(dtype)
         if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
             shape = (int(shape),)

@@ -95,3 +95,44 @@ def test_a_shape_of_anything_but_whole_numbers_is_refused_not_truncated() -> Non
         TensorSpec.create("c", None, "float32")
     with pytest.raises(tw.SpecMismatchError, match="shape must be a sequence"):
         TensorSpec.create("c", True, "float32")
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("x" * 70000, "is 70000 bytes of UTF-8; at most 255"),
+        ("a\udc80", "has no UTF-8 form"),
+        ("", "must be a non-empty string, not ''"),
+        (None, "must be a non-empty string, not None"),
+        (b"w", "must be a non-empty string, not b'w'"),
+    ],
+)
+def test_a_bad_tensor_name_is_refused_in_one_short_line(name: object, message: str) -> None:
+    """A name that is too long is named in its error shortened (it echoed all 70 KB of it);
+    one with a lone surrogate, which has no UTF-8 for the wire, was a bare UnicodeEncodeError."""
+    with tw.Receiver(bind="tcp://127.0.0.1:0") as rx:
+        with pytest.raises(tw.SpecMismatchError, match=message) as refused:
+            rx.register(name, (4,), "float32")  # type: ignore[arg-type]
+        assert len(str(refused.value)) < 200, refused.value
+        assert rx.specs == {}
+
+
+def test_an_unknown_name_is_answered_with_the_nearest_names_not_all() -> None:
+    """A typo among a model's parameters named every registered tensor in one line (hundreds,
+    for a real model): past a dozen, the error gives their count and the nearest names."""
+    names = [f"layer{i}.weight" for i in range(40)]
+    with tw.Receiver(bind="tcp://127.0.0.1:0") as rx:
+        rx.register_many([(n, (4,), "float32") for n in names])
+        with tw.Sender.connect(rx.address, transport="shm", timeout=10) as tx:
+            for refused in (
+                lambda: tx.write("layer3.weigth", np.zeros(4, np.float32)),
+                lambda: rx.wait("layer3.weigth", timeout=0),
+            ):
+                with pytest.raises(tw.UnknownTensorError) as info:
+                    refused()
+                text = str(info.value)
+                assert "'layer3.weigth'" in text and "40 tensors, the nearest layer3.weight" in text
+                assert "layer17.weight" not in text, text
+            with pytest.raises(tw.UnknownTensorError) as info:
+                rx.wait("y" * 70000, timeout=0)
+            assert len(str(info.value)) < 300, info.value

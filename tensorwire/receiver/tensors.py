@@ -48,7 +48,7 @@ from ..process import ProcessWatch
 from ..received import received
 from ..region import Region
 from ..ring import RingMemory
-from ..spec import TensorSpec
+from ..spec import TensorSpec, names_listed, shown_name
 from .state import ReceiverState
 
 if TYPE_CHECKING:
@@ -348,8 +348,8 @@ class TensorTable:
             return self.by_name[name]
         except KeyError:
             raise UnknownTensorError(
-                f"no tensor {name!r} is registered on {self._state.name}; registered: "
-                f"{', '.join(sorted(self.by_name)) or 'none'}"
+                f"no tensor {shown_name(name)} is registered on {self._state.name}; "
+                f"registered: {names_listed(name, self.by_name)}"
             ) from None
 
     def specs(self) -> dict[str, TensorSpec]:
