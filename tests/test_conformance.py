@@ -470,6 +470,27 @@ def test_grpc_lifts_the_4_mib_message_cap(transport: str) -> None:
         assert np.array_equal(got, src)
 
 
+def test_a_grpc_message_past_protobufs_2_gib_is_refused_before_a_copy_and_the_session_goes_on() -> (
+    None
+):
+    """One protobuf message cannot reach 2 GiB: grpcio raised its own `_InactiveRpcError`
+    ("Exception serializing request!") after copying the whole tensor into bytes, outside the
+    library's errors. Now a write or a buffer() block of such a message is refused by name
+    before a byte is copied, and the next write of the same tensor (smaller: dynamic) lands."""
+    limit = (1 << 31) - 1 - 1024
+    with tw.Receiver(ring=1) as rx:
+        rx.register("t", (None,), "uint8", max_bytes=limit + 1)
+        with tw.Sender.connect(rx.address, transport="grpc", timeout=60) as tx:
+            too_big = np.empty(limit + 1, np.uint8)  # its pages never touched: nothing copied
+            with pytest.raises(tw.TransportError, match="more than one grpc call carries"):
+                tx.write("t", too_big)
+            with pytest.raises(tw.TransportError, match="grpc-stream, tcp or shm"):
+                with tx.buffer("t", shape=(limit + 1,)):
+                    pass
+            tx.write("t", np.arange(5, dtype=np.uint8))
+            np.testing.assert_array_equal(rx.wait("t", timeout=30), np.arange(5))
+
+
 def test_tensor_in_parts_is_one_array_written_by_several_senders(transport: str) -> None:
     """register_parts: each part has its own writer, the whole is one contiguous view."""
     full = np.arange(10 * 6, dtype=np.float32).reshape(10, 6)

@@ -42,6 +42,7 @@ from ..errors import (
     PeerLostError,
     RemoteProtocolError,
     TensorWireError,
+    TransportError,
     WireTimeoutError,
 )
 from ..quietlog import QuietLog
@@ -60,6 +61,10 @@ GRPC_OPTIONS = [
 ]
 STREAM_METHOD = "/tensorwire.RawStream/Write"
 CHUNK = 1 << 20
+#: The most tensor bytes one unary ``Write`` carries: protobuf serialises no message of 2 GiB or
+#: more, and the request's other fields (token, ids, dtype, up to 16 dimensions) take well
+#: under a KiB. grpc-stream has no such limit (its chunks are 1 MiB each).
+PROTO_CONTENT_LIMIT = (1 << 31) - 1 - 1024
 #: A queued write gives up this long before the caller's deadline, so that its answer (no free
 #: slot: WireTimeoutError naming the ring) reaches the caller before gRPC's DEADLINE_EXCEEDED.
 DEADLINE_MARGIN = 0.05
@@ -457,7 +462,10 @@ class GrpcChannel(Channel):
     def call(self, method: Any, request: Any, timeout: float | None) -> Any:
         """Run an RPC, but give up as soon as the heartbeat thread declares the receiver lost
         (a stopped receiver would otherwise hold the call until its deadline)."""
-        future = method.future(request, timeout=timeout)
+        try:
+            future = method.future(request, timeout=timeout)
+        except grpc.RpcError as exc:  # refused before it started (a request it cannot send)
+            raise _rpc_error(exc, self.where, self) from exc
         while True:
             try:
                 return future.result(timeout=LOSS_CHECK)
@@ -541,8 +549,22 @@ class GrpcWriter(TensorWriter):
         """The call's timeout: the write's, and ANSWER_GRACE for the receiver's answer."""
         return None if deadline is None else max(deadline - time.monotonic(), 0.001) + ANSWER_GRACE
 
+    #: the most bytes one message may carry (None: no limit of the transport's own)
+    content_limit: int | None = PROTO_CONTENT_LIMIT
+
+    def _check_fits(self, nbytes: int) -> None:
+        """Refuse, before a byte is copied, a message larger than one protobuf can be (grpcio
+        said only "Exception serializing request!", after copying it all): the session goes on."""
+        if self.content_limit is not None and nbytes > self.content_limit:
+            raise TransportError(
+                f"tensor {self.spec.name!r}: a message of {nbytes} bytes is more than one grpc "
+                f"call carries ({self.content_limit} bytes: protobuf's 2 GiB limit); it was not "
+                "sent. Write it over grpc-stream, tcp or shm, or in parts (register_parts)"
+            )
+
     def _send(self, array: np.ndarray[Any, Any], deadline: float | None) -> None:
         self._channel.check_peer()
+        self._check_fits(array.nbytes)
         seq = self.next_seq
         msg = pb.TensorProto(
             token=self._channel.token,
@@ -562,9 +584,10 @@ class GrpcWriter(TensorWriter):
 
     def acquire(self, shape: tuple[int, ...], deadline: float | None) -> np.ndarray[Any, Any]:
         self._deadline = deadline
+        nbytes = int(np.prod(shape)) * self.spec.dtype.itemsize
+        self._check_fits(nbytes)
         if self._staging is None:
             self._staging = np.empty(self.spec.max_bytes, dtype=np.uint8)
-        nbytes = int(np.prod(shape)) * self.spec.dtype.itemsize
         return self._staging[:nbytes].view(self.spec.dtype).reshape(shape)
 
     def commit(self, shape: tuple[int, ...]) -> None:
@@ -574,6 +597,8 @@ class GrpcWriter(TensorWriter):
 
 
 class GrpcStreamWriter(GrpcWriter):
+    content_limit = None  # 1 MiB chunks
+
     def _send(self, array: np.ndarray[Any, Any], deadline: float | None) -> None:
         self._channel.check_peer()
         seq = self.next_seq
