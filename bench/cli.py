@@ -37,6 +37,7 @@ from . import chaos, report, soak
 from . import ps as ps_bench
 from .common import (
     BATCH_MAX_BYTES,
+    available_memory,
     human,
     machine_facts,
     parse_size,
@@ -215,12 +216,45 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[st
         if problem:
             parser.error(f"--plot {args.plot}: {problem}")
     if args.transports is None:
-        return list(TRANSPORTS)
-    try:
-        chosen = parse_transports(args.transports)
-    except ValueError as exc:
-        parser.error(f"--transports: {exc}")
+        chosen = list(TRANSPORTS)
+    else:
+        try:
+            chosen = parse_transports(args.transports)
+        except ValueError as exc:
+            parser.error(f"--transports: {exc}")
+    problem = _memory_problem(args, chosen, on_host=device is None)
+    if problem:
+        parser.error(problem)
     return chosen
+
+
+def _memory_problem(args: argparse.Namespace, transports: list[str], on_host: bool) -> str | None:
+    """Why the sweep cannot fit in this machine's memory, or None. What it needs at least: each
+    transport's receive slots (two per tensor, the least depth the receiver picks; --ring's
+    otherwise), where both ends run here in host memory, and the runner's source and
+    destination arrays (and the local peer's buffer). Before, --sizes 40G failed at the set-up
+    with numpy's MemoryError, and sizes that the kernel overcommits got its OOM killer."""
+    available = available_memory()
+    if available is None:
+        return None
+    here = args.command != "run"  # the peer (its slots and its buffer) runs on this machine
+    depth = args.ring or 2
+    slots = sum(len(transports) * depth * s for s in args.sizes) if here and on_host else 0
+    arrays = 2 * sum(args.sizes) + (max(args.sizes) if here else 0)
+    need = slots + arrays
+    if need <= available:
+        return None
+    parts = "the source and destination arrays"
+    if slots:
+        parts = (
+            f"{depth} receive slots per tensor for each of {len(transports)} transports, {parts}"
+        )
+    return (
+        f"--sizes {','.join(human(s) for s in args.sizes)}: the sweep needs at least "
+        f"{need / (1 << 30):.1f} GiB of memory here ({parts}), and this machine has "
+        f"{available / (1 << 30):.1f} GiB available: choose smaller sizes"
+        + (" or fewer transports" if slots else "")
+    )
 
 
 @contextlib.contextmanager

@@ -35,10 +35,29 @@ def parse_size(text: str) -> int:
 
 
 def parse_sizes(text: str) -> list[int]:
+    """A ``--sizes`` list, each size once (a size given twice, also as ``4K,4096``, failed the
+    sweep at its start: "tensor 'shm/4096' is already registered")."""
     sizes = [parse_size(s) for s in text.split(",") if s.strip()]
     if not sizes:
         raise argparse.ArgumentTypeError("no sizes given")
+    repeated = sorted({s for s in sizes if sizes.count(s) > 1})
+    if repeated:
+        names = ", ".join(human(s) for s in repeated)
+        raise argparse.ArgumentTypeError(f"the list names {names} more than once")
     return sizes
+
+
+def available_memory() -> int | None:
+    """The bytes this machine can still give processes without swapping (``MemAvailable`` of
+    /proc/meminfo); None where that is not known."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def parse_transports(text: str, *, distinct: bool = True) -> list[str]:

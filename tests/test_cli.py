@@ -324,6 +324,12 @@ def test_bad_arguments_are_one_clear_line(args: list[str]) -> None:
         # registered"; soak and ps each parsed the list their own way
         (["bench", "--transports", "shm,shm"], "--transports: the list names shm more than"),
         (["bench", "ps", "--transports", "tcp,tcp"], "the list names tcp more than once"),
+        # a size given twice failed the sweep's set-up ("tensor 'shm/4096' is already
+        # registered"); sizes past the machine's memory were numpy's MemoryError at the set-up,
+        # or, where the kernel overcommits, its OOM killer
+        (["bench", "--sizes", "4K,4096"], "--sizes: the list names 4 KiB more than once"),
+        (["bench", "--sizes", "1048576G", "--transports", "tcp"], "GiB available"),
+        (["bench", "run", "--connect", "tcp://127.0.0.1:1", "--sizes", "1048576G"], "GiB of"),
         (["bench", "soak", "--transports", "grpc,pigeon"], "unknown transport(s) pigeon"),
         (["bench", "chaos", "--json", "/nonexistent-tensorwire/x.json"], "--json"),
         (["ps", "--metrics", "/nonexistent-tensorwire/ps0.json"], "--metrics"),
