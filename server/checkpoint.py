@@ -6,8 +6,12 @@ previous checkpoint intact (and its partial file, which the next checkpoint writ
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import zipfile
+import zlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -15,6 +19,32 @@ import numpy as np
 from tensorwire.job import files
 
 Array = np.ndarray[Any, Any]
+
+#: what reading a damaged file raises, from zipfile, zlib, numpy and json (numpy takes random
+#: bytes for a pickle and says to allow pickles, which no checkpoint needs)
+_DAMAGE = (zipfile.BadZipFile, zlib.error, EOFError, ValueError, KeyError, OSError, TypeError)
+
+
+class CheckpointMismatchError(ValueError):
+    """A readable checkpoint of another setup (another model, optimizer or shard)."""
+
+
+@contextlib.contextmanager
+def _reading(path: str) -> Iterator[None]:
+    """Turn what a damaged file raises into one ValueError that names the file and what to do
+    (a truncated file was zipfile's BadZipFile, an empty one an EOFError: tracebacks)."""
+    try:
+        yield
+    except CheckpointMismatchError:
+        raise
+    except _DAMAGE as exc:
+        what = f"{type(exc).__name__}: {exc}"
+        if "allow_pickle" in str(exc):  # numpy's reading of bytes that are no .npz archive
+            what = "not a numpy .npz archive"
+        raise ValueError(
+            f"checkpoint {path} is damaged or no checkpoint ({what}); restore a good copy, "
+            "or move it away to start afresh"
+        ) from exc
 
 
 def unusable(directory: str) -> str | None:
@@ -50,18 +80,19 @@ def save(
 
 
 def specs_in(path: str) -> dict[str, tuple[tuple[int, ...], str]]:
-    """The parameters' specs a checkpoint was written for."""
-    with np.load(path, allow_pickle=False) as data:
+    """The parameters' specs a checkpoint was written for (ValueError if it is damaged)."""
+    with _reading(path), np.load(path, allow_pickle=False) as data:
         listed = json.loads(str(data["__specs__"]))
-    return {str(n): (tuple(int(d) for d in shape), str(dt)) for n, shape, dt in listed}
+        return {str(n): (tuple(int(d) for d in shape), str(dt)) for n, shape, dt in listed}
 
 
 def load(path: str, fingerprint: str) -> tuple[int, dict[str, Array], dict[str, dict[str, Any]]]:
-    """Return ``(step, params, optimizer state)``; refuses a checkpoint of another setup."""
-    with np.load(path, allow_pickle=False) as data:
+    """Return ``(step, params, optimizer state)``; refuses a checkpoint of another setup
+    (CheckpointMismatchError) or a damaged one (ValueError)."""
+    with _reading(path), np.load(path, allow_pickle=False) as data:
         found = str(data["__fingerprint__"])
         if found != fingerprint:
-            raise ValueError(
+            raise CheckpointMismatchError(
                 f"checkpoint {path} was written for {found!r}, not for this setup {fingerprint!r}"
             )
         step = int(data["__step__"])
@@ -73,4 +104,4 @@ def load(path: str, fingerprint: str) -> tuple[int, dict[str, Array], dict[str, 
             elif name.startswith("s:"):
                 key, slot = name[2:].rsplit(":", 1)
                 state.setdefault(key, {})[slot] = data[name].copy()
-    return step, params, state
+        return step, params, state

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from .conftest import NIXL_INSTALLED, free_port, freeze, needs_ipv6
@@ -948,3 +949,40 @@ def test_the_ping_startup_benchmark_times_pings_against_a_live_receiver(tmp_path
     assert written["kind"] == "ping-startup" and len(written["rows"]) == 1
     assert len(written["rows"][0]["seconds"]) == 2 and written["rows"][0]["median"] > 0
     assert "median" in out.stdout
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "random bytes", "a flipped byte"])
+def test_a_damaged_checkpoint_is_refused_in_one_line(tmp_path: Path, damage: str) -> None:
+    """A checkpoint is renamed into place whole, but a disk, a copy by hand or a full volume
+    can still damage it: --resume (and --resume-if-present, as Kubernetes restarts a server)
+    was zipfile's BadZipFile or an EOFError in a traceback, and random bytes made numpy advise
+    allowing pickles. Each is one line naming the file and what to do, exit 1."""
+    from tensorwire.server import checkpoint
+
+    path = tmp_path / "ps-shard0.npz"
+    params = {"w": np.arange(4096, dtype=np.float32)}
+    checkpoint.save(str(path), 7, params, {}, "any", {"w": ((4096,), "float32")})
+    data = bytearray(path.read_bytes())
+    if damage == "truncated":
+        data = data[: len(data) // 2]
+    elif damage == "empty":
+        data = bytearray()
+    elif damage == "random bytes":
+        data = bytearray(np.random.default_rng(0).integers(0, 256, len(data), np.uint8))
+    else:
+        at = data.index(np.arange(4096, dtype=np.float32)[1000:1004].tobytes())
+        data[at] ^= 0xFF  # a parameter's byte: only the archive's CRC can tell
+    path.write_bytes(bytes(data))
+    if damage == "a flipped byte":  # read past the fingerprint, which the daemon's would not match
+        with pytest.raises(ValueError, match="damaged or no checkpoint .BadZipFile: Bad CRC-32"):
+            checkpoint.load(str(path), "any")
+        return
+    for resume in ("--resume", "--resume-if-present"):
+        out = run(
+            *("-m", "tensorwire.server.daemon", resume, "--checkpoint-dir", str(tmp_path)),
+            *("--bind", f"tcp://127.0.0.1:{free_port()}", "--join-timeout", "5", "--no-progress"),
+        )
+        assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+        last = out.stderr.strip().splitlines()[-1]
+        assert f"checkpoint {path} is damaged or no checkpoint" in last, last
+        assert "allow_pickle" not in last and "move it away to start afresh" in last, last
