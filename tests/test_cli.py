@@ -973,8 +973,8 @@ def test_a_damaged_checkpoint_is_refused_in_one_line(tmp_path: Path, damage: str
         at = data.index(np.arange(4096, dtype=np.float32)[1000:1004].tobytes())
         data[at] ^= 0xFF  # a parameter's byte: only the archive's CRC can tell
     path.write_bytes(bytes(data))
-    if damage == "a flipped byte":  # read past the fingerprint, which the daemon's would not match
-        with pytest.raises(ValueError, match="damaged or no checkpoint .BadZipFile: Bad CRC-32"):
+    if damage == "a flipped byte":  # read past the fingerprint (the daemon's would not match)
+        with pytest.raises(ValueError, match=r"damaged or no checkpoint \(BadZipFile: Bad CRC"):
             checkpoint.load(str(path), "any")
         return
     for resume in ("--resume", "--resume-if-present"):
