@@ -10,15 +10,18 @@ the table redraws in place (rich); elsewhere each refresh is printed, so it can 
 from __future__ import annotations
 
 import argparse
+import http.client
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import extras
+from .endpoint import zeromq_greeting_problem
 from .job.config import at_least, positive_seconds
 
 #: {sample name: {label items, sorted: value}}
@@ -75,13 +78,26 @@ class Target:
     def refresh(self, timeout: float) -> None:
         try:
             page = scrape(self.url, timeout)
-        except (OSError, urllib.error.URLError, ValueError) as exc:
+        except (OSError, urllib.error.URLError, ValueError, http.client.HTTPException) as exc:
             reason = getattr(exc, "reason", None) or exc
+            if not isinstance(exc, urllib.error.HTTPError) and self._speaks_zeromq(timeout):
+                reason = (
+                    "a tensorwire control plane (ZeroMQ) listens there, not a /metrics page: "
+                    "give the daemon's --metrics-port"
+                )
             self.error, self.before, self.page = f"unreachable: {reason}", {}, {}
             return
         now = time.monotonic()
         self.before, self.page, self.seconds, self.at = self.page, page, now - self.at, now
         self.error = ""
+
+    def _speaks_zeromq(self, timeout: float) -> bool:
+        """Whether the port greets as ZeroMQ does: the daemon's --bind port given for its
+        --metrics-port, which the HTTP client saw only as a timeout or a bad status line."""
+        where = urllib.parse.urlsplit(self.url)
+        if where.hostname is None or where.port is None:
+            return False
+        return zeromq_greeting_problem((where.hostname, where.port), min(timeout, 1.0)) is None
 
     def rate(self, name: str, **match: str) -> float | None:
         now, then = total(self.page, name, **match), total(self.before, name, **match)

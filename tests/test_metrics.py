@@ -292,6 +292,20 @@ def test_top_exits_1_when_no_endpoint_answers() -> None:
     assert top.stderr.strip() == "tensorwire top: no endpoint answered at the last refresh"
 
 
+def test_top_pointed_at_a_daemons_control_port_says_to_give_its_metrics_port() -> None:
+    """A daemon's --bind port given for its --metrics-port: the HTTP client read ZeroMQ's
+    greeting as "timed out", or raised http.client's BadStatusLine, which `top` did not catch
+    (a test's scrape met it). It now names the mistake."""
+    from tensorwire.top import Target
+
+    with tw.Receiver(bind="tcp://127.0.0.1:0") as rx:
+        port = rx.address.rsplit(":", 1)[1]
+        target = Target(f"http://127.0.0.1:{port}/metrics")
+        target.refresh(timeout=1.0)
+    assert target.error.startswith("unreachable: a tensorwire control plane (ZeroMQ)"), target
+    assert "give the daemon's --metrics-port" in target.error and not target.page
+
+
 def test_top_refuses_what_is_not_a_metrics_address() -> None:
     top = _top("ftp://host/metrics")
     assert top.returncode == 2 and "is not an http address" in top.stderr
