@@ -148,7 +148,9 @@ class Heartbeats:
                                 f"({silent:.1f} s without an answer)"
                             )
                     except TensorWireError as exc:  # session or generation gone
-                        verdict = f"receiver at {peer.address}: {exc}"
+                        verdict = str(exc)  # (a refusal names the receiver already)
+                        if peer.address not in verdict:
+                            verdict = f"receiver at {peer.address}: {verdict}"
                     if verdict is not None and peer.token != token:
                         # The peer reconnected while this heartbeat was out: the verdict is
                         # on the session before (a restarted receiver knows not its token),

@@ -45,7 +45,7 @@ from .resource import Resource
 from .spec import TensorSpec, names_listed, shown_name
 from .split_copy import SplitCopier, check_copy_threads
 from .transports import check_name, choose, open_channel
-from .transports.base import Channel, PeerInfo, TensorEntry, TensorWriter
+from .transports.base import ENDED_BY_RECEIVER, Channel, PeerInfo, TensorEntry, TensorWriter
 
 _DEFAULT: Any = object()
 DEFAULT_TIMEOUT = 60.0
@@ -53,6 +53,9 @@ DEFAULT_TIMEOUT = 60.0
 DEFAULT_HEARTBEAT = 5.0
 #: How long close() waits for a receiver to confirm that everything sent has landed.
 GOODBYE_TIMEOUT = 5.0
+#: How long a sender whose session the receiver ended waits for the receiver's reason for it
+#: (one round trip to a live receiver; a gone one leaves the loss as the data plane said it)
+WHY_TIMEOUT = 0.5
 #: How long close() lets a write in another thread finish before it interrupts it.
 CLOSE_INTERRUPT = 0.2
 #: Pause between claims of a tensor the receiver fences (its dropped writer is mid-write).
@@ -192,6 +195,24 @@ class _Peer:
                 f"receiver at {self.address} (pid {watch.pid}) died"
                 + (" while this sender connected" if self.channel is None else "")
             )
+
+    def why_ended(self) -> str | None:
+        """The receiver's own account of why it ended this session (its heartbeat timeout, the
+        process it saw exit, ...), asked with the session's token as a heartbeat is, within
+        WHY_TIMEOUT; None where it gives none (gone, closing, or it no longer remembers). The
+        data planes carry only that it ended: a revoked claim, a cut connection, a notice."""
+        control, token = self.control, self.token
+        if control is None or not token:
+            return None
+        try:
+            self.check_alive()
+            control.request(wire.Heartbeat(self.generation, token), WHY_TIMEOUT, self.check_alive)
+        except PeerLostError as exc:  # the receiver's "closed": what it remembers of the end
+            said = str(exc).partition(f"refused {wire.Heartbeat.TYPE}: ")[2]
+            return said or None
+        except TensorWireError:
+            return None
+        return None  # (the session lives: the loss was this sender's own doing)
 
     def _request(self, msg: wire.Message, timeout: float | None) -> wire.Message:
         assert self.control is not None
@@ -742,16 +763,21 @@ class Sender(Resource):
             lock.release()
 
     def _explained(self, exc: PeerLostError, p: _Peer) -> PeerLostError:
-        """``exc``, saying why an idle sender that sends no heartbeats loses its receiver (the
-        loss names only what the writer saw: a closed connection, a revoked claim)."""
-        if self._heartbeat is not None or p.heartbeat_timeout is None:
-            return exc
-        return PeerLostError(
-            f"{exc}; this sender sends no heartbeats (heartbeat=None), and the receiver ends "
-            f"a session silent for {p.heartbeat_timeout:g} s: give heartbeat= a number of "
-            "seconds to keep an idle sender's sessions",
-            tensor=exc.tensor,
-        )
+        """``exc``, with why the receiver ended the session where it did (the loss names only
+        what the writer saw: a revoked claim, a cut connection; the receiver is asked), and
+        why an idle sender that sends no heartbeats loses its receiver."""
+        text = str(exc)
+        if ENDED_BY_RECEIVER in text and "was dropped:" not in text:
+            why = p.why_ended()
+            if why is not None:
+                text = f"{text}. The receiver says: {why}"
+        if self._heartbeat is None and p.heartbeat_timeout is not None:
+            text = (
+                f"{text}; this sender sends no heartbeats (heartbeat=None), and the receiver "
+                f"ends a session silent for {p.heartbeat_timeout:g} s: give heartbeat= a "
+                "number of seconds to keep an idle sender's sessions"
+            )
+        return exc if text == str(exc) else PeerLostError(text, tensor=exc.tensor)
 
     def _reopen(self, p: _Peer, name: str) -> tuple[_Peer, TensorEntry]:
         """After a PeerLostError with ``reconnect``: reconnect to ``p`` and resolve ``name``

@@ -260,6 +260,22 @@ def ask_across_own_stop(address: str, conn: Any) -> None:
         conn.send((tx.lost(), outcome(lambda: tx.write("t", np.full(4, 2, np.float32)))))
 
 
+def write_after_own_stop(address: str, transport: str, conn: Any) -> None:
+    """Heartbeating every 0.2 s: write ``t`` once and say "ready"; at "write" (after the
+    parent has stopped and resumed this process) send what ``lost()`` says and how a second
+    write of ``t`` went."""
+    with tw.Sender.connect(address, transport=transport, timeout=10, heartbeat=0.2) as tx:
+        tx.write("t", np.full(4, 1, np.float32))
+        conn.send("ready")
+        assert conn.poll(60) and conn.recv() == "write"
+        try:
+            tx.write("t", np.full(4, 2, np.float32))
+            outcome = "ok"
+        except tw.TensorWireError as exc:
+            outcome = f"{type(exc).__name__}: {exc}"
+        conn.send((tx.lost(), outcome))
+
+
 def write_on_request(address: str, transport: str, name: str, conn: Any) -> None:
     """Write ``name`` filled with ``k`` for each ``k`` received on ``conn``, answering ``k`` once
     written, until killed. Bounded: 100 requests, or 120 s without one."""

@@ -31,6 +31,7 @@ from .peers import (
     receiver_lost_in_set_up,
     run_receiver,
     send_plan,
+    write_after_own_stop,
     write_numbered,
 )
 
@@ -855,6 +856,36 @@ def test_a_dropped_sender_s_first_write_of_another_tensor_is_a_loss(
                 return
             tx.write("b", np.full(4, 2, np.float32))
             assert float(rx.wait("b", timeout=5)[0]) == 2
+
+
+def test_a_sender_dropped_while_it_was_stopped_is_told_why(
+    transport: str, children: Children
+) -> None:
+    """A sender process stopped (SIGSTOP) past the receiver's heartbeat timeout is dropped; when
+    it runs again its heartbeats were refused as "unknown session token", so its next write
+    said only that: not that it had been dropped, nor for what. The receiver now remembers the
+    dropped session's token with the reason, and the sender's loss says it."""
+    here, there = children.pipe()
+    with tw.Receiver(heartbeat_timeout=0.6) as rx:
+        rx.register("t", (4,), "float32")
+        proc = children.start(write_after_own_stop, rx.address, transport, there)
+        assert here.poll(60) and here.recv() == "ready"
+        assert rx.wait("t", timeout=10).tolist() == [1.0] * 4
+        rx.release("t")
+        freeze(proc.pid)
+        try:
+            deadline = time.monotonic() + 10
+            while _peers(rx) and time.monotonic() < deadline:  # dropped: silent for 0.6 s
+                time.sleep(0.05)
+            assert _peers(rx) == 0
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        here.send("write")
+        assert here.poll(60)
+        lost, outcome = here.recv()
+        assert outcome.startswith("PeerLostError: ") and rx.pending("t") == 0, outcome
+    assert "was dropped: silent for" in outcome and "heartbeat_timeout of 0.6 s" in outcome
+    assert lost is not None and "unknown session token" not in lost, lost  # (also the writes')
 
 
 def _peers(rx: tw.Receiver) -> float:

@@ -33,8 +33,8 @@ from .servers import DataServers
 from .state import ReceiverState
 from .tensors import RegisteredTensor, TensorTable
 
-#: dropped sessions whose end is remembered, for what their connection asks next (each entry
-#: is an identity and a line: a few hundred bytes)
+#: dropped sessions whose end is remembered, for what their connection and their heartbeats
+#: ask next (each two entries, by identity and by token, of a line: a few hundred bytes)
 DROPPED_KEPT = 1024
 
 log = logging.getLogger(__name__)
@@ -164,6 +164,12 @@ class SessionHandler:
         (``unknown`` for a token of no live session)."""
         session = self._tokens.get(msg.token)
         if session is None or not session.alive:
+            # A session we dropped: its sender is told why (its heartbeats, which come on a
+            # socket of their own, read "unknown session token" before: a sender resumed
+            # from a freeze learned neither that it was dropped nor for what)
+            dropped = self._dropped.get(msg.token)
+            if dropped is not None:
+                return wire.ErrorReply("closed", f"{dropped}; its claims are revoked")
             return unknown
         if msg.generation != self._state.generation:
             return wire.ErrorReply("stale-generation", f"generation {msg.generation} is gone")
@@ -445,8 +451,10 @@ class SessionHandler:
                     tensor.stale_writer = ProcessWatch(session.pid)
         session.claims.clear()
         if reason is not None:
-            self._dropped[session.identity] = f"{session.describe()} was dropped: {reason}"
-            while len(self._dropped) > DROPPED_KEPT:
+            # what its control connection and its heartbeats' token are told from now on
+            line = f"{session.describe()} was dropped: {reason}"
+            self._dropped[session.identity] = self._dropped[session.token] = line
+            while len(self._dropped) > 2 * DROPPED_KEPT:
                 self._dropped.popitem(last=False)
             metrics.count("tensorwire_peers_lost_total", "receiver")
             log.warning("%s lost: %s", session.describe(), reason)
@@ -476,7 +484,12 @@ class SessionHandler:
                     and session.authenticated
                     and now - session.last_seen > self._heartbeat_timeout
                 ):
-                    self.drop(session, f"silent for {now - session.last_seen:.1f} s (no heartbeat)")
+                    self.drop(
+                        session,
+                        f"silent for {now - session.last_seen:.1f} s, past the receiver's "
+                        f"heartbeat_timeout of {self._heartbeat_timeout:g} s (was the sender's "
+                        "process stopped, or starved of CPU?)",
+                    )
 
     def close(self) -> None:
         """End every session cleanly (the receiver is closing)."""

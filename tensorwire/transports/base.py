@@ -88,6 +88,12 @@ class PeerInfo:
 _UNREPORTED = Traffic()
 
 
+#: The words every transport's loss says where the receiver ended this sender's session (a
+#: revoked claim, a data connection it cut, its notice): the sender then asks the receiver why
+#: (:meth:`tensorwire.sender.Sender.write`), which the data plane does not carry
+ENDED_BY_RECEIVER = "the receiver ended this sender's session"
+
+
 class TensorWriter(ABC):
     """Writes successive messages of one tensor into the receiver's ring."""
 

@@ -48,7 +48,16 @@ from ..errors import (
 from ..quietlog import QuietLog
 from . import tensor_service_pb2 as pb
 from . import tensor_service_pb2_grpc as pb_grpc
-from .base import Channel, DataServer, DataSink, PeerInfo, ServerSettings, TensorEntry, TensorWriter
+from .base import (
+    ENDED_BY_RECEIVER,
+    Channel,
+    DataServer,
+    DataSink,
+    PeerInfo,
+    ServerSettings,
+    TensorEntry,
+    TensorWriter,
+)
 
 log = logging.getLogger(__name__)
 #: warnings about what a peer can send: rate-limited per reason, each counted in the metrics
@@ -276,7 +285,7 @@ class GrpcDataServer(pb_grpc.TensorServiceServicer, DataServer):
             metrics.count("tensorwire_bad_input_total", "grpc_calls_with_unknown_tokens")
             _abort(context, grpc.StatusCode.FAILED_PRECONDITION, "unknown or closed session token")
         if entry[1].closed:
-            _abort(context, grpc.StatusCode.ABORTED, "the receiver dropped this session")
+            _abort(context, grpc.StatusCode.ABORTED, ENDED_BY_RECEIVER)
         return entry
 
     def _refuse(self, token: bytes, exc: Exception, context: grpc.ServicerContext) -> NoReturn:
@@ -358,7 +367,7 @@ class GrpcDataServer(pb_grpc.TensorServiceServicer, DataServer):
         token = first[: wire.TOKEN_BYTES]
         session, link = self._session(token, context)
         if not link.enter(context):
-            _abort(context, grpc.StatusCode.ABORTED, "the receiver dropped this session")
+            _abort(context, grpc.StatusCode.ABORTED, ENDED_BY_RECEIVER)
         try:
             return self._take_stream(chunks, context, first, token, session, link)
         finally:
@@ -395,7 +404,7 @@ class GrpcDataServer(pb_grpc.TensorServiceServicer, DataServer):
                         token, LocalProtocolError("stream longer than its header"), context
                     )
                 if link.closed:  # the receiver dropped the session: not one more byte lands
-                    self._refuse(token, PeerLostError("the receiver dropped this session"), context)
+                    self._refuse(token, PeerLostError(ENDED_BY_RECEIVER), context)
                 dst[got : got + len(chunk)] = chunk
                 got += len(chunk)
             if got != len(dst):  # cut short: the slot is never completed

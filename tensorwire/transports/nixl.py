@@ -66,6 +66,7 @@ from ..rdma import (
 from ..ring import SlotChooser
 from .base import (
     CONSUMER_DRIVES,
+    ENDED_BY_RECEIVER,
     Channel,
     CreditedWriter,
     CreditLink,
@@ -629,7 +630,7 @@ class NixlChannel(Channel):
             elif credit.tensor_id == PING:
                 self._ponged = True
             elif credit.tensor_id == SESSION_ENDED:
-                self.mark_lost(f"receiver at {self._where} ended the session")
+                self.mark_lost(f"receiver at {self._where}: {ENDED_BY_RECEIVER}")
             elif credit.released > self._released.get(credit.tensor_id, 0):
                 self._released[credit.tensor_id] = credit.released
         return True

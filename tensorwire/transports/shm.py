@@ -57,7 +57,7 @@ from ..process import host_identity
 from ..region import Region
 from ..ring import RingMemory, SlotChooser
 from ..split_copy import SplitCopier
-from .base import Channel, PeerInfo, TensorEntry, TensorWriter
+from .base import ENDED_BY_RECEIVER, Channel, PeerInfo, TensorEntry, TensorWriter
 
 log = logging.getLogger(__name__)
 
@@ -422,11 +422,12 @@ class ShmWriter(TensorWriter):
         return ring.released
 
     def _revoked(self) -> PeerLostError:
-        return PeerLostError(
+        text = (
             f"tensor {self.spec.name!r}: the receiver at {self._channel.address} revoked this "
-            "sender's claim (it dropped the session, e.g. after no heartbeat for longer than "
-            "its heartbeat timeout); nothing was written"
+            f"sender's claim ({ENDED_BY_RECEIVER}); nothing was written"
         )
+        self._channel.mark_lost(text)  # the session is over: lost() says so from now on
+        return PeerLostError(text)
 
     def commit(self, shape: tuple[int, ...]) -> None:
         try:

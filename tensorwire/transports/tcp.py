@@ -46,6 +46,7 @@ from ..ring import SlotChooser
 from .base import (
     CONSUMER_DRIVES,
     CREDIT_DEFER_LIMIT,
+    ENDED_BY_RECEIVER,
     Channel,
     CreditedWriter,
     CreditLink,
@@ -292,8 +293,8 @@ class TcpChannel(Channel):
             if n == 0:
                 self._take_credits()  # what came before the hang-up still counts
                 raise self._lost(
-                    f"receiver at {self._where} closed the data connection (it closed, or it "
-                    "dropped this sender's session)"
+                    f"receiver at {self._where} closed the data connection (it closed, or "
+                    f"{ENDED_BY_RECEIVER})"
                 )
             self._inbox += memoryview(self._chunk)[:n]
             if not hung_up:
