@@ -25,6 +25,7 @@ from typing import Any
 import tensorwire as tw
 from tensorwire import cuda as tw_cuda
 from tensorwire import cuda_stores, extras
+from tensorwire.job.argtypes import add_version
 from tensorwire.job.config import (
     add_logging_flags,
     add_metrics_flags,
@@ -165,6 +166,7 @@ def build_parser(prog: str = "tensorwire bench") -> argparse.ArgumentParser:
         description="Throughput and latency of tensorwire's transports next to gRPC, a "
         "hand-written pyzmq loop, a raw socket and memcpy, measured in one interleaved run.",
     )
+    add_version(parser)
     _common(parser)
     sub = parser.add_subparsers(dest="command", metavar="{run,serve,ps,soak,chaos}")
     run = sub.add_parser("run", help="run the sweep against a `bench serve` on another host")

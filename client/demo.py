@@ -14,6 +14,7 @@ import sys
 import tensorwire as tw
 from tensorwire import extras
 from tensorwire.checks import check_distinct
+from tensorwire.job.argtypes import add_version
 from tensorwire.job.config import at_least
 
 from . import tasks
@@ -26,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         description="Train the digits MLP with one parameter server and two workers, over shm "
         "and then over grpc, and compare.",
     )
+    add_version(parser)
     parser.add_argument(
         "--steps", type=at_least(1), default=300, help="training steps (default 300)"
     )

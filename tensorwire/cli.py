@@ -8,6 +8,7 @@ import os
 import sys
 
 from . import __version__
+from .job.argtypes import add_version
 
 #: UCX transport names that move bytes with RDMA verbs (InfiniBand, RoCE) or other NIC offload.
 RDMA_TRANSPORTS = frozenset(
@@ -18,11 +19,13 @@ RDMA_TRANSPORTS = frozenset(
 def _info(argv: list[str]) -> int:
     # a parser of its own, with no options: `info --help` says what it does, and an argument
     # given by mistake is refused instead of ignored
-    argparse.ArgumentParser(
+    parser = argparse.ArgumentParser(
         prog="tensorwire info",
         description="What this installation can do: its transports, shared memory, GPUs, NIXL "
         "and UCX's transports.",
-    ).parse_args(argv)
+    )
+    add_version(parser)
+    parser.parse_args(argv)
     from .doorbell import HAVE_FUTEX
     from .extras import GRPC, installed
     from .process import host_identity
@@ -122,6 +125,7 @@ def _keys(argv: list[str]) -> int:
         prog="tensorwire keys",
         description="Make a CURVE key pair for a job's control plane (--curve-keys DIR).",
     )
+    add_version(parser)
     parser.add_argument("directory", help="where to write server.key and server.key_secret")
     parser.add_argument(
         "--force", action="store_true", help="replace a key pair already in the directory"
@@ -151,6 +155,7 @@ def _ping(argv: list[str]) -> int:
         "stopped (frozen) daemon, whose kernel still accepts connections, fails it, as does "
         "another service on the port.",
     )
+    add_version(parser)
     parser.add_argument("endpoint", help="e.g. tcp://127.0.0.1:5700 (a --bind of a daemon)")
     parser.add_argument("--timeout", type=positive_seconds, default=2.0, help="seconds (default 2)")
     args = parser.parse_args(argv)
@@ -175,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         "parameter-server shard), worker (a training worker), ray-job (a whole job on a Ray "
         "cluster), top (live view of running daemons), ping (health check), info.",
     )
-    parser.add_argument("--version", action="version", version=f"tensorwire {__version__}")
+    parser.add_argument("--version", action="version", version=f"tensorwire {__version__}")  # (not
+    # add_version's "%(prog)s": the same here, and `tensorwire --version` is what scripts read)
     parser.add_argument(
         "command",
         choices=["demo", "bench", "ps", "worker", "ray-job", "top", "keys", "ping", "info"],

@@ -194,8 +194,11 @@ class DaemonActor:
     def wait(self) -> dict[str, Any]:
         code = self._proc.wait()
         if code == 0:
-            with open(self._metrics) as f:
-                summary: dict[str, Any] = json.load(f)
+            try:
+                with open(self._metrics) as f:
+                    summary: dict[str, Any] = json.load(f)
+            except (OSError, ValueError) as exc:  # (a flag that ends it early: not a restart)
+                return {"failed": f"{self.name} exited 0 without its summary ({exc})"}
             summary["host"] = self.host
             return summary
         if code == USAGE_ERROR:
@@ -530,6 +533,7 @@ def _split_flags(rest: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .job.argtypes import add_version
     from .job.config import amount, at_least, positive_seconds
     from .job.files import output_file
 
@@ -543,6 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="The launcher sets --bind, --shard(s), --rank, --workers, --servers, "
         "--checkpoint-dir, --resume-if-present and --metrics for each daemon.",
     )
+    add_version(parser)
     parser.add_argument(
         "--address",
         default=None,

@@ -22,6 +22,7 @@ from typing import Any
 
 from . import extras
 from .endpoint import zeromq_greeting_problem
+from .job.argtypes import add_version
 from .job.config import at_least, positive_seconds
 
 #: {sample name: {label items, sorted: value}}
@@ -220,6 +221,7 @@ def main(argv: list[str]) -> int:
         "tensorwire bench serve, each started with --metrics-port): steps/s, loss, time split, "
         "bytes/s per transport, credit waits, peers, losses and refusals.",
     )
+    add_version(parser)
     parser.add_argument(
         "endpoints",
         nargs="+",

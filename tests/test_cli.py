@@ -483,6 +483,23 @@ def test_daemon_help_names_each_setting_s_variable_and_the_toml_table() -> None:
         assert "--version" in text
 
 
+@pytest.mark.parametrize(
+    "command", ["demo", "bench", "ps", "worker", "ray-job", "top", "keys", "ping", "info"]
+)
+def test_every_command_says_its_version(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`tensorwire ray-job --version` handed the daemons' own --version to every daemon, which
+    printed it and exited without the summaries the job waits for: a Ray cluster started, and
+    a FileNotFoundError traceback ended it. `ping`, `top`, `keys` wanted their arguments first,
+    and `bench`, `demo`, `info` had no --version."""
+    import tensorwire as tw
+    from tensorwire import cli
+
+    with pytest.raises(SystemExit) as done:
+        cli.main([command, "--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip() == f"tensorwire {command} {tw.__version__}"
+
+
 def test_daemons_have_a_version_and_log_levels_in_any_case() -> None:
     import tensorwire as tw
 

@@ -1,4 +1,5 @@
-"""The argparse types of the daemons' and CLIs' numbers: seconds, amounts, fractions, counts.
+"""The argparse types of the daemons' and CLIs' numbers: seconds, amounts, fractions, counts;
+and the ``--version`` every command has.
 
 Each refuses what would pass a bare ``float``/``int`` and misbehave later (NaN, infinity, a
 negative count), with a one-line usage error. A module of its own, light to import, so that
@@ -61,3 +62,12 @@ def at_least(minimum: int) -> Callable[[str], int]:
         return value
 
     return whole
+
+
+def add_version(parser: argparse.ArgumentParser) -> None:
+    """``--version``: the command's name and which tensorwire this is (every command has it;
+    given to ``ray-job``, the daemons' own was handed to them, which exited without the
+    summaries the job waits for)."""
+    from .. import __version__
+
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
