@@ -820,7 +820,7 @@ def test_a_silent_sender_is_declared_lost(transport: str, children: Children) ->
         freeze(proc.pid)
         try:
             start = time.monotonic()
-            with pytest.raises(tw.PeerLostError, match="no heartbeat"):
+            with pytest.raises(tw.PeerLostError, match="past the receiver.s heartbeat_timeout"):
                 rx.wait("t", timeout=10)
             assert time.monotonic() - start < 5
         finally:
@@ -975,7 +975,7 @@ def test_heartbeats_follow_a_receiver_timeout_shorter_than_their_interval(
                 rx.release("t")
                 if k == 0:
                     time.sleep(1.5)  # idle, three of the receiver's timeouts
-    assert "no heartbeat" not in caplog.text
+    assert "heartbeat_timeout of" not in caplog.text
 
 
 def test_an_idle_sender_without_heartbeats_is_told_why_it_was_dropped(transport: str) -> None:
@@ -1020,7 +1020,7 @@ def test_a_frozen_receiver_does_not_hold_back_the_heartbeats_of_another(
                 rx.release("b")
             finally:
                 os.kill(proc.pid, signal.SIGKILL)
-    assert "no heartbeat" not in caplog.text
+    assert "heartbeat_timeout of" not in caplog.text
 
 
 @pytest.mark.parametrize("how", ["kill", "stop"])
