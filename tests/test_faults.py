@@ -820,7 +820,7 @@ def test_a_silent_sender_is_declared_lost(transport: str, children: Children) ->
         freeze(proc.pid)
         try:
             start = time.monotonic()
-            with pytest.raises(tw.PeerLostError, match="past the receiver.s heartbeat_timeout"):
+            with pytest.raises(tw.PeerLostError, match="heartbeat_timeout of 1 s"):
                 rx.wait("t", timeout=10)
             assert time.monotonic() - start < 5
         finally:
