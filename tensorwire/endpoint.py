@@ -104,6 +104,25 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
+def unresolvable_host(host: str) -> str | None:
+    """Why ``host`` (a name, an address, a wildcard) names no address here, or None: a name the
+    resolver does not know. Asked before anything else is made of a bind host, so that what
+    follows (the secret a non-loopback bind needs) is not blamed instead."""
+    host = host.strip("[]")
+    if is_wildcard_host(host) or host == "localhost":
+        return None
+    try:
+        ipaddress.ip_address(host)
+        return None
+    except ValueError:
+        pass
+    try:
+        socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError) as exc:
+        return f"{host!r} resolves to no address here ({getattr(exc, 'strerror', None) or exc})"
+    return None
+
+
 def is_wildcard_host(host: str | None) -> bool:
     """Does a bind host (or a receiver's advertised one) name every interface rather than an
     address a peer can reach? An empty or missing host counts as one."""

@@ -329,6 +329,9 @@ def test_bad_arguments_are_one_clear_line(args: list[str]) -> None:
         # registered"); sizes past the machine's memory were numpy's MemoryError at the set-up,
         # or, where the kernel overcommits, its OOM killer
         (["bench", "--sizes", "4K,4096"], "--sizes: the list names 4 KiB more than once"),
+        # a bind host the resolver does not know: not "a shared secret is required"
+        (["ps", "--bind", "tcp://nosuchhost.invalid:5700"], "resolves to no address here"),
+        (["worker", "--bind", "tcp://nosuchhost.invalid:0"], "resolves to no address here"),
         (["bench", "--sizes", "1048576G", "--transports", "tcp"], "GiB available"),
         (["bench", "run", "--connect", "tcp://127.0.0.1:1", "--sizes", "1048576G"], "GiB of"),
         (["bench", "soak", "--transports", "grpc,pigeon"], "unknown transport(s) pigeon"),
@@ -706,6 +709,18 @@ def test_a_receiver_beyond_loopback_needs_a_secret_or_says_insecure() -> None:
         assert rx.address.startswith("tcp://")
     with tw.Receiver("tcp://0.0.0.0:0", insecure=True) as rx:
         assert rx.address.startswith("tcp://")
+
+
+def test_a_bind_host_that_names_nothing_is_said_so_not_blamed_on_the_secret() -> None:
+    """A bind host the resolver does not know was refused as one beyond loopback that needs a
+    secret (AuthenticationError); with the secret it failed later, at the data server's bind.
+    It is now refused first, saying the name resolves to nothing."""
+    import tensorwire as tw
+
+    for secret in (None, "s3cret"):
+        with pytest.raises(tw.TensorWireError, match="resolves to no address here") as refused:
+            tw.Receiver("tcp://nosuchhost.invalid:0", secret=secret)
+        assert not isinstance(refused.value, tw.AuthenticationError)
 
 
 def _worker_outlives_its_server(

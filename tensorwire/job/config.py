@@ -25,7 +25,13 @@ import configargparse
 
 import tensorwire as tw
 from tensorwire import metrics as tw_metrics
-from tensorwire.endpoint import ipv6_hint, is_loopback_host, socket_host, split_endpoint
+from tensorwire.endpoint import (
+    ipv6_hint,
+    is_loopback_host,
+    socket_host,
+    split_endpoint,
+    unresolvable_host,
+)
 from tensorwire.job import files
 
 # the daemons' parsers use these as config.<name>
@@ -267,6 +273,11 @@ def check_endpoint(
             f"{flag} {endpoint!r} is not an address: use tcp://HOST:PORT{any_port}"
             f"{ipv6_hint(endpoint)}"
         )
+    # a bind host that names nothing here was refused as one that needs a secret (a name to
+    # reach may resolve later: a service whose DNS record comes once it is up)
+    unresolvable = unresolvable_host(split[0]) if to_bind else None
+    if unresolvable is not None:
+        parser.error(f"{flag} {endpoint}: {unresolvable}")
 
 
 def check_host(parser: argparse.ArgumentParser, flag: str, host: str) -> None:

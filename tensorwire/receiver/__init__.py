@@ -33,7 +33,13 @@ from ..checks import check_amount, check_count
 from ..control import ControlServer
 from ..cuda import parse_device
 from ..curve import CurveKeys
-from ..endpoint import ipv6_hint, is_loopback_host, socket_host, split_endpoint
+from ..endpoint import (
+    ipv6_hint,
+    is_loopback_host,
+    socket_host,
+    split_endpoint,
+    unresolvable_host,
+)
 from ..errors import AuthenticationError, SpecMismatchError, TensorWireError, TransportError
 from ..heartbeat import check_seconds
 from ..process import host_identity
@@ -130,6 +136,9 @@ class Receiver(Resource):
         check_count("max_connections", max_connections, 1)
         check_amount("frame_timeout", frame_timeout, positive=True)
         check_seconds("heartbeat_timeout", heartbeat_timeout)
+        unresolvable = unresolvable_host(bind_host)
+        if unresolvable is not None:
+            raise TensorWireError(f"cannot bind {bind}: {unresolvable}")
         if secret is None and not insecure and not is_loopback_host(bind_host):
             raise AuthenticationError(
                 f"bind {bind} accepts connections from other hosts, so a secret is required "
