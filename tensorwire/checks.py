@@ -22,15 +22,18 @@ def whole_number(value: Any) -> int:
     return operator.index(value)
 
 
-def check_count(name: str, value: Any, minimum: int) -> int:
-    """``value`` as an int, where it is a whole number of at least ``minimum``; else a
-    ValueError that names ``name``."""
+def check_count(name: str, value: Any, minimum: int, maximum: int | None = None) -> int:
+    """``value`` as an int, where it is a whole number of at least ``minimum`` (and at most
+    ``maximum``, where given); else a ValueError that names ``name``."""
     try:
         count = whole_number(value)
     except TypeError:
         count = None
-    if count is None or count < minimum:
-        raise ValueError(f"{name} must be a whole number of at least {minimum}, got {value!r}")
+    if count is None or count < minimum or (maximum is not None and count > maximum):
+        most = "" if maximum is None else f" and at most {maximum}"
+        raise ValueError(
+            f"{name} must be a whole number of at least {minimum}{most}, got {value!r}"
+        )
     return count
 
 

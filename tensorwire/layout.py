@@ -44,6 +44,10 @@ REGION_CLOSED = 2
 #: up, 0.1-0.75 MB in flight), so small tensors stream instead of waiting for each credit.
 CREDIT_WINDOW = 1 << 20
 MIN_AUTO_DEPTH, MAX_AUTO_DEPTH = 2, 32
+#: The deepest ring a caller may ask for: a registration sets up each slot's words one by one
+#: (a million slots took 15 s, a billion never ended), and a consumer that needs more messages
+#: in flight than this is better served by several tensors
+MAX_DEPTH = 1 << 16
 
 
 def auto_depth(max_bytes: int) -> int:

@@ -718,7 +718,12 @@ class Sender(Resource):
                 and array.shape == fast[1]
                 and array.dtype == fast[2]
                 and array.flags.c_contiguous
-                and (timeout is _DEFAULT or timeout is None or timeout >= 0)  # else refused below
+                # any other timeout (negative, NaN, a string, a bool) is refused below, by name
+                and (
+                    timeout is _DEFAULT
+                    or timeout is None
+                    or ((timeout.__class__ is float or timeout.__class__ is int) and timeout >= 0)
+                )
             ):
                 # The fast route of a tensor written before: its checks above are the spec's
                 # (a static tensor of this dtype and shape), and no deadline is needed

@@ -82,6 +82,11 @@ def test_arrays_the_fast_route_does_not_take_still_land_or_are_refused(transport
                 tx.write("t", good, timeout=-1)
             with pytest.raises(ValueError, match="timeout must be"):
                 tx.write("t", good, timeout=float("nan"))  # a deadline that never passes
+            # the fast route (the tensor written before) raised "'>=' not supported between
+            # instances of 'str' and 'int'" for a string, and took True for 1 s
+            for odd in ("1", True):
+                with pytest.raises(ValueError, match="timeout must be None, 0 or positive"):
+                    tx.write("t", good, timeout=odd)
             with pytest.raises(ValueError, match="timeout must be"):
                 rx.wait("t", timeout=float("nan"))  # before: waited for ever
             with pytest.raises(ValueError, match="timeout must be"):

@@ -474,9 +474,15 @@ def test_bad_constructor_arguments() -> None:
             tw.Receiver(ring=bad_ring)
     with pytest.raises(ValueError, match="region_bytes must be a whole number of at least 1"):
         tw.Receiver(region_bytes=-1)  # taken before for the smallest region
+    # a registration sets up each slot's words: a million took 15 s, a billion never ended
+    with pytest.raises(ValueError, match="of at least 1 and at most 65536"):
+        tw.Receiver(ring=10**9)
     with tw.Receiver() as rx:
         with pytest.raises(ValueError, match="ring must be a whole number"):
             rx.register("t", (4,), "float32", ring=1.5)
+        with pytest.raises(ValueError, match="at most 65536, got 1000000000"):
+            rx.register("t", (4,), "float32", ring=10**9)
+        assert "t" not in rx.specs
         with pytest.raises(tw.SpecMismatchError, match=r"positive integer, got 2\.5"):
             rx.register("d", (None,), "float32", max_bytes=2.5)
         # more than any file or mapping can be: the library's error (before: OverflowError,

@@ -42,6 +42,7 @@ from ..endpoint import (
 )
 from ..errors import AuthenticationError, SpecMismatchError, TensorWireError, TransportError
 from ..heartbeat import check_seconds
+from ..layout import MAX_DEPTH
 from ..process import host_identity
 from ..rdma import NixlOptions
 from ..region import reap_stale_segments, shm_available
@@ -129,7 +130,7 @@ class Receiver(Resource):
                 "back to private memory (senders then come over tcp, nixl or grpc)"
             )
         if ring is not None:
-            check_count("ring", ring, 1)
+            check_count("ring", ring, 1, MAX_DEPTH)
         check_count("region_bytes", region_bytes, 1)
         # 0 refused every data connection; a frame timeout of 0 or less gave a stalled peer
         # no bound at all (the socket's timeout off) or failed in the accept thread.

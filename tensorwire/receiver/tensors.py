@@ -23,6 +23,7 @@ from ..checks import check_count
 from ..doorbell import ring_bell
 from ..errors import SpecMismatchError, UnknownTensorError
 from ..layout import (
+    MAX_DEPTH,
     OFF_DOORBELL,
     OFF_GENERATION,
     OFF_MAGIC,
@@ -247,7 +248,9 @@ class TensorTable:
     def register(self, spec: TensorSpec, ring: int | None, device: int | None = None) -> None:
         if ring is None:
             ring = self._ring_depth
-        depth = auto_depth(spec.max_bytes) if ring is None else check_count("ring", ring, 1)
+        depth = (
+            auto_depth(spec.max_bytes) if ring is None else check_count("ring", ring, 1, MAX_DEPTH)
+        )
         with self._state.lock:
             self._check_new(spec.name)
             if device is None:
