@@ -180,8 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         "parameter-server shard), worker (a training worker), ray-job (a whole job on a Ray "
         "cluster), top (live view of running daemons), ping (health check), info.",
     )
-    parser.add_argument("--version", action="version", version=f"tensorwire {__version__}")  # (not
-    # add_version's "%(prog)s": the same here, and `tensorwire --version` is what scripts read)
+    add_version(parser)
     parser.add_argument(
         "command",
         choices=["demo", "bench", "ps", "worker", "ray-job", "top", "keys", "ping", "info"],
