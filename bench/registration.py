@@ -4,7 +4,9 @@ A model with thousands of parameters (or a parameter server's chunks of them) is
 registered tensors. This times, for ``--tensors`` small static tensors on one receiver: their
 registration (``register_many``), a sender's connect (the address book), each tensor's first
 write (its claim: one control-plane round trip each), and then one ``write_many`` of all of them
-with the receiver's ``wait_all`` (the steady state). Medians of ``--repeat`` runs.
+with the receiver's ``wait_all`` (the steady state); then a second sender's first
+``write_many`` of all of them (its claims go together, ``claim-many``), with ``wait_all``.
+Medians of ``--repeat`` runs.
 """
 
 from __future__ import annotations
@@ -44,10 +46,17 @@ def measure(tensors: int, transport: str) -> dict[str, float]:
             rx.wait_all(names, timeout=60)
             rx.release_many(names)
             t5 = time.perf_counter()
+        with tw.Sender.connect(rx.address, transport=transport, timeout=60) as tx:
+            t6 = time.perf_counter()
+            tx.write_many({n: x for n in names})
+            rx.wait_all(names, timeout=60)
+            rx.release_many(names)
+            t7 = time.perf_counter()
     out["register_s"] = t1 - t0
     out["connect_s"] = t2 - t1
     out["first_writes_s"] = t3 - t2
     out["steady_batch_s"] = t5 - t4
+    out["first_batch_s"] = t7 - t6
     return out
 
 

@@ -94,6 +94,12 @@ EVENTS: dict[str, tuple[str, str]] = {
         "Error replies sent by receivers' control planes, by code (auth, busy, fenced, ...)",
         "code",
     ),
+    "tensorwire_claims_total": (
+        "Tensors claimed by a sender at a receiver (a first write, or the first after a "
+        "reconnect), by how: alone (a claim of its own) or batched (claim-many: a batch's first "
+        "writes, one round trip)",
+        "how",
+    ),
     "tensorwire_bad_input_total": (
         "Bad input from the network, by reason: every case is counted, only a few are logged",
         "reason",

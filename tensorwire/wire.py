@@ -2,9 +2,9 @@
 
 Two families of messages:
 
-* **Control messages** (the control plane: hello, auth, lookup, claim, attach, heartbeat,
-  goodbye) are frozen, slotted dataclasses encoded as msgpack maps ``{"v": version, "t": type,
-  ...fields}``.
+* **Control messages** (the control plane: hello, auth, lookup, claim (one tensor or many),
+  attach, heartbeat, goodbye) are frozen, slotted dataclasses encoded as msgpack maps
+  ``{"v": version, "t": type, ...fields}``.
 * **Data frames** (the TCP data plane) are fixed little-endian structs: a hello carrying the
   connection token, a header per tensor write, and a credit frame flowing back. A header is
   followed by exactly ``nbytes`` of raw payload, which never passes through this module. The
@@ -136,6 +136,34 @@ class Claimed(Message):
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimMany(Message):
+    """Sender -> receiver: :class:`Claim` for each of ``tensor_ids`` (at most
+    :data:`MAX_CLAIMS`), in one round trip: a batch's first writes (a model's parameters) made
+    their claims one after another, a round trip each. Each is granted or refused on its own,
+    exactly as its own Claim would be."""
+
+    TYPE: ClassVar[str] = "claim-many"
+    generation: int
+    tensor_ids: list[Any]
+    transport: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedMany(Message):
+    """The answer to :class:`ClaimMany`, one item per tensor in its order: a granted claim as
+    ``[tensor_id, next_seq, released, slots, epoch]`` (:class:`Claimed`'s fields), a refused one
+    as ``[tensor_id, code, message]`` (:class:`ErrorReply`'s)."""
+
+    TYPE: ClassVar[str] = "claimed-many"
+    generation: int
+    claims: list[Any]
+
+
+#: The most tensors one :class:`ClaimMany` names (a sender sends more in several)
+MAX_CLAIMS = 1024
+
+
+@dataclass(frozen=True, slots=True)
 class Attach(Message):
     """Sender -> receiver: join a transport whose peers must know each other (``nixl``: the
     sender's agent metadata). Sent again, it asks for the receiver's current details."""
@@ -222,6 +250,8 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         AddressBook,
         Claim,
         Claimed,
+        ClaimMany,
+        ClaimedMany,
         Attach,
         Attached,
         Heartbeat,

@@ -149,6 +149,8 @@ class SessionHandler:
                 return self._address_book()
             if isinstance(msg, wire.Claim):
                 return self._claim(session, msg)
+            if isinstance(msg, wire.ClaimMany):
+                return self._claim_many(session, msg)
             if isinstance(msg, wire.Attach):
                 return self._attach(session, msg)
             session.last_seen = time.monotonic()
@@ -267,7 +269,7 @@ class SessionHandler:
 
     # -- claims --------------------------------------------------------------------------------
 
-    def _claim(self, session: Session, msg: wire.Claim) -> wire.Message:
+    def _claim(self, session: Session, msg: wire.Claim, how: str = "alone") -> wire.Message:
         tensor = self._table.by_id.get(msg.tensor_id)
         if tensor is None:
             return wire.ErrorReply("unknown-tensor", f"no tensor with id {msg.tensor_id}")
@@ -321,7 +323,27 @@ class SessionHandler:
         tensor.credited = tensor.released  # the claim's reply tells the new writer
         tensor.lost = None
         session.claims.add(tensor.tensor_id)
+        metrics.count("tensorwire_claims_total", how)
         return self._claimed(tensor)
+
+    def _claim_many(self, session: Session, msg: wire.ClaimMany) -> wire.Message:
+        """Each of ``msg``'s tensors claimed as its own Claim would be, answered together."""
+        ids = msg.tensor_ids
+        if len(ids) > wire.MAX_CLAIMS or not all(
+            isinstance(tid, int) and not isinstance(tid, bool) for tid in ids
+        ):
+            return wire.ErrorReply(
+                "protocol", f"a claim-many names at most {wire.MAX_CLAIMS} tensor ids (integers)"
+            )
+        claims: list[list[Any]] = []
+        for tid in ids:
+            reply = self._claim(session, wire.Claim(msg.generation, tid, msg.transport), "batched")
+            if isinstance(reply, wire.Claimed):
+                claims.append([tid, reply.next_seq, reply.released, reply.slots, reply.epoch])
+            else:
+                assert isinstance(reply, wire.ErrorReply)
+                claims.append([tid, reply.code, reply.message])
+        return wire.ClaimedMany(self._state.generation, claims)
 
     def _unsure_of(self, owner: Session) -> bool:
         """Whether a claim that meets ``owner`` must be asked again rather than refused "busy":
