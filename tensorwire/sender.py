@@ -329,15 +329,17 @@ class _Peer:
     ) -> TensorWriter:
         """The writer of a claim the receiver granted (where its ring stands, as it said)."""
         assert self.channel is not None
-        numbers = (next_seq, released, epoch)
-        if not all(isinstance(x, int) and not isinstance(x, bool) for x in numbers) or not (
-            isinstance(slots, list) and len(slots) == entry.layout.depth
-        ):
+        if not (
+            isinstance(next_seq, int)
+            and isinstance(released, int)
+            and isinstance(epoch, int)
+            and isinstance(slots, list)
+        ) or any(isinstance(x, bool) for x in (next_seq, released, epoch)):
             raise LocalProtocolError(f"claim of {entry.spec.name!r}: malformed answer")
         seqs = [int(x) for x in slots if isinstance(x, int)]
         if len(seqs) != entry.layout.depth:
             raise LocalProtocolError(f"claim of {entry.spec.name!r}: malformed slot list")
-        w = self.channel.writer(entry, next_seq, released, seqs, epoch)  # type: ignore[arg-type]
+        w = self.channel.writer(entry, next_seq, released, seqs, epoch)
         w.traffic = metrics.traffic("sent", entry.spec.name, self.transport)
         self.writers[entry.tensor_id] = w
         return w
@@ -369,7 +371,8 @@ class _Peer:
             if not isinstance(reply, wire.ClaimedMany) or len(reply.claims) != len(chunk):
                 raise LocalProtocolError(f"expected {len(chunk)} claims, got {reply.TYPE}")
             for item in reply.claims:
-                entry = chunk.get(item[0]) if isinstance(item, list) and item else None
+                tid = item[0] if isinstance(item, list) and item else None
+                entry = chunk.get(tid) if isinstance(tid, int) else None
                 if entry is None:
                     raise LocalProtocolError(
                         f"a claim-many answer names no tensor asked: {item!r:.80}"
