@@ -75,6 +75,23 @@ def test_wait_each_yields_every_tensor_once(transport: str, children: Children) 
         children.join_ok(proc)
 
 
+def test_a_wait_for_several_that_runs_out_names_what_did_not_come() -> None:
+    """The timeout of wait_each and wait_all says how many had no message and the first of
+    them ("1 tensors" read oddly before)."""
+    with tw.Receiver() as rx:
+        rx.register_many([(n, (4,), "float32") for n in ("a", "b", "c")])
+        with tw.Sender.connect(rx.address, transport="shm", timeout=5) as tx:
+            tx.write("a", np.ones(4, np.float32))
+            taken = []
+            with pytest.raises(tw.WireTimeoutError, match=r"^1 tensor \(first 'b'\) had no"):
+                for name, _ in rx.wait_each(["a", "b"], timeout=0.2):
+                    taken.append(name)
+            assert taken == ["a"]
+            rx.release("a")
+            with pytest.raises(tw.WireTimeoutError, match=r"^2 of 2 tensors \(first 'b'\)"):
+                rx.wait_all(["b", "c"], timeout=0.2)
+
+
 def test_a_bad_item_writes_nothing(transport: str) -> None:
     with tw.Receiver() as rx:
         for k in range(4):

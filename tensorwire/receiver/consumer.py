@@ -362,7 +362,7 @@ class Consumer:
                     ready,
                     remaining(deadline),
                     lambda: (
-                        f"{len(tensors)} tensors (first {tensors[0].spec.name!r}) had no "
+                        f"{_tensors(len(tensors))} (first {tensors[0].spec.name!r}) had no "
                         f"message within {timeout} s on {self._state.name}"
                     ),
                     tensors,
@@ -531,3 +531,8 @@ def _ended(link: CreditLink, tensors: dict[int, RegisteredTensor]) -> bool:
     for gone in [k for k, t in tensors.items() if t.owner is None or t.owner.link is not link]:
         del tensors[gone]
     return not tensors
+
+
+def _tensors(count: int) -> str:
+    """``count`` tensors, in words ("1 tensor", "3 tensors")."""
+    return f"{count} tensor" if count == 1 else f"{count} tensors"
