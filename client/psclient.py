@@ -40,6 +40,7 @@ from tensorwire.job.plan import (
     JOB_TENSOR,
     META_FIELDS,
     STATUS_DROPPED,
+    STATUS_FAILED,
     STATUS_FIELDS,
     STATUS_HOW,
     STATUS_STOP,
@@ -711,6 +712,12 @@ class PSClient:
                         f"parameter server {addr} said stop at its step {at} while we waited "
                         "for the parameters"
                     )
+                if flags == STATUS_FAILED:
+                    raise PSClientError(
+                        f"parameter server {addr} gave up on the job before it formed: workers "
+                        "it waited for did not join within its --join-timeout (its log says "
+                        "which); it has exited"
+                    )
                 if flags == STATUS_DROPPED:
                     raise _Dropped(
                         f"parameter server {addr} said at its step {at} that it went on without "
@@ -846,9 +853,10 @@ class PSClient:
                     # PROBE_TIMEOUT), not after it (test_ps -k hears_at_once: a ping begun
                     # just before ps0's notice heard it 5 s late)
                     self.tx.ping(addr, timeout=PROBE_TIMEOUT, check=self._look_while_waiting)
-                except PSClientStopped:  # a stop asked, or a server's notice that it stops
-                    raise
+                except PSClientError:  # a stop asked, a server's notice that it stops or
+                    raise  # that it gave up on the job (PSClientStopped is one)
                 except tw.TensorWireError as exc:  # no answer, found dead, or its session gone
+                    self._read_notices()  # what it said before it went (it gave up on the job)
                     raise tw.PeerLostError(
                         f"parameter server {addr} failed a ping while we waited for its "
                         f"parameters: {exc}"
@@ -870,6 +878,7 @@ class PSClient:
                 probe_name(self.rank), self._probe_word, peer=addr, timeout=PROBE_WRITE_TIMEOUT
             )
         except tw.PeerLostError as exc:
+            self._read_notices()  # what it said before it went (it gave up on the job)
             raise tw.PeerLostError(
                 f"parameter server {addr} was lost while we waited for its parameters: {exc}"
             ) from None

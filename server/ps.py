@@ -34,6 +34,7 @@ from tensorwire.job.plan import (
     JOIN_MAX_BYTES,
     META_FIELDS,
     STATUS_DROPPED,
+    STATUS_FAILED,
     STATUS_FIELDS,
     STATUS_HOW,
     STATUS_RUN,
@@ -562,6 +563,7 @@ class ParameterServer:
                     self.stopped_while_joining = f"{detail} before the stop was asked"
                     self._tell_those_left_out(take_joins=False)
                     return False
+                self._tell_failed()
                 raise PSError(
                     f"{detail} within {self.cfg.join_timeout:g} s (is each started with "
                     f"--servers {self.address} and its --rank?)"
@@ -569,6 +571,26 @@ class ParameterServer:
             time.sleep(0.01)
         self._take_initial_values()
         return True
+
+    def _tell_failed(self) -> None:
+        """The job did not form and we exit: tell each worker that joined (best effort,
+        within STOP_GRACE), so that it exits too, at once and in failure; before, each waited
+        out its --reconnect-timeout (120 s by default) for a server that would not come back.
+        One that has not registered its ``dropped`` tensor yet (joined, not ready) cannot be
+        told, and waits as before."""
+        deadline = time.monotonic() + STOP_GRACE
+        for w in self.workers:
+            left = deadline - time.monotonic()
+            if not w.joined or not w.address or left <= 0:
+                continue
+            notice = self._notify(w, STATUS_FAILED, min(left, STOP_NOTICE_TIMEOUT))
+            log.info(
+                "worker %d %s",
+                w.rank,
+                "told that the job did not form"
+                if notice.told
+                else f"could not be told that the job did not form ({notice.why})",
+            )
 
     def _take_initial_values(self) -> None:
         """Rank 0's initial values of our chunks, once it is ready (unless we resumed)."""

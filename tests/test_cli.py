@@ -782,6 +782,42 @@ def test_a_server_that_dies_before_its_first_write_is_found_lost(tmp_path: Path)
     assert err.strip().splitlines()[-1].startswith("tensorwire-worker: error: parameter server")
 
 
+def test_a_server_that_gives_up_on_forming_the_job_tells_the_worker_that_joined(
+    tmp_path: Path,
+) -> None:
+    """A server of two workers of which one never came gave up at its --join-timeout and
+    exited 1; the worker that had joined took that for a lost server and waited out its
+    --reconnect-timeout (120 s by default) for it to come back. The server now tells it, and
+    it exits 1 at once, saying why."""
+    address = f"tcp://127.0.0.1:{free_port()}"
+    procs = Processes(tmp_path)
+    try:
+        ps = procs.start(
+            [sys.executable, "-m", "tensorwire.server.daemon", "--bind", address]
+            + ["--workers", "2", "--join-timeout", "4", "--no-progress"],
+            log="ps",
+        )
+        worker = procs.start(
+            [sys.executable, "-m", "tensorwire.client.worker", "--servers", address]
+            + ["--workers", "2", "--rank", "0", "--reconnect-timeout", "120", "--no-progress"],
+            log="worker",
+        )
+        assert ps.wait(60) == 1
+        gave_up = time.monotonic()
+        code = worker.wait(30)  # bounded well below the reconnect timeout it waited out before
+        assert time.monotonic() - gave_up < 10
+    finally:
+        procs.kill()
+    err = procs.log("worker")
+    assert code == 1 and "Traceback" not in err, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(
+        f"tensorwire-worker: error: parameter server {address} gave up on the job"
+    )
+    assert "did not join within its --join-timeout" in last and "reconnecting" not in err
+    assert "worker 0 told that the job did not form" in procs.log("ps")
+
+
 def test_daemons_checking_one_directory_at_once_do_not_fail_each_other(tmp_path: Path) -> None:
     """Each daemon checks as it starts that it can write where it will write (--metrics,
     --checkpoint-dir, --save-params) by writing a probe file there. The probe was named by its

@@ -31,6 +31,10 @@ STATUS_STOP = 1
 #: timeout, or its sender was dropped as silent) while the worker may still run: join again
 #: (written to the worker's ``dropped_name`` tensor, not with the parameters)
 STATUS_DROPPED = 2
+#: the server gives up on the job before it formed (workers it waited for did not join within
+#: its --join-timeout) and exits: stop, in failure (written to the ``dropped_name`` tensor of
+#: each worker that joined; before, each waited out its --reconnect-timeout for it)
+STATUS_FAILED = 3
 STATUS_FIELDS = 4  # [step, flags, applied updates, how the server runs]
 #: the status word's last field: bits that say how the server runs
 STATUS_HOW = 3
