@@ -793,13 +793,17 @@ def test_a_server_that_gives_up_on_forming_the_job_tells_the_worker_that_joined(
     procs = Processes(tmp_path)
     try:
         ps = procs.start(
-            [sys.executable, "-m", "tensorwire.server.daemon", "--bind", address]
-            + ["--workers", "2", "--join-timeout", "4", "--no-progress"],
+            [
+                *(sys.executable, "-m", "tensorwire.server.daemon", "--bind", address),
+                *("--workers", "2", "--join-timeout", "4", "--no-progress"),
+            ],
             log="ps",
         )
         worker = procs.start(
-            [sys.executable, "-m", "tensorwire.client.worker", "--servers", address]
-            + ["--workers", "2", "--rank", "0", "--reconnect-timeout", "120", "--no-progress"],
+            [
+                *(sys.executable, "-m", "tensorwire.client.worker", "--servers", address),
+                *("--workers", "2", "--rank", "0", "--reconnect-timeout", "120", "--no-progress"),
+            ],
             log="worker",
         )
         assert ps.wait(60) == 1
