@@ -109,7 +109,8 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
         "--checkpoint-every",
         type=config.at_least(0),
         default=d.checkpoint_every,
-        help=f"steps between checkpoints (default {d.checkpoint_every})",
+        help=f"steps between checkpoints (default {d.checkpoint_every}; 0: only the last one, "
+        "as the server ends)",
     )
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     p.add_argument(
