@@ -133,8 +133,12 @@ def _keys(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         public, secret = generate(args.directory, overwrite=args.force)
-    except (TensorWireError, OSError) as exc:
+    except TensorWireError as exc:
         print(f"tensorwire keys: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # (its errno and repr said less: "[Errno 13] ...: '/x'")
+        where = exc.filename or args.directory
+        print(f"tensorwire keys: error: cannot write in {where}: {exc.strerror}", file=sys.stderr)
         return 1
     print(
         f"public key {public}\nsecret key {secret} (mode 0600): copy the directory to every "

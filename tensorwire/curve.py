@@ -46,6 +46,8 @@ def generate(directory: str, *, overwrite: bool = False) -> tuple[str, str]:
         )
         if os.path.exists(path)
     ]
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise TensorWireError(f"{directory} exists and is not a directory")
     if existing and not overwrite:
         raise TensorWireError(
             f"{directory} already holds a key pair ({', '.join(existing)}); pass --force to "

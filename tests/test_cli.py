@@ -630,6 +630,20 @@ def test_keys_are_not_overwritten_without_force(tmp_path: Path) -> None:
     assert (keys / "server.key").read_text() != public
 
 
+def test_keys_where_no_directory_can_be_is_one_line(tmp_path: Path) -> None:
+    """A file given for the directory was "[Errno 17] File exists: '...'"; a path beneath a
+    file, the errno and repr of NotADirectoryError."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for where, says in (
+        (blocker, f"{blocker} exists and is not a directory"),
+        (blocker / "keys", f"cannot write in {blocker / 'keys'}: Not a directory"),
+    ):
+        out = run("-m", "tensorwire.cli", "keys", str(where))
+        assert out.returncode == 1 and out.stderr.strip() == f"tensorwire keys: error: {says}"
+    assert blocker.read_text() == ""
+
+
 def test_ping_says_whether_an_endpoint_accepts_connections() -> None:
     import tensorwire as tw
 
