@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,10 +98,14 @@ def free_port(part: int = 0, parts: int = 1) -> int:
 def _draw_free(ports: range, everyone: bool) -> int | None:
     """A port of ``ports`` not handed out yet that nothing listens on: a hundred random draws,
     then (``everyone``) each port in turn; None if none is."""
-    draws = [_PORT_DRAW.randrange(ports.start, ports.stop) for _ in range(100)]
-    if everyone:
-        draws += _PORT_DRAW.sample(ports, len(ports))
-    for port in draws:  # bounded: ports handed out or taken are skipped
+
+    def draws() -> Iterator[int]:  # lazily: the first draw is nearly always free
+        for _ in range(100):
+            yield _PORT_DRAW.randrange(ports.start, ports.stop)
+        if everyone:  # (a shuffle of the whole range: milliseconds, so only when needed)
+            yield from _PORT_DRAW.sample(ports, len(ports))
+
+    for port in draws():  # bounded: ports handed out or taken are skipped
         if port in _HANDED_OUT:
             continue
         with socket.socket() as s:

@@ -943,11 +943,19 @@ class Sender(Resource):
         """Write the items ``indices`` of ``planned`` (all to one receiver) as one batch."""
         p = planned[indices[0]][0]
         writers = p.writers
-        p.claim_many([planned[k][1] for k in indices], deadline)  # the first writes' claims
         writes = []
+        claimed_together = False
         for k in indices:
             _, entry, arr = planned[k]
-            w = writers.get(entry.tensor_id) or p.writer(entry, deadline)
+            w = writers.get(entry.tensor_id)
+            if w is None:
+                # a first write: the batch's first writes claim together, once (and only
+                # then: a batch of tensors written before pays nothing for it); one refused
+                # there is claimed alone, below
+                if not claimed_together:
+                    claimed_together = True
+                    p.claim_many([planned[j][1] for j in indices], deadline)
+                w = writers.get(entry.tensor_id) or p.writer(entry, deadline)
             writes.append((w, arr if w.takes_device else w.on_host(arr)))
         # Each message's sequence number: its writer's next one, after the writer's earlier
         # items of this batch (a tensor may appear more than once).
