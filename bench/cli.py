@@ -25,6 +25,7 @@ from typing import Any
 import tensorwire as tw
 from tensorwire import cuda as tw_cuda
 from tensorwire import cuda_stores, extras
+from tensorwire import region as tw_region
 from tensorwire.job.argtypes import add_version
 from tensorwire.job.config import (
     add_logging_flags,
@@ -38,7 +39,6 @@ from . import chaos, report, soak
 from . import ps as ps_bench
 from .common import (
     BATCH_MAX_BYTES,
-    available_memory,
     human,
     machine_facts,
     parse_size,
@@ -236,7 +236,7 @@ def _memory_problem(args: argparse.Namespace, transports: list[str], on_host: bo
     otherwise), where both ends run here in host memory, and the runner's source and
     destination arrays (and the local peer's buffer). Before, --sizes 40G failed at the set-up
     with numpy's MemoryError, and sizes that the kernel overcommits got its OOM killer."""
-    available = available_memory()
+    available = tw_region.room(shared=False)
     if available is None:
         return None
     here = args.command != "run"  # the peer (its slots and its buffer) runs on this machine

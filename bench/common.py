@@ -47,19 +47,6 @@ def parse_sizes(text: str) -> list[int]:
     return sizes
 
 
-def available_memory() -> int | None:
-    """The bytes this machine can still give processes without swapping (``MemAvailable`` of
-    /proc/meminfo); None where that is not known."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 def parse_transports(text: str, *, distinct: bool = True) -> list[str]:
     """A ``--transports`` list of tensorwire's transports ("auto" is no transport of its own),
     each at most once where ``distinct`` (a soak cycles its list over its senders, so a

@@ -27,6 +27,7 @@ import numpy as np
 
 import tensorwire as tw
 from tensorwire import curve
+from tensorwire import region as tw_region
 from tensorwire.job.plan import (
     HOW_ASYNC,
     HOW_MAY_CATCH_UP,
@@ -76,6 +77,32 @@ WIRE_DTYPES = ("float32", "bfloat16", "float16")
 ASYNC_LR = ("mean", "each")
 
 
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / (1 << 30):.1f} GiB" if nbytes >= 1 << 30 else f"{nbytes >> 20} MiB"
+
+
+#: Runs of ranks a message lists before it says how many more there are
+RANK_RUNS_LISTED = 8
+
+
+def _ranks(ranks: list[int]) -> str:
+    """Workers by rank, in runs: "workers 0-2, 5 and 7-4999" (before, one number each: a
+    server for 5000 workers that none joined wrote 24 KB in its one-line error)."""
+    runs: list[list[int]] = []
+    for r in sorted(ranks):
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    listed, rest = runs[:RANK_RUNS_LISTED], runs[RANK_RUNS_LISTED:]
+    shown = [f"{lo}" if lo == hi else f"{lo}-{hi}" for lo, hi in listed]
+    if rest:
+        shown.append(f"{sum(hi - lo + 1 for lo, hi in rest)} more")
+    head = "worker" if len(ranks) == 1 else "workers"
+    text = shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} and {shown[-1]}"
+    return f"{head} {text}"
+
+
 class PSError(tw.TensorWireError):
     """The parameter server cannot go on (a worker never came, a step timed out, bad setup)."""
 
@@ -113,6 +140,14 @@ PROBATION_POLL = 1e-3
 #: waits, and we read them at least every step and every REJOIN_CHECK_EVERY, so they fill only
 #: while we are held up elsewhere for longer (the worker then skips its probe, see PSClient)
 PROBE_SLOTS = 4
+#: Slots of a worker's ``join`` tensor, JOIN_MAX_BYTES of memory each: it carries the worker's
+#: join, then that it is ready, and we take each as it lands (released at once), so one is
+#: enough. Two, as a receiver picks for a tensor that large, took 2 MiB per worker before the
+#: job had started: 2.8 GB of memory and 5.8 s to start a server for 1000 workers.
+JOIN_SLOTS = 1
+#: Past this much memory for the workers' join slots, the server says what it is setting up
+#: (about a second per GiB here) before it does
+LARGE_JOIN_BYTES = 256 << 20
 #: Once a stop is asked, the step in flight waits at most this long for the gradients still to
 #: come (or STOP_GRACE_STEPS times the mean step so far, where steps are slower; never more
 #: than --step-timeout); then it goes on without the workers not heard from (each told in a
@@ -368,10 +403,13 @@ class ParameterServer:
             curve_server_key=keys.public if keys else None,
         )
         try:
+            self._check_room(cfg)
             self.rx.register(JOB_TENSOR, (cfg.workers,), "uint8", ring=1)
             self.rx.register(settings_name(self._shared_settings()), (0,), "uint8", ring=1)
             for w in range(cfg.workers):
-                self.rx.register(join_name(w), (None,), "uint8", max_bytes=JOIN_MAX_BYTES)
+                self.rx.register(
+                    join_name(w), (None,), "uint8", max_bytes=JOIN_MAX_BYTES, ring=JOIN_SLOTS
+                )
                 self.rx.register(leave_name(w), (1,), "int64", ring=2)
                 self.rx.register(catch_up_name(w), (1,), "int64", ring=2)
                 self.rx.register(probe_name(w), (1,), "int64", ring=PROBE_SLOTS)
@@ -381,6 +419,27 @@ class ParameterServer:
             self.close()
             raise
         self.address = self.rx.address
+
+    @staticmethod
+    def _check_room(cfg: PSConfig) -> None:
+        """Refuse a --workers whose join slots alone the machine cannot hold, before a byte is
+        allocated: each is allocated whole as it is registered, and 5000 workers took 13.8 GB
+        and a minute before failing (or not: the machine swapped), 100 000 filled /dev/shm."""
+        need = cfg.workers * JOIN_SLOTS * JOIN_MAX_BYTES
+        shared = cfg.shm is not False and tw_region.shm_available()
+        room = tw_region.room(shared=shared)
+        if room is not None and need > room:
+            where = "its available memory" + (" and the free space of /dev/shm" if shared else "")
+            raise PSError(
+                f"--workers {cfg.workers}: their join slots alone need {_gib(need)} of memory "
+                f"({_gib(JOIN_SLOTS * JOIN_MAX_BYTES)} a worker), and this machine can give them "
+                f"{_gib(room)} ({where}): run fewer workers per server, or give the machine "
+                "more memory" + (" (or /dev/shm more room)" if shared else "")
+            )
+        if need >= LARGE_JOIN_BYTES:
+            log.info(
+                "setting up the join slots of %d workers (%s of memory)", cfg.workers, _gib(need)
+            )
 
     # -- the parameters, once known ------------------------------------------------------------
 
@@ -543,9 +602,9 @@ class ParameterServer:
                 missing = [w.rank for w in self.workers if not w.joined]
                 unready = [w.rank for w in self.workers if w.joined and not w.alive]
                 detail = (
-                    f"workers {', '.join(map(str, missing))} of {self.cfg.workers} did not join"
+                    f"{_ranks(missing)} of {self.cfg.workers} did not join"
                     if missing
-                    else f"workers {', '.join(map(str, unready))} joined but never got ready"
+                    else f"{_ranks(unready)} joined but never got ready"
                 )
                 if stopped:
                     # Asked to stop (SIGTERM: an orchestrator taking the job down) before the

@@ -59,6 +59,29 @@ def shm_available() -> bool:
     return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
 
 
+def room(*, shared: bool = True) -> int | None:
+    """The bytes that new regions can still take on this machine without swapping: its
+    ``MemAvailable``, and for shared regions no more than ``/dev/shm`` has free (a tmpfs, often
+    smaller: a container's is 64 MB unless it is given more). None where neither is known.
+    What a whole job will register can be checked against it before the first region is made:
+    each region is allocated whole as it is made, so a registration too large for the machine
+    would otherwise fill its memory before it failed."""
+    limits: list[int] = []
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    limits.append(int(line.split()[1]) * 1024)
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    if shared and shm_available():
+        with contextlib.suppress(OSError):
+            st = os.statvfs(SHM_DIR)
+            limits.append(st.f_bavail * st.f_frsize)
+    return min(limits) if limits else None
+
+
 def reap_stale_segments() -> list[str]:
     """Unlink this user's tensorwire segments whose owner is gone (nobody holds their lock, in
     any pid namespace); return their names."""

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 import tensorwire as tw
+from tensorwire import region as tw_region
 from tensorwire.client import models
 from tensorwire.client.launch import ps_command, worker_command
 from tensorwire.job.plan import plan
@@ -353,7 +354,28 @@ def test_a_worker_that_never_arrives_is_named(job: Any) -> None:
     ps_code = j.ps[0].wait(60)
     assert ps_code == 1
     text = j.log("ps0")
-    assert "workers 1 of 2 did not join within 6 s" in text and "Traceback" not in text
+    assert "worker 1 of 2 did not join within 6 s" in text and "Traceback" not in text
+
+
+def test_many_workers_missing_are_named_in_runs_and_too_many_are_refused_at_once() -> None:
+    """A server of 40 workers of which none came names them as one run (before: one number each,
+    a line of 24 KB for 5000 workers); one for more workers than this machine has memory for
+    their join slots (1 MiB each) is refused before it allocates any (before: 5000 workers took
+    13.8 GB and a minute before their join timeout, and 100 000 filled /dev/shm)."""
+    daemon = ("-m", "tensorwire.server.daemon", "--bind", "tcp://127.0.0.1:0", "--no-progress")
+    out = _cli(*daemon, "--workers", "40", "--join-timeout", "0.3")
+    assert out.returncode == 1, out.stderr
+    assert "error: workers 0-39 of 40 did not join within 0.3 s" in out.stderr, out.stderr
+    room = tw_region.room()
+    assert room is not None  # (Linux: /proc/meminfo and /dev/shm)
+    too_many = 2 * room // (1 << 20) + 1
+    started = time.monotonic()
+    out = _cli(*daemon, "--workers", str(too_many), "--join-timeout", "0.3")
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    said = f"--workers {too_many}: their join slots alone need "
+    assert said in out.stderr and "run fewer workers per server" in out.stderr, out.stderr
+    assert "did not join" not in out.stderr
+    assert time.monotonic() - started < 30  # refused before it registers (seconds per GiB)
 
 
 def test_a_worker_that_cannot_be_reached_where_it_says_is_named_within_seconds(job: Any) -> None:
@@ -407,7 +429,7 @@ def test_a_stop_before_the_job_forms_ends_it_cleanly(job: Any) -> None:
     codes = j.wait(60)
     text = j.log("ps0")
     assert codes == [0, 0], text + j.log("w0")
-    assert "stopped before the job began: workers 1 of 2 did not join" in text, text
+    assert "stopped before the job began: worker 1 of 2 did not join" in text, text
     assert "did not join within" not in text and "Traceback" not in j.log("w0")
     # what it was sent last, and saved: rank 0's initial values, not the zeros held before
     initial = models.model("digits").init(0)
