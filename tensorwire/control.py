@@ -152,10 +152,14 @@ class ControlServer:
             log.exception("control handler failed")
             reply = wire.ErrorReply("protocol", f"internal error: {exc}")
         if reply is not None:
+            payload = wire.encode(reply)
+            if len(payload) > MAX_CONTROL_MESSAGE:
+                reply = _too_large(reply, len(payload))
+                payload = wire.encode(reply)
             if isinstance(reply, wire.ErrorReply):
                 metrics.count("tensorwire_control_errors_total", reply.code)
             try:
-                self._sock.send_multipart([identity, wire.encode(reply)], zmq.NOBLOCK)
+                self._sock.send_multipart([identity, payload], zmq.NOBLOCK)
             except zmq.ZMQError as exc:
                 quiet.warning(
                     "unanswered control requests", "could not answer a control request: %s", exc
@@ -171,6 +175,27 @@ class ControlServer:
         self._thread.join()
         self._wake_r.close()
         self._wake_w.close()
+
+
+def _too_large(reply: wire.Message, size: int) -> wire.ErrorReply:
+    """What is said instead of a reply larger than a control message may be: the peer's socket
+    would drop it and cut the connection (ZeroMQ's MAXMSGSIZE), and its request would wait out
+    its whole timeout with no word of why."""
+    what = f"its {reply.TYPE} reply"
+    if isinstance(reply, wire.AddressBook):
+        what = f"its address book of {len(reply.tensors)} tensors"
+    log.warning(
+        "refusing to send %s: %d bytes, over the %d a control message may be",
+        what,
+        size,
+        MAX_CONTROL_MESSAGE,
+    )
+    return wire.ErrorReply(
+        "protocol",
+        f"the receiver cannot send {what}: {size / (1 << 20):.1f} MiB, more than a control "
+        f"message may be ({MAX_CONTROL_MESSAGE >> 20} MiB): spread the tensors over several "
+        "receivers, or group small ones into fewer tensors",
+    )
 
 
 class NotYetError(RemoteProtocolError):

@@ -263,7 +263,7 @@ class _Peer:
         """The receiver's address book, within ``timeout`` (default: the sender's timeout)."""
         assert self.control is not None
         book = self.control.request(
-            wire.Lookup(self.generation),
+            wire.Lookup(self.generation, compact=True),
             self._timeout if timeout is _DEFAULT else timeout,
             self.check_alive if self.channel is None else None,
         )

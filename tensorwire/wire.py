@@ -18,6 +18,7 @@ Whatever bytes arrive, decoding either returns a well-typed message or raises
 from __future__ import annotations
 
 import dataclasses
+import gc
 import struct
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -94,8 +95,13 @@ class Welcome(Message):
 
 @dataclass(frozen=True, slots=True)
 class Lookup(Message):
+    """Sender -> receiver: the address book, please. ``compact``: the sender reads the compact
+    ring layouts (layout.RingLayout.to_wire), a fifth of the bytes; a receiver that predates the
+    field ignores it and sends every slot's offsets, which such a sender reads too."""
+
     TYPE: ClassVar[str] = "lookup"
     generation: int
+    compact: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,10 +286,29 @@ def encode(msg: Message) -> bytes:
     return packed
 
 
+#: Bytes from which a message is unpacked with the garbage collector paused (an address book of
+#: thousands of tensors: its millions of small objects set off collections that scan every
+#: object of the process, again and again; as msgpack's own documentation advises)
+LARGE_MESSAGE = 1 << 20
+
+
+def _unpack_without_gc(data: bytes) -> Any:
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def decode(data: bytes) -> Message:
     """Decode one control message; anything malformed raises :class:`LocalProtocolError`."""
     try:
-        body = msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)
+        if len(data) < LARGE_MESSAGE:
+            body = msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)
+        else:
+            body = _unpack_without_gc(data)
     except Exception as exc:  # msgpack raises many types for garbage; normalise them
         raise LocalProtocolError(
             f"undecodable control message ({len(data)} bytes): {exc}"

@@ -7,12 +7,16 @@ or none: these tests hold both ends to that, with real sender processes and real
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tensorwire as tw
+from tensorwire import control
 from tensorwire.layout import auto_depth
 from tensorwire.ring import SlotChooser
 
@@ -175,6 +179,22 @@ def test_a_batch_s_first_writes_claim_together_and_each_claim_stands_alone(trans
             assert got["held"].tolist() == [1, 1]
             rx.release_many([*names, "held"])
             assert rx.wait("p7", timeout=10).tolist() == [77, 77]
+
+
+def test_an_address_book_too_large_to_send_is_refused_in_words(monkeypatch: Any) -> None:
+    """A receiver whose address book was larger than a control message may be (16 MiB: 50,000
+    small tensors, before books were compact) said nothing: the sender's socket dropped the
+    reply, and its connect waited out its whole timeout ("did not answer a lookup request
+    within 60 s: has it exited, or stopped?"). It now says why at once; here the limit is
+    lowered to 64 KiB, which a book of 500 tensors of long names passes."""
+    monkeypatch.setattr(control, "MAX_CONTROL_MESSAGE", 64 << 10)
+    with tw.Receiver("tcp://127.0.0.1:0") as rx:
+        rx.register_many([(f"{'n' * 200}{i}", (4,), "float32") for i in range(500)])
+        started = time.monotonic()
+        with pytest.raises(tw.RemoteProtocolError, match="address book of 500 tensors") as got:
+            tw.Sender.connect(rx.address, transport="tcp", connect_timeout=20)
+        assert time.monotonic() - started < 10
+        assert "spread the tensors over several receivers" in str(got.value)
 
 
 def test_wait_all_takes_nothing_when_one_is_missing() -> None:

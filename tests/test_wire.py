@@ -4,6 +4,8 @@ the protocol error."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import gc
 
 import msgpack
 import pytest
@@ -11,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tensorwire import LocalProtocolError, wire
+from tensorwire.layout import COMPACT_FIELDS, MAX_DEPTH, RingLayout, plan_ring
 
 u32 = st.integers(0, 2**32 - 1)
 u64 = st.integers(0, 2**64 - 1)
@@ -271,3 +274,53 @@ def test_goodbye_frame_round_trip_and_no_payload() -> None:
     bad[-8:] = (5).to_bytes(8, "little")  # a goodbye may not announce a payload
     with pytest.raises(LocalProtocolError, match="goodbye"):
         wire.HeaderReader().feed(bytes(bad))
+
+
+@pytest.mark.parametrize("depth", [1, 2, 32])
+@pytest.mark.parametrize("on_device", [False, True])
+def test_a_compact_ring_layout_is_the_same_layout_in_a_fifth_of_the_bytes(
+    depth: int, on_device: bool
+) -> None:
+    """What a sender that asks for compact layouts reads (``Lookup.compact``): the same ring as
+    every slot's offsets say; a layout whose slots are not evenly spaced goes whole."""
+    planned = plan_ring(8192, depth, 16, 1, False, 4096 if on_device else None)
+    layout = dataclasses.replace(planned, region=0, payload_region=1 if on_device else -1)
+    sizes = [1 << 20, 1 << 20]
+    compact, full = layout.to_wire(compact=True), layout.to_wire()
+    assert len(compact) == COMPACT_FIELDS
+    assert RingLayout.from_wire(compact, sizes) == layout == RingLayout.from_wire(full, sizes)
+    if depth == 32:
+        assert len(msgpack.packb(compact)) * 5 < len(msgpack.packb(full))
+    uneven = dataclasses.replace(layout, headers=(8320, 8400, 8448), payloads=(12288, 12352, 12800))
+    assert uneven.to_wire(compact=True) == uneven.to_wire()
+    # A receiver's compact layout is checked as its full form is, and bounded before expanded.
+    region, ctrl, _, h0, hstep, p0, pstep, capacity, payload_region = compact
+    for bad in (
+        [region, ctrl, 0, h0, hstep, p0, pstep, capacity, payload_region],
+        [region, ctrl, MAX_DEPTH + 1, h0, hstep, p0, pstep, capacity, payload_region],
+        [region, ctrl, 1 << 62, h0, hstep, p0, pstep, capacity, payload_region],
+        [region, ctrl, 3, h0, 0, p0, pstep, capacity, payload_region],
+        [region, ctrl, depth, h0, hstep, p0 + (1 << 20), pstep, capacity, payload_region],
+        [region, ctrl, depth, h0, hstep, p0, pstep, capacity, 7],
+        [region, ctrl, "x", h0, hstep, p0, pstep, capacity, payload_region],
+    ):
+        with pytest.raises(LocalProtocolError):
+            RingLayout.from_wire(bad, sizes)
+
+
+def test_a_lookup_from_a_sender_that_predates_compact_layouts_asks_for_every_offset() -> None:
+    body = {"v": wire.VERSION, "t": "lookup", "generation": 3}
+    old = wire.decode(msgpack.packb(body, use_bin_type=True))
+    assert old == wire.Lookup(3) and old.compact is False
+
+
+def test_a_large_message_decodes_with_the_garbage_collector_as_it_was() -> None:
+    book = wire.AddressBook(1, [], [[i, {"name": f"t{i}"}, list(range(40))] for i in range(20000)])
+    data = wire.encode(book)
+    assert len(data) >= wire.LARGE_MESSAGE
+    assert wire.decode(data) == book and gc.isenabled()
+    gc.disable()
+    try:
+        assert wire.decode(data) == book and not gc.isenabled()
+    finally:
+        gc.enable()

@@ -146,7 +146,7 @@ class SessionHandler:
                     f"{state.generation}",
                 )
             if isinstance(msg, wire.Lookup):
-                return self._address_book()
+                return self._address_book(msg.compact)
             if isinstance(msg, wire.Claim):
                 return self._claim(session, msg)
             if isinstance(msg, wire.ClaimMany):
@@ -259,12 +259,12 @@ class SessionHandler:
             else max(1, round(self._heartbeat_timeout * 1000)),
         )
 
-    def _address_book(self) -> wire.AddressBook:
+    def _address_book(self, compact: bool) -> wire.AddressBook:
         table = self._table
         return wire.AddressBook(
             self._state.generation,
             table.address_book_regions(),
-            [t.wire_entry() for t in table.order],
+            [t.wire_entry(compact) for t in table.order],
         )
 
     # -- claims --------------------------------------------------------------------------------

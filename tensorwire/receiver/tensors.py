@@ -114,8 +114,8 @@ class RegisteredTensor:
         """May the consumer take another message (it holds fewer than the ring's depth)?"""
         return self.consumed - self.released < self.ring.depth
 
-    def wire_entry(self) -> list[Any]:
-        return [self.tensor_id, self.spec.to_wire(), self.ring.layout.to_wire()]
+    def wire_entry(self, compact: bool = False) -> list[Any]:
+        return [self.tensor_id, self.spec.to_wire(), self.ring.layout.to_wire(compact)]
 
 
 class TensorTable:
