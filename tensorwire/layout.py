@@ -132,7 +132,7 @@ class RingLayout:
         50,000 small tensors (32 slots each) was 18.9 MB in full, past what a control message
         may be (control.MAX_CONTROL_MESSAGE), and the sender's lookup went unanswered."""
         if compact:
-            steps = _progression(self.headers), _progression(self.payloads)
+            steps = progression(self.headers), progression(self.payloads)
             if steps[0] is not None and steps[1] is not None:
                 return [
                     self.region,
@@ -205,7 +205,7 @@ class RingLayout:
 COMPACT_FIELDS = 9
 
 
-def _progression(offsets: tuple[int, ...]) -> int | None:
+def progression(offsets: tuple[int, ...]) -> int | None:
     """The common step of ``offsets`` (0 for one), or None where they are not evenly spaced."""
     if len(offsets) == 1:
         return 0

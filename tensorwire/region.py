@@ -143,6 +143,9 @@ class Region:
         self.array: np.ndarray[Any, np.dtype[np.uint8]] = np.frombuffer(mm, dtype=np.uint8)
         self.words64 = memoryview(mm).cast("Q")
         self.words32 = memoryview(mm).cast("I")
+        #: the whole region as bytes, for small copies into a slot (a slice of it at the slot's
+        #: offset: one memoryview for every slot, not one kept per slot)
+        self.bytes = memoryview(mm)
         self.address: int = self.array.ctypes.data
 
     # -- construction ----------------------------------------------------------------------
@@ -229,6 +232,7 @@ class Region:
             self._lock_fd = -1
         self.words64.release()
         self.words32.release()
+        self.bytes.release()
         del self.array
         # A caller may still hold a view (e.g. a tensor returned by wait()). The mapping then
         # lives until that view is collected; the name is already gone, so nothing leaks.

@@ -48,6 +48,7 @@ from .layout import (
     OFF_TX_WAITING,
     OFF_WRITING,
     RingLayout,
+    progression,
 )
 from .region import Region
 from .spec import TensorSpec
@@ -102,16 +103,47 @@ class RingMemory:
         self.payload_bytes: list[np.ndarray[Any, Any]] = []
         #: static tensors: each slot as an array of the spec's dtype and shape (numpy or cupy)
         self.static_views: list[Any] | None = None
-        #: the same as byte memoryviews, for small copies (a plain memcpy, less call overhead
-        #: than numpy's)
-        self.slot_bytes: list[memoryview] = []
-        if payload is None:
+        #: the same slots as one ``(depth, *shape)`` array, where they are made from one
+        #: (host slots, evenly spaced, of a tensor that is not 0-d)
+        self.static_block: np.ndarray[Any, Any] | None = None
+        #: host payloads: their region as bytes, and each slot's offset there, for small copies
+        #: (``region_bytes[p : p + n] = src``: a plain memcpy, less call overhead than numpy's;
+        #: one memoryview per region, where one per slot, 32 for a small tensor, were objects
+        #: the garbage collector went over again and again as thousands of tensors registered)
+        self.region_bytes: memoryview | None = None if payload is not None else region.bytes
+        self.payload_offsets = layout.payloads
+        #: host slots as rows of one strided array, where the payloads are evenly spaced (as
+        #: plan_ring lays them out): its views per slot are made at once (numpy's own loop),
+        #: not one Python slicing each (a small tensor has 32 slots: registering 5000 took
+        #: 0.3 s of slicing, and a sender's claims as long again)
+        rows = self._host_rows(region) if payload is None else None
+        if rows is not None:
+            self.payload_bytes = list(rows)
+        elif payload is None:
             arr = region.array
             self.payload_bytes = [arr[p : p + layout.capacity] for p in layout.payloads]
-            self.slot_bytes = [b.data.cast("B") for b in self.payload_bytes]
         if not spec.dynamic:
             shape = spec.static_shape
-            self.static_views = [self._over(slot, shape) for slot in range(self.depth)]
+            if rows is not None and shape:
+                nbytes = math.prod(shape) * spec.dtype.itemsize
+                typed = rows[:, :nbytes].view(spec.dtype).reshape((self.depth, *shape))
+                self.static_block = typed
+                self.static_views = list(typed)
+            else:  # (a 0-d tensor's rows would come out as numpy scalars, not views)
+                self.static_views = [self._over(slot, shape) for slot in range(self.depth)]
+
+    def _host_rows(self, region: Region) -> np.ndarray[Any, Any] | None:
+        """The host payloads as a ``(depth, capacity)`` byte array over the region (row ``i``
+        is slot ``i``), or None where they are not evenly spaced."""
+        payloads, capacity = self.layout.payloads, self.layout.capacity
+        step = progression(payloads)
+        if step is None or (step and step < capacity):
+            return None
+        step = step or max(capacity, 1)
+        arr = region.array
+        return np.lib.stride_tricks.as_strided(
+            arr[payloads[0] : payloads[-1] + capacity], (len(payloads), capacity), (step, 1)
+        )
 
     def _over(self, slot: int, shape: tuple[int, ...]) -> Any:
         """``slot``'s payload as an array of ``shape`` (host or GPU memory)."""

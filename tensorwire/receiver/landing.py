@@ -194,7 +194,9 @@ class Landing(DataSink):
             tensor, nbytes = self._check(
                 session, tensor_id, slot, generation, seq, len(payload), None
             )
-            tensor.ring.slot_bytes[slot][:nbytes] = payload
+            ring = tensor.ring
+            at = ring.payload_offsets[slot]
+            ring.region_bytes[at : at + nbytes] = payload  # type: ignore[index]
             _publish(session, tensor, slot, seq, nbytes, None, bell)
         return True
 

@@ -216,7 +216,9 @@ class TensorTable:
         ring_mem = RingMemory(spec, layout, region, self.bell, payload)
         ring_mem.reset_slots()
         views: list[Any] | None = None
-        if ring_mem.static_views is not None:
+        if ring_mem.static_block is not None:
+            views = list(received(ring_mem.static_block))  # (each row read-only in turn)
+        elif ring_mem.static_views is not None:
             # GPU memory cannot be marked read-only: a device tensor's views are plain cupy arrays
             views = [received(v) if payload is None else v for v in ring_mem.static_views]
         tensor = RegisteredTensor(len(self.by_id) + 1, spec, ring_mem, views)
@@ -402,8 +404,9 @@ class TensorTable:
                 tensor.views = None
                 tensor.staging = None
                 tensor.ring.static_views = None
+                tensor.ring.static_block = None
                 tensor.ring.payload_bytes = []
-                tensor.ring.slot_bytes = []
+                tensor.ring.region_bytes = None
             self._order.clear()
             self._order_version += 1
             self.by_name.clear()

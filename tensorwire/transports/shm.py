@@ -585,7 +585,9 @@ class ShmWriter(TensorWriter):
         """Copy ``array`` (host memory, checked against the spec) into the entered slot."""
         nbytes = array.nbytes
         if 0 < nbytes < SMALL_COPY and self._by_bytes:
-            self._ring.slot_bytes[self._slot][:nbytes] = array.data.cast("B")
+            ring = self._ring
+            at = ring.payload_offsets[self._slot]
+            ring.region_bytes[at : at + nbytes] = array.data.cast("B")  # type: ignore[index]
             return
         dst = self._ring.slot_view(self._slot, array.shape if self._dynamic else None)
         split = self._channel.split_copier
