@@ -156,6 +156,11 @@ class RingMemory:
 
     # -- sequence numbers ------------------------------------------------------------------
 
+    @property
+    def seq_words(self) -> list[int]:
+        """Each slot's sequence-number word, as an index into the region's 64-bit words."""
+        return self._seq
+
     def seq_at(self, slot: int) -> int:
         return int(self._q[self._seq[slot]])
 

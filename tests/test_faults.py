@@ -906,6 +906,9 @@ def test_a_writer_drained_before_the_receiver_saw_it_die_leaves_no_stale_loss(
 
     with tw.Receiver() as rx:
         rx.register("t", (16,), "float32")
+        # idle tensors beside it: a wait_any over this many reads every slot at once, and must
+        # say whose writer was lost all the same (consumer.SCAN_ALL_FROM)
+        rx.register_many([(f"idle{i}", (1,), "uint8") for i in range(100)])
         here, there = children.pipe()
         proc = children.start(write_on_request, rx.address, transport, "t", there)
         for k in (1, 2) if after_the_drain == "a message" else (1,):

@@ -9,11 +9,14 @@ one receiver: finding a message and taking it are one step under the receiver's 
 
 from __future__ import annotations
 
+import operator
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+
+import numpy as np
 
 from ..cuda import synchronize_current
 from ..doorbell import check_timeout, deadline_of, remaining, wait_for
@@ -32,6 +35,14 @@ from .tensors import RegisteredTensor, TensorTable
 #: died before its store ran. With nothing coming, a wait sleeps as on any ring: the next store
 #: is rung as it is queued.
 DEVICE_STORES_MAX_BLOCK = 0.0002
+#: Tensors from which wait_any reads every slot's sequence number at once (numpy) to find those
+#: whose next message landed, rather than looking at each tensor in turn (below it, the numpy
+#: calls cost more than they save)
+SCAN_ALL_FROM = 64
+_CONSUMED = operator.attrgetter("consumed")
+_LOST = operator.attrgetter("lost")
+_POLL = operator.attrgetter("poll")
+_SENDER_COMPLETES = operator.attrgetter("sender_completes")
 #: How long one wait yields the CPU, at most, for a GPU completion store it was told is coming,
 #: before it sleeps in DEVICE_STORES_MAX_BLOCK slices. Long enough for a copy queued behind a
 #: few others, or behind the other process's turn on the GPU (a whole 4 KiB round trip between
@@ -47,6 +58,8 @@ class Consumer:
         self._active = 0  # threads inside a wait; close() lets them leave before unmapping
         self._idle = threading.Condition(state.lock)
         self._rr = 0  # wait_any's round-robin cursor
+        #: wait_any's index of every slot's sequence number, for the order it was made for
+        self._slot_index: tuple[tuple[RegisteredTensor, ...], list[Any]] | None = None
         #: links holding back credits (release's ``defer``), with the tensors whose, by id
         self._owed: dict[int, tuple[CreditLink, dict[int, RegisteredTensor]]] = {}
 
@@ -91,9 +104,12 @@ class Consumer:
         server's thread."""
         state = self._state
         tensors = tuple(tensors)
-        # one poll per server (bound methods of one server compare equal)
-        drive = tuple(dict.fromkeys(t.poll for t in tensors if t.poll is not None))
-        busy = bool(drive) or any(t.sender_completes for t in tensors)
+        # one poll per server (bound methods of one server compare equal); map and attrgetter:
+        # a wait_any passes every tensor here, and a loop of attribute reads cost 0.5 us each
+        polls = dict.fromkeys(map(_POLL, tensors))
+        polls.pop(None, None)
+        drive = tuple(polls)
+        busy = bool(drive) or any(map(_SENDER_COMPLETES, tensors))
         # A GPU that completes a message rings nobody: while a completion store the writer has
         # queued is on its way, watch for it, then sleep in DEVICE_STORES_MAX_BLOCK slices. Every
         # GPU ring, also one whose writer has not said yet that its GPU stores (its word is 0,
@@ -246,7 +262,8 @@ class Consumer:
             with lock:  # the cursor and the take are shared by every consumer thread
                 order = table.order
                 n = len(order)
-                for k in range(n):
+                places = range(n) if n < SCAN_ALL_FROM else self._landed_first(order)
+                for k in places:
                     tensor = order[(self._rr + k) % n]
                     if tensor.slot_free and (slot := self._next_slot(tensor)) is not None:
                         self._rr = (self._rr + k + 1) % n
@@ -260,6 +277,49 @@ class Consumer:
             table.order,
         )
         return got
+
+    def _landed_first(self, order: tuple[RegisteredTensor, ...]) -> list[int]:
+        """The places after wait_any's cursor (0 for the cursor's own tensor) of the tensors
+        whose next message has landed, or whose writer was lost, in round-robin order: every
+        slot's sequence number read at once per region (numpy), where looking at each tensor in
+        turn read every slot of each idle one (a ring's guess of the next slot misses there):
+        a message among 2000 idle tensors took 8.8 ms to find, among 20,000 106 ms. A message
+        landing after the read is found at the next look, as one landing behind the turn was."""
+        index = self._slot_index
+        if index is None or index[0] is not order:
+            index = self._slot_index = (order, self._index_slots(order))
+        consumed = np.array(list(map(_CONSUMED, order)), np.uint64)
+        found: set[int] = set()
+        for words, where, starts, owners in index[1]:
+            # a ring's highest sequence number past its consumed count: its next message is
+            # in (each writer completes its messages in order); _next_slot finds which slot
+            newest = np.maximum.reduceat(words[where], starts)
+            found.update(owners[newest > consumed[owners]].tolist())
+        if any(map(_LOST, order)):
+            found.update(i for i, t in enumerate(order) if t.lost is not None)
+        n, cursor = len(order), self._rr
+        return sorted((i - cursor) % n for i in found)
+
+    def _index_slots(self, order: tuple[RegisteredTensor, ...]) -> list[tuple[Any, ...]]:
+        """Per host region: its 64-bit words, where its rings' sequence numbers are among them
+        (ring after ring), where each ring's start in that list, and whose each ring is (its
+        tensor's place in ``order``). Made again when ``order`` is (a registration)."""
+        by_region: dict[int, tuple[list[int], list[int], list[int]]] = {}
+        for place, tensor in enumerate(order):
+            where, starts, owners = by_region.setdefault(tensor.ring.layout.region, ([], [], []))
+            starts.append(len(where))
+            where.extend(tensor.ring.seq_words)
+            owners.append(place)
+        regions = self._table.regions
+        return [
+            (
+                regions[r].array.view(np.uint64),
+                np.array(where, np.intp),
+                np.array(starts, np.intp),
+                np.array(owners, np.intp),
+            )
+            for r, (where, starts, owners) in by_region.items()
+        ]
 
     def _lookup_each(self, names: Iterable[str]) -> list[RegisteredTensor]:
         """:meth:`_lookup` of each name, its dict lookup inline (per name of a batch)."""
