@@ -291,8 +291,8 @@ class Consumer:
         consumed = np.array(list(map(_CONSUMED, order)), np.uint64)
         found: set[int] = set()
         for words, where, starts, owners in index[1]:
-            # a ring's highest sequence number past its consumed count: its next message is
-            # in (each writer completes its messages in order); _next_slot finds which slot
+            # a ring whose highest sequence number is not past its consumed count cannot hold
+            # its next message; the others _next_slot looks at slot by slot
             newest = np.maximum.reduceat(words[where], starts)
             found.update(owners[newest > consumed[owners]].tolist())
         if any(map(_LOST, order)):
@@ -580,6 +580,7 @@ class Consumer:
         deadline = time.monotonic() + seconds
         while self._active and time.monotonic() < deadline:
             self._idle.wait(0.05)
+        self._slot_index = None  # (its views of the regions would keep them mapped)
 
 
 def _ended(link: CreditLink, tensors: dict[int, RegisteredTensor]) -> bool:
