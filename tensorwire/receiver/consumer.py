@@ -60,6 +60,10 @@ class Consumer:
         self._rr = 0  # wait_any's round-robin cursor
         #: wait_any's index of every slot's sequence number, for the order it was made for
         self._slot_index: tuple[tuple[RegisteredTensor, ...], list[Any]] | None = None
+        #: the tensors of that order on a GPU (_on_gpu)
+        self._gpu_of: tuple[tuple[RegisteredTensor, ...], tuple[RegisteredTensor, ...]] | None = (
+            None
+        )
         #: links holding back credits (release's ``defer``), with the tensors whose, by id
         self._owed: dict[int, tuple[CreditLink, dict[int, RegisteredTensor]]] = {}
 
@@ -115,7 +119,7 @@ class Consumer:
         # GPU ring, also one whose writer has not said yet that its GPU stores (its word is 0,
         # never "coming"): a wait that began before the writer's first GPU message would
         # otherwise not see that message's store coming, and sleep MAX_BLOCK slices through it.
-        stored_by_gpu = tuple(t for t in tensors if t.ring.device is not None)
+        stored_by_gpu = self._on_gpu(tensors)
         coming = None
         if stored_by_gpu:
 
@@ -277,6 +281,18 @@ class Consumer:
             table.order,
         )
         return got
+
+    def _on_gpu(self, tensors: tuple[RegisteredTensor, ...]) -> tuple[RegisteredTensor, ...]:
+        """The tensors of ``tensors`` whose slots are in GPU memory; for the receiver's whole
+        order (a wait_any) kept until a registration changes it (20,000 tensors took 9 ms a
+        wait_any to sort out each time)."""
+        kept = self._gpu_of
+        if kept is not None and kept[0] is tensors:
+            return kept[1]
+        on_gpu = tuple(t for t in tensors if t.ring.device is not None)
+        if tensors is self._table.order:
+            self._gpu_of = (tensors, on_gpu)
+        return on_gpu
 
     def _landed_first(self, order: tuple[RegisteredTensor, ...]) -> list[int]:
         """The places after wait_any's cursor (0 for the cursor's own tensor) of the tensors
@@ -580,7 +596,7 @@ class Consumer:
         deadline = time.monotonic() + seconds
         while self._active and time.monotonic() < deadline:
             self._idle.wait(0.05)
-        self._slot_index = None  # (its views of the regions would keep them mapped)
+        self._slot_index = self._gpu_of = None  # (their views would keep the regions mapped)
 
 
 def _ended(link: CreditLink, tensors: dict[int, RegisteredTensor]) -> bool:
