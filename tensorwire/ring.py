@@ -114,8 +114,8 @@ class RingMemory:
         self.payload_offsets = layout.payloads
         #: host slots as rows of one strided array, where the payloads are evenly spaced (as
         #: plan_ring lays them out): its views per slot are made at once (numpy's own loop),
-        #: not one Python slicing each (a small tensor has 32 slots: registering 5000 took
-        #: 0.3 s of slicing, and a sender's claims as long again)
+        #: not one Python slicing each (a small tensor has 32 slots; with region_bytes,
+        #: 20,000 small tensors registered in 5.35 s, not 9.07: BENCHMARKS.md, "Many tensors")
         rows = self._host_rows(region) if payload is None else None
         if rows is not None:
             self.payload_bytes = list(rows)

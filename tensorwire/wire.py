@@ -292,27 +292,20 @@ def encode(msg: Message) -> bytes:
 LARGE_MESSAGE = 1 << 20
 
 
-def _unpack_without_gc(data: bytes) -> Any:
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        return msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def decode(data: bytes) -> Message:
     """Decode one control message; anything malformed raises :class:`LocalProtocolError`."""
+    paused = len(data) >= LARGE_MESSAGE and gc.isenabled()
+    if paused:
+        gc.disable()
     try:
-        if len(data) < LARGE_MESSAGE:
-            body = msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)
-        else:
-            body = _unpack_without_gc(data)
+        body = msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)
     except Exception as exc:  # msgpack raises many types for garbage; normalise them
         raise LocalProtocolError(
             f"undecodable control message ({len(data)} bytes): {exc}"
         ) from None
+    finally:
+        if paused:
+            gc.enable()
     if not isinstance(body, dict):
         raise LocalProtocolError(f"control message is not a map: {type(body).__name__}")
     version = body.get("v")
