@@ -473,8 +473,18 @@ class PSClient:
         session may still hold that tensor: our previous process, dead on a host the server
         hears from only by heartbeats (a worker restarted elsewhere), until the server drops
         it; or a second worker given our rank by mistake. Tried again until ``deadline``, then
-        said which."""
-        said = False
+        said which: the other session's hold, where the server said so, also when the last try
+        ran out of time instead (it began with the little time left, and a loaded server's
+        answer came later: "did not answer a claim request within 0.00998 s", where the
+        refusals before it had said the rank was taken)."""
+        refused: tw.RemoteProtocolError | None = None  # the last "held by another"
+
+        def taken(exc: tw.RemoteProtocolError) -> PSClientError:
+            return PSClientError(
+                f"parameter server {addr} still takes rank {self.rank} from another "
+                f"worker ({exc}): is a second worker started with --rank {self.rank}?"
+            )
+
         while True:
             try:
                 # In tries of JOIN_WRITE_TRY: a server frozen or held up takes no join (its
@@ -487,6 +497,8 @@ class PSClient:
                 return
             except tw.WireTimeoutError as exc:
                 if time.monotonic() >= deadline:
+                    if refused is not None:
+                        raise taken(refused) from None
                     raise PSClientError(
                         f"parameter server {addr} did not take {what} in time: {exc}"
                     ) from None
@@ -496,12 +508,8 @@ class PSClient:
                 if not exc.held_by_another:
                     raise
                 if time.monotonic() >= deadline:
-                    raise PSClientError(
-                        f"parameter server {addr} still takes rank {self.rank} from another "
-                        f"worker ({exc}): is a second worker started with --rank {self.rank}?"
-                    ) from None
-                if not said:
-                    said = True
+                    raise taken(exc) from None
+                if refused is None:
                     log.warning(
                         "parameter server %s takes rank %d from another session (%s): waiting "
                         "for it to end (our previous process, not yet seen gone?)",
@@ -509,6 +517,7 @@ class PSClient:
                         self.rank,
                         exc,
                     )
+                refused = exc
             self._check_stop(f"for parameter server {addr} to take {what}")
             time.sleep(min(0.5, max(deadline - time.monotonic(), 0.0)))
 
