@@ -8,7 +8,6 @@ or none: these tests hold both ends to that, with real sender processes and real
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import numpy as np
 import pytest
@@ -181,7 +180,9 @@ def test_a_batch_s_first_writes_claim_together_and_each_claim_stands_alone(trans
             assert rx.wait("p7", timeout=10).tolist() == [77, 77]
 
 
-def test_an_address_book_too_large_to_send_is_refused_in_words(monkeypatch: Any) -> None:
+def test_an_address_book_too_large_to_send_is_refused_in_words(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A receiver whose address book was larger than a control message may be (16 MiB: 50,000
     small tensors, before books were compact) said nothing: the sender's socket dropped the
     reply, and its connect waited out its whole timeout ("did not answer a lookup request
