@@ -76,11 +76,11 @@ def test_torch_job_resumes_from_its_checkpoint(job: Any, tmp_path: Path) -> None
     ckpt = tmp_path / "ckpt"
     common = ["--optimizer", "momentum", "--checkpoint-dir", str(ckpt)]
     model = ["--model", EXAMPLE]
-    # the job without a break runs beside the two others (each process spends seconds
-    # importing torch)
-    straight = job(ps=["--optimizer", "momentum", "--steps", "20"], worker=model)
-    ok(job(ps=[*common, "--steps", "10"], worker=model))
-    resumed = job(ps=[*common, "--steps", "20", "--resume"], worker=model)
+    # the job without a break runs beside the two others (each worker process spends seconds
+    # of CPU importing torch: one worker a job, the server's checkpoint is what is tested)
+    straight = job(ps=["--optimizer", "momentum", "--steps", "20"], worker=model, workers=1)
+    ok(job(ps=[*common, "--steps", "10"], worker=model, workers=1))
+    resumed = job(ps=[*common, "--steps", "20", "--resume"], worker=model, workers=1)
     ok(resumed)
     assert "resumed shard 0" in resumed.log("ps0") and "at step 10" in resumed.log("ps0")
     ok(straight)
@@ -135,6 +135,8 @@ def test_bench_ps_compares_transports_for_a_built_in_model_in_torch(tmp_path: Pa
     out = cli(
         *("-m", "tensorwire.bench", "ps", "--framework", "torch", "--model", "digits"),
         *("--transports", "shm,grpc", "--steps", "5", "--json", str(path)),
+        "--workers",  # one: each worker process spends seconds of CPU importing torch
+        "1",
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "model digits in torch" in out.stdout
