@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from multiprocessing import forkserver, resource_tracker
+from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +33,6 @@ TRANSPORTS = ["shm", "tcp", "nixl", "grpc", "grpc-stream"]
 #: the transports that promise no copy and no allocation per message on the receiving side
 ZERO_COPY = ["shm", "tcp", "nixl"]
 SPAWN = mp.get_context("spawn")
-#: Child peers are forked from a server process that imported tests.peers (numpy, tensorwire)
-#: once, not spawned: a spawned child imports them anew, 0.35 s of CPU each on this machine,
-#: and the suite starts about 150. The fork server is a fresh interpreter of its own (no
-#: thread, no CUDA context, none of the test's state), as a spawned child is.
-FORKED = mp.get_context("forkserver")
-FORKED.set_forkserver_preload(["tests.peers"])
 # Every daemon and peer the tests start shares this machine's cores with the others, as a job's
 # processes do under `tensorwire demo` and in the image: one BLAS thread each (the launcher's and
 # docker/Dockerfile's setting), not a thread per core each. Measured on this 2-core machine, a
@@ -220,21 +214,13 @@ class Children:
         self.procs: list[Any] = []
 
     def start(self, target: Any, *args: Any) -> Any:
-        """``target(*args)`` in a child forked from the fork server (see FORKED)."""
-        return self._started(FORKED.Process(target=target, args=args, daemon=True))
-
-    def spawn(self, target: Any, *args: Any) -> Any:
-        """``target(*args)`` in a freshly spawned interpreter, which sees the environment as it
-        is now (a test's monkeypatch.setenv): for the GPU peers, whose settings come so."""
-        return self._started(SPAWN.Process(target=target, args=args, daemon=True))
-
-    def _started(self, proc: Any) -> Any:
+        proc = SPAWN.Process(target=target, args=args, daemon=True)
         proc.start()
         self.procs.append(proc)
         return proc
 
     def pipe(self) -> tuple[Any, Any]:
-        return FORKED.Pipe()
+        return SPAWN.Pipe()
 
     def join_ok(self, proc: Any, timeout: float = 60.0) -> None:
         proc.join(timeout)
@@ -333,9 +319,6 @@ def _confine_free_ports() -> None:
 
 
 _confine_free_ports()
-# Now, with the environment above, which the fork server and so every child inherits; and
-# before any test, so that the per-test descriptor check does not count its pipe.
-forkserver.ensure_running()
 
 
 def free_port() -> int:

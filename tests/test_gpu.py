@@ -292,7 +292,7 @@ def test_gpu_tensors_land_byte_exact_from_every_source(
         plan = [(dt, dt, shape, i) for i, dt in enumerate(GPU_DTYPES)]
         plan.append(("big", "float32", (2048, 4096), 99))
         plan.append(("odd", "float32", (1_300_001,), 98))
-        proc = children.spawn(send_plan_from, rx.address, transport, plan, source)
+        proc = children.start(send_plan_from, rx.address, transport, plan, source)
         for name, dt, shp, seed in plan:
             got = rx.wait(name, timeout=60)
             assert (
@@ -394,7 +394,7 @@ def test_gpu_writes_complete_behind_their_copies_in_order(
     count = 30
     with tw.Receiver(ring=3) as rx:
         rx.register("t", (nbytes // 4,), "float32", device="cuda")
-        proc = children.spawn(send_rewritten_gpu_source, rx.address, "t", count)
+        proc = children.start(send_rewritten_gpu_source, rx.address, "t", count)
         _each_message_all_its_number(rx, "t", count + 2)
         children.join_ok(proc)
         assert rx._table.by_name["t"].ring.device_stores() == stores
@@ -572,7 +572,7 @@ def test_a_torch_side_stream_orders_the_copy_behind_and_before_its_kernels(
     count = 40
     with tw.Receiver(ring=3) as rx:
         rx.register("t", (1 << 21,), "float32", device="cuda")  # 8 MiB
-        proc = children.spawn(send_from_a_torch_side_stream, rx.address, "t", count)
+        proc = children.start(send_from_a_torch_side_stream, rx.address, "t", count)
         _each_message_all_its_number(rx, "t", count)
         children.join_ok(proc)
 
@@ -609,7 +609,7 @@ def test_a_sender_killed_mid_gpu_write_never_completes_a_slot(
     with tw.Receiver(ring=2) as rx:
         rx.register("t", shape, "float32", device="cuda")
         parent, child = children.pipe()
-        proc = children.spawn(send_uniform_gpu, rx.address, via, "t", child)
+        proc = children.start(send_uniform_gpu, rx.address, via, "t", child)
         assert parent.recv() == "go"
         seen = 0
         for _ in range(20):  # bounded: each message is checked whole
@@ -636,7 +636,7 @@ def test_a_dead_receiver_is_a_peer_lost_error_not_a_cuda_crash(
 ) -> None:
     cp = _cupy()
     parent, child = children.pipe()
-    proc = children.spawn(run_gpu_receiver, child, "t", (1024,))
+    proc = children.start(run_gpu_receiver, child, "t", (1024,))
     assert parent.poll(60)
     address = parent.recv()
     with tw.Sender.connect(address, transport=transport, timeout=10, heartbeat=0.2) as tx:
