@@ -458,6 +458,8 @@ class ControlClient:
             error = err(f"receiver at {self.address} refused {msg.TYPE}: {reply.message}")
             if isinstance(error, RemoteProtocolError):
                 error.code = reply.code
+            elif isinstance(error, PeerLostError):
+                error.reason = reply.message  # kept apart from the text, for the sender to read
             raise error
         return reply
 

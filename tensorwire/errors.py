@@ -74,11 +74,17 @@ class PeerLostError(TransportError):
     """The peer died, closed, or restarted with a new generation.
 
     ``tensor``: raised by a receiver's wait, the tensor whose writer was lost (a
-    :meth:`~tensorwire.Receiver.wait_any` says which), else None."""
+    :meth:`~tensorwire.Receiver.wait_any` says which), else None.
 
-    def __init__(self, *args: object, tensor: str | None = None) -> None:
+    ``reason``: the receiver's own account of why it ended this sender's session (``"sender
+    'w3' (pid 812) was dropped: silent for 15.0 s ..."``) where the error carries it: a request
+    the receiver refused for that, or a write's loss the sender asked the receiver about. None
+    where the loss was seen otherwise (the text then says what was seen)."""
+
+    def __init__(self, *args: object, tensor: str | None = None, reason: str | None = None) -> None:
         super().__init__(*args)
         self.tensor = tensor
+        self.reason = reason
 
 
 class ClosedError(TensorWireError):

@@ -211,8 +211,7 @@ class _Peer:
             self.check_alive()
             control.request(wire.Heartbeat(self.generation, token), WHY_TIMEOUT, self.check_alive)
         except PeerLostError as exc:  # the receiver's "closed": what it remembers of the end
-            said = str(exc).partition(f"refused {wire.Heartbeat.TYPE}: ")[2]
-            return said or None
+            return exc.reason or None
         except TensorWireError:
             return None
         return None  # (the session lives: the loss was this sender's own doing)
@@ -829,8 +828,8 @@ class Sender(Resource):
         """``exc``, with why the receiver ended the session where it did (the loss names only
         what the writer saw: a revoked claim, a cut connection; the receiver is asked), and
         why an idle sender that sends no heartbeats loses its receiver."""
-        text = str(exc)
-        if ENDED_BY_RECEIVER in text and "was dropped:" not in text:
+        text, why = str(exc), exc.reason  # (a refusal's text holds its reason already)
+        if ENDED_BY_RECEIVER in text and why is None:
             why = p.why_ended()
             if why is not None:
                 text = f"{text}. The receiver says: {why}"
@@ -840,7 +839,9 @@ class Sender(Resource):
                 f"ends a session silent for {p.heartbeat_timeout:g} s: give heartbeat= a "
                 "number of seconds to keep an idle sender's sessions"
             )
-        return exc if text == str(exc) else PeerLostError(text, tensor=exc.tensor)
+        if text == str(exc):
+            return exc
+        return PeerLostError(text, tensor=exc.tensor, reason=why)
 
     def _reopen(self, p: _Peer, name: str) -> tuple[_Peer, TensorEntry]:
         """After a PeerLostError with ``reconnect``: reconnect to ``p`` and resolve ``name``

@@ -850,9 +850,14 @@ def test_a_dropped_sender_s_first_write_of_another_tensor_is_a_loss(
                 time.sleep(0.05)
             assert _peers(rx) == 0
             if not reconnect:
-                with pytest.raises(tw.PeerLostError, match=r"was dropped: silent for .* heartbeat"):
+                with pytest.raises(
+                    tw.PeerLostError, match=r"was dropped: silent for .* heartbeat"
+                ) as lost:
                     tx.write("b", np.full(4, 2, np.float32))
                 assert rx.pending("b") == 0
+                # the receiver's own words, apart from the text, for a program to read
+                assert lost.value.reason is not None, lost.value
+                assert "was dropped: silent for" in lost.value.reason, lost.value.reason
                 return
             tx.write("b", np.full(4, 2, np.float32))
             assert float(rx.wait("b", timeout=5)[0]) == 2
