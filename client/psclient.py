@@ -37,7 +37,6 @@ from tensorwire.endpoint import is_wildcard_host, local_address_towards, tcp_end
 from tensorwire.job.plan import (
     HOW_ASYNC,
     HOW_MAY_CATCH_UP,
-    JOB_TENSOR,
     META_FIELDS,
     STATUS_DROPPED,
     STATUS_FAILED,
@@ -51,11 +50,12 @@ from tensorwire.job.plan import (
     encode_ready,
     grad_name,
     init_name,
+    job_settings,
+    job_workers,
     join_name,
     leave_name,
     meta_name,
     parse_grad_name,
-    parse_settings,
     probe_name,
     specs_of,
     status_name,
@@ -443,25 +443,21 @@ class PSClient:
                 deadline,
                 f"server {addr} has no slot for rank {self.rank}: it expects fewer workers",
             )
-            published = self.tx.tensors(peer=addr)
-            settings = next(
-                (got for n in published if (got := parse_settings(n)) is not None), None
-            )
+            published = self.tx.receiver_info(peer=addr)
+            settings = job_settings(published)
             if settings is not None:
                 if first is None:
                     first = (addr, settings)
                 else:
                     _check_same_settings(first, (addr, settings))
-            job = published.get(JOB_TENSOR)
-            if self._workers is not None and job is not None:
-                size = job.static_shape[0]
-                if size != self._workers:
-                    raise PSClientError(
-                        f"parameter server {addr} serves a job of {size} workers, and this one "
-                        f"was started for {self._workers} (--workers): each worker's share of "
-                        "the data is cut by it, so give every worker and server the same "
-                        "--workers"
-                    )
+            size = job_workers(published)
+            if self._workers is not None and size is not None and size != self._workers:
+                raise PSClientError(
+                    f"parameter server {addr} serves a job of {size} workers, and this one "
+                    f"was started for {self._workers} (--workers): each worker's share of "
+                    "the data is cut by it, so give every worker and server the same "
+                    "--workers"
+                )
         for addr in self.servers:
             self._write_in_tries(addr, join_name(self.rank), message, deadline, "our join")
 

@@ -31,7 +31,6 @@ from tensorwire import region as tw_region
 from tensorwire.job.plan import (
     HOW_ASYNC,
     HOW_MAY_CATCH_UP,
-    JOB_TENSOR,
     JOIN_MAX_BYTES,
     META_FIELDS,
     STATUS_DROPPED,
@@ -49,12 +48,12 @@ from tensorwire.job.plan import (
     first_mismatch,
     grad_name,
     init_name,
+    job_info,
     join_name,
     leave_name,
     meta_name,
     plan,
     probe_name,
-    settings_name,
     specs_digest,
     status_name,
 )
@@ -392,6 +391,8 @@ class ParameterServer:
             # None: nixl is served on demand if installed; given: started now, with these
             nixl=cfg.nixl,
             shm=cfg.shm,
+            # what a worker checks before it joins: the job's size, the settings we share
+            info=job_info(cfg.workers, self._shared_settings()),
         )
         self.tx = tw.Sender(
             transport=cfg.transport,
@@ -404,8 +405,6 @@ class ParameterServer:
         )
         try:
             self._check_room(cfg)
-            self.rx.register(JOB_TENSOR, (cfg.workers,), "uint8", ring=1)
-            self.rx.register(settings_name(self._shared_settings()), (0,), "uint8", ring=1)
             for w in range(cfg.workers):
                 self.rx.register(
                     join_name(w), (None,), "uint8", max_bytes=JOIN_MAX_BYTES, ring=JOIN_SLOTS
@@ -542,7 +541,7 @@ class ParameterServer:
 
     def _shared_settings(self) -> dict[str, object]:
         """What every server of the job must agree on, as the workers compare it (plan's
-        SETTINGS_PREFIX): when the job ends, and how each shard trains."""
+        job_info): when the job ends, and how each shard trains."""
         cfg = self.cfg
         return {
             "shards": cfg.shards,

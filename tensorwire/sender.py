@@ -124,6 +124,8 @@ class _Peer:
         # how long the receiver keeps a silent session (None: for ever): the heartbeats come
         # at least three times in that span, whatever the sender's own interval
         self.heartbeat_timeout: float | None = None
+        #: what the receiver publishes about itself (Receiver(info=...)), from its welcome
+        self.info: dict[str, Any] = {}
         self.curve_server_key = curve_server_key
         self.nixl = nixl
         self.copier = copier
@@ -157,6 +159,9 @@ class _Peer:
             self.generation = welcome.generation
             ms = welcome.heartbeat_timeout_ms
             self.heartbeat_timeout = ms / 1000 if ms > 0 else None
+            if not all(isinstance(key, str) for key in welcome.info):
+                raise LocalProtocolError(f"receiver at {self.address} sent malformed info")
+            self.info = welcome.info
             if welcome.host == host_identity():
                 self._watch = ProcessWatch(welcome.pid)
             self.token = welcome.token  # from here on the heartbeats keep the session alive
@@ -671,6 +676,12 @@ class Sender(Resource):
 
     def spec(self, name: str, *, peer: str | None = None) -> TensorSpec:
         return self._resolve(name, peer)[1].spec
+
+    def receiver_info(self, peer: str | None = None) -> dict[str, Any]:
+        """What ``peer`` (the only receiver when omitted) publishes about itself
+        (``Receiver(info=...)``), as its welcome said: read again at each reconnect; ``{}``
+        from a receiver that publishes nothing."""
+        return dict(self._peer(peer).info)
 
     # ---------------------------------------------------------------------------------------
 

@@ -91,6 +91,9 @@ class Welcome(Message):
     # never): the sender heartbeats often enough for it whatever its own interval. Added after
     # the first release, so a welcome without it decodes as 0 (the sender's own interval).
     heartbeat_timeout_ms: int = 0
+    # What the receiver's owner publishes about it (Receiver(info=...)): a program's own facts
+    # for its senders to read (Sender.receiver_info). Added later: a welcome without it is {}.
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,13 +270,22 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         ErrorReply,
     )
 }
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    """A field's default: a value, a factory (called for each message that lacks the field:
+    a mutable default is never shared), or None where the field is required."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory
+    return None
+
+
 # (name, type, default): a field with a default was added to its message later, and a peer that
 # predates it sends none; every other field must be present.
 _FIELDS: dict[type[Message], list[tuple[str, type, Any]]] = {
-    cls: [
-        (f.name, _FIELD_TYPES[str(f.type)], None if f.default is dataclasses.MISSING else f.default)
-        for f in dataclasses.fields(cls)
-    ]
+    cls: [(f.name, _FIELD_TYPES[str(f.type)], _default(f)) for f in dataclasses.fields(cls)]
     for cls in MESSAGE_TYPES.values()
 }
 
@@ -319,7 +331,7 @@ def decode(data: bytes) -> Message:
         raise LocalProtocolError(f"unknown control message type {tag!r:.80}")
     kwargs = {}
     for name, typ, default in _FIELDS[cls]:
-        value = body.get(name, default)
+        value = body[name] if name in body else default() if callable(default) else default
         if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
             raise LocalProtocolError(
                 f"{cls.TYPE} message: field {name!r} must be {typ.__name__}, got {value!r:.80}"

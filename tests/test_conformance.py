@@ -170,6 +170,37 @@ def test_wait_any_among_many_tensors_hands_out_each_message_once_in_turn(transpo
             assert (name, int(view[0])) == ("t42", 9)
 
 
+def test_a_receiver_publishes_its_info_to_every_sender() -> None:
+    """``Receiver(info=...)`` reaches each sender in its welcome (``receiver_info``), per
+    receiver; a receiver without it publishes {}; what may not travel, or is too large, is
+    refused at the receiver with the name it was given under."""
+    info = {"job.workers": 3, "lr": 0.05, "model": "mlp", "resumed": False, "note": None}
+    with tw.Receiver(info=info) as rx, tw.Receiver() as plain:
+        info["lr"] = 1.0  # the caller's dict is not the receiver's
+        assert rx.info == {**info, "lr": 0.05}
+        with tw.Sender(timeout=5) as tx:
+            tx.add_peer(rx.address)
+            assert tx.receiver_info() == {**info, "lr": 0.05}
+            tx.add_peer(plain.address)
+            assert tx.receiver_info(peer=plain.address) == {}
+            assert tx.receiver_info(peer=rx.address)["job.workers"] == 3
+            with pytest.raises(tw.TensorWireError, match="name one with peer="):
+                tx.receiver_info()
+    bad: list[tuple[Any, type[Exception], str]] = [
+        ({"shape": [1, 2]}, TypeError, r"info\['shape'\]: a value must be a str, int"),
+        ({"n": np.int64(3)}, TypeError, r"info\['n'\]: .* got int64"),
+        ({1: "a"}, TypeError, "each name must be a non-empty str, got 1"),
+        ({"": "a"}, TypeError, "each name must be a non-empty str"),
+        ({"big": 1 << 64}, ValueError, "does not fit in 64 bits"),
+        ({"x": math.inf}, ValueError, "not a finite number"),
+        ({"blob": "x" * (70 << 10)}, ValueError, "more than the 65536 a receiver may publish"),
+        ("workers=3", TypeError, "info must be a mapping"),
+    ]
+    for given, error, match in bad:
+        with pytest.raises(error, match=match):
+            tw.Receiver(info=given)
+
+
 def test_second_writer_of_a_claimed_tensor_is_refused(transport: str) -> None:
     with tw.Receiver() as rx:
         rx.register("t", (4,), "int64")

@@ -452,7 +452,7 @@ def test_secret_given_to_an_open_receiver_is_refused() -> None:
 
 def test_restarted_receiver_has_new_generation(transport: str) -> None:
     bind = f"tcp://127.0.0.1:{free_port()}"
-    rx = tw.Receiver(bind)
+    rx = tw.Receiver(bind, info={"incarnation": 1})
     rx.register("t", (4,), "int32")
     first = rx.generation
     with (
@@ -462,8 +462,9 @@ def test_restarted_receiver_has_new_generation(transport: str) -> None:
         rx.register("u", (4,), "int32")
         tx.write("t", np.arange(4, dtype=np.int32))
         tx2.write("u", np.arange(4, dtype=np.int32))
+        assert tx2.receiver_info() == {"incarnation": 1}
         rx.close()
-        with tw.Receiver(bind) as rx_new:
+        with tw.Receiver(bind, info={"incarnation": 2}) as rx_new:
             assert rx_new.generation != first
             rx_new.register("t", (4,), "int32")
             rx_new.register("u", (4,), "int32")
@@ -472,6 +473,7 @@ def test_restarted_receiver_has_new_generation(transport: str) -> None:
             assert rx_new.pending("t") == 0
             tx2.write("u", np.arange(4, dtype=np.int32) + 10)  # re-resolves transparently
             assert rx_new.wait("u", timeout=5).tolist() == [10, 11, 12, 13]
+            assert tx2.receiver_info() == {"incarnation": 2}  # read anew at the reconnect
 
 
 _INTERRUPTED_WRITE = """

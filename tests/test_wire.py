@@ -32,6 +32,11 @@ messages = st.one_of(
         st.binary(max_size=32),
         st.dictionaries(st.text(max_size=5), st.dictionaries(st.text(max_size=5), i63)),
         i63,
+        st.dictionaries(
+            st.text(max_size=8),
+            st.one_of(st.none(), st.booleans(), i63, st.floats(allow_nan=False), st.text()),
+            max_size=4,
+        ),
     ),
     st.builds(wire.Lookup, i63),
     st.builds(
@@ -67,8 +72,10 @@ def test_control_round_trip(msg: wire.Message) -> None:
 
 
 def test_a_field_added_later_has_its_default_when_absent() -> None:
-    """A welcome from a receiver that predates ``heartbeat_timeout_ms`` decodes with 0 (no
-    timeout said); a required field that is absent is still refused."""
+    """A welcome from a receiver that predates ``heartbeat_timeout_ms`` and ``info`` decodes
+    with 0 (no timeout said) and {} (a dict of its own each time: a default shared by every
+    welcome would be changed for all through one); a required field that is absent is still
+    refused."""
     body = {
         "v": wire.VERSION,
         "t": "welcome",
@@ -81,6 +88,9 @@ def test_a_field_added_later_has_its_default_when_absent() -> None:
     }
     old = wire.decode(msgpack.packb(body, use_bin_type=True))
     assert isinstance(old, wire.Welcome) and old.heartbeat_timeout_ms == 0
+    again = wire.decode(msgpack.packb(body, use_bin_type=True))
+    assert isinstance(again, wire.Welcome) and old.info == again.info == {}
+    assert old.info is not again.info
     del body["token"]
     with pytest.raises(LocalProtocolError, match="'token' must be bytes, got None"):
         wire.decode(msgpack.packb(body, use_bin_type=True))

@@ -199,32 +199,42 @@ def probe_name(rank: int) -> str:
     return f"probe/{rank}"
 
 
-#: A tensor no one writes, whose shape, ``(workers,)``, tells a joining worker the size of the
-#: server's job: registered before anything else, so it is in every address book a worker
-#: reads. A worker started with another ``--workers`` splits the data set otherwise than the
-#: job (its shard overlapping another's, or some rows in none), and trained on silently.
-JOB_TENSOR = "job"
+#: What every server publishes about its job (``Receiver(info=...)``, :func:`job_info`), read
+#: by a joining worker before it writes its join: the job's size, under this name. A worker
+#: started with another ``--workers`` splits the data set otherwise than the job (its shard
+#: overlapping another's, or some rows in none), and trained on silently.
+JOB_WORKERS = "job.workers"
+
+#: The prefix of the published names of the settings every server of a job must share. A
+#: worker compares its servers' before it joins: servers started with another ``--steps`` ended
+#: the job at different steps (the first to finish stopped the workers, the other waited for
+#: them), and another ``--lr`` or ``--optimizer`` trained each shard otherwise, silently.
+SETTING_PREFIX = "job.setting."
 
 
-#: The prefix of a tensor no one writes (shape ``(0,)``: no memory), whose name carries the
-#: settings every server of a job must share, ``key=value`` pairs after it (:func:`settings_name`).
-#: A worker compares its servers' before it joins: servers started with another ``--steps``
-#: ended the job at different steps (the first to finish stopped the workers, the other waited
-#: for them), and another ``--lr`` or ``--optimizer`` trained each shard otherwise, silently.
-SETTINGS_PREFIX = "job/settings/"
+def job_info(workers: int, settings: dict[str, object]) -> dict[str, object]:
+    """What a server publishes about its job: its size and ``settings`` (their values as
+    str, compared as written: ``repr`` of a float keeps it exact)."""
+    info: dict[str, object] = {JOB_WORKERS: workers}
+    info.update({SETTING_PREFIX + key: str(value) for key, value in settings.items()})
+    return info
 
 
-def settings_name(settings: dict[str, object]) -> str:
-    """The settings tensor's name for ``settings`` (their values without ``,`` or ``=``)."""
-    return SETTINGS_PREFIX + ",".join(f"{k}={v}" for k, v in settings.items())
+def job_workers(info: dict[str, Any]) -> int | None:
+    """The job's size a server published (:func:`job_info`); None where it published none."""
+    workers = info.get(JOB_WORKERS)
+    return workers if type(workers) is int else None
 
 
-def parse_settings(name: str) -> dict[str, str] | None:
-    """The settings a name made by :func:`settings_name` carries; None for any other name."""
-    if not name.startswith(SETTINGS_PREFIX):
-        return None
-    pairs = (item.partition("=") for item in name[len(SETTINGS_PREFIX) :].split(","))
-    return {key: value for key, _, value in pairs if key}
+def job_settings(info: dict[str, Any]) -> dict[str, str] | None:
+    """The shared settings a server published (:func:`job_info`), by their flags' names; None
+    where it published none."""
+    settings = {
+        key[len(SETTING_PREFIX) :]: str(value)
+        for key, value in info.items()
+        if key.startswith(SETTING_PREFIX)
+    }
+    return settings or None
 
 
 #: The kinds of tensor a worker writes to a server, each named ``kind/<rank>[/...]`` by the

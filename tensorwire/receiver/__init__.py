@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from .. import metrics
@@ -50,6 +50,7 @@ from ..resource import Resource
 from ..spec import TensorSpec
 from ..transports.base import ServerSettings
 from .consumer import Consumer
+from .info import checked_info
 from .landing import Landing
 from .servers import DataServers
 from .sessions import SessionHandler
@@ -104,6 +105,10 @@ class Receiver(Resource):
     allows; every other transport still reaches them, and ``nixl`` writes into them faster (a
     16 MiB write 1.45x on one host, BENCHMARKS.md, "Receiver memory"): the choice for a receiver
     whose senders are on other hosts.
+    ``info``: facts about this receiver for its senders to read before they write
+    (:meth:`Sender.receiver_info <tensorwire.Sender.receiver_info>`), names to a str, int, float,
+    bool or None, at most 64 KiB encoded: a job's size, the settings its servers share. They
+    ride in every sender's welcome, so every sender admitted reads them: no secrets there.
     """
 
     def __init__(
@@ -122,8 +127,10 @@ class Receiver(Resource):
         nixl: bool | NixlOptions | None = None,
         shm: bool | None = None,
         insecure: bool = False,
+        info: Mapping[str, Any] | None = None,
     ) -> None:
         bind_host, data_host = _parse_bind(bind)
+        published = checked_info(info)
         if shm and not shm_available():
             raise TransportError(
                 "shm=True, but /dev/shm is missing or not writable here; pass shm=None to fall "
@@ -147,6 +154,7 @@ class Receiver(Resource):
                 "unauthenticated senders on a network you trust"
             )
         self.name = name or f"receiver-{secrets.token_hex(3)}"
+        self._info = published
         self.generation: int = secrets.randbits(62) | 1
         self._state = ReceiverState(self.name, self.generation, host_identity())
         self._closed = False
@@ -179,6 +187,7 @@ class Receiver(Resource):
                 self._servers,
                 secret=normalise_secret(secret),
                 heartbeat_timeout=heartbeat_timeout,
+                info=published,
             )
             self._consumer = Consumer(self._state, self._table)
             self._landing = Landing(self._state, self._table, self._sessions)
@@ -195,6 +204,11 @@ class Receiver(Resource):
             raise
         self.address: str = self._control.address
         metrics.watch(self)
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """What this receiver publishes about itself (``info=``), as its senders read it."""
+        return dict(self._info)
 
     # ---------------------------------------------------------------------------------------
     # Registration (tensorwire.receiver.tensors)
