@@ -7,14 +7,20 @@ write (its claim: one control-plane round trip each), and then one ``write_many`
 with the receiver's ``wait_all`` (the steady state); then a second sender's first
 ``write_many`` of all of them (its claims go together, ``claim-many``), with ``wait_all``.
 Medians of ``--repeat`` runs.
+
+``--memory`` adds one pass under :mod:`tracemalloc` (slower: its times are not reported): the
+Python heap the receiver holds once the tensors are registered, and once a sender (in the same
+process) has written each of them once, with the count of objects the garbage collector tracks.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import time
+import tracemalloc
 
 import numpy as np
 
@@ -60,6 +66,32 @@ def measure(tensors: int, transport: str) -> dict[str, float]:
     return out
 
 
+def measure_memory(tensors: int, transport: str) -> dict[str, float]:
+    """The Python heap (MiB, traced) after registering ``tensors`` small tensors, and after a
+    sender's first ``write_many`` of all of them; the objects the collector tracks then."""
+    names = [f"t{i}" for i in range(tensors)]
+    x = np.ones(16, np.float32)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        with tw.Receiver() as rx:
+            rx.register_many([(n, (16,), "float32") for n in names])
+            registered = tracemalloc.get_traced_memory()[0]
+            with tw.Sender.connect(rx.address, transport=transport, timeout=60) as tx:
+                tx.write_many({n: x for n in names})
+                rx.wait_all(names, timeout=60)
+                rx.release_many(names)
+                written = tracemalloc.get_traced_memory()[0]
+                objects = len(gc.get_objects())
+    finally:
+        tracemalloc.stop()
+    return {
+        "heap_registered_mib": registered / 2**20,
+        "heap_written_mib": written / 2**20,
+        "gc_objects": objects,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tensorwire.bench.registration", description=__doc__
@@ -70,6 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--repeat", type=at_least(1), default=3, help="default 3")
     parser.add_argument("--json", metavar="PATH", type=output_file, help="write the runs as JSON")
+    parser.add_argument(
+        "--memory",
+        action="store_true",
+        help="also measure the Python heap and the objects held, in one more pass (traced)",
+    )
     args = parser.parse_args(argv)
     runs = [measure(args.tensors, args.transport) for _ in range(args.repeat)]
     print(f"{args.tensors} float32[16] tensors over {args.transport}, median of {args.repeat}:")
@@ -78,6 +115,13 @@ def main(argv: list[str] | None = None) -> int:
         medians[key] = median = statistics.median(r[key] for r in runs)
         per = median / args.tensors * 1e6
         print(f"  {key:<16} {median:8.2f} s  ({per:7.1f} us a tensor)")
+    memory = measure_memory(args.tensors, args.transport) if args.memory else None
+    if memory is not None:
+        print(
+            f"  python heap      {memory['heap_registered_mib']:8.1f} MiB registered, "
+            f"{memory['heap_written_mib']:.1f} MiB once a sender wrote each tensor "
+            f"({memory['gc_objects']:,.0f} objects tracked)"
+        )
     if args.json:
         result = {
             "kind": "registration",
@@ -85,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             "config": {"tensors": args.tensors, "transport": args.transport},
             "runs": runs,
             "medians": medians,
+            "memory": memory,
         }
         write_json(args.json, result)
     return 0

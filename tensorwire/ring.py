@@ -27,6 +27,7 @@ not: this port is untested there.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import deque
 from typing import Any
@@ -81,9 +82,7 @@ class RingMemory:
         self._owner = (layout.ctrl + OFF_OWNER) // 8
         self._writing = (layout.ctrl + OFF_WRITING) // 8
         self._device_stores = (layout.ctrl + OFF_DEVICE_STORES) // 8
-        #: each slot's sequence-number word, as an address in this process (what the GPU
-        #: stores into when it completes messages: tensorwire.cuda_stores)
-        self.seq_addresses = [region.address + h + OFF_SEQ for h in layout.headers]
+        self._region_address = region.address
         # find()'s guess: the last message found, and which slot followed each slot last time
         self._found_seq = 0
         self._found_slot = 0
@@ -96,12 +95,14 @@ class RingMemory:
         #: the GPU the payloads are on (None: they are in ``region``, host memory)
         self.device: int | None = None if payload is None else int(payload.device)
         self._payload = payload
-        base = region.address if payload is None else int(payload.address)
-        #: each slot's payload address, in this process
-        self.payload_addresses = [base + p for p in layout.payloads]
-        #: each slot's payload as host bytes (none for GPU payloads)
-        self.payload_bytes: list[np.ndarray[Any, Any]] = []
-        #: static tensors: each slot as an array of the spec's dtype and shape (numpy or cupy)
+        self._payload_base = region.address if payload is None else int(payload.address)
+        #: each slot's payload as host bytes (none for GPU payloads), made at its first use
+        #: (payload_row): a ring made every view of its 32 slots at once, twice over for a
+        #: static tensor, most of its cost where thousands of small tensors are registered or
+        #: claimed, and a sender writes few of a receiver's tensors
+        self.payload_bytes: list[np.ndarray[Any, Any] | None] = []
+        #: static tensors: each slot as an array of the spec's dtype and shape (numpy or cupy),
+        #: a host slot's made at its first use (static_view); None for dynamic tensors
         self.static_views: list[Any] | None = None
         #: the same slots as one ``(depth, *shape)`` array, where they are made from one
         #: (host slots, evenly spaced, of a tensor that is not 0-d)
@@ -113,24 +114,73 @@ class RingMemory:
         self.region_bytes: memoryview | None = None if payload is not None else region.bytes
         self.payload_offsets = layout.payloads
         #: host slots as rows of one strided array, where the payloads are evenly spaced (as
-        #: plan_ring lays them out): its views per slot are made at once (numpy's own loop),
-        #: not one Python slicing each (a small tensor has 32 slots; with region_bytes,
-        #: 20,000 small tensors registered in 5.35 s, not 9.07: BENCHMARKS.md, "Many tensors")
-        rows = self._host_rows(region) if payload is None else None
-        if rows is not None:
-            self.payload_bytes = list(rows)
-        elif payload is None:
-            arr = region.array
-            self.payload_bytes = [arr[p : p + layout.capacity] for p in layout.payloads]
+        #: plan_ring lays them out): a slot's view is a row of it, not a slicing of the region
+        #: (with region_bytes, 20,000 small tensors registered in 5.35 s, not 9.07:
+        #: BENCHMARKS.md, "Many tensors")
+        self._rows = self._host_rows(region) if payload is None else None
+        self._region_array = region.array if payload is None and self._rows is None else None
+        if payload is None:
+            self.payload_bytes = [None] * self.depth
         if not spec.dynamic:
             shape = spec.static_shape
-            if rows is not None and shape:
+            if self._rows is not None and shape:
                 nbytes = math.prod(shape) * spec.dtype.itemsize
-                typed = rows[:, :nbytes].view(spec.dtype).reshape((self.depth, *shape))
+                typed = self._rows[:, :nbytes].view(spec.dtype).reshape((self.depth, *shape))
                 self.static_block = typed
-                self.static_views = list(typed)
-            else:  # (a 0-d tensor's rows would come out as numpy scalars, not views)
+            if payload is None:
+                self.static_views = [None] * self.depth
+            else:  # GPU slots: made at once, where their device is current
                 self.static_views = [self._over(slot, shape) for slot in range(self.depth)]
+
+    # The slots' addresses serve GPU copies and stores only: made at their first use, as the
+    # views are (two lists of 32 ints a small tensor, 45 MB of 20,000 tensors' rings).
+
+    @functools.cached_property
+    def seq_addresses(self) -> list[int]:
+        """Each slot's sequence-number word, as an address in this process (what the GPU
+        stores into when it completes messages: tensorwire.cuda_stores)."""
+        return [self._region_address + h + OFF_SEQ for h in self.layout.headers]
+
+    @functools.cached_property
+    def payload_addresses(self) -> list[int]:
+        """Each slot's payload address, in this process."""
+        return [self._payload_base + p for p in self.layout.payloads]
+
+    def forget_views(self) -> None:
+        """Drop every view of the ring's memory (its region is about to be unmapped: a view
+        kept would hold the mapping's buffer exported)."""
+        self.static_views = None
+        self.static_block = None
+        self.payload_bytes = []
+        self.region_bytes = None
+        self._rows = None
+        self._region_array = None
+
+    def payload_row(self, slot: int) -> np.ndarray[Any, Any]:
+        """Host ``slot``'s payload as bytes (its whole capacity), made at its first use."""
+        row = self.payload_bytes[slot]
+        if row is None:
+            if self._rows is not None:
+                row = self._rows[slot]
+            else:
+                at = self.layout.payloads[slot]
+                assert self._region_array is not None
+                row = self._region_array[at : at + self.layout.capacity]
+            self.payload_bytes[slot] = row
+        return row
+
+    def static_view(self, slot: int) -> Any:
+        """A static tensor's ``slot`` as an array of its spec, made at its first use (the hot
+        paths look in ``static_views`` first, inline)."""
+        assert self.static_views is not None
+        view = self.static_views[slot]
+        if view is None:
+            if self.static_block is not None:
+                view = self.static_block[slot]
+            else:  # (a 0-d tensor's row would come out as a numpy scalar, not a view)
+                view = self._over(slot, self.spec.static_shape)
+            self.static_views[slot] = view
+        return view
 
     def _host_rows(self, region: Region) -> np.ndarray[Any, Any] | None:
         """The host payloads as a ``(depth, capacity)`` byte array over the region (row ``i``
@@ -152,7 +202,7 @@ class RingMemory:
         # math.prod, not np.prod: a ring makes one view per slot (32 for a small tensor), and
         # np.prod's dispatch took about 5 us of each (profiled: 1.6 s of 10,000 registrations)
         nbytes = math.prod(shape) * self.spec.dtype.itemsize
-        return self.payload_bytes[slot][:nbytes].view(self.spec.dtype).reshape(shape)
+        return self.payload_row(slot)[:nbytes].view(self.spec.dtype).reshape(shape)
 
     # -- sequence numbers ------------------------------------------------------------------
 
@@ -279,7 +329,8 @@ class RingMemory:
         """A writable view of ``slot``'s payload, in the tensor's dtype (``shape`` if dynamic):
         a numpy array, or a cupy array for a GPU tensor."""
         if self.static_views is not None:
-            return self.static_views[slot]
+            view = self.static_views[slot]
+            return self.static_view(slot) if view is None else view
         assert shape is not None
         return self._over(slot, shape)
 
@@ -348,7 +399,10 @@ class RingMemory:
             # shape is a plain copy, and it needs no byte view of the source, which costs more
             # to make than a 4 KiB copy (one-process timing: 0.28 us against 0.41 us through
             # memoryviews at 4 KiB; 1.33 against 1.68 us at 64 KiB)
-            self.static_views[slot][...] = array  # type: ignore[index]
+            view = self.static_views[slot]  # type: ignore[index]
+            if view is None:
+                view = self.static_view(slot)
+            view[...] = array
             # publish(), inline for a static tensor (no shape words)
             q[self._nbytes[slot]] = self.spec.max_bytes
             q[self._seq[slot]] = seq  # the completion store: after the payload
@@ -403,7 +457,8 @@ class RingMemory:
         """The landed tensor in ``slot`` (which must be complete): a numpy view, or a cupy one
         for a GPU tensor."""
         if self.static_views is not None:
-            return self.static_views[slot]
+            view = self.static_views[slot]
+            return self.static_view(slot) if view is None else view
         ndim = self._i[self._ndim[slot]]
         base = self._dims[slot]
         return self._over(slot, tuple(int(self._q[base + k]) for k in range(ndim)))

@@ -1037,6 +1037,25 @@ def test_the_ping_startup_benchmark_times_pings_against_a_live_receiver(tmp_path
     assert "median" in out.stdout
 
 
+def test_the_registration_benchmark_measures_times_and_the_heap_held(tmp_path: Path) -> None:
+    """Every message of each of 50 tensors lands (the benchmark waits for them); with
+    ``--memory`` it also says what the receiver's tensors hold of the Python heap."""
+    path = tmp_path / "registration.json"
+    out = run(
+        "-m", "tensorwire.bench.registration", "--tensors", "50", "--repeat", "1", "--memory",
+        "--json", str(path),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    written = json.loads(path.read_text())
+    assert written["kind"] == "registration" and len(written["runs"]) == 1
+    assert set(written["runs"][0]) == {
+        "register_s", "connect_s", "first_writes_s", "steady_batch_s", "first_batch_s"
+    }  # fmt: skip
+    memory = written["memory"]
+    assert 0 < memory["heap_registered_mib"] <= memory["heap_written_mib"], memory
+    assert memory["gc_objects"] > 0 and "python heap" in out.stdout
+
+
 @pytest.mark.parametrize("damage", ["truncated", "empty", "random bytes", "a flipped byte"])
 def test_a_damaged_checkpoint_is_refused_in_one_line(tmp_path: Path, damage: str) -> None:
     """A checkpoint is renamed into place whole, but a disk, a copy by hand or a full volume

@@ -86,9 +86,11 @@ class Consumer:
         tensor.consumed += 1
         counts = tensor.traffic  # inline, not a method call: this is the per-message path
         counts.messages += 1
-        if tensor.views is not None:
+        views = tensor.views
+        if views is not None:
             counts.bytes += tensor.spec.max_bytes
-            return tensor.views[slot]
+            view = views[slot]
+            return tensor.make_view(slot) if view is None else view
         view = tensor.ring.view(slot)
         counts.bytes += view.nbytes
         return view if tensor.ring.device is not None else received(view)

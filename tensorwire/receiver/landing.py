@@ -97,7 +97,7 @@ class Landing(DataSink):
             tensor, nbytes = self._check_write(session, header)
             tensor.inflight = session
             if tensor.ring.device is None:
-                return tensor.ring.payload_bytes[header.slot][:nbytes].data
+                return tensor.ring.payload_row(header.slot)[:nbytes].data
             # A GPU slot: the bytes arrive in pinned host memory first (arrived() and end_write
             # copy them on).
             if tensor.staging is None:

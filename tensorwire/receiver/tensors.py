@@ -69,7 +69,9 @@ class RegisteredTensor:
     tensor_id: int
     spec: TensorSpec
     ring: RingMemory
-    views: list[Any] | None  # static tensors: each slot's view (ReceivedArray, or cupy)
+    #: static tensors: each slot's view as wait() hands it out (a read-only ReceivedArray, or
+    #: cupy), made at its first use (make_view)
+    views: list[Any] | None
     consumed: int = 0  # messages handed out by wait()
     released: int = 0  # messages handed back by release()
     credited: int = 0  # of those, how many the owner has been told of (networked writers)
@@ -96,6 +98,23 @@ class RegisteredTensor:
     staged_upto: int = 0
     #: where messages handed to the consumer are counted (by name and the claim's transport)
     traffic: Traffic = dataclasses.field(default_factory=Traffic)
+    #: a static host tensor's slots as one read-only array, whose rows are its views
+    view_block: Any = None
+
+    def make_view(self, slot: int) -> Any:
+        """``slot``'s view, made and kept in ``views`` (a registration made all of them at
+        once: 32 views of a small tensor, a third of its cost; BENCHMARKS.md, "Many
+        tensors"). Each row of the read-only block is read-only; GPU memory cannot be marked
+        read-only, so a device tensor's views are plain cupy arrays."""
+        assert self.views is not None
+        if self.view_block is not None:
+            view = self.view_block[slot]
+        elif self.ring.device is None:
+            view = received(self.ring.static_view(slot))
+        else:
+            view = self.ring.static_view(slot)
+        self.views[slot] = view
+        return view
 
     @property
     def device(self) -> int | None:
@@ -215,13 +234,10 @@ class TensorTable:
             self._device_cursor[payload.device] = (payload_region, layout.end)
         ring_mem = RingMemory(spec, layout, region, self.bell, payload)
         ring_mem.reset_slots()
-        views: list[Any] | None = None
-        if ring_mem.static_block is not None:
-            views = list(received(ring_mem.static_block))  # (each row read-only in turn)
-        elif ring_mem.static_views is not None:
-            # GPU memory cannot be marked read-only: a device tensor's views are plain cupy arrays
-            views = [received(v) if payload is None else v for v in ring_mem.static_views]
+        views = None if ring_mem.static_views is None else [None] * ring_mem.depth
         tensor = RegisteredTensor(len(self.by_id) + 1, spec, ring_mem, views)
+        if ring_mem.static_block is not None:
+            tensor.view_block = received(ring_mem.static_block)
         self.by_name[spec.name] = tensor
         self.by_id[tensor.tensor_id] = tensor
         self._order.append(tensor)
@@ -401,12 +417,9 @@ class TensorTable:
                 if tensor.stale_writer is not None:
                     tensor.stale_writer.close()
                     tensor.stale_writer = None
-                tensor.views = None
+                tensor.views = tensor.view_block = None
                 tensor.staging = None
-                tensor.ring.static_views = None
-                tensor.ring.static_block = None
-                tensor.ring.payload_bytes = []
-                tensor.ring.region_bytes = None
+                tensor.ring.forget_views()
             self._order.clear()
             self._order_version += 1
             self.by_name.clear()
