@@ -98,8 +98,8 @@ class RingMemory:
         self._payload_base = region.address if payload is None else int(payload.address)
         #: each slot's payload as host bytes (none for GPU payloads), made at its first use
         #: (payload_row): a ring made every view of its 32 slots at once, twice over for a
-        #: static tensor, most of its cost where thousands of small tensors are registered or
-        #: claimed, and a sender writes few of a receiver's tensors
+        #: static tensor, much of its cost and memory where thousands of small tensors are
+        #: registered or claimed, and a sender writes few of a receiver's tensors
         self.payload_bytes: list[np.ndarray[Any, Any] | None] = []
         #: static tensors: each slot as an array of the spec's dtype and shape (numpy or cupy),
         #: a host slot's made at its first use (static_view); None for dynamic tensors

@@ -103,9 +103,9 @@ class RegisteredTensor:
 
     def make_view(self, slot: int) -> Any:
         """``slot``'s view, made and kept in ``views`` (a registration made all of them at
-        once: 32 views of a small tensor, a third of its cost; BENCHMARKS.md, "Many
-        tensors"). Each row of the read-only block is read-only; GPU memory cannot be marked
-        read-only, so a device tensor's views are plain cupy arrays."""
+        once, 32 of a small tensor: BENCHMARKS.md, "Slot views made at first use"). Each row
+        of the read-only block is read-only; GPU memory cannot be marked read-only, so a
+        device tensor's views are plain cupy arrays."""
         assert self.views is not None
         if self.view_block is not None:
             view = self.view_block[slot]
