@@ -154,7 +154,6 @@ class Receiver(Resource):
                 "unauthenticated senders on a network you trust"
             )
         self.name = name or f"receiver-{secrets.token_hex(3)}"
-        self._info = published
         self.generation: int = secrets.randbits(62) | 1
         self._state = ReceiverState(self.name, self.generation, host_identity())
         self._closed = False
@@ -208,7 +207,7 @@ class Receiver(Resource):
     @property
     def info(self) -> dict[str, Any]:
         """What this receiver publishes about itself (``info=``), as its senders read it."""
-        return dict(self._info)
+        return dict(self._sessions.info)
 
     # ---------------------------------------------------------------------------------------
     # Registration (tensorwire.receiver.tensors)

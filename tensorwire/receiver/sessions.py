@@ -88,7 +88,7 @@ class SessionHandler:
         info: dict[str, Any] | None = None,
     ) -> None:
         self._state = state
-        self._info = info or {}  # published in every welcome (Receiver(info=...))
+        self.info = info or {}  # published in every welcome (Receiver(info=...))
         self._table = table
         self._servers = servers
         self._secret = secret
@@ -259,7 +259,7 @@ class SessionHandler:
             heartbeat_timeout_ms=0
             if self._heartbeat_timeout is None
             else max(1, round(self._heartbeat_timeout * 1000)),
-            info=self._info,
+            info=self.info,
         )
 
     def _address_book(self, compact: bool) -> wire.AddressBook:
