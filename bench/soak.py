@@ -20,7 +20,8 @@ itself fenced: its write in flight at the freeze may complete, its next raises
 With ``--hosts separate`` (root and util-linux's ``unshare``), each sender process runs in a pid
 and mount namespace of its own, so that the receiver sees it as on another machine: its death
 and its freeze are told by its connection and its heartbeats only, and a dropped ``nixl`` writer
-is not fenced by its process (RELIABILITY.md, "Limits": what lands of a frozen one is reported).
+is fenced by moving its tensors' rings, not by its process (what lands of a frozen one is
+reported: its stale WRITE lands in the old ring, and the receiver completes none of it).
 
 With ``--dynamic``, each tensor's first dimension is dynamic and every message has a length of
 its own (told from its counter): the shape travels with each message and must arrive with it.

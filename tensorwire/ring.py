@@ -49,6 +49,7 @@ from .layout import (
     OFF_TX_WAITING,
     OFF_WRITING,
     RingLayout,
+    control_footprint,
     progression,
 )
 from .region import Region
@@ -472,6 +473,19 @@ class RingMemory:
         b[i] = (b[i] + 1) & 0xFFFFFFFF
         if b[self._tx_waiting]:
             futex_wake(self.credit_bell_address)
+
+    def take_over(self, old: RingMemory, released: int) -> None:
+        """Become ``old``, a host ring of the same spec and depth elsewhere: its words (the
+        control block and the slot headers, one span: copied whole) and the payloads of its
+        slots whose message is unread or held (past ``released``); a free slot's bytes matter
+        to nobody. Where a tensor moves to fresh memory (TensorTable.move)."""
+        spec = self.spec
+        words = control_footprint(self.depth, spec.ndim, spec.dynamic) // 8
+        at, was = self.layout.ctrl // 8, old.layout.ctrl // 8
+        self._q[at : at + words] = old._q[was : was + words]
+        for slot in range(self.depth):
+            if old.seq_at(slot) > released:
+                self.payload_row(slot)[:] = old.payload_row(slot)
 
     def reset_slots(self) -> None:
         """Forget all messages (a fresh registration)."""

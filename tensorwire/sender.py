@@ -314,7 +314,7 @@ class _Peer:
             assert self.control is not None and self.channel is not None
             if deadline is None or deadline <= time.monotonic():
                 deadline = deadline_of(self._timeout)
-            claim = wire.Claim(self.generation, entry.tensor_id, self.transport)
+            claim = wire.Claim(self.generation, entry.tensor_id, self.transport, placed=True)
             # A receiver that dies meanwhile never answers: the channel's check of its peer (a
             # pidfd on this host, the heartbeats' verdict) ends the wait instead of the write's
             # whole timeout.
@@ -324,14 +324,26 @@ class _Peer:
             if not isinstance(claimed, wire.Claimed):
                 raise LocalProtocolError(f"expected claimed, got {claimed.TYPE}")
             w = self._claimed(
-                entry, claimed.next_seq, claimed.released, claimed.slots, claimed.epoch
+                entry,
+                claimed.next_seq,
+                claimed.released,
+                claimed.slots,
+                claimed.epoch,
+                claimed.layout,
             )
         return w
 
     def _claimed(
-        self, entry: TensorEntry, next_seq: object, released: object, slots: object, epoch: object
+        self,
+        entry: TensorEntry,
+        next_seq: object,
+        released: object,
+        slots: object,
+        epoch: object,
+        layout: object = None,
     ) -> TensorWriter:
-        """The writer of a claim the receiver granted (where its ring stands, as it said)."""
+        """The writer of a claim the receiver granted (where its ring stands, as it said; and
+        where it lies, where the receiver moved it since our address book was made)."""
         assert self.channel is not None
         if not (
             isinstance(next_seq, int)
@@ -340,6 +352,8 @@ class _Peer:
             and isinstance(slots, list)
         ) or any(isinstance(x, bool) for x in (next_seq, released, epoch)):
             raise LocalProtocolError(f"claim of {entry.spec.name!r}: malformed answer")
+        if layout:
+            entry = self._placed(entry, layout)
         seqs = [int(x) for x in slots if isinstance(x, int)]
         if len(seqs) != entry.layout.depth:
             raise LocalProtocolError(f"claim of {entry.spec.name!r}: malformed slot list")
@@ -347,6 +361,25 @@ class _Peer:
         w.traffic = metrics.traffic("sent", entry.spec.name, self.transport)
         self.writers[entry.tensor_id] = w
         return w
+
+    def _placed(self, entry: TensorEntry, layout: object) -> TensorEntry:
+        """``entry`` as the receiver places it now, its ring at ``layout`` (a claim's answer):
+        the receiver moved the ring away from a writer it dropped on another host, which may
+        still store into the old one (design.md, "One writer per tensor"). An address book
+        older than the move is fetched again."""
+        name = entry.spec.name
+        current = self.entries.get(name, entry)
+        if current.layout.to_wire(compact=True) != layout:
+            self.refresh()
+            current = self.entries.get(name, entry)
+            if current.layout.to_wire(compact=True) != layout:
+                raise LocalProtocolError(
+                    f"claim of {name!r}: the receiver's address book does not place it where "
+                    "the claim's answer does"
+                )
+        if current.tensor_id != entry.tensor_id or current.spec != entry.spec:
+            raise LocalProtocolError(f"claim of {name!r}: the tensor changed at the receiver")
+        return current
 
     def claim_many(self, entries: list[TensorEntry], deadline: float | None) -> None:
         """Claim the tensors of ``entries`` this sender has no writer of, in one round trip per
@@ -362,7 +395,7 @@ class _Peer:
             deadline = deadline_of(self._timeout)  # (as writer(): a claim needs its round trip)
         for start in range(0, len(todo), wire.MAX_CLAIMS):
             chunk = {e.tensor_id: e for e in todo[start : start + wire.MAX_CLAIMS]}
-            request = wire.ClaimMany(self.generation, list(chunk), self.transport)
+            request = wire.ClaimMany(self.generation, list(chunk), self.transport, placed=True)
             try:
                 reply = self.control.request_until(
                     request, deadline, self.channel.check_peer, CLAIM_RETRY
@@ -381,7 +414,7 @@ class _Peer:
                     raise LocalProtocolError(
                         f"a claim-many answer names no tensor asked: {item!r:.80}"
                     )
-                if len(item) == 5:
+                if len(item) in (5, 6):  # (6: with where the ring lies now, once moved)
                     self._claimed(entry, *item[1:])
                 elif len(item) != 3:
                     raise LocalProtocolError(f"malformed claim-many answer: {item!r:.80}")

@@ -126,6 +126,10 @@ class Claim(Message):
     generation: int
     tensor_id: int
     transport: str
+    #: the sender reads where a moved ring lies from the answer (``Claimed.layout``): a sender
+    #: older than moves would write into the ring the tensor left, which nobody reads, so its
+    #: claim of a moved tensor is refused instead
+    placed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +146,9 @@ class Claimed(Message):
     #: this claim's epoch: a shared-memory writer may write only while the ring's owner word
     #: holds it (the receiver changes the word when it drops the writer)
     epoch: int
+    #: where the ring lies now (RingLayout.to_wire), once the receiver has moved it away from
+    #: a dropped writer; empty while it is where the address book first placed it
+    layout: list[Any] = dataclasses.field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,13 +162,15 @@ class ClaimMany(Message):
     generation: int
     tensor_ids: list[Any]
     transport: str
+    placed: bool = False  # as Claim's
 
 
 @dataclass(frozen=True, slots=True)
 class ClaimedMany(Message):
     """The answer to :class:`ClaimMany`, one item per tensor in its order: a granted claim as
-    ``[tensor_id, next_seq, released, slots, epoch]`` (:class:`Claimed`'s fields), a refused one
-    as ``[tensor_id, code, message]`` (:class:`ErrorReply`'s)."""
+    ``[tensor_id, next_seq, released, slots, epoch]`` (:class:`Claimed`'s fields; with its
+    ``layout`` sixth where the ring has moved), a refused one as ``[tensor_id, code, message]``
+    (:class:`ErrorReply`'s)."""
 
     TYPE: ClassVar[str] = "claimed-many"
     generation: int

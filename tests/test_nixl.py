@@ -181,8 +181,9 @@ def test_the_fence_probe_sees_a_dropped_writers_write_land_over_tcp() -> None:
     without InfiniBand): a WRITE the writer posts after the receiver removed its agent, as
     tensorwire does when it drops a session, still lands, and so does one after the receiver
     deregistered the memory: over tcp UCX does not check the target's registration. This is
-    why a dropped `nixl` writer on another host is not fenced (RELIABILITY.md, "Limits"); should
-    a UCX release fence it, this fails, and that limit can be lifted."""
+    why a receiver moves the ring of a tensor whose `nixl` writer it dropped on another host
+    (`test_other_host.py -k cannot_store`); should a UCX release fence it, this fails, and the
+    move could be left to the fabrics that need it."""
     proc = subprocess.run(
         [sys.executable, "-m", "tensorwire.bench.nixl_fence", "--tls", "tcp", "--size", "65536"],
         capture_output=True,

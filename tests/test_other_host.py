@@ -13,11 +13,14 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 
 import tensorwire as tw
+from tensorwire import wire
+from tensorwire.errors import RemoteProtocolError
 
 from .conftest import free_port, freeze, in_pid_namespace, namespaced_pid, needs_pid_namespaces
 
@@ -120,12 +123,10 @@ def test_a_sender_on_another_host_that_dies_or_freezes_is_dropped_and_taken_over
 
             second = _writer(rx.address, transport, 1_000_000)
             got = rx.wait("t", timeout=30)  # its claim was granted: its first message
-            # A dropped `nixl` writer on another host is not fenced: one frozen between reading
-            # its notifications and posting its WRITE posts it when resumed, into the new
-            # sender's slots (RELIABILITY.md, "Limits"). So it is resumed only after the new
-            # sender's messages are checked; the others, while it streams.
-            resume_while_streaming = fault == "freeze" and transport != "nixl"
-            if resume_while_streaming:
+            # resumed while the new sender streams (a `nixl` one frozen between reading its
+            # notifications and posting its WRITE posts it now, into the ring it knew: the
+            # claim moved the tensor's ring away from it)
+            if fault == "freeze":
                 os.kill(pid, signal.SIGCONT)
             for k in range(200):
                 assert got[0] == got[-1] == 1_000_000 + k, f"message {k} of the new sender"
@@ -133,14 +134,198 @@ def test_a_sender_on_another_host_that_dies_or_freezes_is_dropped_and_taken_over
                 got = rx.wait("t", timeout=30)
             rx.release("t")
             if fault == "freeze":
-                if not resume_while_streaming:
-                    os.kill(pid, signal.SIGCONT)
                 assert first.wait(30) == 3, _stop(first)
                 assert "PeerLostError" in _stop(first)
         finally:
             _stop(first)  # a frozen one too: SIGKILL ends a stopped process
             if second is not None:
                 _stop(second)
+
+
+#: A `nixl` writer of tensor "t" (1024 int64) that writes messages 0..9, then prepares WRITEs of
+#: -7s into every slot it takes for free (its message released, as far as it knows) and waits for
+#: a line on stdin before posting them: what a writer stalled between reading its notifications
+#: and posting its WRITE holds (the test freezes it there). Given the line, it posts them at
+#: once, says how they ended ("posted: DONE": they landed) and exits without a goodbye. It
+#: reaches into the sender's channel for that: no public call stops between the two.
+_STALE_WRITE = """
+import os, sys, time, numpy as np, tensorwire as tw
+tx = tw.Sender.connect(sys.argv[1], transport="nixl", timeout=30)
+for k in range(10):
+    tx.write("t", np.full(1024, k, np.int64), timeout=30)
+peer = next(iter(tx._peers.values()))
+channel, writer = peer.channel, next(iter(peer.writers.values()))
+agent, remote = channel._agent, channel._remote
+garbage = np.full(1024, -7, np.int64)
+src = channel.staging(garbage.view(np.uint8))
+local = agent.get_xfer_descs([(src.address, garbage.nbytes, 0)], "DRAM")
+released = channel.released(writer._tid)
+requests = [
+    agent.initialize_xfer(
+        "WRITE", local, agent.get_xfer_descs([(slot, garbage.nbytes, 0)], "DRAM"), remote
+    )
+    for slot, seq in zip(writer._addresses, writer._slots.seqs)
+    if seq <= released
+]
+print("ready", len(requests), flush=True)
+sys.stdin.readline()
+states = set()
+for request in requests:
+    state, give_up = agent.transfer(request), time.monotonic() + 15
+    while state == "PROC" and time.monotonic() < give_up:
+        state = agent.check_xfer_state(request)
+    states.add(state)
+print("posted:", ",".join(sorted(states)), flush=True)
+os._exit(0)
+"""
+
+
+def _gauge(rx: tw.Receiver, name: str, *labels: str) -> float:
+    return {(n, ls): v for n, ls, v in rx.metric_gauges()}[(name, labels)]
+
+
+def _moves() -> float:
+    """``tensorwire_rings_moved_total{transport="nixl"}`` of this process."""
+    family = {m.name: m for m in tw.metrics.snapshot()}.get("tensorwire_rings_moved_total")
+    value = None if family is None else family.value("nixl")
+    return float(value) if isinstance(value, (int, float)) else 0.0
+
+
+def _until(what: str, done: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, f"not {what} within {timeout} s"
+        time.sleep(0.01)
+
+
+@pytest.mark.nixl
+@pytest.mark.parametrize(
+    ("successor", "left"), [("nixl", "nothing"), ("tcp", "messages unread and one held")]
+)
+def test_a_nixl_writer_dropped_on_another_host_cannot_store_into_its_successor_s_slots(
+    successor: str, left: str
+) -> None:
+    """A `nixl` writer on another host stalls between reading its notifications and posting its
+    WRITE (here: frozen there), is dropped for its silence, and a new writer takes the tensor
+    over and fills every free slot. Resumed, the stalled writer posts WRITEs of -7s into every
+    slot it took for free, and they land (UCX over TCP does not stop them: `test_nixl.py -k
+    fence_probe`). The new writer's messages are untouched: the receiver moved the tensor's ring
+    to fresh memory when it granted the claim, so the old writer's WRITEs land in a ring nobody
+    reads. Before, they overwrote the new writer's landed messages. What the dropped writer
+    left (messages not read yet, one held by the consumer; a dynamic tensor's shapes) moves
+    with the ring, whole."""
+    with tw.Receiver(heartbeat_timeout=HEARTBEAT_TIMEOUT) as rx:
+        if left == "nothing":
+            rx.register("t", (1024,), "int64", ring=16)
+        else:  # a dynamic tensor: its shape words move too
+            rx.register("t", (None,), "int64", max_bytes=8192, ring=16)
+        stale = in_pid_namespace(
+            ["-c", _STALE_WRITE, rx.address], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        second = None
+        try:
+            read = 10 if left == "nothing" else 4
+            for k in range(read):
+                got = rx.wait("t", timeout=30)
+                assert got[0] == got[-1] == k, f"message {k}: {got[0]}..{got[-1]}"
+                rx.release("t")
+            held = None if left == "nothing" else rx.wait("t", timeout=30)
+            assert stale.stdin is not None and stale.stdout is not None
+            assert stale.stdout.readline().startswith("ready"), _stop(stale)
+            pid = _fault(stale, "freeze")
+            _until("dropped", lambda: _gauge(rx, "peers", "receiver") == 0)
+
+            second = _writer(rx.address, successor, 1_000_000)
+            # its claim was granted once a message of its own landed (the consumer holds
+            # back: it fills every free slot)
+            _until("claimed", lambda: rx.pending("t") > 10 - read - (held is not None))
+            time.sleep(0.5)
+            stale.stdin.write("go\n")
+            stale.stdin.flush()
+            os.kill(pid, signal.SIGCONT)
+            assert stale.wait(30) == 0, _stop(stale)
+            assert "posted: DONE" in _stop(stale)
+            if held is not None:
+                assert np.array_equal(held, np.full(1024, read, np.int64)), held
+                rx.release("t")
+                for k in range(read + 1, 10):  # what it left unread
+                    got = rx.wait("t", timeout=30)
+                    assert np.array_equal(got, np.full(1024, k, np.int64)), f"{k}: {got}"
+                    rx.release("t")
+            for k in range(200):
+                got = rx.wait("t", timeout=30)
+                expected = np.full(1024, 1_000_000 + k, np.int64)
+                assert np.array_equal(got, expected), f"message {k} of the new writer: {got}"
+                rx.release("t")
+            assert second.poll() is None, _stop(second)
+        finally:
+            _stop(stale)
+            if second is not None:
+                _stop(second)
+
+
+#: writes message k of tensors "a" and "b" (1024 int64 each, all k and -k) together
+#: (write_many: their claims in one claim-many) from ``start`` on, until it fails
+_WRITE_BOTH_FOREVER = """
+import sys, numpy as np, tensorwire as tw
+address, transport, k = sys.argv[1], sys.argv[2], int(sys.argv[3])
+with tw.Sender.connect(address, transport=transport, timeout=30) as tx:
+    while True:
+        tx.write_many({"a": np.full(1024, k, np.int64), "b": np.full(1024, -k, np.int64)})
+        k += 1
+"""
+
+
+@pytest.mark.nixl
+def test_tensors_moved_again_and_again_from_dropped_nixl_writers_keep_every_message() -> None:
+    """`nixl` writers on other hosts, each killed in turn and followed by the next: every
+    takeover moves both tensors' rings (the answers of one claim-many say where), the third
+    back into the first ring's memory (RETIRED_RINGS kept), and each writer's messages arrive
+    whole and in order."""
+    moved_before = _moves()
+    with tw.Receiver(heartbeat_timeout=HEARTBEAT_TIMEOUT) as rx:
+        rx.register("a", (1024,), "int64")
+        rx.register("b", (1024,), "int64")
+        placed = []  # where "a"'s ring lay in each round
+        for round_ in range(4):
+            start = 1_000_000 * (round_ + 1)
+            writer = in_pid_namespace(
+                ["-c", _WRITE_BOTH_FOREVER, rx.address, "nixl", str(start)],
+                stdout=subprocess.PIPE,
+            )
+            try:
+                _until("connected", lambda: _gauge(rx, "peers", "receiver") == 1)
+                for k in range(20):
+                    got = rx.wait_all(["a", "b"], timeout=30)
+                    a, b = got["a"], got["b"]
+                    assert np.array_equal(a, np.full(1024, start + k, np.int64)), (round_, k, a)
+                    assert np.array_equal(b, np.full(1024, -start - k, np.int64)), (round_, k, b)
+                    rx.release_many(["a", "b"])
+                placed.append(rx._table.by_name["a"].ring.layout)
+                _fault(writer, "kill")
+                _until("dropped", lambda: _gauge(rx, "peers", "receiver") == 0)
+                for name in ("a", "b"):  # what it wrote before it died, then its loss
+                    with pytest.raises(tw.PeerLostError):
+                        for _ in range(100):
+                            rx.wait(name, timeout=10)
+                            rx.release(name)
+            finally:
+                _stop(writer)
+        # a sender older than moves (its claim does not say it reads where the ring lies) is
+        # refused a moved tensor, not let write where nobody reads
+        with tw.Sender.connect(rx.address, transport="tcp", timeout=10) as tx:
+            peer = tx._peers[rx.address]
+            assert peer.control is not None
+            old_claim = wire.Claim(peer.generation, peer.entries["a"].tensor_id, "tcp")
+            with pytest.raises(RemoteProtocolError, match="predates such moves"):
+                peer.control.request(old_claim, 10)
+            tx.write("a", np.full(1024, 7, np.int64))  # this one's own claim is granted
+            assert rx.wait("a", timeout=30)[0] == 7
+            rx.release("a")
+    # both tensors at each of the three takeovers, and "a" once more: the old sender's claim
+    # came after the last writer was dropped (the move is made, then that claim refused)
+    assert _moves() - moved_before == 7
+    assert len(set(placed[:3])) == 3 and placed[3] == placed[0], placed
 
 
 @pytest.mark.parametrize("transport", ["grpc", "grpc-stream", "nixl"])

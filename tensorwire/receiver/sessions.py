@@ -313,6 +313,13 @@ class SessionHandler:
         fenced = self._fenced(tensor, session)
         if fenced is not None:
             return wire.ErrorReply("fenced", f"tensor {tensor.spec.name!r}: {fenced}")
+        if tensor.retired and not msg.placed:
+            return wire.ErrorReply(
+                "protocol",
+                f"tensor {tensor.spec.name!r} has moved to fresh memory (its writer was "
+                "dropped on another host), and this sender predates such moves: it would write "
+                "where the tensor no longer is; upgrade tensorwire on the sender",
+            )
         tensor.epoch += 1
         tensor.ring.set_owner(tensor.epoch)
         tensor.owner = session
@@ -340,9 +347,11 @@ class SessionHandler:
             )
         claims: list[list[Any]] = []
         for tid in ids:
-            reply = self._claim(session, wire.Claim(msg.generation, tid, msg.transport), "batched")
+            one = wire.Claim(msg.generation, tid, msg.transport, msg.placed)
+            reply = self._claim(session, one, "batched")
             if isinstance(reply, wire.Claimed):
-                claims.append([tid, reply.next_seq, reply.released, reply.slots, reply.epoch])
+                granted = [tid, reply.next_seq, reply.released, reply.slots, reply.epoch]
+                claims.append([*granted, reply.layout] if reply.layout else granted)
             else:
                 assert isinstance(reply, wire.ErrorReply)
                 claims.append([tid, reply.code, reply.message])
@@ -375,6 +384,8 @@ class SessionHandler:
             tensor.released,
             tensor.ring.slot_seqs(),
             tensor.epoch,
+            # where the ring lies, once it has moved: the sender's address book may be older
+            tensor.ring.layout.to_wire(compact=True) if tensor.retired else [],
         )
 
     def _fenced(self, tensor: RegisteredTensor, session: Session) -> str | None:
@@ -409,6 +420,21 @@ class SessionHandler:
                 )
             stale.close()
             tensor.stale_writer = None
+        if tensor.move_before_claim:
+            try:
+                self._table.move(tensor)
+            except (OSError, TensorWireError) as exc:  # no memory for it (a full /dev/shm)
+                return (
+                    f"its previous writer, on another host, was dropped and may still store "
+                    f"into its ring, which could not be moved to fresh memory: {exc}"
+                )
+            tensor.move_before_claim = False
+            metrics.count("tensorwire_rings_moved_total", tensor.transport)
+            log.info(
+                "tensor %r moved to fresh memory: its %s writer, on another host, was dropped",
+                tensor.spec.name,
+                tensor.transport,
+            )
         tensor.ring.clear_writer()  # a writer that died inside a write left its mark
         return None
 
@@ -466,14 +492,15 @@ class SessionHandler:
                 # A writer that stores into our memory itself and still runs may store again:
                 # the next claim is fenced (_fenced), whether or not the consumer drained it
                 # (that forgets its messages and its notice, not what it may still store).
-                if (
-                    reason is not None
-                    and writer_alive
-                    and TRANSPORTS[tensor.transport].stores_itself
-                ):
-                    if tensor.stale_writer is not None:
-                        tensor.stale_writer.close()
-                    tensor.stale_writer = ProcessWatch(session.pid)
+                if reason is not None and TRANSPORTS[tensor.transport].stores_itself:
+                    if writer_alive:
+                        if tensor.stale_writer is not None:
+                            tensor.stale_writer.close()
+                        tensor.stale_writer = ProcessWatch(session.pid)
+                    elif session.host != self._state.host and self._table.movable(tensor):
+                        # on another host: whether it still runs nothing here can tell, nor
+                        # stop its WRITEs; the next writer gets a ring it never reached
+                        tensor.move_before_claim = True
         session.claims.clear()
         if reason is not None:
             # what its control connection and its heartbeats' token are told from now on

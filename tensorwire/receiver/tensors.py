@@ -56,6 +56,10 @@ if TYPE_CHECKING:
     from ..transports.base import Poller
     from .sessions import Session
 
+#: Rings a moved tensor keeps before it moves back into the oldest (TensorTable.move): a
+#: dropped writer would have to stay stalled through the sessions of this many writers after it.
+RETIRED_RINGS = 2
+
 #: A networked writer hears of released slots in batches of up to depth // CREDIT_BATCH_DIVISOR
 #: (Consumer.release): a credit message per release costs the receiver of a small message about
 #: as much as the message itself.
@@ -100,6 +104,14 @@ class RegisteredTensor:
     traffic: Traffic = dataclasses.field(default_factory=Traffic)
     #: a static host tensor's slots as one read-only array, whose rows are its views
     view_block: Any = None
+    #: a part of a tensor registered in parts: its payload lies within the whole's view
+    in_group: bool = False
+    #: its writer was dropped on another host while able to store into our memory (nixl): the
+    #: next claim moves the ring to memory that writer never reached (TensorTable.move)
+    move_before_claim: bool = False
+    #: rings the tensor moved away from, oldest first: each layout with how many messages the
+    #: consumer had taken then (held views of it may still be read until they are released)
+    retired: list[tuple[RingLayout, int]] = dataclasses.field(default_factory=list)
 
     def make_view(self, slot: int) -> Any:
         """``slot``'s view, made and kept in ``views`` (a registration made all of them at
@@ -215,6 +227,44 @@ class TensorTable:
             index, offset = len(self.regions) - 1, 0
         return index, align(offset, PAGE)
 
+    def _host_ring(self, spec: TensorSpec, depth: int) -> RingLayout:
+        """Room for a ring of ``depth`` slots of ``spec`` in the newest host region (a new one
+        where it does not fit): its layout, the region's index in it."""
+        _, base = self._reserve(ring_footprint(depth, spec.max_bytes, spec.ndim, spec.dynamic))
+        layout = plan_ring(base, depth, spec.max_bytes, spec.ndim, spec.dynamic)
+        self._next_offset = max(self._next_offset, align(layout.end, PAGE))
+        return dataclasses.replace(layout, region=self._host_index)
+
+    def movable(self, tensor: RegisteredTensor) -> bool:
+        """Whether :meth:`move` can move ``tensor``: a host tensor of its own (a part's payload
+        lies within its whole's view; a GPU ring's payloads are in device memory, not moved)."""
+        return tensor.ring.device is None and not tensor.in_group
+
+    def move(self, tensor: RegisteredTensor) -> None:
+        """Move ``tensor``'s ring to memory that no writer of it has reached, its messages and
+        words with it: a dropped ``nixl`` writer on another host may still post a WRITE into
+        the ring it knew (one stalled between reading its notifications and posting), and
+        nothing on this host can stop it (UCX over TCP does not check a deregistration,
+        ``bench.nixl_fence``); the next writer is told where the ring is now in its claim's
+        answer. The old ring's memory is kept, and used again only once RETIRED_RINGS later
+        moves have been made and the consumer released what it held of it. Under the lock,
+        with no payload arriving (the claim's fence checked it)."""
+        old = tensor.ring
+        retired = tensor.retired
+        if len(retired) >= RETIRED_RINGS and retired[0][1] <= tensor.released:
+            layout = retired.pop(0)[0]
+        else:
+            layout = self._host_ring(tensor.spec, old.depth)
+        ring = RingMemory(tensor.spec, layout, self.regions[layout.region], self.bell)
+        ring.take_over(old, tensor.released)
+        retired.append((old.layout, tensor.consumed))
+        old.forget_views()  # (held views of it keep its bytes readable: the region stays)
+        tensor.ring = ring
+        if tensor.views is not None:
+            tensor.views = [None] * ring.depth
+        tensor.view_block = None if ring.static_block is None else received(ring.static_block)
+        self._order_version += 1  # wait_any indexes the rings' words per order: anew
+
     def _add(
         self, spec: TensorSpec, layout: RingLayout, payload_region: int | None = None
     ) -> RegisteredTensor:
@@ -272,10 +322,7 @@ class TensorTable:
         with self._state.lock:
             self._check_new(spec.name)
             if device is None:
-                need = ring_footprint(depth, spec.max_bytes, spec.ndim, spec.dynamic)
-                _, base = self._reserve(need)
-                layout = plan_ring(base, depth, spec.max_bytes, spec.ndim, spec.dynamic)
-                self._add(spec, layout)
+                self._add(spec, self._host_ring(spec, depth))
                 return
             index, offset = self._reserve_device(device, payloads_footprint(depth, spec.max_bytes))
             _, base = self._reserve(control_footprint(depth, spec.ndim, spec.dynamic))
@@ -345,7 +392,7 @@ class TensorTable:
                 region, base = self._reserve(control_footprint(1, len(dims), False) * len(rows))
                 layouts = plan_parts(base, capacities, len(dims), offset)
             for part, layout in zip(parts, layouts, strict=True):
-                self._add(part, layout, index)
+                self._add(part, layout, index).in_group = True
             start = layouts[0].payloads[0]
             if index is None:
                 whole_bytes = region.array[start : start + whole.max_bytes]
