@@ -421,20 +421,28 @@ class SessionHandler:
             stale.close()
             tensor.stale_writer = None
         if tensor.move_before_claim:
+            tensor.move_before_claim = False
             try:
                 self._table.move(tensor)
-            except (OSError, TensorWireError) as exc:  # no memory for it (a full /dev/shm)
-                return (
-                    f"its previous writer, on another host, was dropped and may still store "
-                    f"into its ring, which could not be moved to fresh memory: {exc}"
+            except (OSError, MemoryError, TensorWireError) as exc:
+                # No memory to move it to (a full /dev/shm): the claim is granted where the
+                # ring is, as before moves, rather than refused for as long as the receiver
+                # lives; the dropped writer may still store into it, which the log says.
+                log.warning(
+                    "tensor %r stays where its dropped %s writer on another host may still "
+                    "store: its ring could not be moved to fresh memory (%s)",
+                    tensor.spec.name,
+                    tensor.transport,
+                    exc,
                 )
-            tensor.move_before_claim = False
-            metrics.count("tensorwire_rings_moved_total", tensor.transport)
-            log.info(
-                "tensor %r moved to fresh memory: its %s writer, on another host, was dropped",
-                tensor.spec.name,
-                tensor.transport,
-            )
+            else:
+                metrics.count("tensorwire_rings_moved_total", tensor.transport)
+                log.info(
+                    "tensor %r moved to fresh memory: its %s writer, on another host, was "
+                    "dropped",
+                    tensor.spec.name,
+                    tensor.transport,
+                )
         tensor.ring.clear_writer()  # a writer that died inside a write left its mark
         return None
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..checks import check_count
 from ..doorbell import ring_bell
-from ..errors import SpecMismatchError, UnknownTensorError
+from ..errors import SpecMismatchError, TensorWireError, UnknownTensorError
 from ..layout import (
     MAX_DEPTH,
     OFF_DOORBELL,
@@ -254,7 +254,15 @@ class TensorTable:
         if len(retired) >= RETIRED_RINGS and retired[0][1] <= tensor.released:
             layout = retired.pop(0)[0]
         else:
-            layout = self._host_ring(tensor.spec, old.depth)
+            try:
+                layout = self._host_ring(tensor.spec, old.depth)
+            except (OSError, MemoryError, TensorWireError):
+                # no memory for a fresh ring (a full /dev/shm): the oldest ring it left whose
+                # messages the consumer released serves, if there is one
+                free = [k for k, (_, taken) in enumerate(retired) if taken <= tensor.released]
+                if not free:
+                    raise
+                layout = retired.pop(free[0])[0]
         ring = RingMemory(tensor.spec, layout, self.regions[layout.region], self.bell)
         ring.take_over(old, tensor.released)
         retired.append((old.layout, tensor.consumed))
