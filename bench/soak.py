@@ -260,6 +260,14 @@ def _fds() -> dict[int, str]:
     return out
 
 
+def _rings_moved() -> int:
+    """Rings this process's receivers moved to fresh memory (tensorwire_rings_moved_total)."""
+    family = {m.name: m for m in tw.metrics.snapshot()}.get("tensorwire_rings_moved_total")
+    if family is None:
+        return 0
+    return int(sum(v for _, v in family.samples if isinstance(v, (int, float))))
+
+
 def _segments() -> int:
     """Shared-memory segments this process owns (their names carry our uid and pid)."""
     mine = f"tensorwire.{os.getuid()}.{os.getpid()}."
@@ -722,10 +730,19 @@ def _run(args: argparse.Namespace, transports: list[str]) -> dict[str, Any]:
         # so anything above that count would be a descriptor that outlived its use. Fewer, as
         # senders' sessions went, could hide a leak of each killed one's: a descriptor opened
         # since the warm-up and open still (its number and what it is alike) is one of those.
+        # The receiver's own memory added since (its segments' names carry our pid) is rings
+        # it moved away from writers it dropped on other hosts (design.md, "One writer per
+        # tensor"), kept until it closes: counted apart; the segment count after its close
+        # says whether any outlived it.
+        mine = f"/dev/shm/tensorwire.{os.getuid()}.{os.getpid()}."
         base = warm_fds if warm_rss is not None else end_fds
-        result["fd_growth"] = len(end_fds) - len(base)
-        left = sorted(f"{fd}: {what}" for fd, what in end_fds.items() if base.get(fd) != what)
+        added = {fd: what for fd, what in end_fds.items() if base.get(fd) != what}
+        regions = {fd for fd, what in added.items() if what.startswith(mine)}
+        result["fd_growth"] = len(end_fds) - len(regions) - len(base)
+        left = sorted(f"{fd}: {what}" for fd, what in added.items() if fd not in regions)
         result["fds_left_open"] = left
+        result["region_fds_added"] = len(regions)
+        result["rings_moved"] = _rings_moved()
     result["segment_growth"] = _segments() - seg0
     if soak.more_problems:
         soak.problems.append(f"... and {soak.more_problems} more violations of these kinds")
@@ -791,6 +808,12 @@ def render(result: dict[str, Any]) -> str:
         f"({len(result.get('fds_left_open', []))} opened since and open still); "
         f"segments {result['segment_growth']:+d}"
     )
+    if result.get("rings_moved"):
+        lines.append(
+            f"  {result['rings_moved']} rings moved to fresh memory away from writers dropped on "
+            f"other hosts ({result.get('region_fds_added', 0)} descriptors of regions added, "
+            "kept until the receiver closed)"
+        )
     lines.append(
         "OK: nothing lost, duplicated or torn"
         if not result["problems"]

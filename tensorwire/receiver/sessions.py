@@ -438,8 +438,7 @@ class SessionHandler:
             else:
                 metrics.count("tensorwire_rings_moved_total", tensor.transport)
                 log.info(
-                    "tensor %r moved to fresh memory: its %s writer, on another host, was "
-                    "dropped",
+                    "tensor %r moved to fresh memory: its %s writer, on another host, was dropped",
                     tensor.spec.name,
                     tensor.transport,
                 )
