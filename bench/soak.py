@@ -19,9 +19,9 @@ itself fenced: its write in flight at the freeze may complete, its next raises
 
 With ``--hosts separate`` (root and util-linux's ``unshare``), each sender process runs in a pid
 and mount namespace of its own, so that the receiver sees it as on another machine: its death
-and its freeze are told by its connection and its heartbeats only, and a dropped ``nixl`` writer
-is fenced by moving its tensors' rings, not by its process (what lands of a frozen one is
-reported: its stale WRITE lands in the old ring, and the receiver completes none of it).
+and its freeze are told by its connection and its heartbeats only. A dropped ``nixl`` writer,
+on either, is fenced by moving its tensors' rings (what lands of a frozen one is reported: its
+stale WRITE lands in the old ring, and the receiver completes none of it).
 
 With ``--dynamic``, each tensor's first dimension is dynamic and every message has a length of
 its own (told from its counter): the shape travels with each message and must arrive with it.
@@ -63,12 +63,11 @@ from .report import SCHEMA
 WRITE_IS_DELIVERY = frozenset({"shm", "grpc"})
 
 #: Transports whose sender writes the receiver's memory itself, so that the receiver holds a
-#: new claim of a tensor off while a dropped writer on its host could still store into it
-#: (docs/design.md, section 4, the claims' epochs): over shm while one frozen inside a write
-#: has not finished it; over nixl while a dropped writer's process runs (its RDMA write cannot
-#: be revoked). Such a hold, ended once the frozen sender ran again, is counted, not a problem.
+#: new claim of a tensor off while a dropped writer could still store into it (docs/design.md,
+#: section 4, the claims' epochs): over shm while one frozen inside a write has not finished
+#: it. Such a hold, ended once the frozen sender ran again, is counted, not a problem. (A nixl
+#: writer's tensors are not held: the next claim moves their rings away from it.)
 HELD_IN_A_WRITE = frozenset({"shm"})
-HELD_WHILE_IT_RUNS = frozenset({"nixl"})
 
 #: A message's counter: the sender's incarnation in the high 32 bits, its sequence below.
 SEQ_BITS = 32
@@ -556,11 +555,8 @@ class _Soak:
         where = f"{s.name}: frozen sender {inc} ({s.transport})"
         self._compare(where, s.transport, wrote, got)
         if "takeover_s" not in old or old["takeover_s"] > old.get("resumed_after_s", 0.0):
-            if (s.transport in HELD_IN_A_WRITE and wrote == old["acked_at_freeze"] + 1) or (
-                s.transport in HELD_WHILE_IT_RUNS and p.failed is not None and "takeover_s" in old
-            ):
-                # Held as designed (HELD_IN_A_WRITE): until the write it was stopped in ended,
-                # or until it exited, once it ran again and found itself dropped.
+            if s.transport in HELD_IN_A_WRITE and wrote == old["acked_at_freeze"] + 1:
+                # Held as designed: until the write it was stopped in ended.
                 old["held"] = True
                 return
             self.problem(
@@ -731,9 +727,9 @@ def _run(args: argparse.Namespace, transports: list[str]) -> dict[str, Any]:
         # senders' sessions went, could hide a leak of each killed one's: a descriptor opened
         # since the warm-up and open still (its number and what it is alike) is one of those.
         # The receiver's own memory added since (its segments' names carry our pid) is rings
-        # it moved away from writers it dropped on other hosts (design.md, "One writer per
-        # tensor"), kept until it closes: counted apart; the segment count after its close
-        # says whether any outlived it.
+        # it moved away from nixl writers it dropped (design.md, "One writer per tensor"),
+        # kept until it closes: counted apart; the segment count after its close says whether
+        # any outlived it.
         mine = f"/dev/shm/tensorwire.{os.getuid()}.{os.getpid()}."
         base = warm_fds if warm_rss is not None else end_fds
         added = {fd: what for fd, what in end_fds.items() if base.get(fd) != what}
@@ -789,8 +785,8 @@ def render(result: dict[str, Any]) -> str:
         held = sum(1 for k in faults if k.get("held"))
         if held:
             lines.append(
-                f"  {held} held their tensor until they ran again (shm: frozen inside a write; "
-                "nixl: until they exited), as designed"
+                f"  {held} held their tensor until they ran again (shm: frozen inside a "
+                "write), as designed"
             )
         takeovers = sorted(
             k["takeover_s"] for k in faults if "takeover_s" in k and not k.get("held")
@@ -810,9 +806,9 @@ def render(result: dict[str, Any]) -> str:
     )
     if result.get("rings_moved"):
         lines.append(
-            f"  {result['rings_moved']} rings moved to fresh memory away from writers dropped on "
-            f"other hosts ({result.get('region_fds_added', 0)} descriptors of regions added, "
-            "kept until the receiver closed)"
+            f"  {result['rings_moved']} rings moved to fresh memory away from dropped nixl "
+            f"writers ({result.get('region_fds_added', 0)} descriptors of regions added, kept "
+            "until the receiver closed)"
         )
     lines.append(
         "OK: nothing lost, duplicated or torn"

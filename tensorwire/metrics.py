@@ -102,8 +102,8 @@ EVENTS: dict[str, tuple[str, str]] = {
     ),
     "tensorwire_rings_moved_total": (
         "Tensors whose ring a receiver moved to fresh memory for their next writer, as the "
-        "writer it dropped was on another host and could still store into the old one, by that "
-        "writer's transport (each keeps its old ring's memory)",
+        "writer it dropped could still store into the old one, by that writer's transport "
+        "(each keeps its old ring's memory)",
         "transport",
     ),
     "tensorwire_bad_input_total": (

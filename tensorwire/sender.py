@@ -364,7 +364,7 @@ class _Peer:
 
     def _placed(self, entry: TensorEntry, layout: object) -> TensorEntry:
         """``entry`` as the receiver places it now, its ring at ``layout`` (a claim's answer):
-        the receiver moved the ring away from a writer it dropped on another host, which may
+        the receiver moved the ring away from a `nixl` writer it dropped, which may
         still store into the old one (design.md, "One writer per tensor"). An address book
         older than the move is fetched again."""
         name = entry.spec.name

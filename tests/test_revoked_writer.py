@@ -174,44 +174,76 @@ def test_a_dropped_writer_trying_again_leaves_the_next_owners_announcement_up(ap
                 rx.release("t")
 
 
-@pytest.mark.nixl
-def test_a_nixl_writer_dropped_while_stopped_holds_its_tensor_until_its_process_ends(
-    children: Children, tmp_path: Any
-) -> None:
-    """A `nixl` writer in another process of this host is stopped (SIGSTOP) and dropped at the
-    heartbeat timeout. Its RDMA write may be posted once it runs again, and nothing can revoke
-    it (UCX's cross-memory attach writes the receiver's memory by its pid), so no other
-    process may claim the tensor while it lives: a claim is refused, saying why, until it
-    exits; then one succeeds. Before, the claim was granted at once, and a frozen writer
-    resumed later stored into the new owner's slots (`bench soak --freeze-every 1
-    --transports nixl`: torn messages, and messages of the new owner overwritten)."""
+def _stop_a_nixl_writer(rx: tw.Receiver, name: str, children: Children, tmp_path: Any) -> Any:
+    """Start a `nixl` writer of ``name`` in another process of this host, let it write, stop it
+    (SIGSTOP) and read until the receiver says it dropped it (its heartbeat timeout); the
+    stopped process."""
     from .peers import write_numbered
 
     count = tmp_path / "acked"
     count.write_bytes(bytes(8))
+    proc = children.start(write_numbered, rx.address, "nixl", name, 0, str(count), 60.0)
+    deadline = time.monotonic() + 30
+    while int(np.fromfile(count, np.int64)[0]) < 3:  # it writes (bounded)
+        assert time.monotonic() < deadline and proc.is_alive(), "the writer never wrote"
+        with contextlib.suppress(tw.WireTimeoutError):
+            rx.wait(name, timeout=0.1)
+            rx.release(name)
+    freeze(proc.pid)
+    for _ in range(1000):  # its messages, then the notice that it was dropped (bounded)
+        try:
+            rx.wait(name, timeout=10)
+        except tw.PeerLostError:
+            return proc
+        rx.release(name)
+    raise AssertionError("the frozen writer was never dropped")
+
+
+@pytest.mark.nixl
+def test_a_nixl_writer_dropped_while_stopped_loses_its_tensor_to_another_at_once(
+    children: Children, tmp_path: Any
+) -> None:
+    """A `nixl` writer in another process of this host is stopped (SIGSTOP) and dropped at the
+    heartbeat timeout. Its RDMA write may be posted once it runs again, and nothing can revoke
+    it (UCX's cross-memory attach writes the receiver's memory by its pid), so another
+    process's claim moves the tensor's ring to fresh memory and is granted at once: its
+    messages arrive whole, also after the stopped writer runs again (and stops, dropped).
+    Before ring moves the claim was refused until the stopped process exited; before that it
+    was granted in place, and a frozen writer resumed later stored into the new owner's slots
+    (`bench soak --freeze-every 1 --transports nixl`: torn messages, and messages of the new
+    owner overwritten)."""
     with tw.Receiver(heartbeat_timeout=1.0) as rx:
         rx.register("t", (1024,), "int64")
-        proc = children.start(write_numbered, rx.address, "nixl", "t", 0, str(count), 60.0)
-        deadline = time.monotonic() + 30
-        while int(np.fromfile(count, np.int64)[0]) < 3:  # it writes (bounded)
-            assert time.monotonic() < deadline and proc.is_alive(), "the writer never wrote"
-            with contextlib.suppress(tw.WireTimeoutError):
-                rx.wait("t", timeout=0.1)
+        proc = _stop_a_nixl_writer(rx, "t", children, tmp_path)
+        with tw.Sender.connect(rx.address, transport="nixl", timeout=10) as b:
+            for k in range(100):
+                b.write("t", np.full(1024, 1000 + k, np.int64), timeout=10)
+                if k == 10:
+                    os.kill(proc.pid, signal.SIGCONT)  # it runs again, dropped
+                got = rx.wait("t", timeout=10)
+                assert np.array_equal(got, np.full(1024, 1000 + k, np.int64)), (k, got)
                 rx.release("t")
-        freeze(proc.pid)
-        for _ in range(1000):  # its messages, then the notice that it was dropped (bounded)
-            try:
-                rx.wait("t", timeout=10)
-            except tw.PeerLostError:
-                break
-            rx.release("t")
-        else:
-            raise AssertionError("the frozen writer was never dropped")
+        proc.join(30)
+        assert not proc.is_alive()
+
+
+@pytest.mark.nixl
+def test_a_nixl_writer_of_a_part_dropped_while_stopped_holds_it_until_its_process_ends(
+    children: Children, tmp_path: Any
+) -> None:
+    """A part of a tensor registered in parts cannot move (its payload lies inside the whole's
+    view): a `nixl` writer of it in another process of this host, stopped and dropped, holds
+    it while its process lives: another process's claim is refused, saying why, until it
+    exits; then one succeeds."""
+    with tw.Receiver(heartbeat_timeout=1.0) as rx:
+        rx.register_parts("w", (1024,), "int64", [1024])
+        proc = _stop_a_nixl_writer(rx, "w@0", children, tmp_path)
         with tw.Sender.connect(rx.address, transport="nixl", timeout=10) as b:
             with pytest.raises(tw.TensorWireError, match="still runs"):
-                b.write("t", np.full(1024, 7, np.int64), timeout=2)
+                b.write("w@0", np.full(1024, 7, np.int64), timeout=2)
             os.kill(proc.pid, signal.SIGKILL)
             proc.join(10)
-            b.write("t", np.full(1024, 7, np.int64), timeout=10)
-            assert int(rx.wait("t", timeout=10)[0]) == 7
-            rx.release("t")
+            b.write("w@0", np.full(1024, 7, np.int64), timeout=10)
+            assert int(rx.wait("w@0", timeout=10)[0]) == 7
+            assert int(rx.array("w")[-1]) == 7
+            rx.release("w@0")

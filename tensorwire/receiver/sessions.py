@@ -316,9 +316,9 @@ class SessionHandler:
         if tensor.retired and not msg.placed:
             return wire.ErrorReply(
                 "protocol",
-                f"tensor {tensor.spec.name!r} has moved to fresh memory (its writer was "
-                "dropped on another host), and this sender predates such moves: it would write "
-                "where the tensor no longer is; upgrade tensorwire on the sender",
+                f"tensor {tensor.spec.name!r} has moved to fresh memory (a nixl writer of it "
+                "was dropped), and this sender predates such moves: it would write where the "
+                "tensor no longer is; upgrade tensorwire on the sender",
             )
         tensor.epoch += 1
         tensor.ring.set_owner(tensor.epoch)
@@ -408,7 +408,8 @@ class SessionHandler:
                         "that write ends or that process exits"
                     )
             elif stale.alive() and (session.host, session.pid) != (self._state.host, stale.pid):
-                # nixl: the dropped writer reads that it was dropped before each write, and one
+                # nixl, of a tensor that cannot move (a part, a GPU ring; the others' rings move
+                # below): the dropped writer reads that it was dropped before each write, and one
                 # stopped between that read and its RDMA write posts the write once it runs
                 # again; nothing here can revoke it (UCX's cross-memory attach writes our
                 # memory by our pid). Its own process claiming anew runs, and a write of its
@@ -429,8 +430,8 @@ class SessionHandler:
                 # ring is, as before moves, rather than refused for as long as the receiver
                 # lives; the dropped writer may still store into it, which the log says.
                 log.warning(
-                    "tensor %r stays where its dropped %s writer on another host may still "
-                    "store: its ring could not be moved to fresh memory (%s)",
+                    "tensor %r stays where its dropped %s writer may still store: its ring "
+                    "could not be moved to fresh memory (%s)",
                     tensor.spec.name,
                     tensor.transport,
                     exc,
@@ -438,7 +439,8 @@ class SessionHandler:
             else:
                 metrics.count("tensorwire_rings_moved_total", tensor.transport)
                 log.info(
-                    "tensor %r moved to fresh memory: its %s writer, on another host, was dropped",
+                    "tensor %r moved to fresh memory: its dropped %s writer may still store "
+                    "into the old one",
                     tensor.spec.name,
                     tensor.transport,
                 )
@@ -496,18 +498,26 @@ class SessionHandler:
                 drained = tensor.drained == (tensor.epoch, tensor.ring.last_complete())
                 if reason is not None and not drained:
                     tensor.lost = f"{session.describe()} was lost: {reason}"
-                # A writer that stores into our memory itself and still runs may store again:
-                # the next claim is fenced (_fenced), whether or not the consumer drained it
-                # (that forgets its messages and its notice, not what it may still store).
+                # A writer that stores into our memory itself and may still run may store
+                # again: the next claim is fenced (_fenced), whether or not the consumer
+                # drained it (that forgets its messages and its notice, not what it may still
+                # store). A `nixl` writer's WRITE nothing here can stop (on another host
+                # whether it still runs cannot even be told): the next claim moves the ring to
+                # memory it never reached, where the tensor can move. A `shm` writer stopped
+                # inside a write holds the claim off until that write ends (it completes that
+                # message, which the consumer then reads), or its process exits.
                 if reason is not None and TRANSPORTS[tensor.transport].stores_itself:
-                    if writer_alive:
+                    elsewhere = session.host != self._state.host
+                    if (
+                        (writer_alive or elsewhere)
+                        and not tensor.sender_completes
+                        and self._table.movable(tensor)
+                    ):
+                        tensor.move_before_claim = True
+                    elif writer_alive:
                         if tensor.stale_writer is not None:
                             tensor.stale_writer.close()
                         tensor.stale_writer = ProcessWatch(session.pid)
-                    elif session.host != self._state.host and self._table.movable(tensor):
-                        # on another host: whether it still runs nothing here can tell, nor
-                        # stop its WRITEs; the next writer gets a ring it never reached
-                        tensor.move_before_claim = True
         session.claims.clear()
         if reason is not None:
             # what its control connection and its heartbeats' token are told from now on

@@ -106,8 +106,8 @@ class RegisteredTensor:
     view_block: Any = None
     #: a part of a tensor registered in parts: its payload lies within the whole's view
     in_group: bool = False
-    #: its writer was dropped on another host while able to store into our memory (nixl): the
-    #: next claim moves the ring to memory that writer never reached (TensorTable.move)
+    #: its writer was dropped while it could still store into our memory (nixl): the next
+    #: claim moves the ring to memory that writer never reached (TensorTable.move)
     move_before_claim: bool = False
     #: rings the tensor moved away from, oldest first: each layout with how many messages the
     #: consumer had taken then (held views of it may still be read until they are released)
@@ -242,13 +242,13 @@ class TensorTable:
 
     def move(self, tensor: RegisteredTensor) -> None:
         """Move ``tensor``'s ring to memory that no writer of it has reached, its messages and
-        words with it: a dropped ``nixl`` writer on another host may still post a WRITE into
-        the ring it knew (one stalled between reading its notifications and posting), and
-        nothing on this host can stop it (UCX over TCP does not check a deregistration,
-        ``bench.nixl_fence``); the next writer is told where the ring is now in its claim's
-        answer. The old ring's memory is kept, and used again only once RETIRED_RINGS later
-        moves have been made and the consumer released what it held of it. Under the lock,
-        with no payload arriving (the claim's fence checked it)."""
+        words with it: a dropped ``nixl`` writer may still post a WRITE into the ring it knew
+        (one stalled between reading its notifications and posting), and nothing here can stop
+        it (UCX's cross-memory attach writes by pid, and over TCP UCX does not check a
+        deregistration, ``bench.nixl_fence``); the next writer is told where the ring is now
+        in its claim's answer. The old ring's memory is kept, and used again only once
+        RETIRED_RINGS later moves have been made and the consumer released what it held of
+        it. Under the lock, with no payload arriving (the claim's fence checked it)."""
         old = tensor.ring
         retired = tensor.retired
         if len(retired) >= RETIRED_RINGS and retired[0][1] <= tensor.released:
