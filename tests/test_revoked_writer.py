@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -20,7 +22,7 @@ import pytest
 
 import tensorwire as tw
 
-from .conftest import Children, freeze
+from .conftest import Children, freeze, needs_pid_namespaces
 from .peers import write_forever
 
 #: Transports whose writers can outlive their session (the sender's process lives on).
@@ -247,3 +249,105 @@ def test_a_nixl_writer_of_a_part_dropped_while_stopped_holds_it_until_its_proces
             assert int(rx.wait("w@0", timeout=10)[0]) == 7
             assert int(rx.array("w")[-1]) == 7
             rx.release("w@0")
+
+
+#: A receiver in a mount namespace whose /dev/shm is a small tmpfs: a `nixl` writer of its
+#: tensor (256 KiB messages, a region of its own) writes, is stopped and dropped; then the
+#: rest of /dev/shm is taken (a ballast file), and a `tcp` sender claims the tensor, whose ring
+#: cannot move. Prints how many rings moved and the warnings that said why not.
+_FULL_SHM = """
+import logging, os, signal, time, multiprocessing as mp
+import numpy as np, tensorwire as tw
+
+ROWS = 32768  # 256 KiB a message: the ring takes a region of its own
+
+
+def writer(address, ready):
+    with tw.Sender.connect(address, transport="nixl", timeout=30) as tx:
+        k = 0
+        while True:
+            tx.write("t", np.full(ROWS, k, np.int64), timeout=30)
+            k += 1
+            if k == 3:
+                ready.set()
+
+
+def moves():
+    family = {m.name: m for m in tw.metrics.snapshot()}.get("tensorwire_rings_moved_total")
+    return 0 if family is None else sum(v for _, v in family.samples)
+
+
+if __name__ == "__main__":
+    said = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            said.append(record.getMessage())
+
+    logging.getLogger("tensorwire").addHandler(Keep(logging.WARNING))
+    mp.set_start_method("spawn")
+    with tw.Receiver(heartbeat_timeout=1.0, region_bytes=65536) as rx:
+        rx.register("t", (ROWS,), "int64")
+        ready = mp.Event()
+        p = mp.Process(target=writer, args=(rx.address, ready), daemon=True)
+        p.start()
+        deadline = time.monotonic() + 60
+        while not ready.is_set():
+            assert time.monotonic() < deadline, "the writer never wrote"
+            try:
+                rx.wait("t", timeout=0.1)
+                rx.release("t")
+            except tw.WireTimeoutError:
+                pass
+        os.kill(p.pid, signal.SIGSTOP)
+        for _ in range(1000):
+            try:
+                rx.wait("t", timeout=10)
+            except tw.PeerLostError:
+                break
+            rx.release("t")
+        # nothing more fits in /dev/shm: the ring cannot move
+        fd = os.open("/dev/shm/ballast", os.O_CREAT | os.O_RDWR, 0o600)
+        st = os.statvfs("/dev/shm")
+        os.posix_fallocate(fd, 0, st.f_bavail * st.f_frsize)
+        before = moves()
+        with tw.Sender.connect(rx.address, transport="tcp", timeout=10) as tx:
+            for k in range(5):
+                tx.write("t", np.full(ROWS, 1000 + k, np.int64), timeout=10)
+                got = rx.wait("t", timeout=10)
+                assert np.array_equal(got, np.full(ROWS, 1000 + k, np.int64)), got
+                del got
+                rx.release("t")
+        p.kill()
+        p.join(10)
+        os.close(fd)
+        os.unlink("/dev/shm/ballast")
+        print("moves", moves() - before, flush=True)
+        print("said", *[s for s in said if "could not be moved" in s], sep="\\n", flush=True)
+"""
+
+
+@pytest.mark.nixl
+@needs_pid_namespaces
+def test_a_ring_that_cannot_move_for_want_of_memory_is_claimed_where_it_is(tmp_path: Any) -> None:
+    """With no memory left for a fresh ring (a full /dev/shm, in a mount namespace of the test's
+    own), the claim of a tensor whose `nixl` writer was dropped while it ran is granted where
+    the ring is, as before moves, and the log says why (the dropped writer may still store
+    there), rather than refused for as long as the receiver lives: the new writer's messages
+    arrive, and no ring moved."""
+    script = tmp_path / "full_shm.py"
+    script.write_text(_FULL_SHM)
+    mount = f"mount -t tmpfs -o size=8m tmpfs /dev/shm && exec {sys.executable} {script}"
+    proc = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", mount],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "moves 0", lines
+    assert lines[1] == "said", lines
+    assert "could not be moved to fresh memory" in lines[2], lines
+    assert "No space left on device" in lines[2], lines
