@@ -4,12 +4,12 @@ from writing into its memory?
 Why it exists: a `nixl` writer reads the receiver's notifications (a credit, or that its session
 ended) before each RDMA WRITE. One stalled between that read and the WRITE (SIGSTOP, a long pause,
 a network that comes back) posts the WRITE once it runs again, into slots the receiver may have
-handed to another writer meanwhile. On one host tensorwire fences such a writer by its process
-(design.md, section 4). For a writer on another host a fence in place would have to be one the
-transport itself enforces: the receiver closing the writer's connection, as tensorwire does when
-it drops a session (``remove_remote_agent``), or deregistering the memory the writer targets.
-This probe asks UCX, over the transports it is given, whether either stops such a WRITE; where
-neither does (``tcp``), tensorwire moves the tensor's ring away from the dropped writer instead.
+handed to another writer meanwhile. A fence in place would have to be one the transport itself
+enforces: the receiver closing the writer's connection, as tensorwire does when it drops a
+session (``remove_remote_agent``), or deregistering the memory the writer targets. This probe
+asks UCX, over the transports it is given, whether either stops such a WRITE; where neither does
+(``tcp``; on one host UCX's cross-memory attach writes by pid), tensorwire moves the tensor's
+ring away from the dropped writer instead (design.md, section 4).
 
 What it does, for each measure (nothing, ``remove_remote_agent``, ``deregister_memory``): a
 receiving agent registers a buffer; a writer process loads its metadata, WRITEs 1s into it
