@@ -252,11 +252,13 @@ def test_a_nixl_writer_of_a_part_dropped_while_stopped_holds_it_until_its_proces
 
 
 #: A receiver in a mount namespace whose /dev/shm is a small tmpfs: a `nixl` writer of its
-#: tensor (256 KiB messages, a region of its own) writes, is stopped and dropped; then the
-#: rest of /dev/shm is taken (a ballast file), and a `tcp` sender claims the tensor, whose ring
-#: cannot move. Prints how many rings moved and the warnings that said why not.
+#: tensor (256 KiB messages, a region of its own) writes, is stopped and dropped; then the rest
+#: of /dev/shm is taken (a ballast file), and a `tcp` sender claims the tensor, whose ring
+#: cannot move to fresh memory. With "reuse", a first `nixl` writer was stopped and dropped,
+#: and a `tcp` sender's claim moved the ring, before all that: the ring it left serves then.
+#: Prints how many rings moved at the last claim and the warnings that said why not.
 _FULL_SHM = """
-import logging, os, signal, time, multiprocessing as mp
+import logging, os, signal, sys, time, multiprocessing as mp
 import numpy as np, tensorwire as tw
 
 ROWS = 32768  # 256 KiB a message: the ring takes a region of its own
@@ -270,6 +272,38 @@ def writer(address, ready):
             k += 1
             if k == 3:
                 ready.set()
+
+
+def stopped_writer(rx):
+    ready = mp.Event()
+    p = mp.Process(target=writer, args=(rx.address, ready), daemon=True)
+    p.start()
+    deadline = time.monotonic() + 60
+    while not ready.is_set():
+        assert time.monotonic() < deadline, "the writer never wrote"
+        try:
+            rx.wait("t", timeout=0.1)
+            rx.release("t")
+        except tw.WireTimeoutError:
+            pass
+    os.kill(p.pid, signal.SIGSTOP)
+    for _ in range(1000):
+        try:
+            rx.wait("t", timeout=10)
+        except tw.PeerLostError:
+            return p
+        rx.release("t")
+    raise AssertionError("the stopped writer was never dropped")
+
+
+def take_over(rx, base):
+    with tw.Sender.connect(rx.address, transport="tcp", timeout=10) as tx:
+        for k in range(5):
+            tx.write("t", np.full(ROWS, base + k, np.int64), timeout=10)
+            got = rx.wait("t", timeout=10)
+            assert np.array_equal(got, np.full(ROWS, base + k, np.int64)), got
+            del got
+            rx.release("t")
 
 
 def moves():
@@ -288,38 +322,20 @@ if __name__ == "__main__":
     mp.set_start_method("spawn")
     with tw.Receiver(heartbeat_timeout=1.0, region_bytes=65536) as rx:
         rx.register("t", (ROWS,), "int64")
-        ready = mp.Event()
-        p = mp.Process(target=writer, args=(rx.address, ready), daemon=True)
-        p.start()
-        deadline = time.monotonic() + 60
-        while not ready.is_set():
-            assert time.monotonic() < deadline, "the writer never wrote"
-            try:
-                rx.wait("t", timeout=0.1)
-                rx.release("t")
-            except tw.WireTimeoutError:
-                pass
-        os.kill(p.pid, signal.SIGSTOP)
-        for _ in range(1000):
-            try:
-                rx.wait("t", timeout=10)
-            except tw.PeerLostError:
-                break
-            rx.release("t")
-        # nothing more fits in /dev/shm: the ring cannot move
+        stopped = []
+        if sys.argv[1] == "reuse":
+            stopped.append(stopped_writer(rx))
+            take_over(rx, 1000)  # the ring moves to fresh memory
+        stopped.append(stopped_writer(rx))
+        # nothing more fits in /dev/shm: no fresh memory for the ring
         fd = os.open("/dev/shm/ballast", os.O_CREAT | os.O_RDWR, 0o600)
         st = os.statvfs("/dev/shm")
         os.posix_fallocate(fd, 0, st.f_bavail * st.f_frsize)
         before = moves()
-        with tw.Sender.connect(rx.address, transport="tcp", timeout=10) as tx:
-            for k in range(5):
-                tx.write("t", np.full(ROWS, 1000 + k, np.int64), timeout=10)
-                got = rx.wait("t", timeout=10)
-                assert np.array_equal(got, np.full(ROWS, 1000 + k, np.int64)), got
-                del got
-                rx.release("t")
-        p.kill()
-        p.join(10)
+        take_over(rx, 2000)
+        for p in stopped:
+            p.kill()
+            p.join(10)
         os.close(fd)
         os.unlink("/dev/shm/ballast")
         print("moves", moves() - before, flush=True)
@@ -329,15 +345,20 @@ if __name__ == "__main__":
 
 @pytest.mark.nixl
 @needs_pid_namespaces
-def test_a_ring_that_cannot_move_for_want_of_memory_is_claimed_where_it_is(tmp_path: Any) -> None:
+@pytest.mark.parametrize("left", ["nothing", "a ring"])
+def test_a_ring_that_cannot_move_for_want_of_memory_is_claimed_where_it_is(
+    tmp_path: Any, left: str
+) -> None:
     """With no memory left for a fresh ring (a full /dev/shm, in a mount namespace of the test's
     own), the claim of a tensor whose `nixl` writer was dropped while it ran is granted where
     the ring is, as before moves, and the log says why (the dropped writer may still store
     there), rather than refused for as long as the receiver lives: the new writer's messages
-    arrive, and no ring moved."""
+    arrive, and no ring moved. Where the tensor moved before, the ring it left (its messages
+    released) serves instead: the ring moves, and nothing is said."""
     script = tmp_path / "full_shm.py"
     script.write_text(_FULL_SHM)
-    mount = f"mount -t tmpfs -o size=8m tmpfs /dev/shm && exec {sys.executable} {script}"
+    mode = "grant" if left == "nothing" else "reuse"
+    mount = f"mount -t tmpfs -o size=8m tmpfs /dev/shm && exec {sys.executable} {script} {mode}"
     proc = subprocess.run(
         ["unshare", "-m", "--propagation", "private", "sh", "-c", mount],
         capture_output=True,
@@ -347,6 +368,9 @@ def test_a_ring_that_cannot_move_for_want_of_memory_is_claimed_where_it_is(tmp_p
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
+    if mode == "reuse":
+        assert lines == ["moves 1", "said"], lines
+        return
     assert lines[0] == "moves 0", lines
     assert lines[1] == "said", lines
     assert "could not be moved to fresh memory" in lines[2], lines
