@@ -77,10 +77,9 @@ SEQ_BITS = 32
 KILL_QUIET = 3.0
 #: Seconds a successor writes for at least (across hosts, beyond the heartbeat timeout it may
 #: wait for its predecessor to be dropped), also when it starts later than KILL_QUIET before
-#: the end: over
-#: `nixl` between pid namespaces on a loaded 2-core host a takeover took 3.9 s from the kill
-#: to the first message, and a successor started 3 s before the end wrote nothing (a clean
-#: clone's CI run, `test_faults.py -k hosts_of_their_own_killed`).
+#: the end: over `nixl` between pid namespaces on a loaded 2-core host a takeover took 3.9 s
+#: from the kill to the first message, and a successor started 3 s before the end wrote
+#: nothing (a clean clone's CI run, `test_faults.py -k hosts_of_their_own_killed`).
 SUCCESSOR_RUN = 4.0
 #: A frozen sender stays stopped until its successor's first message arrived (the receiver
 #: dropped it at its heartbeat timeout, and the successor took the tensor over), and this many
