@@ -265,14 +265,6 @@ def _fds() -> dict[int, str]:
     return out
 
 
-def _rings_moved() -> int:
-    """Rings this process's receivers moved to fresh memory (tensorwire_rings_moved_total)."""
-    family = {m.name: m for m in tw.metrics.snapshot()}.get("tensorwire_rings_moved_total")
-    if family is None:
-        return 0
-    return int(sum(v for _, v in family.samples if isinstance(v, (int, float))))
-
-
 def _segments() -> int:
     """Shared-memory segments this process owns (their names carry our uid and pid)."""
     mine = f"tensorwire.{os.getuid()}.{os.getpid()}."
@@ -749,7 +741,7 @@ def _run(args: argparse.Namespace, transports: list[str]) -> dict[str, Any]:
         left = sorted(f"{fd}: {what}" for fd, what in added.items() if fd not in regions)
         result["fds_left_open"] = left
         result["region_fds_added"] = len(regions)
-        result["rings_moved"] = _rings_moved()
+        result["rings_moved"] = int(tw.metrics.counter("tensorwire_rings_moved_total"))
     result["segment_growth"] = _segments() - seg0
     if soak.more_problems:
         soak.problems.append(f"... and {soak.more_problems} more violations of these kinds")

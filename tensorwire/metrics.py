@@ -246,6 +246,19 @@ def snapshot() -> list[Metric]:
     return out
 
 
+def counter(name: str, *labels: str) -> float:
+    """A counter of :func:`snapshot` now: its sample with these label values, or with none
+    given the sum of all its samples; 0 while nothing was counted under it (a counter's family
+    appears with its first count)."""
+    family = next((m for m in snapshot() if m.name == name), None)
+    if family is None:
+        return 0.0
+    if family.kind != "counter":
+        raise TypeError(f"{name} is a {family.kind}, not a counter")
+    values = [v for key, v in family.samples if not labels or key == labels]
+    return float(sum(v for v in values if isinstance(v, (int, float))))
+
+
 def totals() -> dict[str, Any]:
     """The library's counts summed over tensors and transports, and the bytes sent over each
     transport (what ``auto`` chose, peer by peer): for end-of-job summaries."""

@@ -154,6 +154,21 @@ def test_tensor_labels_are_bounded() -> None:
     assert made[-1] is made[-2] is metrics.traffic("sent", metrics.OTHER, "tcp")
 
 
+def test_a_counter_is_read_by_its_labels_or_summed() -> None:
+    """metrics.counter: one sample by its labels, all summed without, 0 before any count; a
+    gauge is not a counter."""
+    name = "tensorwire_peers_lost_total"
+    assert metrics.counter(name) == 0.0 and metrics.counter(name, "sender") == 0.0
+    for role in ("sender", "sender", "receiver"):
+        metrics.count(name, role)
+    assert metrics.counter(name, "sender") == 2.0
+    assert metrics.counter(name, "receiver") == 1.0
+    assert metrics.counter(name) == 3.0
+    assert metrics.counter("tensorwire_no_such_thing_total") == 0.0
+    with pytest.raises(TypeError, match="tensorwire_peers is a gauge"):
+        metrics.counter("tensorwire_peers")
+
+
 def _samples(page: dict[str, Any], name: str) -> dict[Any, float]:
     return page.get(name, {})
 

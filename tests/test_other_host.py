@@ -186,9 +186,7 @@ def _gauge(rx: tw.Receiver, name: str, *labels: str) -> float:
 
 def _moves() -> float:
     """``tensorwire_rings_moved_total{transport="nixl"}`` of this process."""
-    family = {m.name: m for m in tw.metrics.snapshot()}.get("tensorwire_rings_moved_total")
-    value = None if family is None else family.value("nixl")
-    return float(value) if isinstance(value, (int, float)) else 0.0
+    return tw.metrics.counter("tensorwire_rings_moved_total", "nixl")
 
 
 def _until(what: str, done: Callable[[], bool], timeout: float = 30.0) -> None:
