@@ -1509,7 +1509,7 @@ def test_a_large_write_to_a_frozen_receiver_ends_by_its_deadline(
     assert here.poll(30)
     address = here.recv()["address"]
     payload = np.ones(BIG, np.float32)
-    timed = tw.Sender.connect(address, transport=transport, timeout=30, heartbeat=0.2)
+    timed = tw.Sender.connect(address, transport=transport, timeout=30, heartbeat=0.5)
     unbounded = tw.Sender.connect(address, transport=transport, timeout=None, heartbeat=None)
     try:
         timed.write("a", payload)  # both tensors claimed while the receiver still answers
