@@ -65,9 +65,12 @@ demo-torch: $(STAMP) $(TORCH_STAMP) bytecode
 # It runs in TEST_WORKERS processes (pytest-xdist): most tests wait on real timeouts and
 # daemons, so more processes than cores pay. On this 2-core machine at 429a83c: 502.5 s in 2
 # (the cores 50% busy), 373.0 s in 3 (76%), 332.9 s in 4 (86%); 3 leaves the timing of the
-# fault tests some room. Every leak check is per process; the tests of one xdist_group (Ray's
-# cluster) run in one process. TEST_WORKERS=0 runs it in this one process (pdb, -x, ordered
-# output).
+# fault tests some room. At ff74035 (1007 tests): 570.3 s in 3, the tests' own CPU (their
+# process and its reaped children) 887 s of their 1666 s of wall time; in 4 (336bbef) 509.3
+# s, and one test failed (a receiver busy with a 64 MiB gRPC message answered no heartbeat for
+# 0.9 s).
+# Every leak check is per process; the tests of one xdist_group (Ray's cluster) run in one
+# process. TEST_WORKERS=0 runs it in this one process (pdb, -x, ordered output).
 TEST_WORKERS ?= 3
 test: $(STAMP) $(RDMA_STAMP) $(TORCH_STAMP) $(GPU_STAMP) $(RAY_STAMP) bytecode
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15

@@ -4,10 +4,10 @@
 and softmax cross-entropy. ``large``: the same network shape scaled to several million parameters on
 synthetic data, to load the network in benchmarks. ``many``: a parameter list shaped like a
 convolutional network's, for the per-tensor cost of a step: 100 layers, 200 tensors from 256 B
-(biases) to 256 KiB (weights), 7 MB in all, on synthetic data (a plain chain that deep does not
-learn in a few hundred steps, it is there for its shape; small initial weights keep it
-finite). Parameters are a dict of float32 arrays; the
-training code never allocates them itself, so they can be views of registered receive buffers.
+(biases) to 256 KiB (weights), 7 MB in all, on synthetic data: a residual chain (each hidden
+layer adds a tanh branch to its input; a plain ReLU chain that deep learned nothing). Parameters
+are a dict of float32 arrays; the training code never allocates them itself, so they can be
+views of registered receive buffers.
 """
 
 from __future__ import annotations
@@ -32,6 +32,11 @@ class ModelSpec:
     widths: tuple[int, ...]
     #: weights start at N(0, gain / fan_in): 2 (He) suits ReLU; a deep chain diverges with it
     gain: float = 2.0
+    #: 0: a plain chain, each hidden layer ``relu(h @ w + b)``. Else each hidden layer adds
+    #: ``residual * tanh(h @ w + b)`` to its input, cut or zero-padded to its width (no
+    #: parameters of its own: the parameter list stays the chain's): a chain 100 layers deep
+    #: learns so, and a plain one does not.
+    residual: float = 0.0
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         out: dict[str, tuple[int, ...]] = {}
@@ -67,7 +72,10 @@ MODELS = {
     # ~6.4 M parameters (25.6 MB of float32): several MB of gradients per step per worker.
     "large": ModelSpec("large", (1024, 2048, 2048, 10)),
     "many": ModelSpec(
-        "many", (256, *(_MANY_WIDTHS[i % len(_MANY_WIDTHS)] for i in range(99)), 64), gain=1.0
+        "many",
+        (256, *(_MANY_WIDTHS[i % len(_MANY_WIDTHS)] for i in range(99)), 64),
+        gain=1.0,
+        residual=0.1,
     ),
 }
 
@@ -79,42 +87,73 @@ def model(name: str) -> ModelSpec:
         raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}") from None
 
 
-def forward(spec: ModelSpec, params: dict[str, Array], x: Array) -> tuple[Array, list[Array]]:
-    """Logits, and the activations backprop needs."""
+def _carried(h: Array, width: int) -> Array:
+    """A residual layer's input as its output's width: cut, or padded with zeros. Also the
+    transpose of itself, for the gradient: padding what was cut, cutting what was padded."""
+    if h.shape[1] >= width:
+        return h[:, :width]
+    out = np.zeros((h.shape[0], width), h.dtype)
+    out[:, : h.shape[1]] = h
+    return out
+
+
+def forward(
+    spec: ModelSpec, params: dict[str, Array], x: Array
+) -> tuple[Array, list[Array], list[Array]]:
+    """Logits, each layer's input (the activations backprop needs), and for a residual model
+    each hidden layer's tanh branch (else nothing)."""
     acts = [x]
+    branches: list[Array] = []
     h = x
     for i in range(spec.layers):
         z = h @ params[f"layer{i}.weight"] + params[f"layer{i}.bias"]
-        h = np.maximum(z, 0) if i < spec.layers - 1 else z
+        if i == spec.layers - 1:
+            h = z
+        elif spec.residual:
+            t = np.tanh(z)
+            branches.append(t)
+            h = _carried(h, z.shape[1]) + spec.residual * t
+        else:
+            h = np.maximum(z, 0)
         acts.append(h)
-    return h, acts
+    return h, acts, branches
 
 
 def loss_and_grads(
     spec: ModelSpec, params: dict[str, Array], x: Array, y: Array
 ) -> tuple[float, dict[str, Array], int]:
     """Mean softmax cross-entropy over the batch, its gradients, and the number correct."""
-    logits, acts = forward(spec, params, x)
+    logits, acts, branches = forward(spec, params, x)
     shifted = logits - logits.max(axis=1, keepdims=True)
     exp = np.exp(shifted)
     probs = exp / exp.sum(axis=1, keepdims=True)
     n = x.shape[0]
     loss = float(-np.log(probs[np.arange(n), y] + 1e-12).mean())
     correct = int((logits.argmax(axis=1) == y).sum())
-    delta = probs
+    delta = probs  # d loss / d z of the layer at hand, from the last one down
     delta[np.arange(n), y] -= 1.0
     delta /= n
     grads: dict[str, Array] = {}
+    out_grad = delta  # residual: d loss / d (layer i's output); the last layer's is delta
     for i in reversed(range(spec.layers)):
         grads[f"layer{i}.weight"] = (acts[i].T @ delta).astype(np.float32)
         grads[f"layer{i}.bias"] = delta.sum(axis=0).astype(np.float32)
-        if i:
-            delta = (delta @ params[f"layer{i}.weight"].T) * (acts[i] > 0)
+        if not i:
+            break
+        # d loss / d (layer i's input), which is layer i-1's output
+        back = delta @ params[f"layer{i}.weight"].T
+        if spec.residual:
+            if i < spec.layers - 1:  # layer i's own input carried past it
+                back = back + _carried(out_grad, acts[i].shape[1])
+            out_grad = back
+            delta = back * spec.residual * (1.0 - branches[i - 1] ** 2)
+        else:
+            delta = back * (acts[i] > 0)
     return loss, grads, correct
 
 
 def accuracy(spec: ModelSpec, params: dict[str, Array], x: Array, y: Array) -> float:
-    logits, _ = forward(spec, params, x)
+    logits, _, _ = forward(spec, params, x)
     return float((logits.argmax(axis=1) == y).mean())
 
 

@@ -119,6 +119,7 @@ class BuiltinMlp(torch.nn.Module):
     def __init__(self, spec: models.ModelSpec, seed: int) -> None:
         super().__init__()
         self.depth = spec.layers
+        self.residual = spec.residual
         for name, value in spec.init(seed).items():
             layer, _, kind = name.partition(".")
             if not hasattr(self, layer):
@@ -131,9 +132,16 @@ class BuiltinMlp(torch.nn.Module):
         h = x
         for i in range(self.depth):
             layer = getattr(self, f"layer{i}")
-            h = h @ layer.weight + layer.bias
-            if i < self.depth - 1:
-                h = torch.relu(h)
+            z = h @ layer.weight + layer.bias
+            if i == self.depth - 1:
+                h = z
+            elif self.residual:
+                # the input cut or zero-padded to the layer's width, as models.forward does
+                width = z.shape[1]
+                carried = torch.nn.functional.pad(h[:, :width], (0, max(width - h.shape[1], 0)))
+                h = carried + self.residual * torch.tanh(z)
+            else:
+                h = torch.relu(z)
         return h
 
 

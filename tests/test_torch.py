@@ -111,6 +111,29 @@ def test_a_built_in_model_in_torch_trains_as_the_numpy_one(job: Any) -> None:
         assert_params_close(got, ref, 1e-5)
 
 
+@pytest.mark.parametrize("residual", [0.0, 0.5], ids=["plain", "residual"])
+def test_the_torch_twin_of_a_built_in_model_computes_what_the_numpy_one_does(
+    residual: float,
+) -> None:
+    """BuiltinMlp against client.models on one batch: the same loss and, through autograd,
+    the same gradients as the hand-written backprop (a residual chain's inputs padded and
+    cut on the way)."""
+    from tensorwire.client import models
+    from tensorwire.client.torch_task import BuiltinMlp
+
+    spec = models.ModelSpec("tiny", (5, 7, 4, 6, 3), gain=1.0, residual=residual)
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal((8, 5)).astype(np.float32), rng.integers(0, 3, 8)
+    loss, grads, _ = models.loss_and_grads(spec, spec.init(2), x, y)
+    module = BuiltinMlp(spec, 2)
+    got = torch.nn.functional.cross_entropy(module(torch.from_numpy(x)), torch.from_numpy(y))
+    got.backward()
+    assert float(got.detach()) == pytest.approx(loss, rel=1e-5)
+    for name, param in module.named_parameters():
+        assert param.grad is not None
+        np.testing.assert_allclose(param.grad.numpy(), grads[name], rtol=1e-4, atol=1e-6)
+
+
 def test_a_framework_the_model_is_not_in_is_one_line() -> None:
     cases = [
         ("numpy", EXAMPLE, 1, "--framework numpy: the model factory built a torch model"),
