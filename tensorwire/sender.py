@@ -437,6 +437,7 @@ class _Peer:
             if not channel.ended_here:
                 channel.check_peer()
             if not channel.goodbye(GOODBYE_TIMEOUT):
+                check()  # (the data plane's goodbye may have found the receiver gone)
                 left = deadline - time.monotonic()
                 if left > 0:
                     control.request(wire.Goodbye(self.generation), left, check)

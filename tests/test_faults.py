@@ -476,6 +476,36 @@ def test_restarted_receiver_has_new_generation(transport: str) -> None:
             assert tx2.receiver_info() == {"incarnation": 2}  # read anew at the reconnect
 
 
+def test_a_sender_whose_receivers_are_gone_closes_without_waiting_out_a_goodbye(
+    transport: str, children: Children
+) -> None:
+    """One receiver closed, another killed, before their sender closes: the close finds both
+    gone and says no goodbye. Over gRPC it waited the control plane's whole GOODBYE_TIMEOUT
+    (5.0 s measured), though its data plane's Close call was refused at once."""
+    from tensorwire.sender import GOODBYE_TIMEOUT
+
+    here, there = children.pipe()
+    proc = children.start(run_receiver, there, [("k", (4,), "int32")])
+    assert here.poll(30)
+    killed = here.recv()["address"]
+    rx = tw.Receiver(BIND)
+    rx.register("c", (4,), "int32")
+    tx = tw.Sender(transport=transport, timeout=30)
+    try:
+        tx.add_peer(rx.address)
+        tx.add_peer(killed)
+        tx.write("c", np.arange(4, dtype=np.int32))
+        tx.write("k", np.arange(4, dtype=np.int32))
+        assert rx.wait("c", timeout=10).tolist() == [0, 1, 2, 3]
+    finally:
+        rx.close()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(30)
+        start = time.monotonic()
+        tx.close()
+    assert time.monotonic() - start < GOODBYE_TIMEOUT / 2
+
+
 _INTERRUPTED_WRITE = """
 import os, signal, sys, threading, numpy as np, tensorwire as tw
 def take_until(rx, got, value):
