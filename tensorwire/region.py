@@ -2,10 +2,10 @@
 
 A region is a POSIX shared-memory file (``/dev/shm``) created with ``O_EXCL`` and mode 0600, named
 ``tensorwire.<uid>.<pid>.<start-time>.<128 random bits>`` so it is private to the user and not
-guessable. Its pages are allocated and mapped up front (``posix_fallocate`` then
-``MAP_POPULATE``) so that neither the first write nor a full ``/dev/shm`` strikes in the middle of
-training. The owner unlinks it on close; a receiver that was killed cannot, so every new receiver
-reaps the segments whose owner is gone.
+guessable. Its pages are allocated and mapped up front (``posix_fallocate``, then every page
+faulted in: :func:`_populate`) so that neither the first write nor a full ``/dev/shm`` strikes in
+the middle of training. The owner unlinks it on close; a receiver that was killed cannot, so
+every new receiver reaps the segments whose owner is gone.
 
 Whether the owner is gone is told by a lock, not by a pid: the owner holds an exclusive ``flock``
 on the segment from before the segment bears its name until it closes, and the kernel drops the
@@ -21,6 +21,7 @@ resource tracker (Python < 3.13) unlinks or warns about segments a process merel
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import fcntl
 import mmap
@@ -177,8 +178,9 @@ class Region:
                     f"cannot allocate a {size}-byte region in {SHM_DIR}: {exc.strerror} "
                     f"(is {SHM_DIR} large enough? see `df -h {SHM_DIR}`)"
                 ) from exc
-            mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE)
+            mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
             try:
+                _populate(mm, f"cannot map a {size}-byte region in {SHM_DIR}")
                 os.rename(new_path, path)
             except BaseException:
                 mm.close()
@@ -207,10 +209,14 @@ class Region:
                 raise LocalProtocolError(
                     f"region {name} is {actual} bytes, smaller than the {size} published"
                 )
-            # MAP_POPULATE maps every page now, so the first write does not pay the faults.
-            mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE)
+            mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
         finally:
             os.close(fd)
+        try:  # every page mapped now, so that the first write does not pay the faults
+            _populate(mm, f"cannot map the receiver's region {name}")
+        except BaseException:
+            mm.close()
+            raise
         return cls(name, size, mm, owner=False)
 
     # -- teardown --------------------------------------------------------------------------
@@ -246,10 +252,45 @@ class Region:
                 self.close()
 
 
-_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 #: madvise(2) advice that faults every page of a range in for writing (Linux 5.14; the mmap
 #: module names it from Python 3.13 on, hence the number)
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
+
+_madvise: Any
+try:
+    _madvise = ctypes.CDLL(None, use_errno=True).madvise
+    _madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    _madvise.restype = ctypes.c_int
+except (OSError, AttributeError):  # pragma: no cover - no libc madvise: pages touched instead
+    _madvise = None
+
+
+def _populate(mm: mmap.mmap, failure: str) -> None:
+    """Fault every page of ``mm`` in for writing, without holding the GIL: ``madvise``
+    (``MADV_POPULATE_WRITE``) through ctypes, which lets the GIL go for the call. ``mmap``'s own
+    ``MAP_POPULATE`` and ``mmap.madvise`` hold it throughout: a 256 MiB region stopped every
+    other thread of the process for 167 ms (on the development VM), a receiver's consumer and
+    its control thread included, whenever a tensor was registered. (A thread that maps memory
+    meanwhile, as a growing heap does, still waits for the kernel's lock of the address space.)
+    An older kernel (before 5.14) has no such advice: each page is touched instead.
+    ``failure`` begins the error."""
+    size = len(mm)
+    if size == 0:
+        return
+    if _madvise is not None:
+        anchor = ctypes.c_char.from_buffer(mm)  # (its address; released before we return)
+        try:
+            for _ in range(8):  # (EAGAIN, EINTR: the kernel asks for another try)
+                if _madvise(ctypes.addressof(anchor), size, _MADV_POPULATE_WRITE) == 0:
+                    return
+                err = ctypes.get_errno()
+                if err not in (errno.EAGAIN, errno.EINTR):
+                    break
+        finally:
+            del anchor
+        if err not in (errno.EINVAL, errno.ENOSYS):
+            raise TransportError(f"{failure}: {os.strerror(err)}")
+    np.frombuffer(mm, dtype=np.uint8)[:: mmap.PAGESIZE] = 0
 
 
 #: Tries at a segment file of our own: one fails only where a reaper took the new file in the
@@ -302,22 +343,15 @@ def _private_mapping(size: int) -> mmap.mmap:
     ``nixl`` transport on one host) pins and copies a 4 KiB page at a time otherwise, and an RDMA
     NIC translates fewer pages. On the 2-core VM ``nixl`` writes ran 1.45x (16 MiB) to 1.89x
     (1 MiB) faster into such memory than into ``/dev/shm``, whose tmpfs gives no huge pages
-    unless the operator turned them on (BENCHMARKS.md, "Receiver memory"). ``MAP_POPULATE`` is not
-    used: it would fault the pages in before the advice could apply, so they are faulted in
-    after it.
+    unless the operator turned them on (BENCHMARKS.md, "Receiver memory"). The pages are faulted
+    in after the advice (:func:`_populate`): ``MAP_POPULATE`` would fault them in before it could
+    apply.
     """
     mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     try:
         with contextlib.suppress(AttributeError, OSError):  # no THP here: 4 KiB pages it is
             mm.madvise(mmap.MADV_HUGEPAGE)
-        try:
-            mm.madvise(_MADV_POPULATE_WRITE)
-        except OSError as exc:
-            if exc.errno not in (errno.EINVAL, errno.ENOSYS):  # an older kernel: touch instead
-                raise TransportError(
-                    f"cannot allocate a {size}-byte private region: {exc.strerror}"
-                ) from exc
-            np.frombuffer(mm, dtype=np.uint8)[:: mmap.PAGESIZE] = 0
+        _populate(mm, f"cannot allocate a {size}-byte private region")
     except BaseException:
         mm.close()
         raise
