@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 
@@ -260,6 +261,58 @@ def test_a_nixl_writer_dropped_on_another_host_cannot_store_into_its_successor_s
             _stop(stale)
             if second is not None:
                 _stop(second)
+
+
+@pytest.mark.nixl
+def test_a_ring_moved_into_a_region_of_its_own_holds_up_no_other_tensor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A claim that moves a ring (its `nixl` writer on another host was dropped) into memory
+    that needs a region of its own makes that region outside the receiver's lock: while the
+    allocation is held midway, another sender connects and writes another tensor. Before, the
+    region was made under the lock, and every other sender and the consumer waited for it."""
+    from tensorwire.region import Region
+
+    hold, allocating, go_on = threading.Event(), threading.Event(), threading.Event()
+    create = Region.create
+
+    def held_create(size: int, *, shared: bool = True) -> Region:
+        if hold.is_set():  # the next region made: held until the other sender wrote
+            hold.clear()
+            allocating.set()
+            assert go_on.wait(30)
+        return create(size, shared=shared)
+
+    monkeypatch.setattr(Region, "create", held_create)
+    with tw.Receiver(heartbeat_timeout=HEARTBEAT_TIMEOUT, region_bytes=64 << 10) as rx:
+        rx.register("t", (1024,), "int64", ring=16)  # 128 KiB: larger than a region
+        rx.register("s", (4,), "float32")
+        first = _writer(rx.address, "nixl", 0)
+        try:
+            assert rx.wait("t", timeout=30)[0] == 0
+            rx.release("t")
+            _fault(first, "kill")
+            _until("dropped", lambda: _gauge(rx, "peers", "receiver") == 0)
+        finally:
+            _stop(first)
+        with pytest.raises(tw.PeerLostError):  # what it wrote before it died, then its loss
+            for _ in range(100):
+                rx.wait("t", timeout=10)
+                rx.release("t")
+        placed = rx._table.by_name["t"].ring.layout
+        hold.set()
+        second = _writer(rx.address, "nixl", 1_000_000)
+        try:
+            assert allocating.wait(30), _stop(second)  # its claim moves the ring
+            with tw.Sender.connect(rx.address, transport="tcp", timeout=10) as tx:
+                tx.write("s", np.full(4, 5, np.float32))
+                assert rx.wait("s", timeout=10).tolist() == [5.0] * 4
+            go_on.set()
+            assert rx.wait("t", timeout=30)[0] == 1_000_000
+            assert rx._table.by_name["t"].ring.layout.region != placed.region
+        finally:
+            go_on.set()
+            _stop(second)
 
 
 #: writes message k of tensors "a" and "b" (1024 int64 each, all k and -k) together

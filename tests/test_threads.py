@@ -264,3 +264,58 @@ def test_a_wait_told_of_a_store_coming_sees_it_without_a_ring() -> None:
     words[2] = 0
     with pytest.raises(tw.WireTimeoutError, match="the store"):
         wait(lambda: False, 0.2)
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_registration_making_a_region_holds_up_no_other_tensor(
+    transport: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tensor too large for the newest region gets a region of its own, made outside the
+    receiver's lock: while that allocation is held midway, another tensor's write, wait and
+    release, and another registration and its first write, go on. Before, the allocation ran
+    under the lock, and all of them waited for it (a small tensor's write-wait-release loop
+    stalled 842 ms while a 64 MiB tensor was registered)."""
+    from tensorwire.region import Region
+
+    allocating, go_on = threading.Event(), threading.Event()
+    create = Region.create
+
+    def held_create(size: int, *, shared: bool = True) -> Region:
+        if size >= 4 << 20:  # the large tensor's region: held until the others went on
+            allocating.set()
+            assert go_on.wait(30)
+        return create(size, shared=shared)
+
+    monkeypatch.setattr(Region, "create", held_create)
+    done: list[list[float]] = []
+    with (
+        tw.Receiver(region_bytes=1 << 20) as rx,
+        tw.Sender.connect(rx.address, transport=transport, timeout=10) as tx,
+    ):
+        rx.register("small", (4,), "float32")
+        tx.write("small", np.zeros(4, np.float32))
+        rx.wait("small", timeout=10)
+        rx.release("small")
+        registrar = threading.Thread(target=rx.register, args=("large", (1 << 20,), "float32"))
+        registrar.start()
+        try:
+            assert allocating.wait(10)
+
+            def meanwhile() -> None:
+                tx.write("small", np.full(4, 2, np.float32))
+                done.append(rx.wait("small", timeout=10).tolist())
+                rx.release("small")
+                rx.register("late", (4,), "float32")
+                tx.write("late", np.full(4, 3, np.float32))
+                done.append(rx.wait("late", timeout=10).tolist())
+
+            other = threading.Thread(target=meanwhile, daemon=True)
+            other.start()
+            other.join(10)
+            assert done == [[2.0] * 4, [3.0] * 4]
+            assert registrar.is_alive()  # (its region still held midway)
+        finally:
+            go_on.set()
+            registrar.join(30)
+        tx.write("large", np.arange(1 << 20, dtype=np.float32))
+        assert np.array_equal(rx.wait("large", timeout=10), np.arange(1 << 20, dtype=np.float32))

@@ -422,6 +422,11 @@ class SessionHandler:
             stale.close()
             tensor.stale_writer = None
         if tensor.move_before_claim:
+            if not self._table.ready_to_move(tensor):
+                return (
+                    "its ring is being moved to fresh memory, which is being allocated (its "
+                    "dropped nixl writer may still store into the old one)"
+                )
             tensor.move_before_claim = False
             try:
                 self._table.move(tensor)

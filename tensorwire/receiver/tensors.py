@@ -15,6 +15,7 @@ the receiver look tensors up here, by name (the consumer API) or by id (claims a
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -184,12 +185,66 @@ class TensorTable:
         self._order_version = 0
         self._order_snapshot: tuple[int, tuple[RegisteredTensor, ...]] = (0, ())
         self._groups: dict[str, Any] = {}  # register_parts: name -> whole view
+        #: a host region made outside the lock for the next reservation that needs one
+        #: (make_room), and the lock of that one field (never held while the state's is sought)
+        self._spare: Region | None = None
+        self._spare_lock = threading.Lock()
+        self._making: threading.Thread | None = None  # a thread making the spare for a move
+        self._made = True  # whether the last one made it
         self.bell = self._new_region(self._region_bytes)
 
     # -- memory ------------------------------------------------------------------------------
 
+    def _region_size(self, need: int) -> int:
+        """The size of a new host region with room for ``need`` bytes."""
+        return max(self._region_bytes, REGION_HEADER_SIZE + align(need, PAGE))
+
+    def make_room(self, need: int) -> bool:
+        """Called without the lock, before a reservation of ``need`` bytes under it: where the
+        newest host region has no room for them, make the region that reservation will take
+        now. Creating a region takes long (its pages allocated and faulted in: 0.1-0.3 s for
+        64-256 MiB on the development VM), and under the lock every other tensor's claims,
+        waits and releases waited for it (``bench.registration --large-mib``). What it reads
+        unlocked is a hint: the reservation takes the region only if it still needs one and it
+        is large enough, and makes its own, as before, where this failed (a full ``/dev/shm``
+        says so there). False where it failed."""
+        if self._state.closed or not self.regions:
+            return True
+        if self._next_offset + need <= self.regions[self._host_index].size:
+            return True
+        size = self._region_size(need)
+        spare = self._spare
+        if spare is not None and spare.size >= size:
+            return True
+        try:
+            made = Region.create(size, shared=self.shared)
+        except (OSError, MemoryError, TensorWireError):
+            return False
+        with self._spare_lock:
+            unused, self._spare = _larger(made, self._spare)
+        if unused is not None:
+            unused.close()
+        if self._state.closed:  # (closed meanwhile: close() may have passed the spare by)
+            self._drop_spare()
+        return True
+
+    def _take_spare(self, size: int) -> Region | None:
+        """The region make_room made, if it has ``size`` bytes."""
+        with self._spare_lock:
+            spare = self._spare
+            if spare is None or spare.size < size:
+                return None
+            self._spare = None
+            return spare
+
+    def _drop_spare(self) -> None:
+        with self._spare_lock:
+            spare, self._spare = self._spare, None
+        if spare is not None:
+            spare.close()
+
     def _new_region(self, size: int) -> Region:
-        region = Region.create(size, shared=self.shared)
+        region = self._take_spare(size) or Region.create(size, shared=self.shared)
         q = region.words64
         q[OFF_GENERATION // 8] = self._state.generation
         region.words32[OFF_STATE // 4] = REGION_OPEN
@@ -212,9 +267,7 @@ class TensorTable:
         """``need`` bytes in the newest host region (or a new one): the region and the offset."""
         region: Region = self.regions[self._host_index]
         if self._next_offset + need > region.size:
-            region = self._new_region(
-                max(self._region_bytes, REGION_HEADER_SIZE + align(need, PAGE))
-            )
+            region = self._new_region(self._region_size(need))
         return region, self._next_offset
 
     def _reserve_device(self, device: int, need: int) -> tuple[int, int]:
@@ -321,12 +374,51 @@ class TensorTable:
         if name in self.by_name or name in self._groups:
             raise SpecMismatchError(f"tensor {name!r} is already registered")
 
+    def _footprint(self, spec: TensorSpec, depth: int, device: int | None) -> int:
+        """The host bytes a ring of ``depth`` slots of ``spec`` takes (on a GPU tensor, its
+        control words only), page-aligned as the rings are laid out one after another."""
+        if device is None:
+            return align(ring_footprint(depth, spec.max_bytes, spec.ndim, spec.dynamic), PAGE)
+        return align(control_footprint(depth, spec.ndim, spec.dynamic), PAGE)
+
+    def ready_to_move(self, tensor: RegisteredTensor) -> bool:
+        """Under the lock, at a claim that moves ``tensor`` (:meth:`move`): whether the memory
+        of its new ring is at hand (a ring it left, room in the newest region, or a region
+        made ahead). If not, the region is made on a thread of its own, and False until it
+        is: the claim is fenced (the claimant retries) meanwhile. Made here, the allocation
+        held the lock, and the control thread with it: every other sender's requests, and the
+        consumer's waits and releases, waited for it."""
+        making = self._making
+        if making is not None:
+            if making.is_alive():
+                return False
+            self._making = None
+            if not self._made:
+                return True  # (no memory: the move tries all the same, and says what failed)
+        retired = tensor.retired
+        if len(retired) >= RETIRED_RINGS and retired[0][1] <= tensor.released:
+            return True  # (it moves back into the oldest ring it left)
+        need = self._footprint(tensor.spec, tensor.ring.depth, None)
+        if self._next_offset + need <= self.regions[self._host_index].size:
+            return True
+        spare = self._spare
+        if spare is not None and spare.size >= self._region_size(need):
+            return True
+
+        def make() -> None:
+            self._made = self.make_room(need)
+
+        self._making = threading.Thread(target=make, name="tensorwire-make-room", daemon=True)
+        self._making.start()
+        return False
+
     def register(self, spec: TensorSpec, ring: int | None, device: int | None = None) -> None:
         if ring is None:
             ring = self._ring_depth
         depth = (
             auto_depth(spec.max_bytes) if ring is None else check_count("ring", ring, 1, MAX_DEPTH)
         )
+        self.make_room(self._footprint(spec, depth, device))
         with self._state.lock:
             self._check_new(spec.name)
             if device is None:
@@ -340,6 +432,10 @@ class TensorTable:
     def register_many(self, specs: list[TensorSpec], device: int | None) -> list[TensorSpec]:
         """Register ``specs`` at the receiver's default depth, once all of their names are
         known to be new (none registered if one is not)."""
+        if self._ring_depth is None:
+            self.make_room(sum(self._footprint(s, auto_depth(s.max_bytes), device) for s in specs))
+        else:
+            self.make_room(sum(self._footprint(s, self._ring_depth, device) for s in specs))
         with self._state.lock:
             seen: set[str] = set()
             for spec in specs:
@@ -387,6 +483,10 @@ class TensorTable:
             for k, r in enumerate(rows)
         ]
         capacities = [r * row_bytes for r in rows]
+        if device is None:
+            self.make_room(plan_parts(0, capacities, len(dims))[-1].end)
+        else:
+            self.make_room(control_footprint(1, len(dims), False) * len(rows))
         with self._state.lock:
             self._check_new(name)
             for part in parts:
@@ -481,3 +581,14 @@ class TensorTable:
             self.by_id.clear()
             for region in self.regions:
                 region.close()
+            making = self._making
+        if making is not None:
+            making.join()  # (an allocation's time at most; its region is dropped as closed)
+        self._drop_spare()
+
+
+def _larger(a: Region, b: Region | None) -> tuple[Region | None, Region]:
+    """Of two spare regions, (the one to close, the one to keep): the larger is kept."""
+    if b is None:
+        return None, a
+    return (b, a) if a.size > b.size else (a, b)
