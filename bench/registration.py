@@ -11,6 +11,11 @@ Medians of ``--repeat`` runs.
 ``--memory`` adds one pass under :mod:`tracemalloc` (slower: its times are not reported): the
 Python heap the receiver holds once the tensors are registered, and once a sender (in the same
 process) has written each of them once, with the count of objects the garbage collector tracks.
+
+``--large-mib N`` adds what a large registration costs the traffic already flowing: a small
+tensor's write, wait and release loop runs in a thread of its own while the main thread
+registers four tensors of N MiB, one at a time (each a region of its own); reported are the
+loop's longest pause while idle and while they are registered, and the registrations' time.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import argparse
 import gc
 import statistics
 import sys
+import threading
 import time
 import tracemalloc
 
@@ -66,6 +72,48 @@ def measure(tensors: int, transport: str) -> dict[str, float]:
     return out
 
 
+def measure_stall(large_mib: int, transport: str, count: int = 4) -> dict[str, float]:
+    """The longest pause (ms) of a small tensor's write-wait-release loop, idle for 0.5 s and
+    while ``count`` tensors of ``large_mib`` MiB are registered; the registrations' seconds."""
+    stop = threading.Event()
+    pauses: list[float] = []
+    with (
+        tw.Receiver() as rx,
+        tw.Sender.connect(rx.address, transport=transport, timeout=60) as tx,
+    ):
+        rx.register("small", (16,), "float32")
+        x = np.ones(16, np.float32)
+
+        def loop() -> None:
+            last = time.perf_counter()
+            while not stop.is_set():
+                tx.write("small", x)
+                rx.wait("small", timeout=60)
+                rx.release("small")
+                now = time.perf_counter()
+                pauses.append(now - last)
+                last = now
+
+        thread = threading.Thread(target=loop, name="small-tensor-loop")
+        thread.start()
+        try:
+            time.sleep(0.5)
+            idle = max(pauses, default=0.0)
+            pauses.clear()
+            t0 = time.perf_counter()
+            for k in range(count):
+                rx.register(f"large{k}", (large_mib << 20,), "uint8")
+            registering = time.perf_counter() - t0
+        finally:
+            stop.set()
+            thread.join()
+    return {
+        "stall_idle_ms": idle * 1e3,
+        "stall_registering_ms": max(pauses, default=0.0) * 1e3,
+        "register_large_s": registering,
+    }
+
+
 def measure_memory(tensors: int, transport: str) -> dict[str, float]:
     """The Python heap (MiB, traced) after registering ``tensors`` small tensors, and after a
     sender's first ``write_many`` of all of them; the objects the collector tracks then."""
@@ -107,6 +155,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also measure the Python heap and the objects held, in one more pass (traced)",
     )
+    parser.add_argument(
+        "--large-mib",
+        type=at_least(1),
+        metavar="N",
+        help="also measure how long a small tensor's traffic pauses while 4 tensors of N MiB "
+        "are registered (--repeat runs)",
+    )
     args = parser.parse_args(argv)
     runs = [measure(args.tensors, args.transport) for _ in range(args.repeat)]
     print(f"{args.tensors} float32[16] tensors over {args.transport}, median of {args.repeat}:")
@@ -122,6 +177,17 @@ def main(argv: list[str] | None = None) -> int:
             f"{memory['heap_written_mib']:.1f} MiB once a sender wrote each tensor "
             f"({memory['gc_objects']:,.0f} objects tracked)"
         )
+    stalls = None
+    if args.large_mib:
+        stalls = [measure_stall(args.large_mib, args.transport) for _ in range(args.repeat)]
+        idle, busy, took = (
+            statistics.median(r[k] for r in stalls)
+            for k in ("stall_idle_ms", "stall_registering_ms", "register_large_s")
+        )
+        print(
+            f"  a small tensor's longest pause: {idle:.1f} ms idle, {busy:.1f} ms while 4 "
+            f"tensors of {args.large_mib} MiB were registered (in {took:.2f} s; medians)"
+        )
     if args.json:
         result = {
             "kind": "registration",
@@ -130,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             "runs": runs,
             "medians": medians,
             "memory": memory,
+            "stalls": stalls,
         }
         write_json(args.json, result)
     return 0

@@ -1039,11 +1039,12 @@ def test_the_ping_startup_benchmark_times_pings_against_a_live_receiver(tmp_path
 
 def test_the_registration_benchmark_measures_times_and_the_heap_held(tmp_path: Path) -> None:
     """Every message of each of 50 tensors lands (the benchmark waits for them); with
-    ``--memory`` it also says what the receiver's tensors hold of the Python heap."""
+    ``--memory`` it also says what the receiver's tensors hold of the Python heap, and with
+    ``--large-mib`` how long another tensor's traffic paused while large ones were registered."""
     path = tmp_path / "registration.json"
     out = run(
         "-m", "tensorwire.bench.registration", "--tensors", "50", "--repeat", "1", "--memory",
-        "--json", str(path),
+        "--large-mib", "1", "--json", str(path),
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     written = json.loads(path.read_text())
@@ -1054,6 +1055,9 @@ def test_the_registration_benchmark_measures_times_and_the_heap_held(tmp_path: P
     memory = written["memory"]
     assert 0 < memory["heap_registered_mib"] <= memory["heap_written_mib"], memory
     assert memory["gc_objects"] > 0 and "python heap" in out.stdout
+    [stall] = written["stalls"]
+    assert 0 < stall["stall_idle_ms"] and 0 < stall["stall_registering_ms"], stall
+    assert stall["register_large_s"] > 0 and "longest pause" in out.stdout
 
 
 @pytest.mark.parametrize("damage", ["truncated", "empty", "random bytes", "a flipped byte"])
