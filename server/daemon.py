@@ -132,6 +132,16 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
         help="seconds to wait for a worker within a step",
     )
     p.add_argument(
+        "--stop-grace",
+        type=config.positive_seconds,
+        metavar="SECONDS",
+        default=d.stop_grace,
+        help="once stopped (SIGTERM, SIGINT): seconds the step in flight waits for the workers "
+        "still to push (longer where 3 mean steps take longer; never past --step-timeout), "
+        "then for each worker to take the last parameters or hear that we stop; keep it "
+        f"well within an orchestrator's grace period (Kubernetes: 30 s; default {d.stop_grace:g})",
+    )
+    p.add_argument(
         "--split-bytes",
         type=config.at_least(1),
         default=d.split_bytes,

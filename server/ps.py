@@ -147,10 +147,11 @@ JOIN_SLOTS = 1
 #: Past this much memory for the workers' join slots, the server says what it is setting up
 #: before it does (a server for 1000 workers, 1 GiB of them, started in 3.1 s here)
 LARGE_JOIN_BYTES = 256 << 20
-#: Once a stop is asked, the step in flight waits at most this long for the gradients still to
-#: come (or STOP_GRACE_STEPS times the mean step so far, where steps are slower; never more
-#: than --step-timeout); then it goes on without the workers not heard from (each told in a
-#: notice that we stop, best effort), and the server checkpoints and exits. A frozen or stuck
+#: Once a stop is asked, the step in flight waits at most this long (--stop-grace; this is its
+#: default) for the gradients still to come (or STOP_GRACE_STEPS times the mean step so far,
+#: where steps are slower; never more than --step-timeout); then it goes on without the
+#: workers not heard from (each told in a notice that we stop, best effort), and the server
+#: checkpoints and exits. A frozen or stuck
 #: worker would otherwise hold the stop until its heartbeats time out (--heartbeat-timeout,
 #: 30 s by default; measured: 29.5 s) or for --step-timeout, whichever comes first: past an
 #: orchestrator's grace period (Kubernetes gives 30 s, then SIGKILL), and the final
@@ -227,6 +228,9 @@ class PSConfig:
     resume: bool = False
     join_timeout: float = 60.0
     step_timeout: float = 120.0
+    #: what a stop gives the step in flight, the notices that we stop and our last parameters
+    #: (STOP_GRACE)
+    stop_grace: float = STOP_GRACE
     split_bytes: int = 1 << 20
     seed: int = 0
     heartbeat: float = 5.0  # seconds between our heartbeats to each worker
@@ -570,7 +574,7 @@ class ParameterServer:
             return None
         stats = self.stats
         mean = stats.step_seconds / stats.steps if stats.steps else 0.0
-        grace = min(self.cfg.step_timeout, max(STOP_GRACE, STOP_GRACE_STEPS * mean))
+        grace = min(self.cfg.step_timeout, max(self.cfg.stop_grace, STOP_GRACE_STEPS * mean))
         return grace if time.monotonic() - self._stop_asked_at >= grace else None
 
     def close(self) -> None:
@@ -636,7 +640,7 @@ class ParameterServer:
         out its --reconnect-timeout (120 s by default) for a server that would not come back.
         One that has not registered its ``dropped`` tensor yet (joined, not ready) cannot be
         told, and waits as before."""
-        deadline = time.monotonic() + STOP_GRACE
+        deadline = time.monotonic() + self.cfg.stop_grace
         for w in self.workers:
             left = deadline - time.monotonic()
             if not w.joined or not w.address or left <= 0:
@@ -904,7 +908,7 @@ class ParameterServer:
         notice before it says it is ready (PSClient._heed_stop); one of a first join has no
         tensor for it yet, and is not told. ``take_joins``: take the join and ready messages
         that landed since the last look first (not before the job formed: they would plan it)."""
-        deadline = time.monotonic() + STOP_GRACE
+        deadline = time.monotonic() + self.cfg.stop_grace
         if take_joins:
             try:
                 self._take_join_messages(during_join=False)
@@ -1233,7 +1237,7 @@ class ParameterServer:
             for w in self.workers:
                 w.step = self.step
             done = self._ending
-            until = time.monotonic() + min(self.cfg.step_timeout, STOP_GRACE)
+            until = time.monotonic() + min(self.cfg.step_timeout, self.cfg.stop_grace)
             for w in self.workers:
                 # (not again what it was sent: a round that ended no step, see _Worker.served)
                 if not w.alive or not (done or w.served != self.step):

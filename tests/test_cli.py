@@ -1056,7 +1056,7 @@ def test_the_registration_benchmark_measures_times_and_the_heap_held(tmp_path: P
     assert 0 < memory["heap_registered_mib"] <= memory["heap_written_mib"], memory
     assert memory["gc_objects"] > 0 and "python heap" in out.stdout
     [stall] = written["stalls"]
-    assert 0 < stall["stall_idle_ms"] and 0 < stall["stall_registering_ms"], stall
+    assert stall["stall_idle_ms"] > 0 and stall["stall_registering_ms"] > 0, stall
     assert stall["register_large_s"] > 0 and "longest pause" in out.stdout
 
 

@@ -931,15 +931,17 @@ def test_bsp_tells_a_frozen_worker_it_was_dropped_and_it_joins_again(
 
 @pytest.mark.parametrize("sync", ["bsp", "asp"])
 def test_a_stop_does_not_wait_for_a_frozen_worker(job: Any, tmp_path: Path, sync: str) -> None:
-    """A SIGTERM to the server while a worker is frozen (SIGSTOP): the server waits STOP_GRACE
-    (5 s here) for it, not until its heartbeats time out (30 s: 29.5 s measured before) or
-    --step-timeout (120 s), then goes on without it, checkpoints and exits 0, well within an
-    orchestrator's grace period (Kubernetes: 30 s); the other worker is told to stop and exits
-    0. So is the frozen one, once it runs again: the server left it a notice that it stopped
-    (before, it was told nothing, and waited --reconnect-timeout, 120 s, for the server)."""
+    """A SIGTERM to the server while a worker is frozen (SIGSTOP): the server waits its
+    --stop-grace (2 s here; 5 by default) for it, not until its heartbeats time out (30 s:
+    29.5 s measured before) or --step-timeout (120 s), then goes on without it, checkpoints
+    and exits 0, well within an orchestrator's grace period (Kubernetes: 30 s); the other
+    worker is told to stop and exits 0. So is the frozen one, once it runs again: the server
+    left it a notice that it stopped (before, it was told nothing, and waited
+    --reconnect-timeout, 120 s, for the server)."""
     ckpt = tmp_path / "ckpt"
     every = ["--checkpoint-dir", str(ckpt), "--checkpoint-every", "20", "--sync", sync]
-    j = job(ps=["--steps", ENDLESS, "--step-timeout", "120", *every, "--log-level", "INFO"])
+    grace = ["--step-timeout", "120", "--stop-grace", "2"]
+    j = job(ps=["--steps", ENDLESS, *grace, *every, "--log-level", "INFO"])
     _wait_for(j, "checkpoint at step 20 ")
     frozen = j.workers[1]
     freeze(frozen.pid)
@@ -957,7 +959,7 @@ def test_a_stop_does_not_wait_for_a_frozen_worker(job: Any, tmp_path: Path, sync
             frozen.wait(10)
     assert "said stop" in j.log("w1"), j.log("w1")
     text = j.log("ps0")
-    said = "nothing within 5 s of the stop" if sync == "bsp" else "not stopped within 5 s"
+    said = "nothing within 2 s of the stop" if sync == "bsp" else "not stopped within 2 s"
     assert "worker 1 lost at step" in text and said in text, text
     last = int(text.rsplit("checkpoint at step ", 1)[1].split()[0])
     assert last == j.metrics("ps0")["steps"] > 20  # the final checkpoint, at the last step
@@ -1120,7 +1122,7 @@ def test_a_server_that_stops_while_another_is_lost_ends_the_workers_wait(
     Before, each waited out its --reconnect-timeout (120 s here) for ps1, and exited 1."""
     ckpt = tmp_path / "ckpt"
     args = ["--steps", ENDLESS, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "500"]
-    j = job(ps=[*args, "--sync", sync, "--log-level", "INFO"], servers=2)
+    j = job(ps=[*args, "--sync", sync, "--stop-grace", "2", "--log-level", "INFO"], servers=2)
     _wait_for(j, "checkpoint at step 500", servers=2)
     j.ps[1].kill()
     assert j.ps[1].wait(10) == -signal.SIGKILL
@@ -1192,14 +1194,14 @@ def test_a_bsp_stop_does_not_wait_for_a_worker_held_by_another_server(
 ) -> None:
     """w0 and ps1 are SIGKILLed and ps1 is started again afresh: it waits for both workers
     to join before its first step, so w1, which joined both again, holds ps0's parameters
-    while it waits for ps1's. ps0, stopped (SIGTERM), waits for w1's slot no longer than
-    STOP_GRACE (5 s), tells it in a notice that it stops, and exits 0; w1 reads it and exits
+    while it waits for ps1's. ps0, stopped (SIGTERM), waits for w1's slot no longer than its
+    --stop-grace (2 s here), tells it in a notice that it stops, and exits 0; w1 reads it and exits
     0 too. Before, ps0's last write waited out its --step-timeout (120 s by default, past an
     orchestrator's grace period: Kubernetes gives 30 s, then SIGKILL), then told w1 to join
     again, and w1 waited for ps0 to come back until its --reconnect-timeout (120 s)."""
     ckpt = tmp_path / "ckpt"
     args = ["--steps", ENDLESS, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "500"]
-    j = job(ps=[*args, "--log-level", "INFO"], servers=2)
+    j = job(ps=[*args, "--stop-grace", "2", "--log-level", "INFO"], servers=2)
     _wait_for(j, "checkpoint at step 500", servers=2)
     for p in (j.workers[0], j.ps[1]):
         p.kill()
