@@ -567,15 +567,30 @@ class ParameterServer:
         limit = STOP_JOIN_CONNECT_TIMEOUT if self._ending else JOIN_CONNECT_TIMEOUT
         return min(self.cfg.step_timeout, limit)
 
-    def _stop_overdue(self) -> float | None:
-        """The grace a stop gives the step in flight, once it has passed (see STOP_GRACE);
-        None before, or without a stop."""
+    def _stop_grace(self) -> float | None:
+        """The grace a stop gives the step in flight (see STOP_GRACE); None without a stop."""
         if not self._stop_requested:
             return None
         stats = self.stats
         mean = stats.step_seconds / stats.steps if stats.steps else 0.0
-        grace = min(self.cfg.step_timeout, max(self.cfg.stop_grace, STOP_GRACE_STEPS * mean))
-        return grace if time.monotonic() - self._stop_asked_at >= grace else None
+        return min(self.cfg.step_timeout, max(self.cfg.stop_grace, STOP_GRACE_STEPS * mean))
+
+    def _stop_overdue(self) -> float | None:
+        """The grace a stop gives the step in flight, once it has passed; None before, or
+        without a stop."""
+        grace = self._stop_grace()
+        if grace is None or time.monotonic() - self._stop_asked_at < grace:
+            return None
+        return grace
+
+    def _within_stop_grace(self, wait: float) -> float:
+        """``wait``, cut to what is left of a stop's grace: a wait for a worker's gradients
+        ends with it. Before, a wait begun just before it ended took REJOIN_CHECK_EVERY (1 s)
+        more, for each worker still waited for in turn."""
+        grace = self._stop_grace()
+        if grace is None:
+            return wait
+        return min(wait, max(self._stop_asked_at + grace - time.monotonic(), 0.0))
 
     def close(self) -> None:
         self.tx.close()
@@ -1083,6 +1098,7 @@ class ParameterServer:
         while True:
             left = deadline - time.monotonic()
             wait = 0.0 if w.probation else max(min(left, REJOIN_CHECK_EVERY), 0.0)
+            wait = self._within_stop_grace(wait)
             try:
                 # Taken together once all have landed: on a loss or a timeout none is held.
                 got = self.rx.wait_all(names, timeout=wait)
@@ -1404,6 +1420,9 @@ class ParameterServer:
                 return
             retry = self._pay_owed()
             wait = REJOIN_CHECK_EVERY if retry is None else min(retry, REJOIN_CHECK_EVERY)
+            # (not cut to nothing past a stop's grace: _lose_silent let go of whom it could by
+            # then, and those it kept would make this loop spin)
+            wait = self._within_stop_grace(wait) or wait
             try:
                 name, view = self.rx.wait_any(timeout=wait)
             except tw.WireTimeoutError:
