@@ -1163,10 +1163,10 @@ def test_a_worker_joining_a_frozen_server_again_heeds_its_sigterm(job: Any, tmp_
     write went on until ps0 missed 3 heartbeats (15.6 s after the SIGTERM, in a run) or for
     --step-timeout, and only then did the worker look at its stop; and as it closed, its
     goodbye to the frozen ps0 waited 5 s more (GOODBYE_TIMEOUT) after its word that it
-    leaves had timed out."""
+    leaves had timed out. (The servers stop within --stop-grace, 2 s here, at the end.)"""
     ckpt = tmp_path / "ckpt"
     args = ["--steps", ENDLESS, "--checkpoint-dir", str(ckpt), "--log-level", "INFO"]
-    j = job(ps=args, servers=2)
+    j = job(ps=[*args, "--stop-grace", "2"], servers=2)
     _wait_for(j, "joined", 2, servers=2)
     j.ps[1].kill()
     assert j.ps[1].wait(10) == -signal.SIGKILL
