@@ -151,11 +151,10 @@ LARGE_JOIN_BYTES = 256 << 20
 #: default) for the gradients still to come (or STOP_GRACE_STEPS times the mean step so far,
 #: where steps are slower; never more than --step-timeout); then it goes on without the
 #: workers not heard from (each told in a notice that we stop, best effort), and the server
-#: checkpoints and exits. A frozen or stuck
-#: worker would otherwise hold the stop until its heartbeats time out (--heartbeat-timeout,
-#: 30 s by default; measured: 29.5 s) or for --step-timeout, whichever comes first: past an
-#: orchestrator's grace period (Kubernetes gives 30 s, then SIGKILL), and the final
-#: checkpoint would be lost.
+#: checkpoints and exits. A frozen or stuck worker would otherwise hold the stop until its
+#: heartbeats time out (--heartbeat-timeout, 30 s by default; measured: 29.5 s) or for
+#: --step-timeout, whichever comes first: past an orchestrator's grace period (Kubernetes
+#: gives 30 s, then SIGKILL), and the final checkpoint would be lost.
 STOP_GRACE = 5.0
 #: Seconds a write of parameters may wait for the worker's slot before they are owed
 #: instead (ParameterServer._offer): enough for a release under way to end, so that a worker's
