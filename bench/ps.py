@@ -24,6 +24,8 @@ from .common import machine_facts, parse_transports
 from .report import SCHEMA
 
 DEFAULT_TRANSPORTS = "shm,tcp,grpc"
+#: the flags a run's JSON repeats under "config"
+CONFIG_KEYS = ("workers", "servers", "model", "framework", "steps", "sync", "repeat", "batch")
 
 
 def add_parser(sub: Any) -> None:
@@ -51,6 +53,12 @@ def add_parser(sub: Any) -> None:
         "(default auto: what --model builds)",
     )
     p.add_argument("--steps", type=at_least(1), default=30, help="steps per job (default 30)")
+    p.add_argument(
+        "--sync",
+        default="bsp",
+        choices=("bsp", "asp", "ssp"),
+        help="the servers' consistency model (default bsp)",
+    )
     p.add_argument(
         "--repeat", type=at_least(1), default=1, help="jobs per transport; medians reported"
     )
@@ -82,6 +90,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
                     workers=args.workers,
                     servers=args.servers,
                     model=args.model,
+                    ps_args=["--sync", args.sync],
                     worker_args=[
                         *("--batch", str(args.batch), "--eval-every", "0"),
                         *("--framework", args.framework),
@@ -119,10 +128,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
         "schema": SCHEMA,
         "kind": "ps",
         "machine": machine_facts(),
-        "config": {
-            k: getattr(args, k)
-            for k in ("workers", "servers", "model", "framework", "steps", "repeat", "batch")
-        },
+        "config": {k: getattr(args, k) for k in CONFIG_KEYS},
         "param_bytes": param_bytes,
         "tensors": len(initial),
         "rows": rows,

@@ -704,11 +704,14 @@ def test_bench_ps_reports_each_transport(tmp_path: Path) -> None:
         "5",
         "--transports",
         "shm,grpc",
+        "--sync",
+        "asp",
         "--json",
         str(path),
     )
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(path.read_text())
+    assert result["config"]["sync"] == "asp"
     rows = {r["transport"]: r for r in result["rows"]}
     assert set(rows) == {"shm", "grpc"} and rows["grpc"]["x_grpc"] == 1.0
     for r in rows.values():
