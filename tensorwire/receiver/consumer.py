@@ -12,7 +12,7 @@ from __future__ import annotations
 import operator
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -60,6 +60,9 @@ class Consumer:
         self._rr = 0  # wait_any's round-robin cursor
         #: wait_any's index of every slot's sequence number, for the order it was made for
         self._slot_index: tuple[tuple[RegisteredTensor, ...], list[Any]] | None = None
+        #: what wait_any's last look at every ring found landed and has not handed out yet
+        #: (places in the order it looked at, in round-robin order; see wait_any)
+        self._landed: tuple[tuple[RegisteredTensor, ...], deque[int]] | None = None
         #: the tensors of that order on a GPU (_on_gpu)
         self._gpu_of: tuple[tuple[RegisteredTensor, ...], tuple[RegisteredTensor, ...]] | None = (
             None
@@ -261,6 +264,8 @@ class Consumer:
             lock.release()
 
     def wait_any(self, timeout: float | None) -> tuple[str, Any]:
+        if timeout is not None and not (timeout.__class__ is float and timeout >= 0):
+            check_timeout(timeout)  # (refused before a message is taken, as wait's)
         lock = self._state.lock
         table = self._table
 
@@ -268,21 +273,50 @@ class Consumer:
             with lock:  # the cursor and the take are shared by every consumer thread
                 order = table.order
                 n = len(order)
-                places = range(n) if n < SCAN_ALL_FROM else self._landed_first(order)
-                for k in places:
-                    tensor = order[(self._rr + k) % n]
-                    if tensor.slot_free and (slot := self._next_slot(tensor)) is not None:
-                        self._rr = (self._rr + k + 1) % n
-                        return tensor.spec.name, self._take(tensor, slot)
-                return None
+                if n < SCAN_ALL_FROM:
+                    for k in range(n):
+                        tensor = order[(self._rr + k) % n]
+                        if tensor.slot_free and (slot := self._next_slot(tensor)) is not None:
+                            self._rr = (self._rr + k + 1) % n
+                            return tensor.spec.name, self._take(tensor, slot)
+                    return None
+                # What the last look at every ring found and has not handed out is handed out
+                # first, in the order found, and every ring is looked at again only once none
+                # of it is left: a batch of N messages (a parameter server's gradients) took
+                # N looks at every ring, one per message (BENCHMARKS.md, "wait_any").
+                landed = self._landed
+                if landed is not None and landed[0] is order and landed[1]:
+                    got = self._take_first(order, landed[1])
+                    if got is not None:
+                        return got
+                cursor = self._rr
+                found = deque((cursor + k) % n for k in self._landed_first(order))
+                self._landed = (order, found)
+                return self._take_first(order, found)
 
-        got: tuple[str, Any] = self._block(
+        got = ready()  # (the message is often there already: no wait is set up)
+        if got is not None:
+            return got
+        got = self._block(
             ready,
             timeout,
             lambda: f"no message arrived within {timeout} s on {self._state.name}",
             table.order,
         )
         return got
+
+    def _take_first(
+        self, order: tuple[RegisteredTensor, ...], places: deque[int]
+    ) -> tuple[str, Any] | None:
+        """wait_any's take: the first tensor at ``places`` (in ``order``, popped as they are
+        looked at) whose next message is complete, or None; the cursor moves past it."""
+        while places:
+            place = places.popleft()
+            tensor = order[place]
+            if tensor.slot_free and (slot := self._next_slot(tensor)) is not None:
+                self._rr = (place + 1) % len(order)
+                return tensor.spec.name, self._take(tensor, slot)
+        return None
 
     def _on_gpu(self, tensors: tuple[RegisteredTensor, ...]) -> tuple[RegisteredTensor, ...]:
         """The tensors of ``tensors`` whose slots are in GPU memory; for the receiver's whole
