@@ -79,23 +79,26 @@ def test_two_consumer_threads_never_get_the_same_message(transport: str) -> None
         assert sorted(taken) == list(range(N_MESSAGES)), "a message was handed out twice"
 
 
-def test_wait_any_from_two_threads_hands_out_each_message_once() -> None:
+@pytest.mark.parametrize(("tensors", "messages"), [(2, N_MESSAGES), (100, 8)])
+def test_wait_any_from_two_threads_hands_out_each_message_once(tensors: int, messages: int) -> None:
+    """Among 100 tensors (from consumer.SCAN_ALL_FROM on), what one look at every ring found
+    is handed out from a list both threads share: each message still goes to one of them."""
+
     def take() -> tuple[str, int]:
         name, view = rx.wait_any(timeout=2)
         return name, int(view[0])
 
-    with tw.Receiver(ring=N_MESSAGES + 1) as rx:
-        for name in ("a", "b"):
-            rx.register(name, (1,), "int64")
+    names = [f"t{i}" for i in range(tensors)]
+    with tw.Receiver(ring=messages + 1) as rx:
+        rx.register_many([(name, (1,), "int64") for name in names])
         with (
-            two_consumers(take, 2 * N_MESSAGES) as got,
+            two_consumers(take, tensors * messages) as got,
             tw.Sender.connect(rx.address, transport="shm", timeout=10) as tx,
         ):
-            for k in range(N_MESSAGES):
-                tx.write("a", np.array([k], np.int64))
-                tx.write("b", np.array([k], np.int64))
+            for k in range(messages):
+                tx.write_many({name: np.array([k], np.int64) for name in names})
         taken = sorted(got[0] + got[1])
-        assert taken == sorted((n, k) for n in "ab" for k in range(N_MESSAGES))
+        assert taken == sorted((n, k) for n in names for k in range(messages))
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
