@@ -283,7 +283,7 @@ class Consumer:
                 # What the last look at every ring found and has not handed out is handed out
                 # first, in the order found, and every ring is looked at again only once none
                 # of it is left: a batch of N messages (a parameter server's gradients) took
-                # N looks at every ring, one per message (BENCHMARKS.md, "wait_any").
+                # N looks at every ring, one per message (BENCHMARKS.md, "`wait_any` of a batch").
                 landed = self._landed
                 if landed is not None and landed[0] is order and landed[1]:
                     got = self._take_first(order, landed[1])
