@@ -432,10 +432,10 @@ class TensorTable:
     def register_many(self, specs: list[TensorSpec], device: int | None) -> list[TensorSpec]:
         """Register ``specs`` at the receiver's default depth, once all of their names are
         known to be new (none registered if one is not)."""
-        if self._ring_depth is None:
-            self.make_room(sum(self._footprint(s, auto_depth(s.max_bytes), device) for s in specs))
-        else:
-            self.make_room(sum(self._footprint(s, self._ring_depth, device) for s in specs))
+        depth = self._ring_depth  # (None: each its own, as register picks it)
+        self.make_room(
+            sum(self._footprint(s, depth or auto_depth(s.max_bytes), device) for s in specs)
+        )
         with self._state.lock:
             seen: set[str] = set()
             for spec in specs:
