@@ -127,7 +127,7 @@ STOP_NOTICE_TIMEOUT = 0.5
 #: (a wrong --advertise, a firewall) or died since, and every other worker waits meanwhile.
 #: Before, the handshake had --step-timeout (120 s by default).
 JOIN_CONNECT_TIMEOUT = 10.0
-#: The same as we stop, within STOP_GRACE
+#: The same as we stop (and within --stop-grace)
 STOP_JOIN_CONNECT_TIMEOUT = 2.0
 #: Seconds between looks, while a step waits for a worker's gradients, at whether that worker
 #: joined again (restarted before its loss was seen, or dropped by another server).
@@ -562,9 +562,11 @@ class ParameterServer:
     def _join_connect_timeout(self) -> float:
         """How long the handshake with a worker whose join we take may take: JOIN_CONNECT_TIMEOUT,
         or STOP_JOIN_CONNECT_TIMEOUT as we stop (a join taken then only hears that we stop; one
-        from a worker gone since would otherwise hold our exit 10 s)."""
-        limit = STOP_JOIN_CONNECT_TIMEOUT if self._ending else JOIN_CONNECT_TIMEOUT
-        return min(self.cfg.step_timeout, limit)
+        from a worker gone since would otherwise hold our exit 10 s), and never past our
+        --stop-grace then."""
+        if self._ending:
+            return min(self.cfg.step_timeout, self.cfg.stop_grace, STOP_JOIN_CONNECT_TIMEOUT)
+        return min(self.cfg.step_timeout, JOIN_CONNECT_TIMEOUT)
 
     def _stop_grace(self) -> float | None:
         """The grace a stop gives the step in flight (see STOP_GRACE); None without a stop."""
