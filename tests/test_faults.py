@@ -1450,25 +1450,28 @@ def test_a_tcp_write_interrupted_mid_frame_closes_the_connection(children: Child
     assert here.poll(30)
     address = here.recv()["address"]
     tx = tw.Sender.connect(address, transport="tcp", timeout=None, heartbeat=None)
+    # made before the interrupt is set off: under load, making 64 MiB took long enough that the
+    # interrupt came before the write had begun its frame (the suite in 3 processes, once)
+    second, third = np.full(BIG, 2, np.float32), np.full(BIG, 3, np.float32)
     try:
         tx.write("a", np.full(BIG, 1, np.float32))  # lands whole in one of the two slots
         freeze(proc.pid)
         # a shell that starts pytest in the background leaves SIGINT ignored, and then
         # interrupt_main() does nothing: this test is about Ctrl-C, so it installs Python's own
-        interrupt = threading.Timer(0.5, _thread.interrupt_main)
+        interrupt = threading.Timer(1.0, _thread.interrupt_main)
         previous = signal.signal(signal.SIGINT, signal.default_int_handler)
         interrupt.start()
         try:
             with pytest.raises(KeyboardInterrupt):
                 # blocks: 64 MiB fit no buffer; the deadline only bounds a failure of the test
-                tx.write("a", np.full(BIG, 2, np.float32), timeout=60)
+                tx.write("a", second, timeout=60)
         finally:
             interrupt.cancel()
             interrupt.join(5)
             signal.signal(signal.SIGINT, previous)
         os.kill(proc.pid, signal.SIGCONT)
         with pytest.raises(tw.PeerLostError, match="interrupted part way"):
-            tx.write("a", np.full(BIG, 3, np.float32), timeout=10)
+            tx.write("a", third, timeout=10)
         here.send(("a", 10))
         assert here.poll(30)
         assert here.recv() == ("ok", float(np.prod(BIG)))  # the first message, whole
