@@ -199,6 +199,14 @@ class TensorTable:
         """The size of a new host region with room for ``need`` bytes."""
         return max(self._region_bytes, REGION_HEADER_SIZE + align(need, PAGE))
 
+    def _room_at_hand(self, need: int) -> bool:
+        """Whether a reservation of ``need`` bytes needs no region made: the newest has room,
+        or one made ahead (make_room) is large enough. Read unlocked by make_room: a hint."""
+        if self._next_offset + need <= self.regions[self._host_index].size:
+            return True
+        spare = self._spare
+        return spare is not None and spare.size >= self._region_size(need)
+
     def make_room(self, need: int) -> bool:
         """Called without the lock, before a reservation of ``need`` bytes under it: where the
         newest host region has no room for them, make the region that reservation will take
@@ -208,16 +216,10 @@ class TensorTable:
         unlocked is a hint: the reservation takes the region only if it still needs one and it
         is large enough, and makes its own, as before, where this failed (a full ``/dev/shm``
         says so there). False where it failed."""
-        if self._state.closed or not self.regions:
-            return True
-        if self._next_offset + need <= self.regions[self._host_index].size:
-            return True
-        size = self._region_size(need)
-        spare = self._spare
-        if spare is not None and spare.size >= size:
+        if self._state.closed or self._room_at_hand(need):
             return True
         try:
-            made = Region.create(size, shared=self.shared)
+            made = Region.create(self._region_size(need), shared=self.shared)
         except (OSError, MemoryError, TensorWireError):
             return False
         with self._spare_lock:
@@ -399,10 +401,7 @@ class TensorTable:
         if len(retired) >= RETIRED_RINGS and retired[0][1] <= tensor.released:
             return True  # (it moves back into the oldest ring it left)
         need = self._footprint(tensor.spec, tensor.ring.depth, None)
-        if self._next_offset + need <= self.regions[self._host_index].size:
-            return True
-        spare = self._spare
-        if spare is not None and spare.size >= self._region_size(need):
+        if self._room_at_hand(need):
             return True
 
         def make() -> None:
@@ -483,21 +482,22 @@ class TensorTable:
             for k, r in enumerate(rows)
         ]
         capacities = [r * row_bytes for r in rows]
-        if device is None:
-            self.make_room(plan_parts(0, capacities, len(dims))[-1].end)
+        if device is None:  # the host bytes: every part's control words and payload, or words
+            need = plan_parts(0, capacities, len(dims))[-1].end
         else:
-            self.make_room(control_footprint(1, len(dims), False) * len(rows))
+            need = control_footprint(1, len(dims), False) * len(rows)
+        self.make_room(need)
         with self._state.lock:
             self._check_new(name)
             for part in parts:
                 self._check_new(part.name)
             index = None
             if device is None:
-                region, base = self._reserve(plan_parts(0, capacities, len(dims))[-1].end)
+                region, base = self._reserve(need)
                 layouts = plan_parts(base, capacities, len(dims))
             else:
                 index, offset = self._reserve_device(device, whole.max_bytes)
-                region, base = self._reserve(control_footprint(1, len(dims), False) * len(rows))
+                region, base = self._reserve(need)
                 layouts = plan_parts(base, capacities, len(dims), offset)
             for part, layout in zip(parts, layouts, strict=True):
                 self._add(part, layout, index).in_group = True
