@@ -17,6 +17,7 @@ nothing else about the layout.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,11 +106,16 @@ class RingLayout:
 
     region: int
     ctrl: int
-    headers: tuple[int, ...]
+    #: a ``range`` where evenly spaced (as plan_ring lays them out; see as_offsets)
+    headers: Offsets
     payloads: tuple[int, ...]
     capacity: int
     #: the region the payloads are in, when not ``region`` (a GPU tensor's: -1 means ``region``)
     payload_region: int = -1
+
+    def __post_init__(self) -> None:
+        # one form for the same offsets however given, so that layouts compare equal
+        object.__setattr__(self, "headers", as_offsets(self.headers))
 
     @property
     def payloads_in(self) -> int:
@@ -171,7 +177,7 @@ class RingLayout:
             layout = cls(
                 region=int(region),
                 ctrl=int(ctrl),
-                headers=tuple(int(h) for h in headers),
+                headers=as_offsets(headers),
                 payloads=tuple(int(p) for p in payloads),
                 capacity=int(capacity),
                 payload_region=int(rest[0]) if rest else -1,
@@ -205,10 +211,31 @@ class RingLayout:
 COMPACT_FIELDS = 9
 
 
-def progression(offsets: tuple[int, ...]) -> int | None:
+#: slots' offsets: a range where they are evenly spaced, else a tuple
+Offsets = range | tuple[int, ...]
+
+
+def as_offsets(values: Iterable[Any]) -> Offsets:
+    """``values`` as ints: a ``range`` where they are evenly spaced and ascending (48 bytes
+    however deep the ring, where a tuple of 32 offsets takes 1.3 KiB with its ints, at the
+    receiver and at every sender that has the layout), else a tuple. Not for the offsets the
+    per-message paths index (the payloads): a range's item costs 75 ns, a tuple's 12."""
+    if isinstance(values, range) and values.step > 0:
+        return values
+    offsets = tuple(int(v) for v in values)
+    step = progression(offsets) if offsets else None
+    if step is None:
+        return offsets
+    step = step or 1
+    return range(offsets[0], offsets[0] + len(offsets) * step, step)
+
+
+def progression(offsets: Offsets) -> int | None:
     """The common step of ``offsets`` (0 for one), or None where they are not evenly spaced."""
     if len(offsets) == 1:
         return 0
+    if isinstance(offsets, range):
+        return offsets.step if offsets.step > 0 else None
     step = offsets[1] - offsets[0]
     if step <= 0 or offsets != tuple(range(offsets[0], offsets[0] + len(offsets) * step, step)):
         return None
@@ -230,7 +257,7 @@ def plan_ring(
     if depth < 1:
         raise ValueError(f"a ring needs at least one slot, got depth={depth}")
     hsize = slot_header_size(ndim, dynamic)
-    headers = tuple(base + RING_CTRL_SIZE + i * hsize for i in range(depth))
+    headers = range(base + RING_CTRL_SIZE, base + RING_CTRL_SIZE + depth * hsize, hsize)
     palign = payload_alignment(capacity)
     stride = align(max(capacity, 1), palign)
     if payload_base is None:

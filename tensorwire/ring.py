@@ -55,9 +55,53 @@ from .layout import (
 from .region import Region
 from .spec import TensorSpec
 
+# A slot header's words, as distances from its sequence number's: in 64-bit words, but the
+# ndim word's index among 32-bit words is twice the sequence number's index plus this
+_NBYTES_AFTER_SEQ = (OFF_NBYTES - OFF_SEQ) // 8
+_DIMS_AFTER_SEQ = (OFF_DIMS - OFF_SEQ) // 8
+_NDIM32_AFTER_SEQ32 = (OFF_NDIM - OFF_SEQ) // 4
+
 
 class RingMemory:
     """Word-level access to one ring, plus the receiver doorbell of the region it lives in."""
+
+    # Slots, not an instance dict, for the ring's thirty-odd fields: the dict was 1.5 KiB of
+    # each ring, at the receiver and at every sender of the tensor. ``__dict__`` stays for
+    # what is made at first use (the cached addresses below), and only then takes room.
+    __slots__ = (
+        "__dict__",
+        "_after",
+        "_bell32",
+        "_credit_bell",
+        "_device_stores",
+        "_found_seq",
+        "_found_slot",
+        "_i",
+        "_owner",
+        "_payload",
+        "_payload_base",
+        "_q",
+        "_region_address",
+        "_region_array",
+        "_released",
+        "_rows",
+        "_rx_bell",
+        "_rx_waiting",
+        "_seq",
+        "_tx_waiting",
+        "_writing",
+        "credit_bell_address",
+        "depth",
+        "device",
+        "layout",
+        "payload_bytes",
+        "payload_offsets",
+        "region_bytes",
+        "rx_bell_address",
+        "spec",
+        "static_block",
+        "static_views",
+    )
 
     def __init__(
         self,
@@ -72,10 +116,10 @@ class RingMemory:
         self.depth = layout.depth
         self._q = region.words64
         self._i = region.words32
+        # Each slot's sequence-number word; its header's other words are at fixed distances
+        # from it (_NBYTES_AFTER_SEQ, ...), where each had a list of its own: four lists of 32
+        # ints a small tensor were a third of a registered tensor's heap, at both ends
         self._seq = [(h + OFF_SEQ) // 8 for h in layout.headers]
-        self._nbytes = [(h + OFF_NBYTES) // 8 for h in layout.headers]
-        self._ndim = [(h + OFF_NDIM) // 4 for h in layout.headers]
-        self._dims = [(h + OFF_DIMS) // 8 for h in layout.headers]
         self._released = (layout.ctrl + OFF_RELEASED) // 8
         self._credit_bell = (layout.ctrl + OFF_CREDIT_BELL) // 4
         self.credit_bell_address = region.address + layout.ctrl + OFF_CREDIT_BELL
@@ -339,12 +383,13 @@ class RingMemory:
         """Store the size (and a dynamic tensor's shape) of the message going into free
         ``slot``: before its completion store, which :meth:`publish` makes, or the GPU."""
         q = self._q
+        word = self._seq[slot]
         if shape is not None:
-            base = self._dims[slot]
+            base = word + _DIMS_AFTER_SEQ
             for k, d in enumerate(shape):
                 q[base + k] = d
-            self._i[self._ndim[slot]] = len(shape)
-        q[self._nbytes[slot]] = nbytes
+            self._i[2 * word + _NDIM32_AFTER_SEQ32] = len(shape)
+        q[word + _NBYTES_AFTER_SEQ] = nbytes
 
     def publish(
         self, slot: int, seq: int, nbytes: int, shape: tuple[int, ...] | None, bell: bool = True
@@ -352,11 +397,12 @@ class RingMemory:
         """Mark message ``seq`` complete in ``slot`` (payload in place) and ring the receiver
         (``bell=False``: the caller rings it once for several messages, :meth:`ring_receiver`)."""
         q = self._q
+        word = self._seq[slot]
         if shape is None:  # describe_slot, inline for a static tensor: every networked message
-            q[self._nbytes[slot]] = nbytes
+            q[word + _NBYTES_AFTER_SEQ] = nbytes
         else:
             self.describe_slot(slot, nbytes, shape)
-        q[self._seq[slot]] = seq  # the completion store: after the payload and the shape
+        q[word] = seq  # the completion store: after the payload and the shape
         if bell:
             # ring_bell, inline: this is the per-message path
             b = self._bell32
@@ -405,8 +451,9 @@ class RingMemory:
                 view = self.static_view(slot)
             view[...] = array
             # publish(), inline for a static tensor (no shape words)
-            q[self._nbytes[slot]] = self.spec.max_bytes
-            q[self._seq[slot]] = seq  # the completion store: after the payload
+            word = self._seq[slot]
+            q[word + _NBYTES_AFTER_SEQ] = self.spec.max_bytes
+            q[word] = seq  # the completion store: after the payload
             if bell:
                 b = self._bell32
                 i = self._rx_bell
@@ -460,8 +507,9 @@ class RingMemory:
         if self.static_views is not None:
             view = self.static_views[slot]
             return self.static_view(slot) if view is None else view
-        ndim = self._i[self._ndim[slot]]
-        base = self._dims[slot]
+        word = self._seq[slot]
+        ndim = self._i[2 * word + _NDIM32_AFTER_SEQ32]
+        base = word + _DIMS_AFTER_SEQ
         return self._over(slot, tuple(int(self._q[base + k]) for k in range(ndim)))
 
     def release(self, upto: int) -> None:
@@ -518,6 +566,8 @@ class SlotChooser:
     message in one slot); otherwise the slot with the oldest message, which is free whenever any
     is, since messages are released in order. Both in constant time, whatever the depth.
     """
+
+    __slots__ = ("_order", "last", "seqs")
 
     def __init__(self, slot_seqs: list[int]) -> None:
         self.seqs = list(slot_seqs)
