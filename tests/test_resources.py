@@ -47,6 +47,34 @@ def test_regions_are_private_unguessable_and_unlinked() -> None:
     assert not shm_entries()
 
 
+def test_a_refused_registration_leaves_no_region_made_for_it() -> None:
+    """A registration that needs a region of its own has it made before it takes the
+    receiver's lock (so that the allocation stops no other tensor's traffic); one then refused
+    under the lock (its name taken) closes it, where it stayed in /dev/shm, as large as asked,
+    until the receiver's next region or its close."""
+    big = (16 << 20,)
+    with tw.Receiver() as rx:
+        rx.register("big", big, "uint8")
+        before = shm_entries()
+        refusals = [
+            lambda: rx.register("big", big, "uint8"),
+            lambda: rx.register_many([("x", big, "uint8"), ("x", big, "uint8")]),
+            lambda: rx.register_parts("big", (2, *big), "uint8", [1, 1]),
+        ]
+        for refused in refusals:
+            with pytest.raises(tw.SpecMismatchError):
+                refused()
+            assert shm_entries() == before
+        # and a registration that needs a region makes one, which it then holds
+        rx.register("other", big, "uint8")
+        assert len(shm_entries() - before) == 1
+        with tw.Sender.connect(rx.address, transport="shm", timeout=10) as tx:
+            tx.write("other", np.full(big, 7, np.uint8))
+            assert int(rx.wait("other", timeout=10)[-1]) == 7
+            rx.release("other")
+    assert not shm_entries()
+
+
 def _mapping_of(address: int) -> dict[str, str]:
     """The /proc/self/smaps fields of the mapping that holds ``address``."""
     fields: dict[str, str] = {}

@@ -14,9 +14,10 @@ the receiver look tensors up here, by name (the consumer API) or by id (claims a
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -216,19 +217,37 @@ class TensorTable:
         unlocked is a hint: the reservation takes the region only if it still needs one and it
         is large enough, and makes its own, as before, where this failed (a full ``/dev/shm``
         says so there). False where it failed."""
+        return self._make_spare(need) is not None
+
+    def _make_spare(self, need: int) -> Region | bool | None:
+        """make_room's work: the region it made (kept as the spare), True where none was
+        needed, None where making it failed."""
         if self._state.closed or self._room_at_hand(need):
             return True
         try:
             made = Region.create(self._region_size(need), shared=self.shared)
         except (OSError, MemoryError, TensorWireError):
-            return False
+            return None
         with self._spare_lock:
             unused, self._spare = _larger(made, self._spare)
         if unused is not None:
             unused.close()
         if self._state.closed:  # (closed meanwhile: close() may have passed the spare by)
             self._drop_spare()
-        return True
+        return made
+
+    @contextlib.contextmanager
+    def room_for(self, need: int) -> Iterator[None]:
+        """:meth:`make_room` around a registration's reservation (made within, under the
+        lock): a region made for it that it did not take is closed after it. A registration
+        refused under the lock (a name already registered) left its region, of the size it
+        asked for, in ``/dev/shm`` until the next region or the receiver's close."""
+        made = self._make_spare(need)
+        try:
+            yield
+        finally:
+            if isinstance(made, Region):
+                self._drop_spare(made)
 
     def _take_spare(self, size: int) -> Region | None:
         """The region make_room made, if it has ``size`` bytes."""
@@ -239,11 +258,14 @@ class TensorTable:
             self._spare = None
             return spare
 
-    def _drop_spare(self) -> None:
+    def _drop_spare(self, only: Region | None = None) -> None:
+        """Close the spare region (``only``: if it is still that one)."""
         with self._spare_lock:
-            spare, self._spare = self._spare, None
-        if spare is not None:
-            spare.close()
+            spare = self._spare
+            if spare is None or (only is not None and spare is not only):
+                return
+            self._spare = None
+        spare.close()
 
     def _new_region(self, size: int) -> Region:
         region = self._take_spare(size) or Region.create(size, shared=self.shared)
@@ -417,8 +439,7 @@ class TensorTable:
         depth = (
             auto_depth(spec.max_bytes) if ring is None else check_count("ring", ring, 1, MAX_DEPTH)
         )
-        self.make_room(self._footprint(spec, depth, device))
-        with self._state.lock:
+        with self.room_for(self._footprint(spec, depth, device)), self._state.lock:
             self._check_new(spec.name)
             if device is None:
                 self._add(spec, self._host_ring(spec, depth))
@@ -432,10 +453,8 @@ class TensorTable:
         """Register ``specs`` at the receiver's default depth, once all of their names are
         known to be new (none registered if one is not)."""
         depth = self._ring_depth  # (None: each its own, as register picks it)
-        self.make_room(
-            sum(self._footprint(s, depth or auto_depth(s.max_bytes), device) for s in specs)
-        )
-        with self._state.lock:
+        need = sum(self._footprint(s, depth or auto_depth(s.max_bytes), device) for s in specs)
+        with self.room_for(need), self._state.lock:
             seen: set[str] = set()
             for spec in specs:
                 if spec.name in seen:
@@ -486,8 +505,7 @@ class TensorTable:
             need = plan_parts(0, capacities, len(dims))[-1].end
         else:
             need = control_footprint(1, len(dims), False) * len(rows)
-        self.make_room(need)
-        with self._state.lock:
+        with self.room_for(need), self._state.lock:
             self._check_new(name)
             for part in parts:
                 self._check_new(part.name)
