@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any
@@ -155,6 +155,27 @@ def shm_entries() -> set[str]:
         for n in os.listdir("/dev/shm")
         if n.startswith(f"tensorwire.{os.getuid()}.{os.getpid()}.")
     }
+
+
+def hold_region_creation(
+    monkeypatch: pytest.MonkeyPatch, when: Callable[[int], bool]
+) -> tuple[threading.Event, threading.Event]:
+    """The real ``Region.create`` held midway, once: the first region made whose size ``when``
+    accepts sets the first event returned (it is being allocated) and waits for the second
+    (go on) before it is made. What a slow allocation looks like to the rest of a receiver."""
+    from tensorwire.region import Region
+
+    allocating, go_on = threading.Event(), threading.Event()
+    create = Region.create
+
+    def held_create(size: int, *, shared: bool = True) -> Region:
+        if not allocating.is_set() and when(size):
+            allocating.set()
+            assert go_on.wait(30)
+        return create(size, shared=shared)
+
+    monkeypatch.setattr(Region, "create", held_create)
+    return allocating, go_on
 
 
 def open_fds() -> set[int]:

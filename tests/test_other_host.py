@@ -23,7 +23,14 @@ import tensorwire as tw
 from tensorwire import wire
 from tensorwire.errors import RemoteProtocolError
 
-from .conftest import free_port, freeze, in_pid_namespace, namespaced_pid, needs_pid_namespaces
+from .conftest import (
+    free_port,
+    freeze,
+    hold_region_creation,
+    in_pid_namespace,
+    namespaced_pid,
+    needs_pid_namespaces,
+)
 
 pytestmark = needs_pid_namespaces
 
@@ -271,19 +278,9 @@ def test_a_ring_moved_into_a_region_of_its_own_holds_up_no_other_tensor(
     that needs a region of its own makes that region outside the receiver's lock: while the
     allocation is held midway, another sender connects and writes another tensor. Before, the
     region was made under the lock, and every other sender and the consumer waited for it."""
-    from tensorwire.region import Region
-
-    hold, allocating, go_on = threading.Event(), threading.Event(), threading.Event()
-    create = Region.create
-
-    def held_create(size: int, *, shared: bool = True) -> Region:
-        if hold.is_set():  # the next region made: held until the other sender wrote
-            hold.clear()
-            allocating.set()
-            assert go_on.wait(30)
-        return create(size, shared=shared)
-
-    monkeypatch.setattr(Region, "create", held_create)
+    # the first region made once ``hold`` is set: held until the other sender wrote
+    hold = threading.Event()
+    allocating, go_on = hold_region_creation(monkeypatch, lambda size: hold.is_set())
     with tw.Receiver(heartbeat_timeout=HEARTBEAT_TIMEOUT, region_bytes=64 << 10) as rx:
         rx.register("t", (1024,), "int64", ring=16)  # 128 KiB: larger than a region
         rx.register("s", (4,), "float32")

@@ -16,6 +16,8 @@ import pytest
 
 import tensorwire as tw
 
+from .conftest import hold_region_creation
+
 N_MESSAGES = 64
 
 
@@ -278,18 +280,8 @@ def test_a_registration_making_a_region_holds_up_no_other_tensor(
     release, and another registration and its first write, go on. Before, the allocation ran
     under the lock, and all of them waited for it (a small tensor's write-wait-release loop
     stalled 842 ms while a 64 MiB tensor was registered)."""
-    from tensorwire.region import Region
-
-    allocating, go_on = threading.Event(), threading.Event()
-    create = Region.create
-
-    def held_create(size: int, *, shared: bool = True) -> Region:
-        if size >= 4 << 20:  # the large tensor's region: held until the others went on
-            allocating.set()
-            assert go_on.wait(30)
-        return create(size, shared=shared)
-
-    monkeypatch.setattr(Region, "create", held_create)
+    # the large tensor's region: held until the others went on
+    allocating, go_on = hold_region_creation(monkeypatch, lambda size: size >= 4 << 20)
     done: list[list[float]] = []
     with (
         tw.Receiver(region_bytes=1 << 20) as rx,
