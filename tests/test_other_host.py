@@ -30,6 +30,7 @@ from .conftest import (
     in_pid_namespace,
     namespaced_pid,
     needs_pid_namespaces,
+    shm_entries,
 )
 
 pytestmark = needs_pid_namespaces
@@ -310,6 +311,53 @@ def test_a_ring_moved_into_a_region_of_its_own_holds_up_no_other_tensor(
         finally:
             go_on.set()
             _stop(second)
+
+
+@pytest.mark.nixl
+def test_a_region_made_for_a_move_that_no_claim_takes_is_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The region made on a thread of its own for a claim that moves a ring is the claim's
+    only while it asks again; one whose sender died meanwhile left it made, as large as the
+    ring, until the receiver closed. The control thread's tick now closes it once it has
+    been unused for ``SPARE_KEPT`` seconds, and a later claim moves the ring all the same."""
+    from tensorwire.receiver import tensors
+
+    monkeypatch.setattr(tensors, "SPARE_KEPT", 0.5)
+    hold = threading.Event()
+    allocating, go_on = hold_region_creation(monkeypatch, lambda size: hold.is_set())
+    with tw.Receiver(heartbeat_timeout=HEARTBEAT_TIMEOUT, region_bytes=64 << 10) as rx:
+        rx.register("t", (1024,), "int64", ring=16)  # 128 KiB: larger than a region
+        first = _writer(rx.address, "nixl", 0)
+        try:
+            assert rx.wait("t", timeout=30)[0] == 0
+            rx.release("t")
+            _fault(first, "kill")
+            _until("dropped", lambda: _gauge(rx, "peers", "receiver") == 0)
+        finally:
+            _stop(first)
+        with pytest.raises(tw.PeerLostError):  # what it wrote before it died, then its loss
+            for _ in range(100):
+                rx.wait("t", timeout=10)
+                rx.release("t")
+        before = shm_entries()
+        hold.set()
+        second = _writer(rx.address, "nixl", 1_000_000)
+        try:
+            assert allocating.wait(30), _stop(second)  # its claim moves the ring
+            _fault(second, "kill")  # and never asks again
+            _until("dropped", lambda: _gauge(rx, "peers", "receiver") == 0)
+        finally:
+            go_on.set()
+            _stop(second)
+        _until("made", lambda: len(shm_entries()) > len(before), timeout=10)
+        _until("closed unused", lambda: shm_entries() == before, timeout=10)
+        third = _writer(rx.address, "nixl", 2_000_000)
+        try:
+            assert rx.wait("t", timeout=30)[0] == 2_000_000
+        finally:
+            _stop(third)
+        assert len(shm_entries()) == len(before) + 1  # the region the ring moved into
 
 
 #: writes message k of tensors "a" and "b" (1024 int64 each, all k and -k) together

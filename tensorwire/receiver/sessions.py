@@ -564,6 +564,7 @@ class SessionHandler:
                         f"heartbeat_timeout of {self._heartbeat_timeout:g} s (was the sender's "
                         "process stopped, or starved of CPU?)",
                     )
+        self._table.drop_unused_spare()  # (not under the lock: unmapping it takes a while)
 
     def close(self) -> None:
         """End every session cleanly (the receiver is closing)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -61,6 +62,12 @@ if TYPE_CHECKING:
 #: Rings a moved tensor keeps before it moves back into the oldest (TensorTable.move): a
 #: dropped writer would have to stay stalled through the sessions of this many writers after it.
 RETIRED_RINGS = 2
+
+#: Seconds a region made ahead for a move (ready_to_move) is kept unused before the control
+#: thread's tick closes it: the claim it was made for asks again every 50 ms, and one that
+#: does not (its sender died or gave up) left it, as large as the ring, until the receiver
+#: closed or a later region was made from it.
+SPARE_KEPT = 5.0
 
 #: A networked writer hears of released slots in batches of up to depth // CREDIT_BATCH_DIVISOR
 #: (Consumer.release): a credit message per release costs the receiver of a small message about
@@ -189,6 +196,7 @@ class TensorTable:
         #: a host region made outside the lock for the next reservation that needs one
         #: (make_room), and the lock of that one field (never held while the state's is sought)
         self._spare: Region | None = None
+        self._spare_made = 0.0  # when (time.monotonic())
         self._spare_lock = threading.Lock()
         self._making: threading.Thread | None = None  # a thread making the spare for a move
         self._made = True  # whether the last one made it
@@ -230,6 +238,7 @@ class TensorTable:
             return None
         with self._spare_lock:
             unused, self._spare = _larger(made, self._spare)
+            self._spare_made = time.monotonic()
         if unused is not None:
             unused.close()
         if self._state.closed:  # (closed meanwhile: close() may have passed the spare by)
@@ -263,6 +272,16 @@ class TensorTable:
         with self._spare_lock:
             spare = self._spare
             if spare is None or (only is not None and spare is not only):
+                return
+            self._spare = None
+        spare.close()
+
+    def drop_unused_spare(self) -> None:
+        """Close a region made ahead and left unused for over :data:`SPARE_KEPT` seconds (the
+        control thread's tick)."""
+        with self._spare_lock:
+            spare = self._spare
+            if spare is None or time.monotonic() - self._spare_made < SPARE_KEPT:
                 return
             self._spare = None
         spare.close()
