@@ -313,9 +313,25 @@ def test_a_compact_ring_layout_is_the_same_layout_in_a_fifth_of_the_bytes(
         [region, ctrl, depth, h0, hstep, p0 + (1 << 20), pstep, capacity, payload_region],
         [region, ctrl, depth, h0, hstep, p0, pstep, capacity, 7],
         [region, ctrl, "x", h0, hstep, p0, pstep, capacity, payload_region],
+        [region, ctrl, depth, h0 + 4, hstep, p0, pstep, capacity, payload_region],  # unaligned
+        [region, ctrl, max(depth, 2), h0, hstep + 4, p0, pstep, capacity, payload_region],
+        [region, ctrl, depth, 64, hstep, p0, pstep, capacity, payload_region],  # in the header
+        [region, ctrl, depth, (1 << 20) - 32, hstep, p0, pstep, capacity, payload_region],
     ):
         with pytest.raises(LocalProtocolError):
             RingLayout.from_wire(bad, sizes)
+    # and the full form, its offsets in any order, as an older receiver may send them
+    region, ctrl, headers, payloads, capacity, *rest = full
+    for bad in (
+        [region, ctrl, [*headers[:-1], headers[-1] + 4], payloads, capacity, *rest],
+        [region, ctrl, [*headers[1:], 64], payloads, capacity, *rest],
+        [region, ctrl, headers, [*payloads[1:], 1 << 20], capacity, *rest],
+        [region, ctrl, headers, payloads[:-1], capacity, *rest],
+    ):
+        with pytest.raises(LocalProtocolError):
+            RingLayout.from_wire(bad, sizes)
+    shuffled = [region, ctrl, headers[::-1], payloads[::-1], capacity, *rest]
+    assert list(RingLayout.from_wire(shuffled, sizes).headers) == headers[::-1]
 
 
 def test_a_lookup_from_a_sender_that_predates_compact_layouts_asks_for_every_offset() -> None:
