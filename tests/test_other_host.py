@@ -271,6 +271,24 @@ def test_a_nixl_writer_dropped_on_another_host_cannot_store_into_its_successor_s
                 _stop(second)
 
 
+def _a_nixl_writer_of_t_lost(rx: tw.Receiver) -> None:
+    """A `nixl` writer of tensor "t" (1024 int64) on another host killed: dropped by ``rx``,
+    which has handed out what it wrote and then its loss. The next claim of "t" moves its
+    ring."""
+    first = _writer(rx.address, "nixl", 0)
+    try:
+        assert rx.wait("t", timeout=30)[0] == 0
+        rx.release("t")
+        _fault(first, "kill")
+        _until("dropped", lambda: _gauge(rx, "peers", "receiver") == 0)
+    finally:
+        _stop(first)
+    with pytest.raises(tw.PeerLostError):  # what it wrote before it died, then its loss
+        for _ in range(100):
+            rx.wait("t", timeout=10)
+            rx.release("t")
+
+
 @pytest.mark.nixl
 def test_a_ring_moved_into_a_region_of_its_own_holds_up_no_other_tensor(
     monkeypatch: pytest.MonkeyPatch,
@@ -285,18 +303,7 @@ def test_a_ring_moved_into_a_region_of_its_own_holds_up_no_other_tensor(
     with tw.Receiver(heartbeat_timeout=HEARTBEAT_TIMEOUT, region_bytes=64 << 10) as rx:
         rx.register("t", (1024,), "int64", ring=16)  # 128 KiB: larger than a region
         rx.register("s", (4,), "float32")
-        first = _writer(rx.address, "nixl", 0)
-        try:
-            assert rx.wait("t", timeout=30)[0] == 0
-            rx.release("t")
-            _fault(first, "kill")
-            _until("dropped", lambda: _gauge(rx, "peers", "receiver") == 0)
-        finally:
-            _stop(first)
-        with pytest.raises(tw.PeerLostError):  # what it wrote before it died, then its loss
-            for _ in range(100):
-                rx.wait("t", timeout=10)
-                rx.release("t")
+        _a_nixl_writer_of_t_lost(rx)
         placed = rx._table.by_name["t"].ring.layout
         hold.set()
         second = _writer(rx.address, "nixl", 1_000_000)
@@ -328,18 +335,7 @@ def test_a_region_made_for_a_move_that_no_claim_takes_is_closed(
     allocating, go_on = hold_region_creation(monkeypatch, lambda size: hold.is_set())
     with tw.Receiver(heartbeat_timeout=HEARTBEAT_TIMEOUT, region_bytes=64 << 10) as rx:
         rx.register("t", (1024,), "int64", ring=16)  # 128 KiB: larger than a region
-        first = _writer(rx.address, "nixl", 0)
-        try:
-            assert rx.wait("t", timeout=30)[0] == 0
-            rx.release("t")
-            _fault(first, "kill")
-            _until("dropped", lambda: _gauge(rx, "peers", "receiver") == 0)
-        finally:
-            _stop(first)
-        with pytest.raises(tw.PeerLostError):  # what it wrote before it died, then its loss
-            for _ in range(100):
-                rx.wait("t", timeout=10)
-                rx.release("t")
+        _a_nixl_writer_of_t_lost(rx)
         before = shm_entries()
         hold.set()
         second = _writer(rx.address, "nixl", 1_000_000)
