@@ -196,7 +196,7 @@ class RingLayout:
         # spent a fifth of their time here, three passes over every slot of every ring)
         if layout.depth == 0 or len(layout.headers) != layout.depth:
             raise LocalProtocolError(
-                f"ring layout of {layout.depth} slots for a {size}-byte region"
+                f"ring layout with {len(layout.headers)} slot headers for {layout.depth} payloads"
             )
         first_header, last_header = _extremes(layout.headers)
         first_payload, last_payload = _extremes(layout.payloads)

@@ -239,8 +239,8 @@ class RingMemory:
         first, depth = payloads[0], len(payloads)
         if first + depth * step <= arr.shape[0]:
             # a reshape and a slice, where the region reaches a whole step past the last slot:
-            # as_strided's round trip through an array interface took 25 us a ring, a tenth of
-            # a sender's first claim of a small tensor
+            # 0.6 us, where as_strided's round trip through an array interface takes 4.7 (a
+            # sender makes one for each tensor it claims, a receiver for each it registers)
             return arr[first : first + depth * step].reshape(depth, step)[:, :capacity]
         return np.lib.stride_tricks.as_strided(
             arr[first : payloads[-1] + capacity], (depth, capacity), (step, 1)
