@@ -1,32 +1,67 @@
-import time, numpy as np, tensorwire as tw, statistics
+"""Where a first write's time goes: 500 small tensors, each written once by a sender of the
+same process (one claim each). Times the sender's request-reply exchange and the receiver's
+handling of the claim, by wrapping them; prints the medians."""
+
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+
+import tensorwire as tw
+from tensorwire import control
 from tensorwire.receiver import sessions
-from tensorwire import control, sender as snd
-N=500
-names=[f"t{i}" for i in range(N)]
-x=np.ones(16,np.float32)
-ev=[]
-orig=sessions.SessionHandler.handle
-def timed(self, identity, msg):
-    a=time.perf_counter(); r=orig(self, identity, msg); ev.append(("h0",a)); ev.append(("h1",time.perf_counter())); return r
-sessions.SessionHandler.handle=timed
-oe=control.ControlClient._exchange if hasattr(control,"ControlClient") else None
-cls=[c for c in vars(control).values() if isinstance(c,type) and hasattr(c,"_exchange")][0]
-oe=cls._exchange
-def ex(self,*a,**k):
-    t=time.perf_counter(); r=oe(self,*a,**k); ev.append(("x0",t)); ev.append(("x1",time.perf_counter())); return r
-cls._exchange=ex
-ow=snd.Sender.write
+
+N = 500
+names = [f"t{i}" for i in range(N)]
+x = np.ones(16, np.float32)
+events: list[tuple[str, float]] = []
+
+handle = sessions.SessionHandler.handle
+exchange = control.ControlClient._exchange
+
+
+def timed_handle(self: Any, identity: bytes, msg: Any) -> Any:
+    began = time.perf_counter()
+    reply = handle(self, identity, msg)
+    events.extend([("handle began", began), ("handle ended", time.perf_counter())])
+    return reply
+
+
+def timed_exchange(self: Any, *args: Any, **kwargs: Any) -> Any:
+    began = time.perf_counter()
+    reply = exchange(self, *args, **kwargs)
+    events.extend([("exchange began", began), ("exchange ended", time.perf_counter())])
+    return reply
+
+
+sessions.SessionHandler.handle = timed_handle  # type: ignore[method-assign]
+control.ControlClient._exchange = timed_exchange  # type: ignore[method-assign]
+
+
+def median_us(values: list[float]) -> float:
+    return statistics.median(values) * 1e6
+
+
 with tw.Receiver() as rx:
-    rx.register_many([(n,(16,),"float32") for n in names])
+    rx.register_many([(n, (16,), "float32") for n in names])
     with tw.Sender.connect(rx.address, transport="shm", timeout=60) as tx:
-        ev.clear(); tot=[]
+        events.clear()
+        writes = []
         for n in names:
-            t=time.perf_counter(); tx.write(n,x); tot.append(time.perf_counter()-t)
-        d=dict(); 
-        # pair events in order: x0? we appended after so order: h0,h1,x0,x1 per write
-        req=[];srv=[];wrk=[]
-        for i in range(0,len(ev),4):
-            (_,h0),(_,h1),(_,x0),(_,x1)=ev[i:i+4]
-            req.append(h0-x0); srv.append(h1-h0); wrk.append(x1-h1)
-        m=lambda v: statistics.median(v)*1e6
-        print(f"write {m(tot):.0f} us; exchange {m([a+b+c for a,b,c in zip(req,srv,wrk)]):.0f}: send->handle {m(req):.0f}, handle {m(srv):.0f}, handled->reply {m(wrk):.0f}")
+            began = time.perf_counter()
+            tx.write(n, x)
+            writes.append(time.perf_counter() - began)
+        there, handling, back = [], [], []
+        # per write, in order: the handling's two stamps, then the exchange's
+        for i in range(0, len(events), 4):
+            (_, h0), (_, h1), (_, x0), (_, x1) = events[i : i + 4]
+            there.append(h0 - x0)
+            handling.append(h1 - h0)
+            back.append(x1 - h1)
+        exchanges = [a + b + c for a, b, c in zip(there, handling, back, strict=True)]
+        print(
+            f"write {median_us(writes):.0f} us; exchange {median_us(exchanges):.0f}: "
+            f"send->handle {median_us(there):.0f}, handle {median_us(handling):.0f}, "
+            f"handled->reply {median_us(back):.0f}"
+        )
