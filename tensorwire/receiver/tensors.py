@@ -217,19 +217,21 @@ class TensorTable:
         return spare is not None and spare.size >= self._region_size(need)
 
     def make_room(self, need: int) -> bool:
-        """Called without the lock, before a reservation of ``need`` bytes under it: where the
-        newest host region has no room for them, make the region that reservation will take
-        now. Creating a region takes long (its pages allocated and faulted in: 0.1-0.3 s for
-        64-256 MiB on the development VM), and under the lock every other tensor's claims,
-        waits and releases waited for it (``bench.registration --large-mib``). What it reads
-        unlocked is a hint: the reservation takes the region only if it still needs one and it
-        is large enough, and makes its own, as before, where this failed (a full ``/dev/shm``
-        says so there). False where it failed."""
+        """Make, without the lock, the region a later reservation of ``need`` bytes under it
+        will take, where the newest host region has no room for them: a ring's move calls it
+        on a thread of its own (:meth:`ready_to_move`), a registration through
+        :meth:`room_for`. Creating a region takes long (its pages allocated and faulted in:
+        0.1-0.3 s for 64-256 MiB on the development VM), and under the lock every other
+        tensor's claims, waits and releases waited for it (``bench.registration
+        --large-mib``). What it reads unlocked is a hint: the reservation takes the region only
+        if it still needs one and it is large enough, and makes its own where this failed (a
+        full ``/dev/shm`` says so there). False where it failed."""
         return self._make_spare(need) is not None
 
     def _make_spare(self, need: int) -> Region | bool | None:
-        """make_room's work: the region it made (kept as the spare), True where none was
-        needed, None where making it failed."""
+        """make_room's work: the region it made (kept as the spare, closed by the control
+        thread's tick if no reservation takes it within :data:`SPARE_KEPT`), True where none
+        was needed, None where making it failed."""
         if self._state.closed or self._room_at_hand(need):
             return True
         try:
