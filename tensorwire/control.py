@@ -109,10 +109,20 @@ class ControlServer:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
         poller.register(self._wake_r.fileno(), zmq.POLLIN)
+        # The tick runs every TICK_SECONDS, by the clock: after every message, it ran once per
+        # request of a burst (12 us a time for one session, as long again as the bare round
+        # trip's server side: docs/bench-ring-words-2026-11-28/control_round_trip.py), and held
+        # the GIL a sender of the same process needed to take its answer.
+        tick_at = time.monotonic() + TICK_SECONDS
         try:
             while not self._stop.is_set():
-                if self._sock in dict(poller.poll(int(TICK_SECONDS * 1000))):
+                wait_ms = max(math.ceil((tick_at - time.monotonic()) * 1000), 0)
+                if self._sock in dict(poller.poll(wait_ms)):
                     self._serve_one()
+                now = time.monotonic()
+                if now < tick_at:
+                    continue
+                tick_at = now + TICK_SECONDS
                 tick = self._tick()
                 if tick is None:
                     return  # the owner was collected
@@ -417,21 +427,25 @@ class ControlClient:
         sock = self._sock
         assert sock is not None
         # A DEALER's send blocks while it has no connection to queue on (between reconnects,
-        # e.g. after a refused CURVE handshake): wait for one within the same deadline.
-        sent = False
-        ready, deadline = self._ready(zmq.POLLOUT, deadline, check)
+        # e.g. after a refused CURVE handshake): wait for one within the same deadline. Tried
+        # first without a wait: a connection is there for nearly every request, and a poll
+        # that says so costs a poller made and polled.
+        payload = wire.encode(msg)
+        ready, sent, polled = True, False, False
         while ready and not sent:
             try:
-                sock.send(wire.encode(msg), zmq.NOBLOCK)
+                sock.send(payload, zmq.NOBLOCK)
                 sent = True
             except zmq.Again:
-                # The connection went between the poll and the send (the receiver closed the
-                # handshake: a mechanism mismatch, seen 4 times in 15 runs of a test): wait for
-                # another within the same deadline, unless the handshake can never succeed.
+                # No connection, or it went between the poll and the send (the receiver closed
+                # the handshake: a mechanism mismatch, seen 4 times in 15 runs of a test): wait
+                # for another within the same deadline, unless the handshake can never succeed.
                 # Before, this ended the request at once as a timeout of its whole deadline.
                 self._raise_if_fatal()
-                time.sleep(0.001)
+                if polled:
+                    time.sleep(0.001)  # (the poll said a connection was there)
                 ready, deadline = self._ready(zmq.POLLOUT, deadline, check)
+                polled = True
         if sent:
             try:
                 ready, deadline = self._ready(zmq.POLLIN, deadline, check)
