@@ -132,6 +132,13 @@ STOP_JOIN_CONNECT_TIMEOUT = 2.0
 #: Seconds between looks, while a step waits for a worker's gradients, at whether that worker
 #: joined again (restarted before its loss was seen, or dropped by another server).
 REJOIN_CHECK_EVERY = 1.0
+#: (bsp) Seconds the workers still owed a step's gradients have at least, once per step, after
+#: the server went on without one: with several servers, a worker's gradients may be late only
+#: because it waits for another server's parameters, and that server for the same lost worker
+#: (it times out a step behind, a few ms before us). Counted from the same deadline, it was
+#: dropped with the lost one (a suite run: `test_ps.py -k tells_a_frozen_worker`, two
+#: servers, the worker that ran told once too often). At most --step-timeout.
+LOSS_GRACE = 0.5
 #: Seconds between rounds of a step in which every worker taking part is on probation (each
 #: joined again and has pushed nothing since), so that such a round is not a busy loop.
 PROBATION_POLL = 1e-3
@@ -1077,10 +1084,12 @@ class ParameterServer:
     def _collect(self, w: _Worker, heard: float) -> tuple[dict[str, Any], list[str]] | None:
         """All of ``w``'s gradient chunks and its meta for this step, held (not yet released);
         None for a worker on probation that has sent none yet. ``w`` is lost once nothing came
-        for --step-timeout since ``heard``: when this step's wait began or a worker's
-        gradients last landed. Before, each worker had its own --step-timeout from when the
-        server began to wait for it: K workers silent at once (waiting for a frozen server)
-        were dropped one a step timeout after another, and the job stalled K times as long.
+        for --step-timeout since ``heard``: the latest of when this step's wait began, when a
+        worker's gradients last landed and, once a step after a loss, the moment that leaves
+        the others LOSS_GRACE (_run_bsp). Before, each worker had its own --step-timeout from
+        when the server began to wait for it: K workers silent at once (waiting for a frozen
+        server) were dropped one a step timeout after another, and the job stalled K times as
+        long.
 
         A rejoined worker is on probation until its first gradients land: with several
         shards, each admits it at the end of its own step, and two shards may be a step apart
@@ -1197,6 +1206,7 @@ class ParameterServer:
             accuracy: float | None = None
             contributors = 0
             heard = time.monotonic()  # the last time a worker's gradients landed (see _collect)
+            graced = False  # LOSS_GRACE given this step
             for w in self.workers:
                 if not w.alive:
                     continue
@@ -1205,6 +1215,10 @@ class ParameterServer:
                     collected = self._collect(w, heard)
                 except _WorkerLost as exc:
                     self._lose(w, str(exc), tell=exc.tell)
+                    if not graced:
+                        graced = True
+                        grace = min(LOSS_GRACE, self.cfg.step_timeout)
+                        heard = max(heard, time.monotonic() - self.cfg.step_timeout + grace)
                     continue
                 except _WorkerLeft:
                     self._leave(w)

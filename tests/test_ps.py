@@ -927,6 +927,7 @@ def test_bsp_tells_a_frozen_worker_it_was_dropped_and_it_joins_again(
     assert "every worker was lost: waiting" in j.log("ps0")
     # The step that lost it waited --step-timeout, not also for the frozen worker's goodbye
     # (until it woke, 2.5 s later, or GOODBYE_TIMEOUT): 6.5 s measured for a longer freeze.
+    # The step that lost both waited --step-timeout and the other's LOSS_GRACE (0.5 s).
     longest = j.metrics("ps0")["longest_step_s"]
     assert 1.5 <= longest < 3.5, longest
     assert j.metrics("w0")["test_accuracy"] >= 0.95
