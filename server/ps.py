@@ -137,7 +137,7 @@ REJOIN_CHECK_EVERY = 1.0
 #: because it waits for another server's parameters, and that server for the same lost worker
 #: (it times out a step behind, a few ms before us). Counted from the same deadline, it was
 #: dropped with the lost one (a suite run: `test_ps.py -k tells_a_frozen_worker`, two
-#: servers, the worker that ran told once too often). At most --step-timeout.
+#: servers, the worker that was not frozen told it was dropped). At most --step-timeout.
 LOSS_GRACE = 0.5
 #: Seconds between rounds of a step in which every worker taking part is on probation (each
 #: joined again and has pushed nothing since), so that such a round is not a busy loop.

@@ -110,9 +110,9 @@ class ControlServer:
         poller.register(self._sock, zmq.POLLIN)
         poller.register(self._wake_r.fileno(), zmq.POLLIN)
         # The tick runs every TICK_SECONDS, by the clock: after every message, it ran once per
-        # request of a burst (12 us a time for one session, as long again as the bare round
-        # trip's server side: docs/bench-ring-words-2026-11-28/control_round_trip.py), and held
-        # the GIL a sender of the same process needed to take its answer.
+        # request of a burst (6.5-12.9 us median a time with one session, and holding the GIL
+        # a sender of the same process needed to take its answer: probes-control.txt in
+        # docs/bench-ring-words-2026-11-28/).
         tick_at = time.monotonic() + TICK_SECONDS
         try:
             while not self._stop.is_set():
