@@ -974,6 +974,92 @@ def test_a_writer_drained_before_the_receiver_saw_it_die_leaves_no_stale_loss(
         rx.release("t")
 
 
+def _write_t(
+    rx: tw.Receiver, transport: str, children: Children, values: list[int]
+) -> tuple[Any, Any]:
+    """A writer of ``t`` (16 float32) in a child process, which has written a message filled
+    with each of ``values``; with our end of its pipe (closed, it ends the writer cleanly)."""
+    from .peers import write_on_request
+
+    here, there = children.pipe()
+    proc = children.start(write_on_request, rx.address, transport, "t", there)
+    for k in values:
+        here.send(k)
+        assert here.poll(30) and here.recv() == k
+    return proc, here
+
+
+def _kill_until_dropped(rx: tw.Receiver, writer: tuple[Any, Any]) -> None:
+    """SIGKILL the writer that ``_write_t`` started; return once this receiver has dropped it
+    (bounded)."""
+    proc, _ = writer
+    proc.kill()
+    proc.join(10)
+    deadline = time.monotonic() + 10
+    while _peers(rx) > 0 and time.monotonic() < deadline:  # bounded: until it noticed
+        time.sleep(0.02)
+    assert _peers(rx) == 0, "the receiver never noticed the writer's death"
+
+
+def test_each_lost_writer_is_told_between_its_messages_and_its_successor_s(
+    transport: str, children: Children
+) -> None:
+    """Writers of one tensor that die one after another, each replaced before the consumer
+    reads anything: the consumer reads each one's messages, then its loss, then the next
+    one's. Before, a successor's claim cleared the notice, and the consumer read the dead
+    writer's messages and the new one's as one stream, never told (a CI run: a sender
+    restarted on another host had its first message handed out before its dead self's loss).
+    Each notice is met by another way of waiting (wait, wait_all, wait_any among enough idle
+    tensors to read every ring at once), each of which looks at the ring on its own."""
+    with tw.Receiver() as rx:
+        rx.register("t", (16,), "float32")
+        rx.register_many([(f"idle{i}", (1,), "uint8") for i in range(100)])
+        for first in (1, 3, 5):
+            _kill_until_dropped(rx, _write_t(rx, transport, children, [first, first + 1]))
+        with tw.Sender.connect(rx.address, transport=transport, timeout=30) as successor:
+            successor.write("t", np.full(16, 7, np.float32))
+            waits: list[Callable[[], Any]] = [
+                lambda: rx.wait("t", timeout=5),
+                lambda: rx.wait_all(["t"], timeout=5)["t"],
+                lambda: rx.wait_any(timeout=5)[1],
+            ]
+            for first, wait in zip((1, 3, 5), waits, strict=True):
+                for k in (first, first + 1):
+                    assert np.array_equal(wait(), np.full(16, k, np.float32)), k
+                    rx.release("t")
+                with pytest.raises(tw.PeerLostError, match="was lost: ") as lost:
+                    wait()
+                assert lost.value.tensor == "t"
+            assert np.array_equal(rx.wait("t", timeout=5), np.full(16, 7, np.float32))
+            rx.release("t")
+            with pytest.raises(tw.WireTimeoutError):  # every notice was told once
+                rx.wait("t", timeout=0.2)
+
+
+def test_a_drain_after_a_successor_claimed_keeps_the_successor_s_messages(
+    transport: str, children: Children
+) -> None:
+    """``drain`` discards what lost writers left and their notices, not the messages of a
+    writer that claimed the tensor after them; nor does it take that writer as gone: its own
+    loss is told."""
+    with tw.Receiver() as rx:
+        rx.register("t", (16,), "float32")
+        _kill_until_dropped(rx, _write_t(rx, transport, children, [1, 2]))
+        _kill_until_dropped(rx, _write_t(rx, transport, children, [7]))
+        successor = _write_t(rx, transport, children, [9])
+        deadline = time.monotonic() + 10
+        while rx.pending("t") < 4 and time.monotonic() < deadline:  # (bounded)
+            time.sleep(0.02)
+        assert rx.drain("t") == 3
+        assert np.array_equal(rx.wait("t", timeout=5), np.full(16, 9, np.float32))
+        rx.release("t")
+        _kill_until_dropped(rx, successor)
+        with pytest.raises(tw.PeerLostError, match="was lost: "):
+            rx.wait("t", timeout=5)
+        with pytest.raises(tw.WireTimeoutError):
+            rx.wait("t", timeout=0.2)
+
+
 def test_a_slow_channel_set_up_is_kept_alive(
     transport: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

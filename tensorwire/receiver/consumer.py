@@ -25,7 +25,7 @@ from ..layout import OFF_DOORBELL, OFF_RX_WAITING
 from ..received import received
 from ..transports.base import CreditLink
 from .state import ReceiverState
-from .tensors import RegisteredTensor, TensorTable
+from .tensors import UNCLAIMED, RegisteredTensor, TensorTable
 
 #: The longest a wait sleeps before it looks again at a ring whose messages a GPU completes
 #: (RingMemory.device_stores) while a store the writer queued has not landed: that store rings
@@ -73,14 +73,22 @@ class Consumer:
     # -- one message -------------------------------------------------------------------------
 
     def _next_slot(self, tensor: RegisteredTensor) -> int | None:
-        """The slot holding the tensor's next message, if complete. Raises for a lost owner."""
-        slot = tensor.ring.find(tensor.consumed + 1)
-        if slot >= 0:
-            return slot
-        if tensor.lost is not None:
-            reason, tensor.lost = tensor.lost, None
-            raise PeerLostError(f"tensor {tensor.spec.name!r}: {reason}", tensor=tensor.spec.name)
-        return None
+        """The slot holding the tensor's next message, if complete. Raises for a lost owner,
+        once the messages it completed are handed out: before its successor's first, or when
+        none is left (the per-message paths that look at the ring themselves come here when
+        a notice is owed)."""
+        seq = tensor.consumed + 1
+        slot = tensor.ring.find(seq)
+        losses = tensor.lost
+        if losses is None:
+            return slot if slot >= 0 else None
+        loss = losses[0]
+        if slot >= 0 and seq < loss.until:
+            return slot  # the lost writer's own
+        del losses[0]
+        if not losses:
+            tensor.lost = None
+        raise PeerLostError(f"tensor {tensor.spec.name!r}: {loss.reason}", tensor=tensor.spec.name)
 
     @staticmethod
     def _take(tensor: RegisteredTensor, slot: int) -> Any:
@@ -201,7 +209,7 @@ class Consumer:
             try:
                 if tensor.consumed - tensor.released < tensor.ring.depth:
                     slot = tensor.ring.find(tensor.consumed + 1)
-                    if slot >= 0:
+                    if slot >= 0 and tensor.lost is None:  # (a loss's notice owed: below)
                         return self._take(tensor, slot)
                     # Not complete yet. Where a consumer completes messages itself (tcp, nixl:
                     # a server it polls), the message is often in the socket already: one
@@ -229,7 +237,7 @@ class Consumer:
                         self._idle.notify_all()
                     elif tensor.consumed - tensor.released < tensor.ring.depth:
                         slot = tensor.ring.find(tensor.consumed + 1)
-                        if slot >= 0:
+                        if slot >= 0 and tensor.lost is None:
                             return self._take(tensor, slot)
                 finally:
                     lock.release()
@@ -421,9 +429,12 @@ class Consumer:
                     if t.consumed - t.released >= t.ring.depth:
                         return None
                     slot = t.ring.find(t.consumed + 1)
-                    if slot < 0:
-                        self._next_slot(t)  # raises for a lost writer
-                        return None
+                    if slot < 0 or t.lost is not None:
+                        # raises for a lost writer whose notice is owed before this message
+                        found = self._next_slot(t)
+                        if found is None:
+                            return None
+                        slot = found
                     slots[cursor] = slot
                     cursor += 1
                 # Found on an earlier wake-up, with the lock let go since: another consumer
@@ -608,15 +619,24 @@ class Consumer:
         with self._state.lock:
             tensor = self._table.get(name)
             dropped = 0
-            tensor.lost = None
-            while tensor.slot_free and (slot := tensor.ring.find(tensor.consumed + 1)) >= 0:
+            # Where a successor has claimed the tensor since the writers lost, their messages
+            # end before its first: that one's and those after it are not discarded.
+            losses, tensor.lost = tensor.lost, None
+            until = UNCLAIMED if losses is None else losses[-1].until
+            while (
+                tensor.slot_free
+                and tensor.consumed + 1 < until
+                and (slot := tensor.ring.find(tensor.consumed + 1)) >= 0
+            ):
                 self._take(tensor, slot)
                 self.release(name)
                 dropped += 1
-            # The consumer may learn of a loss before this receiver does (its own sender to the
-            # writer's host failed): the notice this receiver raises later is then stale, and
-            # would fail the first wait for the writer's successor (Sessions.drop)
-            tensor.drained = (tensor.epoch, tensor.ring.last_complete())
+            if until == UNCLAIMED:
+                # The consumer may learn of a loss before this receiver does (its own sender
+                # to the writer's host failed): the notice this receiver raises later is then
+                # stale, and would fail the first wait for the writer's successor
+                # (Sessions.drop). Not said of a successor that claimed after the loss.
+                tensor.drained = (tensor.epoch, tensor.ring.last_complete())
             return dropped
 
     def pending(self, name: str) -> int:

@@ -31,7 +31,7 @@ from ..transports import TRANSPORTS
 from ..transports.base import CreditLink
 from .servers import DataServers
 from .state import ReceiverState
-from .tensors import RegisteredTensor, TensorTable
+from .tensors import Loss, RegisteredTensor, TensorTable
 
 #: dropped sessions whose end is remembered, for what their connection and their heartbeats
 #: ask next (each two entries, by identity and by token, of a line: a few hundred bytes)
@@ -331,7 +331,9 @@ class SessionHandler:
         tensor.poll = None if server is None or link is None else server.poller(link)
         tensor.expected_seq = max(tensor.ring.last_complete(), tensor.consumed) + 1
         tensor.credited = tensor.released  # the claim's reply tells the new writer
-        tensor.lost = None
+        if tensor.lost is not None:  # told after its writer's messages, before this one's
+            last = tensor.lost[-1]
+            last.until = min(last.until, tensor.expected_seq)
         session.claims.add(tensor.tensor_id)
         metrics.count("tensorwire_claims_total", how)
         return self._claimed(tensor)
@@ -502,7 +504,11 @@ class SessionHandler:
                 # not when the consumer drained this writer already and nothing landed since
                 drained = tensor.drained == (tensor.epoch, tensor.ring.last_complete())
                 if reason is not None and not drained:
-                    tensor.lost = f"{session.describe()} was lost: {reason}"
+                    notice = Loss(f"{session.describe()} was lost: {reason}")
+                    if tensor.lost is None:
+                        tensor.lost = [notice]
+                    else:
+                        tensor.lost.append(notice)
                 # A writer that stores into our memory itself and may still run may store
                 # again: the next claim is fenced (_fenced), whether or not the consumer
                 # drained it (that forgets its messages and its notice, not what it may still

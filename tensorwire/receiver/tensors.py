@@ -75,6 +75,23 @@ SPARE_KEPT = 5.0
 CREDIT_BATCH_DIVISOR = 2
 
 
+#: A loss's ``until`` while no writer has claimed the tensor after the lost one.
+UNCLAIMED = 1 << 64
+
+
+@dataclass(eq=False)
+class Loss:
+    """A lost writer's notice, owed to the consumer: raised (PeerLostError) once every message
+    that writer completed has been handed out, before the first message of its successor,
+    whose sequence number is ``until`` (UNCLAIMED while none has claimed the tensor). Before,
+    the successor's claim cleared the notice: a consumer that had not waited in between read
+    the dead writer's messages and then the new one's, never told of the loss (a CI run: a
+    sender restarted on another host, its successor's message handed out first)."""
+
+    reason: str
+    until: int = UNCLAIMED
+
+
 @dataclass(eq=False)
 class RegisteredTensor:
     """Receiver-side state of one registered tensor."""
@@ -96,7 +113,9 @@ class RegisteredTensor:
     #: what a waiting consumer calls to complete the owner's messages itself (DataServer.poller)
     poll: Poller | None = None
     expected_seq: int = 1  # next sequence number a networked writer must send
-    lost: str | None = None  # set when the owner died: the next wait() reports it
+    #: notices of lost writers the consumer has not been told of yet, oldest first (None when
+    #: there are none: the per-message paths read only that)
+    lost: list[Loss] | None = None
     #: (epoch, highest complete sequence number) when the consumer last drained the tensor: it
     #: declared that writer gone, so the receiver's own later notice of its loss is stale
     drained: tuple[int, int] | None = None
