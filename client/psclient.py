@@ -60,6 +60,7 @@ from tensorwire.job.plan import (
     specs_of,
     status_name,
 )
+from tensorwire.job.words import wait_past_losses
 
 Array = np.ndarray[Any, Any]
 log = logging.getLogger("tensorwire.worker")
@@ -355,7 +356,7 @@ class PSClient:
         for s, addr in enumerate(self.servers):
             for name in (dropped_name(s), status_name(s)):
                 while rx.pending(name):  # bounded: each ring holds two
-                    flags = int(rx.wait(name, timeout=0)[1])
+                    flags = int(wait_past_losses(rx, name, 0.0)[1])
                     rx.release(name)
                     if name == status_name(s):
                         for c in self.chunks:
@@ -708,7 +709,7 @@ class PSClient:
         assert rx is not None
         for s, addr in enumerate(self.servers):
             while rx.pending(dropped_name(s)):  # bounded: its ring holds two
-                notice = rx.wait(dropped_name(s), timeout=0)
+                notice = wait_past_losses(rx, dropped_name(s), 0.0)
                 flags, at = int(notice[1]), int(notice[2])
                 rx.release(dropped_name(s))
                 if flags == STATUS_STOP:  # it let us go as it stopped (we kept it waiting)

@@ -57,6 +57,7 @@ from tensorwire.job.plan import (
     specs_digest,
     status_name,
 )
+from tensorwire.job.words import wait_past_losses
 
 from . import checkpoint, optim
 from .placement import Placement
@@ -682,7 +683,8 @@ class ParameterServer:
         if self._needs_init:
             for c in self.chunks:
                 try:
-                    view = self.rx.wait(init_name(c.cid), timeout=self.cfg.step_timeout)
+                    # (past the loss of a rank 0 that died and was started again meanwhile)
+                    view = wait_past_losses(self.rx, init_name(c.cid), self.cfg.step_timeout)
                 except tw.TensorWireError as exc:
                     raise PSError(f"rank 0 did not send the initial {c.cid}: {exc}") from None
                 self.params[c.cid][...] = view
@@ -703,7 +705,8 @@ class ParameterServer:
                 self._lose(w, "it joined again", tell=False)
             while not w.alive and self.rx.pending(join_name(w.rank)):
                 took = True
-                self._on_join(w, self.rx.wait(join_name(w.rank), timeout=0), during_join)
+                # (past the loss of its earlier session: its join again follows it)
+                self._on_join(w, wait_past_losses(self.rx, join_name(w.rank), 0.0), during_join)
         return took
 
     def _on_join(self, w: _Worker, view: Any, during_join: bool) -> None:
@@ -1145,7 +1148,8 @@ class ParameterServer:
         for w in self.workers:
             name = catch_up_name(w.rank)
             while self.rx.pending(name):  # bounded: its ring holds two
-                self._asked_step = max(self._asked_step, int(self.rx.wait(name, timeout=0)[0]))
+                asked = int(wait_past_losses(self.rx, name, 0.0)[0])
+                self._asked_step = max(self._asked_step, asked)
                 self.rx.release(name)
 
     def _stranded_step(self) -> int | None:

@@ -1060,6 +1060,32 @@ def test_a_drain_after_a_successor_claimed_keeps_the_successor_s_messages(
             rx.wait("t", timeout=0.2)
 
 
+def test_a_job_s_words_are_read_past_the_loss_of_an_earlier_session(children: Children) -> None:
+    """The daemons read their words tensors (a join, a status) with ``wait_past_losses``: the
+    loss of a writer that a successor's message follows is passed over, as the parameter
+    server takes a restarted worker's join (it failed "tensor 'join/1': ... was lost" when the
+    notice came to be told before the successor's message); a loss with nothing after it ends
+    the wait."""
+    from tensorwire.job.words import wait_past_losses
+
+    with tw.Receiver() as rx:
+        rx.register("t", (16,), "float32")
+        _kill_until_dropped(rx, _write_t(rx, "tcp", children, [1]))
+        _kill_until_dropped(rx, _write_t(rx, "tcp", children, [2]))
+        successor = _write_t(rx, "tcp", children, [3])
+        deadline = time.monotonic() + 10
+        while rx.pending("t") < 3 and time.monotonic() < deadline:  # (bounded)
+            time.sleep(0.02)
+        for k in (1, 2, 3):  # both losses passed over, each after its writer's message
+            assert np.array_equal(wait_past_losses(rx, "t", 0.0), np.full(16, k, np.float32))
+            rx.release("t")
+        _kill_until_dropped(rx, successor)
+        with pytest.raises(tw.PeerLostError, match="was lost: "):
+            wait_past_losses(rx, "t", 5.0)
+        with pytest.raises(tw.WireTimeoutError):
+            wait_past_losses(rx, "t", 0.2)
+
+
 def test_a_slow_channel_set_up_is_kept_alive(
     transport: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

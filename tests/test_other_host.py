@@ -259,6 +259,8 @@ def test_a_nixl_writer_dropped_on_another_host_cannot_store_into_its_successor_s
                     got = rx.wait("t", timeout=30)
                     assert np.array_equal(got, np.full(1024, k, np.int64)), f"{k}: {got}"
                     rx.release("t")
+            with pytest.raises(tw.PeerLostError):  # its loss, before its successor's messages
+                rx.wait("t", timeout=30)
             for k in range(200):
                 got = rx.wait("t", timeout=30)
                 expected = np.full(1024, 1_000_000 + k, np.int64)

@@ -9,6 +9,8 @@ and ``tensorwire ray-job``.
 * :mod:`.progress`: progress on a terminal or in logs;
 * :mod:`.files`: the files the daemons write (checkpoints, summaries, parameters), checked at
   start and written whole.
+* :mod:`.words`: reading the tensors a daemon writes to say something (joins, requests,
+  statuses, notices), past the loss notices of a peer's earlier sessions.
 
 Neither daemon imports the other: each imports this package and the public API of ``tensorwire``.
 """
