@@ -858,6 +858,33 @@ def test_bsp_survives_a_killed_worker_and_takes_it_back(
     assert abs(j.metrics("w1")["steps"] - (steps - back_at)) <= 2 * slack
 
 
+def test_rank_0_killed_and_started_again_three_times_rejoins_each_time(
+    job: Any, tmp_path: Path
+) -> None:
+    """Rank 0 writes its initial values into each server's one-slot ``init`` tensors at every
+    start, and a server that no longer reads them drains them as it takes rank 0 back. Killed
+    and started again three times, with two servers, it rejoins each time. (A change that let
+    a drain keep what a writer wrote after a lost one left that slot full: the third rank 0
+    waited for it for ever, found by `bench chaos --seed 3601`.)"""
+    every = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "500"]
+    j = job(ps=["--steps", ENDLESS, *every, "--log-level", "INFO"], servers=2)
+    _wait_for(j, "joined", 2, servers=2)
+    rank0 = j.workers[0]
+    for n in (1, 2, 3):
+        time.sleep(0.5)  # mid-training: it pushed gradients (they tell its loss at once)
+        rank0.kill()
+        _wait_for(j, "worker 0 lost", count=n, servers=2)
+        rank0 = j.restart_worker(0)
+        _wait_for(j, "worker 0 rejoined", count=n, servers=2)
+    _trains_on(j)
+    for p in j.ps:
+        p.send_signal(signal.SIGTERM)
+    codes = j.wait(180)
+    # servers, the first rank 0 and rank 1, then each rank 0 started again
+    kill = -signal.SIGKILL
+    assert codes == [0, 0, kill, 0, kill, kill, 0], (codes, j.log("ps0"))
+
+
 @pytest.mark.parametrize(("sync", "servers"), [("asp", 1), ("ssp", 1), ("asp", 2)])
 def test_asp_and_ssp_go_on_without_a_killed_worker_and_take_it_back(
     job: Any, tmp_path: Path, sync: str, servers: int

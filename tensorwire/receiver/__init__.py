@@ -346,12 +346,10 @@ class Receiver(Resource):
         handed out, and the loss notice itself. Returns how many messages were dropped.
 
         Messages the consumer holds are not touched (release them first); the ring then stands
-        empty for the next writer. Where a writer has claimed the tensor since the lost ones
-        (a notice is raised before its first message), its messages are kept. Otherwise the
-        current writer is taken as gone, also where this receiver has not noticed yet (the
-        application learnt it first, e.g. from its own sender to that process): the notice of
-        its loss that this receiver would raise later is not raised, unless a message of it
-        landed after the drain."""
+        empty for the next writer. The current writer is taken as gone, also where this
+        receiver has not noticed yet (the application learnt it first, e.g. from its own sender
+        to that process): the notice of its loss that this receiver would raise later is not
+        raised, unless a message of it landed after the drain."""
         return self._consumer.drain(name)
 
     def pending(self, name: str) -> int:

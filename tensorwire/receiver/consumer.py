@@ -25,7 +25,7 @@ from ..layout import OFF_DOORBELL, OFF_RX_WAITING
 from ..received import received
 from ..transports.base import CreditLink
 from .state import ReceiverState
-from .tensors import UNCLAIMED, RegisteredTensor, TensorTable
+from .tensors import RegisteredTensor, TensorTable
 
 #: The longest a wait sleeps before it looks again at a ring whose messages a GPU completes
 #: (RingMemory.device_stores) while a store the writer queued has not landed: that store rings
@@ -619,24 +619,15 @@ class Consumer:
         with self._state.lock:
             tensor = self._table.get(name)
             dropped = 0
-            # Where a successor has claimed the tensor since the writers lost, their messages
-            # end before its first: that one's and those after it are not discarded.
-            losses, tensor.lost = tensor.lost, None
-            until = UNCLAIMED if losses is None else losses[-1].until
-            while (
-                tensor.slot_free
-                and tensor.consumed + 1 < until
-                and (slot := tensor.ring.find(tensor.consumed + 1)) >= 0
-            ):
+            tensor.lost = None  # every notice owed, also of writers before the last
+            while tensor.slot_free and (slot := tensor.ring.find(tensor.consumed + 1)) >= 0:
                 self._take(tensor, slot)
                 self.release(name)
                 dropped += 1
-            if until == UNCLAIMED:
-                # The consumer may learn of a loss before this receiver does (its own sender
-                # to the writer's host failed): the notice this receiver raises later is then
-                # stale, and would fail the first wait for the writer's successor
-                # (Sessions.drop). Not said of a successor that claimed after the loss.
-                tensor.drained = (tensor.epoch, tensor.ring.last_complete())
+            # The consumer may learn of a loss before this receiver does (its own sender to the
+            # writer's host failed): the notice this receiver raises later is then stale, and
+            # would fail the first wait for the writer's successor (Sessions.drop)
+            tensor.drained = (tensor.epoch, tensor.ring.last_complete())
             return dropped
 
     def pending(self, name: str) -> int:
