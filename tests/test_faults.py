@@ -929,6 +929,33 @@ def _peers(rx: tw.Receiver) -> float:
     return next(v for name, _, v in rx.metric_gauges() if name == "peers")
 
 
+def _write_t(
+    rx: tw.Receiver, transport: str, children: Children, values: list[int]
+) -> tuple[Any, Any]:
+    """A writer of ``t`` (16 float32) in a child process, which has written a message filled
+    with each of ``values``; with our end of its pipe (closed, it ends the writer cleanly)."""
+    from .peers import write_on_request
+
+    here, there = children.pipe()
+    proc = children.start(write_on_request, rx.address, transport, "t", there)
+    for k in values:
+        here.send(k)
+        assert here.poll(30) and here.recv() == k
+    return proc, here
+
+
+def _kill_until_dropped(rx: tw.Receiver, writer: tuple[Any, Any]) -> None:
+    """SIGKILL the writer that ``_write_t`` started; return once this receiver has dropped it
+    (bounded)."""
+    proc, _ = writer
+    proc.kill()
+    proc.join(10)
+    deadline = time.monotonic() + 10
+    while _peers(rx) > 0 and time.monotonic() < deadline:  # bounded: until it noticed
+        time.sleep(0.02)
+    assert _peers(rx) == 0, "the receiver never noticed the writer's death"
+
+
 @pytest.mark.parametrize("after_the_drain", ["nothing", "a message"])
 def test_a_writer_drained_before_the_receiver_saw_it_die_leaves_no_stale_loss(
     transport: str, children: Children, after_the_drain: str
@@ -955,12 +982,7 @@ def test_a_writer_drained_before_the_receiver_saw_it_die_leaves_no_stale_loss(
             rx.release("t")
             if k == 1:
                 assert rx.drain("t") == 0  # nothing left behind; the writer is taken as gone
-        proc.kill()
-        proc.join(10)
-        deadline = time.monotonic() + 10
-        while _peers(rx) > 0 and time.monotonic() < deadline:  # bounded: until it noticed
-            time.sleep(0.02)
-        assert _peers(rx) == 0, "the receiver never noticed the writer's death"
+        _kill_until_dropped(rx, (proc, here))
         if after_the_drain == "a message":
             with pytest.raises(tw.PeerLostError, match="was lost") as lost:
                 rx.wait_any(timeout=5)
@@ -972,33 +994,6 @@ def test_a_writer_drained_before_the_receiver_saw_it_die_leaves_no_stale_loss(
             successor.write("t", np.full(16, 7, np.float32))
         assert np.array_equal(rx.wait("t", timeout=5), np.full(16, 7, np.float32))
         rx.release("t")
-
-
-def _write_t(
-    rx: tw.Receiver, transport: str, children: Children, values: list[int]
-) -> tuple[Any, Any]:
-    """A writer of ``t`` (16 float32) in a child process, which has written a message filled
-    with each of ``values``; with our end of its pipe (closed, it ends the writer cleanly)."""
-    from .peers import write_on_request
-
-    here, there = children.pipe()
-    proc = children.start(write_on_request, rx.address, transport, "t", there)
-    for k in values:
-        here.send(k)
-        assert here.poll(30) and here.recv() == k
-    return proc, here
-
-
-def _kill_until_dropped(rx: tw.Receiver, writer: tuple[Any, Any]) -> None:
-    """SIGKILL the writer that ``_write_t`` started; return once this receiver has dropped it
-    (bounded)."""
-    proc, _ = writer
-    proc.kill()
-    proc.join(10)
-    deadline = time.monotonic() + 10
-    while _peers(rx) > 0 and time.monotonic() < deadline:  # bounded: until it noticed
-        time.sleep(0.02)
-    assert _peers(rx) == 0, "the receiver never noticed the writer's death"
 
 
 def test_each_lost_writer_is_told_between_its_messages_and_its_successor_s(
@@ -1036,6 +1031,7 @@ def test_each_lost_writer_is_told_between_its_messages_and_its_successor_s(
                 rx.wait("t", timeout=0.2)
 
 
+@pytest.mark.parametrize("transport", ["shm", "tcp"])  # (the receiver's logic alone)
 def test_a_drain_discards_every_loss_owed_and_every_message(
     transport: str, children: Children
 ) -> None:
