@@ -1058,6 +1058,17 @@ class ParameterServer:
         with contextlib.suppress(tw.TensorWireError):
             self.tx.remove_peer(w.address)
 
+    def _gone(self, w: _Worker) -> str | None:
+        """Why ``w`` is known gone, as our sender to it sees it: its process exited (on this
+        host), it left our heartbeats unanswered, or it ended its session; None while it may
+        live. Never waits. A worker that died before it pushed claimed no tensor of ours, so
+        no loss notice tells us: before, it was lost only at --step-timeout (120 s by
+        default), and every other worker waited with us."""
+        try:
+            return self.tx.lost(w.address)
+        except tw.TensorWireError:  # not (or no longer) a peer: nothing to go by
+            return None
+
     def _answer_probe(self, w: _Worker) -> None:
         """Tell ``w``, which asks whether we still count on it (it has waited PROBE_EVERY for
         our parameters), that we dropped it, if we went on without it and our notice timed
@@ -1129,6 +1140,9 @@ class ParameterServer:
                     # one on probation: its join would otherwise wait until it was lost, and
                     # it waits for our parameters meanwhile)
                     raise _WorkerLost("it joined again", tell=False) from None
+                gone = self._gone(w)
+                if gone is not None:
+                    raise _WorkerLost(gone) from None
                 if w.probation:
                     return None
                 if time.monotonic() >= deadline:

@@ -1677,6 +1677,48 @@ def test_a_forked_child_closing_its_parents_psclient_leaves_the_job_alone() -> N
         assert ps.wait(30) == 0
 
 
+_PSCLIENT_DIES_BEFORE_PUSHING = """
+import os, signal, sys
+from tensorwire.client.psclient import PSClient
+c = PSClient([sys.argv[1]], 1, {"w": (2, 3)}, connect_timeout=30, timeout=30)
+c.wait_params(timeout=30)  # the job formed: its first step waits for our gradients
+os.kill(os.getpid(), signal.SIGKILL)  # before this worker pushed anything
+"""
+
+
+def test_a_worker_killed_before_its_first_push_is_lost_at_once_not_at_the_step_timeout() -> None:
+    """A worker that joined and died before it pushed a gradient claimed no tensor of the
+    server's: no loss notice told the server, which waited for it until --step-timeout (here
+    120 s) while the other worker waited too. Now its death is seen where the server writes
+    to it (its process gone, or its heartbeats unanswered), within a second or so, and the
+    job goes on with worker 0 alone."""
+    from tensorwire.client.psclient import PSClient
+
+    flags = ("--workers", "2", "--steps", "3", "--step-timeout", "120")
+    with _one_server(*flags) as (address, ps):
+        doomed = subprocess.Popen(
+            [sys.executable, "-c", _PSCLIENT_DIES_BEFORE_PUSHING, address],
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        try:
+            init = {"w": np.zeros((2, 3))}
+            with PSClient([address], 0, {"w": (2, 3)}, init=init, connect_timeout=30) as c:
+                steps = []
+                # 20 s a step: before, the first step waited out the server's 120 s
+                while (step := c.wait_params(timeout=20)) is not None and len(steps) < 10:
+                    steps.append(step)
+                    c.push({"w": np.ones((2, 3), np.float32)}, loss=1.0)
+                assert steps == [0, 1, 2]
+                assert np.allclose(c.params["w"], -0.3)  # worker 0's gradients alone
+        finally:
+            if doomed.poll() is None:
+                doomed.kill()
+            _, err = doomed.communicate(timeout=30)
+        assert doomed.returncode == -signal.SIGKILL, err.decode(errors="replace")
+        assert ps.wait(30) == 0
+
+
 def test_a_worker_started_for_another_job_size_is_refused_when_it_joins() -> None:
     """A server of a job of 2 workers, a worker started with --workers 3: it would cut the
     data set in three and train on a third of it as one half of the job (its shard
