@@ -210,11 +210,11 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-ps") -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.request_stop())
     logging.getLogger("tensorwire.ps").info(
-        "shard %d of %d serving at %s; waiting for %d workers (they bring the model)",
+        "shard %d of %d serving at %s; waiting for %s (they bring the model)",
         cfg.shard,
         cfg.shards,
         server.address,
-        cfg.workers,
+        "1 worker" if cfg.workers == 1 else f"{cfg.workers} workers",
     )
     if cfg.sync != "bsp":
         logging.getLogger("tensorwire.ps").info(
