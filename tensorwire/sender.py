@@ -671,8 +671,9 @@ class Sender(Resource):
     def lost(self, peer: str | None = None) -> str | None:
         """Why ``peer`` (the only peer when omitted) is known to be gone: its process exited
         (on this host), it left its heartbeats unanswered, or it ended the session; None while
-        it may still live. Never waits: what the heartbeats and the writes have seen so far, and
-        a look at the process where it is on this host."""
+        it may still live. Never waits: what the heartbeats and the writes have seen so far, a
+        look at the data channel (a tcp connection the receiver hung up) where no other call
+        holds it, and a look at the process where it is on this host."""
         p = self._peer(peer)
         channel = p.channel
         if channel is not None and channel.lost is not None:
@@ -681,6 +682,21 @@ class Sender(Resource):
             p.check_alive()
         except PeerLostError as exc:
             return str(exc)
+        if channel is None or not self._lock.acquire(blocking=False):
+            return None
+        # The data channel's own look at its receiver, unless a call holds the channel (it
+        # meets the loss itself), after the look at its process (which says more where it
+        # can): over tcp a receiver's hang-up is seen at once, as when its process was killed
+        # on another host and its kernel closed the connection. Before, lost() said nothing
+        # until three heartbeats went unanswered (15 s at the default 5 s), and a parameter
+        # server waited that long for a worker killed on another host before its first push.
+        try:
+            if p.channel is channel:
+                channel.check_peer()
+        except PeerLostError as exc:
+            return channel.lost or str(exc)
+        finally:
+            self._lock.release()
         return None
 
     def transport_of(self, peer: str | None = None) -> str:
