@@ -541,7 +541,8 @@ def test_lost_sees_at_once_a_tcp_receiver_killed_on_another_host_without_a_write
             deadline = time.monotonic() + 5
             while (why := tx.lost()) is None and time.monotonic() < deadline:
                 time.sleep(0.02)
-            assert why is not None and "closed the data connection" in why, why
+            # its hang-up, or its reset where data it had not read was left in its socket
+            assert why is not None and "data connection" in why, why
     finally:
         _stop(receiver)
 
