@@ -53,7 +53,7 @@ from tensorwire.job.config import at_least, fraction, positive_seconds, zero_or_
 from tensorwire.job.files import output_file
 from tensorwire.process import first_child
 
-from .common import UNSHARE, hosts_problem, machine_facts
+from .common import UNSHARE, hosts_problem, machine_facts, signal_target
 from .report import SCHEMA
 
 EVENTS = ("kill-worker", "freeze-worker", "stop-worker", "kill-server", "freeze-server")
@@ -264,18 +264,19 @@ class _Job:
 
     def signal(self, d: _Daemon, sig: int) -> None:
         """Send ``sig`` to the daemon ``d`` (with ``--hosts separate``: to the process unshare
-        started, not to unshare)."""
-        assert d.proc is not None
-        pid = d.proc.pid
+        started, but a SIGKILL to unshare, which kills it: :func:`signal_target`)."""
+        proc = d.proc
+        assert proc is not None
+        pid = proc.pid
         if self.separate:
-            pid = _started_by(d.proc)
+            pid = signal_target(sig, pid, lambda: _started_by(proc))
         with contextlib.suppress(ProcessLookupError):  # it exited meanwhile: its code tells
             os.kill(pid, sig)
 
     def killed(self, code: int) -> bool:
-        """Whether ``code`` is the exit code of a daemon this run SIGKILLed: unshare, whose
-        child was killed, fails to raise the signal again and exits 1 (util-linux 2.38)."""
-        return code == -signal.SIGKILL or (self.separate and code == 1)
+        """Whether ``code`` is the exit code of a daemon this run SIGKILLed (with ``--hosts
+        separate``, unshare was)."""
+        return code == -signal.SIGKILL
 
     def checkpoints(self, d: _Daemon) -> int:
         """Checkpoint lines in the log of ``d``'s current process."""

@@ -9,7 +9,9 @@ import hmac
 import os
 import platform
 import shutil
+import signal
 import socket
+from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
@@ -138,8 +140,21 @@ def command_mac(secret: str, nonce: bytes, counter: int, body: bytes) -> bytes:
 
 #: what runs a command as if on a machine of its own (``--hosts separate`` of ``bench chaos``
 #: and ``bench soak``): pid 1 of a pid and mount namespace of its own, so that its host identity
-#: differs, killed with the unshare process that runs it
+#: differs, killed with the unshare process that runs it. SIGKILL goes to unshare (see
+#: :func:`signal_target`); other signals to the process it runs.
 UNSHARE = ["unshare", "--pid", "--kill-child", "--mount-proc"]
+
+
+def signal_target(sig: int, unshare_pid: int, inner_pid: Callable[[], int | None]) -> int:
+    """The pid to send ``sig`` to, for a process started through :data:`UNSHARE` (its pid
+    ``unshare_pid``; ``inner_pid`` finds the process it runs). SIGKILL kills unshare, and
+    ``--kill-child`` kills the process it runs at once: killed itself, unshare (util-linux 2.38)
+    failed to raise SIGKILL again, said "unshare: sigprocmask unblock failed: Invalid argument"
+    on the run's stderr for every kill, and exited 1. Other signals (a freeze, a stop) are for
+    the process it runs."""
+    if sig == signal.SIGKILL:
+        return unshare_pid
+    return inner_pid() or unshare_pid
 
 
 def hosts_problem(hosts: str, transports: list[str]) -> str | None:

@@ -53,7 +53,14 @@ from tensorwire.job.config import at_least, positive_seconds
 from tensorwire.job.files import output_file
 from tensorwire.process import first_child
 
-from .common import UNSHARE, hosts_problem, machine_facts, parse_size, parse_transports
+from .common import (
+    UNSHARE,
+    hosts_problem,
+    machine_facts,
+    parse_size,
+    parse_transports,
+    signal_target,
+)
 from .report import SCHEMA
 
 #: Transports whose write returns only once the message is the receiver's (completed in its
@@ -293,10 +300,11 @@ class _Process:
 
     def signal(self, sig: int) -> None:
         """Send ``sig`` to the sender (under ``--hosts separate``: to the process unshare runs
-        it in, not to unshare)."""
-        pid = self.proc.pid
+        it in, but a SIGKILL to unshare, which kills it: :func:`signal_target`)."""
+        proc = self.proc
+        pid = proc.pid
         if self.separate:
-            pid = first_child(pid, 10.0, self.proc.is_alive) or pid
+            pid = signal_target(sig, pid, lambda: first_child(proc.pid, 10.0, proc.is_alive))
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
 
@@ -609,8 +617,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
 @contextlib.contextmanager
 def _senders_on_hosts_of_their_own(separate: bool) -> Iterator[None]:
     """Where ``separate``, multiprocessing starts each sender through unshare, in a pid and
-    mount namespace of its own (the descriptors it hands the child pass through). unshare
-    (util-linux 2.38) says "sigprocmask unblock failed" on stderr for each sender killed."""
+    mount namespace of its own (the descriptors it hands the child pass through)."""
     if not separate:
         yield
         return
