@@ -301,6 +301,48 @@ def test_a_receiver_keeps_nothing_of_senders_that_came_and_went(transport: str) 
     assert grown < 1 << 20, f"45 senders that came and went left {grown} bytes behind"
 
 
+@pytest.mark.parametrize("transport", ["grpc", "grpc-stream"])
+def test_a_grpc_receiver_lets_go_of_the_sessions_it_dropped(transport: str) -> None:
+    """Five gRPC senders the receiver drops as silent (no heartbeats; as a killed sender's
+    session ends where nothing else tells it): its gRPC data server keeps none of their
+    sessions, and each sender's next write raises PeerLostError with the receiver's reason.
+    Before, the data server kept each dropped session until its sender said goodbye, which a
+    killed sender never does (5 Sessions of 5 killed senders kept, in a run by hand); and a
+    call with a token it no longer knew raised RemoteProtocolError ("refused the write"), as a
+    bad write would (a suite run: a receiver restarted at its address, whose gRPC server took
+    the old one's data port)."""
+    from tensorwire.receiver.sessions import Session
+
+    with tw.Receiver(heartbeat_timeout=0.3) as rx:
+        for k in range(5):
+            rx.register(f"t{k}", (16,), "float32")
+        senders = [
+            tw.Sender.connect(rx.address, transport=transport, heartbeat=None) for _ in range(5)
+        ]
+        try:
+            for k, tx in enumerate(senders):
+                tx.write(f"t{k}", np.full(16, k, np.float32))
+                assert rx.wait(f"t{k}", timeout=10)[0] == k
+                rx.release(f"t{k}")
+            deadline = time.monotonic() + 10
+            while _peers(rx) and time.monotonic() < deadline:  # each dropped after 0.3 s
+                time.sleep(0.05)
+            assert _peers(rx) == 0
+            gc.collect()
+            kept = sum(isinstance(o, Session) for o in gc.get_objects())
+            assert kept == 0, f"{kept} sessions of 5 dropped senders are still held"
+            for k, tx in enumerate(senders):
+                with pytest.raises(tw.PeerLostError, match="was dropped: silent for"):
+                    tx.write(f"t{k}", np.full(16, k, np.float32))
+        finally:
+            for tx in senders:
+                tx.close()
+
+
+def _peers(rx: tw.Receiver) -> float:
+    return next(v for name, _, v in rx.metric_gauges() if name == "peers")
+
+
 def test_a_sender_keeps_nothing_of_goodbyes_it_said() -> None:
     """A sender removes 20 receivers in turn with ``remove_peer(wait=False)`` (as a parameter
     server lets go of lost workers, each restarted on a new port): the goodbye threads it
