@@ -691,7 +691,8 @@ class Sender(Resource):
         # until three heartbeats went unanswered (15 s at the default 5 s), and a parameter
         # server waited that long for a worker killed on another host before its first push.
         try:
-            if p.channel is channel:
+            # (not one removed meanwhile: remove_peer closes it outside the lock)
+            if self._peers.get(p.address) is p and p.channel is channel:
                 channel.check_peer()
         except PeerLostError as exc:
             return channel.lost or str(exc)
