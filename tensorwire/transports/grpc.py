@@ -24,6 +24,7 @@ import os
 import queue
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import Any, NoReturn
@@ -156,8 +157,10 @@ class _HandlerThreads(futures.Executor):
 
 
 #: a gRPC data server's answer to a call whose session token it does not hold (one it never
-#: issued, or a session it dropped and forgot)
+#: issued, or one of a session that ended longer ago than its last ENDED_KEPT)
 UNKNOWN_SESSION = "unknown or closed session token"
+#: the tokens of ended sessions a gRPC data server remembers (16 bytes each, and a dict entry)
+ENDED_KEPT = 1024
 
 
 def _rpc_error(
@@ -269,6 +272,8 @@ class GrpcDataServer(pb_grpc.TensorServiceServicer, DataServer):
 
         self._sink_ref = weakref.ref(sink)
         self._sessions: dict[bytes, tuple[object, _SessionLink]] = {}
+        #: the tokens of sessions that ended here (:meth:`_forget`), oldest first
+        self._ended: OrderedDict[bytes, None] = OrderedDict()
         self._lock = threading.Lock()
         self._pool = _HandlerThreads(SERVER_THREADS, "tensorwire-grpc")
         self._server = grpc.server(self._pool, options=GRPC_OPTIONS)
@@ -298,13 +303,15 @@ class GrpcDataServer(pb_grpc.TensorServiceServicer, DataServer):
         return sink
 
     def _session(self, token: bytes, context: grpc.ServicerContext) -> tuple[object, _SessionLink]:
+        key = bytes(token)
         with self._lock:
-            entry = self._sessions.get(bytes(token))
+            entry = self._sessions.get(key)
+            ended = entry is None and key in self._ended
+        if ended or (entry is not None and entry[1].closed):
+            _abort(context, grpc.StatusCode.ABORTED, ENDED_BY_RECEIVER)
         if entry is None:
             metrics.count("tensorwire_bad_input_total", "grpc_calls_with_unknown_tokens")
             _abort(context, grpc.StatusCode.FAILED_PRECONDITION, UNKNOWN_SESSION)
-        if entry[1].closed:
-            _abort(context, grpc.StatusCode.ABORTED, ENDED_BY_RECEIVER)
         return entry
 
     def _refuse(self, token: bytes, exc: Exception, context: grpc.ServicerContext) -> NoReturn:
@@ -341,11 +348,16 @@ class GrpcDataServer(pb_grpc.TensorServiceServicer, DataServer):
         it, or it said goodbye): a later call with its token is answered as unknown, which its
         sender reads as the session's end. Before, a session the receiver dropped stayed here
         until its sender's goodbye, which a killed sender never says: its Session, with what
-        it held, was kept for good, one per killed gRPC sender (5 of 5 in a run by hand)."""
+        it held, was kept for good, one per killed gRPC sender (5 of 5 in a run by hand). Its
+        token is kept (the last ENDED_KEPT), so that its sender's next call is told that the
+        session ended, as before, not counted as a call with a forged token."""
         with self._lock:
             entry = self._sessions.get(key)
             if entry is not None and entry[1] is link:
                 del self._sessions[key]
+                self._ended[key] = None
+                while len(self._ended) > ENDED_KEPT:
+                    self._ended.popitem(last=False)
 
     def _begin(
         self, sink: DataSink, session: object, token: bytes, header: wire.DataHeader, context: Any
