@@ -318,6 +318,8 @@ class GrpcDataServer(pb_grpc.TensorServiceServicer, DataServer):
         """A protocol violation ends the session, as a dropped TCP connection would."""
         with self._lock:
             entry = self._sessions.pop(bytes(token), None)
+            if entry is not None:
+                self._remember_ended(bytes(token))
         sink = self._sink_ref()
         if entry is not None and sink is not None:
             entry[1].close(but=context)  # (answered here, below)
@@ -345,19 +347,23 @@ class GrpcDataServer(pb_grpc.TensorServiceServicer, DataServer):
 
     def _forget(self, key: bytes, link: _SessionLink) -> None:
         """Let go of the session of token ``key`` once its link ended (the receiver dropped
-        it, or it said goodbye): a later call with its token is answered as unknown, which its
-        sender reads as the session's end. Before, a session the receiver dropped stayed here
-        until its sender's goodbye, which a killed sender never says: its Session, with what
-        it held, was kept for good, one per killed gRPC sender (5 of 5 in a run by hand). Its
-        token is kept (the last ENDED_KEPT), so that its sender's next call is told that the
-        session ended, as before, not counted as a call with a forged token."""
+        it, or it said goodbye). Before, a session the receiver dropped stayed here until its
+        sender's goodbye, which a killed sender never says: its Session, with what it held, was
+        kept for good, one per killed gRPC sender (5 of 5 in a run by hand)."""
         with self._lock:
             entry = self._sessions.get(key)
             if entry is not None and entry[1] is link:
                 del self._sessions[key]
-                self._ended[key] = None
-                while len(self._ended) > ENDED_KEPT:
-                    self._ended.popitem(last=False)
+                self._remember_ended(key)
+
+    def _remember_ended(self, key: bytes) -> None:
+        """(Under the lock.) Keep the token of a session that ended here (the last ENDED_KEPT),
+        so that its sender's next call is told that the session ended (ABORTED), not counted
+        as a call with a forged token; one older than those is answered as unknown, which the
+        sender reads as its session's end too."""
+        self._ended[key] = None
+        while len(self._ended) > ENDED_KEPT:
+            self._ended.popitem(last=False)
 
     def _begin(
         self, sink: DataSink, session: object, token: bytes, header: wire.DataHeader, context: Any
