@@ -20,11 +20,12 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
-from tensorwire import cuda, extras
+from tensorwire import cuda, extras, metrics
 from tensorwire.bench.common import UNSHARE
 from tensorwire.client import launch
 from tensorwire.process import first_child
 from tensorwire.rdma import installed as rdma_installed
+from tensorwire.receiver import Receiver
 
 # `make fuzz`: the wire decoders under a long hypothesis run, outside CI.
 settings.register_profile("fuzz", max_examples=200_000, deadline=None)
@@ -299,6 +300,17 @@ def _ipv6_loopback() -> bool:
 
 
 needs_ipv6 = pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback (::1) here")
+
+
+def peer_count(rx: Receiver) -> float:
+    """How many senders ``rx`` has now (its ``peers`` gauge)."""
+    return next(v for name, _, v in rx.metric_gauges() if name == "peers")
+
+
+def bad_inputs() -> dict[str, float]:
+    """This process's ``tensorwire_bad_input_total``, by reason."""
+    bad = {m.name: m for m in metrics.snapshot()}["tensorwire_bad_input_total"]
+    return {key[0]: float(v) for key, v in bad.samples}  # type: ignore[arg-type]
 
 
 def in_pid_namespace(argv: list[str], **kwargs: Any) -> subprocess.Popen[str]:

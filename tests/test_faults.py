@@ -24,7 +24,14 @@ import tensorwire as tw
 from tensorwire import wire
 from tensorwire.bench.soak import WRITE_IS_DELIVERY
 
-from .conftest import Children, free_port, freeze, needs_pid_namespaces, shm_entries
+from .conftest import (
+    Children,
+    free_port,
+    freeze,
+    needs_pid_namespaces,
+    peer_count,
+    shm_entries,
+)
 from .peers import (
     ask_across_own_stop,
     die_mid_write,
@@ -878,9 +885,9 @@ def test_a_dropped_sender_s_first_write_of_another_tensor_is_a_loss(
         ) as tx:
             tx.write("a", np.ones(4, np.float32))
             deadline = time.monotonic() + 10
-            while _peers(rx) and time.monotonic() < deadline:  # dropped: silent for 0.5 s
+            while peer_count(rx) and time.monotonic() < deadline:  # dropped: silent for 0.5 s
                 time.sleep(0.05)
-            assert _peers(rx) == 0
+            assert peer_count(rx) == 0
             if not reconnect:
                 with pytest.raises(
                     tw.PeerLostError, match=r"was dropped: silent for .* heartbeat"
@@ -912,9 +919,9 @@ def test_a_sender_dropped_while_it_was_stopped_is_told_why(
         freeze(proc.pid)
         try:
             deadline = time.monotonic() + 10
-            while _peers(rx) and time.monotonic() < deadline:  # dropped: silent for 0.6 s
+            while peer_count(rx) and time.monotonic() < deadline:  # dropped: silent for 0.6 s
                 time.sleep(0.05)
-            assert _peers(rx) == 0
+            assert peer_count(rx) == 0
         finally:
             os.kill(proc.pid, signal.SIGCONT)
         here.send("write")
@@ -923,10 +930,6 @@ def test_a_sender_dropped_while_it_was_stopped_is_told_why(
         assert outcome.startswith("PeerLostError: ") and rx.pending("t") == 0, outcome
     assert "was dropped: silent for" in outcome and "heartbeat_timeout of 0.6 s" in outcome
     assert lost is not None and "unknown session token" not in lost, lost  # (also the writes')
-
-
-def _peers(rx: tw.Receiver) -> float:
-    return next(v for name, _, v in rx.metric_gauges() if name == "peers")
 
 
 def _write_t(
@@ -951,9 +954,9 @@ def _kill_until_dropped(rx: tw.Receiver, writer: tuple[Any, Any]) -> None:
     proc.kill()
     proc.join(10)
     deadline = time.monotonic() + 10
-    while _peers(rx) > 0 and time.monotonic() < deadline:  # bounded: until it noticed
+    while peer_count(rx) > 0 and time.monotonic() < deadline:  # bounded: until it noticed
         time.sleep(0.02)
-    assert _peers(rx) == 0, "the receiver never noticed the writer's death"
+    assert peer_count(rx) == 0, "the receiver never noticed the writer's death"
 
 
 @pytest.mark.parametrize("after_the_drain", ["nothing", "a message"])

@@ -23,7 +23,7 @@ import tensorwire as tw
 from tensorwire import metrics
 from tensorwire.top import scrape
 
-from .conftest import free_port
+from .conftest import bad_inputs, free_port
 from .jobs import Job, ok
 
 prometheus_client = pytest.importorskip("prometheus_client")
@@ -373,16 +373,12 @@ def test_bench_serve_serves_metrics_and_logs_json(tmp_path: Path, stop: str) -> 
     assert "serving on" in out
 
 
-def test_grpc_calls_with_forged_tokens_are_refused_and_counted() -> None:
+def test_grpc_calls_with_forged_tokens_are_refused_and_bad_inputs() -> None:
     """Anyone reaching the gRPC data port can call it: each call with a token the receiver never
     issued is refused and counted, and nothing lands."""
     grpc = pytest.importorskip("grpc")
     from tensorwire.transports import tensor_service_pb2 as pb
     from tensorwire.transports import tensor_service_pb2_grpc as pb_grpc
-
-    def counted() -> dict[str, float]:
-        bad = {m.name: m for m in metrics.snapshot()}["tensorwire_bad_input_total"]
-        return {key[0]: float(v) for key, v in bad.samples}  # type: ignore[arg-type]
 
     with tw.Receiver(grpc=True) as rx:
         rx.register("t", (4,), "float32")
@@ -397,7 +393,7 @@ def test_grpc_calls_with_forged_tokens_are_refused_and_counted() -> None:
                     stub.Write(pb.TensorProto(token=secrets.token_bytes(16)), timeout=10)
                 assert wrote.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert rx.pending("t") == 0
-    assert counted() == {"grpc_opens_refused": 3, "grpc_calls_with_unknown_tokens": 3}
+    assert bad_inputs() == {"grpc_opens_refused": 3, "grpc_calls_with_unknown_tokens": 3}
 
 
 def test_top_shows_no_loss_before_the_first_step(tmp_path: Path) -> None:

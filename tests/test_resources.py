@@ -27,8 +27,10 @@ from tensorwire.region import Region, reap_stale_segments
 from .conftest import (
     ZERO_COPY,
     Children,
+    bad_inputs,
     in_pid_namespace,
     needs_pid_namespaces,
+    peer_count,
     shm_entries,
 )
 from .peers import make_array, run_receiver, send_plan, send_uniform
@@ -309,13 +311,10 @@ def test_a_grpc_receiver_lets_go_of_the_sessions_it_dropped(transport: str) -> N
     not counted as a call with a forged token. Before, the data server kept each dropped
     session until its sender said goodbye, which a killed sender never does (5 Sessions of 5
     killed senders kept, in a run by hand)."""
-    from tensorwire import metrics
     from tensorwire.receiver.sessions import Session
 
     def forged() -> float:
-        bad = {m.name: m for m in metrics.snapshot()}["tensorwire_bad_input_total"]
-        samples = {key[0]: float(v) for key, v in bad.samples}  # type: ignore[arg-type]
-        return samples.get("grpc_calls_with_unknown_tokens", 0.0)
+        return bad_inputs().get("grpc_calls_with_unknown_tokens", 0.0)
 
     with tw.Receiver(heartbeat_timeout=0.3) as rx:
         for k in range(5):
@@ -329,9 +328,9 @@ def test_a_grpc_receiver_lets_go_of_the_sessions_it_dropped(transport: str) -> N
                 assert rx.wait(f"t{k}", timeout=10)[0] == k
                 rx.release(f"t{k}")
             deadline = time.monotonic() + 10
-            while _peers(rx) and time.monotonic() < deadline:  # each dropped after 0.3 s
+            while peer_count(rx) and time.monotonic() < deadline:  # each dropped after 0.3 s
                 time.sleep(0.05)
-            assert _peers(rx) == 0
+            assert peer_count(rx) == 0
             gc.collect()
             kept = sum(isinstance(o, Session) for o in gc.get_objects())
             assert kept == 0, f"{kept} sessions of 5 dropped senders are still held"
@@ -343,10 +342,6 @@ def test_a_grpc_receiver_lets_go_of_the_sessions_it_dropped(transport: str) -> N
         finally:
             for tx in senders:
                 tx.close()
-
-
-def _peers(rx: tw.Receiver) -> float:
-    return next(v for name, _, v in rx.metric_gauges() if name == "peers")
 
 
 def test_a_sender_keeps_nothing_of_goodbyes_it_said() -> None:
