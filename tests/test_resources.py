@@ -303,15 +303,27 @@ def test_a_receiver_keeps_nothing_of_senders_that_came_and_went(transport: str) 
     assert grown < 1 << 20, f"45 senders that came and went left {grown} bytes behind"
 
 
+@pytest.mark.parametrize("ended_kept", [None, 0], ids=["remembered", "forgotten"])
 @pytest.mark.parametrize("transport", ["grpc", "grpc-stream"])
-def test_a_grpc_receiver_lets_go_of_the_sessions_it_dropped(transport: str) -> None:
+def test_a_grpc_receiver_lets_go_of_the_sessions_it_dropped(
+    transport: str, ended_kept: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Five gRPC senders the receiver drops as silent (no heartbeats; as a killed sender's
     session ends where nothing else tells it): its gRPC data server keeps none of their
     sessions, and each sender's next write raises PeerLostError with the receiver's reason,
     not counted as a call with a forged token. Before, the data server kept each dropped
     session until its sender said goodbye, which a killed sender never does (5 Sessions of 5
-    killed senders kept, in a run by hand)."""
+    killed senders kept, in a run by hand).
+
+    "forgotten": the data server remembers no ended session (as past its last ENDED_KEPT, or
+    where a restarted receiver took the port): the call is answered as one with an unknown
+    token, counted as such, and the sender still reads it as its session's end, with the
+    receiver's reason; before, a RemoteProtocolError said the write was refused."""
     from tensorwire.receiver.sessions import Session
+    from tensorwire.transports import grpc as grpc_transport
+
+    if ended_kept is not None:
+        monkeypatch.setattr(grpc_transport, "ENDED_KEPT", ended_kept)
 
     def forged() -> float:
         return bad_inputs().get("grpc_calls_with_unknown_tokens", 0.0)
@@ -338,7 +350,7 @@ def test_a_grpc_receiver_lets_go_of_the_sessions_it_dropped(transport: str) -> N
             for k, tx in enumerate(senders):
                 with pytest.raises(tw.PeerLostError, match="was dropped: silent for"):
                     tx.write(f"t{k}", np.full(16, k, np.float32))
-            assert forged() == counted
+            assert forged() == counted + (0 if ended_kept is None else len(senders))
         finally:
             for tx in senders:
                 tx.close()
