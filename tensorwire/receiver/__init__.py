@@ -189,6 +189,7 @@ class Receiver(Resource):
                 info=published,
             )
             self._consumer = Consumer(self._state, self._table)
+            self._sessions.on_drop = self._consumer.forget_ended_links
             self._landing = Landing(self._state, self._table, self._sessions)
             self._servers.start_configured({"grpc": grpc, "nixl": nixl}, self._landing)
             self._control = ControlServer(

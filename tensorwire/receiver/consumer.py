@@ -550,7 +550,7 @@ class Consumer:
         ):
             owed = self._owed.get(id(link))
             if owed is None:  # a link new here: what ended links left goes (bounded, not per call)
-                self._forget_ended_links()
+                self.forget_ended_links()
                 owed = self._owed[id(link)] = (link, {})
             owed[1][id(tensor)] = tensor
             return True
@@ -579,8 +579,11 @@ class Consumer:
                 del self._owed[key]
                 link.send_credits([])
 
-    def _forget_ended_links(self) -> None:
-        """Drop what is held back on links that ended (:func:`_ended`). Under the lock."""
+    def forget_ended_links(self) -> None:
+        """Drop what is held back on links that ended (:func:`_ended`): when a link new here
+        defers credits, and as a session ends (SessionHandler.on_drop). Under the lock. Before
+        the latter, a dropped tcp sender that still ran was kept, with its connection's
+        buffers, until the consumer's next wait or a new link."""
         for key, (link, tensors) in list(self._owed.items()):
             if _ended(link, tensors):
                 del self._owed[key]

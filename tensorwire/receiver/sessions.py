@@ -17,6 +17,7 @@ import os
 import secrets
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,6 +102,9 @@ class SessionHandler:
         #: wrong secret and is raised as AuthenticationError
         self._dropped: OrderedDict[bytes, str] = OrderedDict()
         self._ticked = time.monotonic()  # the latest tick
+        #: called (under the state's lock) once a session ended: the consumer lets go of the
+        #: credits it held back for that session's link (Consumer.forget_ended_links)
+        self.on_drop: Callable[[], None] | None = None
 
     def by_token(self, token: bytes) -> Session | None:
         return self._tokens.get(token)
@@ -530,6 +534,8 @@ class SessionHandler:
                             tensor.stale_writer.close()
                         tensor.stale_writer = ProcessWatch(session.pid)
         session.claims.clear()
+        if self.on_drop is not None:
+            self.on_drop()
         if reason is not None:
             # what its control connection and its heartbeats' token are told from now on
             line = f"{session.describe()} was dropped: {reason}"

@@ -1069,6 +1069,9 @@ class TcpDataServer(DataServer):
                 )
                 self._conns[conn] = thread
             thread.start()
+            # (kept in this loop's locals, the latest connection, with its session, would
+            # outlive its end until the next one is accepted)
+            del conn, thread
 
     def _sink(self) -> DataSink:
         return live_sink(self._sink_ref)
