@@ -204,6 +204,16 @@ class _Peer:
                 + (" while this sender connected" if self.channel is None else "")
             )
 
+    def check_peer(self) -> None:
+        """What a request to the receiver checks while it waits for the answer (a claim, a
+        lookup): PeerLostError once the receiver is known gone, by its process (on this host)
+        or by the data channel (a hang-up, the heartbeats' verdict). Before, a claim or a
+        lookup over a channel that sees no hang-up (gRPC, NIXL) waited out its timeout for a
+        receiver on this host whose process had exited."""
+        self.check_alive()
+        if self.channel is not None:
+            self.channel.check_peer()
+
     def why_ended(self) -> str | None:
         """The receiver's own account of why it ended this session (its heartbeat timeout, the
         process it saw exit, ...), asked with the session's token as a heartbeat is, within
@@ -264,12 +274,15 @@ class _Peer:
         return wire.Resume(self.generation, self.token)
 
     def _lookup(self, timeout: float | None = _DEFAULT) -> list[RegionInfo]:
-        """The receiver's address book, within ``timeout`` (default: the sender's timeout)."""
+        """The receiver's address book, within ``timeout`` (default: the sender's timeout).
+        A receiver that dies meanwhile never answers: as for a claim, the channel's check of
+        its peer (a pidfd on this host, the heartbeats' verdict) ends the wait; before, a
+        lookup of a dead receiver waited out its whole timeout."""
         assert self.control is not None
         book = self.control.request(
             wire.Lookup(self.generation, compact=True),
             self._timeout if timeout is _DEFAULT else timeout,
-            self.check_alive if self.channel is None else None,
+            self.check_peer,
         )
         if not isinstance(book, wire.AddressBook):
             raise LocalProtocolError(f"expected an address book, got {book.TYPE}")
@@ -318,9 +331,7 @@ class _Peer:
             # A receiver that dies meanwhile never answers: the channel's check of its peer (a
             # pidfd on this host, the heartbeats' verdict) ends the wait instead of the write's
             # whole timeout.
-            claimed = self.control.request_until(
-                claim, deadline, self.channel.check_peer, CLAIM_RETRY
-            )
+            claimed = self.control.request_until(claim, deadline, self.check_peer, CLAIM_RETRY)
             if not isinstance(claimed, wire.Claimed):
                 raise LocalProtocolError(f"expected claimed, got {claimed.TYPE}")
             w = self._claimed(
@@ -397,9 +408,7 @@ class _Peer:
             chunk = {e.tensor_id: e for e in todo[start : start + wire.MAX_CLAIMS]}
             request = wire.ClaimMany(self.generation, list(chunk), self.transport, placed=True)
             try:
-                reply = self.control.request_until(
-                    request, deadline, self.channel.check_peer, CLAIM_RETRY
-                )
+                reply = self.control.request_until(request, deadline, self.check_peer, CLAIM_RETRY)
             except RemoteProtocolError as exc:
                 if exc.code == "protocol" and wire.ClaimMany.TYPE in str(exc):
                     self.claims_many = False  # "unknown control message type 'claim-many'"
@@ -765,7 +774,15 @@ class Sender(Resource):
         except KeyError:
             raise TensorWireError(f"not connected to {address}; connected: {self.peers}") from None
 
-    def _resolve(self, name: str, peer: str | None) -> tuple[_Peer, TensorEntry]:
+    def _resolve(
+        self, name: str, peer: str | None, deadline: float | None = None
+    ) -> tuple[_Peer, TensorEntry]:
+        """The receiver that publishes ``name`` (``peer``, or the only one that does), and its
+        entry; the address books are fetched again once where none does (it may have been
+        registered since), by ``deadline`` (a write's), or within the sender's timeout where
+        there is none or it has passed (as a claim: a round trip never fits in none). Before,
+        always within the sender's timeout: a write given 1 s to a receiver that no longer
+        answered took 30 s."""
         self._check_open()
         route = self._routes.get((name, peer))
         if route is not None:
@@ -784,7 +801,14 @@ class Sender(Resource):
             if attempt == 0:  # the receiver may have registered it since we looked
                 self._forget_routes()
                 for p in candidates:
-                    p.refresh()
+                    left = None if deadline is None else deadline - time.monotonic()
+                    try:
+                        p.refresh(_DEFAULT if left is None or left <= 0 else left)
+                    except PeerLostError as exc:  # as a write that meets the loss
+                        p.note_lost()
+                        if not self.reconnect:
+                            raise self._explained(exc, p) from None
+                        self._reopen_peer(p)
         known = {n for p in candidates for n in p.entries}
         raise UnknownTensorError(
             f"no receiver publishes tensor {shown_name(name)}; published: "
@@ -859,9 +883,9 @@ class Sender(Resource):
                     nbytes = array.nbytes
                     counts.bytes += nbytes
                     return _new_tuple(WriteHandle, (name, w.next_seq - 1, nbytes))
-            p, entry = self._resolve(name, peer)
-            arr = entry.spec.check_array(array, allow_copy=allow_copy)
             deadline = self._deadline(timeout)
+            p, entry = self._resolve(name, peer, deadline)
+            arr = entry.spec.check_array(array, allow_copy=allow_copy)
             try:
                 w = p.writers.get(entry.tensor_id) or p.writer(entry, deadline)
                 if self._producing:
@@ -908,6 +932,12 @@ class Sender(Resource):
     def _reopen(self, p: _Peer, name: str) -> tuple[_Peer, TensorEntry]:
         """After a PeerLostError with ``reconnect``: reconnect to ``p`` and resolve ``name``
         at the restarted receiver."""
+        self._reopen_peer(p)
+        return self._resolve(name, p.address)
+
+    def _reopen_peer(self, p: _Peer) -> None:
+        """After a PeerLostError with ``reconnect``: reconnect to ``p`` (its address book
+        fetched afresh)."""
         self._forget_routes()
         if p.channel is not None and p.channel.ended_here:
             # the receiver lives and still holds the session we ended: its tensors would
@@ -915,7 +945,6 @@ class Sender(Resource):
             # heartbeat timeout
             p.goodbye()
         p.open()
-        return self._resolve(name, p.address)
 
     def write_many(
         self,
@@ -947,6 +976,7 @@ class Sender(Resource):
         lock.acquire()
         try:
             self._check_open()
+            deadline = self._deadline(timeout)
             routes = self._routes
             planned: list[tuple[_Peer, TensorEntry, Any]] = []
             for item in pairs:
@@ -959,13 +989,12 @@ class Sender(Resource):
                     )
                 name = item[0]
                 where = item[2] if len(item) > 2 else peer
-                p, entry = routes.get((name, where)) or self._resolve(name, where)
+                p, entry = routes.get((name, where)) or self._resolve(name, where, deadline)
                 if self._producing:  # before any item is written
                     open_writer = p.writers.get(entry.tensor_id)
                     if open_writer is not None:
                         self._refuse_if_producing(open_writer, name)
                 planned.append((p, entry, entry.spec.check_array(item[1], allow_copy=allow_copy)))
-            deadline = self._deadline(timeout)
             if not planned:
                 return []
             first = planned[0][0]
@@ -1063,7 +1092,8 @@ class Sender(Resource):
         a write through them after the block would change a message already sent.
         """
         with self._lock:
-            p, entry = self._resolve(name, peer)
+            deadline = self._deadline(timeout)
+            p, entry = self._resolve(name, peer, deadline)
             spec = entry.spec
             if shape is None:
                 if spec.dynamic:
@@ -1079,7 +1109,6 @@ class Sender(Resource):
                     f"tensor {name!r}: a buffer's shape takes whole numbers, got {shape!r}"
                 ) from None
             spec.check_shape(shape)
-            deadline = self._deadline(timeout)
             w = p.writer(entry, deadline)
             self._refuse_if_producing(w, name)
             self._producing.add(id(w))
