@@ -295,6 +295,9 @@ class _Worker:
     stopped: bool = False
     alive: bool = False  # joined and ready, and not lost since
     joined: bool = False  # its join (address, specs) arrived; alive once it says it is ready
+    #: (while the job forms) why it is known gone after it joined and before it got ready
+    #: (said once); a worker started again in its place joins as ever
+    lost_joining: str | None = None
     #: rejoined, and no gradients of it seen since: not waited for (see ParameterServer._collect)
     probation: bool = False
     #: dropped, and the notice timed out (frozen, or over grpc): its session is kept, to tell
@@ -620,10 +623,14 @@ class ParameterServer:
         workers that were ready are told to stop; :attr:`stopped_while_joining` says who was
         missing)."""
         deadline = time.monotonic() + self.cfg.join_timeout
+        next_look = time.monotonic() + REJOIN_CHECK_EVERY
         while not all(w.alive for w in self.workers):
             progressed = self._take_join_messages(during_join=True)
             if progressed:
                 continue
+            if time.monotonic() >= next_look:
+                next_look = time.monotonic() + REJOIN_CHECK_EVERY
+                self._note_the_unready_gone()
             stopped = self._stop_requested
             if time.monotonic() >= deadline or stopped:
                 missing = [w.rank for w in self.workers if not w.joined]
@@ -633,6 +640,13 @@ class ParameterServer:
                     if missing
                     else f"{_ranks(unready)} joined but never got ready"
                 )
+                lost = [w for w in self.workers if w.joined and not w.alive and w.lost_joining]
+                if lost:
+                    detail += (
+                        f" ({_ranks([w.rank for w in lost])} joined and "
+                        f"{'was' if len(lost) == 1 else 'were'} lost before getting ready; "
+                        f"the first: {lost[0].lost_joining})"
+                    )
                 if stopped:
                     # Asked to stop (SIGTERM: an orchestrator taking the job down) before the
                     # job formed: an orderly end, not a timeout. Those ready would otherwise
@@ -657,6 +671,26 @@ class ParameterServer:
             time.sleep(0.01)
         self._take_initial_values()
         return True
+
+    def _note_the_unready_gone(self) -> None:
+        """(While the job forms.) Say at once that a worker that joined is known gone
+        (:meth:`_gone`: its process exited, or it left our heartbeats unanswered) before it
+        said it is ready: the job waits for it to join again, or for one started in its
+        place, until --join-timeout, whose error says it too. Before, nothing said it until
+        then (60 s by default), and only as "joined but never got ready". Its join is kept:
+        one frozen that long may still say it is ready."""
+        for w in self.workers:
+            if not w.joined or w.alive or not w.address or w.lost_joining is not None:
+                continue
+            why = self._gone(w)
+            if why is not None:
+                w.lost_joining = why
+                log.warning(
+                    "worker %d joined and was lost before it got ready (%s): waiting for it "
+                    "to join again",
+                    w.rank,
+                    why,
+                )
 
     def _tell_failed(self) -> None:
         """The job did not form and we exit: tell each worker that joined (best effort,
@@ -741,7 +775,7 @@ class ParameterServer:
                 # gone again, or unreachable: it may join again later
                 log.warning("worker %d joined but cannot be reached: %s", w.rank, exc)
                 return
-            w.address, w.joined = address, True
+            w.address, w.joined, w.lost_joining = address, True, None
             # a session anew: what the last one was told (a stop) the worker let go of as it
             # joined again, so a stop is told again (_tell_those_left_out)
             w.stopped = False

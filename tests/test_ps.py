@@ -1719,6 +1719,78 @@ def test_a_worker_killed_before_its_first_push_is_lost_at_once_not_at_the_step_t
         assert ps.wait(30) == 0
 
 
+_PSCLIENT_DIES_BEFORE_READY = """
+import os, signal, sys
+from tensorwire.client.psclient import PSClient
+# dies where it would say it is ready: joined (its address and specs given), no more
+PSClient._say_ready = lambda self, deadline: os.kill(os.getpid(), signal.SIGKILL)
+PSClient([sys.argv[1]], 1, {"w": (2, 3)}, connect_timeout=30, timeout=30)
+"""
+
+_PSCLIENT_TRAINS = """
+import sys, numpy as np
+from tensorwire.client.psclient import PSClient
+with PSClient([sys.argv[1]], 1, {"w": (2, 3)}, connect_timeout=30, timeout=30) as c:
+    for _ in range(10):
+        if c.wait_params(timeout=30) is None:
+            break
+        c.push({"w": np.ones((2, 3), np.float32)}, loss=1.0)
+"""
+
+
+def test_a_worker_lost_after_it_joined_and_before_it_got_ready_is_said_at_once(
+    tmp_path: Path,
+) -> None:
+    """While the job forms, worker 1 joins and is killed before it says it is ready: the
+    server says so within seconds, not at --join-timeout (30 s here; before, nothing until
+    then, and only "joined but never got ready"), and the job forms once a worker started in
+    its place joins."""
+    from tensorwire.client.psclient import PSClient
+
+    address = f"tcp://127.0.0.1:{free_port()}"
+    log_path = tmp_path / "ps.log"
+    with log_path.open("wb") as log_file:
+        ps = subprocess.Popen(
+            ps_command(
+                address, "--no-progress", "--join-timeout", "30", "--workers", "2", "--steps", "3"
+            ),
+            stderr=log_file,
+        )
+    started: list[subprocess.Popen[bytes]] = []
+    try:
+        doomed = subprocess.Popen(
+            [sys.executable, "-c", _PSCLIENT_DIES_BEFORE_READY, address], stderr=subprocess.PIPE
+        )
+        started.append(doomed)
+        _, err = doomed.communicate(timeout=60)
+        assert doomed.returncode == -signal.SIGKILL, err.decode(errors="replace")
+        killed_at = time.monotonic()
+        said = ""
+        while time.monotonic() - killed_at < 10 and "lost before it got ready" not in said:
+            time.sleep(0.1)
+            said = log_path.read_text(errors="replace")
+        assert "worker 1 joined and was lost before it got ready" in said, said
+        again = subprocess.Popen(
+            [sys.executable, "-c", _PSCLIENT_TRAINS, address], stderr=subprocess.PIPE
+        )
+        started.append(again)
+        init = {"w": np.zeros((2, 3))}
+        with PSClient([address], 0, {"w": (2, 3)}, init=init, connect_timeout=30) as c:
+            steps = []
+            while (step := c.wait_params(timeout=30)) is not None and len(steps) < 10:
+                steps.append(step)
+                c.push({"w": np.ones((2, 3), np.float32)}, loss=1.0)
+        assert steps == [0, 1, 2]
+        _, err = again.communicate(timeout=30)
+        assert again.returncode == 0, err.decode(errors="replace")
+        assert ps.wait(30) == 0, log_path.read_text(errors="replace")
+    finally:
+        for p in [*started, ps]:
+            if p.poll() is None:
+                p.kill()
+            p.wait(30)
+
+
 def test_a_worker_started_for_another_job_size_is_refused_when_it_joins() -> None:
     """A server of a job of 2 workers, a worker started with --workers 3: it would cut the
     data set in three and train on a third of it as one half of the job (its shard
