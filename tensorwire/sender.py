@@ -1166,24 +1166,23 @@ class Sender(Resource):
     ) -> None:
         """A control-plane heartbeat round trip (raises if the receiver does not answer).
 
-        A receiver found dead meanwhile (the data channel's check of its peer: a pidfd on this
-        host, the heartbeats' verdict) raises PeerLostError at once, not after ``timeout``.
+        A receiver found dead meanwhile (its process, on this host; the data channel's check of
+        its peer: a hang-up, the heartbeats' verdict) raises PeerLostError at once, not after
+        ``timeout``.
         ``check``, if given, is called about every 0.1 s while the ping waits, and what it
         raises ends the wait (a caller's own news that makes the answer moot)."""
         with self._lock:
             p = self._peer(peer)
             assert p.control is not None
             t = self._round_trip if timeout is _DEFAULT else timeout
-            peer_check = None if p.channel is None else p.channel.check_peer
-            looks = [c for c in (peer_check, check) if c is not None]
+            peer_check = p.check_peer
 
             def look() -> None:
-                for c in looks:
-                    c()
+                peer_check()
+                if check is not None:
+                    check()
 
-            p.control.request(
-                wire.Heartbeat(p.generation, p.token), t, check=look if looks else None
-            )
+            p.control.request(wire.Heartbeat(p.generation, p.token), t, check=look)
 
     # ---------------------------------------------------------------------------------------
 
