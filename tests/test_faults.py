@@ -4,6 +4,7 @@ restarted receivers."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -1131,6 +1132,32 @@ def test_heartbeats_follow_a_receiver_timeout_shorter_than_their_interval(
                 if k == 0:
                     time.sleep(1.5)  # idle, three of the receiver's timeouts
     assert "heartbeat_timeout of" not in caplog.text
+
+
+def test_the_heartbeats_say_at_once_that_a_receiver_on_this_host_died(
+    children: Children, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An idle sender (heartbeat 0.1 s) whose receiver on this host is SIGKILLed: its
+    heartbeats mark the receiver lost by its process's exit at their next turn, and say that,
+    not "missed 3 heartbeats" once three intervals passed unanswered (15 s at the default
+    5 s: a parameter server logged it after its own line that the worker had died)."""
+    here, there = children.pipe()
+    proc = children.start(run_receiver, there, [("t", (4,), "float32")])
+    assert here.poll(30)
+    address = here.recv()["address"]
+    with (
+        caplog.at_level(logging.WARNING, logger="tensorwire.heartbeat"),
+        tw.Sender.connect(address, transport="tcp", timeout=10, heartbeat=0.1) as tx,
+    ):
+        tx.write("t", np.ones(4, np.float32))
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(10)
+        deadline = time.monotonic() + 10
+        while "died" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # five more intervals: no other verdict follows
+    said = [r.getMessage() for r in caplog.records if r.name == "tensorwire.heartbeat"]
+    assert said == [f"receiver at {address} (pid {proc.pid}) died"], said
 
 
 def test_an_idle_sender_without_heartbeats_is_told_why_it_was_dropped(transport: str) -> None:
