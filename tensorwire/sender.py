@@ -49,6 +49,16 @@ from .transports import check_name, choose, open_channel
 from .transports.base import ENDED_BY_RECEIVER, Channel, PeerInfo, TensorEntry, TensorWriter
 
 _DEFAULT: Any = object()
+
+
+def _round_trip_within(deadline: float | None) -> Any:
+    """The timeout of a round trip to be made by ``deadline``: the time left, or the sender's
+    timeout (_DEFAULT) where there is no deadline or it has passed, as for a claim: a round
+    trip never fits in none, and a caller polling (``timeout=0``) would never have it made."""
+    left = None if deadline is None else deadline - time.monotonic()
+    return _DEFAULT if left is None or left <= 0 else left
+
+
 DEFAULT_TIMEOUT = 60.0
 #: Seconds between heartbeats; a receiver that misses three in a row is declared lost.
 DEFAULT_HEARTBEAT = 5.0
@@ -341,6 +351,7 @@ class _Peer:
                 claimed.slots,
                 claimed.epoch,
                 claimed.layout,
+                deadline=deadline,
             )
         return w
 
@@ -352,6 +363,8 @@ class _Peer:
         slots: object,
         epoch: object,
         layout: object = None,
+        *,
+        deadline: float | None = None,
     ) -> TensorWriter:
         """The writer of a claim the receiver granted (where its ring stands, as it said; and
         where it lies, where the receiver moved it since our address book was made)."""
@@ -364,7 +377,7 @@ class _Peer:
         ) or any(isinstance(x, bool) for x in (next_seq, released, epoch)):
             raise LocalProtocolError(f"claim of {entry.spec.name!r}: malformed answer")
         if layout:
-            entry = self._placed(entry, layout)
+            entry = self._placed(entry, layout, deadline)
         seqs = [int(x) for x in slots if isinstance(x, int)]
         if len(seqs) != entry.layout.depth:
             raise LocalProtocolError(f"claim of {entry.spec.name!r}: malformed slot list")
@@ -373,15 +386,16 @@ class _Peer:
         self.writers[entry.tensor_id] = w
         return w
 
-    def _placed(self, entry: TensorEntry, layout: object) -> TensorEntry:
+    def _placed(self, entry: TensorEntry, layout: object, deadline: float | None) -> TensorEntry:
         """``entry`` as the receiver places it now, its ring at ``layout`` (a claim's answer):
         the receiver moved the ring away from a `nixl` writer it dropped, which may
         still store into the old one (design.md, "One writer per tensor"). An address book
-        older than the move is fetched again."""
+        older than the move is fetched again, by the claim's ``deadline`` (the sender's
+        timeout where there is none, or it passed)."""
         name = entry.spec.name
         current = self.entries.get(name, entry)
         if current.layout.to_wire(compact=True) != layout:
-            self.refresh()
+            self.refresh(_round_trip_within(deadline))
             current = self.entries.get(name, entry)
             if current.layout.to_wire(compact=True) != layout:
                 raise LocalProtocolError(
@@ -424,7 +438,7 @@ class _Peer:
                         f"a claim-many answer names no tensor asked: {item!r:.80}"
                     )
                 if len(item) in (5, 6):  # (6: with where the ring lies now, once moved)
-                    self._claimed(entry, *item[1:])
+                    self._claimed(entry, *item[1:], deadline=deadline)
                 elif len(item) != 3:
                     raise LocalProtocolError(f"malformed claim-many answer: {item!r:.80}")
 
@@ -801,9 +815,8 @@ class Sender(Resource):
             if attempt == 0:  # the receiver may have registered it since we looked
                 self._forget_routes()
                 for p in candidates:
-                    left = None if deadline is None else deadline - time.monotonic()
                     try:
-                        p.refresh(_DEFAULT if left is None or left <= 0 else left)
+                        p.refresh(_round_trip_within(deadline))
                     except PeerLostError as exc:  # as a write that meets the loss
                         p.note_lost()
                         if not self.reconnect:
