@@ -1677,6 +1677,21 @@ def test_a_forked_child_closing_its_parents_psclient_leaves_the_job_alone() -> N
         assert ps.wait(30) == 0
 
 
+def _rank0_pushes_ones(address: str, step_timeout: float) -> tuple[list[int], Any]:
+    """Worker 0 of a job of one (2, 3) parameter from zeros, pushing gradients of ones until
+    the job ends (10 steps at most), each step waited for ``step_timeout``: the steps it was
+    served, and the parameter it was sent last."""
+    from tensorwire.client.psclient import PSClient
+
+    init = {"w": np.zeros((2, 3))}
+    with PSClient([address], 0, {"w": (2, 3)}, init=init, connect_timeout=30) as c:
+        steps = []
+        while (step := c.wait_params(timeout=step_timeout)) is not None and len(steps) < 10:
+            steps.append(step)
+            c.push({"w": np.ones((2, 3), np.float32)}, loss=1.0)
+        return steps, c.params["w"].copy()
+
+
 _PSCLIENT_DIES_BEFORE_PUSHING = """
 import os, signal, sys
 from tensorwire.client.psclient import PSClient
@@ -1692,7 +1707,6 @@ def test_a_worker_killed_before_its_first_push_is_lost_at_once_not_at_the_step_t
     120 s) while the other worker waited too. Now its death is seen where the server writes
     to it (its process gone, or its heartbeats unanswered), within a second or so, and the
     job goes on with worker 0 alone."""
-    from tensorwire.client.psclient import PSClient
 
     flags = ("--workers", "2", "--steps", "3", "--step-timeout", "120")
     with _one_server(*flags) as (address, ps):
@@ -1702,15 +1716,10 @@ def test_a_worker_killed_before_its_first_push_is_lost_at_once_not_at_the_step_t
             start_new_session=True,
         )
         try:
-            init = {"w": np.zeros((2, 3))}
-            with PSClient([address], 0, {"w": (2, 3)}, init=init, connect_timeout=30) as c:
-                steps = []
-                # 20 s a step: before, the first step waited out the server's 120 s
-                while (step := c.wait_params(timeout=20)) is not None and len(steps) < 10:
-                    steps.append(step)
-                    c.push({"w": np.ones((2, 3), np.float32)}, loss=1.0)
-                assert steps == [0, 1, 2]
-                assert np.allclose(c.params["w"], -0.3)  # worker 0's gradients alone
+            # 20 s a step: before, the first step waited out the server's 120 s
+            steps, w = _rank0_pushes_ones(address, step_timeout=20)
+            assert steps == [0, 1, 2]
+            assert np.allclose(w, -0.3)  # worker 0's gradients alone
         finally:
             if doomed.poll() is None:
                 doomed.kill()
@@ -1745,7 +1754,6 @@ def test_a_worker_lost_after_it_joined_and_before_it_got_ready_is_said_at_once(
     server says so within seconds, not at --join-timeout (30 s here; before, nothing until
     then, and only "joined but never got ready"), and the job forms once a worker started in
     its place joins."""
-    from tensorwire.client.psclient import PSClient
 
     address = f"tcp://127.0.0.1:{free_port()}"
     log_path = tmp_path / "ps.log"
@@ -1774,12 +1782,7 @@ def test_a_worker_lost_after_it_joined_and_before_it_got_ready_is_said_at_once(
             [sys.executable, "-c", _PSCLIENT_TRAINS, address], stderr=subprocess.PIPE
         )
         started.append(again)
-        init = {"w": np.zeros((2, 3))}
-        with PSClient([address], 0, {"w": (2, 3)}, init=init, connect_timeout=30) as c:
-            steps = []
-            while (step := c.wait_params(timeout=30)) is not None and len(steps) < 10:
-                steps.append(step)
-                c.push({"w": np.ones((2, 3), np.float32)}, loss=1.0)
+        steps, _ = _rank0_pushes_ones(address, step_timeout=30)
         assert steps == [0, 1, 2]
         _, err = again.communicate(timeout=30)
         assert again.returncode == 0, err.decode(errors="replace")
