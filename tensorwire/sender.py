@@ -710,13 +710,14 @@ class Sender(Resource):
         # The data channel's own look at its receiver, unless a call holds the channel (it
         # meets the loss itself), after the look at its process (which says more where it
         # can): over tcp a receiver's hang-up is seen at once, as when its process was killed
-        # on another host and its kernel closed the connection. Before, lost() said nothing
+        # on another host and its kernel closed the connection; over nixl a ping refused
+        # (Channel.probe_peer, once a second at most). Before, lost() said nothing
         # until three heartbeats went unanswered (15 s at the default 5 s), and a parameter
         # server waited that long for a worker killed on another host before its first push.
         try:
             # (not one removed meanwhile: remove_peer closes it outside the lock)
             if self._peers.get(p.address) is p and p.channel is channel:
-                channel.check_peer()
+                channel.probe_peer()
         except PeerLostError as exc:
             return channel.lost or str(exc)
         finally:

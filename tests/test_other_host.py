@@ -523,27 +523,32 @@ def test_a_receiver_on_another_host_that_dies_or_freezes_ends_its_sender_s_write
         _stop(receiver)
 
 
-def test_lost_sees_at_once_a_tcp_receiver_killed_on_another_host_without_a_write() -> None:
-    """``Sender.lost()`` looks at the data channel where no call holds it: a tcp receiver
-    killed on another host (its kernel closes the connection) is named gone at once by an idle
-    sender, whose heartbeats (30 s apart here) have not missed one yet. Before, lost() said
-    None until three heartbeats went unanswered, and a parameter server that asks it of a
-    worker killed on another host before its first push waited that long (20 s with the
-    daemons' 5 s heartbeats, measured)."""
+@pytest.mark.parametrize("transport", ["tcp", "nixl"])
+def test_lost_sees_at_once_a_receiver_killed_on_another_host_without_a_write(
+    transport: str,
+) -> None:
+    """``Sender.lost()`` looks at the data channel where no call holds it: a receiver killed
+    on another host (its kernel closes the connections) is named gone within a few seconds by
+    an idle sender, whose heartbeats (30 s apart here) have not missed one yet: over tcp by
+    the connection's end, over nixl by a ping NIXL refuses. Before, lost() said None until
+    three heartbeats went unanswered, and a parameter server that asks it of a worker killed
+    on another host before its first push waited that long (20 s with the daemons' 5 s
+    heartbeats, measured)."""
     receiver = in_pid_namespace(["-c", _RECEIVE_FOREVER], stdout=subprocess.PIPE)
     try:
         assert receiver.stdout is not None
         address = receiver.stdout.readline().strip()
         assert address.startswith("tcp://"), address
-        with tw.Sender.connect(address, transport="tcp", timeout=10, heartbeat=30) as tx:
+        with tw.Sender.connect(address, transport=transport, timeout=10, heartbeat=30) as tx:
             tx.write("t", np.zeros(1024, np.int64))
             assert tx.lost() is None
             _fault(receiver, "kill")
             deadline = time.monotonic() + 5
             while (why := tx.lost()) is None and time.monotonic() < deadline:
                 time.sleep(0.02)
-            # its hang-up, or its reset where data it had not read was left in its socket
-            assert why is not None and "data connection" in why, why
+            # tcp: its hang-up, or its reset where data it had not read was left in its socket
+            expected = "data connection" if transport == "tcp" else "NIXL notification"
+            assert why is not None and expected in why, why
     finally:
         _stop(receiver)
 

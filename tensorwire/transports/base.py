@@ -206,6 +206,13 @@ class Channel(ABC):
     def check_peer(self) -> None:
         """Raise :class:`~tensorwire.errors.PeerLostError` if the receiver is known to be gone."""
 
+    def probe_peer(self) -> None:
+        """:meth:`check_peer`, for a caller that asks with no write in hand whether the
+        receiver is gone (``Sender.lost``): a channel whose data plane sees no hang-up by
+        itself may send a small message that fails where the receiver died (at most every
+        few seconds). Never waits."""
+        self.check_peer()
+
     @abstractmethod
     def close(self) -> None:
         """Release everything the channel holds. Idempotent."""

@@ -100,6 +100,8 @@ IDLE_PROGRESS_INTERVAL = 0.02
 TRANSFER_TIMEOUT = 60.0
 #: Seconds between a waiting writer's looks at its receiver's liveness (a pidfd on this host)
 RECEIVER_CHECK_EVERY = 0.005
+#: How often at most :meth:`NixlChannel.probe_peer` pings a receiver on another host.
+PROBE_EVERY = 1.0
 #: what NIXL calls each kind of memory (tensorwire.memory) it registers
 _NIXL_MEMORY = {HOST: "DRAM", CUDA: "VRAM"}
 
@@ -211,6 +213,7 @@ class NixlChannel(Channel):
         #: verdict during the set-up): every wait for the receiver's notifications calls it
         self._check_receiver = info.check
         self._next_check = 0.0  # when _absorb_until calls it next (monotonic)
+        self._next_probe = 0.0  # when probe_peer may ping the receiver next (monotonic)
         self._generation = info.welcome.generation
         self._same_host = info.welcome.host == host_identity()
         self._options = info.nixl if isinstance(info.nixl, NixlOptions) else NixlOptions()
@@ -673,6 +676,27 @@ class NixlChannel(Channel):
     def check_peer(self) -> None:
         self._absorb()
         self.raise_if_lost()
+
+    def probe_peer(self) -> None:
+        """:meth:`check_peer`, then, for a receiver on another host, a ping (PROBE_EVERY at
+        most): NIXL refuses a notification to an agent UCX found disconnected, as when the
+        receiver's process was killed and its kernel closed the connection (NIXL logs the
+        refusal on stderr, once). Without it an idle sender knew of such a receiver only once
+        three heartbeats went unanswered: a parameter server waited that long (about 20 s with
+        the daemons' 5 s) for a worker killed on another host before its first push. A
+        receiver on this host is seen by its pidfd, which says more; one frozen answers the
+        ping when it runs again (a credit frame, answered in kind: ``_ponged``)."""
+        self.check_peer()
+        now = time.monotonic()
+        if self._same_host or now < self._next_probe:
+            return
+        self._next_probe = now + PROBE_EVERY
+        with self._absorbing:
+            agent = self._live_agent(notifier=True)
+            try:
+                agent.send_notif(self._remote, wire.encode_credit(PING, 0))
+            except Exception as exc:
+                raise self._lose(f"NIXL notification to {self._where} failed: {exc}") from exc
 
     def goodbye(self, timeout: float) -> bool:
         """Send the goodbye behind every write; True once the receiver has completed them all."""
