@@ -285,9 +285,9 @@ class _Peer:
 
     def _lookup(self, timeout: float | None = _DEFAULT) -> list[RegionInfo]:
         """The receiver's address book, within ``timeout`` (default: the sender's timeout).
-        A receiver that dies meanwhile never answers: as for a claim, the channel's check of
-        its peer (a pidfd on this host, the heartbeats' verdict) ends the wait; before, a
-        lookup of a dead receiver waited out its whole timeout."""
+        A receiver that dies meanwhile never answers: as for a claim, :meth:`check_peer` (its
+        pidfd on this host, the data channel's verdict) ends the wait; before, a lookup of a
+        dead receiver waited out its whole timeout."""
         assert self.control is not None
         book = self.control.request(
             wire.Lookup(self.generation, compact=True),
@@ -338,9 +338,9 @@ class _Peer:
             if deadline is None or deadline <= time.monotonic():
                 deadline = deadline_of(self._timeout)
             claim = wire.Claim(self.generation, entry.tensor_id, self.transport, placed=True)
-            # A receiver that dies meanwhile never answers: the channel's check of its peer (a
-            # pidfd on this host, the heartbeats' verdict) ends the wait instead of the write's
-            # whole timeout.
+            # A receiver that dies meanwhile never answers: check_peer (its pidfd on this
+            # host, the data channel's verdict) ends the wait instead of the write's whole
+            # timeout.
             claimed = self.control.request_until(claim, deadline, self.check_peer, CLAIM_RETRY)
             if not isinstance(claimed, wire.Claimed):
                 raise LocalProtocolError(f"expected claimed, got {claimed.TYPE}")

@@ -209,8 +209,8 @@ class Channel(ABC):
     def probe_peer(self) -> None:
         """:meth:`check_peer`, for a caller that asks with no write in hand whether the
         receiver is gone (``Sender.lost``): a channel whose data plane sees no hang-up by
-        itself may send a small message that fails where the receiver died (at most every
-        few seconds). Never waits."""
+        itself may send a small message that fails where the receiver died (rate-limited).
+        Never waits."""
         self.check_peer()
 
     @abstractmethod

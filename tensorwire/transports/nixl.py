@@ -87,7 +87,7 @@ quiet = QuietLog(log)
 #: Credit-frame tensor ids with a meaning of their own.
 BYE_ACK = 0xFFFFFFFE  # every notification up to the sender's goodbye has been completed
 SESSION_ENDED = 0xFFFFFFFD  # the receiver closed, or cut this sender off
-PING = 0xFFFFFFFC  # sender -> receiver at connect (a credit frame, not a header); echoed back
+PING = 0xFFFFFFFC  # sender -> receiver at connect, and probe_peer's (a credit frame); echoed back
 #: Notifications a receiver holds back while it waits for an earlier one.
 MAX_OUT_OF_ORDER = 4096
 #: Prepared transfer requests kept per registered source array (one per slot it went to).
