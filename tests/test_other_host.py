@@ -436,7 +436,10 @@ def test_a_sender_restarted_on_another_host_waits_for_its_dead_self_to_be_droppe
     over these transports no connection does either): the new one's claim is asked again
     ("silent-owner") until the heartbeat timeout drops the dead one, and its messages arrive.
     Before, it was refused "busy" and the new sender failed (a parameter server restarted so
-    exited 1: `bench chaos --hosts separate`, seeds 2321, 2322, 2324, 2325)."""
+    exited 1: `bench chaos --hosts separate`, seeds 2321, 2322, 2324, 2325). Over nixl the
+    receiver's pings find a killed sender's agent gone within a second or so
+    (``-k ends_at_once_the_session``): there the first sender is frozen instead (SIGSTOP),
+    which nothing tells the receiver either."""
     timeout = 3.0  # the new sender, starting (about 1 s), claims well before it
     with tw.Receiver(heartbeat_timeout=timeout) as rx:
         rx.register("t", (1024,), "int64")
@@ -445,7 +448,7 @@ def test_a_sender_restarted_on_another_host_waits_for_its_dead_self_to_be_droppe
         try:
             assert rx.wait("t", timeout=30)[0] == 0
             rx.release("t")
-            _fault(first, "kill")
+            _fault(first, "freeze" if transport == "nixl" else "kill")
             killed = time.monotonic()
             second = _writer(rx.address, transport, 1_000_000)
             for _ in range(100_000):  # the dead one's messages, then its loss (bounded)
@@ -551,6 +554,43 @@ def test_lost_sees_at_once_a_receiver_killed_on_another_host_without_a_write(
             assert why is not None and expected in why, why
     finally:
         _stop(receiver)
+
+
+#: a nixl sender that writes messages 0, 1 and 2 of "t", says so, and idles
+_SEND_THREE_AND_IDLE = """
+import sys, time, numpy as np, tensorwire as tw
+tx = tw.Sender.connect(sys.argv[1], transport="nixl", timeout=30, heartbeat=1)
+for k in range(3):
+    tx.write("t", np.full(1024, k, np.int64))
+print("sent", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.nixl
+def test_a_receiver_ends_at_once_the_session_of_a_nixl_sender_killed_on_another_host() -> None:
+    """A nixl sender on another host writes three messages and is SIGKILLed: the receiver
+    (heartbeat timeout 30 s) hands out all three, and the next wait raises PeerLostError
+    within a second or so: its NIXL server pings its senders each second, and NIXL refuses
+    the notification to an agent UCX found disconnected. Before, the session ended at the
+    heartbeat timeout (30.0 s, by hand): the credits of the three releases left before UCX
+    saw the connection's end, and nothing else was sent there."""
+    with tw.Receiver(heartbeat_timeout=30, nixl=True) as rx:
+        rx.register("t", (1024,), "int64", ring=4)
+        sender = in_pid_namespace(["-c", _SEND_THREE_AND_IDLE, rx.address], stdout=subprocess.PIPE)
+        try:
+            assert sender.stdout is not None
+            assert sender.stdout.readline().strip() == "sent"
+            _fault(sender, "kill")
+            start = time.monotonic()
+            for k in range(3):  # every message it wrote, whole
+                assert int(rx.wait("t", timeout=10)[0]) == k
+                rx.release("t")
+            with pytest.raises(tw.PeerLostError, match="NIXL agent is disconnected"):
+                rx.wait("t", timeout=20)
+            assert time.monotonic() - start < 10, "seen only by the heartbeat timeout"
+        finally:
+            _stop(sender)
 
 
 #: like _RECEIVE_FOREVER at a given address, saying each message's first value on stdout

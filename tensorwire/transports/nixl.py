@@ -88,6 +88,9 @@ quiet = QuietLog(log)
 BYE_ACK = 0xFFFFFFFE  # every notification up to the sender's goodbye has been completed
 SESSION_ENDED = 0xFFFFFFFD  # the receiver closed, or cut this sender off
 PING = 0xFFFFFFFC  # sender -> receiver at connect, and probe_peer's (a credit frame); echoed back
+#: the count a receiver's own ping carries (_ping_senders): not the echo a sender's connect
+#: waits for (which carries 0), and answered by nobody
+UNASKED = 1
 #: Notifications a receiver holds back while it waits for an earlier one.
 MAX_OUT_OF_ORDER = 4096
 #: Prepared transfer requests kept per registered source array (one per slot it went to).
@@ -102,6 +105,8 @@ TRANSFER_TIMEOUT = 60.0
 RECEIVER_CHECK_EVERY = 0.005
 #: How often at most :meth:`NixlChannel.probe_peer` pings a receiver on another host.
 PROBE_EVERY = 1.0
+#: How often a receiver's NIXL server pings its senders (:meth:`NixlDataServer._ping_senders`).
+PING_SENDERS_EVERY = 1.0
 #: what NIXL calls each kind of memory (tensorwire.memory) it registers
 _NIXL_MEMORY = {HOST: "DRAM", CUDA: "VRAM"}
 
@@ -631,7 +636,9 @@ class NixlChannel(Channel):
             if credit.tensor_id == BYE_ACK:
                 self._bye_acked = True
             elif credit.tensor_id == PING:
-                self._ponged = True
+                # (the echo of ours; the receiver's own pings, UNASKED, say nothing of our
+                # endpoint's wire-up, which our connect's ping waits for)
+                self._ponged = self._ponged or credit.released != UNASKED
             elif credit.tensor_id == SESSION_ENDED:
                 self.mark_lost(f"receiver at {self._where}: {ENDED_BY_RECEIVER}")
             elif credit.released > self._released.get(credit.tensor_id, 0):
@@ -1011,6 +1018,7 @@ class NixlDataServer(DataServer):
         self._registrations: list[Any] = []
         self._peers: dict[str, NixlPeer] = {}
         self._disconnected: set[str] = set()  # agents NIXL said are gone (notify skips them)
+        self._next_ping = 0.0  # when _progress pings the senders next (monotonic)
         self._closed = False
         self._polling = threading.Lock()  # held by whichever thread is completing notifications
         self._driven_at = 0.0  # when a consumer last polled (monotonic); 0: none polls
@@ -1102,7 +1110,9 @@ class NixlDataServer(DataServer):
             if is_remote_disconnect(exc):
                 # NIXL logs each failed notification on stderr: a consumer releasing a ring
                 # of a sender killed wrote one line per credit (17 for a ring of 16). Nothing
-                # reaches that agent again (its endpoint is gone); a credit lost meanwhile to
+                # reaches that agent again (its endpoint is gone): its session ends at the
+                # next round of progress (_end_disconnected; not here, where the caller may
+                # be in the middle of handing out credits). A credit lost meanwhile to
                 # anything else is made good by the next, which carries the count released.
                 self._disconnected.add(agent)
 
@@ -1161,6 +1171,12 @@ class NixlDataServer(DataServer):
         agent = self._agent
         if agent is None:  # closed
             return False
+        now = time.monotonic()
+        if now >= self._next_ping:
+            self._next_ping = now + PING_SENDERS_EVERY
+            self._ping_senders()
+        if self._disconnected:
+            self._end_disconnected()
         notifs = agent.get_new_notifs()
         # Not held while completing: a protocol error's traceback, kept by a log record, would
         # keep this frame, and with it the agent and its UCX resources, alive after close().
@@ -1179,6 +1195,28 @@ class NixlDataServer(DataServer):
                 elif not self._deliver(peer, raw):
                     break
         return True
+
+    def _ping_senders(self) -> None:
+        """A ping (a credit frame, UNASKED: the sender reads it and answers nothing) to every
+        sender, so that NIXL says of one whose agent is gone that it is disconnected
+        (:meth:`notify`); a credit tells it too, but none goes to a sender whose messages are
+        not released."""
+        with self._lock:
+            agents = list(self._peers)
+        ping = wire.encode_credit(PING, UNASKED)
+        for agent in agents:
+            self.notify(agent, ping)
+
+    def _end_disconnected(self) -> None:
+        """End the session of each sender whose agent NIXL said is disconnected (a ping or a
+        credit to it refused: :meth:`notify`), as when its process was killed and its kernel
+        closed the connection. A sender on another host was otherwise dropped only at the
+        receiver's heartbeat timeout, and the waits for its tensors held that long; nothing
+        reaches such an agent again."""
+        with self._lock:
+            gone = [p for a in list(self._disconnected) if (p := self._peers.get(a)) is not None]
+        for peer in gone:
+            self._finish(peer, "its NIXL agent is disconnected: a notification to it was refused")
 
     def _pong(self, peer: NixlPeer, raw: bytes) -> None:
         try:
