@@ -1155,6 +1155,7 @@ class NixlDataServer(DataServer):
                 continue
             try:
                 with self._polling:
+                    self._look_at_senders()
                     delivered = self._progress()
             except Exception as exc:
                 log.warning("nixl progress failed: %s", exc)
@@ -1171,12 +1172,6 @@ class NixlDataServer(DataServer):
         agent = self._agent
         if agent is None:  # closed
             return False
-        now = time.monotonic()
-        if now >= self._next_ping:
-            self._next_ping = now + PING_SENDERS_EVERY
-            self._ping_senders()
-        if self._disconnected:
-            self._end_disconnected()
         notifs = agent.get_new_notifs()
         # Not held while completing: a protocol error's traceback, kept by a log record, would
         # keep this frame, and with it the agent and its UCX resources, alive after close().
@@ -1195,6 +1190,18 @@ class NixlDataServer(DataServer):
                 elif not self._deliver(peer, raw):
                     break
         return True
+
+    def _look_at_senders(self) -> None:
+        """(The polling thread's, not a consumer's: a consumer that polls spins on
+        :meth:`_progress`, and the message it waits for is what it pays for. One that waits
+        for a sender gone rests on the doorbell soon, and this thread polls again.) Ping the
+        senders each PING_SENDERS_EVERY, and end the sessions of those NIXL said are gone."""
+        now = time.monotonic()
+        if now >= self._next_ping:
+            self._next_ping = now + PING_SENDERS_EVERY
+            self._ping_senders()
+        if self._disconnected:
+            self._end_disconnected()
 
     def _ping_senders(self) -> None:
         """A ping (a credit frame, UNASKED: the sender reads it and answers nothing) to every
