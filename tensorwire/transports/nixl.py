@@ -1018,7 +1018,7 @@ class NixlDataServer(DataServer):
         self._registrations: list[Any] = []
         self._peers: dict[str, NixlPeer] = {}
         self._disconnected: set[str] = set()  # agents NIXL said are gone (notify skips them)
-        self._next_ping = 0.0  # when _progress pings the senders next (monotonic)
+        self._next_ping = 0.0  # when _look_at_senders pings the senders next (monotonic)
         self._closed = False
         self._polling = threading.Lock()  # held by whichever thread is completing notifications
         self._driven_at = 0.0  # when a consumer last polled (monotonic); 0: none polls
@@ -1111,8 +1111,8 @@ class NixlDataServer(DataServer):
                 # NIXL logs each failed notification on stderr: a consumer releasing a ring
                 # of a sender killed wrote one line per credit (17 for a ring of 16). Nothing
                 # reaches that agent again (its endpoint is gone): its session ends at the
-                # next round of progress (_end_disconnected; not here, where the caller may
-                # be in the middle of handing out credits). A credit lost meanwhile to
+                # polling thread's next round (_look_at_senders; not here, where the caller
+                # may be in the middle of handing out credits). A credit lost meanwhile to
                 # anything else is made good by the next, which carries the count released.
                 self._disconnected.add(agent)
 
@@ -1220,8 +1220,14 @@ class NixlDataServer(DataServer):
         closed the connection. A sender on another host was otherwise dropped only at the
         receiver's heartbeat timeout, and the waits for its tensors held that long; nothing
         reaches such an agent again."""
+        gone = []
         with self._lock:
-            gone = [p for a in list(self._disconnected) if (p := self._peers.get(a)) is not None]
+            for agent in list(self._disconnected):
+                peer = self._peers.get(agent)
+                if peer is None:  # its session ended already: nothing to keep of it
+                    self._disconnected.discard(agent)
+                else:
+                    gone.append(peer)
         for peer in gone:
             self._finish(peer, "its NIXL agent is disconnected: a notification to it was refused")
 
