@@ -680,7 +680,7 @@ class ParameterServer:
         then (60 s by default), and only as "joined but never got ready". Its join is kept:
         one frozen that long may still say it is ready."""
         for w in self.workers:
-            if not w.joined or w.alive or not w.address or w.lost_joining is not None:
+            if not w.joined or w.alive or w.lost_joining is not None:
                 continue
             why = self._gone(w)
             if why is not None:

@@ -24,7 +24,7 @@ from .auth import client_mac, new_nonce, normalise_secret, server_proof, verify
 from .checks import whole_number
 from .control import ControlClient
 from .cuda import cupy as cupy_module
-from .doorbell import check_timeout, deadline_of
+from .doorbell import check_timeout, deadline_of, remaining
 from .endpoint import ipv6_hint, split_endpoint
 from .errors import (
     AuthenticationError,
@@ -49,14 +49,6 @@ from .transports import check_name, choose, open_channel
 from .transports.base import ENDED_BY_RECEIVER, Channel, PeerInfo, TensorEntry, TensorWriter
 
 _DEFAULT: Any = object()
-
-
-def _round_trip_within(deadline: float | None) -> Any:
-    """The timeout of a round trip to be made by ``deadline``: the time left, or the sender's
-    timeout (_DEFAULT) where there is no deadline or it has passed, as for a claim: a round
-    trip never fits in none, and a caller polling (``timeout=0``) would never have it made."""
-    left = None if deadline is None else deadline - time.monotonic()
-    return _DEFAULT if left is None or left <= 0 else left
 
 
 DEFAULT_TIMEOUT = 60.0
@@ -214,6 +206,15 @@ class _Peer:
                 + (" while this sender connected" if self.channel is None else "")
             )
 
+    def round_trip_deadline(self, deadline: float | None) -> float | None:
+        """The deadline of a round trip to the receiver (a claim, a lookup) made by a call's
+        ``deadline``: that, or the sender's timeout from now where there is none or it has
+        passed (a write that polls, ``timeout=0``): a round trip never fits in none, and a
+        caller polling again and again would never have it made."""
+        if deadline is None or deadline <= time.monotonic():
+            return deadline_of(self._timeout)
+        return deadline
+
     def check_peer(self) -> None:
         """What a request to the receiver checks while it waits for the answer (a claim, a
         lookup): PeerLostError once the receiver is known gone, by its process (on this host)
@@ -335,8 +336,7 @@ class _Peer:
         w = self.writers.get(entry.tensor_id)
         if w is None:
             assert self.control is not None and self.channel is not None
-            if deadline is None or deadline <= time.monotonic():
-                deadline = deadline_of(self._timeout)
+            deadline = self.round_trip_deadline(deadline)
             claim = wire.Claim(self.generation, entry.tensor_id, self.transport, placed=True)
             # A receiver that dies meanwhile never answers: check_peer (its pidfd on this
             # host, the data channel's verdict) ends the wait instead of the write's whole
@@ -395,7 +395,7 @@ class _Peer:
         name = entry.spec.name
         current = self.entries.get(name, entry)
         if current.layout.to_wire(compact=True) != layout:
-            self.refresh(_round_trip_within(deadline))
+            self.refresh(remaining(self.round_trip_deadline(deadline)))
             current = self.entries.get(name, entry)
             if current.layout.to_wire(compact=True) != layout:
                 raise LocalProtocolError(
@@ -416,8 +416,7 @@ class _Peer:
         if len(todo) < 2 or not self.claims_many:
             return
         assert self.control is not None and self.channel is not None
-        if deadline is None or deadline <= time.monotonic():
-            deadline = deadline_of(self._timeout)  # (as writer(): a claim needs its round trip)
+        deadline = self.round_trip_deadline(deadline)
         for start in range(0, len(todo), wire.MAX_CLAIMS):
             chunk = {e.tensor_id: e for e in todo[start : start + wire.MAX_CLAIMS]}
             request = wire.ClaimMany(self.generation, list(chunk), self.transport, placed=True)
@@ -817,7 +816,7 @@ class Sender(Resource):
                 self._forget_routes()
                 for p in candidates:
                     try:
-                        p.refresh(_round_trip_within(deadline))
+                        p.refresh(remaining(p.round_trip_deadline(deadline)))
                     except PeerLostError as exc:  # as a write that meets the loss
                         p.note_lost()
                         if not self.reconnect:
