@@ -593,6 +593,45 @@ def test_a_receiver_ends_at_once_the_session_of_a_nixl_sender_killed_on_another_
             _stop(sender)
 
 
+@pytest.mark.nixl
+def test_a_consumer_that_polls_without_rest_still_sees_a_nixl_sender_killed_on_another_host() -> (
+    None
+):
+    """As above, but the consumer never rests: it polls (``wait(timeout=0)``, as a loop that
+    looks for a message between chunks of its own work), and its polls drive the NIXL server
+    while the server's own thread stands back. The session still ends within a second or so
+    of the kill: the pings and the look at disconnected senders are the server thread's, and
+    it makes them while it stands back. Before, they waited for the consumer to rest, which
+    this one never does: the session ended at the heartbeat timeout (30 s)."""
+    with tw.Receiver(heartbeat_timeout=30, nixl=True) as rx:
+        rx.register("t", (1024,), "int64", ring=4)
+        sender = in_pid_namespace(["-c", _SEND_THREE_AND_IDLE, rx.address], stdout=subprocess.PIPE)
+        try:
+            assert sender.stdout is not None
+            assert sender.stdout.readline().strip() == "sent"
+            for k in range(3):
+                assert int(rx.wait("t", timeout=10)[0]) == k
+                rx.release("t")
+            _fault(sender, "kill")
+            start = time.monotonic()
+            lost = None
+            polls = 0
+            while lost is None and time.monotonic() - start < 20 and polls < 50_000_000:
+                polls += 1
+                try:
+                    rx.wait("t", timeout=0)
+                    pytest.fail("a message of a killed sender came")
+                except tw.WireTimeoutError:
+                    continue
+                except tw.PeerLostError as exc:
+                    lost = exc
+            assert lost is not None, f"not seen within 20 s of polling ({polls} polls)"
+            assert "NIXL agent is disconnected" in str(lost)
+            assert time.monotonic() - start < 10, "seen only by the heartbeat timeout"
+        finally:
+            _stop(sender)
+
+
 #: like _RECEIVE_FOREVER at a given address, saying each message's first value on stdout
 _RECEIVE_AND_SAY = """
 import sys, tensorwire as tw

@@ -1111,8 +1111,8 @@ class NixlDataServer(DataServer):
                 # NIXL logs each failed notification on stderr: a consumer releasing a ring
                 # of a sender killed wrote one line per credit (17 for a ring of 16). Nothing
                 # reaches that agent again (its endpoint is gone): its session ends at the
-                # polling thread's next round (_look_at_senders; not here, where the caller
-                # may be in the middle of handing out credits). A credit lost meanwhile to
+                # next round of polling (_look_at_senders; not here, where the caller may be
+                # in the middle of handing out credits). A credit lost meanwhile to
                 # anything else is made good by the next, which carries the count released.
                 self._disconnected.add(agent)
 
@@ -1131,10 +1131,16 @@ class NixlDataServer(DataServer):
             self._driven_at = 0.0
             self._resume.set()
             return False
-        self._driven_at = time.monotonic()
+        now = self._driven_at = time.monotonic()
         if not self._peers or not self._polling.acquire(blocking=False):
             return False  # nobody to hear from, or the polling thread is in a round right now
         try:
+            # The polling thread stands back while we poll, and one that never rests (a loop
+            # of wait(timeout=0)) would leave it no round: its look at the senders is made
+            # here meanwhile, when due (a comparison a round; the pings once a second). Before,
+            # a sender killed on another host was left to the heartbeat timeout.
+            if now >= self._next_ping or self._disconnected:
+                self._look_at_senders()
             return self._progress()
         except Exception:  # the polling thread reports it (and keeps trying)
             return False
@@ -1192,10 +1198,9 @@ class NixlDataServer(DataServer):
         return True
 
     def _look_at_senders(self) -> None:
-        """(The polling thread's, not a consumer's: a consumer that polls spins on
-        :meth:`_progress`, and the message it waits for is what it pays for. One that waits
-        for a sender gone rests on the doorbell soon, and this thread polls again.) Ping the
-        senders each PING_SENDERS_EVERY, and end the sessions of those NIXL said are gone."""
+        """Ping the senders each PING_SENDERS_EVERY, and end the sessions of those NIXL said
+        are gone. Made by whoever polls (the polling thread, or a consumer while that stands
+        back), under ``_polling``: no message of a session it ends is completed meanwhile."""
         now = time.monotonic()
         if now >= self._next_ping:
             self._next_ping = now + PING_SENDERS_EVERY
