@@ -807,11 +807,16 @@ def test_receiver_close_unblocks_waiter_and_sender(transport: str) -> None:
     assert not shm_entries()
 
 
+@pytest.mark.parametrize("polled", [False, True], ids=["waited", "polled"])
 @pytest.mark.parametrize("cut", [20, wire.DATA_HEADER.size + 1000], ids=["header", "payload"])
-def test_peer_stalling_mid_frame_is_dropped_and_others_keep_going(cut: int) -> None:
+def test_peer_stalling_mid_frame_is_dropped_and_others_keep_going(cut: int, polled: bool) -> None:
     """A TCP peer that stops in the middle of a frame (of its header, or of a small payload,
     which the receiver reads through its read-ahead buffer) is cut off after the frame
-    timeout; nothing of the frame lands, and an idle connection between frames is no stall."""
+    timeout; nothing of the frame lands, and an idle connection between frames is no stall.
+    ``polled``: a consumer polls the tensor all along (``wait(timeout=0)`` in a loop), never
+    resting, so the connection's thread stands back throughout: it still looks at the clock
+    of the frame (before, only when it read the socket itself, and the peer was cut off at
+    no time: the test's read of the hang-up timed out after 10 s)."""
     with tw.Receiver(frame_timeout=0.3) as rx:
         rx.register("t", (1024,), "float32")
         rx.register("other", (8,), "float32")
@@ -819,20 +824,45 @@ def test_peer_stalling_mid_frame_is_dropped_and_others_keep_going(cut: int) -> N
             tx.write("t", np.zeros(1024, np.float32))  # claims the tensor
             assert rx.wait("t", timeout=5).shape == (1024,)
             rx.release("t")
+            stop = threading.Event()
+            seen: list[BaseException] = []
+
+            def poll() -> None:
+                end = time.monotonic() + 20
+                while not stop.is_set() and time.monotonic() < end:
+                    try:
+                        rx.wait("t", timeout=0)
+                        seen.append(AssertionError("a message of the cut frame landed"))
+                        return
+                    except tw.WireTimeoutError:
+                        continue
+                    except BaseException as exc:
+                        seen.append(exc)
+                        return
+
+            poller = threading.Thread(target=poll, daemon=True)
             peer = tx._peers[rx.address]  # fault injection: speak on the raw data connection
             sock = peer.channel._sock
             header = wire.encode_data_header(
                 wire.DataHeader(peer.entries["t"].tensor_id, 0, peer.generation, 2, 4096, None)
             )
             frame = header + b"\x01" * 4096
+            if polled:
+                poller.start()
             sock.sendall(frame[:cut])  # part of the frame, then silence
             start = time.monotonic()
             sock.settimeout(10)
             while sock.recv(4096):  # credits may still arrive; then the receiver hangs up
                 pass
             assert time.monotonic() - start < 5
-            with pytest.raises(tw.PeerLostError):
-                rx.wait("t", timeout=5)
+            stop.set()
+            if polled:
+                poller.join(10)
+            if seen:
+                assert isinstance(seen[0], tw.PeerLostError), seen
+            else:
+                with pytest.raises(tw.PeerLostError):
+                    rx.wait("t", timeout=5)
         _healthy(rx, "tcp")
         idle = tw.Sender.connect(rx.address, transport="tcp", timeout=10)
         try:  # an idle connection between frames is not a stall

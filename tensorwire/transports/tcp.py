@@ -1147,6 +1147,11 @@ class TcpDataServer(DataServer):
             if held is not None and time.monotonic() - held >= CREDIT_DEFER_LIMIT:
                 conn.send_credits([])  # the consumer did not release more in time
             driven, now = conn.driven_at, time.monotonic()
+            # A sender that stops in the middle of a frame is cut off after frame_timeout,
+            # also while a consumer reads the connection (one that never rests, polling in a
+            # loop, left it uncut for good: nothing else here looks at the frame's clock).
+            if now - conn.read_at > self._frame_timeout and conn.mid_frame:
+                raise TimeoutError("peer stalled in the middle of a frame")
             if driven and now - driven < CONSUMER_DRIVES:
                 # A consumer reads: competing with it for the socket, the GIL and the cores
                 # only slows it. Once it sleeps on the doorbell it says so, and we read again
@@ -1159,10 +1164,7 @@ class TcpDataServer(DataServer):
                 continue
             # while credits are held back, wake in time to send them
             if not poller.poll(1 if conn.deferred_at is not None else IDLE_CHECK_MS):
-                # A sender that stops in the middle of a frame is cut off after frame_timeout.
-                if conn.mid_frame and time.monotonic() - conn.read_at > self._frame_timeout:
-                    raise TimeoutError("peer stalled in the middle of a frame")
-                continue
+                continue  # (a frame stalled is looked for at the top)
             if time.monotonic() - conn.driven_at < CONSUMER_DRIVES:
                 continue
             with conn.reading:
