@@ -526,7 +526,7 @@ def test_a_receiver_on_another_host_that_dies_or_freezes_ends_its_sender_s_write
         _stop(receiver)
 
 
-@pytest.mark.parametrize("transport", ["tcp", "nixl"])
+@pytest.mark.parametrize("transport", ["tcp", "nixl", "grpc", "grpc-stream"])
 def test_lost_sees_at_once_a_receiver_killed_on_another_host_without_a_write(
     transport: str,
 ) -> None:
@@ -536,7 +536,8 @@ def test_lost_sees_at_once_a_receiver_killed_on_another_host_without_a_write(
     the connection's end, over nixl by a ping NIXL refuses. Before, lost() said None until
     three heartbeats went unanswered, and a parameter server that asks it of a worker killed
     on another host before its first push waited that long (20 s with the daemons' 5 s
-    heartbeats, measured)."""
+    heartbeats, measured). Over gRPC, by a connection attempt refused once gRPC saw its
+    connection end (before, the same 20 s)."""
     receiver = in_pid_namespace(["-c", _RECEIVE_FOREVER], stdout=subprocess.PIPE)
     try:
         assert receiver.stdout is not None
@@ -550,7 +551,9 @@ def test_lost_sees_at_once_a_receiver_killed_on_another_host_without_a_write(
             while (why := tx.lost()) is None and time.monotonic() < deadline:
                 time.sleep(0.02)
             # tcp: its hang-up, or its reset where data it had not read was left in its socket
-            expected = "data connection" if transport == "tcp" else "NIXL notification"
+            expected = {"tcp": "data connection", "nixl": "NIXL notification"}.get(
+                transport, "could not be made"
+            )
             assert why is not None and expected in why, why
     finally:
         _stop(receiver)

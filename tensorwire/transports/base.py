@@ -278,6 +278,9 @@ class CreditedWriter(TensorWriter):
 #: 100 µs after a consumer's last poll took cores from the writers (round trip 180 against
 #: 94 µs). Not longer than CREDIT_DEFER_LIMIT: the tcp thread sends held-back credits.
 CONSUMER_DRIVES = 1e-3
+#: How often at most :meth:`Channel.probe_peer` sends or asks anything of a receiver (a nixl
+#: ping, a gRPC connection attempt): ``Sender.lost()`` may be asked in a loop.
+PROBE_EVERY = 1.0
 
 
 class Poller(Protocol):

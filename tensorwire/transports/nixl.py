@@ -67,6 +67,7 @@ from ..ring import SlotChooser
 from .base import (
     CONSUMER_DRIVES,
     ENDED_BY_RECEIVER,
+    PROBE_EVERY,
     Channel,
     CreditedWriter,
     CreditLink,
@@ -103,8 +104,6 @@ IDLE_PROGRESS_INTERVAL = 0.02
 TRANSFER_TIMEOUT = 60.0
 #: Seconds between a waiting writer's looks at its receiver's liveness (a pidfd on this host)
 RECEIVER_CHECK_EVERY = 0.005
-#: How often at most :meth:`NixlChannel.probe_peer` pings a receiver on another host.
-PROBE_EVERY = 1.0
 #: How often a receiver's NIXL server pings its senders (:meth:`NixlDataServer._ping_senders`).
 PING_SENDERS_EVERY = 1.0
 #: what NIXL calls each kind of memory (tensorwire.memory) it registers
