@@ -46,6 +46,7 @@ from ..errors import (
     TransportError,
     WireTimeoutError,
 )
+from ..process import host_identity
 from ..quietlog import QuietLog
 from . import tensor_service_pb2 as pb
 from . import tensor_service_pb2_grpc as pb_grpc
@@ -87,6 +88,10 @@ DEADLINE_MARGIN = 0.05
 #: message 4, got 3" on the next write: test_conformance -k full_ring, under load). The caller
 #: now hears what happened unless the receiver stalls this long.
 ANSWER_GRACE = 0.5
+#: How long :meth:`GrpcChannel.probe_peer`'s call over an idle connection may take: a refused
+#: connection fails it at once; one that is not answered (a receiver unreachable, or frozen)
+#: says nothing, and is left to the heartbeats.
+PROBE_TIMEOUT = 5.0
 SERVER_THREADS = 32
 CLOSE_TIMEOUT = 0.5
 LOSS_CHECK = 0.1  # how often a call in flight looks whether the receiver was declared lost
@@ -499,7 +504,10 @@ class GrpcChannel(Channel):
         self.token = info.welcome.token
         self.generation = info.welcome.generation
         self._timeout = info.timeout
-        self._next_probe = 0.0  # when an idle connection may be made again next (monotonic)
+        self._next_probe = 0.0  # when probe_peer may call over an idle connection next
+        # a receiver on this host is seen gone by its process (the sender's pidfd), which says
+        # more than a connection refused: probe_peer leaves it to that
+        self._same_host = info.welcome.host == host_identity()
         self._watching = False  # whether probe_peer subscribed to the connection's state
         self._watch_lock = threading.Lock()  # a subscription and the channel's close, apart
         self._connectivity: grpc.ChannelConnectivity | None = None  # as gRPC last said
@@ -572,41 +580,55 @@ class GrpcChannel(Channel):
         """:meth:`check_peer`, then a look at the channel's connection. gRPC reads a connection
         the receiver's kernel closed (its process killed, on another host) as idle, and says
         nothing until a call; from the first probe on, gRPC's watch of the connection tells us
-        of each change (:meth:`_saw_connectivity`), an idle connection is made again at once
-        (PROBE_EVERY at most), and one that cannot be made (refused: nothing listens there any
-        more) marks the receiver lost at the next probe, as a write's failed call would.
-        Without it an idle sender knew of such a receiver only once three heartbeats went
-        unanswered: a parameter server waited that long (20 s with the daemons' 5 s, measured)
-        for a worker killed on another host before its first push. A receiver that is stopped
-        keeps its connection (and its kernel accepts new ones): no verdict, as before. The
-        watch is one thread of gRPC's, which wakes 5 times a second, for as long as the
-        channel is open; a sender never probed has none."""
+        of each change (:meth:`_saw_connectivity`), and the first probe, and each while the
+        connection is idle (PROBE_EVERY at most), makes a call that changes nothing (a
+        ``Close`` of no session, which every receiver answers as done): the call connects
+        again, and one that fails as unavailable (refused: nothing listens there any more)
+        marks the receiver lost, as a write's failed call would. Without it an idle sender
+        knew of such a receiver only once three heartbeats went unanswered: a parameter server
+        waited that long (20 s with the daemons' 5 s, measured) for a worker killed on another
+        host before its first push. A receiver that is stopped keeps its connection (and its
+        kernel accepts new ones): no verdict, as before. The watch is one thread of gRPC's,
+        which wakes 5 times a second while the channel is open; a sender never probed has
+        none. (Not gRPC's own ``try_to_connect``: the watch then looked at the channel once
+        more after it was closed, and raised in its thread.) A receiver on this host is left to
+        its process's pidfd, which says more."""
         self.check_peer()
-        if self._connectivity is grpc.ChannelConnectivity.TRANSIENT_FAILURE:
-            self.mark_lost(
-                f"grpc connection to {self.where} failed: the connection ended and a new one "
-                "could not be made (nothing listens there any more)"
-            )
-            self.raise_if_lost()
-        if not self._watching:
+        if self._same_host:
+            return
+        first = not self._watching
+        if first:  # (and a call now: the watch says how the connection stands only later)
             with self._watch_lock:
-                if self.lost != "closed" and not self._watching:
-                    self._watching = True
-                    self._channel.subscribe(self._saw_connectivity, try_to_connect=False)
-
-    def _saw_connectivity(self, state: grpc.ChannelConnectivity) -> None:
-        """gRPC's watch of the channel's connection (on a thread of gRPC's): the state kept
-        for :meth:`probe_peer`, and an idle connection made again (a subscription with
-        ``try_to_connect`` asks the watch for an attempt), PROBE_EVERY at most."""
-        self._connectivity = state
+                if self.lost == "closed" or self._watching:
+                    return
+                self._watching = True
+                self._channel.subscribe(self._saw_connectivity, try_to_connect=False)
         now = time.monotonic()
-        if state is not grpc.ChannelConnectivity.IDLE or now < self._next_probe:
+        idle = self._connectivity is grpc.ChannelConnectivity.IDLE
+        if not (first or idle) or now < self._next_probe:
             return
         self._next_probe = now + PROBE_EVERY
-        with self._watch_lock:  # (not after close(): the watch would outlive the channel)
-            if self.lost != "closed":
-                self._channel.unsubscribe(self._saw_connectivity)
-                self._channel.subscribe(self._saw_connectivity, try_to_connect=True)
+        try:
+            call = self.stub.Close.future(pb.CloseRequest(token=b""), timeout=PROBE_TIMEOUT)
+        except (grpc.RpcError, ValueError):  # closed meanwhile: nothing to look at
+            return
+        call.add_done_callback(self._probed)
+
+    def _saw_connectivity(self, state: grpc.ChannelConnectivity) -> None:
+        """gRPC's watch of the channel's connection (on a thread of gRPC's)."""
+        self._connectivity = state
+
+    def _probed(self, call: Any) -> None:
+        """The end of :meth:`probe_peer`'s call (on a thread of gRPC's): unavailable is the
+        receiver's loss; anything else (done, timed out, cancelled at close) says nothing."""
+        if call.cancelled():
+            return
+        exc = call.exception()
+        if isinstance(exc, grpc.RpcError) and exc.code() == grpc.StatusCode.UNAVAILABLE:
+            self.mark_lost(
+                f"grpc connection to {self.where} failed: the connection ended and a new one "
+                f"could not be made ({exc.details()})"
+            )
 
     def goodbye(self, timeout: float) -> bool:
         # Writes return only once the data is in the slot, so nothing is in flight: the Close is
