@@ -1413,6 +1413,7 @@ def _assert_kills_accounted(result: dict[str, Any]) -> None:
     _assert_soak_left_nothing(result)
 
 
+@pytest.mark.nixl
 def test_soak_with_senders_killed_mid_stream(tmp_path: Path) -> None:
     """`tensorwire bench soak --kill-every 0.7`: four senders (shm, tcp, grpc, nixl), each
     SIGKILLed at random moments for 8 s and a new process taking its tensor over. Nothing
@@ -1435,6 +1436,7 @@ def test_soak_with_senders_killed_mid_stream(tmp_path: Path) -> None:
 
 
 @needs_pid_namespaces
+@pytest.mark.nixl
 def test_soak_with_senders_on_hosts_of_their_own_killed_mid_stream(tmp_path: Path) -> None:
     """`tensorwire bench soak --hosts separate --kill-every 1`: four senders (tcp, grpc,
     grpc-stream, nixl), each in a pid namespace of its own, so that the receiver sees them as
@@ -1456,6 +1458,7 @@ def test_soak_with_senders_on_hosts_of_their_own_killed_mid_stream(tmp_path: Pat
     _assert_kills_accounted(result)
 
 
+@pytest.mark.nixl
 def test_soak_of_dynamic_shapes_with_senders_killed_mid_stream(tmp_path: Path) -> None:
     """`tensorwire bench soak --dynamic --kill-every 0.7`: every message of a length of its own
     (1 to 512 int64, told from its counter), its shape words written with it, over shm, tcp,
@@ -1528,6 +1531,7 @@ def test_soak_with_senders_frozen_and_taken_over(tmp_path: Path) -> None:
     _assert_soak_left_nothing(result)
 
 
+@pytest.mark.nixl
 def test_soak_of_messages_made_in_place_with_senders_killed_and_frozen(tmp_path: Path) -> None:
     """`tensorwire bench soak --api buffer`: each 1 MiB message filled in place
     (`Sender.buffer`: over shm, in the receiver's slot), senders SIGKILLed and SIGSTOPped at

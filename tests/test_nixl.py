@@ -42,6 +42,7 @@ def _peer(tx: tw.Sender, address: str):  # type: ignore[no-untyped-def]
     return tx._peers[address]
 
 
+@pytest.mark.nixl  # (the receiver in this process serves nixl: the sender's own lack is said)
 def test_without_nixl_every_side_says_how_to_install_it_in_one_line() -> None:
     with tw.Receiver() as rx:
         rx.register("t", (4,), "float32")
@@ -461,6 +462,7 @@ def test_a_writing_agent_made_anew_for_cuda_writes_on_where_the_old_one_left(
         assert channel._agent is swapped and len(channel._staging) == len(staged)
 
 
+@pytest.mark.nixl
 def test_more_tensors_than_registered_sources_register_each_staging_buffer_once() -> None:
     """A step writes many small tensors in turn: each one's staging buffer stays registered
     (the cache of callers' arrays is smaller than the step), and a prefix of it of any length
