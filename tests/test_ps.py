@@ -652,9 +652,19 @@ def test_bad_config_file_is_one_line(tmp_path: Path) -> None:
         assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
 
 
-def test_flags_beat_environment_beats_toml(tmp_path: Path) -> None:
+@pytest.mark.parametrize("tomllib", ["here", "absent"])
+def test_flags_beat_environment_beats_toml(
+    tmp_path: Path, tomllib: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``absent``: as on Python 3.10, which has no tomllib (tomli is installed there instead),
+    nor the toml package: ConfigArgParse's own TOML reader imports one of them, and every
+    --config failed there ("Could not import toml or tomllib"); the file is read with ours."""
     from tensorwire.job import config
     from tensorwire.server.daemon import build_parser
+
+    if tomllib == "absent":  # (an import of a module set to None raises ImportError)
+        monkeypatch.setitem(sys.modules, "tomllib", None)
+        monkeypatch.setitem(sys.modules, "toml", None)
 
     cfg = tmp_path / "ps.toml"
     # join_timeout: a key with underscores names the flag as its hyphens do (before: "unknown

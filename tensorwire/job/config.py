@@ -79,9 +79,16 @@ class _TomlTable(configargparse.TomlConfigParser):
                 f"no [{self.section}] table: this daemon reads its settings there (the file "
                 f"has {tables})"
             )
-        stream.seek(0)
-        # TOML keys are often written with underscores (no_shm): the flag's name either way
-        return {key.replace("_", "-"): value for key, value in super().parse(stream).items()}
+        # The table's values as ConfigArgParse's TOML reader gives them (lists as lists, the
+        # rest as strings that argparse converts), from the table read above: that reader
+        # imports tomllib or the toml package itself, and on Python 3.10, which has neither
+        # (tomli is what we install there), every --config failed ("Could not import toml").
+        # TOML keys are often written with underscores (no_shm): the flag's name either way.
+        return {
+            key.replace("_", "-"): value if isinstance(value, list) else str(value)
+            for key, value in table[self.section].items()
+            if value is not None
+        }
 
 
 class DaemonParser(configargparse.ArgParser):
