@@ -9,12 +9,13 @@ the connections, the heartbeats, and the fences on the receiver's own side.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -570,6 +571,21 @@ time.sleep(600)
 """
 
 
+@contextlib.contextmanager
+def _three_sent_from_another_host() -> Iterator[tuple[tw.Receiver, subprocess.Popen[str]]]:
+    """A nixl receiver (heartbeat timeout 30 s) of "t" (4 slots), and a nixl sender in a pid
+    namespace of its own that wrote its messages 0, 1 and 2 and idles; stopped at the end."""
+    with tw.Receiver(heartbeat_timeout=30, nixl=True) as rx:
+        rx.register("t", (1024,), "int64", ring=4)
+        sender = in_pid_namespace(["-c", _SEND_THREE_AND_IDLE, rx.address], stdout=subprocess.PIPE)
+        try:
+            assert sender.stdout is not None
+            assert sender.stdout.readline().strip() == "sent"
+            yield rx, sender
+        finally:
+            _stop(sender)
+
+
 @pytest.mark.nixl
 def test_a_receiver_ends_at_once_the_session_of_a_nixl_sender_killed_on_another_host() -> None:
     """A nixl sender on another host writes three messages and is SIGKILLed: the receiver
@@ -578,22 +594,15 @@ def test_a_receiver_ends_at_once_the_session_of_a_nixl_sender_killed_on_another_
     the notification to an agent UCX found disconnected. Before, the session ended at the
     heartbeat timeout (30.0 s, by hand): the credits of the three releases left before UCX
     saw the connection's end, and nothing else was sent there."""
-    with tw.Receiver(heartbeat_timeout=30, nixl=True) as rx:
-        rx.register("t", (1024,), "int64", ring=4)
-        sender = in_pid_namespace(["-c", _SEND_THREE_AND_IDLE, rx.address], stdout=subprocess.PIPE)
-        try:
-            assert sender.stdout is not None
-            assert sender.stdout.readline().strip() == "sent"
-            _fault(sender, "kill")
-            start = time.monotonic()
-            for k in range(3):  # every message it wrote, whole
-                assert int(rx.wait("t", timeout=10)[0]) == k
-                rx.release("t")
-            with pytest.raises(tw.PeerLostError, match="NIXL agent is disconnected"):
-                rx.wait("t", timeout=20)
-            assert time.monotonic() - start < 10, "seen only by the heartbeat timeout"
-        finally:
-            _stop(sender)
+    with _three_sent_from_another_host() as (rx, sender):
+        _fault(sender, "kill")
+        start = time.monotonic()
+        for k in range(3):  # every message it wrote, whole
+            assert int(rx.wait("t", timeout=10)[0]) == k
+            rx.release("t")
+        with pytest.raises(tw.PeerLostError, match="NIXL agent is disconnected"):
+            rx.wait("t", timeout=20)
+        assert time.monotonic() - start < 10, "seen only by the heartbeat timeout"
 
 
 @pytest.mark.nixl
@@ -603,36 +612,29 @@ def test_a_consumer_that_polls_without_rest_still_sees_a_nixl_sender_killed_on_a
     """As above, but the consumer never rests: it polls (``wait(timeout=0)``, as a loop that
     looks for a message between chunks of its own work), and its polls drive the NIXL server
     while the server's own thread stands back. The session still ends within a second or so
-    of the kill: the pings and the look at disconnected senders are the server thread's, and
-    it makes them while it stands back. Before, they waited for the consumer to rest, which
-    this one never does: the session ended at the heartbeat timeout (30 s)."""
-    with tw.Receiver(heartbeat_timeout=30, nixl=True) as rx:
-        rx.register("t", (1024,), "int64", ring=4)
-        sender = in_pid_namespace(["-c", _SEND_THREE_AND_IDLE, rx.address], stdout=subprocess.PIPE)
-        try:
-            assert sender.stdout is not None
-            assert sender.stdout.readline().strip() == "sent"
-            for k in range(3):
-                assert int(rx.wait("t", timeout=10)[0]) == k
-                rx.release("t")
-            _fault(sender, "kill")
-            start = time.monotonic()
-            lost = None
-            polls = 0
-            while lost is None and time.monotonic() - start < 20 and polls < 50_000_000:
-                polls += 1
-                try:
-                    rx.wait("t", timeout=0)
-                    pytest.fail("a message of a killed sender came")
-                except tw.WireTimeoutError:
-                    continue
-                except tw.PeerLostError as exc:
-                    lost = exc
-            assert lost is not None, f"not seen within 20 s of polling ({polls} polls)"
-            assert "NIXL agent is disconnected" in str(lost)
-            assert time.monotonic() - start < 10, "seen only by the heartbeat timeout"
-        finally:
-            _stop(sender)
+    of the kill: whoever polls makes the pings and the look at disconnected senders, the
+    consumer too. Before, only the server's thread made them, and a consumer that never
+    rested held them off: the session ended at the heartbeat timeout (30 s)."""
+    with _three_sent_from_another_host() as (rx, sender):
+        for k in range(3):
+            assert int(rx.wait("t", timeout=10)[0]) == k
+            rx.release("t")
+        _fault(sender, "kill")
+        start = time.monotonic()
+        lost = None
+        polls = 0
+        while lost is None and time.monotonic() - start < 20 and polls < 50_000_000:
+            polls += 1
+            try:
+                rx.wait("t", timeout=0)
+                pytest.fail("a message of a killed sender came")
+            except tw.WireTimeoutError:
+                continue
+            except tw.PeerLostError as exc:
+                lost = exc
+        assert lost is not None, f"not seen within 20 s of polling ({polls} polls)"
+        assert "NIXL agent is disconnected" in str(lost)
+        assert time.monotonic() - start < 10, "seen only by the heartbeat timeout"
 
 
 #: like _RECEIVE_FOREVER at a given address, saying each message's first value on stdout
