@@ -279,7 +279,7 @@ class CreditedWriter(TensorWriter):
 #: 94 µs). Not longer than CREDIT_DEFER_LIMIT: the tcp thread sends held-back credits.
 CONSUMER_DRIVES = 1e-3
 #: How often at most :meth:`Channel.probe_peer` sends or asks anything of a receiver (a nixl
-#: ping, a gRPC connection attempt): ``Sender.lost()`` may be asked in a loop.
+#: ping, a gRPC call over an idle connection): ``Sender.lost()`` may be asked in a loop.
 PROBE_EVERY = 1.0
 
 
