@@ -807,11 +807,22 @@ def render(result: dict[str, Any]) -> str:
                 f"the {'freeze' if key == 'frozen' else 'kill'} (median), "
                 f"{takeovers[-1]:.2f} s at most"
             )
+    if result.get("rss_after_warmup") is None:
+        # No warm-up point: a stream received nothing in the whole run (a sender that never
+        # started or connected). Printed as growths, the figures read +0.00 MiB and +0
+        # descriptors, as if measured.
+        measured = (
+            "resident memory and descriptors not measured: no warm-up point (a sender's "
+            "stream received no message in the run)"
+        )
+    else:
+        measured = (
+            f"resident memory {result['rss_growth_bytes'] / 2**20:+.2f} MiB after "
+            f"warm-up{_trimmed(result)}; descriptors {result['fd_growth']:+d} "
+            f"({len(result.get('fds_left_open', []))} opened since and open still)"
+        )
     lines.append(
-        f"{result['messages']} messages in {result['duration_s']:.1f} s; resident memory "
-        f"{result['rss_growth_bytes'] / 2**20:+.2f} MiB after warm-up{_trimmed(result)}; "
-        f"descriptors {result['fd_growth']:+d} "
-        f"({len(result.get('fds_left_open', []))} opened since and open still); "
+        f"{result['messages']} messages in {result['duration_s']:.1f} s; {measured}; "
         f"segments {result['segment_growth']:+d}"
     )
     if result.get("rings_moved"):

@@ -1378,6 +1378,31 @@ def test_soak_accounts_for_every_message(tmp_path: Path) -> None:
     assert result["rss_growth_trimmed_bytes"] < 64 << 20
 
 
+def test_a_soak_report_without_a_warm_up_says_nothing_was_measured() -> None:
+    """A soak whose warm-up point never came (a sender's stream received nothing in the run)
+    has no memory or descriptor figures: the report says so. Before, it printed "+0.00 MiB
+    after warm-up" and "descriptors +0", as if measured (a run of this session, its problem
+    lines lost, showed only that)."""
+    from tensorwire.bench.soak import render
+
+    result = {
+        "senders": [],
+        "messages": 12,
+        "duration_s": 1.0,
+        "rss_after_warmup": None,
+        "rss_growth_bytes": 0,
+        "fd_growth": 0,
+        "segment_growth": 0,
+        "problems": ["s1: sender 0 (tcp): TransportError after 0 messages: refused"],
+    }
+    text = render(result)
+    assert "not measured: no warm-up point" in text and "MiB" not in text, text
+    assert "PROBLEMS:\n  s1: sender 0 (tcp)" in text
+    result["rss_after_warmup"] = 1 << 30
+    result["rss_growth_bytes"] = 1 << 20
+    assert "resident memory +1.00 MiB after warm-up" in render(result)
+
+
 def test_soak_with_senders_that_come_and_go(tmp_path: Path) -> None:
     """`tensorwire bench soak --reconnect-every 50`: each sender (tcp, shm, grpc) closes its
     session and connects again every 50 messages for 5 s. Every message arrives once, in
