@@ -28,6 +28,7 @@ from ..errors import LocalProtocolError, PeerLostError, TransportError
 from ..layout import RingLayout
 from ..memory import Memory, RegionInfo
 from ..metrics import Traffic
+from ..process import host_identity
 from ..spec import TensorSpec
 from ..wire import DataHeader, Message, Welcome
 
@@ -62,6 +63,11 @@ class PeerInfo:
     #: any time), or the heartbeats' verdict while the channel is being set up (afterwards they
     #: mark the channel); a wait for the receiver that calls it ends then, not at its timeout
     check: Callable[[], None] | None = None
+
+    @property
+    def same_host(self) -> bool:
+        """Whether the receiver runs on this host (its welcome names our host identity)."""
+        return self.welcome.host == host_identity()
 
     def data_endpoint(self, transport: str) -> tuple[str, int]:
         """Host and port of the receiver's data server for ``transport`` (from the welcome).

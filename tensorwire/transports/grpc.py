@@ -46,7 +46,6 @@ from ..errors import (
     TransportError,
     WireTimeoutError,
 )
-from ..process import host_identity
 from ..quietlog import QuietLog
 from . import tensor_service_pb2 as pb
 from . import tensor_service_pb2_grpc as pb_grpc
@@ -507,7 +506,7 @@ class GrpcChannel(Channel):
         self._next_probe = 0.0  # when probe_peer may call over an idle connection next
         # a receiver on this host is seen gone by its process (the sender's pidfd), which says
         # more than a connection refused: probe_peer leaves it to that
-        self._same_host = info.welcome.host == host_identity()
+        self._same_host = info.same_host
         self._watching = False  # whether probe_peer subscribed to the connection's state
         self._watch_lock = threading.Lock()  # a subscription and the channel's close, apart
         self._connectivity: grpc.ChannelConnectivity | None = None  # as gRPC last said

@@ -219,7 +219,7 @@ class NixlChannel(Channel):
         self._next_check = 0.0  # when _absorb_until calls it next (monotonic)
         self._next_probe = 0.0  # when probe_peer may ping the receiver next (monotonic)
         self._generation = info.welcome.generation
-        self._same_host = info.welcome.host == host_identity()
+        self._same_host = info.same_host
         self._options = info.nixl if isinstance(info.nixl, NixlOptions) else NixlOptions()
         # Two agents: one only writes, one only talks. A NIXL transfer ends with an endpoint
         # flush, and on an endpoint that has also carried notifications that flush waits for the
@@ -1139,7 +1139,7 @@ class NixlDataServer(DataServer):
             # here meanwhile, when due (a comparison a round; the pings once a second). Before,
             # a sender killed on another host was left to the heartbeat timeout.
             if now >= self._next_ping or self._disconnected:
-                self._look_at_senders()
+                self._look_at_senders(now)
             return self._progress()
         except Exception:  # the polling thread reports it (and keeps trying)
             return False
@@ -1160,7 +1160,7 @@ class NixlDataServer(DataServer):
                 continue
             try:
                 with self._polling:
-                    self._look_at_senders()
+                    self._look_at_senders(time.monotonic())
                     delivered = self._progress()
             except Exception as exc:
                 log.warning("nixl progress failed: %s", exc)
@@ -1196,11 +1196,11 @@ class NixlDataServer(DataServer):
                     break
         return True
 
-    def _look_at_senders(self) -> None:
+    def _look_at_senders(self, now: float) -> None:
         """Ping the senders each PING_SENDERS_EVERY, and end the sessions of those NIXL said
         are gone. Made by whoever polls (the polling thread, or a consumer while that stands
-        back), under ``_polling``: no message of a session it ends is completed meanwhile."""
-        now = time.monotonic()
+        back), under ``_polling``: no message of a session it ends is completed meanwhile.
+        ``now``: the caller's reading of the monotonic clock."""
         if now >= self._next_ping:
             self._next_ping = now + PING_SENDERS_EVERY
             self._ping_senders()

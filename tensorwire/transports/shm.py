@@ -53,7 +53,6 @@ from ..dtypes import exports_buffer
 from ..errors import PeerLostError, TensorWireError, TransportError, WireTimeoutError
 from ..layout import OFF_SCRATCH, OFF_STATE, REGION_CLOSED
 from ..memory import RegionInfo
-from ..process import host_identity
 from ..region import Region
 from ..ring import RingMemory, SlotChooser
 from ..split_copy import SplitCopier
@@ -99,7 +98,7 @@ def unavailable_reason(info: PeerInfo) -> str | None:
             "the receiver's regions are not in shared memory (it was made with shm=False, or "
             "has no usable /dev/shm)"
         )
-    if info.welcome.host != host_identity():
+    if not info.same_host:
         return "the receiver is on another host (or in another container/namespace)"
     return None
 
