@@ -87,8 +87,10 @@ bench: $(STAMP) $(RDMA_STAMP) bytecode
 	@mkdir -p bench-results
 	$(PY) -m tensorwire.bench --json bench-results/bench.json --plot bench-results/bench.png
 
+# The same checks as tests/test_lint.py, which holds the suite (and so CI) to them.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy tensorwire server client bench
 
 # Long runs outside CI: the wire decoders fuzzed with hypothesis, an hour of soak (then ten minutes
