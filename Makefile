@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-torch test test-gpu gpu-bundle bench lint proto fuzz soak chaos rdma clean bytecode
+.PHONY: demo demo-torch test test-pythons test-gpu gpu-bundle bench lint proto fuzz soak chaos rdma clean bytecode
 
 # NIXL for the `nixl` transport. --no-deps: the wheel declares torch, which host memory does not
 # need. Pinned to the version the transport is tested with.
@@ -75,6 +75,22 @@ TEST_WORKERS ?= 3
 test: $(STAMP) $(RDMA_STAMP) $(TORCH_STAMP) $(GPU_STAMP) $(RAY_STAMP) bytecode
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15
 
+# The suite on the other Pythons `requires-python` admits, each where this machine has it, in a
+# virtual environment of its own (.venv-3.X: the dev extras, and NIXL where it has a wheel; no
+# torch, cupy or Ray, whose tests skip there). Not in CI, which runs 3.11 (about 7 minutes each
+# here); the 39th session's first such run found every daemon's --config broken on 3.10.
+OTHER_PYTHONS ?= 3.10 3.12 3.13
+test-pythons:
+	@set -e; for v in $(OTHER_PYTHONS); do \
+	  if ! python$$v -c '' 2>/dev/null; then echo "== python$$v: not on this machine"; continue; fi; \
+	  echo "== python$$v"; \
+	  test -x .venv-$$v/bin/python || python$$v -m venv .venv-$$v; \
+	  .venv-$$v/bin/python -m pip install --quiet --upgrade pip; \
+	  .venv-$$v/bin/python -m pip install --quiet -e '.[dev]'; \
+	  .venv-$$v/bin/python -m pip install --quiet --no-deps '$(NIXL)' || echo "(no NIXL for $$v)"; \
+	  .venv-$$v/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -p no:cacheprovider; \
+	done
+
 # The GPU tests alone (marked `gpu`; they skip with the reason where no CUDA device is present).
 test-gpu: $(STAMP) $(RDMA_STAMP) $(TORCH_STAMP) $(GPU_STAMP) bytecode
 	$(PY) -m pytest -q -m gpu -rs
@@ -119,5 +135,5 @@ proto: $(STAMP)
 		tensorwire/transports/tensor_service.proto
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache .hypothesis
+	rm -rf $(VENV) .venv-3.* build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache .hypothesis
 	find $(BYTECODE) -name __pycache__ -type d -prune -exec rm -rf {} +
