@@ -230,11 +230,15 @@ def count_empty_messages(conn: Any, count: int) -> None:
         conn.send(landed)
 
 
-def write_then_idle(address: str, transport: str, name: str, heartbeat: float, ready: Any) -> None:
-    """Claim ``name`` with one write, then stay connected (heartbeating) until killed."""
+def write_then_idle(
+    address: str, transport: str, name: str | list[str], heartbeat: float, ready: Any
+) -> None:
+    """Claim ``name`` (or each of a list of names) with one write, then stay connected
+    (heartbeating) until killed."""
     with tw.Sender.connect(address, transport=transport, timeout=30, heartbeat=heartbeat) as tx:
-        spec = tx.spec(name)
-        tx.write(name, np.zeros(spec.static_shape, spec.dtype))
+        for each in [name] if isinstance(name, str) else name:
+            spec = tx.spec(each)
+            tx.write(each, np.zeros(spec.static_shape, spec.dtype))
         ready.send("claimed")
         time.sleep(3600)
 

@@ -9,6 +9,7 @@ no message of the new owner may be lost or overwritten without an error on some 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -227,6 +228,49 @@ def test_a_nixl_writer_dropped_while_stopped_loses_its_tensor_to_another_at_once
                 rx.release("t")
         proc.join(30)
         assert not proc.is_alive()
+
+
+@pytest.mark.nixl
+def test_a_dropped_nixl_writer_s_moved_rings_are_said_once_not_one_line_a_tensor(
+    children: Children, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stopped `nixl` writer of 30 tensors, dropped: the receiver's log says at the drop, in
+    one line, that the 30 move to fresh memory at their next claim, and each move itself only
+    at debug level. Before, each move was a line of its own: a parameter server's log had 200
+    of them each time a worker of the `many` model rejoined (`bench chaos --transport nixl
+    --model many`). Each successor's write still arrives whole."""
+    from .peers import write_then_idle
+
+    names = [f"t{k}" for k in range(30)]
+    with tw.Receiver(heartbeat_timeout=1.0) as rx:
+        for name in names:
+            rx.register(name, (16,), "int64")
+        here, there = children.pipe()
+        proc = children.start(write_then_idle, rx.address, "nixl", names, 0.2, there)
+        assert here.poll(60) and here.recv() == "claimed"
+        for name in names:
+            rx.wait(name, timeout=10)
+            rx.release(name)
+        caplog.set_level(logging.INFO, logger="tensorwire")
+        freeze(proc.pid)
+        try:
+            with pytest.raises(tw.PeerLostError):
+                rx.wait("t0", timeout=10)
+            with tw.Sender.connect(rx.address, transport="nixl", timeout=10) as b:
+                for k, name in enumerate(names):
+                    b.write(name, np.full(16, k, np.int64), timeout=10)
+                    if name != "t0":  # (t0's notice was read above)
+                        with pytest.raises(tw.PeerLostError):
+                            rx.wait(name, timeout=10)
+                    got = rx.wait(name, timeout=10)
+                    assert got.tolist() == [k] * 16, (name, got)
+                    rx.release(name)
+        finally:
+            os.kill(proc.pid, signal.SIGKILL)
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    moves = [m for m in said if "fresh memory" in m]
+    assert len(moves) == 1, moves
+    assert moves[0].startswith("30 tensor(s) "), moves
 
 
 @pytest.mark.nixl

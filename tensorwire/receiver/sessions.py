@@ -449,7 +449,7 @@ class SessionHandler:
                 )
             else:
                 metrics.count("tensorwire_rings_moved_total", tensor.transport)
-                log.info(
+                log.debug(
                     "tensor %r moved to fresh memory: its dropped %s writer may still store "
                     "into the old one",
                     tensor.spec.name,
@@ -499,6 +499,7 @@ class SessionHandler:
             session.link.cut()  # a networked writer learns at once that its session is over
         for server in self._servers.running():
             server.detach(session)
+        moving = 0  # its tensors whose next claim moves their ring (said once, below)
         for tid in session.claims:
             tensor = self._table.by_id[tid]
             if tensor.owner is session:
@@ -529,6 +530,7 @@ class SessionHandler:
                         and self._table.movable(tensor)
                     ):
                         tensor.move_before_claim = True
+                        moving += 1
                     elif writer_alive:
                         if tensor.stale_writer is not None:
                             tensor.stale_writer.close()
@@ -544,6 +546,15 @@ class SessionHandler:
                 self._dropped.popitem(last=False)
             metrics.count("tensorwire_peers_lost_total", "receiver")
             log.warning("%s lost: %s", session.describe(), reason)
+            if moving:
+                # one line for the session, not one a tensor at each move (a parameter
+                # server's log had 200 a worker rejoined, the `many` model's gradients)
+                log.info(
+                    "%d tensor(s) %s wrote over nixl move to fresh memory at their next "
+                    "claim: a WRITE it began may still land in their old memory",
+                    moving,
+                    session.describe(),
+                )
             self._table.wake()
 
     def tick(self) -> None:
