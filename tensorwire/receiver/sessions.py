@@ -550,10 +550,10 @@ class SessionHandler:
                 # one line for the session, not one a tensor at each move (a parameter
                 # server's log had 200 a worker rejoined, the `many` model's gradients)
                 log.info(
-                    "%d tensor(s) %s wrote over nixl move to fresh memory at their next "
-                    "claim: a WRITE it began may still land in their old memory",
-                    moving,
+                    "%s: the %d tensor(s) it wrote over nixl move to fresh memory at their "
+                    "next claim (a WRITE it began may still land in the old memory)",
                     session.describe(),
+                    moving,
                 )
             self._table.wake()
 
