@@ -1808,6 +1808,67 @@ def test_a_write_of_a_tensor_not_yet_known_keeps_to_its_own_timeout(
         tx.close()
 
 
+@pytest.mark.parametrize(
+    "lie", ["no header", "half a header", "payload short", "payload long", "shape words cut"]
+)
+def test_a_grpc_stream_message_in_one_call_that_lies_about_its_length_is_refused(
+    lie: str,
+) -> None:
+    """grpc-stream sends a message of up to ONE_CALL_BYTES as one call of raw bytes (token,
+    header, payload): one whose bytes do not match its header (cut inside the header, or
+    inside a dynamic tensor's shape words, or a payload shorter or longer than the header
+    says) is refused, ends the session, and completes no slot; the receiver serves the next
+    sender. The session's real token is used, so only the framing is wrong."""
+    grpc = pytest.importorskip("grpc")
+    from tensorwire.transports.grpc import ONE_CALL_BYTES
+
+    with tw.Receiver() as rx:
+        rx.register("t", (32,), "uint8")
+        rx.register("d", (None,), "uint8", max_bytes=32)
+        with tw.Sender.connect(rx.address, transport="grpc-stream", timeout=10) as tx:
+            tx.write("t", np.full(32, 1, np.uint8))  # a real message first, taken
+            assert int(rx.wait("t", timeout=10)[0]) == 1
+            rx.release("t")
+            peer = tx._peers[rx.address]
+            channel = peer.channel
+            name = "d" if lie == "shape words cut" else "t"
+            tid = peer.entries[name].tensor_id
+            shape = (32,) if name == "d" else None
+            header = wire.encode_data_header(
+                wire.DataHeader(tid, 0, peer.generation, 2, 32, shape)
+            )
+            request = {
+                "no header": channel.token,
+                "half a header": channel.token + header[: len(header) // 2],
+                "payload short": channel.token + header + bytes(16),
+                "payload long": channel.token + header + bytes(48),
+                "shape words cut": channel.token + header[:-4],
+            }[lie]
+            assert len(request) <= ONE_CALL_BYTES
+            with pytest.raises(grpc.RpcError) as refused:
+                channel.one_call(request, timeout=10)
+            assert refused.value.code() in (
+                grpc.StatusCode.INVALID_ARGUMENT,
+                grpc.StatusCode.FAILED_PRECONDITION,
+            ), refused.value
+            for each in ("t", "d"):
+                assert rx.pending(each) == 0
+                for _ in range(2):  # the session's loss, where it was dropped, and no message
+                    try:
+                        got = rx.wait(each, timeout=0.2)
+                    except tw.WireTimeoutError:
+                        break
+                    except tw.PeerLostError:
+                        assert lie not in ("no header", "half a header")  # (token unread)
+                        continue
+                    raise AssertionError(f"a message of {each!r} landed: {got}")
+        with tw.Sender.connect(rx.address, transport="grpc-stream", timeout=10) as tx:
+            tx.write("t", np.full(32, 5, np.uint8))
+            tx.write("d", np.full(7, 6, np.uint8))
+            assert rx.wait("t", timeout=10).tolist() == [5] * 32
+            assert rx.wait("d", timeout=10).tolist() == [6] * 7
+
+
 def test_a_grpc_stream_writer_stalled_mid_message_does_not_hold_its_tensor_once_dropped() -> None:
     """A `grpc-stream` sender stops in the middle of a message (its call has sent the header
     and a first chunk, and no more: the process frozen, or its network stalled) and is silent
