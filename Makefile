@@ -75,16 +75,20 @@ TEST_WORKERS ?= 3
 test: $(STAMP) $(RDMA_STAMP) $(TORCH_STAMP) $(GPU_STAMP) $(RAY_STAMP) bytecode
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15
 
-# The suite on the other Pythons `requires-python` admits, each where this machine has it, in a
-# virtual environment of its own (.venv-3.X: the dev extras, and NIXL where it has a wheel; no
-# torch, cupy or Ray, whose tests skip there). Not in CI, which runs 3.11 (about 7 minutes each
-# here); the 39th session's first such run found every daemon's --config broken on 3.10.
+# The suite on the other Pythons `requires-python` admits, each where this machine has it (on
+# PATH, or installed by pyenv without being its current version), in a virtual environment of
+# its own (.venv-3.X: the dev extras, and NIXL where it has a wheel; no torch, cupy or Ray, whose
+# tests skip there). Not in CI, which runs 3.11 (about 7 minutes each here); the 39th session's
+# first such run found every daemon's --config broken on 3.10.
 OTHER_PYTHONS ?= 3.10 3.12 3.13
 test-pythons:
 	@set -e; for v in $(OTHER_PYTHONS); do \
-	  if ! python$$v -c '' 2>/dev/null; then echo "== python$$v: not on this machine"; continue; fi; \
-	  echo "== python$$v"; \
-	  test -x .venv-$$v/bin/python || python$$v -m venv .venv-$$v; \
+	  py=$$(python$$v -c 'import sys; print(sys.executable)' 2>/dev/null || true); \
+	  if [ -z "$$py" ] && command -v pyenv >/dev/null; then \
+	    py=$$(ls -d "$$(pyenv root)"/versions/$$v.*/bin/python$$v 2>/dev/null | tail -n 1); fi; \
+	  if [ -z "$$py" ]; then echo "== python$$v: not on this machine"; continue; fi; \
+	  echo "== python$$v: $$py"; \
+	  test -x .venv-$$v/bin/python || $$py -m venv .venv-$$v; \
 	  .venv-$$v/bin/python -m pip install --quiet --upgrade pip; \
 	  .venv-$$v/bin/python -m pip install --quiet -e '.[dev]'; \
 	  .venv-$$v/bin/python -m pip install --quiet --no-deps '$(NIXL)' || echo "(no NIXL for $$v)"; \
