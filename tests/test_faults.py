@@ -1834,9 +1834,7 @@ def test_a_grpc_stream_message_in_one_call_that_lies_about_its_length_is_refused
             name = "d" if lie == "shape words cut" else "t"
             tid = peer.entries[name].tensor_id
             shape = (32,) if name == "d" else None
-            header = wire.encode_data_header(
-                wire.DataHeader(tid, 0, peer.generation, 2, 32, shape)
-            )
+            header = wire.encode_data_header(wire.DataHeader(tid, 0, peer.generation, 2, 32, shape))
             request = {
                 "no header": channel.token,
                 "half a header": channel.token + header[: len(header) // 2],
