@@ -170,8 +170,12 @@ class Heartbeats:
                         else:
                             peer.setup_lost = verdict
                     if channel is not None and channel.lost is not None:
-                        peer.note_lost()
-                        log.warning("%s", channel.lost)
+                        if peer.channel is channel:
+                            peer.note_lost()
+                            log.warning("%s", channel.lost)
+                        # else the sender closed the channel while the heartbeat was out (a
+                        # peer removed, a reconnect): no loss. A parameter server's log had a
+                        # bare "closed" line (the gRPC channel's word for it), one per rejoin.
                     elif channel is not None:
                         try:
                             channel.tick()

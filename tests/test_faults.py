@@ -901,6 +901,39 @@ def test_a_silent_sender_is_declared_lost(transport: str, children: Children) ->
         _healthy(rx, transport)
 
 
+def test_a_peer_removed_while_its_heartbeat_is_out_is_not_logged_as_lost(
+    transport: str, children: Children, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A sender removes a receiver (``remove_peer``) while its heartbeat thread waits for that
+    receiver's answer (the receiver frozen: each heartbeat waits out its 0.2 s): the thread
+    then finds the channel closed, which is no loss, and logs nothing. Before, it logged the
+    closed channel's reason as a lost receiver (over ``grpc``, a bare "closed" line: a
+    parameter server's log had one each time a worker rejoined, `bench chaos --transport grpc`)
+    and counted it in the metrics."""
+    here, there = children.pipe()
+    rounds = 3
+    specs = [(f"t{k}", (4,), "float32") for k in range(rounds)]
+    proc = children.start(run_receiver, there, specs)
+    assert here.poll(30)
+    address = here.recv()["address"]
+    caplog.set_level(logging.WARNING, logger="tensorwire.heartbeat")
+    with tw.Sender(heartbeat=0.2) as tx:
+        try:
+            for k in range(rounds):  # (bounded) each: a heartbeat out when the peer goes
+                tx.add_peer(address, transport=transport, connect_timeout=10)
+                tx.write(f"t{k}", np.ones(4, np.float32), timeout=10)  # (a tensor each round:
+                # the one before stays claimed by the session removed without a goodbye)
+                freeze(proc.pid)
+                time.sleep(0.3)  # a heartbeat or two out, unanswered; the verdict takes 0.6 s
+                tx.remove_peer(address, goodbye=False)
+                time.sleep(0.3)  # the heartbeat that was out times out, and looks
+                os.kill(proc.pid, signal.SIGCONT)
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+    said = [r.getMessage() for r in caplog.records if r.name == "tensorwire.heartbeat"]
+    assert not said, said
+
+
 @pytest.mark.parametrize("reconnect", [False, True])
 def test_a_dropped_sender_s_first_write_of_another_tensor_is_a_loss(
     transport: str, reconnect: bool

@@ -749,7 +749,7 @@ class GrpcChannel(Channel):
         return True
 
     def close(self) -> None:
-        self.lost = "closed"
+        self.lost = f"grpc channel to {self.where} is closed"  # (as the other transports say)
         self._close_channel()
 
 
