@@ -82,7 +82,7 @@ test: $(STAMP) $(RDMA_STAMP) $(TORCH_STAMP) $(GPU_STAMP) $(RAY_STAMP) bytecode
 # first such run found every daemon's --config broken on 3.10.
 OTHER_PYTHONS ?= 3.10 3.12 3.13
 test-pythons:
-	@set -e; for v in $(OTHER_PYTHONS); do \
+	@set -e; failed=""; for v in $(OTHER_PYTHONS); do \
 	  py=$$(python$$v -c 'import sys; print(sys.executable)' 2>/dev/null || true); \
 	  if [ -z "$$py" ] && command -v pyenv >/dev/null; then \
 	    py=$$(ls -d "$$(pyenv root)"/versions/$$v.*/bin/python$$v 2>/dev/null | tail -n 1); fi; \
@@ -92,8 +92,10 @@ test-pythons:
 	  .venv-$$v/bin/python -m pip install --quiet --upgrade pip; \
 	  .venv-$$v/bin/python -m pip install --quiet -e '.[dev]'; \
 	  .venv-$$v/bin/python -m pip install --quiet --no-deps '$(NIXL)' || echo "(no NIXL for $$v)"; \
-	  .venv-$$v/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -p no:cacheprovider; \
-	done
+	  .venv-$$v/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -p no:cacheprovider \
+	    || failed="$$failed $$v"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "== the suite failed on:$$failed"; exit 1; fi
 
 # The GPU tests alone (marked `gpu`; they skip with the reason where no CUDA device is present).
 test-gpu: $(STAMP) $(RDMA_STAMP) $(TORCH_STAMP) $(GPU_STAMP) bytecode
