@@ -516,6 +516,8 @@ def test_a_sender_whose_receivers_are_gone_closes_without_waiting_out_a_goodbye(
 
 _INTERRUPTED_WRITE = """
 import os, signal, sys, threading, numpy as np, tensorwire as tw
+# a shell that starts the suite in the background leaves SIGINT ignored: no KeyboardInterrupt
+signal.signal(signal.SIGINT, signal.default_int_handler)
 def take_until(rx, got, value):
     while not got or got[-1] != value:
         got.append(int(rx.wait("a", timeout=10)[0]))
