@@ -861,15 +861,14 @@ class GrpcStreamWriter(GrpcWriter):
         if len(payload) <= ONE_CALL_BYTES:  # one call (module docstring); bytes, for grpcio
             request = b"".join((self._channel.token, header, payload))
             self._channel.call(self._channel.one_call, request, self._timeout(deadline), small=True)
-            self.next_seq = seq + 1
-            return
+        else:
 
-        def chunks() -> Iterator[bytes]:
-            yield self._channel.token + header
-            for off in range(0, len(payload), CHUNK):
-                yield bytes(payload[off : off + CHUNK])  # grpcio takes only bytes: one copy
+            def chunks() -> Iterator[bytes]:
+                yield self._channel.token + header
+                for off in range(0, len(payload), CHUNK):
+                    yield bytes(payload[off : off + CHUNK])  # grpcio takes only bytes: one copy
 
-        self._channel.call(self._channel.stream, chunks(), self._timeout(deadline))
+            self._channel.call(self._channel.stream, chunks(), self._timeout(deadline))
         self.next_seq = seq + 1
 
 
