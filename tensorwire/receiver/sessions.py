@@ -548,7 +548,8 @@ class SessionHandler:
             log.warning("%s lost: %s", session.describe(), reason)
             if moving:
                 # one line for the session, not one a tensor at each move (a parameter
-                # server's log had 200 a worker rejoined, the `many` model's gradients)
+                # server's log of the `many` model had 116 of its 148 lines such moves, dozens
+                # each time a worker rejoined)
                 log.info(
                     "%s: the %d tensor(s) it wrote over nixl move to fresh memory at their "
                     "next claim (a WRITE it began may still land in the old memory)",
