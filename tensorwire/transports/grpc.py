@@ -619,8 +619,9 @@ class GrpcChannel(Channel):
             raise
 
     def _call_checking(self, method: Any, request: Any, timeout: float | None) -> Any:
-        """:meth:`call` during set-up: the call's future, waited on in turns of LOSS_CHECK,
-        between which the verdict and the sender's check of the receiver are looked at."""
+        """:meth:`call` of a large write, or of Open during set-up: the call's future, waited
+        on in turns of LOSS_CHECK, between which the verdict (and, during set-up, the sender's
+        check of the receiver) are looked at; the verdict cancels the future."""
         try:
             future = method.future(request, timeout=timeout)
         except grpc.RpcError as exc:  # refused before it started (a request it cannot send)
