@@ -11,7 +11,8 @@ a PyTorch dtype (``torch.bfloat16``: read by name, torch is never imported for i
 :func:`as_host_array` turns what a user writes into a numpy array without copying: numpy arrays as
 they are (a subclass's as a plain view; masked arrays refused), PyTorch CPU tensors through DLPack
 (detached when they require grad; bfloat16 and float8 reinterpreted, as numpy's DLPack import does
-not know them), other DLPack or array-interface objects through numpy. Anything else is refused with
+not know them), other DLPack objects through numpy (theirs too: :mod:`tensorwire.dlpack`), and
+array-interface objects through numpy. Anything else is refused with
 a :class:`SpecMismatchError` naming it.
 """
 
@@ -172,7 +173,9 @@ def as_host_array(obj: Any, name: str) -> np.ndarray[Any, Any]:
         if type(obj).__module__.startswith("torch"):
             arr = _from_torch(obj, name)
         elif hasattr(obj, "__dlpack__") and not hasattr(obj, "__array_interface__"):
-            arr = np.from_dlpack(obj)
+            from .dlpack import from_dlpack  # (which imports this module)
+
+            arr = from_dlpack(obj)
         else:
             arr = np.asarray(obj)
     except SpecMismatchError:

@@ -41,7 +41,7 @@ from .layout import RingLayout
 from .memory import RegionInfo
 from .process import ProcessWatch, host_identity
 from .rdma import NixlOptions
-from .received import ReceivedArray
+from .received import LentArray, ReceivedArray
 from .resource import Resource
 from .spec import TensorSpec, names_listed, shown_name
 from .split_copy import SplitCopier, check_copy_threads
@@ -1146,9 +1146,10 @@ class Sender(Resource):
                 # A view of its own, made read-only when the block ends: over shm the array is
                 # the receiver's slot, and a write through a reference kept past the block
                 # would change a message already completed (a later one, once the slot is
-                # reused). cupy arrays have no such flag.
+                # reused). cupy arrays have no such flag. (A LentArray: its DLPack export
+                # names bfloat16 and float8, for a torch user producing into it.)
                 host = isinstance(out, np.ndarray)
-                lent = out.view() if host else out
+                lent = out.view(LentArray) if host else out
                 try:
                     yield lent
                 except BaseException:

@@ -170,3 +170,100 @@ def test_legacy_dlpack_consumers_read_the_received_view() -> None:
             assert torch.from_dlpack(got).tolist() == [0.0, 1.0, 2.0, 3.0]  # DLPack >= 1.0
             del as_torch, capsule
             rx.release("t")
+
+
+def test_bfloat16_and_float8_views_carry_their_own_dlpack_type() -> None:
+    """numpy exports none of them ("DLPack only supports signed/unsigned integers, float and
+    complex dtypes"): a received view and a lent buffer do, and come back as the same format
+    over the same memory, through a DLPack 1.0 capsule and a legacy one."""
+    import ctypes
+
+    from tensorwire.dlpack import ML_CODES, _dtype_field, from_dlpack
+
+    rng = np.random.default_rng(7)
+    with tw.Receiver() as rx:
+        for name in ML_CODES:
+            rx.register(name, (3, 5), name)
+        with tw.Sender.connect(rx.address, transport="shm", timeout=10) as tx:
+            for name, code in ML_CODES.items():
+                dtype = np.dtype(getattr(ml_dtypes, name))
+                sent = rng.integers(0, 256, 15 * dtype.itemsize, np.uint8).view(dtype)
+                sent = sent.reshape(3, 5)  # any bit patterns: compared as bytes
+                with pytest.raises(BufferError):
+                    np.ndarray.__dlpack__(sent)  # numpy's own export: why this exists
+                with tx.buffer(name) as out:
+                    lent = from_dlpack(out)  # the slot itself (shm), through DLPack
+                    assert lent.dtype == dtype and lent.ctypes.data == out.ctypes.data
+                    lent[...] = sent
+                    del lent
+                got = rx.wait(name, timeout=10)
+                for capsule in (got.__dlpack__(max_version=(1, 0)), got.__dlpack__()):
+                    field = _dtype_field(capsule)  # (a versioned capsule, then a legacy one)
+                    code_and_bits = [ctypes.c_uint8.from_address(field + k).value for k in (0, 1)]
+                    assert code_and_bits == [code, 8 * dtype.itemsize], name
+                    del capsule
+                back = from_dlpack(got)
+                assert back.dtype == dtype and back.ctypes.data == got.ctypes.data
+                assert back.tobytes() == sent.tobytes()
+                del back
+                rx.release(name)
+
+
+class _Producer:
+    """A DLPack producer that is not torch (as a JAX or TensorFlow array is, to tensorwire):
+    the protocol alone, over a torch tensor's capsules."""
+
+    def __init__(self, tensor: Any, legacy: bool = False) -> None:
+        self.tensor, self.legacy = tensor, legacy
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        if self.legacy:  # a producer from before DLPack 1.0 takes no keywords
+            if kwargs.keys() - {"stream"}:
+                raise TypeError("__dlpack__() got an unexpected keyword argument")
+            return self.tensor.__dlpack__()
+        return self.tensor.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> Any:
+        return self.tensor.__dlpack_device__()
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_bfloat16_and_float8_go_between_torch_and_tensorwire_through_dlpack(
+    transport: str,
+) -> None:
+    torch = pytest.importorskip("torch")
+    from torch.utils.dlpack import from_dlpack as legacy_from_dlpack
+
+    from tensorwire.dlpack import ML_CODES
+
+    names = [n for n in ML_CODES if isinstance(getattr(torch, n, None), torch.dtype)]
+    assert "bfloat16" in names and "float8_e4m3fn" in names
+    with tw.Receiver() as rx:
+        for name in names:
+            rx.register(name, (4, 6), name)
+        with tw.Sender.connect(rx.address, transport=transport, timeout=10) as tx:
+            for name in names:
+                dtype = getattr(torch, name)
+                sent = [torch.randn(4, 6).to(dtype) for _ in range(3)]
+                tx.write(name, _Producer(sent[0]))  # a foreign producer's format, read as is
+                tx.write(name, _Producer(sent[1], legacy=True))
+                with tx.buffer(name) as out:  # produced in place by torch
+                    torch.from_dlpack(out).copy_(sent[2])
+                for k in range(3):
+                    got = rx.wait(name, timeout=10)
+                    as_torch = torch.from_dlpack(got)
+                    assert as_torch.dtype == dtype
+                    assert as_torch.data_ptr() == got.ctypes.data  # the slot, not a copy
+                    assert torch.equal(as_torch.view(torch.uint8), sent[k].view(torch.uint8))
+                    legacy = legacy_from_dlpack(got.__dlpack__())
+                    assert legacy.dtype == dtype and legacy.data_ptr() == got.ctypes.data
+                    del as_torch, legacy
+                    rx.release(name)
+            # What numpy refuses for another reason is still refused, in numpy's words
+            rx.register("c", (2,), "complex64")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # "ComplexHalf ... experimental"
+                half_complex = torch.zeros(2, dtype=torch.complex32)
+            with pytest.raises(tw.SpecMismatchError, match="Unsupported dtype"):
+                tx.write("c", _Producer(half_complex))
+            assert rx.pending("c") == 0

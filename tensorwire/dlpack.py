@@ -1,0 +1,119 @@
+"""DLPack for the dtypes numpy cannot name in it: ``bfloat16`` and the ``float8_*`` formats.
+
+DLPack has a type code for each of them (``kDLBfloat``, ``kDLFloat8_e4m3fn`` ...: dlpack.h,
+version 1.1 on), and PyTorch reads and writes them, but numpy's own ``__dlpack__`` and
+``from_dlpack`` refuse every dtype outside its integer, float and complex kinds ("DLPack only
+supports signed/unsigned integers, float and complex dtypes"). A received bfloat16 slot could
+not reach ``torch.from_dlpack``, nor a bfloat16 array of another library reach a write.
+
+Both ways go through an unsigned integer of the same size, which numpy does export: the capsule
+numpy makes of that view is the tensor's, but for its type code, which is set here in the
+capsule's ``DLTensor`` before the consumer sees it (and, importing, set to unsigned before numpy
+sees it, the array then viewed as the ml_dtypes type). Only the one byte of the code changes;
+the capsule keeps numpy's (or the producer's) deleter, so the memory is owned as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import Any
+
+import numpy as np
+
+from .dtypes import ml_dtypes_by_name
+
+#: DLDataTypeCode (dlpack.h) of each ml_dtypes format that has one
+ML_CODES = {
+    "bfloat16": 4,  # kDLBfloat
+    "float8_e3m4": 7,
+    "float8_e4m3": 8,
+    "float8_e4m3b11fnuz": 9,
+    "float8_e4m3fn": 10,
+    "float8_e4m3fnuz": 11,
+    "float8_e5m2": 12,
+    "float8_e5m2fnuz": 13,
+    "float8_e8m0fnu": 14,
+}
+K_DL_UINT = 1
+#: where DLTensor lies in a capsule's struct: first in DLManagedTensor ("dltensor"), after the
+#: version, manager context, deleter and flags (8 bytes each) in DLManagedTensorVersioned
+DL_TENSOR_AT = {b"dltensor": 0, b"dltensor_versioned": 32}
+#: DLTensor's dtype: after data (a pointer), device (two int32) and ndim (int32)
+DTYPE_CODE_AT = 20
+DTYPE_BITS_AT = 21
+_UNSIGNED = {1: np.uint8, 2: np.uint16}
+
+
+@functools.cache
+def _capsule_api() -> tuple[Any, Any]:
+    api = ctypes.pythonapi
+    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    api.PyCapsule_IsValid.restype = ctypes.c_int
+    api.PyCapsule_IsValid.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    return api.PyCapsule_GetPointer, api.PyCapsule_IsValid
+
+
+def _dtype_field(capsule: Any) -> int:
+    """The address of the type code in ``capsule``'s DLTensor (an unconsumed DLPack capsule)."""
+    get_pointer, is_valid = _capsule_api()
+    for name, at in DL_TENSOR_AT.items():
+        if is_valid(capsule, name):
+            return int(get_pointer(capsule, name)) + at + DTYPE_CODE_AT
+    raise BufferError("not an unconsumed DLPack capsule")
+
+
+def ml_code(dtype: np.dtype[Any]) -> int | None:
+    """``dtype``'s DLPack code where numpy has none for it (an ml_dtypes format), else None."""
+    if dtype.isbuiltin != 2:  # (2: a type registered with numpy, as ml_dtypes' are: cheap)
+        return None
+    code = ML_CODES.get(dtype.name)
+    return code if code is not None and ml_dtypes_by_name().get(dtype.name) == dtype else None
+
+
+def export(array: np.ndarray[Any, Any], code: int, **kwargs: Any) -> Any:
+    """``array.__dlpack__(**kwargs)`` for an array of an ml_dtypes format (its DLPack ``code``):
+    numpy's capsule of the same memory as unsigned integers, with the format's code."""
+    capsule = np.ndarray.__dlpack__(array.view(_UNSIGNED[array.dtype.itemsize]), **kwargs)
+    ctypes.c_uint8.from_address(_dtype_field(capsule)).value = code
+    return capsule
+
+
+class _Capsule:
+    """What numpy's ``from_dlpack`` is given: a producer's capsule, already taken."""
+
+    def __init__(self, capsule: Any, device: tuple[int, int]) -> None:
+        self._capsule = capsule
+        self._device = device
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self._capsule
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._device
+
+
+def from_dlpack(obj: Any) -> np.ndarray[Any, Any]:
+    """``np.from_dlpack(obj)``, also for a producer's bfloat16 or float8 tensor (as an array of
+    the ml_dtypes format, over the same memory)."""
+    try:
+        return np.from_dlpack(obj)
+    except (BufferError, RuntimeError) as exc:
+        # numpy's word for a dtype it lacks ("Unsupported dtype in DLTensor": RuntimeError), or
+        # for something else, which stands unless the capsule holds a dtype of ML_CODES
+        refused = exc
+    try:
+        capsule = obj.__dlpack__(max_version=(1, 0))
+    except TypeError:  # a producer from before DLPack 1.0: no keywords
+        capsule = obj.__dlpack__()
+    field = _dtype_field(capsule)
+    code = ctypes.c_uint8.from_address(field).value
+    bits = ctypes.c_uint8.from_address(field + DTYPE_BITS_AT - DTYPE_CODE_AT).value
+    name = next((n for n, c in ML_CODES.items() if c == code), None)
+    dtype = None if name is None else ml_dtypes_by_name().get(name)
+    if dtype is None or dtype.itemsize * 8 != bits:
+        raise refused  # (the capsule, never consumed, is freed by its own destructor)
+    ctypes.c_uint8.from_address(field).value = K_DL_UINT
+    device = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else (1, 0)
+    return np.from_dlpack(_Capsule(capsule, device)).view(dtype)
