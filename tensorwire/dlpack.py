@@ -80,18 +80,29 @@ def export(array: np.ndarray[Any, Any], code: int, **kwargs: Any) -> Any:
     return capsule
 
 
-class _Capsule:
-    """What numpy's ``from_dlpack`` is given: a producer's capsule, already taken."""
+class _Retyped:
+    """A DLPack producer as numpy's ``from_dlpack`` is given it: each capsule it makes (as
+    numpy asks, DLPack 1.0 or legacy) comes with an ml_dtypes format's code replaced by the
+    unsigned integer of its size, and the format kept in :attr:`dtype` to view the array as."""
 
-    def __init__(self, capsule: Any, device: tuple[int, int]) -> None:
-        self._capsule = capsule
-        self._device = device
+    def __init__(self, producer: Any) -> None:
+        self._producer = producer
+        self.dtype: np.dtype[Any] | None = None
 
     def __dlpack__(self, **kwargs: Any) -> Any:
-        return self._capsule
+        capsule = self._producer.__dlpack__(**kwargs)  # (a TypeError: numpy asks the old way)
+        field = _dtype_field(capsule)
+        code = ctypes.c_uint8.from_address(field).value
+        bits = ctypes.c_uint8.from_address(field + DTYPE_BITS_AT - DTYPE_CODE_AT).value
+        name = next((n for n, c in ML_CODES.items() if c == code), None)
+        dtype = None if name is None else ml_dtypes_by_name().get(name)
+        if dtype is not None and dtype.itemsize * 8 == bits:
+            ctypes.c_uint8.from_address(field).value = K_DL_UINT
+            self.dtype = dtype
+        return capsule
 
-    def __dlpack_device__(self) -> tuple[int, int]:
-        return self._device
+    def __dlpack_device__(self) -> Any:
+        return self._producer.__dlpack_device__()
 
 
 def from_dlpack(obj: Any) -> np.ndarray[Any, Any]:
@@ -101,19 +112,13 @@ def from_dlpack(obj: Any) -> np.ndarray[Any, Any]:
         return np.from_dlpack(obj)
     except (BufferError, RuntimeError) as exc:
         # numpy's word for a dtype it lacks ("Unsupported dtype in DLTensor": RuntimeError), or
-        # for something else, which stands unless the capsule holds a dtype of ML_CODES
+        # for something else, which stands unless the capsule holds a format of ML_CODES
         refused = exc
+    retyped = _Retyped(obj)
     try:
-        capsule = obj.__dlpack__(max_version=(1, 0))
-    except TypeError:  # a producer from before DLPack 1.0: no keywords
-        capsule = obj.__dlpack__()
-    field = _dtype_field(capsule)
-    code = ctypes.c_uint8.from_address(field).value
-    bits = ctypes.c_uint8.from_address(field + DTYPE_BITS_AT - DTYPE_CODE_AT).value
-    name = next((n for n, c in ML_CODES.items() if c == code), None)
-    dtype = None if name is None else ml_dtypes_by_name().get(name)
-    if dtype is None or dtype.itemsize * 8 != bits:
-        raise refused  # (the capsule, never consumed, is freed by its own destructor)
-    ctypes.c_uint8.from_address(field).value = K_DL_UINT
-    device = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else (1, 0)
-    return np.from_dlpack(_Capsule(capsule, device)).view(dtype)
+        array = np.from_dlpack(retyped)
+    except (BufferError, RuntimeError):
+        raise refused from None
+    if retyped.dtype is None:
+        raise refused
+    return array.view(retyped.dtype)
