@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-torch test test-pythons test-gpu gpu-bundle bench lint proto fuzz soak chaos rdma clean bytecode
+.PHONY: demo demo-torch test test-pythons test-floors test-gpu gpu-bundle bench lint proto fuzz soak chaos rdma clean bytecode
 
 # NIXL for the `nixl` transport. --no-deps: the wheel declares torch, which host memory does not
 # need. Pinned to the version the transport is tested with.
@@ -96,6 +96,22 @@ test-pythons:
 	    || failed="$$failed $$v"; \
 	done; \
 	if [ -n "$$failed" ]; then echo "== the suite failed on:$$failed"; exit 1; fi
+
+# The suite with every dependency of the core (and of the gRPC baseline) at the oldest version
+# pyproject.toml admits (`name>=X` installed as `name==X`), in .venv-floors: a floor nobody
+# installs is a floor nobody tests. Not in CI (about 7 minutes of pytest here). Its first run
+# (2026-11-29) found pyzmq 25's libzmq unable to bind a name with IPv6 addresses alone.
+test-floors:
+	@test -x .venv-floors/bin/python || $(PYTHON) -m venv .venv-floors
+	.venv-floors/bin/python -m pip install --quiet --upgrade pip
+	.venv-floors/bin/python -c 'import re, tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+	  deps = p["dependencies"] + p["optional-dependencies"]["grpc"]; \
+	  print("\n".join(re.sub(r">=([^,]+).*", r"==\1", d) for d in deps if ">=" in d and ";" not in d))' \
+	  > .venv-floors/floors.txt
+	@cat .venv-floors/floors.txt
+	.venv-floors/bin/python -m pip install --quiet -c .venv-floors/floors.txt -e '.[dev]'
+	.venv-floors/bin/python -m pip install --quiet --no-deps '$(NIXL)'
+	.venv-floors/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -p no:cacheprovider
 
 # The GPU tests alone (marked `gpu`; they skip with the reason where no CUDA device is present).
 test-gpu: $(STAMP) $(RDMA_STAMP) $(TORCH_STAMP) $(GPU_STAMP) bytecode
