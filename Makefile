@@ -97,16 +97,18 @@ test-pythons:
 	done; \
 	if [ -n "$$failed" ]; then echo "== the suite failed on:$$failed"; exit 1; fi
 
-# The suite with every dependency of the core (and of the gRPC baseline) at the oldest version
+# The suite with every dependency of the core and of the extras `dev` brings (the gRPC baseline,
+# the daemons' data set and progress bars, the benchmark's plots, metrics) at the oldest version
 # pyproject.toml admits (`name>=X` installed as `name==X`), in .venv-floors: a floor nobody
 # installs is a floor nobody tests. Not in CI (about 7 minutes of pytest here). Its first run
 # (2026-11-29) found pyzmq 25's libzmq unable to bind a name with IPv6 addresses alone.
+FLOOR_EXTRAS := grpc ps bench metrics
 test-floors:
 	@test -x .venv-floors/bin/python || $(PYTHON) -m venv .venv-floors
 	.venv-floors/bin/python -m pip install --quiet --upgrade pip
-	.venv-floors/bin/python -c 'import re, tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
-	  deps = p["dependencies"] + p["optional-dependencies"]["grpc"]; \
-	  print("\n".join(re.sub(r">=([^,]+).*", r"==\1", d) for d in deps if ">=" in d and ";" not in d))' \
+	.venv-floors/bin/python -c 'import re, tomllib; FLOOR_EXTRAS = "$(FLOOR_EXTRAS)"; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+	  deps = p["dependencies"] + [d for x in FLOOR_EXTRAS.split() for d in p["optional-dependencies"][x]]; \
+	  print("\n".join(dict.fromkeys(re.sub(r">=([^,]+).*", r"==\1", d) for d in deps if ">=" in d and ";" not in d)))' \
 	  > .venv-floors/floors.txt
 	@cat .venv-floors/floors.txt
 	.venv-floors/bin/python -m pip install --quiet -c .venv-floors/floors.txt -e '.[dev]'
