@@ -47,12 +47,14 @@ _UNSIGNED = {1: np.uint8, 2: np.uint16}
 
 @functools.cache
 def _capsule_api() -> tuple[Any, Any]:
-    api = ctypes.pythonapi
-    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
-    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-    api.PyCapsule_IsValid.restype = ctypes.c_int
-    api.PyCapsule_IsValid.argtypes = [ctypes.py_object, ctypes.c_char_p]
-    return api.PyCapsule_GetPointer, api.PyCapsule_IsValid
+    # Prototypes of our own: setting restype/argtypes on ctypes.pythonapi's shared function
+    # objects would change them for every other user in the process.
+    get_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)
+    is_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_char_p)
+    return (
+        get_pointer(("PyCapsule_GetPointer", ctypes.pythonapi)),
+        is_valid(("PyCapsule_IsValid", ctypes.pythonapi)),
+    )
 
 
 def _dtype_field(capsule: Any) -> int:
