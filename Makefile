@@ -105,8 +105,9 @@ test-pythons:
 FLOOR_EXTRAS := grpc ps bench metrics
 test-floors:
 	@test -x .venv-floors/bin/python || $(PYTHON) -m venv .venv-floors
-	.venv-floors/bin/python -m pip install --quiet --upgrade pip
-	.venv-floors/bin/python -c 'import re, tomllib; FLOOR_EXTRAS = "$(FLOOR_EXTRAS)"; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+	.venv-floors/bin/python -m pip install --quiet --upgrade pip "tomli; python_version < '3.11'"
+	.venv-floors/bin/python -c 'import re, sys; tomllib = __import__("tomllib" if sys.version_info >= (3, 11) else "tomli"); \
+	  FLOOR_EXTRAS = "$(FLOOR_EXTRAS)"; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
 	  deps = p["dependencies"] + [d for x in FLOOR_EXTRAS.split() for d in p["optional-dependencies"][x]]; \
 	  print("\n".join(dict.fromkeys(re.sub(r">=([^,]+).*", r"==\1", d) for d in deps if ">=" in d and ";" not in d)))' \
 	  > .venv-floors/floors.txt
