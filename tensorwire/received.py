@@ -30,6 +30,10 @@ class SlotArray(np.ndarray):  # type: ignore[type-arg,unused-ignore]
         self, obj: np.ndarray[Any, Any], context: Any = None, return_scalar: bool = False
     ) -> Any:
         # A ufunc's result is new memory: a plain array (a scalar where numpy would give one).
+        # Written into this array (``out=``, into a lent buffer), it is this array, as numpy
+        # gives back the ``out`` it was handed.
+        if obj is self:
+            return obj
         if return_scalar:
             return obj[()]
         return obj if type(obj) is np.ndarray else obj.view(np.ndarray)

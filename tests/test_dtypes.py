@@ -91,6 +91,26 @@ def test_received_views_are_read_only_arrays_whose_arithmetic_is_plain() -> None
             rx.release("t")
 
 
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_lent_buffer_is_what_a_ufunc_writes_into_and_its_arithmetic_is_plain(
+    transport: str,
+) -> None:
+    with tw.Receiver() as rx:
+        rx.register("t", (2, 2), "float32")
+        with tw.Sender.connect(rx.address, transport=transport, timeout=10) as tx:
+            a = np.array([[1, 2], [3, 4]], np.float32)
+            with tx.buffer("t") as out:
+                assert out.flags.writeable
+                assert np.matmul(a, a, out=out) is out  # numpy hands back its `out`
+                assert np.add(out, 1, out=out) is out
+                doubled = out * 2  # new memory: a plain array, not a buffer
+                assert type(doubled) is np.ndarray
+            assert not out.flags.writeable  # lent for the block only
+            got = rx.wait("t", timeout=10)
+            assert got.tolist() == (a @ a + 1).tolist() and doubled.tolist() == (got * 2).tolist()
+            rx.release("t")
+
+
 # -- PyTorch ---------------------------------------------------------------------------------
 
 
