@@ -33,6 +33,7 @@ def _info(argv: list[str]) -> int:
     from .transports import CHANNELS
 
     print(f"tensorwire {__version__} (Python {sys.version.split()[0]})")
+    print(f"libraries: {_libraries()}")
     print(f"transports: {', '.join(CHANNELS)}")
     grpc = "installed" if installed(GRPC) else "not installed (pip install 'tensorwire[grpc]')"
     print(f"grpc baseline: {grpc}")
@@ -42,6 +43,27 @@ def _info(argv: list[str]) -> int:
     _gpu_info()
     _nixl_info()
     return 0
+
+
+def _libraries() -> str:
+    """The versions of the libraries the core runs on, and of the gRPC baseline's where it is
+    installed: what a report of a problem needs (libzmq's own version too, as pyzmq's wheels
+    bundle it and behave by it: a bind to a name with IPv6 addresses alone failed with 4.3.4)."""
+    from importlib import metadata
+
+    import zmq
+
+    def version(dist: str) -> str | None:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return None
+
+    found = [f"numpy {version('numpy')}", f"pyzmq {zmq.__version__} (libzmq {zmq.zmq_version()})"]
+    found += [
+        f"{d} {v}" for d in ("msgpack", "ml_dtypes", "grpcio", "protobuf") if (v := version(d))
+    ]
+    return ", ".join(found)
 
 
 def _gpu_info() -> None:

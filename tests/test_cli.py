@@ -363,6 +363,17 @@ def test_info_reports_the_installation() -> None:
     assert out.returncode == 0
     assert "transports: shm, tcp, nixl, grpc, grpc-stream" in out.stdout
     assert "shared memory" in out.stdout
+    # the versions a report of a problem needs, as this process has them
+    import ml_dtypes
+    import msgpack
+    import zmq
+
+    wanted = (
+        f"libraries: numpy {np.__version__}, pyzmq {zmq.__version__} (libzmq "
+        f"{zmq.zmq_version()}), msgpack {'.'.join(map(str, msgpack.version))}, ml_dtypes "
+        f"{ml_dtypes.__version__}"
+    )
+    assert wanted in out.stdout, out.stdout
     if not NIXL_INSTALLED:  # (a bare pip install): it says how to install it, in the line
         assert "nixl: not installed (pip install --no-deps 'nixl-cu12==" in out.stdout, out.stdout
         assert "ucx: " not in out.stdout, out.stdout
