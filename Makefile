@@ -100,7 +100,8 @@ test-pythons:
 # The suite with every dependency of the core and of the extras `dev` brings (the gRPC baseline,
 # the daemons' data set and progress bars, the benchmark's plots, metrics) at the oldest version
 # pyproject.toml admits (`name>=X` installed as `name==X`), in .venv-floors: a floor nobody
-# installs is a floor nobody tests. Not in CI (about 7 minutes of pytest here). Its first run
+# installs is a floor nobody tests. `PYTHON=python3.10` for the oldest Python too (numpy 1.24
+# has no wheel for 3.12 on). Not in CI (about 7 minutes of pytest here). Its first run
 # (2026-11-29) found pyzmq 25's libzmq unable to bind a name with IPv6 addresses alone.
 FLOOR_EXTRAS := grpc ps bench metrics
 test-floors:
