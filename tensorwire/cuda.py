@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from .dlpack import from_dlpack
 from .dtypes import import_torch
 from .errors import MissingDependencyError, SpecMismatchError, TransportError
 from .memory import CUDA
@@ -193,7 +194,9 @@ def as_device_array(obj: Any, name: str) -> Any:
         if type(obj).__module__.startswith("torch"):
             return import_torch(obj, cp.from_dlpack, name)
         if hasattr(obj, "__dlpack__"):
-            return cp.from_dlpack(obj)
+            # (a format cupy's import may lack, float8, is read as bytes and viewed as it:
+            # cupy's own kinds of error are unknown here, so any error has the capsule looked at)
+            return from_dlpack(obj, cp.from_dlpack, (Exception,))
         return cp.asarray(obj)
     except SpecMismatchError:
         raise

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -107,19 +108,24 @@ class _Retyped:
         return self._producer.__dlpack_device__()
 
 
-def from_dlpack(obj: Any) -> np.ndarray[Any, Any]:
-    """``np.from_dlpack(obj)``, also for a producer's bfloat16 or float8 tensor (as an array of
-    the ml_dtypes format, over the same memory)."""
+def from_dlpack(
+    obj: Any,
+    importer: Callable[[Any], Any] = np.from_dlpack,
+    refusals: tuple[type[Exception], ...] = (BufferError, RuntimeError),
+) -> Any:
+    """``importer(obj)`` (numpy's ``from_dlpack``, or cupy's for GPU memory), also for a
+    producer's bfloat16 or float8 tensor: an array of the ml_dtypes format over the same
+    memory. ``refusals``: what the importer raises for a dtype it lacks (numpy: "Unsupported
+    dtype in DLTensor", a RuntimeError); any other error, or one for a capsule of another
+    dtype, stands as the importer raised it."""
     try:
-        return np.from_dlpack(obj)
-    except (BufferError, RuntimeError) as exc:
-        # numpy's word for a dtype it lacks ("Unsupported dtype in DLTensor": RuntimeError), or
-        # for something else, which stands unless the capsule holds a format of ML_CODES
+        return importer(obj)
+    except refusals as exc:
         refused = exc
     retyped = _Retyped(obj)
     try:
-        array = np.from_dlpack(retyped)
-    except (BufferError, RuntimeError):
+        array = importer(retyped)
+    except refusals:
         raise refused from None
     if retyped.dtype is None:
         raise refused

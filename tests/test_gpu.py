@@ -598,6 +598,28 @@ def test_torch_reads_the_slot_without_a_copy(dtype: str) -> None:
 
 
 @_gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
+def test_a_foreign_gpu_producer_of_a_16_or_8_bit_float_is_written(dtype: str) -> None:
+    """A DLPack producer that is not torch or cupy (a JAX array on a GPU, to tensorwire): its
+    capsules are a torch CUDA tensor's. (Added 2026-11-29 without a GPU, with the fallback
+    that reads a format cupy's import may lack as bytes.)"""
+    torch = pytest.importorskip("torch")
+    _needs("torch")
+    from .test_dtypes import _Producer
+
+    with tw.Receiver() as rx:
+        rx.register("t", (1024,), dtype, device="cuda")
+        with tw.Sender.connect(rx.address, transport="shm", timeout=30) as tx:
+            sent = torch.randn(1024, device="cuda").to(getattr(torch, dtype))
+            tx.write("t", _Producer(sent))
+            view = rx.wait("t", timeout=30)
+            got = torch.from_dlpack(view)
+            assert got.dtype == sent.dtype
+            assert torch.equal(got.view(torch.uint8), sent.view(torch.uint8))
+            rx.release("t")
+
+
+@_gpu
 @pytest.mark.parametrize("via", ["shm-synchronised", "shm-gpu-stores", "tcp"])
 def test_a_sender_killed_mid_gpu_write_never_completes_a_slot(
     children: Children, via: str, monkeypatch: pytest.MonkeyPatch
