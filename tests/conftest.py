@@ -377,3 +377,21 @@ def job(tmp_path: Path):  # type: ignore[no-untyped-def]
     yield make
     for j in started:
         j.kill()
+
+
+class DLPackProducer:
+    """A DLPack producer that is not torch (as a JAX or TensorFlow array is, to tensorwire):
+    the protocol alone, over a torch tensor's capsules."""
+
+    def __init__(self, tensor: Any, legacy: bool = False) -> None:
+        self.tensor, self.legacy = tensor, legacy
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        if self.legacy:  # a producer from before DLPack 1.0 takes no keywords
+            if kwargs.keys() - {"stream"}:
+                raise TypeError("__dlpack__() got an unexpected keyword argument")
+            return self.tensor.__dlpack__()
+        return self.tensor.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> Any:
+        return self.tensor.__dlpack_device__()

@@ -17,6 +17,8 @@ import pytest
 import tensorwire as tw
 from tensorwire.spec import TensorSpec
 
+from .conftest import DLPackProducer
+
 
 @pytest.mark.parametrize(
     ("given", "name"),
@@ -232,24 +234,6 @@ def test_bfloat16_and_float8_views_carry_their_own_dlpack_type() -> None:
                 rx.release(name)
 
 
-class _Producer:
-    """A DLPack producer that is not torch (as a JAX or TensorFlow array is, to tensorwire):
-    the protocol alone, over a torch tensor's capsules."""
-
-    def __init__(self, tensor: Any, legacy: bool = False) -> None:
-        self.tensor, self.legacy = tensor, legacy
-
-    def __dlpack__(self, **kwargs: Any) -> Any:
-        if self.legacy:  # a producer from before DLPack 1.0 takes no keywords
-            if kwargs.keys() - {"stream"}:
-                raise TypeError("__dlpack__() got an unexpected keyword argument")
-            return self.tensor.__dlpack__()
-        return self.tensor.__dlpack__(**kwargs)
-
-    def __dlpack_device__(self) -> Any:
-        return self.tensor.__dlpack_device__()
-
-
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_bfloat16_and_float8_go_between_torch_and_tensorwire_through_dlpack(
     transport: str,
@@ -268,8 +252,8 @@ def test_bfloat16_and_float8_go_between_torch_and_tensorwire_through_dlpack(
             for name in names:
                 dtype = getattr(torch, name)
                 sent = [torch.randn(4, 6).to(dtype) for _ in range(3)]
-                tx.write(name, _Producer(sent[0]))  # a foreign producer's format, read as is
-                tx.write(name, _Producer(sent[1], legacy=True))
+                tx.write(name, DLPackProducer(sent[0]))  # a foreign producer's format, read as is
+                tx.write(name, DLPackProducer(sent[1], legacy=True))
                 with tx.buffer(name) as out:  # produced in place by torch
                     torch.from_dlpack(out).copy_(sent[2])
                 for k in range(3):
@@ -288,5 +272,5 @@ def test_bfloat16_and_float8_go_between_torch_and_tensorwire_through_dlpack(
                 warnings.simplefilter("ignore", UserWarning)  # "ComplexHalf ... experimental"
                 half_complex = torch.zeros(2, dtype=torch.complex32)
             with pytest.raises(tw.SpecMismatchError, match="Unsupported dtype"):
-                tx.write("c", _Producer(half_complex))
+                tx.write("c", DLPackProducer(half_complex))
             assert rx.pending("c") == 0

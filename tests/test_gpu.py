@@ -31,7 +31,7 @@ from tensorwire.layout import RingLayout
 from tensorwire.memory import CUDA, IPC_HANDLE_BYTES, RegionInfo
 from tensorwire.transports.shm import DEFERRED_COMPLETION_BYTES
 
-from .conftest import NIXL_INSTALLED, Children
+from .conftest import NIXL_INSTALLED, Children, DLPackProducer
 from .peers import (
     make_array,
     on_source,
@@ -605,13 +605,11 @@ def test_a_foreign_gpu_producer_of_a_16_or_8_bit_float_is_written(dtype: str) ->
     that reads a format cupy's import may lack as bytes.)"""
     torch = pytest.importorskip("torch")
     _needs("torch")
-    from .test_dtypes import _Producer
-
     with tw.Receiver() as rx:
         rx.register("t", (1024,), dtype, device="cuda")
         with tw.Sender.connect(rx.address, transport="shm", timeout=30) as tx:
             sent = torch.randn(1024, device="cuda").to(getattr(torch, dtype))
-            tx.write("t", _Producer(sent))
+            tx.write("t", DLPackProducer(sent))
             view = rx.wait("t", timeout=30)
             got = torch.from_dlpack(view)
             assert got.dtype == sent.dtype
