@@ -34,7 +34,7 @@ step() {  # NAME SECONDS COMMAND...: run it within SECONDS, its output in OUT/NA
 }
 
 step new-tests 150 python3 -m pytest -q -rs -m gpu tests/test_gpu.py \
-    -k "cuda_ipc or cuda_context or torch_side_stream or torch_reads or foreign_gpu"
+    -k "cuda_ipc or cuda_context or torch_side_stream or torch_reads"
 step probe 60 python3 docs/bench-gpu-nixl-context/nixl_probe.py 16777216 cuda 300
 step gpu-tests 240 python3 -m pytest -q -rs -m gpu -p no:cacheprovider
 step bench 180 python3 -m tensorwire.bench --device cuda --sizes 4K,1M,16M,64M \

@@ -579,41 +579,25 @@ def test_a_torch_side_stream_orders_the_copy_behind_and_before_its_kernels(
 
 @_gpu
 @pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
-def test_torch_reads_the_slot_without_a_copy(dtype: str) -> None:
-    """(float8 added 2026-11-29 without a GPU: whether cupy's DLPack export names it, as
-    tensorwire's own does on the host, has not been seen yet.)"""
+@pytest.mark.parametrize("source", ["torch", "foreign"])
+def test_torch_reads_the_slot_without_a_copy(dtype: str, source: str) -> None:
+    """Written by torch, or by a DLPack producer that is neither torch nor cupy (a JAX array on
+    a GPU, to tensorwire), over a torch tensor's capsules. (float8 and the foreign producer were
+    added 2026-11-29 without a GPU: whether cupy's DLPack export names float8, as tensorwire's
+    own does on the host, and the fallback that reads a format cupy's import may lack as bytes,
+    have not been seen yet.)"""
     torch = pytest.importorskip("torch")
     _needs("torch")
     with tw.Receiver() as rx:
         rx.register("t", (1024,), dtype, device="cuda")
         with tw.Sender.connect(rx.address, transport="shm", timeout=30) as tx:
             sent = torch.randn(1024, device="cuda").to(getattr(torch, dtype))
-            tx.write("t", sent)
+            tx.write("t", sent if source == "torch" else DLPackProducer(sent))
             view = rx.wait("t", timeout=30)
             tensor = torch.from_dlpack(view)
             assert tensor.data_ptr() == view.data.ptr and tensor.device.type == "cuda"
             assert tensor.dtype == sent.dtype
             assert torch.equal(tensor.view(torch.uint8), sent.view(torch.uint8))
-            rx.release("t")
-
-
-@_gpu
-@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
-def test_a_foreign_gpu_producer_of_a_16_or_8_bit_float_is_written(dtype: str) -> None:
-    """A DLPack producer that is not torch or cupy (a JAX array on a GPU, to tensorwire): its
-    capsules are a torch CUDA tensor's. (Added 2026-11-29 without a GPU, with the fallback
-    that reads a format cupy's import may lack as bytes.)"""
-    torch = pytest.importorskip("torch")
-    _needs("torch")
-    with tw.Receiver() as rx:
-        rx.register("t", (1024,), dtype, device="cuda")
-        with tw.Sender.connect(rx.address, transport="shm", timeout=30) as tx:
-            sent = torch.randn(1024, device="cuda").to(getattr(torch, dtype))
-            tx.write("t", DLPackProducer(sent))
-            view = rx.wait("t", timeout=30)
-            got = torch.from_dlpack(view)
-            assert got.dtype == sent.dtype
-            assert torch.equal(got.view(torch.uint8), sent.view(torch.uint8))
             rx.release("t")
 
 
