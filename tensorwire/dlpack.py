@@ -36,6 +36,7 @@ ML_CODES = {
     "float8_e5m2fnuz": 13,
     "float8_e8m0fnu": 14,
 }
+_FORMAT_OF_CODE = {code: name for name, code in ML_CODES.items()}
 K_DL_UINT = 1
 #: where DLTensor lies in a capsule's struct: first in DLManagedTensor ("dltensor"), after the
 #: version, manager context, deleter and flags (8 bytes each) in DLManagedTensorVersioned
@@ -97,7 +98,7 @@ class _Retyped:
         field = _dtype_field(capsule)
         code = ctypes.c_uint8.from_address(field).value
         bits = ctypes.c_uint8.from_address(field + DTYPE_BITS_AT - DTYPE_CODE_AT).value
-        name = next((n for n, c in ML_CODES.items() if c == code), None)
+        name = _FORMAT_OF_CODE.get(code)
         dtype = None if name is None else ml_dtypes_by_name().get(name)
         if dtype is not None and dtype.itemsize * 8 == bits:
             ctypes.c_uint8.from_address(field).value = K_DL_UINT
