@@ -103,7 +103,10 @@ test-pythons:
 # installs is a floor nobody tests. `PYTHON=python3.10` for the oldest Python too (numpy 1.24
 # has no wheel for 3.12 on). Not in CI (about 7 minutes of pytest here). Its first run
 # (2026-11-29) found pyzmq 25's libzmq unable to bind a name with IPv6 addresses alone.
+# `FLOOR_EXTRAS="grpc ps bench metrics torch ray"` adds the floors of torch (from PyPI its CUDA
+# build, about 2.5 GB with its libraries; it runs on the CPU) and Ray, installed with the rest.
 FLOOR_EXTRAS := grpc ps bench metrics
+comma := ,
 test-floors:
 	@test -x .venv-floors/bin/python || $(PYTHON) -m venv .venv-floors
 	.venv-floors/bin/python -m pip install --quiet --upgrade pip "tomli; python_version < '3.11'"
@@ -113,7 +116,8 @@ test-floors:
 	  print("\n".join(dict.fromkeys(re.sub(r">=([^,]+).*", r"==\1", d) for d in deps if ">=" in d and ";" not in d)))' \
 	  > .venv-floors/floors.txt
 	@cat .venv-floors/floors.txt
-	.venv-floors/bin/python -m pip install --quiet -c .venv-floors/floors.txt -e '.[dev]'
+	.venv-floors/bin/python -m pip install --quiet -c .venv-floors/floors.txt \
+	  -e '.[dev,$(subst $() ,$(comma),$(strip $(FLOOR_EXTRAS)))]'
 	.venv-floors/bin/python -m pip install --quiet --no-deps '$(NIXL)'
 	.venv-floors/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -p no:cacheprovider \
 	  --ignore tests/test_lint.py  # (mypy reads the libraries' own type hints, older there)
