@@ -64,10 +64,13 @@ from .common import (
 from .report import SCHEMA
 
 #: Transports whose write returns only once the message is the receiver's (completed in its
-#: ring, or acknowledged by it): every message a killed sender wrote must still arrive. Over
-#: the others a write returns once the bytes are handed on (a socket's buffer, a queued RDMA
-#: write), and what a sender killed just after handed on may be lost with it.
-WRITE_IS_DELIVERY = frozenset({"shm", "grpc"})
+#: ring, or completed and then answered by the receiver: both gRPC baselines): every message a
+#: killed or frozen sender's writes returned for must still arrive. Over the others a write
+#: returns once the message is handed on (to the socket's buffer; over nixl, the payload stored
+#: and the notification that completes it queued), and what a sender killed just after handed
+#: on may be lost with it (a frozen nixl sender's notification too: only its own threads send
+#: it, and its successor's claim moves the ring before it runs again).
+WRITE_IS_DELIVERY = frozenset({"shm", "grpc", "grpc-stream"})
 
 #: Transports whose sender writes the receiver's memory itself, so that the receiver holds a
 #: new claim of a tensor off while a dropped writer could still store into it (docs/design.md,

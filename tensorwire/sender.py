@@ -71,11 +71,14 @@ class WriteHandle(NamedTuple):
     """What a write did: the tensor, the message's sequence number and its byte count.
 
     A write is complete when :meth:`Sender.write` returns, on every transport: the source array
-    may be reused at once. How far the bytes got by then is the transport's: ``shm`` and
-    ``nixl`` have stored them in the receiver's slot, ``grpc`` has had the receiver's reply,
-    ``tcp`` has handed all of them to the kernel (the receiver completes the slot when they
-    arrive). There is nothing left to wait for, so the handle has no ``wait()``. (A named
-    tuple: immutable, and a third of a frozen dataclass's cost to make, once per message.)
+    may be reused at once. How far the message got by then is the transport's: ``shm`` has
+    completed it in the receiver's slot, ``grpc`` and ``grpc-stream`` have had the receiver's
+    answer once it completed it there, ``tcp`` has handed all its bytes to the kernel, and
+    ``nixl`` has stored the payload in the receiver's slot and queued the notification that
+    completes it (the receiver completes those two when they arrive: a sender killed meanwhile
+    loses them, and its receiver says it was lost). There is nothing left to wait for, so the
+    handle has no ``wait()``. (A named tuple: immutable, and a third of a frozen dataclass's
+    cost to make, once per message.)
     """
 
     name: str
