@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import importlib
 import multiprocessing as mp
 import os
 import shutil
@@ -80,6 +81,25 @@ def _start_ucx_runtime() -> None:
 
     agent = create_agent("tensorwire-tests-warm-up", NixlOptions(), loopback=True)
     del agent
+
+
+def optional_module(name: str) -> Any:
+    """The module ``name``, or None where it is not installed. Call it at a test module's top,
+    as the module is collected, not inside a test: torch 2.3 (the `torch` extra's floor) keeps
+    the traceback of an ImportError its import caught (torch.cuda's of pynvml), and with it
+    every frame that was importing it: a test's own, whose receiver memory would then outlive
+    it (no_leaks)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+def needed(module: Any, name: str) -> Any:
+    """``module`` (from :func:`optional_module`), or skip the test saying ``name`` is missing."""
+    if module is None:
+        pytest.skip(f"needs {name}, which is not installed")
+    return module
 
 
 NIXL_INSTALLED = rdma_installed()

@@ -17,22 +17,9 @@ import pytest
 import tensorwire as tw
 from tensorwire.spec import TensorSpec
 
-from .conftest import DLPackProducer
+from .conftest import DLPackProducer, needed, optional_module
 
-# torch is imported as the module is collected, not by a test: torch 2.3 (the `torch` extra's
-# floor) keeps the traceback of an ImportError its import caught (torch.cuda's of pynvml), and
-# with it every frame that was importing it, a test's own among them: that test's receiver
-# memory would then outlive it (tests/conftest.py's no_leaks).
-try:
-    import torch
-except ImportError:
-    torch = None
-
-
-def _needs_torch() -> Any:
-    if torch is None:
-        pytest.skip("needs PyTorch (pip install torch)")
-    return torch
+TORCH = optional_module("torch")  # (imported here, not in a test: conftest.optional_module)
 
 
 @pytest.mark.parametrize(
@@ -133,7 +120,7 @@ def test_a_lent_buffer_is_what_a_ufunc_writes_into_and_its_arithmetic_is_plain(
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_torch_tensors_are_written_as_they_are(transport: str) -> None:
-    torch = _needs_torch()
+    torch = needed(TORCH, "PyTorch")
     with tw.Receiver() as rx:
         rx.register("bf16", (4, 3), "bfloat16")
         rx.register("fp8", (5,), torch.float8_e4m3fn)  # a torch dtype is taken by name
@@ -161,7 +148,7 @@ def test_torch_tensors_are_written_as_they_are(transport: str) -> None:
 
 
 def test_torch_tensors_that_cannot_be_written_are_refused() -> None:
-    torch = _needs_torch()
+    torch = needed(TORCH, "PyTorch")
     with tw.Receiver() as rx:
         rx.register("t", (3,), "float32")
         with tw.Sender.connect(rx.address, transport="shm", timeout=10) as tx:
@@ -188,7 +175,7 @@ def test_torch_tensors_that_cannot_be_written_are_refused() -> None:
 
 
 def test_legacy_dlpack_consumers_read_the_received_view() -> None:
-    torch = _needs_torch()
+    torch = needed(TORCH, "PyTorch")
     from torch.utils.dlpack import from_dlpack as legacy_from_dlpack
 
     with tw.Receiver() as rx:
@@ -264,7 +251,7 @@ def _torch_exports(torch: Any, dtype: Any) -> bool:
 def test_bfloat16_and_float8_go_between_torch_and_tensorwire_through_dlpack(
     transport: str,
 ) -> None:
-    torch = _needs_torch()
+    torch = needed(TORCH, "PyTorch")
     from torch.utils.dlpack import from_dlpack as legacy_from_dlpack
 
     from tensorwire.dlpack import ML_CODES

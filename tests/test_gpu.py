@@ -31,7 +31,7 @@ from tensorwire.layout import RingLayout
 from tensorwire.memory import CUDA, IPC_HANDLE_BYTES, RegionInfo
 from tensorwire.transports.shm import DEFERRED_COMPLETION_BYTES
 
-from .conftest import NIXL_INSTALLED, Children, DLPackProducer
+from .conftest import NIXL_INSTALLED, Children, DLPackProducer, needed, optional_module
 from .peers import (
     make_array,
     on_source,
@@ -44,6 +44,7 @@ from .peers import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
+TORCH = optional_module("torch")  # (imported here, not in a test: conftest.optional_module)
 
 # -- on any host ------------------------------------------------------------------------------
 
@@ -171,7 +172,7 @@ def test_where_an_array_lives_is_told_without_importing_cupy() -> None:
     assert cuda.array_device(np.zeros(3)) is None
     assert cuda.array_device([1, 2, 3]) is None
     assert cuda.array_device(_CudaLooking()) == 1
-    torch = pytest.importorskip("torch")
+    torch = needed(TORCH, "PyTorch")
     assert cuda.array_device(torch.zeros(3)) is None
 
 
@@ -265,7 +266,7 @@ def _bytes(view: Any) -> bytes:
 
 def _needs(source: str) -> None:
     if source == "torch":
-        torch = pytest.importorskip("torch")
+        torch = needed(TORCH, "PyTorch")
         if not torch.cuda.is_available():
             pytest.skip("this torch build has no CUDA")
 
@@ -567,7 +568,7 @@ def test_a_torch_side_stream_orders_the_copy_behind_and_before_its_kernels(
     rewriting the source on it right after ``write`` returns: the copy goes on that stream
     (torch's streams do not wait for the default one), so every message holds the value of its
     write, never the -1 written after it."""
-    pytest.importorskip("torch")
+    needed(TORCH, "PyTorch")
     _needs("torch")
     count = 40
     with tw.Receiver(ring=3) as rx:
@@ -586,7 +587,7 @@ def test_torch_reads_the_slot_without_a_copy(dtype: str, source: str) -> None:
     added 2026-11-29 without a GPU: whether cupy's DLPack export names float8, as tensorwire's
     own does on the host, and the fallback that reads a format cupy's import may lack as bytes,
     have not been seen yet.)"""
-    torch = pytest.importorskip("torch")
+    torch = needed(TORCH, "PyTorch")
     _needs("torch")
     with tw.Receiver() as rx:
         rx.register("t", (1024,), dtype, device="cuda")
