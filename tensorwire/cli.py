@@ -46,9 +46,11 @@ def _info(argv: list[str]) -> int:
 
 
 def _libraries() -> str:
-    """The versions of the libraries the core runs on, and of the gRPC baseline's where it is
-    installed: what a report of a problem needs (libzmq's own version too, as pyzmq's wheels
-    bundle it and behave by it: a bind to a name with IPv6 addresses alone failed with 4.3.4)."""
+    """The versions of the libraries the core runs on, and of the gRPC baseline's, PyTorch and
+    Ray where they are installed (read from their metadata: torch is not imported for it): what
+    a report of a problem needs (libzmq's own version too, as pyzmq's wheels bundle it and
+    behave by it: a bind to a name with IPv6 addresses alone failed with 4.3.4; torch before 2.3
+    converts no array under numpy 2)."""
     from importlib import metadata
 
     import zmq
@@ -61,7 +63,9 @@ def _libraries() -> str:
 
     found = [f"numpy {version('numpy')}", f"pyzmq {zmq.__version__} (libzmq {zmq.zmq_version()})"]
     found += [
-        f"{d} {v}" for d in ("msgpack", "ml_dtypes", "grpcio", "protobuf") if (v := version(d))
+        f"{d} {v}"
+        for d in ("msgpack", "ml_dtypes", "grpcio", "protobuf", "torch", "ray")
+        if (v := version(d))
     ]
     return ", ".join(found)
 

@@ -364,6 +364,8 @@ def test_info_reports_the_installation() -> None:
     assert "transports: shm, tcp, nixl, grpc, grpc-stream" in out.stdout
     assert "shared memory" in out.stdout
     # the versions a report of a problem needs, as this process has them
+    from importlib import metadata
+
     import ml_dtypes
     import msgpack
     import zmq
@@ -374,6 +376,12 @@ def test_info_reports_the_installation() -> None:
         f"{ml_dtypes.__version__}"
     )
     assert wanted in out.stdout, out.stdout
+    libraries = next(line for line in out.stdout.splitlines() if line.startswith("libraries: "))
+    for dist in ("torch", "ray"):  # where installed, from their metadata
+        try:
+            assert f"{dist} {metadata.version(dist)}" in libraries, libraries
+        except metadata.PackageNotFoundError:
+            assert f" {dist} " not in libraries, libraries
     if not NIXL_INSTALLED:  # (a bare pip install): it says how to install it, in the line
         assert "nixl: not installed (pip install --no-deps 'nixl-cu12==" in out.stdout, out.stdout
         assert "ucx: " not in out.stdout, out.stdout
