@@ -568,7 +568,6 @@ def test_a_torch_side_stream_orders_the_copy_behind_and_before_its_kernels(
     rewriting the source on it right after ``write`` returns: the copy goes on that stream
     (torch's streams do not wait for the default one), so every message holds the value of its
     write, never the -1 written after it."""
-    needed(TORCH, "PyTorch")
     _needs("torch")
     count = 40
     with tw.Receiver(ring=3) as rx:
