@@ -795,6 +795,20 @@ def render(result: dict[str, Any]) -> str:
             f"their writes returned, {sum(k['received'] for k in faults)} of their messages "
             "arrived"
         )
+        # Which transports the shortfall was on, so that nobody has to find out by hand that
+        # it is where a write returns before delivery (a shortfall elsewhere is a problem).
+        short: dict[str, int] = {}
+        for s in result["senders"]:
+            for k in s.get(key, []):
+                if k["received"] < k["acked"]:
+                    short[s["transport"]] = short.get(s["transport"], 0) + 1
+        if short:
+            where = ", ".join(f"{t} {n}" for t, n in sorted(short.items()))
+            lines.append(
+                f"  {sum(short.values())} of them ({where}) lost messages their writes "
+                "returned for: over tcp and nixl a write returns before delivery (README, "
+                "'Library example')"
+            )
         held = sum(1 for k in faults if k.get("held"))
         if held:
             lines.append(

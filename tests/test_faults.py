@@ -4,6 +4,7 @@ restarted receivers."""
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -1411,6 +1412,23 @@ def test_soak_accounts_for_every_message(tmp_path: Path) -> None:
     assert result["rss_growth_bytes"] < 64 << 20  # flat: a leak per message would be far more
     # and the memory in use, once glibc's allocator has handed back what it keeps for reuse
     assert result["rss_growth_trimmed_bytes"] < 64 << 20
+
+
+def test_a_soak_report_says_where_returned_writes_did_not_all_arrive() -> None:
+    """The report of a real run (docs/soak-2026-11-29: three nixl senders frozen 36 times, of
+    which 4 lost the message of a write that had returned) names the transport of that
+    shortfall and why it is no problem there. Before, it printed the totals alone (596,268
+    returned, 596,265 arrived) above "OK", and which transport it was took runs by hand."""
+    from tensorwire.bench.soak import render
+
+    runs = Path(__file__).resolve().parent.parent / "docs" / "soak-2026-11-29"
+    path = runs / "nixl-frozen.json"
+    text = render(json.loads(path.read_text()))
+    assert "  4 of them (nixl 4) lost messages their writes returned for: over tcp and nixl" in text
+    assert text.endswith("OK: nothing lost, duplicated or torn"), text
+    # a run where every returned write arrived says nothing of the kind
+    path = runs / "grpc-stream-tcp-delivery.json"
+    assert "lost messages" not in render(json.loads(path.read_text()))
 
 
 def test_a_soak_report_without_a_warm_up_says_nothing_was_measured() -> None:
