@@ -41,6 +41,7 @@ import shlex
 import signal
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from multiprocessing import spawn as mp_spawn
@@ -787,7 +788,8 @@ def render(result: dict[str, Any]) -> str:
             f"{s.get('sessions')!s:>9} {len(s.get('killed', [])):>7}"
         )
     for what, key in (("killed", "killed"), ("frozen", "frozen")):
-        faults = [k for s in result["senders"] for k in s.get(key, [])]
+        of_transport = [(s["transport"], k) for s in result["senders"] for k in s.get(key, [])]
+        faults = [k for _, k in of_transport]
         if not faults:
             continue
         lines.append(
@@ -797,11 +799,7 @@ def render(result: dict[str, Any]) -> str:
         )
         # Which transports the shortfall was on, so that nobody has to find out by hand that
         # it is where a write returns before delivery (a shortfall elsewhere is a problem).
-        short: dict[str, int] = {}
-        for s in result["senders"]:
-            for k in s.get(key, []):
-                if k["received"] < k["acked"]:
-                    short[s["transport"]] = short.get(s["transport"], 0) + 1
+        short = Counter(t for t, k in of_transport if k["received"] < k["acked"])
         if short:
             where = ", ".join(f"{t} {n}" for t, n in sorted(short.items()))
             lines.append(
