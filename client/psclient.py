@@ -50,6 +50,7 @@ from tensorwire.job.plan import (
     encode_ready,
     grad_name,
     init_name,
+    job_done,
     job_settings,
     job_workers,
     join_name,
@@ -97,6 +98,12 @@ class PSClientStopped(PSClientError):
     parameters. Such a wait may last minutes (``connect_timeout``, ``reconnect_timeout``,
     ``timeout``) where a server is gone; an orchestrator taking the job down should not wait
     for it, nor kill the worker at the end of its grace period."""
+
+
+class PSClientJobDone(PSClientStopped):
+    """A server we joined had ended the job already (it lingers to say so, ``tensorwire-ps
+    --linger``): this client was started, or reached it again, after the job's last step.
+    Nothing is left to train, and no parameters come."""
 
 
 class _Dropped(Exception):
@@ -438,6 +445,12 @@ class PSClient:
         deadline = time.monotonic() + timeout
         first: tuple[str, dict[str, str]] | None = None  # a server's settings, to compare
         for addr in self.servers:
+            done_at = job_done(self.tx.receiver_info(peer=addr))
+            if done_at is not None:
+                raise PSClientJobDone(
+                    f"parameter server {addr} had ended the job at step {done_at} when this "
+                    "worker reached it: nothing is left to train"
+                )
             self._await_tensor(
                 addr,
                 join_name(self.rank),

@@ -28,7 +28,7 @@ from tensorwire.job.progress import Progress
 
 from . import tasks
 from .metrics import WorkerStats, worker_metrics
-from .psclient import PSClient, PSClientStopped
+from .psclient import PSClient, PSClientJobDone, PSClientStopped
 from .tasks import Task
 
 log = logging.getLogger("tensorwire.worker")
@@ -191,7 +191,10 @@ def train(
                 accuracy=acc,
             )
         except PSClientStopped as exc:  # a SIGTERM while a server is gone or silent
-            log.warning("%s: stopping without it", exc)
+            # (or the server came back done: ended while we waited for it, PSClientJobDone)
+            log.warning(
+                "%s" if isinstance(exc, PSClientJobDone) else "%s: stopping without it", exc
+            )
             stopped_waiting = True
             break
         stats.steps += 1
@@ -325,6 +328,9 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:
                     raise tw.TensorWireError(
                         f"cannot write --save-params {path}: {exc.strerror}"
                     ) from None
+    except PSClientJobDone as exc:  # started again after the job ended: nothing to do
+        print(f"worker{args.rank}: {exc}", file=sys.stderr)
+        return 0
     except PSClientStopped as exc:  # asked to stop before the job formed: nothing trained
         print(f"worker{args.rank}: {exc}, before the job began", file=sys.stderr)
         return 0

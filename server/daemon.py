@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -20,6 +21,7 @@ from tensorwire.job import config, files
 from tensorwire.job.progress import Progress
 
 from . import checkpoint, optim
+from .linger import linger
 from .metrics import ps_metrics
 from .ps import ASYNC_LR, SYNC_MODES, WIRE_DTYPES, ParameterServer, PSConfig, StepReport
 
@@ -142,6 +144,17 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
         f"well within an orchestrator's grace period (Kubernetes: 30 s; default {d.stop_grace:g})",
     )
     p.add_argument(
+        "--linger",
+        type=config.seconds_or_forever,
+        metavar="SECONDS",
+        default=0.0,
+        help="once the job is done (every step, or a checkpoint of the last one resumed): "
+        "seconds to keep answering at --bind that it is, so that a worker started again "
+        "then exits 0 at once rather than wait for us and fail; 'forever' until SIGTERM, for "
+        "orchestrators that restart a server that exits (a Kubernetes StatefulSet). The "
+        "job's memory is given back first (default 0: exit at once)",
+    )
+    p.add_argument(
         "--split-bytes",
         type=config.at_least(1),
         default=d.split_bytes,
@@ -207,8 +220,14 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-ps") -> int:
         server.close()
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
+    stopped = threading.Event()  # (ends a linger)
+
+    def stop(*_: Any) -> None:
+        server.request_stop()
+        stopped.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: server.request_stop())
+        signal.signal(sig, stop)
     logging.getLogger("tensorwire.ps").info(
         "shard %d of %d serving at %s; waiting for %s (they bring the model)",
         cfg.shard,
@@ -225,22 +244,46 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-ps") -> int:
             cfg.async_lr,
         )
     start = server.step
+    if cfg.resume and server.done:
+        logging.getLogger("tensorwire.ps").info(
+            "the checkpoint is at step %d, the job's last (--steps %d): nothing left to train; "
+            "workers that join within --join-timeout are told to stop",
+            server.step,
+            cfg.steps,
+        )
     try:
-        server.run()
-    except tw.TensorWireError as exc:  # PSError, and a transport's error that ends the job
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return 1
+        try:
+            server.run()
+        except tw.TensorWireError as exc:  # PSError, and a transport's error that ends the job
+            print(f"{prog}: error: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            bar.close()
+            server.close()
+        if server.stopped_while_joining is not None:
+            print(
+                f"ps{cfg.shard}: stopped before the job began: {server.stopped_while_joining}",
+                file=sys.stderr,
+            )
+            return 0
+        code = _summarise(server, args, start, prog)
+        if code == 0 and server.done and not server.stop_requested and args.linger > 0:
+            linger(cfg, server.address, server.published(done_at=server.step), args.linger, stopped)
+        return code
     finally:
-        bar.close()
-        server.close()
-        if scrape is not None:
+        if scrape is not None:  # (scraped while we linger: a server done is not one down)
             scrape.close()
-    if server.stopped_while_joining is not None:
+
+
+def _summarise(server: ParameterServer, args: argparse.Namespace, start: int, prog: str) -> int:
+    """Say how the job went, and write --metrics: the exit status."""
+    cfg = server.cfg
+    if server.done_unjoined is not None:
         print(
-            f"ps{cfg.shard}: stopped before the job began: {server.stopped_while_joining}",
+            f"ps{cfg.shard}: the job was done at step {server.step} (its checkpoint); "
+            f"told the workers that came: {server.done_unjoined}",
             file=sys.stderr,
         )
-        return 0
     secs = time.monotonic() - server.started_at
     # the steps done here: not those skipped to catch up with the other servers
     steps = server.step - start - server.stats.caught_up

@@ -387,6 +387,8 @@ class ParameterServer:
         self._stop_asked_at = 0.0
         #: why the job never formed, where a stop was asked during the join (None otherwise)
         self.stopped_while_joining: str | None = None
+        #: resumed at the job's last step: who did not come to hear it (None otherwise)
+        self.done_unjoined: str | None = None
         #: no step done since start: this server may have been restarted alone, behind the
         #: job's other servers, and takes the workers' request to go on at their step (BSP
         #: only: the other modes do not survive a lost server)
@@ -406,7 +408,7 @@ class ParameterServer:
             nixl=cfg.nixl,
             shm=cfg.shm,
             # what a worker checks before it joins: the job's size, the settings we share
-            info=job_info(cfg.workers, self._shared_settings()),
+            info=self.published(),
         )
         self.tx = tw.Sender(
             transport=cfg.transport,
@@ -534,6 +536,21 @@ class ParameterServer:
         self._stop_requested = True
 
     @property
+    def stop_requested(self) -> bool:
+        """A stop was asked (:meth:`request_stop`)."""
+        return self._stop_requested
+
+    @property
+    def done(self) -> bool:
+        """Every step of the job is done (``--steps``), whether here or before a resume."""
+        return self.step >= self.cfg.steps
+
+    def published(self, done_at: int | None = None) -> dict[str, object]:
+        """What this server publishes about its job (``Receiver(info=...)``); ``done_at``: the
+        step at which it ended, once it has."""
+        return job_info(self.cfg.workers, self._shared_settings(), done_at)
+
+    @property
     def _ending(self) -> bool:
         """Every step is done, or a stop was asked: the job ends at this step."""
         return self.step >= self.cfg.steps or self._stop_requested
@@ -647,7 +664,12 @@ class ParameterServer:
                         f"{'was' if len(lost) == 1 else 'were'} lost before getting ready; "
                         f"the first: {lost[0].lost_joining})"
                     )
-                if stopped:
+                # Resumed from a checkpoint of the job's last step (restarted after the job
+                # ended: a Kubernetes StatefulSet restarts a server that exits 0): there is
+                # nothing left to train, and the workers that did not come are not missed.
+                # Before, this ended in exit 1, and an orchestrator restarted it again.
+                done = self.cfg.resume and self.done
+                if stopped or done:
                     # Asked to stop (SIGTERM: an orchestrator taking the job down) before the
                     # job formed: an orderly end, not a timeout. Those ready would otherwise
                     # wait for us to come back: told to stop, as at the end of a job, with
@@ -660,7 +682,10 @@ class ParameterServer:
                         for w in self.workers:
                             if w.alive:
                                 self._serve(w, STATUS_STOP)
-                    self.stopped_while_joining = f"{detail} before the stop was asked"
+                    if stopped:
+                        self.stopped_while_joining = f"{detail} before the stop was asked"
+                    else:
+                        self.done_unjoined = f"{detail} within {self.cfg.join_timeout:g} s"
                     self._tell_those_left_out(take_joins=False)
                     return False
                 self._tell_failed()

@@ -860,6 +860,75 @@ def test_a_server_that_gives_up_on_forming_the_job_tells_the_worker_that_joined(
     assert "worker 0 told that the job did not form" in procs.log("ps")
 
 
+def test_a_worker_started_after_the_job_ended_hears_so_from_a_lingering_server(
+    tmp_path: Path,
+) -> None:
+    """A worker started again once its server had ended the job (an orchestrator restarting a
+    failed pod) found nobody there, waited its --connect-timeout (60 s) and exited 1; where
+    it is restarted on failure (a Kubernetes Job), again and again. A server given --linger
+    keeps answering, with no tensors, that the job is done: such a worker exits 0 at once
+    saying so, `tensorwire ping` answers meanwhile, and SIGTERM ends the linger at once; a
+    finite linger ends by itself."""
+    address = f"tcp://127.0.0.1:{free_port()}"
+    procs = Processes(tmp_path)
+    server = [sys.executable, "-m", "tensorwire.server.daemon", "--bind", address]
+    worker = [sys.executable, "-m", "tensorwire.client.worker", "--servers", address]
+    try:
+        ps = procs.start(
+            [*server, "--steps", "5", "--linger", "forever", "--no-progress"], log="ps"
+        )
+        assert procs.start([*worker, "--no-progress"], log="w0").wait(120) == 0
+        log_has(tmp_path / "ps.log", "the job is done: answering at", timeout=30)
+        begun = time.monotonic()
+        late = procs.start([*worker, "--connect-timeout", "60", "--no-progress"], log="late")
+        assert late.wait(30) == 0
+        assert time.monotonic() - begun < 20  # not its --connect-timeout
+        assert run("-m", "tensorwire", "ping", "--timeout", "5", address).returncode == 0
+        assert ps.poll() is None
+        ps.send_signal(signal.SIGTERM)
+        assert ps.wait(10) == 0
+        # a finite linger ends by itself, exit 0
+        ps = procs.start([*server, "--steps", "3", "--linger", "1", "--no-progress"], log="ps2")
+        assert procs.start([*worker, "--no-progress"], log="w1").wait(120) == 0
+        assert ps.wait(30) == 0
+    finally:
+        procs.kill()
+    said = procs.log("late").strip().splitlines()[-1]
+    assert said == (
+        f"worker0: parameter server {address} had ended the job at step 5 when this worker "
+        "reached it: nothing is left to train"
+    ), procs.log("late")
+    assert "Traceback" not in procs.log("ps") + procs.log("late")
+    assert "until stopped" in procs.log("ps") and "for 1 s (--linger)" in procs.log("ps2")
+
+
+def test_a_server_resumed_at_the_jobs_last_step_ends_cleanly(tmp_path: Path) -> None:
+    """A server restarted after its job ended (a Kubernetes StatefulSet restarts one that
+    exits 0) resumed from the checkpoint of the last step and waited for workers that had
+    all finished: at its --join-timeout it exited 1, to be restarted once more. It now says
+    there is nothing left to train, tells those that come, and exits 0 at that timeout."""
+    address = f"tcp://127.0.0.1:{free_port()}"
+    server = [
+        *("-m", "tensorwire.server.daemon", "--bind", address, "--steps", "4"),
+        *("--checkpoint-dir", str(tmp_path / "ckpt"), "--resume-if-present", "--no-progress"),
+    ]
+    procs = Processes(tmp_path)
+    try:
+        ps = procs.start([sys.executable, *server], log="ps")
+        worker = [sys.executable, "-m", "tensorwire.client.worker", "--servers", address]
+        assert procs.start([*worker, "--no-progress"], log="w0").wait(120) == 0
+        assert ps.wait(60) == 0
+    finally:
+        procs.kill()
+    again = run(*server, "--join-timeout", "1")
+    assert again.returncode == 0, again.stderr
+    assert "the checkpoint is at step 4, the job's last (--steps 4)" in again.stderr
+    assert (
+        "ps0: the job was done at step 4 (its checkpoint); told the workers that came: worker 0 "
+        "of 1 did not join within 1 s" in again.stderr
+    )
+
+
 def test_daemons_checking_one_directory_at_once_do_not_fail_each_other(tmp_path: Path) -> None:
     """Each daemon checks as it starts that it can write where it will write (--metrics,
     --checkpoint-dir, --save-params) by writing a probe file there. The probe was named by its

@@ -8,6 +8,7 @@ import copy
 import json
 import re
 import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ import pytest
 import yaml
 
 from .conftest import free_port
-from .jobs import Processes
+from .jobs import Processes, log_has
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
@@ -28,6 +29,15 @@ BIN = Path(sys.executable).parent
 #: the oldest Kubernetes the manifests promise to work with: the pod-index label of StatefulSet
 #: pods and backoffLimitPerIndex of Indexed Jobs are there from 1.28 on (beta, on by default)
 KUBERNETES = "1.29"
+
+
+def _ready(probe: list[str]) -> bool:
+    """Whether a readiness probe passes within a minute (tried every 0.25 s, bounded)."""
+    for _ in range(240):
+        if subprocess.run(probe, capture_output=True, text=True, timeout=30).returncode == 0:
+            return True
+        time.sleep(0.25)
+    return False
 
 
 def _documents() -> list[dict[str, Any]]:
@@ -103,7 +113,10 @@ def test_every_pod_has_the_secret_shared_memory_and_probes_where_it_serves() -> 
 
 def test_the_pods_commands_train_locally(tmp_path: Path) -> None:
     """Every pod's command, with its environment as Kubernetes would set it, started at once
-    (as a cluster starts them: the workers retry until the server is up); the job trains."""
+    (as a cluster starts them: the workers retry until the server is up); the job trains.
+    The server then stays (a StatefulSet restarts one that exits, even with 0), ready, and
+    a worker pod started again (its Job's retry) hears that the job is done and exits 0 at
+    once; the server's SIGTERM (its pod deleted) ends it, exit 0."""
     docs = _documents()
     pods = _pods(docs)
     service = next(d for d in docs if d["kind"] == "Service")["metadata"]["name"]
@@ -137,6 +150,7 @@ def test_the_pods_commands_train_locally(tmp_path: Path) -> None:
 
     procs = Processes(tmp_path)
     names = [f"{workload}-{index}" for workload, index, _ in pods]
+    started: dict[str, tuple[list[str], dict[str, str], list[str] | None]] = {}
     try:
         for workload, index, spec in pods:
             pod = f"{workload}-{index}"
@@ -147,20 +161,32 @@ def test_the_pods_commands_train_locally(tmp_path: Path) -> None:
             if workload != "tensorwire-ps":
                 cmd += ["--metrics", str(tmp_path / f"{pod}.json")]
             procs.start(cmd, log=pod, env=env_of(container, index))
+            probe = None
             if "exec" in container.get("readinessProbe", {}):
                 probe = container["readinessProbe"]["exec"]["command"]
                 probe = [str(BIN / probe[0])] + [local(pod, a) for a in probe[1:]]
-                for _ in range(120):  # bounded: the server binds within a second or two
-                    ready = subprocess.run(probe, capture_output=True, text=True, timeout=30)
-                    if ready.returncode == 0:
-                        break
-                    time.sleep(0.25)
-                assert ready.returncode == 0, ready.stderr
-        codes = dict(zip(names, procs.wait(180), strict=True))
+                assert _ready(probe)
+            started[pod] = (cmd, env_of(container, index), probe)
+        server, *workers = procs.procs
+        codes = {pod: p.wait(180) for pod, p in zip(names[1:], workers, strict=True)}
+        # the job is done: the server lingers, ready, and tells a worker started again so
+        ps_cmd, _, ps_probe = started[names[0]]
+        assert "--linger" in ps_cmd and ps_probe is not None
+        log_has(tmp_path / f"{names[0]}.log", "the job is done: answering at", timeout=60)
+        assert server.poll() is None and _ready(ps_probe)
+        cmd, env, _ = started[names[1]]
+        again = procs.start(cmd, log="restarted-worker", env=env)
+        assert again.wait(60) == 0
+        server.send_signal(signal.SIGTERM)
+        codes[names[0]] = server.wait(30)
     finally:
         procs.kill()
     logs = {pod: procs.log(pod) for pod in names}
     assert codes == {pod: 0 for pod in names}, logs
+    told = procs.log("restarted-worker").strip().splitlines()[-1]
+    assert told.endswith(
+        "had ended the job at step 300 when this worker reached it: nothing is left to train"
+    ), told
     workers = [json.loads((tmp_path / f"{pod}.json").read_text()) for pod in names[1:]]
     assert [w["rank"] for w in workers] == [0, 1]
     assert all(w["steps"] == 300 for w in workers) and workers[0]["test_accuracy"] >= 0.95

@@ -51,6 +51,7 @@ OUTSIDE_FLAGS = {
     "--ulimit",
     "--ipc",
     "--from-literal",
+    "--for",  # kubectl wait --for=condition=complete
     "--head",
     "--per-thread",
     # unshare(1), which `bench chaos --hosts separate` runs each daemon under

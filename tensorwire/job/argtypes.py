@@ -37,6 +37,14 @@ def zero_or_more_seconds(text: str) -> float:
     return _number(text, "a number of seconds", lambda v: v >= 0, "0 or more seconds")
 
 
+def seconds_or_forever(text: str) -> float:
+    """An argparse type: 0 or more seconds, or ``forever`` (``inf``): how long a daemon keeps
+    answering once its work is done (``tensorwire-ps --linger``)."""
+    if text.strip().lower() in ("forever", "inf", "infinity"):
+        return math.inf
+    return _number(text, "a number of seconds", lambda v: v >= 0, "0 or more seconds, or forever")
+
+
 def amount(text: str) -> float:
     """An argparse type: 0 or a positive number (CPUs or GPUs a process asks for)."""
     return _number(text, "a number", lambda v: v >= 0, "0 or a positive number")

@@ -39,6 +39,7 @@ from tensorwire.job.argtypes import amount as amount
 from tensorwire.job.argtypes import at_least as at_least
 from tensorwire.job.argtypes import fraction as fraction
 from tensorwire.job.argtypes import positive_seconds as positive_seconds
+from tensorwire.job.argtypes import seconds_or_forever as seconds_or_forever
 from tensorwire.job.argtypes import zero_or_more_seconds as zero_or_more_seconds
 from tensorwire.metrics import Metric, MetricsServer
 

@@ -211,13 +211,29 @@ JOB_WORKERS = "job.workers"
 #: them), and another ``--lr`` or ``--optimizer`` trained each shard otherwise, silently.
 SETTING_PREFIX = "job.setting."
 
+#: Published by a server whose job is done (``tensorwire-ps --linger``): the step it ended at.
+#: A worker that reaches it then (one started again after the job ended) stops there, rather
+#: than wait for a join that nobody takes until its --connect-timeout and exit 1.
+JOB_DONE = "job.done"
 
-def job_info(workers: int, settings: dict[str, object]) -> dict[str, object]:
+
+def job_info(
+    workers: int, settings: dict[str, object], done_at: int | None = None
+) -> dict[str, object]:
     """What a server publishes about its job: its size and ``settings`` (their values as
-    str, compared as written: ``repr`` of a float keeps it exact)."""
+    str, compared as written: ``repr`` of a float keeps it exact); ``done_at``, the step at
+    which it ended, once it has."""
     info: dict[str, object] = {JOB_WORKERS: workers}
     info.update({SETTING_PREFIX + key: str(value) for key, value in settings.items()})
+    if done_at is not None:
+        info[JOB_DONE] = done_at
     return info
+
+
+def job_done(info: dict[str, Any]) -> int | None:
+    """The step at which a server's job ended, where it published one (:data:`JOB_DONE`)."""
+    step = info.get(JOB_DONE)
+    return step if type(step) is int else None
 
 
 def job_workers(info: dict[str, Any]) -> int | None:
