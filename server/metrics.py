@@ -32,6 +32,14 @@ def ps_metrics(server: ParameterServer) -> list[Metric]:
             [(shard, server.step)],
         ),
         Metric(
+            "tensorwire_ps_done",
+            "gauge",
+            "1 once every step of the job is done (the server then exits, or lingers to say so "
+            "where --linger asks), else 0",
+            ("shard",),
+            [(shard, 1 if server.done else 0)],
+        ),
+        Metric(
             "tensorwire_ps_step_seconds",
             "summary",
             "Duration of the steps (bsp: from waiting for the first gradient to sending the "

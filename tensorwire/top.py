@@ -154,6 +154,8 @@ def row(t: Target) -> list[str]:
         failed = total(p, "tensorwire_ps_checkpoint_failures_total")
         if failed:
             alarm = f" ({failed:.0f} checkpoint{'s' if failed != 1 else ''} failed)"
+        if total(p, "tensorwire_ps_done"):
+            alarm += " (done)"  # (lingering: --linger)
         steps = t.rate("tensorwire_ps_steps_total")
         loss, accuracy = total(p, "tensorwire_ps_loss"), total(p, "tensorwire_ps_accuracy")
         waits = t.rates_by("tensorwire_ps_gradient_wait_seconds_total", "worker")

@@ -869,16 +869,24 @@ def test_a_worker_started_after_the_job_ended_hears_so_from_a_lingering_server(
     keeps answering, with no tensors, that the job is done: such a worker exits 0 at once
     saying so, `tensorwire ping` answers meanwhile, and SIGTERM ends the linger at once; a
     finite linger ends by itself."""
+    pytest.importorskip("prometheus_client")  # (the `metrics` extra: `make test` has it)
+    from tensorwire.top import scrape
+
     address = f"tcp://127.0.0.1:{free_port()}"
     procs = Processes(tmp_path)
-    server = [sys.executable, "-m", "tensorwire.server.daemon", "--bind", address]
+    server = [sys.executable, "-m", "tensorwire.server.daemon", "--bind", address, "--no-progress"]
     worker = [sys.executable, "-m", "tensorwire.client.worker", "--servers", address]
+    metrics = free_port()
     try:
         ps = procs.start(
-            [*server, "--steps", "5", "--linger", "forever", "--no-progress"], log="ps"
+            [*server, "--steps", "5", "--linger", "forever", "--metrics-port", str(metrics)],
+            log="ps",
         )
         assert procs.start([*worker, "--no-progress"], log="w0").wait(120) == 0
         log_has(tmp_path / "ps.log", "the job is done: answering at", timeout=30)
+        # still scraped, and saying it is done (`tensorwire top`: "(done)")
+        page = scrape(f"http://127.0.0.1:{metrics}/metrics", timeout=10)
+        assert page["tensorwire_ps_done"] == {(("shard", "0"),): 1.0}
         begun = time.monotonic()
         late = procs.start([*worker, "--connect-timeout", "60", "--no-progress"], log="late")
         assert late.wait(30) == 0
@@ -888,7 +896,7 @@ def test_a_worker_started_after_the_job_ended_hears_so_from_a_lingering_server(
         ps.send_signal(signal.SIGTERM)
         assert ps.wait(10) == 0
         # a finite linger ends by itself, exit 0
-        ps = procs.start([*server, "--steps", "3", "--linger", "1", "--no-progress"], log="ps2")
+        ps = procs.start([*server, "--steps", "3", "--linger", "1"], log="ps2")
         assert procs.start([*worker, "--no-progress"], log="w1").wait(120) == 0
         assert ps.wait(30) == 0
     finally:

@@ -297,6 +297,8 @@ def test_top_shows_the_checkpoints_a_server_could_not_write() -> None:
     assert row(t)[1] == "1200 (3 checkpoints failed)"
     t.page["tensorwire_ps_checkpoint_failures_total"] = {shard: 0.0}
     assert row(t)[1] == "1200"
+    t.page["tensorwire_ps_done"] = {shard: 1.0}  # (a server that lingers once its job is done)
+    assert row(t)[1] == "1200 (done)"
 
 
 def test_top_exits_1_when_no_endpoint_answers() -> None:
