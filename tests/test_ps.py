@@ -1312,6 +1312,45 @@ def test_a_worker_frozen_over_grpc_is_dropped_told_when_it_asks_and_joins_again(
     assert lost_at < back_at <= j.metrics("ps0")["steps"]
 
 
+def test_a_worker_frozen_over_grpc_until_the_job_ended_hears_it_ended_from_a_lingering_server(
+    job: Any,
+) -> None:
+    """A worker frozen over grpc while its server goes on without it and ends the job is not
+    told (the notice needs it to answer); when it ran again it found the server gone and
+    waited for it until its --reconnect-timeout (120 s), then exited 1. A server that lingers
+    once its job is done (--linger) tells it, as it reaches the server again, that the job
+    ended: it exits 0 at once, its last parameters not saved (they may be from any step)."""
+    j = job(
+        ps=[
+            "--steps",
+            "300",
+            "--step-timeout",
+            "1.5",
+            "--transport",
+            "grpc",
+            "--linger",
+            "forever",
+        ],
+        worker=["--transport", "grpc", "--reconnect-timeout", "120"],
+    )
+    _wait_for(j, "joined", 2)
+    time.sleep(0.5)
+    freeze(j.workers[0].pid)
+    try:
+        _wait_for(j, "worker 0 lost")
+        assert j.workers[1].wait(120) == 0, j.log("w1")
+        _wait_for(j, "the job is done: answering at")
+    finally:
+        j.workers[0].send_signal(signal.SIGCONT)
+    resumed = time.monotonic()
+    assert j.workers[0].wait(60) == 0, j.log("w0")
+    assert time.monotonic() - resumed < 30  # not its --reconnect-timeout
+    assert "had ended the job at step 300 when this worker reached it" in j.log("w0")
+    j.ps[0].send_signal(signal.SIGTERM)
+    assert j.ps[0].wait(30) == 0, j.log("ps0")
+    assert "Traceback" not in j.log("w0") + j.log("ps0")
+
+
 def test_an_untold_worker_that_dies_gives_its_session_back(job: Any) -> None:
     """A worker frozen over grpc past the drop notice's timeout keeps its server-side session,
     for the notice it gets when it asks; once it is killed, nobody will ask: the server sees it
