@@ -11,7 +11,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 import time
 from typing import Any
 
@@ -220,14 +219,8 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-ps") -> int:
         server.close()
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
-    stopped = threading.Event()  # (ends a linger)
-
-    def stop(*_: Any) -> None:
-        server.request_stop()
-        stopped.set()
-
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, stop)
+        signal.signal(sig, lambda *_: server.request_stop())  # (also ends a linger)
     logging.getLogger("tensorwire.ps").info(
         "shard %d of %d serving at %s; waiting for %s (they bring the model)",
         cfg.shard,
@@ -268,7 +261,8 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-ps") -> int:
             return 0
         code = _summarise(server, args, start, prog)
         if code == 0 and server.done and not server.stop_requested and args.linger > 0:
-            linger(cfg, server.address, server.published(done_at=server.step), args.linger, stopped)
+            published = server.published(done_at=server.step)
+            linger(cfg, server.address, published, args.linger, lambda: server.stop_requested)
         return code
     finally:
         if scrape is not None:  # (scraped while we linger: a server done is not one down)

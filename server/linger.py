@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
+from collections.abc import Callable
 
 import tensorwire as tw
 from tensorwire import curve
@@ -32,8 +32,10 @@ log = logging.getLogger("tensorwire.ps")
 #: How long a lingering server tries to bind the job's endpoint again: the job's receiver has
 #: just closed it, and ZeroMQ lets a port go on its own I/O thread, a moment later
 REBIND_WITHIN = 5.0
-#: How often a lingering server looks whether it was stopped
-LOOK_EVERY = 0.5
+#: How often a lingering server looks whether it was stopped. It polls a flag that the signal
+#: handler sets: a ``threading.Event`` set from a handler can deadlock, as the handler runs on
+#: the very thread that may hold the event's lock inside its own ``wait``.
+LOOK_EVERY = 0.1
 
 
 def endpoint_again(bind: str, address: str) -> str:
@@ -50,7 +52,7 @@ def answer_done(
     cfg: PSConfig,
     address: str,
     published: dict[str, object],
-    stop: threading.Event,
+    stopped: Callable[[], bool],
 ) -> tw.Receiver | None:
     """Open the receiver that says the job is done (``published``, with ``job.done``) at the
     job's endpoint (``address``: where it was served), or None, logged, where the endpoint
@@ -71,18 +73,22 @@ def answer_done(
                 info=published,
             )
         except tw.TensorWireError as exc:
-            if stop.is_set() or time.monotonic() >= deadline:
+            if stopped() or time.monotonic() >= deadline:
                 log.warning("cannot answer at %s once the job is done: %s", endpoint, exc)
                 return None
             time.sleep(0.1)
 
 
 def linger(
-    cfg: PSConfig, address: str, published: dict[str, object], seconds: float, stop: threading.Event
+    cfg: PSConfig,
+    address: str,
+    published: dict[str, object],
+    seconds: float,
+    stopped: Callable[[], bool],
 ) -> None:
     """Answer at the job's endpoint that the job is done for ``seconds`` (``math.inf``: until
-    ``stop``), or until ``stop`` is set (SIGTERM)."""
-    rx = answer_done(cfg, address, published, stop)
+    stopped), or until ``stopped()`` says so (SIGTERM)."""
+    rx = answer_done(cfg, address, published, stopped)
     if rx is None:
         return
     try:
@@ -93,9 +99,7 @@ def linger(
             "until stopped" if forever else f"for {seconds:g} s (--linger)",
         )
         until = time.monotonic() + seconds
-        # in turns: a signal handler sets ``stop`` on this very thread, between two of them
-        while not stop.wait(min(LOOK_EVERY, max(until - time.monotonic(), 0.0))):
-            if time.monotonic() >= until:
-                break
+        while not stopped() and (left := until - time.monotonic()) > 0:
+            time.sleep(min(LOOK_EVERY, left))
     finally:
         rx.close()
