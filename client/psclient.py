@@ -103,7 +103,11 @@ class PSClientStopped(PSClientError):
 class PSClientJobDone(PSClientStopped):
     """A server we joined had ended the job already (it lingers to say so, ``tensorwire-ps
     --linger``): this client was started, or reached it again, after the job's last step.
-    Nothing is left to train, and no parameters come."""
+    Nothing is left to train, and no parameters come. ``done_at``: the step it ended at."""
+
+    def __init__(self, message: str, done_at: int) -> None:
+        super().__init__(message)
+        self.done_at = done_at
 
 
 class _Dropped(Exception):
@@ -449,7 +453,8 @@ class PSClient:
             if done_at is not None:
                 raise PSClientJobDone(
                     f"parameter server {addr} had ended the job at step {done_at} when this "
-                    "worker reached it: nothing is left to train"
+                    "worker reached it: nothing is left to train",
+                    done_at,
                 )
             self._await_tensor(
                 addr,

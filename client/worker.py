@@ -219,6 +219,26 @@ def train(
     }
 
 
+def nothing_trained(rank: int, done_at: int) -> dict[str, Any]:
+    """The summary of a worker that reached its servers after they ended the job at step
+    ``done_at``: the keys of :func:`train`'s, with nothing trained (no parameters came, so no
+    accuracy either)."""
+    return {
+        "rank": rank,
+        "steps": 0,
+        "seconds": 0.0,
+        "steps_per_s": 0.0,
+        "compute_s": 0.0,
+        "communication_s": 0.0,
+        "final_loss": None,
+        "test_accuracy": None,
+        "stopped_by_signal": False,
+        "stopped_waiting": False,
+        "job_done_at": done_at,
+        "traffic": tw_metrics.totals(),
+    }
+
+
 def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:
     parser = build_parser(prog)
     args = config.parse(parser, argv)
@@ -330,7 +350,8 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:
                     ) from None
     except PSClientJobDone as exc:  # started again after the job ended: nothing to do
         print(f"worker{args.rank}: {exc}", file=sys.stderr)
-        return 0
+        # (its summary all the same: a launcher waiting for it reads one, `tensorwire ray-job`)
+        return config.write_summary(args.metrics, nothing_trained(args.rank, exc.done_at), prog)
     except PSClientStopped as exc:  # asked to stop before the job formed: nothing trained
         print(f"worker{args.rank}: {exc}, before the job began", file=sys.stderr)
         return 0

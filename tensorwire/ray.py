@@ -277,6 +277,12 @@ def _server_flags(job: RayJob, shard: int, checkpoints: str) -> list[str]:
         "--resume-if-present",  # a restarted shard continues from its checkpoint
         # the daemon's default (50) suits checkpoints asked for; these are always on
         *([] if _has(job.ps_args, "--checkpoint-every") else ["--checkpoint-every", "500"]),
+        # Once the job is done a server stays, telling a worker that Ray starts again then (one
+        # that failed near the end) that it is: it exits 0. Without it, such a worker waited
+        # for a server that had exited until its --connect-timeout, failed, and was started
+        # again until its restarts ran out: the job was called failed. The launcher stops the
+        # servers once every worker has ended (_wait_all).
+        *([] if _has(job.ps_args, "--linger") else ["--linger", "forever"]),
         *job.ps_args,
     ]
 
@@ -362,8 +368,14 @@ def run_job(job: RayJob, *, log: Any = None, stop: threading.Event | None = None
                 0,
             )
         calls = {name: actor.wait.remote() for name, actor in actors.items()}
-        stopper = _Stopper(stop, [actors[f"ps{s}"] for s in range(job.shards)], say)
-        summaries = _wait_all(ray, calls, job.timeout, say, stopper)
+        servers_of = [actors[f"ps{s}"] for s in range(job.shards)]
+        stopper = _Stopper(stop, servers_of, say)
+
+        def trained() -> None:  # every worker ended: the servers linger, or end by themselves
+            for actor in servers_of:
+                actor.stop.remote()
+
+        summaries = _wait_all(ray, calls, job.timeout, say, stopper, trained)
         wall = time.monotonic() - started
         restarts = _restarts(ray, actors)
         training = _training_seconds(summaries, restarts)
@@ -433,11 +445,17 @@ class _Stopper:
 
 
 def _wait_all(
-    ray: Any, calls: dict[str, Any], timeout: float, say: Any, stopper: _Stopper
+    ray: Any,
+    calls: dict[str, Any],
+    timeout: float,
+    say: Any,
+    stopper: _Stopper,
+    trained: Callable[[], None] = lambda: None,
 ) -> dict[str, dict[str, Any]]:
     """Every daemon's summary; RayJobError at the first that fails for good (the others are
     stopped by the caller), when the job runs past ``timeout``, or when a stop asked of it is
-    not done within :data:`STOP_GRACE`."""
+    not done within :data:`STOP_GRACE`. ``trained()`` is called once every worker's (``w<N>``)
+    summary is in: the servers, lingering, are to end."""
     from ray.exceptions import RayActorError
 
     names = {ref: name for name, ref in calls.items()}
@@ -471,6 +489,8 @@ def _wait_all(
                 raise RayJobError(summary["failed"])
             out[name] = summary
             say(f"{name} done")
+            if name.startswith("w") and all(n in out for n in calls if n.startswith("w")):
+                trained()
     return out
 
 

@@ -888,7 +888,8 @@ def test_a_worker_started_after_the_job_ended_hears_so_from_a_lingering_server(
         page = scrape(f"http://127.0.0.1:{metrics}/metrics", timeout=10)
         assert page["tensorwire_ps_done"] == {(("shard", "0"),): 1.0}
         begun = time.monotonic()
-        late = procs.start([*worker, "--connect-timeout", "60", "--no-progress"], log="late")
+        late_run = [*worker, "--connect-timeout", "60", "--metrics", str(tmp_path / "late.json")]
+        late = procs.start([*late_run, "--no-progress"], log="late")
         assert late.wait(30) == 0
         assert time.monotonic() - begun < 20  # not its --connect-timeout
         assert run("-m", "tensorwire", "ping", "--timeout", "5", address).returncode == 0
@@ -907,6 +908,10 @@ def test_a_worker_started_after_the_job_ended_hears_so_from_a_lingering_server(
         "reached it: nothing is left to train"
     ), procs.log("late")
     assert "Traceback" not in procs.log("ps") + procs.log("late")
+    # its summary (a launcher reads one): nothing trained, and the step the job ended at
+    summary = json.loads((tmp_path / "late.json").read_text())
+    assert summary["steps"] == 0 and summary["job_done_at"] == 5, summary
+    assert summary["test_accuracy"] is None
     assert "until stopped" in procs.log("ps") and "for 1 s (--linger)" in procs.log("ps2")
 
 

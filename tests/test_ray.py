@@ -199,16 +199,21 @@ def test_a_job_spread_over_two_nodes_trains_as_well_as_by_hand(
 #: connecting (importing Ray, joining the cluster) takes seconds under load, and a job can end in
 #: that time, before the kill that the test is about.
 ACTOR_KILLER = """
-import ray, sys
+import os, ray, signal, sys
 ray.init(address=sys.argv[1], log_to_driver=False)
 print("ready", flush=True)
 for line in sys.stdin:
-    name = line.strip()
+    what, name = line.split()
     found = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"] == name]
     if len(found) != 1:
         print(f"error: actors named {name!r}: {found}", flush=True)
         continue
-    ray.kill(ray.get_actor(name, namespace=found[0]["namespace"]), no_restart=False)
+    actor = ray.get_actor(name, namespace=found[0]["namespace"])
+    if what == "freeze":  # its daemon (SIGSTOP; one host: the nodes share the pid namespace)
+        os.kill(ray.get(actor.info.remote(), timeout=60)["daemon_pid"], signal.SIGSTOP)
+        print(f"froze {name}", flush=True)
+        continue
+    ray.kill(actor, no_restart=False)
     print(f"killed {name}", flush=True)
 """
 
@@ -256,10 +261,17 @@ class ActorKiller:
             assert line != "(ended)" and not line.startswith("error"), seen
 
     def kill(self, name: str) -> None:
+        self._ask("kill", name, f"killed {name}")
+
+    def freeze(self, name: str) -> None:
+        """SIGSTOP the daemon of actor ``name`` (its actor runs on)."""
+        self._ask("freeze", name, f"froze {name}")
+
+    def _ask(self, what: str, name: str, reply: str) -> None:
         assert self._proc.stdin is not None
-        self._proc.stdin.write(name + "\n")
+        self._proc.stdin.write(f"{what} {name}\n")
         self._proc.stdin.flush()
-        self._expect(f"killed {name}", 60)
+        self._expect(reply, 60)
 
     def close(self) -> None:
         if self._proc.poll() is None:
@@ -381,3 +393,46 @@ def test_a_job_with_an_impossible_amount_is_refused_before_ray_starts(
 
     with pytest.raises(ValueError, match=field):
         RayJob(**{field: value}).check()
+
+
+@pytest.mark.timeout(360)  # above its own bounded waits, which fail with the job's log
+def test_a_worker_ray_starts_again_after_the_job_ended_ends_it_cleanly(
+    cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """Worker 1's daemon is frozen, the server goes on without it and ends the job; then its
+    actor is killed and Ray starts it again. The new worker reaches the server, which lingers
+    once its job is done (`ray-job` starts servers with --linger forever), hears that the job
+    ended and exits 0 with a summary of nothing trained; the launcher, every worker ended,
+    stops the servers, and the job is done. Before, the restarted worker found nobody at the
+    server's address, waited its --connect-timeout and failed, and again at each restart until
+    they ran out: the job was called failed although it had trained to its end."""
+    killer = ActorKiller(cluster)
+    proc, log, out = _ray_job(
+        cluster,
+        tmp_path,
+        *("--workers", "2", "--steps", "400", "--step-timeout", "2"),
+        *("--connect-timeout", "10", "--no-progress", "--log-level", "INFO"),
+    )
+    try:
+        log_has(log, "joined from", 120, count=2)  # the server took both workers in
+        job = log.read_text().split("ray-job: job ")[1].split(":")[0]  # its actors' prefix
+        killer.freeze(f"{job}-w1")
+        log_has(log, "worker 1 lost at step", 120)
+        log_has(log, "ps0: done at step 400", 120)
+        log_has(log, "w0 done", 60)
+        killer.kill(f"{job}-w1")
+        _finish(proc, log, 120)
+    finally:
+        killer.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    summary: dict[str, Any] = json.loads(out.read_text())
+    text = log.read_text()
+    assert "had ended the job at step 400 when this worker reached it" in text, text
+    assert summary["stopped"] is False
+    assert summary["restarts"] == {"ps0": 0, "w0": 0, "w1": 1}
+    assert summary["servers"][0]["steps"] == 400
+    assert summary["workers"][0]["steps"] == 400 and summary["workers"][0]["test_accuracy"] >= 0.9
+    again = summary["workers"][1]
+    assert again["steps"] == 0 and again["job_done_at"] == 400 and again["test_accuracy"] is None
