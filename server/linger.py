@@ -25,7 +25,7 @@ import tensorwire as tw
 from tensorwire import curve
 from tensorwire.endpoint import split_endpoint, tcp_endpoint
 
-from .ps import PSConfig
+from .ps import PSConfig, open_receiver
 
 log = logging.getLogger("tensorwire.ps")
 
@@ -62,16 +62,7 @@ def answer_done(
     deadline = time.monotonic() + REBIND_WITHIN
     while True:
         try:
-            return tw.Receiver(
-                endpoint,
-                secret=cfg.secret,
-                name=f"ps{cfg.shard}",
-                heartbeat_timeout=cfg.heartbeat_timeout,
-                curve_keys=keys,
-                nixl=cfg.nixl,
-                shm=cfg.shm,
-                info=published,
-            )
+            return open_receiver(cfg, endpoint, published, keys)
         except tw.TensorWireError as exc:
             if stopped() or time.monotonic() >= deadline:
                 log.warning("cannot answer at %s once the job is done: %s", endpoint, exc)

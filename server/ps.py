@@ -319,6 +319,24 @@ class _Worker:
     owed_next: float = 0.0  # when to try them again
 
 
+def open_receiver(
+    cfg: PSConfig, bind: str, info: dict[str, object], keys: curve.CurveKeys | None
+) -> tw.Receiver:
+    """A server's receiver at ``bind``, as its settings have it, publishing ``info``: the job's
+    (:class:`ParameterServer`), or the one that says the job is done (``server.linger``)."""
+    return tw.Receiver(
+        bind,
+        secret=cfg.secret,
+        name=f"ps{cfg.shard}",
+        heartbeat_timeout=cfg.heartbeat_timeout,
+        curve_keys=keys,
+        # None: nixl is served on demand if installed; given: started now, with these
+        nixl=cfg.nixl,
+        shm=cfg.shm,
+        info=info,
+    )
+
+
 class ParameterServer:
     def __init__(self, cfg: PSConfig, on_step: Callable[[StepReport], None] | None = None) -> None:
         if cfg.sync not in SYNC_MODES:
@@ -398,18 +416,8 @@ class ParameterServer:
         self._asked_step = 0
         self.started_at = time.monotonic()
         keys = curve.load(cfg.curve_keys) if cfg.curve_keys else None
-        self.rx = tw.Receiver(
-            cfg.bind,
-            secret=cfg.secret,
-            name=f"ps{cfg.shard}",
-            heartbeat_timeout=cfg.heartbeat_timeout,
-            curve_keys=keys,
-            # None: nixl is served on demand if installed; given: started now, with these
-            nixl=cfg.nixl,
-            shm=cfg.shm,
-            # what a worker checks before it joins: the job's size, the settings we share
-            info=self.published(),
-        )
+        # what a worker checks before it joins: the job's size, the settings we share
+        self.rx = open_receiver(cfg, cfg.bind, self.published(), keys)
         self.tx = tw.Sender(
             transport=cfg.transport,
             nixl=cfg.nixl,

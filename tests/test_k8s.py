@@ -175,6 +175,8 @@ def test_the_pods_commands_train_locally(tmp_path: Path) -> None:
         log_has(tmp_path / f"{names[0]}.log", "the job is done: answering at", timeout=60)
         assert server.poll() is None and _ready(ps_probe)
         cmd, env, _ = started[names[1]]
+        # (its own summary: the pod's first run's, whole, is read below)
+        cmd = [*cmd[: cmd.index("--metrics")], "--metrics", str(tmp_path / "again.json")]
         again = procs.start(cmd, log="restarted-worker", env=env)
         assert again.wait(60) == 0
         server.send_signal(signal.SIGTERM)
@@ -187,6 +189,8 @@ def test_the_pods_commands_train_locally(tmp_path: Path) -> None:
     assert told.endswith(
         "had ended the job at step 300 when this worker reached it: nothing is left to train"
     ), told
+    nothing = json.loads((tmp_path / "again.json").read_text())
+    assert nothing["steps"] == 0 and nothing["job_done_at"] == 300, nothing
     workers = [json.loads((tmp_path / f"{pod}.json").read_text()) for pod in names[1:]]
     assert [w["rank"] for w in workers] == [0, 1]
     assert all(w["steps"] == 300 for w in workers) and workers[0]["test_accuracy"] >= 0.95

@@ -283,6 +283,14 @@ class ActorKiller:
                 pipe.close()
 
 
+def _reap(killer: ActorKiller, proc: subprocess.Popen[str]) -> None:
+    """At a test's end: the actor killer's driver closed, the launcher killed if it runs."""
+    killer.close()
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
 def _checkpointed_past(log: Path, step: int, timeout: float) -> None:
     """Wait until the job's log has a server checkpoint at ``step`` or later; bounded."""
     deadline = time.monotonic() + timeout
@@ -334,10 +342,7 @@ def test_killed_worker_and_server_actors_are_restarted_by_ray_and_the_job_goes_o
         proc.send_signal(signal.SIGTERM)
         _finish(proc, log, 120)
     finally:
-        killer.close()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _reap(killer, proc)
     summary: dict[str, Any] = json.loads(out.read_text())
     text = log.read_text()
     assert "worker 1 lost at step" in text
@@ -423,10 +428,7 @@ def test_a_worker_ray_starts_again_after_the_job_ended_ends_it_cleanly(
         killer.kill(f"{job}-w1")
         _finish(proc, log, 120)
     finally:
-        killer.close()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _reap(killer, proc)
     summary: dict[str, Any] = json.loads(out.read_text())
     text = log.read_text()
     assert "had ended the job at step 400 when this worker reached it" in text, text
