@@ -240,6 +240,11 @@ def nothing_trained(rank: int, done_at: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:
+    """The daemon: its exit status (a stop that comes as it exits changes nothing)."""
+    return config.ignoring_late_stops(lambda: _run(argv, prog))
+
+
+def _run(argv: list[str] | None, prog: str) -> int:
     parser = build_parser(prog)
     args = config.parse(parser, argv)
     if args.rank is None:

@@ -180,6 +180,11 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, prog: str = "tensorwire-ps") -> int:
+    """The daemon: its exit status (a stop that comes as it exits changes nothing)."""
+    return config.ignoring_late_stops(lambda: _run(argv, prog))
+
+
+def _run(argv: list[str] | None, prog: str) -> int:
     parser = build_parser(prog)
     args = config.parse(parser, argv)
     config.setup_logging(args.log_level, f"ps{args.shard}", args.log_format)

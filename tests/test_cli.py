@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -913,6 +914,36 @@ def test_a_worker_started_after_the_job_ended_hears_so_from_a_lingering_server(
     assert summary["steps"] == 0 and summary["job_done_at"] == 5, summary
     assert summary["test_accuracy"] is None
     assert "until stopped" in procs.log("ps") and "for 1 s (--linger)" in procs.log("ps2")
+
+
+def test_a_stop_that_comes_as_the_daemons_exit_changes_nothing(tmp_path: Path) -> None:
+    """SIGTERM sent again and again to a server and its worker once the job is done (an
+    orchestrator stopping what it still sees running: `ray-job` stops its lingering servers
+    once the workers end): each exits 0. Python puts a signal's default action back as the
+    interpreter exits, and such a stop killed the daemon there: 5 of 5 servers exited -15
+    (measured by hand), and Ray started the server again (a fresh clone's suite, two
+    `test_ray.py` failures). The daemons now ignore stops once their work is done."""
+    address = f"tcp://127.0.0.1:{free_port()}"
+    procs = Processes(tmp_path)
+    try:
+        server = [PY, "-m", "tensorwire.server.daemon", "--bind", address, "--steps", "5"]
+        ps = procs.start([*server, "--no-progress"], log="ps")
+        worker = procs.start(
+            [PY, "-m", "tensorwire.client.worker", "--servers", address, "--no-progress"],
+            log="w0",
+        )
+        log_has(tmp_path / "ps.log", "done at step 5", timeout=120)
+        deadline = time.monotonic() + 30
+        while any(p.poll() is None for p in (ps, worker)):  # bounded by the deadline
+            assert time.monotonic() < deadline, procs.log("ps") + procs.log("w0")
+            for p in (ps, worker):
+                with contextlib.suppress(ProcessLookupError):
+                    p.send_signal(signal.SIGTERM)
+            time.sleep(0.002)
+        codes = [ps.wait(10), worker.wait(10)]
+    finally:
+        procs.kill()
+    assert codes == [0, 0], procs.log("ps") + procs.log("w0")
 
 
 def test_a_server_resumed_at_the_jobs_last_step_ends_cleanly(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import re
+import signal
 import sys
 from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
@@ -400,6 +401,20 @@ def read_secret_file(parser: argparse.ArgumentParser, path: str) -> str:
     if not secret:
         parser.error(f"--secret-file {path} is empty")
     return secret
+
+
+def ignoring_late_stops(main: Callable[[], int]) -> int:
+    """Run a daemon's ``main`` and return its exit status; from its end on, SIGTERM and SIGINT
+    are ignored. Python puts a signal's default action back as the interpreter exits, so a
+    stop that came then (an orchestrator's racing the daemon's own end: `ray-job` stops its
+    lingering servers once the workers end) killed a daemon whose work was done, and its exit
+    0 became -15, which Ray took for a crash and started the server again (a fresh clone's
+    suite met it twice). A signal ignored stays ignored through the exit."""
+    try:
+        return main()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
 
 
 def write_summary(path: str | None, summary: dict[str, Any], prog: str) -> int:
