@@ -946,6 +946,17 @@ def test_a_stop_that_comes_as_the_daemons_exit_changes_nothing(tmp_path: Path) -
     assert codes == [0, 0], procs.log("ps") + procs.log("w0")
 
 
+def test_a_lingering_server_answers_where_the_job_was_served() -> None:
+    """At --bind, with the port the system gave where --bind asked for any (port 0): a
+    worker reaches the server where it reached it during the job."""
+    from tensorwire.server.linger import endpoint_again
+
+    assert endpoint_again("tcp://127.0.0.1:0", "tcp://127.0.0.1:43123") == "tcp://127.0.0.1:43123"
+    assert endpoint_again("tcp://0.0.0.0:0", "tcp://node7:5111") == "tcp://0.0.0.0:5111"
+    assert endpoint_again("tcp://[::1]:0", "tcp://[::1]:5111") == "tcp://[::1]:5111"
+    assert endpoint_again("tcp://0.0.0.0:5700", "tcp://10.0.0.1:5700") == "tcp://0.0.0.0:5700"
+
+
 def test_a_server_resumed_at_the_jobs_last_step_ends_cleanly(tmp_path: Path) -> None:
     """A server restarted after its job ended (a Kubernetes StatefulSet restarts one that
     exits 0) resumed from the checkpoint of the last step and waited for workers that had
