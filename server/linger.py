@@ -67,7 +67,7 @@ def answer_done(
             if stopped() or time.monotonic() >= deadline:
                 log.warning("cannot answer at %s once the job is done: %s", endpoint, exc)
                 return None
-            time.sleep(0.1)
+            time.sleep(LOOK_EVERY)
 
 
 def linger(
