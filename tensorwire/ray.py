@@ -686,14 +686,26 @@ def main(argv: list[str] | None = None) -> int:
         "servers": result.servers,
         "workers": result.workers,
     }
-    accuracy = result.workers[0].get("test_accuracy")
     print(
         f"tensorwire ray-job: {'stopped' if result.stopped else 'done'} at step "
         f"{result.servers[0].get('steps')} in {result.wall_seconds:.1f} s "
-        f"({result.setup_seconds:.1f} s to the first step); worker 0's test accuracy {accuracy}",
+        f"({result.setup_seconds:.1f} s to the first step); {_accuracy_said(result)}",
         file=sys.stderr,
     )
     return config.write_summary(args.metrics, summary, "tensorwire ray-job")
+
+
+def _accuracy_said(result: RayJobResult) -> str:
+    """Worker 0's test accuracy, for the launcher's last line. A worker 0 that Ray started
+    again after the job ended trained nothing and has none (``job_done_at``): the accuracy it
+    last sent the servers is said instead."""
+    first = result.workers[0]
+    if first.get("test_accuracy") is None and "job_done_at" in first:
+        return (
+            "worker 0 was started again after the job ended (the test accuracy it last sent "
+            f"the servers: {result.servers[0].get('accuracy')})"
+        )
+    return f"worker 0's test accuracy {first.get('test_accuracy')}"
 
 
 @contextlib.contextmanager

@@ -438,3 +438,27 @@ def test_a_worker_ray_starts_again_after_the_job_ended_ends_it_cleanly(
     assert summary["workers"][0]["steps"] == 400 and summary["workers"][0]["test_accuracy"] >= 0.9
     again = summary["workers"][1]
     assert again["steps"] == 0 and again["job_done_at"] == 400 and again["test_accuracy"] is None
+
+
+def test_the_launchers_last_line_says_the_accuracy_of_a_worker_0_started_after_the_end() -> None:
+    """A worker 0 that Ray started again after the job ended trained nothing (its summary has
+    no accuracy, and says where the job ended): the line says so, with the accuracy it last
+    sent the servers, rather than "worker 0's test accuracy None"."""
+    from tensorwire.ray import RayJobResult, _accuracy_said
+
+    def result(worker0: dict[str, Any]) -> RayJobResult:
+        return RayJobResult(
+            servers=[{"steps": 400, "accuracy": 0.97}],
+            workers=[worker0],
+            wall_seconds=10.0,
+            setup_seconds=1.0,
+            restarts={},
+            stopped=False,
+        )
+
+    assert _accuracy_said(result({"test_accuracy": 0.98})) == "worker 0's test accuracy 0.98"
+    late = result({"steps": 0, "test_accuracy": None, "job_done_at": 400})
+    assert _accuracy_said(late) == (
+        "worker 0 was started again after the job ended (the test accuracy it last sent the "
+        "servers: 0.97)"
+    )
