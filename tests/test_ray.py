@@ -400,6 +400,10 @@ def test_a_job_with_an_impossible_amount_is_refused_before_ray_starts(
         RayJob(**{field: value}).check()
 
 
+#: the job of the test below: long enough that worker 1 is frozen well before its end
+STEPS = 3000
+
+
 @pytest.mark.timeout(360)  # above its own bounded waits, which fail with the job's log
 def test_a_worker_ray_starts_again_after_the_job_ended_ends_it_cleanly(
     cluster: dict[str, str], tmp_path: Path
@@ -415,15 +419,18 @@ def test_a_worker_ray_starts_again_after_the_job_ended_ends_it_cleanly(
     proc, log, out = _ray_job(
         cluster,
         tmp_path,
-        *("--workers", "2", "--steps", "400", "--step-timeout", "2"),
-        *("--connect-timeout", "10", "--no-progress", "--log-level", "INFO"),
+        *("--workers", "2", "--steps", str(STEPS), "--checkpoint-every", "100"),
+        # The frozen worker is dropped as its heartbeats stop: a --step-timeout as short (a
+        # flag of both daemons) ended worker 0 too, waiting as long for that step's parameters
+        *("--heartbeat-timeout", "2", "--connect-timeout", "10"),
+        *("--no-progress", "--log-level", "INFO"),
     )
     try:
-        log_has(log, "joined from", 120, count=2)  # the server took both workers in
+        log_has(log, "checkpoint at step 100", 120)  # both workers are training
         job = log.read_text().split("ray-job: job ")[1].split(":")[0]  # its actors' prefix
         killer.freeze(f"{job}-w1")
         log_has(log, "worker 1 lost at step", 120)
-        log_has(log, "ps0: done at step 400", 120)
+        log_has(log, f"ps0: done at step {STEPS}", 120)
         log_has(log, "w0 done", 60)
         killer.kill(f"{job}-w1")
         _finish(proc, log, 120)
@@ -431,13 +438,14 @@ def test_a_worker_ray_starts_again_after_the_job_ended_ends_it_cleanly(
         _reap(killer, proc)
     summary: dict[str, Any] = json.loads(out.read_text())
     text = log.read_text()
-    assert "had ended the job at step 400 when this worker reached it" in text, text
+    assert f"had ended the job at step {STEPS} when this worker reached it" in text, text
     assert summary["stopped"] is False
-    assert summary["restarts"] == {"ps0": 0, "w0": 0, "w1": 1}
-    assert summary["servers"][0]["steps"] == 400
-    assert summary["workers"][0]["steps"] == 400 and summary["workers"][0]["test_accuracy"] >= 0.9
+    assert summary["restarts"] == {"ps0": 0, "w0": 0, "w1": 1}, text
+    assert summary["servers"][0]["steps"] == STEPS
+    first = summary["workers"][0]
+    assert first["steps"] == STEPS and first["test_accuracy"] >= 0.9
     again = summary["workers"][1]
-    assert again["steps"] == 0 and again["job_done_at"] == 400 and again["test_accuracy"] is None
+    assert again["steps"] == 0 and again["job_done_at"] == STEPS and again["test_accuracy"] is None
 
 
 def test_the_launchers_last_line_says_the_accuracy_of_a_worker_0_started_after_the_end() -> None:
