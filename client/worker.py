@@ -203,40 +203,49 @@ def train(
     secs = time.monotonic() - t0
     final_acc = stats.accuracy = task.evaluate()
     steps = stats.steps
+    return _summary(
+        rank,
+        steps,
+        secs,
+        compute_s=stats.compute_seconds + stats.evaluate_seconds,
+        communication_s=client.comm_seconds,
+        final_loss=stats.loss if stats.steps else None,
+        test_accuracy=final_acc,
+        stopped_by_signal=stop[0],
+        # the servers' last write of the parameters may not have been whole (one was lost)
+        stopped_waiting=stopped_waiting,
+    )
+
+
+def _summary(rank: int, steps: int, secs: float, **figures: Any) -> dict[str, Any]:
+    """A worker's end-of-job summary (--metrics): its steps and time, ``figures``, its traffic."""
+    rate = steps / secs if secs else 0.0
     return {
         "rank": rank,
         "steps": steps,
         "seconds": secs,
-        "steps_per_s": steps / secs if secs else 0.0,
-        "compute_s": stats.compute_seconds + stats.evaluate_seconds,
-        "communication_s": client.comm_seconds,
-        "final_loss": stats.loss if stats.steps else None,
-        "test_accuracy": final_acc,
-        "stopped_by_signal": stop[0],
-        # the servers' last write of the parameters may not have been whole (one was lost)
-        "stopped_waiting": stopped_waiting,
+        "steps_per_s": rate,
+        **figures,
         "traffic": tw_metrics.totals(),
     }
 
 
 def nothing_trained(rank: int, done_at: int) -> dict[str, Any]:
     """The summary of a worker that reached its servers after they ended the job at step
-    ``done_at``: the keys of :func:`train`'s, with nothing trained (no parameters came, so no
-    accuracy either)."""
-    return {
-        "rank": rank,
-        "steps": 0,
-        "seconds": 0.0,
-        "steps_per_s": 0.0,
-        "compute_s": 0.0,
-        "communication_s": 0.0,
-        "final_loss": None,
-        "test_accuracy": None,
-        "stopped_by_signal": False,
-        "stopped_waiting": False,
-        "job_done_at": done_at,
-        "traffic": tw_metrics.totals(),
-    }
+    ``done_at``: :func:`train`'s, with nothing trained (no parameters came, so no accuracy
+    either)."""
+    return _summary(
+        rank,
+        0,
+        0.0,
+        compute_s=0.0,
+        communication_s=0.0,
+        final_loss=None,
+        test_accuracy=None,
+        stopped_by_signal=False,
+        stopped_waiting=False,
+        job_done_at=done_at,
+    )
 
 
 def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:

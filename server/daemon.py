@@ -242,7 +242,7 @@ def _run(argv: list[str] | None, prog: str) -> int:
             cfg.async_lr,
         )
     start = server.step
-    if cfg.resume and server.done:
+    if server.resumed_done:
         logging.getLogger("tensorwire.ps").info(
             "the checkpoint is at step %d, the job's last (--steps %d): nothing left to train; "
             "workers that join within --join-timeout are told to stop",

@@ -553,6 +553,11 @@ class ParameterServer:
         """Every step of the job is done (``--steps``), whether here or before a resume."""
         return self.step >= self.cfg.steps
 
+    @property
+    def resumed_done(self) -> bool:
+        """Resumed from a checkpoint of the job's last step: nothing is left to train."""
+        return self.cfg.resume and self.done
+
     def published(self, done_at: int | None = None) -> dict[str, object]:
         """What this server publishes about its job (``Receiver(info=...)``); ``done_at``: the
         step at which it ended, once it has."""
@@ -561,7 +566,7 @@ class ParameterServer:
     @property
     def _ending(self) -> bool:
         """Every step is done, or a stop was asked: the job ends at this step."""
-        return self.step >= self.cfg.steps or self._stop_requested
+        return self.done or self._stop_requested
 
     @property
     def push_lr(self) -> float:
@@ -676,8 +681,7 @@ class ParameterServer:
                 # ended: a Kubernetes StatefulSet restarts a server that exits 0): there is
                 # nothing left to train, and the workers that did not come are not missed.
                 # Before, this ended in exit 1, and an orchestrator restarted it again.
-                done = self.cfg.resume and self.done
-                if stopped or done:
+                if stopped or self.resumed_done:
                     # Asked to stop (SIGTERM: an orchestrator taking the job down) before the
                     # job formed: an orderly end, not a timeout. Those ready would otherwise
                     # wait for us to come back: told to stop, as at the end of a job, with
