@@ -7,6 +7,7 @@ import json
 import os
 import re
 import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -136,6 +137,8 @@ def test_compose_services_run_locally(tmp_path: Path) -> None:
 
     outer = {**os.environ, "TENSORWIRE_SECRET": secrets.token_hex(16)}  # as the README says
     procs = Processes(tmp_path)
+    commands: dict[str, tuple[list[str], dict[str, str]]] = {}
+    started: dict[str, subprocess.Popen[str]] = {}
     try:
         for name, svc in services.items():
             cmd = [str(BIN / svc["command"][0])] + [local(name, a) for a in svc["command"][1:]]
@@ -144,7 +147,9 @@ def test_compose_services_run_locally(tmp_path: Path) -> None:
             if name.startswith("worker"):
                 cmd += ["--metrics", str(tmp_path / f"{name}.json")]
             declared = svc["environment"].items()
-            proc = procs.start(cmd, log=name, env={k: _interpolate(v, outer) for k, v in declared})
+            env = {k: _interpolate(v, outer) for k, v in declared}
+            commands[name] = (cmd, env)
+            proc = started[name] = procs.start(cmd, log=name, env=env)
             # As compose's depends_on (service_healthy): each service's health check passes
             # before the next starts.
             probe = [local(name, a) for a in svc["healthcheck"]["test"][1:]]
@@ -159,12 +164,29 @@ def test_compose_services_run_locally(tmp_path: Path) -> None:
                 time.sleep(0.5)
             else:
                 raise AssertionError(f"{name} never passed its health check {probe}")
-        codes = dict(zip(services, procs.wait(120), strict=True))
+        workers = [name for name in services if name != "ps"]
+        codes = {name: started[name].wait(120) for name in workers}
+        # The server lingers (--linger 30) and still passes its health check. A worker that
+        # failed near the end is started again by its restart policy (on-failure): it hears
+        # that the job is done and exits 0, so compose does not start it yet again.
+        assert started["ps"].poll() is None, procs.log("ps")
+        ps_probe = [local("ps", a) for a in services["ps"]["healthcheck"]["test"][1:]]
+        ps_probe[0] = str(BIN / ps_probe[0])
+        assert subprocess.run(ps_probe, capture_output=True, timeout=30).returncode == 0
+        cmd, env = commands["worker1"]
+        cmd[cmd.index("--metrics") + 1] = str(tmp_path / "worker1-again.json")
+        codes["worker1 again"] = procs.start(cmd, log="worker1-again", env=env).wait(60)
+        # `docker compose stop` (or Ctrl-C): SIGTERM, and the lingering server exits 0.
+        started["ps"].send_signal(signal.SIGTERM)
+        codes["ps"] = started["ps"].wait(30)
     finally:
         procs.kill()
-    logs = {name: procs.log(name) for name in services}
-    assert codes == {name: 0 for name in services}, logs
+    logs = {name: procs.log(name) for name in [*services, "worker1-again"]}
+    assert codes == {name: 0 for name in [*services, "worker1 again"]}, logs
     assert "over tcp" in logs["ps"]
+    assert "had ended the job at step 300" in logs["worker1-again"], logs["worker1-again"]
+    assert services["ps"]["restart"] == "on-failure" and "--resume-if-present" in commands["ps"][0]
+    assert all(svc["restart"] == "on-failure" for svc in services.values())
     metrics = json.loads((tmp_path / "worker0.json").read_text())
     assert metrics["steps"] == 300 and metrics["test_accuracy"] >= 0.95
     assert (tmp_path / "checkpoints" / "ps-shard0.npz").exists()
