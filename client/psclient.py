@@ -50,6 +50,7 @@ from tensorwire.job.plan import (
     encode_ready,
     grad_name,
     init_name,
+    job_checkpoint,
     job_done,
     job_settings,
     job_workers,
@@ -105,9 +106,12 @@ class PSClientJobDone(PSClientStopped):
     --linger``): this client was started, or reached it again, after the job's last step.
     Nothing is left to train, and no parameters come. ``done_at``: the step it ended at."""
 
-    def __init__(self, message: str, done_at: int) -> None:
+    def __init__(self, message: str, done_at: int, checkpoints: dict[str, str | None]) -> None:
         super().__init__(message)
         self.done_at = done_at
+        #: each done server's checkpoint of the last step (a path on its host), by address;
+        #: None for one that kept none
+        self.checkpoints = checkpoints
 
 
 class _Dropped(Exception):
@@ -448,14 +452,19 @@ class PSClient:
         message = np.frombuffer(encode_join(self._me, self._specs), np.uint8)
         deadline = time.monotonic() + timeout
         first: tuple[str, dict[str, str]] | None = None  # a server's settings, to compare
+        done = {addr: self.tx.receiver_info(peer=addr) for addr in self.servers}
+        done = {addr: info for addr, info in done.items() if job_done(info) is not None}
+        if done:
+            addr, info = next(iter(done.items()))
+            done_at = job_done(info)
+            assert done_at is not None
+            raise PSClientJobDone(
+                f"parameter server {addr} had ended the job at step {done_at} when this "
+                "worker reached it: nothing is left to train",
+                done_at,
+                {a: job_checkpoint(i) for a, i in done.items()},
+            )
         for addr in self.servers:
-            done_at = job_done(self.tx.receiver_info(peer=addr))
-            if done_at is not None:
-                raise PSClientJobDone(
-                    f"parameter server {addr} had ended the job at step {done_at} when this "
-                    "worker reached it: nothing is left to train",
-                    done_at,
-                )
             self._await_tensor(
                 addr,
                 join_name(self.rank),

@@ -17,8 +17,6 @@ import sys
 import time
 from typing import Any
 
-import numpy as np
-
 import tensorwire as tw
 from tensorwire import curve
 from tensorwire import metrics as tw_metrics
@@ -248,6 +246,22 @@ def nothing_trained(rank: int, done_at: int) -> dict[str, Any]:
     )
 
 
+def _not_saved(path: str, done: PSClientJobDone) -> str:
+    """What a worker that came after the job's end says of its ``--save-params``: it had no
+    parameters to write, and where the servers' checkpoints of the last step are."""
+    kept = {addr: ckpt for addr, ckpt in done.checkpoints.items() if ckpt is not None}
+    said = (
+        f"--save-params {files.npz_name(path)} not written: no parameters came (the job had ended)"
+    )
+    if not kept:
+        return f"{said}, and the servers wrote no checkpoint of its last step (--checkpoint-dir)"
+    where = ", ".join(f"{ckpt} on the host of {addr}" for addr, ckpt in kept.items())
+    return (
+        f"{said}; the servers' checkpoints of its last step hold them ({where}): "
+        "`tensorwire export CHECKPOINT... --out FILE` writes them as --save-params would"
+    )
+
+
 def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:
     """The daemon: its exit status (a stop that comes as it exits changes nothing)."""
     return config.ignoring_late_stops(lambda: _run(argv, prog))
@@ -352,18 +366,17 @@ def _run(argv: list[str] | None, prog: str) -> int:
                     args.save_params,
                 )
             elif args.save_params:
-                arrays: dict[str, Any] = client.host_params()
-                # (np.savez's own naming: .npz added where the name lacks it)
-                path = args.save_params
-                path += "" if path.endswith(".npz") else ".npz"
                 try:
-                    files.write_whole(path, lambda f: np.savez(f, **arrays))
+                    files.write_arrays(args.save_params, client.host_params())
                 except OSError as exc:
                     raise tw.TensorWireError(
-                        f"cannot write --save-params {path}: {exc.strerror}"
+                        f"cannot write --save-params {files.npz_name(args.save_params)}: "
+                        f"{exc.strerror}"
                     ) from None
     except PSClientJobDone as exc:  # started again after the job ended: nothing to do
         print(f"worker{args.rank}: {exc}", file=sys.stderr)
+        if args.save_params:
+            print(f"worker{args.rank}: {_not_saved(args.save_params, exc)}", file=sys.stderr)
         # (its summary all the same: a launcher waiting for it reads one, `tensorwire ray-job`)
         return config.write_summary(args.metrics, nothing_trained(args.rank, exc.done_at), prog)
     except PSClientStopped as exc:  # asked to stop before the job formed: nothing trained

@@ -9,14 +9,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import zipfile
 import zlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from tensorwire.job import files
+from tensorwire.job.plan import Specs, specs_digest
 
 Array = np.ndarray[Any, Any]
 
@@ -27,6 +30,15 @@ _DAMAGE = (zipfile.BadZipFile, zlib.error, EOFError, ValueError, KeyError, OSErr
 
 class CheckpointMismatchError(ValueError):
     """A readable checkpoint of another setup (another model, optimizer or shard)."""
+
+
+class DamagedCheckpointError(ValueError):
+    """A file that cannot be read as a checkpoint; ``reason`` says so without the daemon's
+    advice (restore it, or move it away to start afresh)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"{reason}; restore a good copy, or move it away to start afresh")
+        self.reason = reason
 
 
 @contextlib.contextmanager
@@ -41,9 +53,8 @@ def _reading(path: str) -> Iterator[None]:
         what = f"{type(exc).__name__}: {exc}"
         if "allow_pickle" in str(exc):  # numpy's reading of bytes that are no .npz archive
             what = "not a numpy .npz archive"
-        raise ValueError(
-            f"checkpoint {path} is damaged or no checkpoint ({what}); restore a good copy, "
-            "or move it away to start afresh"
+        raise DamagedCheckpointError(
+            f"checkpoint {path} is damaged or no checkpoint ({what})"
         ) from exc
 
 
@@ -53,8 +64,63 @@ def unusable(directory: str) -> str | None:
     return files.unwritable_directory(directory)
 
 
+#: how a shard's checkpoint is named in its --checkpoint-dir
+NAME_PATTERN = "ps-shard*.npz"
+
+
 def path_for(directory: str, shard: int) -> str:
     return os.path.join(directory, f"ps-shard{shard}.npz")
+
+
+def fingerprint(specs: Specs, shards: int, shard: int, split_bytes: int, optimizer: str) -> str:
+    """What a checkpoint was written for: the model (its specs' digest), how the job shards and
+    splits it, which shard, and the optimizer whose state it holds. A server resumes only from a
+    checkpoint of its own (:func:`load`)."""
+    return f"{specs_digest(specs)}/shards={shards}/shard={shard}/split={split_bytes}/{optimizer}"
+
+
+_FINGERPRINT = re.compile(r"^([0-9a-f]+)/shards=(\d+)/shard=(\d+)/split=(\d+)/(.+)$")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a checkpoint says of itself, without its arrays' values (:func:`layout_of`)."""
+
+    path: str
+    step: int
+    model: str  # the specs' digest: one model, one digest
+    shards: int
+    shard: int
+    split_bytes: int
+    optimizer: str
+    specs: Specs
+
+
+def layout_of(path: str) -> Layout:
+    """Read what ``path`` was written for (ValueError if it is damaged, or not a checkpoint of a
+    parameter server)."""
+    with _reading(path), np.load(path, allow_pickle=False) as data:
+        found = _FINGERPRINT.match(str(data["__fingerprint__"]))
+        if found is None:
+            raise ValueError("its fingerprint is not one a parameter server writes")
+        listed = json.loads(str(data["__specs__"]))
+        specs = {str(n): (tuple(int(d) for d in shape), str(dt)) for n, shape, dt in listed}
+        return Layout(
+            path=path,
+            step=int(data["__step__"]),
+            model=found.group(1),
+            shards=int(found.group(2)),
+            shard=int(found.group(3)),
+            split_bytes=int(found.group(4)),
+            optimizer=found.group(5),
+            specs=specs,
+        )
+
+
+def params_in(path: str) -> dict[str, Array]:
+    """The parameter chunks a checkpoint holds, by chunk id (ValueError if it is damaged)."""
+    with _reading(path), np.load(path, allow_pickle=False) as data:
+        return {name[2:]: data[name] for name in data.files if name.startswith("p:")}
 
 
 def save(
@@ -81,9 +147,7 @@ def save(
 
 def specs_in(path: str) -> dict[str, tuple[tuple[int, ...], str]]:
     """The parameters' specs a checkpoint was written for (ValueError if it is damaged)."""
-    with _reading(path), np.load(path, allow_pickle=False) as data:
-        listed = json.loads(str(data["__specs__"]))
-        return {str(n): (tuple(int(d) for d in shape), str(dt)) for n, shape, dt in listed}
+    return layout_of(path).specs
 
 
 def load(path: str, fingerprint: str) -> tuple[int, dict[str, Array], dict[str, dict[str, Any]]]:

@@ -54,7 +54,6 @@ from tensorwire.job.plan import (
     meta_name,
     plan,
     probe_name,
-    specs_digest,
     status_name,
 )
 from tensorwire.job.words import wait_past_losses
@@ -497,9 +496,8 @@ class ParameterServer:
         self.chunks = [
             c for c in plan(shapes, cfg.shards, cfg.split_bytes) if c.server == cfg.shard
         ]
-        self.fingerprint = (
-            f"{specs_digest(specs)}/shards={cfg.shards}/shard={cfg.shard}/"
-            f"split={cfg.split_bytes}/{cfg.optimizer}"
+        self.fingerprint = checkpoint.fingerprint(
+            specs, cfg.shards, cfg.shard, cfg.split_bytes, cfg.optimizer
         )
         self.params = {c.cid: self.place.zeros(c.shape) for c in self.chunks}
         self.acc = {c.cid: self.place.zeros(c.shape) for c in self.chunks}
@@ -560,8 +558,12 @@ class ParameterServer:
 
     def published(self, done_at: int | None = None) -> dict[str, object]:
         """What this server publishes about its job (``Receiver(info=...)``); ``done_at``: the
-        step at which it ended, once it has."""
-        return job_info(self.cfg.workers, self._shared_settings(), done_at)
+        step at which it ended, once it has (with the path of its checkpoint of that step,
+        where it wrote or resumed from one)."""
+        final = None
+        if done_at is not None and self.ckpt is not None and self._saved_step == done_at:
+            final = os.path.abspath(self.ckpt)
+        return job_info(self.cfg.workers, self._shared_settings(), done_at, final)
 
     @property
     def _ending(self) -> bool:

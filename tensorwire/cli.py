@@ -202,18 +202,22 @@ def _ping(argv: list[str]) -> int:
     return 0
 
 
+COMMANDS = ["demo", "bench", "ps", "worker", "ray-job", "top", "keys", "ping", "info", "export"]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(
         prog="tensorwire",
         description="Zero-copy, RDMA-style tensor transport. Commands: demo, bench, keys, ps (a "
         "parameter-server shard), worker (a training worker), ray-job (a whole job on a Ray "
-        "cluster), top (live view of running daemons), ping (health check), info.",
+        "cluster), top (live view of running daemons), ping (health check), info, export (a "
+        "model's parameters from its servers' checkpoints).",
     )
     add_version(parser)
     parser.add_argument(
         "command",
-        choices=["demo", "bench", "ps", "worker", "ray-job", "top", "keys", "ping", "info"],
+        choices=COMMANDS,
         help="what to run",
     )
     parser.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of the command")
@@ -221,9 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         print(
             "tensorwire: error: name a command: demo (train a model with a local parameter "
-            "server), bench, ps, worker, ray-job, top, keys, ping or info; `tensorwire COMMAND "
-            "--help` "
-            "for its options",
+            "server), bench, ps, worker, ray-job, top, keys, ping, info or export; `tensorwire "
+            "COMMAND --help` for its options",
             file=sys.stderr,
         )
         return 2
@@ -263,6 +266,10 @@ def _run(command: str, rest: list[str]) -> int:
         from .top import main as top
 
         return top(rest)
+    if command == "export":
+        from .server.export import main as export  # the parameters from checkpoints
+
+        return export(rest)
     if command == "keys":
         return _keys(rest)
     if command == "ping":

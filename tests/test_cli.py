@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tensorwire.cli import COMMANDS
+
 from .conftest import NIXL_INSTALLED, free_port, freeze, needs_ipv6
 from .jobs import Processes, log_has
 
@@ -511,9 +513,7 @@ def test_daemon_help_names_each_setting_s_variable_and_the_toml_table() -> None:
         assert "--version" in text
 
 
-@pytest.mark.parametrize(
-    "command", ["demo", "bench", "ps", "worker", "ray-job", "top", "keys", "ping", "info"]
-)
+@pytest.mark.parametrize("command", COMMANDS)
 def test_every_command_says_its_version(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     """`tensorwire ray-job --version` handed the daemons' own --version to every daemon, which
     printed it and exited without the summaries the job waits for: a Ray cluster started, and
@@ -879,17 +879,18 @@ def test_a_worker_started_after_the_job_ended_hears_so_from_a_lingering_server(
     worker = [sys.executable, "-m", "tensorwire.client.worker", "--servers", address]
     metrics = free_port()
     try:
-        ps = procs.start(
-            [*server, "--steps", "5", "--linger", "forever", "--metrics-port", str(metrics)],
-            log="ps",
-        )
-        assert procs.start([*worker, "--no-progress"], log="w0").wait(120) == 0
+        ckpt = tmp_path / "ckpt"
+        lingering = [*server, "--steps", "5", "--linger", "forever", "--checkpoint-dir", str(ckpt)]
+        ps = procs.start([*lingering, "--metrics-port", str(metrics)], log="ps")
+        first = [*worker, "--no-progress", "--save-params", str(tmp_path / "w0.npz")]
+        assert procs.start(first, log="w0").wait(120) == 0
         log_has(tmp_path / "ps.log", "the job is done: answering at", timeout=30)
         # still scraped, and saying it is done (`tensorwire top`: "(done)")
         page = scrape(f"http://127.0.0.1:{metrics}/metrics", timeout=10)
         assert page["tensorwire_ps_done"] == {(("shard", "0"),): 1.0}
         begun = time.monotonic()
         late_run = [*worker, "--connect-timeout", "60", "--metrics", str(tmp_path / "late.json")]
+        late_run += ["--save-params", str(tmp_path / "late.npz")]
         late = procs.start([*late_run, "--no-progress"], log="late")
         assert late.wait(30) == 0
         assert time.monotonic() - begun < 20  # not its --connect-timeout
@@ -903,11 +904,26 @@ def test_a_worker_started_after_the_job_ended_hears_so_from_a_lingering_server(
         assert ps.wait(30) == 0
     finally:
         procs.kill()
-    said = procs.log("late").strip().splitlines()[-1]
-    assert said == (
+    said = procs.log("late").strip().splitlines()[-2:]
+    assert said[0] == (
         f"worker0: parameter server {address} had ended the job at step 5 when this worker "
         "reached it: nothing is left to train"
     ), procs.log("late")
+    # No parameters came to write as --save-params: it says where they are, and they are
+    # those the worker that trained saved.
+    assert said[1] == (
+        f"worker0: --save-params {tmp_path}/late.npz not written: no parameters came (the job "
+        f"had ended); the servers' checkpoints of its last step hold them ({ckpt}/ps-shard0.npz "
+        f"on the host of {address}): `tensorwire export CHECKPOINT... --out FILE` writes them "
+        "as --save-params would"
+    ), said[1]
+    assert not (tmp_path / "late.npz").exists()
+    out = tmp_path / "exported.npz"
+    exported = run("-m", "tensorwire", "export", f"{ckpt}/ps-shard0.npz", "--out", str(out))
+    assert exported.returncode == 0, exported.stderr
+    with np.load(tmp_path / "w0.npz") as trained, np.load(out) as late:
+        assert list(late.files) == list(trained.files)
+        assert all(np.array_equal(late[k], trained[k]) for k in trained.files)
     assert "Traceback" not in procs.log("ps") + procs.log("late")
     # its summary (a launcher reads one): nothing trained, and the step the job ended at
     summary = json.loads((tmp_path / "late.json").read_text())

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 
@@ -195,5 +196,16 @@ def test_the_pods_commands_train_locally(tmp_path: Path) -> None:
     assert [w["rank"] for w in workers] == [0, 1]
     assert all(w["steps"] == 300 for w in workers) and workers[0]["test_accuracy"] >= 0.95
     assert (tmp_path / "checkpoints" / "ps-shard0.npz").exists()
+    # README's command for the model's parameters, as the server pod would run it
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    found = re.search(r"kubectl exec tensorwire-ps-0 -- (tensorwire export [^`]+)`", readme)
+    assert found is not None
+    export = [local("tensorwire-ps-0", a) for a in found.group(1).split()]
+    done = subprocess.run(
+        [str(BIN / export[0]), *export[1:]], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and "of step 300, from 1 shard, to " in done.stdout, done
+    with np.load(tmp_path / "checkpoints" / "model.npz") as model:
+        assert set(model.files) == {"layer0.weight", "layer0.bias", "layer1.weight", "layer1.bias"}
     records = [json.loads(line) for line in logs["tensorwire-ps-0"].splitlines() if line[:1] == "{"]
     assert any("joined" in r["message"] and "over tcp" in r["message"] for r in records)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tensorwire.cli import COMMANDS
+
 
 def test_readme_library_example_runs(tmp_path: Path) -> None:
     text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
@@ -73,10 +75,7 @@ def _our_flags(monkeypatch: pytest.MonkeyPatch) -> set[str]:
     import io
     import re
 
-    commands: list[tuple[str, list[str]]] = [
-        ("tensorwire.cli", [c, "--help"])
-        for c in ("demo", "ps", "worker", "ray-job", "top", "ping", "keys", "info", "bench")
-    ]
+    commands: list[tuple[str, list[str]]] = [("tensorwire.cli", [c, "--help"]) for c in COMMANDS]
     commands += [("tensorwire.cli", ["bench", c, "--help"]) for c in ("run", "serve", "ps")]
     commands += [("tensorwire.cli", ["bench", c, "--help"]) for c in ("soak", "chaos")]
     commands += [

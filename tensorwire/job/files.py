@@ -18,8 +18,8 @@ import os
 import secrets
 import tempfile
 import time
-from collections.abc import Callable
-from typing import IO
+from collections.abc import Callable, Mapping
+from typing import IO, Any
 
 
 def unwritable_directory(directory: str, *, create: bool = True) -> str | None:
@@ -91,6 +91,22 @@ def write_whole(path: str, write: Callable[[IO[bytes]], object]) -> None:
             os.unlink(tmp)
         raise
     remove_abandoned(path)
+
+
+def npz_name(path: str) -> str:
+    """``path`` with ``.npz`` added where it lacks it, as ``np.savez`` names its file."""
+    return path if path.endswith(".npz") else path + ".npz"
+
+
+def write_arrays(path: str, arrays: Mapping[str, Any]) -> str:
+    """Write ``arrays`` by their names to :func:`npz_name` of ``path`` as a numpy ``.npz``
+    archive, whole (:func:`write_whole`). Returns the path written; OSError as
+    :func:`write_whole`."""
+    import numpy as np
+
+    path = npz_name(path)
+    write_whole(path, lambda f: np.savez(f, **arrays))
+    return path
 
 
 def remove_abandoned(path: str) -> list[str]:

@@ -217,16 +217,27 @@ SETTING_PREFIX = "job.setting."
 JOB_DONE = "job.done"
 
 
+#: Published with :data:`JOB_DONE` by a server that wrote a checkpoint of the job's last step:
+#: its path, on the server's host. A worker that comes after the end, and was asked to save
+#: the parameters (``--save-params``), says where they are (``tensorwire export`` reads them).
+JOB_CHECKPOINT = "job.checkpoint"
+
+
 def job_info(
-    workers: int, settings: dict[str, object], done_at: int | None = None
+    workers: int,
+    settings: dict[str, object],
+    done_at: int | None = None,
+    checkpoint: str | None = None,
 ) -> dict[str, object]:
     """What a server publishes about its job: its size and ``settings`` (their values as
     str, compared as written: ``repr`` of a float keeps it exact); ``done_at``, the step at
-    which it ended, once it has."""
+    which it ended, once it has, and ``checkpoint``, the path of its checkpoint of that step."""
     info: dict[str, object] = {JOB_WORKERS: workers}
     info.update({SETTING_PREFIX + key: str(value) for key, value in settings.items()})
     if done_at is not None:
         info[JOB_DONE] = done_at
+        if checkpoint is not None:
+            info[JOB_CHECKPOINT] = checkpoint
     return info
 
 
@@ -234,6 +245,13 @@ def job_done(info: dict[str, Any]) -> int | None:
     """The step at which a server's job ended, where it published one (:data:`JOB_DONE`)."""
     step = info.get(JOB_DONE)
     return step if type(step) is int else None
+
+
+def job_checkpoint(info: dict[str, Any]) -> str | None:
+    """The path of a done server's checkpoint of the job's last step, where it published one
+    (:data:`JOB_CHECKPOINT`)."""
+    path = info.get(JOB_CHECKPOINT)
+    return path if type(path) is str else None
 
 
 def job_workers(info: dict[str, Any]) -> int | None:
