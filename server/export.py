@@ -55,6 +55,7 @@ def build_parser(prog: str = "tensorwire export") -> argparse.ArgumentParser:
         "--out",
         required=True,
         type=output_file,
+        metavar="FILE",
         help="the .npz file to write (.npz is added where the name lacks it)",
     )
     return p
