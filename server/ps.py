@@ -696,10 +696,12 @@ class ParameterServer:
                         for w in self.workers:
                             if w.alive:
                                 self._serve(w, STATUS_STOP)
-                    if stopped:
-                        self.stopped_while_joining = f"{detail} before the stop was asked"
-                    else:
-                        self.done_unjoined = f"{detail} within {self.cfg.join_timeout:g} s"
+                    asked = "before the stop was asked"
+                    if not self.resumed_done:
+                        self.stopped_while_joining = f"{detail} {asked}"
+                    else:  # (its job was done: not a job stopped before it began)
+                        within = asked if stopped else f"within {self.cfg.join_timeout:g} s"
+                        self.done_unjoined = f"{detail} {within}"
                     self._tell_those_left_out(take_joins=False)
                     return False
                 self._tell_failed()

@@ -998,6 +998,23 @@ def test_a_server_resumed_at_the_jobs_last_step_ends_cleanly(tmp_path: Path) -> 
         "ps0: the job was done at step 4 (its checkpoint); told the workers that came: worker 0 "
         "of 1 did not join within 1 s" in again.stderr
     )
+    # Stopped (SIGTERM) while it waits for them: the job was done, not stopped before it
+    # began (`bench chaos --steps`, seed 4421: so said, and no --metrics summary written).
+    summary = tmp_path / "ps-again.json"
+    stopped = procs.start([sys.executable, *server, "--metrics", str(summary)], log="ps-again")
+    try:
+        log_has(tmp_path / "ps-again.log", "nothing left to train", timeout=60)
+        stopped.send_signal(signal.SIGTERM)
+        assert stopped.wait(30) == 0
+    finally:
+        procs.kill()
+    said = procs.log("ps-again")
+    assert (
+        "ps0: the job was done at step 4 (its checkpoint); told the workers that came: worker 0 "
+        "of 1 did not join before the stop was asked" in said
+    ), said
+    assert "before the job began" not in said
+    assert json.loads(summary.read_text())["steps"] == 4
 
 
 def test_daemons_checking_one_directory_at_once_do_not_fail_each_other(tmp_path: Path) -> None:
