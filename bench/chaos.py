@@ -24,6 +24,13 @@ is told by connections and heartbeats only, never by a process of the host, as a
 (``shm`` cannot cross it). Each daemon is then pid 1 of its namespace, as in a container without
 an init; the faults' signals go to it.
 
+With ``--steps N`` the job ends by itself at step N, as a job does, rather than at a SIGTERM
+after ``--duration``: the servers linger once done (``--linger forever``, as ``deploy/k8s`` and
+``ray-job`` run them), and the faults go on until they are, so that some meet the job's end (a
+worker killed in its last steps is started again after it, a server restarted from the
+checkpoint of the last step). Every worker must then exit 0, a worker started again after the
+end must hear so and exit 0, and the servers exit 0 at their SIGTERM.
+
 The random choices come from ``--seed`` (printed in the report), so a failing sequence of faults
 can be asked for again; the timings of the processes will differ.
 """
@@ -85,6 +92,14 @@ ENDLESS = "100000000"
 PROGRESS_CHECKPOINTS = 2
 #: seconds a daemon has to exit at SIGTERM, or at the end of the job
 EXIT_TIMEOUT = 120.0
+#: what a server's log says once its job is done (--steps): it lingers, or it came back from
+#: the checkpoint of the job's last step
+DONE_MARKS = ("the job is done: answering at", "nothing left to train")
+#: seconds between a server's last word to its workers (stop: the job is done) and its log
+#: saying it is done, at most (it writes its last checkpoint and summary between them)
+ENDED_WITHIN = 30.0
+#: what a worker that reached its servers after the job's end says, as it exits 0
+ENDED_MARK = "had ended the job at step"
 
 
 _DESCRIPTION = (
@@ -109,6 +124,14 @@ def add_parser(sub: Any) -> None:
         type=positive_seconds,
         default=120.0,
         help="seconds of disruptions (default 120)",
+    )
+    p.add_argument(
+        "--steps",
+        type=at_least(1),
+        default=None,
+        help="end the job by itself at this step (the servers' --steps; they linger once done, "
+        "--linger forever), not by SIGTERM after --duration: the faults go on until the servers "
+        "are done, and --duration is the most the job may take (default: no end of its own)",
     )
     p.add_argument(
         "--min-faults",
@@ -210,6 +233,7 @@ class _Job:
     def __init__(self, tmp: Path, args: argparse.Namespace) -> None:
         self.tmp = tmp
         self.separate = args.hosts == "separate"
+        self.ends = bool(args.steps)  # the job ends by itself (--steps)
         self.env = job_environment()  # as `bench ps` runs its jobs
         addresses = [f"tcp://127.0.0.1:{free_port()}" for _ in range(args.servers)]
         common = ["--transport", args.transport, "--heartbeat-timeout", "3", "--no-progress"]
@@ -222,7 +246,9 @@ class _Job:
                 ps_command(
                     addr,
                     *common,
-                    *("--steps", ENDLESS, "--sync", args.sync, "--log-level", "INFO"),
+                    *("--steps", str(args.steps or ENDLESS), "--sync", args.sync),
+                    *("--log-level", "INFO"),
+                    *(["--linger", "forever"] if args.steps else []),
                     *("--step-timeout", f"{args.step_timeout:g}"),
                     *("--checkpoint-dir", str(tmp / f"ckpt{s}")),
                     *("--checkpoint-every", str(args.checkpoint_every)),
@@ -285,12 +311,38 @@ class _Job:
         except FileNotFoundError:
             return 0
 
+    def done(self, d: _Daemon) -> bool:
+        """Whether the server ``d``'s current process says its job is done (``--steps``)."""
+        try:
+            text = (self.tmp / d.log).read_text(errors="replace")
+        except FileNotFoundError:
+            return False
+        return any(mark in text for mark in DONE_MARKS)
+
+    @property
+    def ending(self) -> bool:
+        """A server's job is done (``--steps``): the workers end with it, exit 0."""
+        return any(self.done(d) for d in self.servers)
+
     def unexpected_exit(self) -> str | None:
-        """A daemon whose current process ended without the run asking it to, named."""
+        """A daemon whose current process ended without the run asking it to, named (not,
+        with --steps, a worker that exited 0 as its job ended)."""
         for d in self.daemons:
             if d.proc is not None and d.proc.poll() is not None:
+                if self.ends and d in self.workers and d.proc.returncode == 0 and self.ended():
+                    continue
                 return f"{d.name} exited with {d.proc.returncode} unasked ({self.tail(d)})"
         return None
+
+    def ended(self) -> bool:
+        """Whether a server is done, or says so within ENDED_WITHIN: it tells its workers
+        to stop before it says in its log that it is done."""
+        deadline = time.monotonic() + ENDED_WITHIN
+        while not self.ending:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+        return True
 
     def tail(self, d: _Daemon, lines: int = 12) -> str:
         try:
@@ -334,7 +386,7 @@ def _await_progress(job: _Job, marks: dict[str, tuple[str, int]], stall: float) 
         for d in job.servers:
             log, seen = marks[d.name]
             have = job.checkpoints(d) - (seen if d.log == log else 0)
-            if have < PROGRESS_CHECKPOINTS:
+            if have < PROGRESS_CHECKPOINTS and not job.done(d):
                 behind.append(d)
         if not behind:
             return time.monotonic() - start
@@ -362,6 +414,8 @@ def _disrupt(
     d = rng.choice(pool)
     proc = d.proc
     assert proc is not None
+    if proc.poll() == 0 and job.ends and job.ended():  # it ended with the job, just now
+        return f"{d.name} had ended with the job"
     if event.startswith("freeze"):
         # workers: past the servers' step timeout half the time (dropped, then joining again)
         most = args.step_timeout * (2 if event.endswith("worker") else 1)
@@ -374,6 +428,8 @@ def _disrupt(
     if event.startswith("kill"):
         job.signal(d, signal.SIGKILL)
         code = proc.wait(30)
+        if code == 0 and d in job.workers and job.ends and job.ended():
+            return f"{d.name} had ended with the job"
         if not job.killed(code):
             raise _Failure(f"{d.name} exited with {code} before its SIGKILL ({job.tail(d)})")
     else:  # stop-worker: it leaves the job and exits 0
@@ -410,6 +466,9 @@ def _await_joined(job: _Job, d: _Daemon, stall: float) -> None:
     daemon exits unasked."""
     deadline = time.monotonic() + stall
     while "joined " not in (job.tmp / d.log).read_text(errors="replace"):
+        assert d.proc is not None
+        if d.proc.poll() == 0 and job.ends and job.ended():
+            return  # it reached its servers after the job's end (--steps), and exited
         if time.monotonic() > deadline:
             raise _Failure(f"{d.name} did not join within {stall:g} s ({job.tail(d)})")
         problem = job.unexpected_exit()
@@ -440,6 +499,71 @@ def _finish(job: _Job, stall: float) -> list[str]:
             continue
         if code != 0:
             problems.append(f"{d.name} exited with {code} at the end ({job.tail(d)})")
+    return problems
+
+
+def _finish_done(
+    job: _Job, rng: random.Random, args: argparse.Namespace, result: dict[str, Any]
+) -> list[str]:
+    """(``--steps``) Once every server is done, every worker must exit 0; one started again
+    then (an orchestrator's retry) must hear that the job ended and exit 0; the servers, which
+    linger, exit 0 at their SIGTERM. What it measured goes into ``result["after_the_end"]``."""
+    deadline = time.monotonic() + args.stall
+    while not all(job.done(d) for d in job.servers):
+        problem = job.unexpected_exit()
+        if problem:
+            return [problem]
+        if time.monotonic() > deadline:
+            behind = [d.name for d in job.servers if not job.done(d)]
+            return [f"{', '.join(behind)} not done within {args.stall:g} s of the first server"]
+        time.sleep(0.1)
+    problems: list[str] = []
+    deadline = time.monotonic() + EXIT_TIMEOUT
+    code: int | None
+    for d in job.workers:
+        assert d.proc is not None
+        try:
+            code = d.proc.wait(max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            problems.append(f"{d.name} did not exit within {EXIT_TIMEOUT:g} s of the job's end")
+            continue
+        if code != 0:
+            problems.append(f"{d.name} exited with {code} at the job's end ({job.tail(d)})")
+    if problems:
+        return problems
+    # A worker started again after the end, as a Kubernetes Job retries a failed pod: its own
+    # summary, so that the one of its run that trained stays.
+    late = rng.choice(job.workers)
+    asked = time.monotonic()
+    job.start(late, "--metrics", str(job.tmp / f"{late.name}-after-the-end.json"))
+    assert late.proc is not None
+    try:
+        code = late.proc.wait(60)
+    except subprocess.TimeoutExpired:
+        code = None
+    told = ENDED_MARK in (job.tmp / late.log).read_text(errors="replace")
+    result["after_the_end"] = {
+        "worker": late.name,
+        "exit": code,
+        "exited_after_s": round(time.monotonic() - asked, 2),
+        "told": told,
+    }
+    if code != 0 or not told:
+        problems.append(
+            f"{late.name}, started again after the job's end, exited with {code} "
+            f"{'' if told else 'without hearing that the job had ended '}({job.tail(late)})"
+        )
+    for d in job.servers:
+        job.signal(d, signal.SIGTERM)
+    for d in job.servers:
+        assert d.proc is not None
+        try:
+            code = d.proc.wait(EXIT_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            problems.append(f"{d.name} did not exit within {EXIT_TIMEOUT:g} s of SIGTERM")
+            continue
+        if code != 0:
+            problems.append(f"{d.name} exited with {code} at SIGTERM ({job.tail(d)})")
     return problems
 
 
@@ -492,6 +616,18 @@ def _daemon_flags(
     return flags
 
 
+def _more_faults(job: _Job, args: argparse.Namespace, end: float, made: int) -> bool:
+    """Whether to make another fault: until ``end`` (--duration) and --min-faults; with
+    --steps, until a server is done (a failure past ``end``: the job did not get there)."""
+    if not args.steps:
+        return time.monotonic() < end or made < args.min_faults
+    if job.ending:
+        return False
+    if time.monotonic() > end:
+        raise _Failure(f"the job did not reach step {args.steps} within {args.duration:g} s")
+    return True
+
+
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
     events = [e.strip() for e in args.events.split(",") if e.strip()]
     bad = [e for e in events if e not in EVENTS]
@@ -523,6 +659,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
             **{k: getattr(args, k) for k in ("transport", "servers", "workers", "sync")},
             **{k: getattr(args, k) for k in ("duration", "min_faults", "step_timeout")},
             "checkpoint_every": args.checkpoint_every,
+            "steps": args.steps,
             **{_key(flag): _value(args, flag) for flag, _, _, _ in PASSED_ON},
             "curve": args.curve,
             "hosts": args.hosts,
@@ -541,8 +678,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
         # the job forms: every server checkpoints twice
         _await_progress(job, _marks(job), max(args.stall, 120.0))
         end = time.monotonic() + args.duration
-        while time.monotonic() < end or len(done) < args.min_faults:
+        while _more_faults(job, args, end, len(done)):
             time.sleep(rng.uniform(0, args.gap))
+            if args.steps and job.ending:
+                break
             event = rng.choice(events)
             at = time.monotonic() - started
             marks = _marks(job)
@@ -554,17 +693,25 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
             what = record["what"]
             if not args.no_progress:
                 print(f"{at:7.1f} s  {what}; trained on {recovered:.1f} s later", flush=True)
-        # Quiet before the end: a worker dropped by the last fault joins again meanwhile. One
-        # started again and still in its first join when the servers stop is told nothing: it
-        # waits --connect-timeout for them and exits 1 (RELIABILITY.md).
-        time.sleep(2 * args.step_timeout + 1)
-        _await_progress(job, _marks(job), args.stall)
-        problems += _finish(job, args.stall)
+        if args.steps:
+            problems += _finish_done(job, rng, args, result)
+        else:
+            # Quiet before the end: a worker dropped by the last fault joins again meanwhile.
+            # One started again and still in its first join when the servers stop is told
+            # nothing: it waits --connect-timeout for them and exits 1 (RELIABILITY.md).
+            time.sleep(2 * args.step_timeout + 1)
+            _await_progress(job, _marks(job), args.stall)
+            problems += _finish(job, args.stall)
     except _Failure as exc:
         problems.append(str(exc))
     finally:
         job.close()
     accuracy = _metric(tmp / "w0.json", "test_accuracy")
+    if accuracy is None and args.steps:
+        # rank 0's last run came after the end (nothing trained, no accuracy): the accuracy
+        # it last reported to the servers, at its last evaluation
+        accuracy = _metric(tmp / "ps0.json", "accuracy")
+        result["accuracy_from"] = "ps0"
     if not problems and (accuracy is None or accuracy < args.min_accuracy):
         problems.append(f"rank 0's test accuracy {accuracy} is below {args.min_accuracy:g}")
     result.update(
@@ -614,6 +761,18 @@ def render(result: dict[str, Any]) -> str:
         f"{worst:.1f} s; servers' steps {result['steps']}; rank 0's test accuracy "
         f"{result['accuracy']}"
     )
+    after = result.get("after_the_end")
+    if after:
+        lines.append(
+            f"the job ended by itself at step {c['steps']}; {after['worker']}, started again "
+            f"after the end, exited {after['exit']} {after['exited_after_s']:.1f} s later"
+            + (", told that the job had ended" if after["told"] else ", not told")
+        )
+    if result.get("accuracy_from"):
+        lines.append(
+            f"(rank 0's last run came after the end: its accuracy as {result['accuracy_from']} "
+            "last heard it)"
+        )
     pace = result.get("steps_per_s")
     if pace:
         every = c["checkpoint_every"]

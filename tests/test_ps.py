@@ -1946,6 +1946,22 @@ def test_chaos_job_trains_on_after_every_fault(tmp_path: Path) -> None:
     assert result["steps_per_s"] > 0 and "steps/s, those alone take" in out
 
 
+@pytest.mark.timeout(300)
+def test_chaos_job_that_ends_by_itself_ends_cleanly_through_its_faults(tmp_path: Path) -> None:
+    """`bench chaos --steps`: the job ends at its last step, as jobs do, not at a SIGTERM; the
+    servers linger (`--linger forever`), and the faults go on until they are done. Every
+    worker exits 0 with the job, one started again after the end hears that it ended and
+    exits 0, and the servers exit 0 at their SIGTERM."""
+    args = ["--steps", "2500", "--duration", "150", "--seed", "4403", "--stall", "60"]
+    out, result = bench_job(tmp_path, "chaos", *args, "--gap", "0.5", "--no-progress", timeout=300)
+    assert result["problems"] == [], out
+    assert result["config"]["steps"] == 2500 and result["steps"] == [2500, 2500], out
+    after = result["after_the_end"]
+    assert after["exit"] == 0 and after["told"] and after["exited_after_s"] < 30, out
+    assert "the job ended by itself at step 2500" in out
+    assert len(result["events"]) >= 1 and result["accuracy"] >= 0.9, out
+
+
 @needs_pid_namespaces
 def test_chaos_job_with_each_daemon_on_a_host_of_its_own_trains_on(tmp_path: Path) -> None:
     """`bench chaos --hosts separate`: every daemon in a pid and mount namespace of its own, so
