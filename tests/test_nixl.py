@@ -22,7 +22,7 @@ import tensorwire as tw
 from tensorwire import wire
 from tensorwire.rdma import NixlOptions, cuda_devices_present
 
-from .conftest import Children, freeze
+from .conftest import Children, free_port, freeze
 from .peers import (
     count_empty_messages,
     echo_over,
@@ -573,3 +573,39 @@ def test_credits_to_a_killed_sender_leave_one_error_line_not_one_per_release(
         failures = [ln for ln in capfd.readouterr().err.splitlines() if "genNotif" in ln]
     assert taken == depth
     assert len(failures) <= 1, failures
+
+
+@pytest.mark.nixl
+def test_a_receiver_closed_as_it_answers_the_attach_is_a_lost_peer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A receiver that closes just after it answered a sender's attach takes its NIXL agent
+    with it: loading the metadata it sent fails (UCX finds nobody at the agent's address). A
+    parameter server ending its job does so, and opens another receiver at its endpoint to say
+    that the job is done (--linger): a worker rejoining it then exited 1, "cannot load the NIXL
+    metadata" (`bench chaos --steps`, nixl, seed 4535), where a lost peer is reached anew.
+    The receiver is closed at that very moment here, from the sender's own request."""
+    from tensorwire import sender as sender_module
+
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    rx = tw.Receiver(bind=endpoint)
+    rx.register("t", (4,), "float32")
+    successor: list[tw.Receiver] = []
+    request = sender_module._Peer._request
+
+    def closing_as_it_answers(peer: Any, msg: wire.Message, timeout: float | None) -> Any:
+        reply = request(peer, msg, timeout)
+        if isinstance(msg, wire.Attach) and not successor:
+            rx.close()
+            successor.append(tw.Receiver(bind=endpoint))  # as a lingering server's
+        return reply
+
+    monkeypatch.setattr(sender_module._Peer, "_request", closing_as_it_answers)
+    try:
+        with pytest.raises(tw.PeerLostError, match="gone"):
+            tw.Sender.connect(endpoint, transport="nixl", timeout=20)
+    finally:
+        rx.close()
+        for other in successor:
+            other.close()
+    assert successor, "the sender never attached"

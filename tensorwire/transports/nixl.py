@@ -283,6 +283,14 @@ class NixlChannel(Channel):
             name = _name(self._agent.add_remote_agent(metadata))
             also = _name(self._notifier.add_remote_agent(metadata))
         except Exception as exc:  # NIXL's own exception types
+            # The receiver may have closed just after it answered, its agent with it: UCX then
+            # finds nobody at the agent's address. Asked again, a receiver that is gone says
+            # so (PeerLostError: the receiver now at its endpoint, a parameter server's that
+            # lingers once its job is done, knows no session of ours), and the caller reaches
+            # it anew; one that answers is there, and its agent cannot be reached from here.
+            # Before, such a race ended a worker rejoining its ending servers with exit 1
+            # (`bench chaos --steps`, nixl, seed 4535).
+            self._request(wire.Attach(self._generation, "nixl", details), self._timeout)
             raise TransportError(f"cannot load the NIXL metadata of {self._where}: {exc}") from exc
         if also != name:
             raise LocalProtocolError(f"receiver at {self._where} sent inconsistent metadata")
