@@ -147,7 +147,8 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
         type=config.seconds_or_forever,
         metavar="SECONDS",
         default=0.0,
-        help="once the job is done (every step, or a checkpoint of the last one resumed): "
+        help="once the job is done (every step, under asp and ssp every worker finished or "
+        "left, or a checkpoint of the last step resumed): "
         "seconds to keep answering at --bind that it is, so that a worker started again "
         "then exits 0 at once rather than wait for us and fail; 'forever' until SIGTERM, for "
         "orchestrators that restart a server that exits (a Kubernetes StatefulSet). The "
@@ -265,7 +266,7 @@ def _run(argv: list[str] | None, prog: str) -> int:
             )
             return 0
         code = _summarise(server, args, start, prog)
-        if code == 0 and server.done and not server.stop_requested and args.linger > 0:
+        if code == 0 and server.ended and not server.stop_requested and args.linger > 0:
             published = server.published(done_at=server.step)
             linger(cfg, server.address, published, args.linger, lambda: server.stop_requested)
         return code

@@ -34,10 +34,10 @@ def ps_metrics(server: ParameterServer) -> list[Metric]:
         Metric(
             "tensorwire_ps_done",
             "gauge",
-            "1 once every step of the job is done (the server then exits, or lingers to say so "
-            "where --linger asks), else 0",
+            "1 once the job is done: every step (or, under asp and ssp, every worker finished "
+            "or left; the server then exits, or lingers to say so where --linger asks), else 0",
             ("shard",),
-            [(shard, 1 if server.done else 0)],
+            [(shard, 1 if server.done or server.ended else 0)],
         ),
         Metric(
             "tensorwire_ps_step_seconds",

@@ -404,6 +404,7 @@ class ParameterServer:
         self._stop_asked_at = 0.0
         #: why the job never formed, where a stop was asked during the join (None otherwise)
         self.stopped_while_joining: str | None = None
+        self._ended = False  # (ended)
         #: resumed at the job's last step: who did not come to hear it (None otherwise)
         self.done_unjoined: str | None = None
         #: no step done since start: this server may have been restarted alone, behind the
@@ -555,6 +556,14 @@ class ParameterServer:
     def resumed_done(self) -> bool:
         """Resumed from a checkpoint of the job's last step: nothing is left to train."""
         return self.cfg.resume and self.done
+
+    @property
+    def ended(self) -> bool:
+        """The job ended by itself, not at a stop request: every step done (here, or before a
+        resume), or, under asp and ssp, every worker taking part stopped, its steps done or
+        having left (the job's step is then the slowest one's, :meth:`_advance_floor`, which
+        one that left before its last keeps below --steps). Nothing more will be trained."""
+        return self._ended
 
     def published(self, done_at: int | None = None) -> dict[str, object]:
         """What this server publishes about its job (``Receiver(info=...)``); ``done_at``: the
@@ -945,7 +954,10 @@ class ParameterServer:
     def run(self) -> None:
         """Serve until every worker has done ``steps`` steps (or a stop was requested)."""
         if not self._join():
-            return  # stopped before the job formed: nothing trained, nothing to checkpoint
+            # stopped before the job formed (nothing trained, nothing to checkpoint), or
+            # resumed at its last step
+            self._ended = self.resumed_done and not self._stop_requested
+            return
         self.started_at = time.monotonic()  # steps/s counts from here, not from start-up
         for w in self.workers:
             # a worker that cannot take them is gone on without, as in any step (this send
@@ -955,6 +967,9 @@ class ParameterServer:
             self._run_bsp()
         else:
             self._run_async(10**9 if self.cfg.sync == "asp" else self.cfg.staleness)
+        # (bsp returns at the last step or at a stop; asp and ssp once every worker taking
+        # part stopped, which only a stop makes them do before their last step, or leaving)
+        self._ended = not self._stop_requested
         try:
             self._checkpoint(final=True)
         finally:  # (a final checkpoint that fails ends the run: they are told all the same)
