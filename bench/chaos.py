@@ -43,6 +43,7 @@ import importlib.util
 import json
 import os
 import random
+import re
 import shlex
 import shutil
 import signal
@@ -95,9 +96,8 @@ EXIT_TIMEOUT = 120.0
 #: what a server's log says once its job is done (--steps): it lingers, or it came back from
 #: the checkpoint of the job's last step
 DONE_MARKS = ("the job is done: answering at", "nothing left to train")
-#: seconds between a server's last word to its workers (stop: the job is done) and its log
-#: saying it is done, at most (it writes its last checkpoint and summary between them)
-ENDED_WITHIN = 30.0
+#: the line a worker ends with once told to stop after its last step
+FINISHED = re.compile(r"^worker\d+: \d+ steps, ", re.M)
 #: what a worker that reached its servers after the job's end says, as it exits 0
 ENDED_MARK = "had ended the job at step"
 
@@ -326,23 +326,20 @@ class _Job:
 
     def unexpected_exit(self) -> str | None:
         """A daemon whose current process ended without the run asking it to, named (not,
-        with --steps, a worker that exited 0 as its job ended)."""
+        with --steps, a worker that finished)."""
         for d in self.daemons:
-            if d.proc is not None and d.proc.poll() is not None:
-                if self.ends and d in self.workers and d.proc.returncode == 0 and self.ended():
-                    continue
+            if d.proc is not None and d.proc.poll() is not None and not self.finished(d):
                 return f"{d.name} exited with {d.proc.returncode} unasked ({self.tail(d)})"
         return None
 
-    def ended(self) -> bool:
-        """Whether a server is done, or says so within ENDED_WITHIN: it tells its workers
-        to stop before it says in its log that it is done."""
-        deadline = time.monotonic() + ENDED_WITHIN
-        while not self.ending:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.1)
-        return True
+    def finished(self, d: _Daemon) -> bool:
+        """(--steps) Whether the worker ``d`` exited 0 as its part of the job ended: told to
+        stop after its last step (under asp and ssp each worker ends on its own, before the
+        servers while others still train), or come after the job's end."""
+        if not self.ends or d not in self.workers or d.proc is None or d.proc.poll() != 0:
+            return False
+        text = (self.tmp / d.log).read_text(errors="replace")
+        return FINISHED.search(text) is not None or ENDED_MARK in text
 
     def tail(self, d: _Daemon, lines: int = 12) -> str:
         try:
@@ -414,7 +411,7 @@ def _disrupt(
     d = rng.choice(pool)
     proc = d.proc
     assert proc is not None
-    if proc.poll() == 0 and job.ends and job.ended():  # it ended with the job, just now
+    if job.finished(d):  # it ended with the job, just now
         return f"{d.name} had ended with the job"
     if event.startswith("freeze"):
         # workers: past the servers' step timeout half the time (dropped, then joining again)
@@ -428,7 +425,7 @@ def _disrupt(
     if event.startswith("kill"):
         job.signal(d, signal.SIGKILL)
         code = proc.wait(30)
-        if code == 0 and d in job.workers and job.ends and job.ended():
+        if job.finished(d):
             return f"{d.name} had ended with the job"
         if not job.killed(code):
             raise _Failure(f"{d.name} exited with {code} before its SIGKILL ({job.tail(d)})")
@@ -467,7 +464,7 @@ def _await_joined(job: _Job, d: _Daemon, stall: float) -> None:
     deadline = time.monotonic() + stall
     while "joined " not in (job.tmp / d.log).read_text(errors="replace"):
         assert d.proc is not None
-        if d.proc.poll() == 0 and job.ends and job.ended():
+        if job.finished(d):
             return  # it reached its servers after the job's end (--steps), and exited
         if time.monotonic() > deadline:
             raise _Failure(f"{d.name} did not join within {stall:g} s ({job.tail(d)})")
@@ -764,7 +761,8 @@ def render(result: dict[str, Any]) -> str:
     after = result.get("after_the_end")
     if after:
         lines.append(
-            f"the job ended by itself at step {c['steps']}; {after['worker']}, started again "
+            f"the job ended by itself (--steps {c['steps']}; the servers' steps "
+            f"{result['steps']}); {after['worker']}, started again "
             f"after the end, exited {after['exit']} {after['exited_after_s']:.1f} s later"
             + (", told that the job had ended" if after["told"] else ", not told")
         )

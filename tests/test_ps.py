@@ -1958,7 +1958,7 @@ def test_chaos_job_that_ends_by_itself_ends_cleanly_through_its_faults(tmp_path:
     assert result["config"]["steps"] == 2500 and result["steps"] == [2500, 2500], out
     after = result["after_the_end"]
     assert after["exit"] == 0 and after["told"] and after["exited_after_s"] < 30, out
-    assert "the job ended by itself at step 2500" in out
+    assert "the job ended by itself (--steps 2500; the servers' steps [2500, 2500])" in out
     assert len(result["events"]) >= 1 and result["accuracy"] >= 0.9, out
 
 
