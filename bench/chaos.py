@@ -477,7 +477,6 @@ def _await_joined(job: _Job, d: _Daemon, stall: float) -> None:
 def _finish(job: _Job, stall: float) -> list[str]:
     """Once every worker has joined (one started again just now may not have yet), SIGTERM the
     servers; every daemon must exit 0 (the workers follow their servers)."""
-    problems = []
     deadline = time.monotonic() + stall
     for d in job.workers:
         try:
@@ -486,16 +485,23 @@ def _finish(job: _Job, stall: float) -> list[str]:
             return [str(exc)]
     for d in job.servers:
         job.signal(d, signal.SIGTERM)
+    return _exits(job, job.daemons, "at the end")
+
+
+def _exits(job: _Job, daemons: list[_Daemon], when: str) -> list[str]:
+    """What is wrong with how ``daemons`` exit, ``when``: each must exit 0, all within
+    EXIT_TIMEOUT."""
+    problems: list[str] = []
     deadline = time.monotonic() + EXIT_TIMEOUT
-    for d in job.daemons:
+    for d in daemons:
         assert d.proc is not None
         try:
             code = d.proc.wait(max(deadline - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:
-            problems.append(f"{d.name} did not exit within {EXIT_TIMEOUT:g} s ({job.tail(d)})")
+            problems.append(f"{d.name} did not exit within {EXIT_TIMEOUT:g} s {when}")
             continue
         if code != 0:
-            problems.append(f"{d.name} exited with {code} at the end ({job.tail(d)})")
+            problems.append(f"{d.name} exited with {code} {when} ({job.tail(d)})")
     return problems
 
 
@@ -514,18 +520,7 @@ def _finish_done(
             behind = [d.name for d in job.servers if not job.done(d)]
             return [f"{', '.join(behind)} not done within {args.stall:g} s of the first server"]
         time.sleep(0.1)
-    problems: list[str] = []
-    deadline = time.monotonic() + EXIT_TIMEOUT
-    code: int | None
-    for d in job.workers:
-        assert d.proc is not None
-        try:
-            code = d.proc.wait(max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            problems.append(f"{d.name} did not exit within {EXIT_TIMEOUT:g} s of the job's end")
-            continue
-        if code != 0:
-            problems.append(f"{d.name} exited with {code} at the job's end ({job.tail(d)})")
+    problems = _exits(job, job.workers, "at the job's end")
     if problems:
         return problems
     # A worker started again after the end, as a Kubernetes Job retries a failed pod: its own
@@ -534,6 +529,7 @@ def _finish_done(
     asked = time.monotonic()
     job.start(late, "--metrics", str(job.tmp / f"{late.name}-after-the-end.json"))
     assert late.proc is not None
+    code: int | None
     try:
         code = late.proc.wait(60)
     except subprocess.TimeoutExpired:
@@ -552,16 +548,7 @@ def _finish_done(
         )
     for d in job.servers:
         job.signal(d, signal.SIGTERM)
-    for d in job.servers:
-        assert d.proc is not None
-        try:
-            code = d.proc.wait(EXIT_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            problems.append(f"{d.name} did not exit within {EXIT_TIMEOUT:g} s of SIGTERM")
-            continue
-        if code != 0:
-            problems.append(f"{d.name} exited with {code} at SIGTERM ({job.tail(d)})")
-    return problems
+    return problems + _exits(job, job.servers, "at SIGTERM")
 
 
 def _metric(path: Path, key: str) -> float | None:
