@@ -405,6 +405,7 @@ class ParameterServer:
         #: why the job never formed, where a stop was asked during the join (None otherwise)
         self.stopped_while_joining: str | None = None
         self._ended = False  # (ended)
+        self._final_failure: PSError | None = None  # (bsp) the last checkpoint's, if it failed
         #: resumed at the job's last step: who did not come to hear it (None otherwise)
         self.done_unjoined: str | None = None
         #: no step done since start: this server may have been restarted alone, behind the
@@ -971,6 +972,8 @@ class ParameterServer:
         # part stopped, which only a stop makes them do before their last step, or leaving)
         self._ended = not self._stop_requested
         try:
+            if self._final_failure is not None:  # (bsp checkpoints before the last serve)
+                raise self._final_failure
             self._checkpoint(final=True)
         finally:  # (a final checkpoint that fails ends the run: they are told all the same)
             self._tell_those_left_out()
@@ -1376,6 +1379,16 @@ class ParameterServer:
             for w in self.workers:
                 w.step = self.step
             done = self._ending
+            if done:
+                # The last step's checkpoint before the workers hear that the job ended: one
+                # told the job is done exits, and a server lost after telling it (its machine
+                # gone) would otherwise come back from an older checkpoint, to wait for workers
+                # that are gone, its shard's last steps lost. One that fails still tells them,
+                # and then ends the run (run).
+                try:
+                    self._checkpoint(final=True)
+                except PSError as exc:
+                    self._final_failure = exc
             until = time.monotonic() + min(self.cfg.step_timeout, self.cfg.stop_grace)
             for w in self.workers:
                 # (not again what it was sent: a round that ended no step, see _Worker.served)

@@ -1636,6 +1636,33 @@ def test_a_custom_loop_trains_a_scalar_parameter_from_initial_values_given_as_li
         assert ps.wait(30) == 0
 
 
+def test_a_bsp_server_checkpoints_the_last_step_before_the_workers_hear_the_end(
+    tmp_path: Path,
+) -> None:
+    """A worker told that the job is done exits: the server's checkpoint of the last step
+    must exist by then. It was written after the workers were told, so a server lost in
+    between (its machine gone) came back from an older checkpoint, its shard's last steps
+    lost, to wait for workers that had gone. With only the final checkpoint asked for
+    (--checkpoint-every 0), it is there as the loop sees the end."""
+    from tensorwire.client.psclient import PSClient
+    from tensorwire.server import checkpoint
+
+    ckpt = tmp_path / "ckpt"
+    flags = ["--steps", "3", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "0"]
+    with _one_server(*flags) as (address, ps):
+        shapes = {"w": (64, 64)}
+        init = {"w": np.zeros((64, 64), np.float32)}
+        with PSClient([address], 0, shapes, init=init, connect_timeout=30, timeout=30) as c:
+            steps = 0
+            while c.wait_params(timeout=30) is not None and steps < 10:
+                c.push({"w": np.ones((64, 64), np.float32)}, loss=1.0)
+                steps += 1
+            # told that the job ended: its last step is checkpointed already
+            layout = checkpoint.layout_of(str(ckpt / "ps-shard0.npz"))
+            assert steps == 3 and layout.step == 3
+        assert ps.wait(30) == 0
+
+
 def test_a_custom_loop_is_told_its_mistakes_at_once_and_trains_on() -> None:
     """A PSClient loop's mistakes are refused at once, with what to do, and the loop trains on
     after each: a NaN wait timeout (before, it handed out the parameters unchecked), a second
