@@ -127,6 +127,31 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 item.add_marker(pytest.mark.skip(reason=reason))
 
 
+#: Test modules whose tests all run in one pytest-xdist process under `--dist loadgroup` (each
+#: also says so with its `xdist_group` marker): test_ray.py, whose cluster is one per process
+#: that runs its tests, and whose tests look in /tmp for what a job left.
+ONE_PROCESS_MODULES = frozenset({"tests/test_ray.py"})
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup` that keeps each of ONE_PROCESS_MODULES in one process. pytest-xdist
+    3.8 groups the tests of an `xdist_group` by a suffix it adds to their ids, which pytest 9.2
+    (which makes the id from the test's path) no longer takes: every group was lost, and
+    test_ray.py's tests ran in three processes, each with a Ray cluster of its own (a fresh
+    clone's suite: one test found another's job directory in /tmp). The scheduler groups by the
+    module instead, and still by a suffix where one comes through."""
+    if config.getoption("dist", None) != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class ModuleGroups(LoadGroupScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in ONE_PROCESS_MODULES else super()._split_scope(nodeid)
+
+    return ModuleGroups(config, log)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Every test's leak check below runs a full garbage collection, to finalise what the test
     left in reference cycles. With the test modules' imports loaded (torch, Ray, grpcio,
