@@ -887,6 +887,16 @@ class ParameterServer:
         if flags == STATUS_STOP:
             w.stopped = True
 
+    def _checkpoint_last(self) -> None:
+        """The job's last checkpoint, written before the last worker hears that the job
+        ended: one told so exits, and a server lost after telling it (its machine gone) would
+        come back from an older checkpoint, its shard's last steps lost, to wait for workers
+        that are gone. One that fails still lets them hear it, then ends the run (:meth:`run`)."""
+        try:
+            self._checkpoint(final=True)
+        except PSError as exc:
+            self._final_failure = exc
+
     def _checkpoint(self, *, final: bool = False) -> None:
         """Write the shard's state. One that fails (a full disk, a volume gone) is logged as an
         error and counted, and training goes on: exiting would lose the steps since the last
@@ -972,7 +982,7 @@ class ParameterServer:
         # part stopped, which only a stop makes them do before their last step, or leaving)
         self._ended = not self._stop_requested
         try:
-            if self._final_failure is not None:  # (bsp checkpoints before the last serve)
+            if self._final_failure is not None:  # (_checkpoint_last, before the last serve)
                 raise self._final_failure
             self._checkpoint(final=True)
         finally:  # (a final checkpoint that fails ends the run: they are told all the same)
@@ -1380,15 +1390,7 @@ class ParameterServer:
                 w.step = self.step
             done = self._ending
             if done:
-                # The last step's checkpoint before the workers hear that the job ended: one
-                # told the job is done exits, and a server lost after telling it (its machine
-                # gone) would otherwise come back from an older checkpoint, to wait for workers
-                # that are gone, its shard's last steps lost. One that fails still tells them,
-                # and then ends the run (run).
-                try:
-                    self._checkpoint(final=True)
-                except PSError as exc:
-                    self._final_failure = exc
+                self._checkpoint_last()
             until = time.monotonic() + min(self.cfg.step_timeout, self.cfg.stop_grace)
             for w in self.workers:
                 # (not again what it was sent: a round that ended no step, see _Worker.served)
@@ -1661,6 +1663,8 @@ class ParameterServer:
                 held.remove(h)
             elif h.step >= self.cfg.steps or self._stop_requested:
                 held.remove(h)
+                if all(w.stopped for w in self.workers if w.alive and w is not h):
+                    self._checkpoint_last()  # the last one to hear it: the job ends here
                 self._offer(h, STATUS_STOP)
             elif h.step - floor <= staleness:
                 held.remove(h)

@@ -1636,8 +1636,9 @@ def test_a_custom_loop_trains_a_scalar_parameter_from_initial_values_given_as_li
         assert ps.wait(30) == 0
 
 
-def test_a_bsp_server_checkpoints_the_last_step_before_the_workers_hear_the_end(
-    tmp_path: Path,
+@pytest.mark.parametrize("sync", ["bsp", "asp"])
+def test_a_server_checkpoints_the_last_step_before_the_workers_hear_the_end(
+    tmp_path: Path, sync: str
 ) -> None:
     """A worker told that the job is done exits: the server's checkpoint of the last step
     must exist by then. It was written after the workers were told, so a server lost in
@@ -1649,6 +1650,7 @@ def test_a_bsp_server_checkpoints_the_last_step_before_the_workers_hear_the_end(
 
     ckpt = tmp_path / "ckpt"
     flags = ["--steps", "3", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "0"]
+    flags += ["--sync", sync]
     with _one_server(*flags) as (address, ps):
         shapes = {"w": (64, 64)}
         init = {"w": np.zeros((64, 64), np.float32)}
