@@ -130,12 +130,16 @@ def save(
     state: dict[str, dict[str, Any]],
     fingerprint: str,
     specs: dict[str, tuple[tuple[int, ...], str]],
+    finished: dict[int, int] | None = None,
 ) -> None:
+    """``finished``: (asp, ssp) the workers that did all their steps, by rank, with the step
+    each reached: a resumed server does not wait for them to join (:func:`finished_in`)."""
     arrays: dict[str, Any] = {
         "__step__": np.int64(step),
         "__fingerprint__": np.array(fingerprint),
         # the parameters' specs the job was started with: a resumed server knows them at once
         "__specs__": np.array(json.dumps([[n, list(sh), dt] for n, (sh, dt) in specs.items()])),
+        "__finished__": np.array(json.dumps(sorted((finished or {}).items()))),
     }
     for key, value in params.items():
         arrays[f"p:{key}"] = value
@@ -143,6 +147,15 @@ def save(
         for slot, value in slots.items():
             arrays[f"s:{key}:{slot}"] = value
     files.write_whole(path, lambda f: np.savez(f, **arrays))
+
+
+def finished_in(path: str) -> dict[int, int]:
+    """The workers a checkpoint says did all their steps (:func:`save`), by rank, with their
+    steps; none in a checkpoint written before it said (ValueError if it is damaged)."""
+    with _reading(path), np.load(path, allow_pickle=False) as data:
+        if "__finished__" not in data.files:
+            return {}
+        return {int(rank): int(step) for rank, step in json.loads(str(data["__finished__"]))}
 
 
 def specs_in(path: str) -> dict[str, tuple[tuple[int, ...], str]]:

@@ -316,6 +316,9 @@ class _Worker:
     owed: int | None = None
     owed_since: float = 0.0
     owed_next: float = 0.0  # when to try them again
+    #: (asp, ssp; resumed) it did all its steps before the checkpoint we resumed from, and has
+    #: exited: the job forms again without it
+    finished: bool = False
 
 
 def open_receiver(
@@ -474,6 +477,7 @@ class ParameterServer:
             specs = checkpoint.specs_in(self.ckpt)
             self._setup(specs, needs_init=False)
             self.step, params, state = checkpoint.load(self.ckpt, self.fingerprint)
+            finished = checkpoint.finished_in(self.ckpt)
         except (ValueError, OSError, KeyError) as exc:
             raise PSError(f"cannot resume: {exc}") from exc
         for cid, value in params.items():
@@ -483,6 +487,20 @@ class ParameterServer:
             w.step = self.step
         self._saved_step = self.step
         log.info("resumed shard %d from %s at step %d", self.cfg.shard, self.ckpt, self.step)
+        if self.cfg.sync != "bsp" and not self.done:
+            # Those that did all their steps before (asp, ssp: each worker ends on its own)
+            # have exited: waited for, they never came, and the job could not form again.
+            for rank, step in finished.items():
+                if 0 <= rank < len(self.workers) and step >= self.cfg.steps:
+                    w = self.workers[rank]
+                    w.step, w.stopped, w.finished = step, True, True
+            done = [w.rank for w in self.workers if w.finished]
+            if done:
+                log.info(
+                    "%s did all %d steps before: not waited for",
+                    _ranks(done),
+                    self.cfg.steps,
+                )
 
     def _setup(self, specs: Specs, *, needs_init: bool) -> None:
         """Plan this shard's chunks of ``specs`` and register what every worker writes."""
@@ -666,7 +684,7 @@ class ParameterServer:
         missing)."""
         deadline = time.monotonic() + self.cfg.join_timeout
         next_look = time.monotonic() + REJOIN_CHECK_EVERY
-        while not all(w.alive for w in self.workers):
+        while not all(w.alive or w.finished for w in self.workers):
             progressed = self._take_join_messages(during_join=True)
             if progressed:
                 continue
@@ -675,7 +693,7 @@ class ParameterServer:
                 self._note_the_unready_gone()
             stopped = self._stop_requested
             if time.monotonic() >= deadline or stopped:
-                missing = [w.rank for w in self.workers if not w.joined]
+                missing = [w.rank for w in self.workers if not w.joined and not w.finished]
                 unready = [w.rank for w in self.workers if w.joined and not w.alive]
                 detail = (
                     f"{_ranks(missing)} of {self.cfg.workers} did not join"
@@ -915,6 +933,7 @@ class ParameterServer:
                 {k: {s: host(v) for s, v in slots.items()} for k, slots in self.opt.state.items()},
                 self.fingerprint,
                 self.specs,
+                {w.rank: w.step for w in self.workers if w.step >= self.cfg.steps},
             )
         except OSError as exc:
             self.stats.checkpoint_failures += 1
@@ -971,6 +990,8 @@ class ParameterServer:
             return
         self.started_at = time.monotonic()  # steps/s counts from here, not from start-up
         for w in self.workers:
+            if not w.alive:  # (resumed: one that did all its steps before, and exited)
+                continue
             # a worker that cannot take them is gone on without, as in any step (this send
             # ended the server with exit 1 before)
             self._serve(w, STATUS_STOP if self.step >= self.cfg.steps else STATUS_RUN)
@@ -1665,6 +1686,10 @@ class ParameterServer:
                 held.remove(h)
                 if all(w.stopped for w in self.workers if w.alive and w is not h):
                     self._checkpoint_last()  # the last one to hear it: the job ends here
+                elif not self._stop_requested:
+                    # It did all its steps, and exits once told: checkpointed first, so that
+                    # this server, restarted, does not wait for it to join (_resume).
+                    self._checkpoint()
                 self._offer(h, STATUS_STOP)
             elif h.step - floor <= staleness:
                 held.remove(h)

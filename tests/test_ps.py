@@ -1067,6 +1067,39 @@ def test_server_killed_and_resumed_workers_reconnect(job: Any, tmp_path: Path) -
     assert j.metrics("w0")["test_accuracy"] >= 0.95
 
 
+def test_an_asp_server_restarted_after_a_worker_finished_goes_on_without_waiting_for_it(
+    tmp_path: Path,
+) -> None:
+    """asp: worker 0 does all its steps and exits while worker 1, frozen, is behind; then the
+    server is SIGKILLed and started again. It waited for both to join: worker 0, gone, never
+    came, and at its --join-timeout the server exited 1, and worker 1 with it (by hand, before:
+    "worker 0 of 2 did not join within 30 s"). A worker's last step is now checkpointed as it
+    is told to stop, with who did all their steps, and the restarted server forms the job again
+    with the others."""
+    ckpt = tmp_path / "ckpt"
+    args = ["--sync", "asp", "--steps", "2000", "--checkpoint-dir", str(ckpt)]
+    args += ["--checkpoint-every", "100", "--join-timeout", "60", "--log-level", "INFO"]
+    j = Job(tmp_path, workers=2, ps=args)
+    try:
+        log_has(j.tmp / "ps0.log", "checkpoint at step 100 ", 60)  # both have trained
+        freeze(j.workers[1].pid)  # behind, and not dropped (--step-timeout: 120 s)
+        assert j.workers[0].wait(120) == 0  # its 2000 steps done
+        j.ps[0].kill()
+        assert j.ps[0].wait(10) == -signal.SIGKILL
+        again = j.start([*j.ps[0].args, "--resume"], log="ps0-again")
+        log_has(j.tmp / "ps0-again.log", "resumed shard 0 from ", 60)
+        os.kill(j.workers[1].pid, signal.SIGCONT)
+        codes = [again.wait(120), j.workers[1].wait(120)]
+    finally:
+        j.kill()
+    text = (j.tmp / "ps0-again.log").read_text()
+    assert codes == [0, 0], text + j.log("w1")
+    assert "worker 0 did all 2000 steps before: not waited for" in text, text
+    resumed_at = int(text.split("resumed shard 0 from ")[1].split(" at step ")[1].split()[0])
+    assert resumed_at < 2000  # worker 1's pace, behind
+    assert j.metrics("w1")["test_accuracy"] >= 0.9
+
+
 @needs_pid_namespaces
 def test_a_server_restarted_at_once_on_a_host_of_its_own_trains_on_with_its_workers(
     job: Any, tmp_path: Path
