@@ -380,6 +380,8 @@ class ParameterServer:
             checkpoint.path_for(cfg.checkpoint_dir, cfg.shard) if cfg.checkpoint_dir else None
         )
         self._saved_step: int | None = None  # the step of the last checkpoint written or read
+        #: the workers that had done all their steps, as the last checkpoint written records them
+        self._saved_finished: dict[int, int] = {}
         self._failing = 0  # checkpoints failed since the last one written
         self._failure_said = -math.inf  # when a failure was last logged
         # Known once the workers join (or from the checkpoint when resuming): the parameters'
@@ -408,7 +410,7 @@ class ParameterServer:
         #: why the job never formed, where a stop was asked during the join (None otherwise)
         self.stopped_while_joining: str | None = None
         self._ended = False  # (ended)
-        self._final_failure: PSError | None = None  # (bsp) the last checkpoint's, if it failed
+        self._final_failure: PSError | None = None  # _checkpoint_last's, if it failed
         #: resumed at the job's last step: who did not come to hear it (None otherwise)
         self.done_unjoined: str | None = None
         #: no step done since start: this server may have been restarted alone, behind the
@@ -485,7 +487,7 @@ class ParameterServer:
         self.opt.adopt(state, self.place.from_host)
         for w in self.workers:
             w.step = self.step
-        self._saved_step = self.step
+        self._saved_step, self._saved_finished = self.step, finished
         log.info("resumed shard %d from %s at step %d", self.cfg.shard, self.ckpt, self.step)
         if self.cfg.sync != "bsp" and not self.done:
             # Those that did all their steps before (asp, ssp: each worker ends on its own)
@@ -920,7 +922,10 @@ class ParameterServer:
         error and counted, and training goes on: exiting would lose the steps since the last
         checkpoint, and a restarted server would fail the same way. A ``final`` one that fails
         ends the run with PSError (exit 1): the job's result would be lost unsaid."""
-        if self.ckpt is None or (final and self._saved_step == self.step):
+        finished = {w.rank: w.step for w in self.workers if w.step >= self.cfg.steps}
+        if self.ckpt is None or (
+            final and self._saved_step == self.step and self._saved_finished == finished
+        ):
             return  # (the last step's is written already: --checkpoint-every divides it)
         started = time.monotonic()
         host = self.place.to_host
@@ -933,7 +938,7 @@ class ParameterServer:
                 {k: {s: host(v) for s, v in slots.items()} for k, slots in self.opt.state.items()},
                 self.fingerprint,
                 self.specs,
-                {w.rank: w.step for w in self.workers if w.step >= self.cfg.steps},
+                finished,
             )
         except OSError as exc:
             self.stats.checkpoint_failures += 1
@@ -958,7 +963,7 @@ class ParameterServer:
                 self._failing,
             )
             self._failing, self._failure_said = 0, -math.inf
-        self._saved_step = self.step
+        self._saved_step, self._saved_finished = self.step, finished
         self.stats.checkpoints += 1
         self.stats.checkpoint_seconds += time.monotonic() - started
         log.info("checkpoint at step %d written to %s", self.step, self.ckpt)
