@@ -452,8 +452,8 @@ class PSClient:
         message = np.frombuffer(encode_join(self._me, self._specs), np.uint8)
         deadline = time.monotonic() + timeout
         first: tuple[str, dict[str, str]] | None = None  # a server's settings, to compare
-        done = {addr: self.tx.receiver_info(peer=addr) for addr in self.servers}
-        done = {addr: info for addr, info in done.items() if job_done(info) is not None}
+        published = {addr: self.tx.receiver_info(peer=addr) for addr in self.servers}
+        done = {addr: info for addr, info in published.items() if job_done(info) is not None}
         if done:
             addr, info = next(iter(done.items()))
             done_at = job_done(info)

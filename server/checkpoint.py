@@ -94,6 +94,9 @@ class Layout:
     split_bytes: int
     optimizer: str
     specs: Specs
+    #: (asp, ssp) the workers that had done all their steps, by rank, with their steps (none
+    #: in a checkpoint written before it said): a resumed server does not wait for them
+    finished: dict[int, int]
 
 
 def layout_of(path: str) -> Layout:
@@ -105,6 +108,7 @@ def layout_of(path: str) -> Layout:
             raise ValueError("its fingerprint is not one a parameter server writes")
         listed = json.loads(str(data["__specs__"]))
         specs = {str(n): (tuple(int(d) for d in shape), str(dt)) for n, shape, dt in listed}
+        done = json.loads(str(data["__finished__"])) if "__finished__" in data.files else []
         return Layout(
             path=path,
             step=int(data["__step__"]),
@@ -114,6 +118,7 @@ def layout_of(path: str) -> Layout:
             split_bytes=int(found.group(4)),
             optimizer=found.group(5),
             specs=specs,
+            finished={int(rank): int(step) for rank, step in done},
         )
 
 
@@ -133,7 +138,7 @@ def save(
     finished: dict[int, int] | None = None,
 ) -> None:
     """``finished``: (asp, ssp) the workers that did all their steps, by rank, with the step
-    each reached: a resumed server does not wait for them to join (:func:`finished_in`)."""
+    each reached: a resumed server does not wait for them to join (``Layout.finished``)."""
     arrays: dict[str, Any] = {
         "__step__": np.int64(step),
         "__fingerprint__": np.array(fingerprint),
@@ -147,20 +152,6 @@ def save(
         for slot, value in slots.items():
             arrays[f"s:{key}:{slot}"] = value
     files.write_whole(path, lambda f: np.savez(f, **arrays))
-
-
-def finished_in(path: str) -> dict[int, int]:
-    """The workers a checkpoint says did all their steps (:func:`save`), by rank, with their
-    steps; none in a checkpoint written before it said (ValueError if it is damaged)."""
-    with _reading(path), np.load(path, allow_pickle=False) as data:
-        if "__finished__" not in data.files:
-            return {}
-        return {int(rank): int(step) for rank, step in json.loads(str(data["__finished__"]))}
-
-
-def specs_in(path: str) -> dict[str, tuple[tuple[int, ...], str]]:
-    """The parameters' specs a checkpoint was written for (ValueError if it is damaged)."""
-    return layout_of(path).specs
 
 
 def load(path: str, fingerprint: str) -> tuple[int, dict[str, Array], dict[str, dict[str, Any]]]:

@@ -476,10 +476,10 @@ class ParameterServer:
         if self.ckpt is None or not os.path.exists(self.ckpt):
             raise PSError(f"--resume: no checkpoint at {self.ckpt or '(no --checkpoint-dir)'}")
         try:
-            specs = checkpoint.specs_in(self.ckpt)
-            self._setup(specs, needs_init=False)
+            layout = checkpoint.layout_of(self.ckpt)  # what it was written for, read once
+            finished = layout.finished
+            self._setup(layout.specs, needs_init=False)
             self.step, params, state = checkpoint.load(self.ckpt, self.fingerprint)
-            finished = checkpoint.finished_in(self.ckpt)
         except (ValueError, OSError, KeyError) as exc:
             raise PSError(f"cannot resume: {exc}") from exc
         for cid, value in params.items():
