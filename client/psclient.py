@@ -37,6 +37,8 @@ from tensorwire.endpoint import is_wildcard_host, local_address_towards, tcp_end
 from tensorwire.job.plan import (
     HOW_ASYNC,
     HOW_MAY_CATCH_UP,
+    LEAVE_ALONE,
+    LEAVE_JOB_STOPS,
     META_FIELDS,
     STATUS_DROPPED,
     STATUS_FAILED,
@@ -1099,15 +1101,15 @@ class PSClient:
             return  # never joined
         if self.tx.closed:
             return  # a forked child's copy: the sender, and the goodbye, are its parent's
+        # Why: the job stops (a server said stop), or we do, alone, while it trains on.
+        why = np.array([LEAVE_JOB_STOPS if self._told_stop else LEAVE_ALONE], np.int64)
         for s, addr in enumerate(self.servers):
             if s in self._told_stop or addr not in self.tx.peers:
                 continue
             if leave_name(self.rank) not in self.tx.tensors(peer=addr):
                 continue  # a server started again that has not formed its job: none to tell
             try:
-                self.tx.write(
-                    leave_name(self.rank), np.ones(1, np.int64), peer=addr, timeout=LEAVE_TIMEOUT
-                )
+                self.tx.write(leave_name(self.rank), why, peer=addr, timeout=LEAVE_TIMEOUT)
             except tw.WireTimeoutError:
                 # Frozen or held up: our goodbye, as we close, would wait for its answer too
                 # (GOODBYE_TIMEOUT, 5 s). It sees us gone by our exit or our silence.

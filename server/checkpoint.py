@@ -97,6 +97,10 @@ class Layout:
     #: (asp, ssp) the workers that had done all their steps, by rank, with their steps (none
     #: in a checkpoint written before it said): a resumed server does not wait for them
     finished: dict[int, int]
+    #: the workers that had left on their own while the job trained on (plan.LEAVE_ALONE), by
+    #: rank, with the job's step then: a resumed server does not wait for them (none in a
+    #: checkpoint written before it said)
+    left: dict[int, int]
 
 
 def layout_of(path: str) -> Layout:
@@ -108,7 +112,10 @@ def layout_of(path: str) -> Layout:
             raise ValueError("its fingerprint is not one a parameter server writes")
         listed = json.loads(str(data["__specs__"]))
         specs = {str(n): (tuple(int(d) for d in shape), str(dt)) for n, shape, dt in listed}
-        done = json.loads(str(data["__finished__"])) if "__finished__" in data.files else []
+        done, left = (
+            json.loads(str(data[key])) if key in data.files else []
+            for key in ("__finished__", "__left__")
+        )
         return Layout(
             path=path,
             step=int(data["__step__"]),
@@ -119,6 +126,7 @@ def layout_of(path: str) -> Layout:
             optimizer=found.group(5),
             specs=specs,
             finished={int(rank): int(step) for rank, step in done},
+            left={int(rank): int(step) for rank, step in left},
         )
 
 
@@ -136,15 +144,18 @@ def save(
     fingerprint: str,
     specs: dict[str, tuple[tuple[int, ...], str]],
     finished: dict[int, int] | None = None,
+    left: dict[int, int] | None = None,
 ) -> None:
     """``finished``: (asp, ssp) the workers that did all their steps, by rank, with the step
-    each reached: a resumed server does not wait for them to join (``Layout.finished``)."""
+    each reached; ``left``: those that left on their own, with the step they left at. A
+    resumed server waits for neither to join (``Layout.finished``, ``Layout.left``)."""
     arrays: dict[str, Any] = {
         "__step__": np.int64(step),
         "__fingerprint__": np.array(fingerprint),
         # the parameters' specs the job was started with: a resumed server knows them at once
         "__specs__": np.array(json.dumps([[n, list(sh), dt] for n, (sh, dt) in specs.items()])),
         "__finished__": np.array(json.dumps(sorted((finished or {}).items()))),
+        "__left__": np.array(json.dumps(sorted((left or {}).items()))),
     }
     for key, value in params.items():
         arrays[f"p:{key}"] = value

@@ -180,6 +180,13 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
     return p
 
 
+def _workers(awaited: int, workers: int) -> str:
+    """The workers a server waits for: all of them, or (resumed) those that did not finish or
+    leave before."""
+    some = "" if awaited == workers else f" of {workers}"
+    return f"{awaited}{some} worker{'' if awaited == 1 and not some else 's'}"
+
+
 def main(argv: list[str] | None = None, prog: str = "tensorwire-ps") -> int:
     """The daemon: its exit status (a stop that comes as it exits changes nothing)."""
     return config.ignoring_late_stops(lambda: _run(argv, prog))
@@ -232,7 +239,7 @@ def _run(argv: list[str] | None, prog: str) -> int:
         cfg.shard,
         cfg.shards,
         server.address,
-        "1 worker" if cfg.workers == 1 else f"{cfg.workers} workers",
+        _workers(server.awaited, cfg.workers),
     )
     if cfg.sync != "bsp":
         logging.getLogger("tensorwire.ps").info(

@@ -32,6 +32,7 @@ from tensorwire.job.plan import (
     HOW_ASYNC,
     HOW_MAY_CATCH_UP,
     JOIN_MAX_BYTES,
+    LEAVE_ALONE,
     META_FIELDS,
     STATUS_DROPPED,
     STATUS_FAILED,
@@ -319,6 +320,10 @@ class _Worker:
     #: (asp, ssp; resumed) it did all its steps before the checkpoint we resumed from, and has
     #: exited: the job forms again without it
     finished: bool = False
+    #: it left on its own (plan.LEAVE_ALONE: stopped by itself, its node drained, while the job
+    #: trains on) and has not joined again: its step no longer holds the job's (asp, ssp), and
+    #: checkpoints record it, so that a server restarted from one does not wait for it
+    left: bool = False
 
 
 def open_receiver(
@@ -381,7 +386,8 @@ class ParameterServer:
         )
         self._saved_step: int | None = None  # the step of the last checkpoint written or read
         #: the workers that had done all their steps, as the last checkpoint written records them
-        self._saved_finished: dict[int, int] = {}
+        #: the workers that finished, and those that left, as the last checkpoint recorded them
+        self._saved_workers: tuple[dict[int, int], dict[int, int]] = ({}, {})
         self._failing = 0  # checkpoints failed since the last one written
         self._failure_said = -math.inf  # when a failure was last logged
         # Known once the workers join (or from the checkpoint when resuming): the parameters'
@@ -477,7 +483,7 @@ class ParameterServer:
             raise PSError(f"--resume: no checkpoint at {self.ckpt or '(no --checkpoint-dir)'}")
         try:
             layout = checkpoint.layout_of(self.ckpt)  # what it was written for, read once
-            finished = layout.finished
+            finished, left = layout.finished, layout.left
             self._setup(layout.specs, needs_init=False)
             self.step, params, state = checkpoint.load(self.ckpt, self.fingerprint)
         except (ValueError, OSError, KeyError) as exc:
@@ -487,11 +493,19 @@ class ParameterServer:
         self.opt.adopt(state, self.place.from_host)
         for w in self.workers:
             w.step = self.step
-        self._saved_step, self._saved_finished = self.step, finished
+        self._saved_step, self._saved_workers = self.step, (finished, left)
         log.info("resumed shard %d from %s at step %d", self.cfg.shard, self.ckpt, self.step)
-        if self.cfg.sync != "bsp" and not self.done:
-            # Those that did all their steps before (asp, ssp: each worker ends on its own)
-            # have exited: waited for, they never came, and the job could not form again.
+        self._not_waited_for(finished, left)
+
+    def _not_waited_for(self, finished: dict[int, int], left: dict[int, int]) -> None:
+        """(Resumed.) Mark the workers the job forms again without, as the checkpoint recorded
+        them: those that did all their steps (asp, ssp) and exited, and those that left on
+        their own while the job trained on, each of which joins again once started again.
+        Waited for, none of them would come, and the job could not form again."""
+        if self.done:
+            return  # nothing left to train: none is waited for beyond --join-timeout anyway
+        if self.cfg.sync != "bsp":
+            # (asp, ssp: each worker ends on its own)
             for rank, step in finished.items():
                 if 0 <= rank < len(self.workers) and step >= self.cfg.steps:
                     w = self.workers[rank]
@@ -503,6 +517,18 @@ class ParameterServer:
                     _ranks(done),
                     self.cfg.steps,
                 )
+        gone = [w for w in self.workers if w.rank in left and not w.finished]
+        if len(gone) == sum(not w.finished for w in self.workers):
+            # Every worker still to train had left: the job was stopped by stopping its
+            # workers, and is started again as a whole. Waited for, as ever.
+            return
+        for w in gone:
+            w.stopped = w.left = True
+            log.info(
+                "worker %d left before (at step %d): not waited for: it joins again once started",
+                w.rank,
+                left[w.rank],
+            )
 
     def _setup(self, specs: Specs, *, needs_init: bool) -> None:
         """Plan this shard's chunks of ``specs`` and register what every worker writes."""
@@ -579,11 +605,17 @@ class ParameterServer:
         return self.cfg.resume and self.done
 
     @property
+    def awaited(self) -> int:
+        """How many workers the job forms with: all, but for those a checkpoint we resumed from
+        says finished or left (:meth:`_not_waited_for`)."""
+        return sum(not (w.finished or w.left) for w in self.workers)
+
+    @property
     def ended(self) -> bool:
         """The job ended by itself, not at a stop request: every step done (here, or before a
-        resume), or, under asp and ssp, every worker taking part stopped, its steps done or
-        having left (the job's step is then the slowest one's, :meth:`_advance_floor`, which
-        one that left before its last keeps below --steps). Nothing more will be trained."""
+        resume), or, under asp and ssp, every worker stopped, its steps done or having left
+        (where every one left, the job's step is short of --steps; one lost is waited for).
+        Nothing more will be trained."""
         return self._ended
 
     def published(self, done_at: int | None = None) -> dict[str, object]:
@@ -686,7 +718,7 @@ class ParameterServer:
         missing)."""
         deadline = time.monotonic() + self.cfg.join_timeout
         next_look = time.monotonic() + REJOIN_CHECK_EVERY
-        while not all(w.alive or w.finished for w in self.workers):
+        while not all(w.alive or w.finished or w.left for w in self.workers):
             progressed = self._take_join_messages(during_join=True)
             if progressed:
                 continue
@@ -695,7 +727,7 @@ class ParameterServer:
                 self._note_the_unready_gone()
             stopped = self._stop_requested
             if time.monotonic() >= deadline or stopped:
-                missing = [w.rank for w in self.workers if not w.joined and not w.finished]
+                missing = [w.rank for w in self.workers if not (w.joined or w.finished or w.left)]
                 unready = [w.rank for w in self.workers if w.joined and not w.alive]
                 detail = (
                     f"{_ranks(missing)} of {self.cfg.workers} did not join"
@@ -862,6 +894,7 @@ class ParameterServer:
                     self.rx.drain(init_name(c.cid))
             w.alive, w.step, w.probation, w.served = True, self.step, not during_join, None
             w.stopped, w.got, w.owed = False, set(), None  # what it is sent now supersedes
+            w.left = False
             self._claim_dropped_notice(w)
             how = "joined" if during_join else "rejoined"
             self.stats.worker_events[how] += 1
@@ -923,8 +956,9 @@ class ParameterServer:
         checkpoint, and a restarted server would fail the same way. A ``final`` one that fails
         ends the run with PSError (exit 1): the job's result would be lost unsaid."""
         finished = {w.rank: w.step for w in self.workers if w.step >= self.cfg.steps}
+        left = {w.rank: w.step for w in self.workers if w.left and w.rank not in finished}
         if self.ckpt is None or (
-            final and self._saved_step == self.step and self._saved_finished == finished
+            final and self._saved_step == self.step and self._saved_workers == (finished, left)
         ):
             return  # (the last step's is written already: --checkpoint-every divides it)
         started = time.monotonic()
@@ -939,6 +973,7 @@ class ParameterServer:
                 self.fingerprint,
                 self.specs,
                 finished,
+                left,
             )
         except OSError as exc:
             self.stats.checkpoint_failures += 1
@@ -963,7 +998,7 @@ class ParameterServer:
                 self._failing,
             )
             self._failing, self._failure_said = 0, -math.inf
-        self._saved_step, self._saved_finished = self.step, finished
+        self._saved_step, self._saved_workers = self.step, (finished, left)
         self.stats.checkpoints += 1
         self.stats.checkpoint_seconds += time.monotonic() - started
         log.info("checkpoint at step %d written to %s", self.step, self.ckpt)
@@ -1045,13 +1080,24 @@ class ParameterServer:
 
     def _leave(self, w: _Worker) -> None:
         """``w`` said it stops: go on without it at once (its gradients will not come)."""
-        self._part_with(
-            w, "left", f"left at step {self.step} (another server said stop, or it was stopped)"
-        )
-        self.rx.drain(leave_name(w.rank))
+        try:
+            alone = self._leaves_alone(wait_past_losses(self.rx, leave_name(w.rank), 0.0))
+        except tw.TensorWireError:  # (lost since: taken as the job stopping, as before)
+            alone = False
+        finally:
+            self.rx.drain(leave_name(w.rank))
+        why = "it was stopped" if alone else "another server said stop"
+        self._part_with(w, "left", f"left at step {self.step} ({why})")
+        w.left = alone
         w.stopped = True  # nothing to tell it as we stop
         with contextlib.suppress(tw.TensorWireError):
             self.tx.remove_peer(w.address)
+
+    @staticmethod
+    def _leaves_alone(view: Any) -> bool:
+        """A worker's leave message (plan.leave_name) says it stopped on its own, while the job
+        trains on; not as the job stops (another server told it), nor from an older worker."""
+        return int(view[0]) == LEAVE_ALONE
 
     def _tell_those_left_out(self, *, take_joins: bool = True) -> None:
         """We stop: tell every worker we know of and did not tell yet (best effort, STOP_GRACE
@@ -1539,6 +1585,12 @@ class ParameterServer:
             return None
         return max(0.0, min(tries) - time.monotonic())
 
+    @property
+    def _training(self) -> bool:
+        """A worker takes part and has not stopped (one that left, or was told to stop, may
+        still be alive here until its loss is seen)."""
+        return any(w.alive and not w.stopped for w in self.workers)
+
     def _await_any_worker(self) -> None:
         """Every worker taking part was lost: wait for one to join again, as long as for the
         job's first join (--join-timeout), or a step (--step-timeout) where longer. Dropped
@@ -1549,7 +1601,7 @@ class ParameterServer:
         patience = max(self.cfg.join_timeout, self.cfg.step_timeout)
         deadline = time.monotonic() + patience
         log.warning("every worker was lost: waiting up to %g s for one to join again", patience)
-        while not any(w.alive for w in self.workers):
+        while not self._training:
             if self._stop_requested:
                 return  # asked to stop while waiting: the job ends here, cleanly
             if time.monotonic() > deadline:
@@ -1568,20 +1620,25 @@ class ParameterServer:
         A worker is gone on without, as in bsp, when its sender is lost, or when nothing came
         from it for --step-timeout while we did not hold it back (it is told, as it may still
         run); the slowest of the others then sets the pace. One that joins again is served at
-        once, at the step of the slowest worker. The job ends when every worker taking part
-        has stopped (or, with none left, at a stop request)."""
+        once, at the step of the slowest worker. The job ends when every worker has stopped
+        (its steps done, or it left), or at a stop request; with none training and some lost,
+        they are waited for (:meth:`_await_any_worker`)."""
         expected = {c.cid for c in self.chunks} | {"meta"}  # a gradient's tail is its chunk
         held: list[_Worker] = []  # done a step, kept waiting by the staleness bound
         t0 = time.monotonic()
         for w in self.workers:
             w.heard = t0
         while True:
-            if not any(w.alive for w in self.workers):
-                if self._stop_requested:
+            if not self._training:
+                # Every worker stopped (its steps done, or it left), or the job's are: it
+                # ended. Else some were lost and may join again (restarted, or dropped and
+                # told): waited for. Before, one that had left, still alive here, made the
+                # job end as the others were lost (all frozen behind a server restarting:
+                # `bench chaos --steps`, nixl asp, seed 4904), short of its steps, and the
+                # workers that came back heard that it had ended.
+                if self._stop_requested or self.done or all(w.stopped for w in self.workers):
                     return
                 self._await_any_worker()  # raises if none comes back in time
-            if all(w.stopped for w in self.workers if w.alive):
-                return
             retry = self._pay_owed()
             wait = REJOIN_CHECK_EVERY if retry is None else min(retry, REJOIN_CHECK_EVERY)
             # (not cut to nothing past a stop's grace: _lose_silent let go of whom it could by
@@ -1616,12 +1673,15 @@ class ParameterServer:
                 self._answer_probe(w)
                 continue
             if kind == "leave":
-                # it stops (another server said stop): nothing more will come from it
+                # it stops (another server said stop, or it was stopped): nothing more will
+                # come from it
+                alone = self._leaves_alone(view)
                 self.rx.release(name)
                 if w.alive and not w.stopped:
-                    w.stopped = True
+                    w.stopped, w.left = True, alone
                     self.stats.worker_events["left"] += 1
-                    log.warning("worker %d left at its step %d", w.rank, w.step)
+                    why = "it was stopped" if alone else "another server said stop"
+                    log.warning("worker %d left at its step %d (%s)", w.rank, w.step, why)
                 self._release_held(held, staleness)
                 continue
             if not w.alive or kind not in ("grad", "meta"):
@@ -1666,13 +1726,18 @@ class ParameterServer:
 
     def _floor(self, *, stopped: bool) -> int:
         """(asp, ssp) The slowest worker's step, among those taking part; ``stopped``: those
-        that stopped too."""
-        steps = [w.step for w in self.workers if w.alive and (stopped or not w.stopped)]
+        that stopped too, but for one that left on its own (the job trains on without it)."""
+        steps = [
+            w.step for w in self.workers if w.alive and not w.left and (stopped or not w.stopped)
+        ]
         return min(steps) if steps else self.step
 
     def _advance_floor(self) -> None:
         """(asp, ssp) The global step is the slowest worker's, a stopped one's too (what the
-        job did, as the checkpoint records it), not a lost one's."""
+        job did, as the checkpoint records it, when the job stops and every worker leaves), not
+        a lost one's, nor one's that left on its own: the job trains on, and checkpoints with
+        it. Before, a worker stopped alone held the job's step, and no checkpoint was written
+        after it left."""
         floor = self._floor(stopped=True)
         if floor > self.step:  # the slowest worker finished a step: that is a global step
             self.step = floor

@@ -932,12 +932,17 @@ def test_a_worker_started_after_the_job_ended_hears_so_from_a_lingering_server(
     assert "until stopped" in procs.log("ps") and "for 1 s (--linger)" in procs.log("ps2")
 
 
-def test_an_asp_job_that_ends_as_its_workers_finish_or_leave_lingers_too(tmp_path: Path) -> None:
+@pytest.mark.parametrize("leaving", [1, 2])
+def test_an_asp_job_that_ends_as_its_workers_finish_or_leave_lingers_too(
+    tmp_path: Path, leaving: int
+) -> None:
     """Under asp and ssp the job ends once every worker taking part has stopped: those that
-    did their steps, and one that left before (stopped, SIGTERM), whose step the job's stays
-    at. Such a server did not linger (its step was short of --steps), so a worker started
-    again then found nobody (`bench chaos --steps`, tcp asp, seed 4524: "w0 exited 1"). It
-    now lingers, saying the job ended at that step."""
+    did their steps, and those that left before (stopped, SIGTERM). Where every worker left,
+    its step is short of --steps, and such a server did not linger, so a worker started again
+    then found nobody (`bench chaos --steps`, tcp asp, seed 4524: "w0 exited 1"). It now
+    lingers, saying the job ended at that step. Where one worker left and the other did all
+    its steps, the job's step is no longer held at the step of the one that left: the job
+    ends done, at --steps."""
     address = f"tcp://127.0.0.1:{free_port()}"
     procs = Processes(tmp_path)
     server = [PY, "-m", "tensorwire.server.daemon", "--bind", address, "--no-progress"]
@@ -950,7 +955,11 @@ def test_an_asp_job_that_ends_as_its_workers_finish_or_leave_lingers_too(tmp_pat
         w1 = procs.start([*worker, "--rank", "1"], log="w1")
         log_has(tmp_path / "w1.log", "joined 1 server(s)", timeout=60)
         w1.send_signal(signal.SIGTERM)  # it leaves, its steps not done
-        assert w1.wait(60) == 0 and w0.wait(120) == 0
+        assert w1.wait(60) == 0
+        if leaving == 2:
+            log_has(tmp_path / "ps.log", "worker 1 left at its step ", timeout=60)
+            w0.send_signal(signal.SIGTERM)  # before its 3000 steps (about 3 s alone)
+        assert w0.wait(120) == 0
         log_has(tmp_path / "ps.log", "the job is done: answering at", timeout=60)
         again = procs.start([*worker, "--rank", "1", "--connect-timeout", "60"], log="again")
         assert again.wait(30) == 0
@@ -958,11 +967,13 @@ def test_an_asp_job_that_ends_as_its_workers_finish_or_leave_lingers_too(tmp_pat
         assert ps.wait(30) == 0
     finally:
         procs.kill()
-    left = int(procs.log("ps").split("worker 1 left at its step ")[1].split()[0])
-    assert left < 3000
+    ended = 3000
+    if leaving == 2:
+        ended = int(procs.log("ps").split("worker 0 left at its step ")[1].split()[0])
+        assert ended < 3000
     said = procs.log("again").strip().splitlines()[-1]
     assert said.endswith(
-        f"had ended the job at step {left} when this worker reached it: nothing is left to train"
+        f"had ended the job at step {ended} when this worker reached it: nothing is left to train"
     ), said
 
 

@@ -1100,6 +1100,74 @@ def test_an_asp_server_restarted_after_a_worker_finished_goes_on_without_waiting
     assert j.metrics("w1")["test_accuracy"] >= 0.9
 
 
+@pytest.mark.parametrize("sync", ["bsp", "asp"])
+def test_a_server_restarted_after_a_worker_left_goes_on_without_waiting_for_it(
+    tmp_path: Path, sync: str
+) -> None:
+    """Worker 1 is stopped (its node drained: SIGTERM, exit 0, not started again) and the job
+    trains on with worker 0; then the server is SIGKILLed and started again. It waited for
+    worker 1 to join: it never came, and at --join-timeout the server exited 1, and worker 0
+    with it. Checkpoints now record who left, and the restarted server forms the job with the
+    others; the one that left joins again when it is started again."""
+    ckpt = tmp_path / "ckpt"
+    args = ["--sync", sync, "--steps", ENDLESS, "--checkpoint-dir", str(ckpt)]
+    args += ["--checkpoint-every", "50", "--join-timeout", "20", "--log-level", "INFO"]
+    j = Job(tmp_path, workers=2, ps=args)
+    try:
+        log_has(j.tmp / "ps0.log", "checkpoint at step 100 ", 60)  # both have trained
+        j.workers[1].send_signal(signal.SIGTERM)
+        assert j.workers[1].wait(60) == 0
+        log_has(j.tmp / "ps0.log", "worker 1 left at ", 30)
+        _trains_on(j)  # a checkpoint written since it left
+        j.ps[0].kill()
+        assert j.ps[0].wait(10) == -signal.SIGKILL
+        again = j.start([*j.ps[0].args, "--resume"], log="ps0-again")
+        log_has(j.tmp / "ps0-again.log", "resumed shard 0 from ", 60)
+        _trains_on(j, "ps0-again")  # with worker 0 alone
+        j.restart_worker(1)
+        log_has(j.tmp / "ps0-again.log", "worker 1 rejoined ", 60)
+        _trains_on(j, "ps0-again")
+        again.send_signal(signal.SIGTERM)
+        codes = [again.wait(60), *(w.wait(60) for w in j.workers[::2])]
+    finally:
+        j.kill()
+    text = (j.tmp / "ps0-again.log").read_text()
+    assert codes == [0, 0, 0], text + j.log("w0")
+    assert "worker 1 left before (at step " in text, text
+    assert "not waited for: it joins again once started" in text, text
+
+
+@pytest.mark.parametrize("sync", ["asp", "ssp"])
+def test_an_async_job_does_not_end_when_its_workers_are_lost_after_one_left(
+    tmp_path: Path, sync: str
+) -> None:
+    """Worker 1 is stopped (SIGTERM: it leaves, exit 0); then worker 0 is frozen past the
+    --step-timeout and lost. The one that left stays on the server's books as taking part and
+    stopped (its clean exit is no loss), and the job ended there as if every worker had
+    finished, short of its steps: the worker, resumed, heard that it had ended (`bench chaos
+    --steps`, nixl asp, seed 4904, with a server restarting meanwhile). Now a server waits for
+    the lost worker, which joins again and trains on."""
+    args = ["--sync", sync, "--steps", ENDLESS, "--step-timeout", "2", "--log-level", "INFO"]
+    j = Job(tmp_path, workers=2, ps=args, worker=["--log-level", "INFO"])
+    try:
+        log_has(j.tmp / "w0.log", "joined 1 server(s)", 60)
+        j.workers[1].send_signal(signal.SIGTERM)
+        assert j.workers[1].wait(60) == 0
+        log_has(j.tmp / "ps0.log", "worker 1 left at ", 30)
+        freeze(j.workers[0].pid)
+        log_has(j.tmp / "ps0.log", "worker 0 lost at ", 30)
+        os.kill(j.workers[0].pid, signal.SIGCONT)
+        log_has(j.tmp / "ps0.log", "worker 0 rejoined ", 60)
+        assert j.ps[0].poll() is None and j.workers[0].poll() is None
+        j.ps[0].send_signal(signal.SIGTERM)
+        codes = [j.ps[0].wait(60), j.workers[0].wait(60)]
+    finally:
+        j.kill()
+    text = j.log("ps0")
+    assert codes == [0, 0], text + j.log("w0")
+    assert "every worker was lost: waiting up to " in text, text
+
+
 @needs_pid_namespaces
 def test_a_server_restarted_at_once_on_a_host_of_its_own_trains_on_with_its_workers(
     job: Any, tmp_path: Path

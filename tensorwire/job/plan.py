@@ -182,8 +182,18 @@ def status_name(server: int) -> str:
 def leave_name(rank: int) -> str:
     """Where worker ``rank`` tells a server that it stops (another server said stop, or it was
     stopped itself): the server then stops waiting for its gradients at once, rather than after
-    its step timeout. A tensor of its own, so that a server waiting for a step can look at it."""
+    its step timeout. A tensor of its own, so that a server waiting for a step can look at it.
+    Its one int64 says why: :data:`LEAVE_JOB_STOPS` or :data:`LEAVE_ALONE`."""
     return f"leave/{rank}"
+
+
+#: A worker leaves as the job stops: another server told it stop (every worker hears the
+#: same). What a worker older than :data:`LEAVE_ALONE` sends, whatever the reason.
+LEAVE_JOB_STOPS = 1
+#: A worker leaves on its own (stopped by itself: its node drained, or it failed), while its
+#: servers train on: the job goes on without it, and a server restarted from a checkpoint does
+#: not wait for it to join (it joins again once started again).
+LEAVE_ALONE = 2
 
 
 def catch_up_name(rank: int) -> str:
