@@ -15,6 +15,10 @@ What the faults are (``--events``):
 - ``freeze-worker``: SIGSTOP a worker for up to twice the servers' ``--step-timeout`` (so that it
   is sometimes dropped and must join again by itself), then SIGCONT;
 - ``stop-worker``: SIGTERM a worker (it leaves the job and exits 0), start it again;
+- ``drain-worker``: SIGTERM a worker as ``stop-worker`` does, and leave it out (its node
+  drained) while other faults come, until the next ``drain-worker`` starts it again (at most one
+  is out at a time); at the end it is started again (with ``--steps``, after the job's end: it
+  must hear so). Not among the default events;
 - ``kill-server``: SIGKILL a server, start it again with ``--resume-if-present``;
 - ``freeze-server``: SIGSTOP a server for up to ``--step-timeout``, then SIGCONT.
 
@@ -64,7 +68,15 @@ from tensorwire.process import first_child
 from .common import UNSHARE, hosts_problem, machine_facts, signal_target
 from .report import SCHEMA
 
-EVENTS = ("kill-worker", "freeze-worker", "stop-worker", "kill-server", "freeze-server")
+EVENTS = (
+    "kill-worker",
+    "freeze-worker",
+    "stop-worker",
+    "drain-worker",
+    "kill-server",
+    "freeze-server",
+)
+#: (drain-worker left out: the seeds of the runs recorded before it make the same faults)
 DEFAULT_EVENTS = "kill-worker,freeze-worker,stop-worker,kill-server,freeze-server"
 #: the daemons' flags a run may set: each flag, the daemon it goes to, its choices (None: any
 #: value) with the default first, and what it is. They vary what the faults meet: the 16-bit
@@ -143,7 +155,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--events",
         default=DEFAULT_EVENTS,
-        help=f"comma-separated, from {','.join(EVENTS)} (default: all)",
+        help=f"comma-separated, from {','.join(EVENTS)} (default: {DEFAULT_EVENTS})",
     )
     p.add_argument(
         "--gap",
@@ -234,6 +246,8 @@ class _Job:
         self.tmp = tmp
         self.separate = args.hosts == "separate"
         self.ends = bool(args.steps)  # the job ends by itself (--steps)
+        #: the worker a drain-worker left out (exited 0 at its SIGTERM), until the next one
+        self.drained: _Daemon | None = None
         self.env = job_environment()  # as `bench ps` runs its jobs
         addresses = [f"tcp://127.0.0.1:{free_port()}" for _ in range(args.servers)]
         common = ["--transport", args.transport, "--heartbeat-timeout", "3", "--no-progress"]
@@ -328,6 +342,8 @@ class _Job:
         """A daemon whose current process ended without the run asking it to, named (not,
         with --steps, a worker that finished)."""
         for d in self.daemons:
+            if d is self.drained:
+                continue  # (it exited 0 at its SIGTERM, and stays out)
             if d.proc is not None and d.proc.poll() is not None and not self.finished(d):
                 return f"{d.name} exited with {d.proc.returncode} unasked ({self.tail(d)})"
         return None
@@ -407,8 +423,13 @@ def _disrupt(
 ) -> str:
     """Make the fault ``event`` and bring the daemon back; what was done, in words. A worker
     stopped: how long it took to exit at its SIGTERM, in ``record["exited_after_s"]``."""
+    if event == "drain-worker" and job.drained is not None:
+        d = job.drained  # the one out comes back (one at a time)
+        job.drained = None
+        job.start(d)
+        return f"{d.name} started again after its drain"
     pool = job.workers if event.endswith("worker") else job.servers
-    d = rng.choice(pool)
+    d = rng.choice([p for p in pool if p is not job.drained])
     proc = d.proc
     assert proc is not None
     if job.finished(d):  # it ended with the job, just now
@@ -429,7 +450,7 @@ def _disrupt(
             return f"{d.name} had ended with the job"
         if not job.killed(code):
             raise _Failure(f"{d.name} exited with {code} before its SIGKILL ({job.tail(d)})")
-    else:  # stop-worker: it leaves the job and exits 0
+    else:  # stop-worker, drain-worker: it leaves the job and exits 0
         # one started again just now may not have its handler yet (Python still importing):
         # SIGTERM ends it as it ends any process then
         starting = "joined " not in (job.tmp / d.log).read_text(errors="replace")
@@ -449,6 +470,12 @@ def _disrupt(
             ) from None
         if code != 0 and not (starting and code == -signal.SIGTERM):
             raise _Failure(f"{d.name} exited with {code} at SIGTERM ({job.tail(d)})")
+        if event == "drain-worker":
+            job.drained = d
+            return (
+                f"{d.name} drained (exited {record['exited_after_s']:.1f} s after its SIGTERM), "
+                "out until the next drain"
+            )
     time.sleep(pause)
     job.start(d, *(["--resume-if-present"] if d in job.servers else []))
     if event.startswith("kill"):
@@ -476,7 +503,11 @@ def _await_joined(job: _Job, d: _Daemon, stall: float) -> None:
 
 def _finish(job: _Job, stall: float) -> list[str]:
     """Once every worker has joined (one started again just now may not have yet), SIGTERM the
-    servers; every daemon must exit 0 (the workers follow their servers)."""
+    servers; every daemon must exit 0 (the workers follow their servers). One drained is
+    started again first: it joins again, and ends with the others."""
+    if job.drained is not None:
+        job.start(job.drained)
+        job.drained = None
     deadline = time.monotonic() + stall
     for d in job.workers:
         try:
@@ -520,12 +551,15 @@ def _finish_done(
             behind = [d.name for d in job.servers if not job.done(d)]
             return [f"{', '.join(behind)} not done within {args.stall:g} s of the first server"]
         time.sleep(0.1)
-    problems = _exits(job, job.workers, "at the job's end")
+    # (one drained exited at its SIGTERM, checked then: -15 where it was still starting)
+    ending = [d for d in job.workers if d is not job.drained]
+    problems = _exits(job, ending, "at the job's end")
     if problems:
         return problems
-    # A worker started again after the end, as a Kubernetes Job retries a failed pod: its own
-    # summary, so that the one of its run that trained stays.
-    late = rng.choice(job.workers)
+    # A worker started again after the end, as a Kubernetes Job retries a failed pod (or the
+    # one drained, back): its own summary, so that the one of its run that trained stays.
+    late = job.drained or rng.choice(job.workers)
+    job.drained = None
     asked = time.monotonic()
     job.start(late, "--metrics", str(job.tmp / f"{late.name}-after-the-end.json"))
     assert late.proc is not None
@@ -619,6 +653,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
         parser.error(
             f"--events: unknown {', '.join(bad) or '(none given)'}; from {', '.join(EVENTS)}"
         )
+    if "drain-worker" in events and args.workers < 2:
+        parser.error("--events drain-worker: needs --workers 2 or more (one trains on)")
     if args.transport not in tw.TRANSPORT_NAMES or args.transport == "auto":
         parser.error(f"--transport {args.transport}: from {', '.join(tw.TRANSPORT_NAMES[1:])}")
     # each daemon's flags: what PASSED_ON sets, then --ps-args or --worker-args (they win)

@@ -101,6 +101,9 @@ class Layout:
     #: rank, with the job's step then: a resumed server does not wait for them (none in a
     #: checkpoint written before it said)
     left: dict[int, int]
+    #: the workers lost (killed, frozen past --step-timeout, their machine gone) that had not
+    #: joined again, by rank, with their steps: a resumed server does not wait for them either
+    lost: dict[int, int]
 
 
 def layout_of(path: str) -> Layout:
@@ -112,9 +115,9 @@ def layout_of(path: str) -> Layout:
             raise ValueError("its fingerprint is not one a parameter server writes")
         listed = json.loads(str(data["__specs__"]))
         specs = {str(n): (tuple(int(d) for d in shape), str(dt)) for n, shape, dt in listed}
-        done, left = (
+        done, left, lost = (
             json.loads(str(data[key])) if key in data.files else []
-            for key in ("__finished__", "__left__")
+            for key in ("__finished__", "__left__", "__lost__")
         )
         return Layout(
             path=path,
@@ -127,6 +130,7 @@ def layout_of(path: str) -> Layout:
             specs=specs,
             finished={int(rank): int(step) for rank, step in done},
             left={int(rank): int(step) for rank, step in left},
+            lost={int(rank): int(step) for rank, step in lost},
         )
 
 
@@ -145,10 +149,12 @@ def save(
     specs: dict[str, tuple[tuple[int, ...], str]],
     finished: dict[int, int] | None = None,
     left: dict[int, int] | None = None,
+    lost: dict[int, int] | None = None,
 ) -> None:
     """``finished``: (asp, ssp) the workers that did all their steps, by rank, with the step
-    each reached; ``left``: those that left on their own, with the step they left at. A
-    resumed server waits for neither to join (``Layout.finished``, ``Layout.left``)."""
+    each reached; ``left``: those that left on their own, with the step they left at;
+    ``lost``: those lost and not joined again. A resumed server waits for none of them to
+    join (``Layout.finished``, ``Layout.left``, ``Layout.lost``)."""
     arrays: dict[str, Any] = {
         "__step__": np.int64(step),
         "__fingerprint__": np.array(fingerprint),
@@ -156,6 +162,7 @@ def save(
         "__specs__": np.array(json.dumps([[n, list(sh), dt] for n, (sh, dt) in specs.items()])),
         "__finished__": np.array(json.dumps(sorted((finished or {}).items()))),
         "__left__": np.array(json.dumps(sorted((left or {}).items()))),
+        "__lost__": np.array(json.dumps(sorted((lost or {}).items()))),
     }
     for key, value in params.items():
         arrays[f"p:{key}"] = value

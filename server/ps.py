@@ -324,6 +324,10 @@ class _Worker:
     #: trains on) and has not joined again: its step no longer holds the job's (asp, ssp), and
     #: checkpoints record it, so that a server restarted from one does not wait for it
     left: bool = False
+    #: (resumed) it was not taking part at the checkpoint we resumed from (it had left, or
+    #: was lost and had not joined again): the job forms again without it, and takes it back
+    #: when it joins again
+    absent: bool = False
 
 
 def open_receiver(
@@ -386,8 +390,8 @@ class ParameterServer:
         )
         self._saved_step: int | None = None  # the step of the last checkpoint written or read
         #: the workers that had done all their steps, as the last checkpoint written records them
-        #: the workers that finished, and those that left, as the last checkpoint recorded them
-        self._saved_workers: tuple[dict[int, int], dict[int, int]] = ({}, {})
+        #: the workers that finished, left, and were lost, as the last checkpoint recorded them
+        self._saved_workers: tuple[dict[int, int], ...] = ({}, {}, {})
         self._failing = 0  # checkpoints failed since the last one written
         self._failure_said = -math.inf  # when a failure was last logged
         # Known once the workers join (or from the checkpoint when resuming): the parameters'
@@ -483,7 +487,7 @@ class ParameterServer:
             raise PSError(f"--resume: no checkpoint at {self.ckpt or '(no --checkpoint-dir)'}")
         try:
             layout = checkpoint.layout_of(self.ckpt)  # what it was written for, read once
-            finished, left = layout.finished, layout.left
+            finished, left, lost = layout.finished, layout.left, layout.lost
             self._setup(layout.specs, needs_init=False)
             self.step, params, state = checkpoint.load(self.ckpt, self.fingerprint)
         except (ValueError, OSError, KeyError) as exc:
@@ -493,15 +497,19 @@ class ParameterServer:
         self.opt.adopt(state, self.place.from_host)
         for w in self.workers:
             w.step = self.step
-        self._saved_step, self._saved_workers = self.step, (finished, left)
+        self._saved_step, self._saved_workers = self.step, (finished, left, lost)
         log.info("resumed shard %d from %s at step %d", self.cfg.shard, self.ckpt, self.step)
-        self._not_waited_for(finished, left)
+        self._not_waited_for(finished, left, lost)
 
-    def _not_waited_for(self, finished: dict[int, int], left: dict[int, int]) -> None:
+    def _not_waited_for(
+        self, finished: dict[int, int], left: dict[int, int], lost: dict[int, int]
+    ) -> None:
         """(Resumed.) Mark the workers the job forms again without, as the checkpoint recorded
-        them: those that did all their steps (asp, ssp) and exited, and those that left on
-        their own while the job trained on, each of which joins again once started again.
-        Waited for, none of them would come, and the job could not form again."""
+        them: those that did all their steps (asp, ssp) and exited, those that left on their
+        own while the job trained on, and those lost that had not joined again; each of the
+        last two is taken back when it joins (started again). Waited for, a worker that is not
+        coming back kept the job from forming again, and at --join-timeout the server exited 1,
+        and the workers with it; a running job goes on without such a worker."""
         if self.done:
             return  # nothing left to train: none is waited for beyond --join-timeout anyway
         if self.cfg.sync != "bsp":
@@ -517,17 +525,20 @@ class ParameterServer:
                     _ranks(done),
                     self.cfg.steps,
                 )
-        gone = [w for w in self.workers if w.rank in left and not w.finished]
+        away = {**lost, **left}
+        gone = [w for w in self.workers if w.rank in away and not w.finished]
         if len(gone) == sum(not w.finished for w in self.workers):
-            # Every worker still to train had left: the job was stopped by stopping its
-            # workers, and is started again as a whole. Waited for, as ever.
+            # No worker still to train was taking part: the job was stopped by stopping its
+            # workers (or lost them all), and is started again as a whole. Waited for.
             return
         for w in gone:
-            w.stopped = w.left = True
+            w.absent, w.left = True, w.rank in left
+            w.stopped = w.left  # (one lost, not waited for, is not done with the job either)
             log.info(
-                "worker %d left before (at step %d): not waited for: it joins again once started",
+                "worker %d %s before (at step %d): not waited for: it joins again once started",
                 w.rank,
-                left[w.rank],
+                "left" if w.left else "was lost",
+                away[w.rank],
             )
 
     def _setup(self, specs: Specs, *, needs_init: bool) -> None:
@@ -607,8 +618,8 @@ class ParameterServer:
     @property
     def awaited(self) -> int:
         """How many workers the job forms with: all, but for those a checkpoint we resumed from
-        says finished or left (:meth:`_not_waited_for`)."""
-        return sum(not (w.finished or w.left) for w in self.workers)
+        says finished, or not taking part (:meth:`_not_waited_for`)."""
+        return sum(not (w.finished or w.absent) for w in self.workers)
 
     @property
     def ended(self) -> bool:
@@ -718,7 +729,7 @@ class ParameterServer:
         missing)."""
         deadline = time.monotonic() + self.cfg.join_timeout
         next_look = time.monotonic() + REJOIN_CHECK_EVERY
-        while not all(w.alive or w.finished or w.left for w in self.workers):
+        while not all(w.alive or w.finished or w.absent for w in self.workers):
             progressed = self._take_join_messages(during_join=True)
             if progressed:
                 continue
@@ -727,7 +738,7 @@ class ParameterServer:
                 self._note_the_unready_gone()
             stopped = self._stop_requested
             if time.monotonic() >= deadline or stopped:
-                missing = [w.rank for w in self.workers if not (w.joined or w.finished or w.left)]
+                missing = [w.rank for w in self.workers if not (w.joined or w.finished or w.absent)]
                 unready = [w.rank for w in self.workers if w.joined and not w.alive]
                 detail = (
                     f"{_ranks(missing)} of {self.cfg.workers} did not join"
@@ -894,7 +905,7 @@ class ParameterServer:
                     self.rx.drain(init_name(c.cid))
             w.alive, w.step, w.probation, w.served = True, self.step, not during_join, None
             w.stopped, w.got, w.owed = False, set(), None  # what it is sent now supersedes
-            w.left = False
+            w.left = w.absent = False
             self._claim_dropped_notice(w)
             how = "joined" if during_join else "rejoined"
             self.stats.worker_events[how] += 1
@@ -957,8 +968,16 @@ class ParameterServer:
         ends the run with PSError (exit 1): the job's result would be lost unsaid."""
         finished = {w.rank: w.step for w in self.workers if w.step >= self.cfg.steps}
         left = {w.rank: w.step for w in self.workers if w.left and w.rank not in finished}
+        # lost, and not joined again (not waited for by a server resumed from this)
+        lost = {
+            w.rank: w.step
+            for w in self.workers
+            if not w.alive and w.rank not in finished and w.rank not in left
+        }
         if self.ckpt is None or (
-            final and self._saved_step == self.step and self._saved_workers == (finished, left)
+            final
+            and self._saved_step == self.step
+            and self._saved_workers == (finished, left, lost)
         ):
             return  # (the last step's is written already: --checkpoint-every divides it)
         started = time.monotonic()
@@ -974,6 +993,7 @@ class ParameterServer:
                 self.specs,
                 finished,
                 left,
+                lost,
             )
         except OSError as exc:
             self.stats.checkpoint_failures += 1
@@ -998,7 +1018,7 @@ class ParameterServer:
                 self._failing,
             )
             self._failing, self._failure_said = 0, -math.inf
-        self._saved_step, self._saved_workers = self.step, (finished, left)
+        self._saved_step, self._saved_workers = self.step, (finished, left, lost)
         self.stats.checkpoints += 1
         self.stats.checkpoint_seconds += time.monotonic() - started
         log.info("checkpoint at step %d written to %s", self.step, self.ckpt)

@@ -1100,25 +1100,33 @@ def test_an_asp_server_restarted_after_a_worker_finished_goes_on_without_waiting
     assert j.metrics("w1")["test_accuracy"] >= 0.9
 
 
-@pytest.mark.parametrize("sync", ["bsp", "asp"])
+@pytest.mark.parametrize(
+    ("sync", "how"), [("bsp", "left"), ("asp", "left"), ("bsp", "was lost"), ("asp", "was lost")]
+)
 def test_a_server_restarted_after_a_worker_left_goes_on_without_waiting_for_it(
-    tmp_path: Path, sync: str
+    tmp_path: Path, sync: str, how: str
 ) -> None:
-    """Worker 1 is stopped (its node drained: SIGTERM, exit 0, not started again) and the job
-    trains on with worker 0; then the server is SIGKILLed and started again. It waited for
-    worker 1 to join: it never came, and at --join-timeout the server exited 1, and worker 0
-    with it. Checkpoints now record who left, and the restarted server forms the job with the
-    others; the one that left joins again when it is started again."""
+    """Worker 1 is stopped (its node drained: SIGTERM, exit 0) or killed (SIGKILL), and not
+    started again; the job trains on with worker 0. Then the server is SIGKILLed and started
+    again. It waited for worker 1 to join: it never came, and at --join-timeout the server
+    exited 1, and worker 0 with it. Checkpoints now record who left or was lost, and the
+    restarted server forms the job with the others; worker 1 joins again when it is started
+    again."""
     ckpt = tmp_path / "ckpt"
     args = ["--sync", sync, "--steps", ENDLESS, "--checkpoint-dir", str(ckpt)]
     args += ["--checkpoint-every", "50", "--join-timeout", "20", "--log-level", "INFO"]
     j = Job(tmp_path, workers=2, ps=args)
     try:
         log_has(j.tmp / "ps0.log", "checkpoint at step 100 ", 60)  # both have trained
-        j.workers[1].send_signal(signal.SIGTERM)
-        assert j.workers[1].wait(60) == 0
-        log_has(j.tmp / "ps0.log", "worker 1 left at ", 30)
-        _trains_on(j)  # a checkpoint written since it left
+        if how == "left":
+            j.workers[1].send_signal(signal.SIGTERM)
+            assert j.workers[1].wait(60) == 0
+            log_has(j.tmp / "ps0.log", "worker 1 left at ", 30)
+        else:
+            j.workers[1].kill()
+            assert j.workers[1].wait(60) == -signal.SIGKILL
+            log_has(j.tmp / "ps0.log", "worker 1 lost at ", 30)
+        _trains_on(j)  # a checkpoint written since
         j.ps[0].kill()
         assert j.ps[0].wait(10) == -signal.SIGKILL
         again = j.start([*j.ps[0].args, "--resume"], log="ps0-again")
@@ -1133,8 +1141,9 @@ def test_a_server_restarted_after_a_worker_left_goes_on_without_waiting_for_it(
         j.kill()
     text = (j.tmp / "ps0-again.log").read_text()
     assert codes == [0, 0, 0], text + j.log("w0")
-    assert "worker 1 left before (at step " in text, text
+    assert f"worker 1 {how} before (at step " in text, text
     assert "not waited for: it joins again once started" in text, text
+    assert "waiting for 1 of 2 workers" in text, text
 
 
 @pytest.mark.parametrize("sync", ["asp", "ssp"])
@@ -2090,6 +2099,25 @@ def test_chaos_job_that_ends_by_itself_ends_cleanly_through_its_faults(tmp_path:
     assert after["exit"] == 0 and after["told"] and after["exited_after_s"] < 30, out
     assert "the job ended by itself (--steps 2500; the servers' steps [2500, 2500])" in out
     assert len(result["events"]) >= 1 and result["accuracy"] >= 0.9, out
+
+
+@pytest.mark.timeout(300)
+def test_chaos_drains_a_worker_while_a_server_restarts_and_the_job_trains_on(
+    tmp_path: Path,
+) -> None:
+    """`bench chaos --events drain-worker,...`: a worker stopped and left out (its node drained)
+    while a server is killed and restarted from its checkpoint, which forms the job without
+    it; the next drain starts it again and it joins again. Seed 2 makes exactly that sequence
+    (the faults' choices come from the seed alone)."""
+    args = ["--events", "drain-worker,kill-server", "--seed", "2", "--duration", "5"]
+    args += ["--min-faults", "3", "--stall", "60", "--gap", "0.5", "--no-progress"]
+    out, result = bench_job(tmp_path, "chaos", *args, timeout=300)
+    assert result["problems"] == [], out
+    what = [e["what"] for e in result["events"][:3]]
+    assert what[0].startswith("w0 drained (exited "), out
+    assert what[1].startswith("ps1 killed, started again"), out
+    assert what[2] == "w0 started again after its drain", out
+    assert result["accuracy"] >= 0.9
 
 
 @needs_pid_namespaces
