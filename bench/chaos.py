@@ -653,8 +653,6 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
         parser.error(
             f"--events: unknown {', '.join(bad) or '(none given)'}; from {', '.join(EVENTS)}"
         )
-    if "drain-worker" in events and args.workers < 2:
-        parser.error("--events drain-worker: needs --workers 2 or more (one trains on)")
     if args.transport not in tw.TRANSPORT_NAMES or args.transport == "auto":
         parser.error(f"--transport {args.transport}: from {', '.join(tw.TRANSPORT_NAMES[1:])}")
     # each daemon's flags: what PASSED_ON sets, then --ps-args or --worker-args (they win)

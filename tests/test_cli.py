@@ -305,7 +305,6 @@ def test_bad_arguments_are_one_clear_line(args: list[str]) -> None:
         (["bench", "chaos", "--optimizer", "lbfgs"], "--optimizer"),
         (["bench", "chaos", "--worker-args=--no-such-flag"], "--worker-args"),
         (["bench", "chaos", "--ps-args=--sync maybe"], "--ps-args"),
-        (["bench", "chaos", "--events", "drain-worker", "--workers", "1"], "--events"),
         (["bench", "soak", "--duration", "nan"], "--duration"),
         # faults that could not begin within the run: refused, not a run without them
         (["bench", "soak", "--kill-every", "1", "--duration", "2"], "--kill-every"),
