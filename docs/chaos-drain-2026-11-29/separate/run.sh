@@ -1,5 +1,5 @@
 #!/bin/sh
-# Run from the repository root with the venv active , as root (--hosts separate); run at e0b859b.
+# Run from the repository root with the venv active, as root (--hosts separate); run at e0b859b.
 events=drain-worker,kill-server,kill-worker,freeze-worker,stop-worker,freeze-server
 for spec in "tcp bsp 8000 5101" "tcp asp 8000 5102" "nixl ssp 6000 5103" "grpc-stream asp 2000 5104" "tcp ssp 8000 5105"; do
   set -- $spec
