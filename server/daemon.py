@@ -113,7 +113,13 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
         help=f"steps between checkpoints (default {d.checkpoint_every}; 0: only the last one, "
         "as the server ends)",
     )
-    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the last checkpoint (the job forms again without the workers it "
+        "records as done with their steps, left on their own, or lost: the last two are taken "
+        "back when they join)",
+    )
     p.add_argument(
         "--resume-if-present",
         action="store_true",
