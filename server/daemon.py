@@ -161,6 +161,18 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
         "job's memory is given back first (default 0: exit at once)",
     )
     p.add_argument(
+        "--on-sigterm",
+        choices=("stop", "restart"),
+        default="stop",
+        help="what SIGTERM means. stop (default): the job stops: the step in flight is "
+        "finished and checkpointed, and every worker is told to stop (they exit 0), as a "
+        "launcher stopping a job wants. restart: this server goes away and will be started "
+        "again (an orchestrator moving it: a Kubernetes pod deleted, evicted or rolled): it "
+        "checkpoints where the job is and exits 0 without telling the workers, which wait for "
+        "it (their --reconnect-timeout) and rejoin it once it resumes. SIGINT always stops the "
+        "job; once the job is done, SIGTERM ends a linger either way",
+    )
+    p.add_argument(
         "--split-bytes",
         type=config.at_least(1),
         default=d.split_bytes,
@@ -238,8 +250,13 @@ def _run(argv: list[str] | None, prog: str) -> int:
         server.close()
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: server.request_stop())  # (also ends a linger)
+    signal.signal(signal.SIGINT, lambda *_: server.request_stop())  # (also ends a linger)
+    signal.signal(
+        signal.SIGTERM,
+        lambda *_: (
+            server.request_departure() if args.on_sigterm == "restart" else server.request_stop()
+        ),
+    )
     logging.getLogger("tensorwire.ps").info(
         "shard %d of %d serving at %s; waiting for %s (they bring the model)",
         cfg.shard,
@@ -281,7 +298,8 @@ def _run(argv: list[str] | None, prog: str) -> int:
         code = _summarise(server, args, start, prog)
         if code == 0 and server.ended and not server.stop_requested and args.linger > 0:
             published = server.published(done_at=server.step)
-            linger(cfg, server.address, published, args.linger, lambda: server.stop_requested)
+            asked = lambda: server.stop_requested or server.departing  # noqa: E731
+            linger(cfg, server.address, published, args.linger, asked)
         return code
     finally:
         if scrape is not None:  # (scraped while we linger: a server done is not one down)
@@ -313,9 +331,17 @@ def _summarise(server: ParameterServer, args: argparse.Namespace, start: int, pr
         "transport": cfg.transport,
         "traffic": tw_metrics.totals(),
     }
+    if server.departed:
+        print(
+            f"ps{cfg.shard}: left the job at step {server.step} (SIGTERM, --on-sigterm "
+            "restart), its checkpoint written there; the workers wait for this server to be "
+            "started again (--resume-if-present)",
+            file=sys.stderr,
+        )
     print(
-        f"ps{cfg.shard}: done at step {server.step}: {steps} steps in {secs:.2f} s "
-        f"({summary['steps_per_s']:.1f} steps/s), loss {summary['final_loss']}",
+        f"ps{cfg.shard}: {'left' if server.departed else 'done'} at step {server.step}: "
+        f"{steps} steps in {secs:.2f} s ({summary['steps_per_s']:.1f} steps/s), loss "
+        f"{summary['final_loss']}",
         file=sys.stderr,
     )
     return config.write_summary(args.metrics, summary, prog)

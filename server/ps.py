@@ -181,6 +181,10 @@ CHECKPOINT_ERROR_EVERY = 60.0
 STOP_GRACE_STEPS = 3
 
 
+class _Departing(Exception):
+    """This server goes away, to be started again (:meth:`ParameterServer.request_departure`)."""
+
+
 class _WorkerLeft(Exception):
     """A worker said it stops (another server said stop, or it was stopped itself)."""
 
@@ -417,6 +421,9 @@ class ParameterServer:
         self.stats = PSStats(gradient_wait={r: 0.0 for r in range(cfg.workers)})
         self._stop_requested = False
         self._stop_asked_at = 0.0
+        self._departing = False  # (request_departure)
+        #: it went away at request_departure, checkpointed, the workers not told
+        self.departed = False
         #: why the job never formed, where a stop was asked during the join (None otherwise)
         self.stopped_while_joining: str | None = None
         self._ended = False  # (ended)
@@ -600,6 +607,24 @@ class ParameterServer:
             self._stop_asked_at = time.monotonic()
         self._stop_requested = True
 
+    def request_departure(self) -> None:
+        """Go away, to be started again (an orchestrator moving this server: a Kubernetes pod
+        deleted, evicted or rolled), the job going on (signal-safe): at the next wait, write
+        the checkpoint of where the job is, and return from :meth:`run` without a word to the
+        workers, which wait for this server (their --reconnect-timeout) as for one that
+        failed, and rejoin it once it is back from that checkpoint. A stop
+        (:meth:`request_stop`) instead ends the job, telling every worker."""
+        self._departing = True
+
+    @property
+    def departing(self) -> bool:
+        """A departure was asked (:meth:`request_departure`)."""
+        return self._departing
+
+    def _check_departure(self) -> None:
+        if self._departing:
+            raise _Departing
+
     @property
     def stop_requested(self) -> bool:
         """A stop was asked (:meth:`request_stop`)."""
@@ -736,6 +761,9 @@ class ParameterServer:
             if time.monotonic() >= next_look:
                 next_look = time.monotonic() + REJOIN_CHECK_EVERY
                 self._note_the_unready_gone()
+            if self._departing:  # (nothing trained since we started: nothing to checkpoint)
+                self.departed = True
+                return False
             stopped = self._stop_requested
             if time.monotonic() >= deadline or stopped:
                 missing = [w.rank for w in self.workers if not (w.joined or w.finished or w.absent)]
@@ -1046,7 +1074,7 @@ class ParameterServer:
         if not self._join():
             # stopped before the job formed (nothing trained, nothing to checkpoint), or
             # resumed at its last step
-            self._ended = self.resumed_done and not self._stop_requested
+            self._ended = self.resumed_done and not (self._stop_requested or self.departed)
             return
         self.started_at = time.monotonic()  # steps/s counts from here, not from start-up
         for w in self.workers:
@@ -1055,10 +1083,17 @@ class ParameterServer:
             # a worker that cannot take them is gone on without, as in any step (this send
             # ended the server with exit 1 before)
             self._serve(w, STATUS_STOP if self.step >= self.cfg.steps else STATUS_RUN)
-        if self.cfg.sync == "bsp":
-            self._run_bsp()
-        else:
-            self._run_async(10**9 if self.cfg.sync == "asp" else self.cfg.staleness)
+        try:
+            if self.cfg.sync == "bsp":
+                self._run_bsp()
+            else:
+                self._run_async(10**9 if self.cfg.sync == "asp" else self.cfg.staleness)
+        except _Departing:
+            # Between steps (bsp: the parameters are the last step's until every gradient of
+            # the next is in; asp, ssp: between messages): the checkpoint is where the job is.
+            self.departed = True
+            self._checkpoint(final=True)
+            return
         # (bsp returns at the last step or at a stop; asp and ssp once every worker taking
         # part stopped, which only a stop makes them do before their last step, or leaving)
         self._ended = not self._stop_requested
@@ -1324,6 +1359,7 @@ class ParameterServer:
             except tw.PeerLostError as exc:
                 raise _WorkerLost(str(exc)) from None
             except tw.WireTimeoutError:
+                self._check_departure()
                 if self.rx.pending(leave_name(w.rank)):
                     raise _WorkerLeft from None
                 self._read_catch_up()
@@ -1414,6 +1450,7 @@ class ParameterServer:
 
     def _run_bsp(self) -> None:
         while self.step < self.cfg.steps:
+            self._check_departure()
             t0 = time.monotonic()
             losses: list[float] = []
             accuracy: float | None = None
@@ -1622,6 +1659,7 @@ class ParameterServer:
         deadline = time.monotonic() + patience
         log.warning("every worker was lost: waiting up to %g s for one to join again", patience)
         while not self._training:
+            self._check_departure()
             if self._stop_requested:
                 return  # asked to stop while waiting: the job ends here, cleanly
             if time.monotonic() > deadline:
@@ -1649,6 +1687,7 @@ class ParameterServer:
         for w in self.workers:
             w.heard = t0
         while True:
+            self._check_departure()
             if not self._training:
                 # Every worker stopped (its steps done, or it left), or the job's are: it
                 # ended. Else some were lost and may join again (restarted, or dropped and

@@ -1177,6 +1177,42 @@ def test_an_async_job_does_not_end_when_its_workers_are_lost_after_one_left(
     assert "every worker was lost: waiting up to " in text, text
 
 
+@pytest.mark.parametrize("sync", ["bsp", "asp"])
+def test_a_server_told_sigterm_means_restart_leaves_and_its_workers_wait_for_it(
+    tmp_path: Path, sync: str
+) -> None:
+    """`--on-sigterm restart` (an orchestrator moving the server: a pod deleted, evicted or
+    rolled): SIGTERM makes the server checkpoint where the job is and exit 0 without telling
+    the workers, which wait for it and rejoin it once it is started again from that
+    checkpoint, at the step it left. By default SIGTERM stops the whole job (the workers exit
+    0), so a Kubernetes pod moved ended the training there."""
+    ckpt = tmp_path / "ckpt"
+    args = ["--sync", sync, "--steps", ENDLESS, "--checkpoint-dir", str(ckpt)]
+    args += ["--checkpoint-every", "50", "--log-level", "INFO", "--on-sigterm", "restart"]
+    j = Job(tmp_path, workers=2, ps=args, worker=["--log-level", "INFO"])
+    try:
+        log_has(j.tmp / "ps0.log", "checkpoint at step 100 ", 60)  # both have trained
+        code, took = _stop_and_time(j.ps[0])
+        assert code == 0 and took < 30, j.log("ps0")
+        text = j.log("ps0")
+        left = int(text.split("left the job at step ")[1].split()[0])
+        assert f"checkpoint at step {left} written" in text, text
+        log_has(j.tmp / "w0.log", "reconnecting, waiting up to", 30)
+        time.sleep(1)
+        assert [w.poll() for w in j.workers] == [None, None]  # waiting for it, not stopped
+        again = j.start([*j.ps[0].args, "--resume", "--on-sigterm", "stop"], log="ps0-again")
+        log_has(j.tmp / "ps0-again.log", "resumed shard 0 from ", 60)
+        _trains_on(j, "ps0-again")
+        again.send_signal(signal.SIGTERM)  # (stop: the job ends, the workers with it)
+        codes = [again.wait(60), *(w.wait(60) for w in j.workers)]
+    finally:
+        j.kill()
+    again_text = (j.tmp / "ps0-again.log").read_text()
+    assert codes == [0, 0, 0], again_text + j.log("w0")
+    assert f" at step {left}\n" in again_text.split("resumed shard 0 from ")[1], again_text
+    assert "rejoined the parameter servers" in j.log("w0") + j.log("w1")
+
+
 @needs_pid_namespaces
 def test_a_server_restarted_at_once_on_a_host_of_its_own_trains_on_with_its_workers(
     job: Any, tmp_path: Path
