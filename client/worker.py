@@ -5,7 +5,8 @@ on its shard of the data through a :class:`PSClient`: wait for the servers' para
 straight into the model's registered storage), compute the gradient of its batch, push it
 one-sided into the servers. Rank 0 evaluates test accuracy every
 ``--eval-every`` steps and at the end. Configured by flags, ``--config`` TOML or ``TENSORWIRE_*``
-variables. SIGTERM or Ctrl-C: finish the current step, then exit 0.
+variables. SIGTERM or Ctrl-C: finish the current step, leave the job, then exit 0 (a SIGTERM
+with ``--on-sigterm restart``: exit 143, to be started again).
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ from . import tasks
 from .metrics import WorkerStats, worker_metrics
 from .psclient import PSClient, PSClientJobDone, PSClientStopped
 from .tasks import Task
+
+#: A worker's exit status at a SIGTERM with --on-sigterm restart: not done, to be started again
+#: (a shell's status of a process a SIGTERM ended)
+EXIT_RESTART = 128 + signal.SIGTERM
 
 log = logging.getLogger("tensorwire.worker")
 
@@ -123,6 +128,16 @@ def build_parser(prog: str = "tensorwire-worker") -> argparse.ArgumentParser:
         type=config.positive_seconds,
         default=120.0,
         help="how long to wait for a lost server to come back",
+    )
+    p.add_argument(
+        "--on-sigterm",
+        choices=("stop", "restart"),
+        default="stop",
+        help="what SIGTERM means to this worker. Either way it finishes its step, tells the "
+        "servers it leaves (they go on without it) and writes its summary. stop (default): "
+        f"then exit 0. restart: then exit {EXIT_RESTART} (128 + SIGTERM), so that an "
+        "orchestrator that moves it (a Kubernetes pod evicted) starts it again rather than "
+        "count its part done; it rejoins the job. Ctrl-C (SIGINT) always exits 0",
     )
     p.add_argument(
         "--curve-keys",
@@ -307,9 +322,11 @@ def _run(argv: list[str] | None, prog: str) -> int:
         print(f"{prog}: error: --model {args.model!r}: {exc}", file=sys.stderr)
         return 1
     stop = [False]
+    restart = [False]  # a SIGTERM under --on-sigterm restart: exit EXIT_RESTART
 
-    def on_signal(*_: object) -> None:
+    def on_signal(sig: int, _frame: object) -> None:
         stop[0] = True
+        restart[0] = restart[0] or (sig == signal.SIGTERM and args.on_sigterm == "restart")
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
@@ -381,7 +398,7 @@ def _run(argv: list[str] | None, prog: str) -> int:
         return config.write_summary(args.metrics, nothing_trained(args.rank, exc.done_at), prog)
     except PSClientStopped as exc:  # asked to stop before the job formed: nothing trained
         print(f"worker{args.rank}: {exc}, before the job began", file=sys.stderr)
-        return 0
+        return EXIT_RESTART if restart[0] else 0
     except tw.TensorWireError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
@@ -394,7 +411,15 @@ def _run(argv: list[str] | None, prog: str) -> int:
         f"test accuracy {metrics['test_accuracy']:.4f}",
         file=sys.stderr,
     )
-    return config.write_summary(args.metrics, metrics, prog)
+    code = config.write_summary(args.metrics, metrics, prog)
+    if code == 0 and restart[0]:
+        print(
+            f"worker{args.rank}: stopped by SIGTERM (--on-sigterm restart): exit "
+            f"{EXIT_RESTART}, to be started again; the job goes on without it meanwhile",
+            file=sys.stderr,
+        )
+        return EXIT_RESTART
+    return code
 
 
 if __name__ == "__main__":

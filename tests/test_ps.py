@@ -1213,6 +1213,35 @@ def test_a_server_told_sigterm_means_restart_leaves_and_its_workers_wait_for_it(
     assert "rejoined the parameter servers" in j.log("w0") + j.log("w1")
 
 
+def test_a_worker_told_sigterm_means_restart_leaves_exits_143_and_rejoins(
+    tmp_path: Path,
+) -> None:
+    """`tensorwire-worker --on-sigterm restart` (a Kubernetes worker pod evicted): at SIGTERM it
+    finishes its step, leaves (the job goes on without it) and exits 143, so that its Job
+    starts it again rather than count its rank done (it exited 0, and the evicted rank never
+    came back); started again, it rejoins. Ctrl-C still exits 0."""
+    args = ["--steps", ENDLESS, "--log-level", "INFO"]
+    j = Job(tmp_path, workers=2, ps=args, worker=["--on-sigterm", "restart"])
+    try:
+        _wait_for(j, "worker 1 joined")
+        _wait_for(j, "worker 0 joined")
+        j.workers[1].send_signal(signal.SIGTERM)
+        assert j.workers[1].wait(60) == 143, j.log("w1")
+        log_has(j.tmp / "ps0.log", "worker 1 left at step ", 30)
+        assert "(it was stopped)" in j.log("ps0")
+        assert j.metrics("w1")["stopped_by_signal"] is True  # its summary, written first
+        again = j.restart_worker(1)
+        log_has(j.tmp / "ps0.log", "worker 1 rejoined ", 60)
+        again.send_signal(signal.SIGINT)
+        assert again.wait(60) == 0, j.log("w1-again")
+        j.ps[0].send_signal(signal.SIGTERM)
+        codes = [j.ps[0].wait(60), j.workers[0].wait(60)]
+    finally:
+        j.kill()
+    assert codes == [0, 0], j.log("ps0") + j.log("w0")
+    assert "exit 143, to be started again" in j.log("w1")
+
+
 @needs_pid_namespaces
 def test_a_server_restarted_at_once_on_a_host_of_its_own_trains_on_with_its_workers(
     job: Any, tmp_path: Path
