@@ -20,6 +20,9 @@ What the faults are (``--events``):
   is out at a time); at the end it is started again (with ``--steps``, after the job's end: it
   must hear so). Not among the default events;
 - ``kill-server``: SIGKILL a server, start it again with ``--resume-if-present``;
+- ``move-server``: SIGTERM a server run with ``--on-sigterm restart`` (as an orchestrator moves
+  one: it checkpoints where the job is and exits 0, the workers not told), start it again with
+  ``--resume-if-present``. Not among the default events; with it, every server runs so;
 - ``freeze-server``: SIGSTOP a server for up to ``--step-timeout``, then SIGCONT.
 
 With ``--hosts separate`` every daemon runs in a pid and mount namespace of its own (root and
@@ -74,9 +77,11 @@ EVENTS = (
     "stop-worker",
     "drain-worker",
     "kill-server",
+    "move-server",
     "freeze-server",
 )
-#: (drain-worker left out: the seeds of the runs recorded before it make the same faults)
+#: (drain-worker and move-server left out: the seeds of the runs recorded before them make the
+#: same faults)
 DEFAULT_EVENTS = "kill-worker,freeze-worker,stop-worker,kill-server,freeze-server"
 #: the daemons' flags a run may set: each flag, the daemon it goes to, its choices (None: any
 #: value) with the default first, and what it is. They vary what the faults meet: the 16-bit
@@ -267,6 +272,7 @@ class _Job:
                     *("--checkpoint-dir", str(tmp / f"ckpt{s}")),
                     *("--checkpoint-every", str(args.checkpoint_every)),
                     *("--metrics", str(tmp / f"ps{s}.json")),
+                    *(["--on-sigterm", "restart"] if args.moves else []),
                     *args.extra["ps"],
                     shard=s,
                     shards=args.servers,
@@ -443,7 +449,19 @@ def _disrupt(
         job.signal(d, signal.SIGCONT)
         return f"{d.name} frozen for {pause:.1f} s"
     pause = rng.uniform(0.1, 2.0)
-    if event.startswith("kill"):
+    if event == "move-server":
+        # it checkpoints where the job is and exits 0, the workers not told (--on-sigterm
+        # restart); one done lingers, and ends at it too
+        job.signal(d, signal.SIGTERM)
+        try:
+            code = proc.wait(EXIT_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            raise _Failure(
+                f"{d.name} did not exit within {EXIT_TIMEOUT:g} s of SIGTERM ({job.tail(d)})"
+            ) from None
+        if code != 0:
+            raise _Failure(f"{d.name} exited with {code} at SIGTERM ({job.tail(d)})")
+    elif event.startswith("kill"):
         job.signal(d, signal.SIGKILL)
         code = proc.wait(30)
         if job.finished(d):
@@ -480,6 +498,8 @@ def _disrupt(
     job.start(d, *(["--resume-if-present"] if d in job.servers else []))
     if event.startswith("kill"):
         verb = "killed"
+    elif event == "move-server":
+        verb = "moved (SIGTERM: it left the job, exit 0)"
     else:
         verb = f"stopped (exited {record['exited_after_s']:.1f} s after its SIGTERM)"
     return f"{d.name} {verb}, started again {pause:.1f} s later"
@@ -648,6 +668,7 @@ def _more_faults(job: _Job, args: argparse.Namespace, end: float, made: int) -> 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
     events = [e.strip() for e in args.events.split(",") if e.strip()]
+    args.moves = "move-server" in events  # (the servers then run with --on-sigterm restart)
     bad = [e for e in events if e not in EVENTS]
     if bad or not events:
         parser.error(
