@@ -1093,6 +1093,14 @@ class ParameterServer:
             # the next is in; asp, ssp: between messages): the checkpoint is where the job is.
             self.departed = True
             self._checkpoint(final=True)
+            # Without a goodbye, each worker's receiver sees us gone as a loss, and the worker
+            # reaches for us again at once. After a clean goodbye it noticed only when its ping
+            # failed, 2 s later (PROBE_EVERY): a chaos run's moves took 2.6-2.8 s to train on
+            # again, its kills 1.5-1.7 s.
+            for w in self.workers:
+                if w.address:
+                    with contextlib.suppress(tw.TensorWireError):
+                        self.tx.remove_peer(w.address, goodbye=False)
             return
         # (bsp returns at the last step or at a stop; asp and ssp once every worker taking
         # part stopped, which only a stop makes them do before their last step, or leaving)

@@ -1210,7 +1210,10 @@ def test_a_server_told_sigterm_means_restart_leaves_and_its_workers_wait_for_it(
     again_text = (j.tmp / "ps0-again.log").read_text()
     assert codes == [0, 0, 0], again_text + j.log("w0")
     assert f" at step {left}\n" in again_text.split("resumed shard 0 from ")[1], again_text
-    assert "rejoined the parameter servers" in j.log("w0") + j.log("w1")
+    workers = j.log("w0") + j.log("w1")
+    assert "rejoined the parameter servers" in workers
+    # seen gone as a loss at once (no goodbye), not 2 s later when a ping failed
+    assert "was lost: " in workers and "failed a ping" not in workers, workers
 
 
 def test_a_worker_told_sigterm_means_restart_leaves_exits_143_and_rejoins(
