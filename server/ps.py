@@ -1145,6 +1145,7 @@ class ParameterServer:
         """``w`` said it stops: go on without it at once (its gradients will not come)."""
         try:
             alone = self._leaves_alone(wait_past_losses(self.rx, leave_name(w.rank), 0.0))
+            self.rx.release(leave_name(w.rank))  # (a drain leaves a message taken alone)
         except tw.TensorWireError:  # (lost since: taken as the job stopping, as before)
             alone = False
         finally:

@@ -1245,6 +1245,34 @@ def test_a_worker_told_sigterm_means_restart_leaves_exits_143_and_rejoins(
     assert "exit 143, to be started again" in j.log("w1")
 
 
+def test_a_bsp_worker_that_leaves_again_and_again_is_heard_leaving_each_time(
+    tmp_path: Path,
+) -> None:
+    """Worker 1 is stopped (SIGTERM) and started again three times: each time the server hears
+    it leave. Its leave message, read to learn why it left, was left taken by the drain that
+    followed: the leave tensor's ring of two was full after two leaves, and the third worker's
+    leave timed out, so the server took it for lost."""
+    j = Job(tmp_path, workers=2, ps=["--steps", ENDLESS, "--log-level", "INFO"])
+    try:
+        for k in range(3):
+            log_has(
+                j.tmp / "ps0.log", "worker 1 joined" if k == 0 else "worker 1 rejoined", 60, k or 1
+            )
+            w1 = j.workers[-1]
+            w1.send_signal(signal.SIGTERM)
+            assert w1.wait(60) == 0
+            log_has(j.tmp / "ps0.log", "worker 1 left at step ", 30, k + 1)
+            j.restart_worker(1)
+        log_has(j.tmp / "ps0.log", "worker 1 rejoined", 60, 3)
+        j.ps[0].send_signal(signal.SIGTERM)
+        codes = [p.wait(60) for p in (j.ps[0], j.workers[0], j.workers[-1])]
+    finally:
+        j.kill()
+    text = j.log("ps0")
+    assert codes == [0, 0, 0], text
+    assert text.count("worker 1 left at step ") == 3 and "worker 1 lost at" not in text, text
+
+
 @needs_pid_namespaces
 def test_a_server_restarted_at_once_on_a_host_of_its_own_trains_on_with_its_workers(
     job: Any, tmp_path: Path
