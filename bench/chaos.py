@@ -71,6 +71,8 @@ from tensorwire.process import first_child
 from .common import UNSHARE, hosts_problem, machine_facts, signal_target
 from .report import SCHEMA
 
+#: what a server logs once its SIGTERM handler is set (server/daemon.py)
+SERVING_MARK = " serving at "
 EVENTS = (
     "kill-worker",
     "freeze-worker",
@@ -451,14 +453,11 @@ def _disrupt(
     pause = rng.uniform(0.1, 2.0)
     if event == "move-server":
         # it checkpoints where the job is and exits 0, the workers not told (--on-sigterm
-        # restart); one done lingers, and ends at it too
-        job.signal(d, signal.SIGTERM)
-        try:
-            code = proc.wait(EXIT_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            raise _Failure(
-                f"{d.name} did not exit within {EXIT_TIMEOUT:g} s of SIGTERM ({job.tail(d)})"
-            ) from None
+        # restart); one done lingers, and ends at it too. One started again just now is moved
+        # once its SIGTERM handler is set (it logs that it serves just after): before, the
+        # signal would end it (-15), or be ignored (pid 1 of its namespace)
+        _await_joined(job, d, args.stall, SERVING_MARK)
+        code = _terminate(job, d, proc)
         if code != 0:
             raise _Failure(f"{d.name} exited with {code} at SIGTERM ({job.tail(d)})")
     elif event.startswith("kill"):
@@ -478,14 +477,8 @@ def _disrupt(
             _await_joined(job, d, args.stall)
             starting = False
         asked = time.monotonic()
-        job.signal(d, signal.SIGTERM)
-        try:
-            code = proc.wait(EXIT_TIMEOUT)
-            record["exited_after_s"] = round(time.monotonic() - asked, 2)
-        except subprocess.TimeoutExpired:
-            raise _Failure(
-                f"{d.name} did not exit within {EXIT_TIMEOUT:g} s of SIGTERM ({job.tail(d)})"
-            ) from None
+        code = _terminate(job, d, proc)
+        record["exited_after_s"] = round(time.monotonic() - asked, 2)
         if code != 0 and not (starting and code == -signal.SIGTERM):
             raise _Failure(f"{d.name} exited with {code} at SIGTERM ({job.tail(d)})")
         if event == "drain-worker":
@@ -505,16 +498,29 @@ def _disrupt(
     return f"{d.name} {verb}, started again {pause:.1f} s later"
 
 
-def _await_joined(job: _Job, d: _Daemon, stall: float) -> None:
-    """Until the worker ``d`` has joined its job; _Failure after ``stall`` seconds, or when a
-    daemon exits unasked."""
+def _terminate(job: _Job, d: _Daemon, proc: subprocess.Popen[bytes]) -> int:
+    """SIGTERM the daemon ``d`` (its process ``proc``): its exit code, within EXIT_TIMEOUT
+    (_Failure past it)."""
+    job.signal(d, signal.SIGTERM)
+    try:
+        return proc.wait(EXIT_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise _Failure(
+            f"{d.name} did not exit within {EXIT_TIMEOUT:g} s of SIGTERM ({job.tail(d)})"
+        ) from None
+
+
+def _await_joined(job: _Job, d: _Daemon, stall: float, mark: str = "joined ") -> None:
+    """Until the worker ``d`` has joined its job (a server: logged ``mark``, SERVING_MARK);
+    _Failure after ``stall`` seconds, or when a daemon exits unasked."""
     deadline = time.monotonic() + stall
-    while "joined " not in (job.tmp / d.log).read_text(errors="replace"):
+    while mark not in (job.tmp / d.log).read_text(errors="replace"):
         assert d.proc is not None
         if job.finished(d):
             return  # it reached its servers after the job's end (--steps), and exited
         if time.monotonic() > deadline:
-            raise _Failure(f"{d.name} did not join within {stall:g} s ({job.tail(d)})")
+            what = "join" if mark == "joined " else "start serving"
+            raise _Failure(f"{d.name} did not {what} within {stall:g} s ({job.tail(d)})")
         problem = job.unexpected_exit()
         if problem:
             raise _Failure(problem)

@@ -199,8 +199,8 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
 
 
 def _workers(awaited: int, workers: int) -> str:
-    """The workers a server waits for: all of them, or (resumed) those that did not finish or
-    leave before."""
+    """The workers a server waits for: all of them, or (resumed) those its checkpoint does not
+    record as gone (ParameterServer.awaited)."""
     some = "" if awaited == workers else f" of {workers}"
     return f"{awaited}{some} worker{'' if awaited == 1 and not some else 's'}"
 
@@ -298,7 +298,10 @@ def _run(argv: list[str] | None, prog: str) -> int:
         code = _summarise(server, args, start, prog)
         if code == 0 and server.ended and not server.stop_requested and args.linger > 0:
             published = server.published(done_at=server.step)
-            asked = lambda: server.stop_requested or server.departing  # noqa: E731
+
+            def asked() -> bool:  # (either signal ends a linger)
+                return server.stop_requested or server.departing
+
             linger(cfg, server.address, published, args.linger, asked)
         return code
     finally:

@@ -1121,6 +1121,12 @@ class ParameterServer:
         come back), so it is told that it was dropped, and joins again; else it would wait for
         parameters that never come. Once we stop, it is told that we stop instead: joining
         again would wait for us until its --reconnect-timeout (120 s by default), then fail."""
+        if not w.stopped and self.rx.pending(leave_name(w.rank)):
+            # It said it leaves before we saw it gone (a worker writes its leave, then closes
+            # its receiver: a write of ours to it failed in between): it left, as it says
+            # (why, and whether a resumed server waits for it, :meth:`_leave`).
+            self._leave(w)
+            return
         self._part_with(w, "lost", f"lost at step {self.step} ({reason})")
         notice = (
             (STATUS_STOP, STOP_NOTICE_TIMEOUT)
