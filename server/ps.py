@@ -1157,7 +1157,9 @@ class ParameterServer:
         finally:
             self.rx.drain(leave_name(w.rank))
         why = "it was stopped" if alone else "another server said stop"
-        self._part_with(w, "left", f"left at step {self.step} ({why})")
+        # (asp, ssp, where a loss found its leave first, _lose: its own step, as _run_async says)
+        at = f"at step {self.step}" if self.cfg.sync == "bsp" else f"at its step {w.step}"
+        self._part_with(w, "left", f"left {at} ({why})")
         w.left = alone
         w.stopped = True  # nothing to tell it as we stop
         with contextlib.suppress(tw.TensorWireError):
