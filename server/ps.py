@@ -181,6 +181,10 @@ CHECKPOINT_ERROR_EVERY = 60.0
 STOP_GRACE_STEPS = 3
 
 
+#: why a worker left, as its leave message says (plan.LEAVE_ALONE or not), for the log
+_WHY_LEFT = {True: "it was stopped", False: "another server said stop"}
+
+
 class _Departing(Exception):
     """This server goes away, to be started again (:meth:`ParameterServer.request_departure`)."""
 
@@ -333,6 +337,12 @@ class _Worker:
     #: when it joins again
     absent: bool = False
 
+    @property
+    def counted_on(self) -> bool:
+        """The job forms with it: not recorded, by the checkpoint we resumed from, as done with
+        its steps or as not taking part."""
+        return not (self.finished or self.absent)
+
 
 def open_receiver(
     cfg: PSConfig, bind: str, info: dict[str, object], keys: curve.CurveKeys | None
@@ -393,7 +403,6 @@ class ParameterServer:
             checkpoint.path_for(cfg.checkpoint_dir, cfg.shard) if cfg.checkpoint_dir else None
         )
         self._saved_step: int | None = None  # the step of the last checkpoint written or read
-        #: the workers that had done all their steps, as the last checkpoint written records them
         #: the workers that finished, left, and were lost, as the last checkpoint recorded them
         self._saved_workers: tuple[dict[int, int], ...] = ({}, {}, {})
         self._failing = 0  # checkpoints failed since the last one written
@@ -644,7 +653,7 @@ class ParameterServer:
     def awaited(self) -> int:
         """How many workers the job forms with: all, but for those a checkpoint we resumed from
         says finished, or not taking part (:meth:`_not_waited_for`)."""
-        return sum(not (w.finished or w.absent) for w in self.workers)
+        return sum(w.counted_on for w in self.workers)
 
     @property
     def ended(self) -> bool:
@@ -754,7 +763,7 @@ class ParameterServer:
         missing)."""
         deadline = time.monotonic() + self.cfg.join_timeout
         next_look = time.monotonic() + REJOIN_CHECK_EVERY
-        while not all(w.alive or w.finished or w.absent for w in self.workers):
+        while not all(w.alive or not w.counted_on for w in self.workers):
             progressed = self._take_join_messages(during_join=True)
             if progressed:
                 continue
@@ -766,7 +775,7 @@ class ParameterServer:
                 return False
             stopped = self._stop_requested
             if time.monotonic() >= deadline or stopped:
-                missing = [w.rank for w in self.workers if not (w.joined or w.finished or w.absent)]
+                missing = [w.rank for w in self.workers if not w.joined and w.counted_on]
                 unready = [w.rank for w in self.workers if w.joined and not w.alive]
                 detail = (
                     f"{_ranks(missing)} of {self.cfg.workers} did not join"
@@ -1156,7 +1165,7 @@ class ParameterServer:
             alone = False
         finally:
             self.rx.drain(leave_name(w.rank))
-        why = "it was stopped" if alone else "another server said stop"
+        why = _WHY_LEFT[alone]
         # (asp, ssp, where a loss found its leave first, _lose: its own step, as _run_async says)
         at = f"at step {self.step}" if self.cfg.sync == "bsp" else f"at its step {w.step}"
         self._part_with(w, "left", f"left {at} ({why})")
@@ -1756,8 +1765,9 @@ class ParameterServer:
                 if w.alive and not w.stopped:
                     w.stopped, w.left = True, alone
                     self.stats.worker_events["left"] += 1
-                    why = "it was stopped" if alone else "another server said stop"
-                    log.warning("worker %d left at its step %d (%s)", w.rank, w.step, why)
+                    log.warning(
+                        "worker %d left at its step %d (%s)", w.rank, w.step, _WHY_LEFT[alone]
+                    )
                 self._release_held(held, staleness)
                 continue
             if not w.alive or kind not in ("grad", "meta"):
