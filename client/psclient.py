@@ -35,6 +35,8 @@ from tensorwire.curve import CurveKeys
 from tensorwire.dtypes import canonical_dtype
 from tensorwire.endpoint import is_wildcard_host, local_address_towards, tcp_endpoint
 from tensorwire.job.plan import (
+    ENDED_JOB_DONE,
+    ENDED_TOLD_STOP,
     HOW_ASYNC,
     HOW_MAY_CATCH_UP,
     LEAVE_ALONE,
@@ -50,6 +52,7 @@ from tensorwire.job.plan import (
     dropped_name,
     encode_join,
     encode_ready,
+    ended_name,
     grad_name,
     init_name,
     job_checkpoint,
@@ -89,6 +92,8 @@ PROBE_WRITE_TIMEOUT = 0.5
 LEAVE_TIMEOUT = 2.0
 #: Seconds one try at writing our join, or a message of it, may take (PSClient._write_in_tries)
 JOIN_WRITE_TRY = 2.0
+#: Seconds between tries at reaching a server that did not hear the job end (PSClient._tell_end)
+TELL_END_EVERY = 0.5
 
 
 class PSClientError(tw.TensorWireError):
@@ -268,6 +273,12 @@ class PSClient:
         self.servers = list(servers)
         self.timeout = timeout
         self._told_stop: set[int] = set()  # the servers that said stop (the others hear we leave)
+        #: the step the servers that said stop gave us (their status word's first field: the
+        #: job's step under bsp, ours under asp and ssp), or at which a server we reached had
+        #: ended the job; the others hear it as we leave (plan.ended_name)
+        self._stopped_at: int | None = None
+        self._found_done = False  # ... where a server we reached had ended the job
+        self._job_steps: int | None = None  # the job's --steps, as the servers publish it
         self._joined_anew = True  # the next parameters come with the servers' first notices
         #: joining again (_recover): a server's word that it stops ends every wait (_check_stop)
         self._recovering = False
@@ -373,15 +384,23 @@ class PSClient:
         for s, addr in enumerate(self.servers):
             for name in (dropped_name(s), status_name(s)):
                 while rx.pending(name):  # bounded: each ring holds two
-                    flags = int(wait_past_losses(rx, name, 0.0)[1])
+                    word = wait_past_losses(rx, name, 0.0)
+                    flags, at = int(word[1]), int(word[0])
                     rx.release(name)
                     if name == status_name(s):
                         for c in self.chunks:
                             if c.server == s:
                                 rx.drain(c.cid)
                     if flags == STATUS_STOP:
-                        self._told_stop.add(s)
+                        self._note_stop(s, at)
                         raise PSClientStopped(f"parameter server {addr} said stop {when}")
+
+    def _note_stop(self, s: int, at: int, *, done: bool = False) -> None:
+        """Server ``s`` said stop, at step ``at`` (its status word's first field), or had ended
+        the job at step ``at`` (``done``: it published so)."""
+        self._told_stop.add(s)
+        self._stopped_at = at if self._stopped_at is None else max(self._stopped_at, at)
+        self._found_done = self._found_done or done
 
     def _connect(self, timeout: float) -> None:
         """Reach every server, retrying while they start up."""
@@ -460,6 +479,11 @@ class PSClient:
             addr, info = next(iter(done.items()))
             done_at = job_done(info)
             assert done_at is not None
+            # the servers that have not ended it hear it as we close (_leave): one restarted
+            # behind the job's end would otherwise wait for workers that have exited
+            for s, a in enumerate(self.servers):
+                if a in done:
+                    self._note_stop(s, done_at, done=True)
             raise PSClientJobDone(
                 f"parameter server {addr} had ended the job at step {done_at} when this "
                 "worker reached it: nothing is left to train",
@@ -476,6 +500,8 @@ class PSClient:
             published = self.tx.receiver_info(peer=addr)
             settings = job_settings(published)
             if settings is not None:
+                with contextlib.suppress(KeyError, ValueError):
+                    self._job_steps = int(settings["steps"])
                 if first is None:
                     first = (addr, settings)
                 else:
@@ -725,8 +751,8 @@ class PSClient:
             self.phase_seconds["pull"] += time.perf_counter() - t1
         self.step = None if stop else max(steps)
         self._owed = self.step is not None
-        if stop:
-            self._told_stop = said_stop
+        for s in said_stop:
+            self._note_stop(s, int(statuses[s][0]))
         return self.step
 
     def _read_notices(self) -> None:
@@ -739,10 +765,10 @@ class PSClient:
         for s, addr in enumerate(self.servers):
             while rx.pending(dropped_name(s)):  # bounded: its ring holds two
                 notice = wait_past_losses(rx, dropped_name(s), 0.0)
-                flags, at = int(notice[1]), int(notice[2])
+                flags, at, ours = int(notice[1]), int(notice[2]), int(notice[0])
                 rx.release(dropped_name(s))
                 if flags == STATUS_STOP:  # it let us go as it stopped (we kept it waiting)
-                    self._told_stop.add(s)
+                    self._note_stop(s, ours)
                     raise PSClientStopped(
                         f"parameter server {addr} said stop at its step {at} while we waited "
                         "for the parameters"
@@ -1096,27 +1122,122 @@ class PSClient:
     def _leave(self) -> None:
         """Tell every server that did not say stop that we stop, so that it does not wait for
         our gradients until its step timeout: with several servers, a SIGTERM to all of them
-        stops each at the end of its own step, and one may be a step behind the others."""
-        if self.rx is None or not self.chunks:
-            return  # never joined
+        stops each at the end of its own step, and one may be a step behind the others.
+
+        Where a server said stop, the others hear the step it gave (plan.ended_name) before
+        the leave. Where the job is done, those we cannot tell now (lost, frozen: killed in
+        the job's last steps and not yet back) are waited for, within --reconnect-timeout, and
+        told once they answer (:meth:`_tell_end`): a server back from a checkpoint behind the
+        job's end would otherwise wait for workers that have exited, and at --join-timeout
+        exit 1 (`bench chaos`, shm ssp, seed 5304). Where the job was stopped, or we stop
+        alone, a server we cannot tell is not waited for: it sees us gone by our exit or our
+        silence."""
+        if self.rx is None or (not self.chunks and self._stopped_at is None):
+            return  # never joined, nor reached a server that had ended the job
         if self.tx.closed:
             return  # a forked child's copy: the sender, and the goodbye, are its parent's
+        untold = [
+            s
+            for s, addr in enumerate(self.servers)
+            if s not in self._told_stop and not self._say_we_leave(addr)
+        ]
+        if untold and self._done:
+            self._tell_end(untold)
+
+    @property
+    def _done(self) -> bool:
+        """We stop because the job is done (under asp and ssp, our steps are): a server said
+        stop at its last step, or had ended the job when we reached it. Not a stop asked of a
+        server (an operator taking the job down: the workers do not wait for the servers that
+        did not hear it, and exit at once)."""
+        if self._stopped_at is None:
+            return False
+        return self._found_done or (
+            self._job_steps is not None and self._stopped_at >= self._job_steps
+        )
+
+    def _say_we_leave(self, addr: str) -> bool:
+        """Write our leave to server ``addr`` (after the step the job stopped at, where a
+        server said stop); False where it could not be told now: not reached (lost), frozen,
+        or gone. True also for an older server that has no such tensor (nothing to tell)."""
+        if addr not in self.tx.peers:
+            return False  # lost, and not reached again
+        published = self.tx.tensors(peer=addr)
+        if leave_name(self.rank) not in published:
+            return True  # an older server, or one of another job: none to tell
         # Why: the job stops (a server said stop), or we do, alone, while it trains on.
-        why = np.array([LEAVE_JOB_STOPS if self._told_stop else LEAVE_ALONE], np.int64)
-        for s, addr in enumerate(self.servers):
-            if s in self._told_stop or addr not in self.tx.peers:
-                continue
+        why = np.array([LEAVE_ALONE if self._stopped_at is None else LEAVE_JOB_STOPS], np.int64)
+        try:
+            if self._stopped_at is not None and ended_name(self.rank) in published:
+                how = ENDED_JOB_DONE if self._found_done else ENDED_TOLD_STOP
+                at = np.array([self._stopped_at, how], np.int64)
+                self.tx.write(ended_name(self.rank), at, peer=addr, timeout=LEAVE_TIMEOUT)
+            self.tx.write(leave_name(self.rank), why, peer=addr, timeout=LEAVE_TIMEOUT)
+        except tw.WireTimeoutError:
+            # Frozen or held up: our goodbye, as we close, would wait for its answer too
+            # (GOODBYE_TIMEOUT, 5 s).
+            with contextlib.suppress(tw.TensorWireError):
+                self.tx.remove_peer(addr, goodbye=False)
+            return False
+        except tw.TensorWireError:
+            return False  # gone
+        return True
+
+    def _reached_anew(self, addr: str, deadline: float) -> bool:
+        """(:meth:`_tell_end`) Reach server ``addr`` in a session anew (a restarted server
+        knows none of the old ones), and tell it that we leave; False where it does not answer
+        yet, or has not registered the tensors yet (it registers them as it starts). True
+        where it says that the job is done: another worker told it first (it then answers
+        so a while: server.linger.ENDED_ELSEWHERE_LINGER), or it came back from a checkpoint of
+        the job's end."""
+        with contextlib.suppress(tw.TensorWireError):
+            self.tx.remove_peer(addr, goodbye=False)
+        try:
+            left = deadline - time.monotonic()
+            self.tx.add_peer(addr, connect_timeout=max(min(JOIN_WRITE_TRY, left), 0.1))
+            if job_done(self.tx.receiver_info(peer=addr)) is not None:
+                return True
             if leave_name(self.rank) not in self.tx.tensors(peer=addr):
-                continue  # a server started again that has not formed its job: none to tell
-            try:
-                self.tx.write(leave_name(self.rank), why, peer=addr, timeout=LEAVE_TIMEOUT)
-            except tw.WireTimeoutError:
-                # Frozen or held up: our goodbye, as we close, would wait for its answer too
-                # (GOODBYE_TIMEOUT, 5 s). It sees us gone by our exit or our silence.
-                with contextlib.suppress(tw.TensorWireError):
-                    self.tx.remove_peer(addr, goodbye=False)
-            except tw.TensorWireError:
-                pass  # gone, or an older server
+                return False
+        except tw.TensorWireError:
+            return False
+        return self._say_we_leave(addr)
+
+    def _tell_end(self, untold: list[int]) -> None:
+        """Reach each server in ``untold`` again, and tell it that the job stopped (and at
+        what step), as it answers; until --reconnect-timeout, or a stop asked of us."""
+        names = ", ".join(self.servers[s] for s in untold)
+        log.warning(
+            "the job ended (a parameter server said stop, at step %d); %s did not hear it (lost "
+            "or not answering): telling it once it answers, for up to %g s (--reconnect-timeout)",
+            self._stopped_at,
+            names,
+            self.reconnect_timeout,
+        )
+        deadline = time.monotonic() + self.reconnect_timeout
+        while True:
+            for s in list(untold):
+                if self._reached_anew(self.servers[s], deadline):
+                    untold.remove(s)
+                    log.warning(
+                        "told parameter server %s that the job ended at step %d",
+                        self.servers[s],
+                        self._stopped_at,
+                    )
+            if not untold:
+                return
+            if self._stopping is not None and self._stopping():
+                log.warning("stopped before telling %s that the job ended", names)
+                return
+            if time.monotonic() >= deadline:
+                log.warning(
+                    "%s did not answer within %g s (--reconnect-timeout): not told that the "
+                    "job ended (it waits for the workers until its --join-timeout)",
+                    ", ".join(self.servers[s] for s in untold),
+                    self.reconnect_timeout,
+                )
+                return
+            time.sleep(TELL_END_EVERY)
 
     def __enter__(self) -> PSClient:
         return self

@@ -20,7 +20,7 @@ from tensorwire.job import config, files
 from tensorwire.job.progress import Progress
 
 from . import checkpoint, optim
-from .linger import linger
+from .linger import ENDED_ELSEWHERE_LINGER, linger
 from .metrics import ps_metrics
 from .ps import ASYNC_LR, SYNC_MODES, WIRE_DTYPES, ParameterServer, PSConfig, StepReport
 
@@ -296,13 +296,16 @@ def _run(argv: list[str] | None, prog: str) -> int:
             )
             return 0
         code = _summarise(server, args, start, prog)
-        if code == 0 and server.ended and not server.stop_requested and args.linger > 0:
+        seconds = args.linger
+        if server.ended_elsewhere is not None:
+            seconds = max(seconds, ENDED_ELSEWHERE_LINGER)
+        if code == 0 and server.ended and not server.stop_requested and seconds > 0:
             published = server.published(done_at=server.step)
 
             def asked() -> bool:  # (either signal ends a linger)
                 return server.stop_requested or server.departing
 
-            linger(cfg, server.address, published, args.linger, asked)
+            linger(cfg, server.address, published, seconds, asked)
         return code
     finally:
         if scrape is not None:  # (scraped while we linger: a server done is not one down)
@@ -316,6 +319,12 @@ def _summarise(server: ParameterServer, args: argparse.Namespace, start: int, pr
         print(
             f"ps{cfg.shard}: the job was done at step {server.step} (its checkpoint); "
             f"told the workers that came: {server.done_unjoined}",
+            file=sys.stderr,
+        )
+    if server.ended_elsewhere is not None:
+        print(
+            f"ps{cfg.shard}: the job ended on another server (a worker told to stop there said "
+            f"so, or one that found it done): it ended here too, at step {server.step}",
             file=sys.stderr,
         )
     secs = time.monotonic() - server.started_at

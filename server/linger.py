@@ -36,6 +36,11 @@ REBIND_WITHIN = 5.0
 #: handler sets: a ``threading.Event`` set from a handler can deadlock, as the handler runs on
 #: the very thread that may hold the event's lock inside its own ``wait``.
 LOOK_EVERY = 0.1
+#: Seconds a server that heard from a worker that another server ended the job (it was lost,
+#: frozen, or restarted behind the end) answers that the job is done, at least: the other
+#: workers that wait to tell it (their --reconnect-timeout, PSClient._tell_end) then see that
+#: it knows, rather than find nobody, and wait on until their timeout (120 s by default).
+ENDED_ELSEWHERE_LINGER = 5.0
 
 
 def endpoint_again(bind: str, address: str) -> str:

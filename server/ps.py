@@ -29,6 +29,8 @@ import tensorwire as tw
 from tensorwire import curve
 from tensorwire import region as tw_region
 from tensorwire.job.plan import (
+    ENDED_FIELDS,
+    ENDED_JOB_DONE,
     HOW_ASYNC,
     HOW_MAY_CATCH_UP,
     JOIN_MAX_BYTES,
@@ -46,6 +48,7 @@ from tensorwire.job.plan import (
     catch_up_name,
     decode_join,
     dropped_name,
+    ended_name,
     first_mismatch,
     grad_name,
     init_name,
@@ -336,6 +339,11 @@ class _Worker:
     #: was lost and had not joined again): the job forms again without it, and takes it back
     #: when it joins again
     absent: bool = False
+    #: the step another server gave it as it told it to stop, as it wrote us (plan.ended_name)
+    #: before its leave; None until then, and from an older worker
+    told_end: int | None = None
+    #: ... where that server had ended the job (plan.ENDED_JOB_DONE), not told it alone to stop
+    told_done: bool = False
 
     @property
     def counted_on(self) -> bool:
@@ -446,6 +454,9 @@ class ParameterServer:
         #: the latest step the workers asked us to go on at (their ``catch-up`` tensors, read
         #: as they come so that their slots never fill; see _read_catch_up)
         self._asked_step = 0
+        #: the step at which another server ended the job, as a worker it told to stop told
+        #: us (:meth:`_heard_end`); None while nobody did
+        self._ended_elsewhere: int | None = None
         self.started_at = time.monotonic()
         keys = curve.load(cfg.curve_keys) if cfg.curve_keys else None
         # what a worker checks before it joins: the job's size, the settings we share
@@ -466,6 +477,7 @@ class ParameterServer:
                     join_name(w), (None,), "uint8", max_bytes=JOIN_MAX_BYTES, ring=JOIN_SLOTS
                 )
                 self.rx.register(leave_name(w), (1,), "int64", ring=2)
+                self.rx.register(ended_name(w), (ENDED_FIELDS,), "int64", ring=2)
                 self.rx.register(catch_up_name(w), (1,), "int64", ring=2)
                 self.rx.register(probe_name(w), (1,), "int64", ring=PROBE_SLOTS)
             if cfg.resume:
@@ -674,8 +686,15 @@ class ParameterServer:
 
     @property
     def _ending(self) -> bool:
-        """Every step is done, or a stop was asked: the job ends at this step."""
-        return self.done or self._stop_requested
+        """Every step is done, a stop was asked, or the job ended on another server: it ends
+        at this step."""
+        return self.done or self._stop_requested or self._ended_elsewhere is not None
+
+    @property
+    def ended_elsewhere(self) -> int | None:
+        """The step at which another server ended the job, as a worker told us (the job ended
+        there while we were lost, frozen or behind); None where none did."""
+        return self._ended_elsewhere
 
     @property
     def push_lr(self) -> float:
@@ -773,6 +792,14 @@ class ParameterServer:
             if self._departing:  # (nothing trained since we started: nothing to checkpoint)
                 self.departed = True
                 return False
+            if self._ended_elsewhere is not None:
+                # A worker says another server ended the job while we were away (lost,
+                # frozen, or restarted behind it): those ready hear it, the others are not
+                # waited for (they have exited, or hear it from that server as they join).
+                self._adopt_end(self._ended_elsewhere)
+                self._stop_those_ready()
+                self._tell_those_left_out(take_joins=False)
+                return False
             stopped = self._stop_requested
             if time.monotonic() >= deadline or stopped:
                 missing = [w.rank for w in self.workers if not w.joined and w.counted_on]
@@ -796,16 +823,8 @@ class ParameterServer:
                 if stopped or self.resumed_done:
                     # Asked to stop (SIGTERM: an orchestrator taking the job down) before the
                     # job formed: an orderly end, not a timeout. Those ready would otherwise
-                    # wait for us to come back: told to stop, as at the end of a job, with
-                    # the parameters they would have started from (never with the zeros we
-                    # hold before rank 0's initial values: a worker evaluates and saves what
-                    # it is sent last). Without rank 0 ready there are none to send.
-                    if self.workers[0].alive:
-                        self._take_initial_values()
-                    if not self._needs_init:
-                        for w in self.workers:
-                            if w.alive:
-                                self._serve(w, STATUS_STOP)
+                    # wait for us to come back: told to stop, as at the end of a job.
+                    self._stop_those_ready()
                     asked = "before the stop was asked"
                     if not self.resumed_done:
                         self.stopped_while_joining = f"{detail} {asked}"
@@ -822,6 +841,18 @@ class ParameterServer:
             time.sleep(0.01)
         self._take_initial_values()
         return True
+
+    def _stop_those_ready(self) -> None:
+        """(The job ends before it formed.) Tell the workers that are ready to stop, with the
+        parameters they would have started from (never with the zeros we hold before rank 0's
+        initial values: a worker evaluates and saves what it is sent last). Without rank 0
+        ready there are none to send."""
+        if self.workers[0].alive:
+            self._take_initial_values()
+        if not self._needs_init:
+            for w in self.workers:
+                if w.alive:
+                    self._serve(w, STATUS_STOP)
 
     def _note_the_unready_gone(self) -> None:
         """(While the job forms.) Say at once that a worker that joined is known gone
@@ -892,6 +923,7 @@ class ParameterServer:
                 took = True
                 # (past the loss of its earlier session: its join again follows it)
                 self._on_join(w, wait_past_losses(self.rx, join_name(w.rank), 0.0), during_join)
+        self._take_leaves_of_absent()
         return took
 
     def _on_join(self, w: _Worker, view: Any, during_join: bool) -> None:
@@ -935,8 +967,9 @@ class ParameterServer:
             # pushes the rest of its step before it learns it), and rank 0's initial values
             # once they are no longer read: its first write of this session comes only after
             # our parameters, so nothing of it is lost here.
-            for name in [*self._worker_tensors(w), leave_name(w.rank)]:
+            for name in [*self._worker_tensors(w), leave_name(w.rank), ended_name(w.rank)]:
                 self.rx.drain(name)
+            w.told_end, w.told_done = None, False
             if w.rank == 0 and self._has_init_tensors and not self._needs_init:
                 for c in self.chunks:
                     self.rx.drain(init_name(c.cid))
@@ -956,7 +989,7 @@ class ParameterServer:
                 self.step,
             )
             if not during_join and self.cfg.sync != "bsp":
-                done = w.step >= self.cfg.steps or self._stop_requested
+                done = w.step >= self.cfg.steps or self._ending
                 w.owed = None  # a new session: what the last one was owed goes with it
                 self._offer(w, STATUS_STOP if done else STATUS_RUN)
 
@@ -1081,9 +1114,15 @@ class ParameterServer:
     def run(self) -> None:
         """Serve until every worker has done ``steps`` steps (or a stop was requested)."""
         if not self._join():
-            # stopped before the job formed (nothing trained, nothing to checkpoint), or
-            # resumed at its last step
-            self._ended = self.resumed_done and not (self._stop_requested or self.departed)
+            # stopped before the job formed (nothing trained, nothing to checkpoint), resumed
+            # at its last step, or told that the job ended elsewhere
+            if self._ended_elsewhere is not None and not self._needs_init and self.specs:
+                # of the job's end: a server restarted from it is done (parameters known: from
+                # the checkpoint we resumed from, or rank 0's)
+                self._checkpoint(final=True)
+            self._ended = (self.resumed_done or self._ended_elsewhere is not None) and not (
+                self._stop_requested or self.departed
+            )
             return
         self.started_at = time.monotonic()  # steps/s counts from here, not from start-up
         for w in self.workers:
@@ -1158,13 +1197,7 @@ class ParameterServer:
 
     def _leave(self, w: _Worker) -> None:
         """``w`` said it stops: go on without it at once (its gradients will not come)."""
-        try:
-            alone = self._leaves_alone(wait_past_losses(self.rx, leave_name(w.rank), 0.0))
-            self.rx.release(leave_name(w.rank))  # (a drain leaves a message taken alone)
-        except tw.TensorWireError:  # (lost since: taken as the job stopping, as before)
-            alone = False
-        finally:
-            self.rx.drain(leave_name(w.rank))
+        alone = self._take_leave(w)
         why = _WHY_LEFT[alone]
         # (asp, ssp, where a loss found its leave first, _lose: its own step, as _run_async says)
         at = f"at step {self.step}" if self.cfg.sync == "bsp" else f"at its step {w.step}"
@@ -1173,6 +1206,116 @@ class ParameterServer:
         w.stopped = True  # nothing to tell it as we stop
         with contextlib.suppress(tw.TensorWireError):
             self.tx.remove_peer(w.address)
+        if not alone:
+            # Another server said stop. Under bsp it stopped the job, and every worker hears
+            # the same: before, they all left, and this server waited for one to join again,
+            # then exited 1 (--join-timeout, or --step-timeout: 120 s by default).
+            self._heard_end(w)
+
+    def _take_leave(self, w: _Worker) -> bool:
+        """Take ``w``'s leave message, and the step another server told it to stop at where it
+        sent one (:meth:`_take_told_end`); whether it left alone (:meth:`_leaves_alone`)."""
+        try:
+            alone = self._leaves_alone(wait_past_losses(self.rx, leave_name(w.rank), 0.0))
+            self.rx.release(leave_name(w.rank))  # (a drain leaves a message taken alone)
+        except tw.TensorWireError:  # (lost since: taken as the job stopping, as before)
+            alone = False
+        finally:
+            self.rx.drain(leave_name(w.rank))
+        if not alone:
+            self._take_told_end(w)  # written before the leave, and landed first
+        return alone
+
+    def _take_told_end(self, w: _Worker) -> None:
+        """Take the step ``w`` wrote us as another server told it to stop (plan.ended_name)."""
+        name = ended_name(w.rank)
+        while self.rx.pending(name):  # bounded: its ring holds two
+            try:
+                view = wait_past_losses(self.rx, name, 0.0)
+            except tw.TensorWireError:
+                break  # (lost since: its leave says the rest)
+            self._note_told_end(w, view)
+            self.rx.release(name)
+
+    @staticmethod
+    def _note_told_end(w: _Worker, view: Any) -> None:
+        """What ``w``'s ``ended`` message (``view``, not yet released) says."""
+        at, how = int(view[0]), int(view[1])
+        w.told_end = at if w.told_end is None else max(w.told_end, at)
+        w.told_done = w.told_done or how == ENDED_JOB_DONE
+
+    def _take_leaves_of_absent(self) -> None:
+        """Take the leave messages of workers not taking part here: one that another server
+        told to stop while we were lost, frozen or behind it (restarted from a checkpoint),
+        or while we went on without it, tells us so when it stops (:meth:`_heard_end`); one
+        that left alone meanwhile is forgotten (its ready, once it joins again, starts it
+        anew)."""
+        for w in self.workers:
+            if w.alive:
+                continue
+            while self.rx.pending(leave_name(w.rank)):  # bounded: its ring holds two
+                if not self._take_leave(w):
+                    self._heard_end(w)
+
+    def _heard_end(self, w: _Worker) -> None:
+        """``w`` stopped because another server told it to, at the step it wrote us
+        (``w.told_end``; None from an older worker), or because it found the job ended there
+        (``w.told_done``). Under bsp, where the job ended, or before the worker's steps were
+        done (a stop), that server ended the job: so does this one (:attr:`_ending`), at the
+        job's step where it is behind (:meth:`_adopt_end`; under asp and ssp a stop gives the
+        worker's own step, not the job's: ours stays). Under asp and ssp, a worker whose steps
+        were done there is done here too (each worker ends on its own): not waited for. Before, a
+        server lost as the job ended (killed in its last steps, restarted from its checkpoint
+        a few steps short) waited for workers that had exited, and at --join-timeout exited 1
+        (`bench chaos`, shm ssp, seed 5304)."""
+        at, done = w.told_end, w.told_done
+        w.told_end, w.told_done = None, False
+        if self.cfg.sync != "bsp" and not done:
+            if at is None:
+                return  # an older worker: as before, its leave says no more than that
+            if at >= self.cfg.steps:
+                if not w.alive:  # (one taking part is counted as it goes)
+                    w.step, w.stopped, w.finished = max(w.step, at), True, True
+                    log.warning(
+                        "worker %d did all its steps (%d) on another server while it was not "
+                        "taking part here: not waited for",
+                        w.rank,
+                        at,
+                    )
+                if all(x.finished for x in self.workers):
+                    self._adopt_end(min(x.step for x in self.workers))
+                return
+        if at is None:  # (an older worker)
+            said, at = "telling it to stop", self.step
+        elif self.cfg.sync == "bsp" or done:
+            said = f"at step {at}"
+        else:  # (asp, ssp: the step it gave is the worker's own; the job's here is ours)
+            said, at = f"telling it to stop at its step {at}", self.step
+        if self._ended_elsewhere is None:
+            log.warning(
+                "worker %d says another server ended the job (%s): it ends here too",
+                w.rank,
+                said,
+            )
+        self._ended_elsewhere = max(at, self._ended_elsewhere or 0)
+
+    def _adopt_end(self, step: int) -> None:
+        """Where the job ended at ``step`` elsewhere, ahead of ours: go there with the
+        parameters we have (as :meth:`_catch_up`: the updates since our checkpoint are lost
+        to this shard), so that our last checkpoint is of the job's last step, and a server
+        restarted from it is done."""
+        if step <= self.step:
+            return
+        log.warning(
+            "shard %d is at step %d, behind the job's end at step %d: ending there with the "
+            "parameters it has (those of step %d)",
+            self.cfg.shard,
+            self.step,
+            step,
+            self.step,
+        )
+        self.stats.caught_up += step - self.step
+        self.step = step
 
     @staticmethod
     def _leaves_alone(view: Any) -> bool:
@@ -1539,8 +1682,10 @@ class ParameterServer:
                 # every worker taking part is on probation and sent nothing yet: not a spin
                 time.sleep(PROBATION_POLL)
             self._rejoin()
-            if not any(w.alive for w in self.workers) and not self._stop_requested:
+            if not any(w.alive for w in self.workers) and not self._ending:
                 self._await_any_worker()
+            if self._ended_elsewhere is not None:
+                self._adopt_end(self._ended_elsewhere)
             for w in self.workers:
                 w.step = self.step
             done = self._ending
@@ -1686,8 +1831,10 @@ class ParameterServer:
         log.warning("every worker was lost: waiting up to %g s for one to join again", patience)
         while not self._training:
             self._check_departure()
-            if self._stop_requested:
-                return  # asked to stop while waiting: the job ends here, cleanly
+            if self._ending:
+                return  # asked to stop while waiting, or told the job ended: it ends here
+            if self.cfg.sync != "bsp" and all(w.stopped for w in self.workers):
+                return  # (asp, ssp) every worker is done: told so by those away
             if time.monotonic() > deadline:
                 raise PSError(
                     f"every worker was lost and none joined again within {patience:g} s "
@@ -1721,7 +1868,7 @@ class ParameterServer:
                 # job end as the others were lost (all frozen behind a server restarting:
                 # `bench chaos --steps`, nixl asp, seed 4904), short of its steps, and the
                 # workers that came back heard that it had ended.
-                if self._stop_requested or self.done or all(w.stopped for w in self.workers):
+                if self._ending or all(w.stopped for w in self.workers):
                     return
                 self._await_any_worker()  # raises if none comes back in time
             retry = self._pay_owed()
@@ -1762,13 +1909,21 @@ class ParameterServer:
                 # come from it
                 alone = self._leaves_alone(view)
                 self.rx.release(name)
+                if not alone:
+                    self._take_told_end(w)
                 if w.alive and not w.stopped:
                     w.stopped, w.left = True, alone
                     self.stats.worker_events["left"] += 1
                     log.warning(
                         "worker %d left at its step %d (%s)", w.rank, w.step, _WHY_LEFT[alone]
                     )
+                if not alone:  # (also one not taking part: told while we were away)
+                    self._heard_end(w)
                 self._release_held(held, staleness)
+                continue
+            if kind == "ended":  # (its leave follows)
+                self._note_told_end(w, view)
+                self.rx.release(name)
                 continue
             if not w.alive or kind not in ("grad", "meta"):
                 self.rx.release(name)  # (catch-up: bsp only) or what a lost worker left
@@ -1838,7 +1993,7 @@ class ParameterServer:
         for h in list(held):
             if not h.alive or h.stopped:  # lost, or it left
                 held.remove(h)
-            elif h.step >= self.cfg.steps or self._stop_requested:
+            elif h.step >= self.cfg.steps or self._ending:
                 held.remove(h)
                 if all(w.stopped for w in self.workers if w.alive and w is not h):
                     self._checkpoint_last()  # the last one to hear it: the job ends here

@@ -1403,6 +1403,60 @@ def test_a_server_that_stops_tells_the_workers_it_went_on_without(
         assert f"worker {w}, not taking part as we stop, told that we stop" in j.log("ps0")
 
 
+def test_stopping_one_server_of_a_bsp_job_ends_the_others(job: Any) -> None:
+    """ps1 alone is stopped (SIGTERM): it tells the workers to stop, and they leave ps0 saying
+    that another server said stop. ps0 ends there too, at once, and exits 0. Before, it waited
+    for a worker to join again, and after --step-timeout (120 s by default; 15 s here) exited
+    1 ("every worker was lost and none joined again")."""
+    args = ["--steps", ENDLESS, "--join-timeout", "15", "--log-level", "INFO"]
+    j = job(ps=args, servers=2)
+    _wait_for(j, "joined", 2, servers=2)
+    started = time.monotonic()
+    j.ps[1].send_signal(signal.SIGTERM)
+    codes = [p.wait(60) for p in (j.ps[0], j.ps[1], *j.workers)]
+    assert codes == [0, 0, 0, 0], j.log("ps0")
+    took = time.monotonic() - started
+    assert took < 10, f"took {took:.1f} s: {j.log('ps0')}"
+    text = j.log("ps0")
+    assert "says another server ended the job (at step " in text, text
+    assert "the job ended on another server" in text, text
+    assert "every worker was lost" not in text, text
+
+
+def test_an_async_server_back_behind_the_jobs_end_hears_it_from_a_worker(
+    job: Any, tmp_path: Path
+) -> None:
+    """An asp job ends (3000 steps); then ps0 comes back from an older checkpoint (as one
+    killed in the job's last steps while ps1 finished it would) and waits for its workers,
+    which have exited. A worker started again finds ps1 done, and tells ps0 the step the job
+    ended at before it exits: ps0 ends there, checkpoints it, and exits 0. Before, it waited
+    for workers that never came and at --join-timeout exited 1 (`bench chaos`, shm ssp, seed
+    5304: the workers, told by ps1 that the job was done while ps0 was down, exited)."""
+    ckpt = tmp_path / "ckpt"
+    args = ["--sync", "asp", "--steps", "3000", "--checkpoint-dir", str(ckpt)]
+    args += ["--checkpoint-every", "500", "--join-timeout", "60", "--log-level", "INFO"]
+    j = job(ps=[*args, "--linger", "60"], servers=2)
+    log_has(j.tmp / "ps0.log", "checkpoint at step 500 ", 60)
+    older = tmp_path / "older.npz"
+    shutil.copy(ckpt / "ps-shard0.npz", older)
+    assert [w.wait(120) for w in j.workers] == [0, 0], j.log("w0")
+    j.ps[0].send_signal(signal.SIGTERM)  # (lingering: done)
+    assert j.ps[0].wait(30) == 0, j.log("ps0")
+    shutil.copy(older, ckpt / "ps-shard0.npz")  # ps0's last checkpoint, had it died early
+    again = j.start([*j.command(j.ps[0].args), "--resume"], log="ps0-again")
+    log_has(j.tmp / "ps0-again.log", "waiting for 2 workers", 60)
+    late = j.restart_worker(1)
+    assert late.wait(60) == 0, j.log("w1-again")
+    log_has(j.tmp / "ps0-again.log", "the job ended on another server", 30)
+    again.send_signal(signal.SIGTERM)  # (its linger)
+    assert again.wait(30) == 0, j.log("ps0-again")
+    j.ps[1].send_signal(signal.SIGTERM)
+    text = j.log("ps0-again")
+    assert "worker 1 says another server ended the job (at step 3000)" in text, text
+    assert "checkpoint at step 3000 written" in text, text
+    assert "did not join" not in text, text
+
+
 def test_a_worker_joining_a_frozen_server_again_heeds_its_sigterm(job: Any, tmp_path: Path) -> None:
     """ps1 is SIGKILLed; the workers reach ps0 again and wait for ps1. ps0 is then frozen
     (SIGSTOP) and ps1 started again: the workers reach it and write their join to ps0 first,

@@ -196,6 +196,25 @@ LEAVE_JOB_STOPS = 1
 LEAVE_ALONE = 2
 
 
+def ended_name(rank: int) -> str:
+    """Where worker ``rank``, told by a server to stop, tells each server that did not tell it
+    at what step, just before its leave (:data:`LEAVE_JOB_STOPS`): a server lost or frozen as
+    the job ended elsewhere, and back from a checkpoint behind that end, would otherwise wait
+    for workers that have exited. :data:`ENDED_FIELDS` int64: the step, and how the worker
+    learned it (:data:`ENDED_TOLD_STOP` or :data:`ENDED_JOB_DONE`)."""
+    return f"ended/{rank}"
+
+
+ENDED_FIELDS = 2
+#: A server told the worker to stop, at that step: its status word's first field (the job's
+#: step under bsp; under asp and ssp the worker's own, which is past ``--steps`` where its
+#: steps are done there, and short of it where the server stopped the job).
+ENDED_TOLD_STOP = 0
+#: A server the worker reached had ended the job at that step (it published :data:`JOB_DONE`):
+#: every worker is done.
+ENDED_JOB_DONE = 1
+
+
 def catch_up_name(rank: int) -> str:
     """Where worker ``rank`` asks a server that restarted alone, and came back behind the
     job's other servers, to go on at their step (an int64 step number)."""
@@ -290,6 +309,7 @@ WORKER_KINDS = frozenset(
         meta_name(0),
         join_name(0),
         leave_name(0),
+        ended_name(0),
         catch_up_name(0),
         probe_name(0),
     )
