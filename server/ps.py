@@ -1270,18 +1270,21 @@ class ParameterServer:
         (`bench chaos`, shm ssp, seed 5304)."""
         at, done = w.told_end, w.told_done
         w.told_end, w.told_done = None, False
+        if self.done:
+            return  # (resumed from the checkpoint of the job's end: we know)
         if self.cfg.sync != "bsp" and not done:
             if at is None:
                 return  # an older worker: as before, its leave says no more than that
             if at >= self.cfg.steps:
-                if not w.alive:  # (one taking part is counted as it goes)
-                    w.step, w.stopped, w.finished = max(w.step, at), True, True
+                if not w.alive:  # (one that left as it was taking part says so, _leave)
                     log.warning(
                         "worker %d did all its steps (%d) on another server while it was not "
                         "taking part here: not waited for",
                         w.rank,
                         at,
                     )
+                # its steps as it did them, where we counted fewer (what checkpoints record)
+                w.step, w.stopped, w.finished = max(w.step, at), True, True
                 if all(x.finished for x in self.workers):
                     self._adopt_end(min(x.step for x in self.workers))
                 return
