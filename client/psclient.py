@@ -1114,10 +1114,12 @@ class PSClient:
         if self._closed:
             return
         self._closed = True
-        self._leave()
-        self.tx.close()
-        if self.rx is not None:
-            self.rx.close()
+        try:
+            self._leave()
+        finally:  # (a stop asked while we wait to tell a server that the job ended, Ctrl-C)
+            self.tx.close()
+            if self.rx is not None:
+                self.rx.close()
 
     def _leave(self) -> None:
         """Tell every server that did not say stop that we stop, so that it does not wait for
@@ -1162,12 +1164,12 @@ class PSClient:
         or gone. True also for an older server that has no such tensor (nothing to tell)."""
         if addr not in self.tx.peers:
             return False  # lost, and not reached again
-        published = self.tx.tensors(peer=addr)
-        if leave_name(self.rank) not in published:
-            return True  # an older server, or one of another job: none to tell
         # Why: the job stops (a server said stop), or we do, alone, while it trains on.
         why = np.array([LEAVE_ALONE if self._stopped_at is None else LEAVE_JOB_STOPS], np.int64)
         try:
+            published = self.tx.tensors(peer=addr)
+            if leave_name(self.rank) not in published:
+                return True  # an older server, or one of another job: none to tell
             if self._stopped_at is not None and ended_name(self.rank) in published:
                 how = ENDED_JOB_DONE if self._found_done else ENDED_TOLD_STOP
                 at = np.array([self._stopped_at, how], np.int64)
@@ -1183,25 +1185,25 @@ class PSClient:
             return False  # gone
         return True
 
-    def _reached_anew(self, addr: str, deadline: float) -> bool:
+    def _reached_anew(self, addr: str, deadline: float) -> str | None:
         """(:meth:`_tell_end`) Reach server ``addr`` in a session anew (a restarted server
-        knows none of the old ones), and tell it that we leave; False where it does not answer
-        yet, or has not registered the tensors yet (it registers them as it starts). True
-        where it says that the job is done: another worker told it first (it then answers
-        so a while: server.linger.ENDED_ELSEWHERE_LINGER), or it came back from a checkpoint of
-        the job's end."""
+        knows none of the old ones), and tell it that we leave: "told"; "found" where it says
+        that the job is done (another worker told it first, and it answers so a while:
+        server.linger.ENDED_ELSEWHERE_LINGER; or it came back from a checkpoint of the job's
+        end). None where it does not answer yet, or has not registered the tensors yet (it
+        registers them as it starts)."""
         with contextlib.suppress(tw.TensorWireError):
             self.tx.remove_peer(addr, goodbye=False)
         try:
             left = deadline - time.monotonic()
             self.tx.add_peer(addr, connect_timeout=max(min(JOIN_WRITE_TRY, left), 0.1))
             if job_done(self.tx.receiver_info(peer=addr)) is not None:
-                return True
+                return "found"
             if leave_name(self.rank) not in self.tx.tensors(peer=addr):
-                return False
+                return None
         except tw.TensorWireError:
-            return False
-        return self._say_we_leave(addr)
+            return None
+        return "told" if self._say_we_leave(addr) else None
 
     def _tell_end(self, untold: list[int]) -> None:
         """Reach each server in ``untold`` again, and tell it that the job stopped (and at
@@ -1217,10 +1219,13 @@ class PSClient:
         deadline = time.monotonic() + self.reconnect_timeout
         while True:
             for s in list(untold):
-                if self._reached_anew(self.servers[s], deadline):
+                how = self._reached_anew(self.servers[s], deadline)
+                if how is not None:
                     untold.remove(s)
                     log.warning(
-                        "told parameter server %s that the job ended at step %d",
+                        "told parameter server %s that the job ended at step %d"
+                        if how == "told"
+                        else "parameter server %s knew that the job had ended (at step %d)",
                         self.servers[s],
                         self._stopped_at,
                     )

@@ -1457,6 +1457,56 @@ def test_an_async_server_back_behind_the_jobs_end_hears_it_from_a_worker(
     assert "did not join" not in text, text
 
 
+def test_a_server_down_as_its_job_ends_elsewhere_is_told_once_it_is_back(
+    job: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A custom loop (PSClient) of a 3-step job over two servers: before its last push, ps0 is
+    frozen, so ps1 alone finishes the job and tells the worker to stop; the worker finds ps0
+    lost (its ping fails). ps0 is then killed and started again from its checkpoint (step 2),
+    as an orchestrator restarts a failed server. The worker, closing, waits for it and tells it
+    the job ended at step 3; ps0 ends there and exits 0. Before, the worker exited at once and
+    ps0 waited for it until --join-timeout, then exited 1 (`bench chaos`, shm ssp, seed 5304)."""
+    from tensorwire.client.psclient import PSClient, PSClientStopped
+
+    ckpt = tmp_path / "ckpt"
+    args = ["--steps", "3", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1"]
+    j = job(
+        ps=[*args, "--join-timeout", "60", "--log-level", "INFO"],
+        servers=2,
+        workers=1,
+        start_workers=0,
+    )
+    shapes = {"w": (2, 3), "b": (3,)}
+    init = {n: np.zeros(shape, np.float32) for n, shape in shapes.items()}
+    caplog.set_level("WARNING", logger="tensorwire.worker")
+    c = PSClient(
+        j.addresses, 0, shapes, init=init, connect_timeout=30, timeout=60, reconnect_timeout=60
+    )
+    try:
+        steps = []
+        with contextlib.suppress(PSClientStopped):
+            while (step := c.wait_params(timeout=60)) is not None and len(steps) < 5:
+                steps.append(step)
+                if step == 2:  # the last: ps1 alone takes its gradients
+                    freeze(j.ps[0].pid)
+                c.push({n: np.ones(shape, np.float32) for n, shape in shapes.items()})
+        assert steps == [0, 1, 2]
+        j.ps[0].kill()
+        assert j.ps[0].wait(10) == -signal.SIGKILL
+        again = j.start([*j.command(j.ps[0].args), "--resume"], log="ps0-again")
+    finally:
+        c.close()  # tells ps0, once it is back
+    log_has(j.tmp / "ps0-again.log", "the job ended on another server", 30)
+    again.send_signal(signal.SIGTERM)  # (its linger)
+    assert [again.wait(30), j.ps[1].wait(30)] == [0, 0], j.log("ps0-again")
+    text = j.log("ps0-again")
+    assert "resumed shard 0 from " in text and "at step 2" in text, text
+    assert "says another server ended the job (at step 3)" in text, text
+    assert "checkpoint at step 3 written" in text, text
+    assert "did not hear it" in caplog.text, caplog.text
+    assert f"told parameter server {j.addresses[0]} that the job ended at step 3" in caplog.text
+
+
 def test_a_worker_joining_a_frozen_server_again_heeds_its_sigterm(job: Any, tmp_path: Path) -> None:
     """ps1 is SIGKILLed; the workers reach ps0 again and wait for ps1. ps0 is then frozen
     (SIGSTOP) and ps1 started again: the workers reach it and write their join to ps0 first,
