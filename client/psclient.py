@@ -41,6 +41,7 @@ from tensorwire.job.plan import (
     HOW_MAY_CATCH_UP,
     LEAVE_ALONE,
     LEAVE_JOB_STOPS,
+    LEAVE_TO_RETURN,
     META_FIELDS,
     STATUS_DROPPED,
     STATUS_FAILED,
@@ -279,6 +280,11 @@ class PSClient:
         self._stopped_at: int | None = None
         self._found_done = False  # ... where a server we reached had ended the job
         self._job_steps: int | None = None  # the job's --steps, as the servers publish it
+        #: set before close() where this worker stops to be started again (an orchestrator
+        #: moving it: ``tensorwire-worker --on-sigterm restart``): the servers then go on
+        #: without it and wait for it as for one lost, rather than count it done with the job
+        #: (under asp and ssp a job whose workers all left alone ends)
+        self.returning = False
         self._joined_anew = True  # the next parameters come with the servers' first notices
         #: joining again (_recover): a server's word that it stops ends every wait (_check_stop)
         self._recovering = False
@@ -1164,8 +1170,13 @@ class PSClient:
         or gone. True also for an older server that has no such tensor (nothing to tell)."""
         if addr not in self.tx.peers:
             return False  # lost, and not reached again
-        # Why: the job stops (a server said stop), or we do, alone, while it trains on.
-        why = np.array([LEAVE_ALONE if self._stopped_at is None else LEAVE_JOB_STOPS], np.int64)
+        # Why: the job stops (a server said stop), or we do while it trains on: for good, or
+        # to be started again.
+        if self._stopped_at is not None:
+            reason = LEAVE_JOB_STOPS
+        else:
+            reason = LEAVE_TO_RETURN if self.returning else LEAVE_ALONE
+        why = np.array([reason], np.int64)
         try:
             published = self.tx.tensors(peer=addr)
             if leave_name(self.rank) not in published:

@@ -135,9 +135,10 @@ def build_parser(prog: str = "tensorwire-worker") -> argparse.ArgumentParser:
         default="stop",
         help="what SIGTERM means to this worker. Either way it finishes its step, tells the "
         "servers it leaves (they go on without it) and writes its summary. stop (default): "
-        f"then exit 0. restart: then exit {EXIT_RESTART} (128 + SIGTERM), so that an "
-        "orchestrator that moves it (a Kubernetes pod evicted) starts it again rather than "
-        "count its part done; it rejoins the job. Ctrl-C (SIGINT) always exits 0",
+        f"then exit 0. restart: its leave says it will be back (the servers wait for it as "
+        f"for one lost), then exit {EXIT_RESTART} (128 + SIGTERM), so that an orchestrator "
+        "that moves it (a Kubernetes pod evicted) starts it again rather than count its part "
+        "done; it rejoins the job. Ctrl-C (SIGINT) always exits 0",
     )
     p.add_argument(
         "--curve-keys",
@@ -376,6 +377,7 @@ def _run(argv: list[str] | None, prog: str) -> int:
                 stop=stop,
                 stats=stats,
             )
+            client.returning = restart[0]  # (its leave, as it closes, says it comes back)
             if args.save_params and metrics["stopped_waiting"]:
                 log.warning(
                     "--save-params %s not written: a server was lost or silent as we stopped, "

@@ -35,6 +35,8 @@ from tensorwire.job.plan import (
     HOW_MAY_CATCH_UP,
     JOIN_MAX_BYTES,
     LEAVE_ALONE,
+    LEAVE_JOB_STOPS,
+    LEAVE_TO_RETURN,
     META_FIELDS,
     STATUS_DROPPED,
     STATUS_FAILED,
@@ -184,8 +186,12 @@ CHECKPOINT_ERROR_EVERY = 60.0
 STOP_GRACE_STEPS = 3
 
 
-#: why a worker left, as its leave message says (plan.LEAVE_ALONE or not), for the log
-_WHY_LEFT = {True: "it was stopped", False: "another server said stop"}
+#: why a worker left, as its leave message says (plan.LEAVE_*), for the log
+_WHY_LEFT = {
+    LEAVE_ALONE: "it was stopped",
+    LEAVE_JOB_STOPS: "another server said stop",
+    LEAVE_TO_RETURN: "it was stopped, to be started again: waited for",
+}
 
 
 class _Departing(Exception):
@@ -1197,34 +1203,39 @@ class ParameterServer:
 
     def _leave(self, w: _Worker) -> None:
         """``w`` said it stops: go on without it at once (its gradients will not come)."""
-        alone = self._take_leave(w)
-        why = _WHY_LEFT[alone]
-        # (asp, ssp, where a loss found its leave first, _lose: its own step, as _run_async says)
-        at = f"at step {self.step}" if self.cfg.sync == "bsp" else f"at its step {w.step}"
-        self._part_with(w, "left", f"left {at} ({why})")
-        w.left = alone
-        w.stopped = True  # nothing to tell it as we stop
-        with contextlib.suppress(tw.TensorWireError):
-            self.tx.remove_peer(w.address)
-        if not alone:
+        why = self._take_leave(w)
+        self._part_for(w, why)
+        if why == LEAVE_JOB_STOPS:
             # Another server said stop. Under bsp it stopped the job, and every worker hears
             # the same: before, they all left, and this server waited for one to join again,
             # then exited 1 (--join-timeout, or --step-timeout: 120 s by default).
             self._heard_end(w)
 
-    def _take_leave(self, w: _Worker) -> bool:
+    def _part_for(self, w: _Worker, why: int) -> None:
+        """Go on without ``w``, which left (``why``: plan.LEAVE_*). One that will be started
+        again (LEAVE_TO_RETURN) is not done with the job: waited for as one lost (and recorded
+        so by checkpoints); the others are stopped, nothing more to tell them as we stop."""
+        # (asp, ssp, where a loss found its leave first, _lose: its own step, as _run_async says)
+        at = f"at step {self.step}" if self.cfg.sync == "bsp" else f"at its step {w.step}"
+        self._part_with(w, "left", f"left {at} ({_WHY_LEFT[why]})")
+        w.left = why == LEAVE_ALONE
+        w.stopped = why != LEAVE_TO_RETURN
+        with contextlib.suppress(tw.TensorWireError):
+            self.tx.remove_peer(w.address)
+
+    def _take_leave(self, w: _Worker) -> int:
         """Take ``w``'s leave message, and the step another server told it to stop at where it
-        sent one (:meth:`_take_told_end`); whether it left alone (:meth:`_leaves_alone`)."""
+        sent one (:meth:`_take_told_end`); why it left (:meth:`_leave_reason`)."""
         try:
-            alone = self._leaves_alone(wait_past_losses(self.rx, leave_name(w.rank), 0.0))
+            why = self._leave_reason(wait_past_losses(self.rx, leave_name(w.rank), 0.0))
             self.rx.release(leave_name(w.rank))  # (a drain leaves a message taken alone)
         except tw.TensorWireError:  # (lost since: taken as the job stopping, as before)
-            alone = False
+            why = LEAVE_JOB_STOPS
         finally:
             self.rx.drain(leave_name(w.rank))
-        if not alone:
+        if why == LEAVE_JOB_STOPS:
             self._take_told_end(w)  # written before the leave, and landed first
-        return alone
+        return why
 
     def _take_told_end(self, w: _Worker) -> None:
         """Take the step ``w`` wrote us as another server told it to stop (plan.ended_name)."""
@@ -1254,7 +1265,7 @@ class ParameterServer:
             if w.alive:
                 continue
             while self.rx.pending(leave_name(w.rank)):  # bounded: its ring holds two
-                if not self._take_leave(w):
+                if self._take_leave(w) == LEAVE_JOB_STOPS:
                     self._heard_end(w)
 
     def _heard_end(self, w: _Worker) -> None:
@@ -1321,10 +1332,13 @@ class ParameterServer:
         self.step = step
 
     @staticmethod
-    def _leaves_alone(view: Any) -> bool:
-        """A worker's leave message (plan.leave_name) says it stopped on its own, while the job
-        trains on; not as the job stops (another server told it), nor from an older worker."""
-        return int(view[0]) == LEAVE_ALONE
+    def _leave_reason(view: Any) -> int:
+        """Why a worker's leave message (plan.leave_name) says it stops: plan.LEAVE_ALONE (on
+        its own, while the job trains on), LEAVE_TO_RETURN (to be started again), or
+        LEAVE_JOB_STOPS (another server told it; what an older worker sends, whatever its
+        reason)."""
+        why = int(view[0])
+        return why if why in (LEAVE_ALONE, LEAVE_TO_RETURN) else LEAVE_JOB_STOPS
 
     def _tell_those_left_out(self, *, take_joins: bool = True) -> None:
         """We stop: tell every worker we know of and did not tell yet (best effort, STOP_GRACE
@@ -1910,17 +1924,20 @@ class ParameterServer:
             if kind == "leave":
                 # it stops (another server said stop, or it was stopped): nothing more will
                 # come from it
-                alone = self._leaves_alone(view)
+                why = self._leave_reason(view)
                 self.rx.release(name)
-                if not alone:
+                if why == LEAVE_JOB_STOPS:
                     self._take_told_end(w)
-                if w.alive and not w.stopped:
-                    w.stopped, w.left = True, alone
+                if w.alive and not w.stopped and why == LEAVE_TO_RETURN:
+                    # not done: out of the slowest's count, waited for as one lost
+                    self._part_for(w, why)
+                elif w.alive and not w.stopped:
+                    w.stopped, w.left = True, why == LEAVE_ALONE
                     self.stats.worker_events["left"] += 1
                     log.warning(
-                        "worker %d left at its step %d (%s)", w.rank, w.step, _WHY_LEFT[alone]
+                        "worker %d left at its step %d (%s)", w.rank, w.step, _WHY_LEFT[why]
                     )
-                if not alone:  # (also one not taking part: told while we were away)
+                if why == LEAVE_JOB_STOPS:  # (also one not taking part: told while we were away)
                     self._heard_end(w)
                 self._release_held(held, staleness)
                 continue

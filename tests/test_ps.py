@@ -1216,33 +1216,42 @@ def test_a_server_told_sigterm_means_restart_leaves_and_its_workers_wait_for_it(
     assert "was lost: " in workers and "failed a ping" not in workers, workers
 
 
-def test_a_worker_told_sigterm_means_restart_leaves_exits_143_and_rejoins(
+def test_workers_told_sigterm_means_restart_leave_exit_143_and_are_waited_for(
     tmp_path: Path,
 ) -> None:
-    """`tensorwire-worker --on-sigterm restart` (a Kubernetes worker pod evicted): at SIGTERM it
-    finishes its step, leaves (the job goes on without it) and exits 143, so that its Job
-    starts it again rather than count its rank done (it exited 0, and the evicted rank never
-    came back); started again, it rejoins. Ctrl-C still exits 0."""
-    args = ["--steps", ENDLESS, "--log-level", "INFO"]
+    """`tensorwire-worker --on-sigterm restart` (Kubernetes worker pods evicted): at SIGTERM
+    each finishes its step, leaves saying it will be started again, and exits 143, so that its
+    Job starts it again rather than count its rank done (it exited 0, and the evicted rank
+    never came back). Both evicted at once from an asp job: the server waits for them, and they
+    rejoin once started again. Before, it took them as stopped for good, and an asp job whose
+    workers all stopped ended there ("done at step 1394" in a run by hand), short of its steps.
+    Ctrl-C still exits 0."""
+    args = ["--sync", "asp", "--steps", ENDLESS, "--log-level", "INFO"]
     j = Job(tmp_path, workers=2, ps=args, worker=["--on-sigterm", "restart"])
     try:
         _wait_for(j, "worker 1 joined")
         _wait_for(j, "worker 0 joined")
-        j.workers[1].send_signal(signal.SIGTERM)
-        assert j.workers[1].wait(60) == 143, j.log("w1")
-        log_has(j.tmp / "ps0.log", "worker 1 left at step ", 30)
-        assert "(it was stopped)" in j.log("ps0")
+        for w in j.workers:
+            w.send_signal(signal.SIGTERM)
+        assert [w.wait(60) for w in j.workers] == [143, 143], j.log("w1")
+        for r in range(2):
+            log_has(j.tmp / "ps0.log", f"worker {r} left at its step ", 30)
+        assert j.log("ps0").count("(it was stopped, to be started again: waited for)") == 2
         assert j.metrics("w1")["stopped_by_signal"] is True  # its summary, written first
-        again = j.restart_worker(1)
-        log_has(j.tmp / "ps0.log", "worker 1 rejoined ", 60)
-        again.send_signal(signal.SIGINT)
-        assert again.wait(60) == 0, j.log("w1-again")
+        time.sleep(1)
+        assert j.ps[0].poll() is None, j.log("ps0")  # waiting for them, not done
+        again = [j.restart_worker(r) for r in range(2)]
+        for r in range(2):
+            log_has(j.tmp / "ps0.log", f"worker {r} rejoined ", 60)
+        again[1].send_signal(signal.SIGINT)
+        assert again[1].wait(60) == 0, j.log("w1-again")
         j.ps[0].send_signal(signal.SIGTERM)
-        codes = [j.ps[0].wait(60), j.workers[0].wait(60)]
+        codes = [j.ps[0].wait(60), again[0].wait(60)]
     finally:
         j.kill()
-    assert codes == [0, 0], j.log("ps0") + j.log("w0")
+    assert codes == [0, 0], j.log("ps0") + j.log("w0-again")
     assert "exit 143, to be started again" in j.log("w1")
+    assert "done at step" not in j.log("ps0").split("rejoined")[0], j.log("ps0")
 
 
 def test_a_bsp_worker_that_leaves_again_and_again_is_heard_leaving_each_time(

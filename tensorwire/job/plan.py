@@ -194,6 +194,11 @@ LEAVE_JOB_STOPS = 1
 #: servers train on: the job goes on without it, and a server restarted from a checkpoint does
 #: not wait for it to join (it joins again once started again).
 LEAVE_ALONE = 2
+#: A worker leaves to be started again (``tensorwire-worker --on-sigterm restart``: an
+#: orchestrator moving it): the job goes on without it, and waits for it as for one lost (under
+#: asp and ssp, a job whose workers all left alone ends; one whose workers are all coming back
+#: does not). A server older than this reason takes it as :data:`LEAVE_JOB_STOPS`.
+LEAVE_TO_RETURN = 3
 
 
 def ended_name(rank: int) -> str:
