@@ -67,6 +67,29 @@ def test_manifests_validate_against_the_kubernetes_schemas() -> None:
         kubernetes_validate.validate(broken, KUBERNETES, strict=True)
 
 
+def test_an_evicted_worker_is_started_again_without_counting_as_a_failure() -> None:
+    """A worker evicted (SIGTERM) exits EXIT_RESTART (--on-sigterm restart): its Job starts it
+    again, and its podFailurePolicy keeps that, and any pod disruption, from counting towards
+    backoffLimitPerIndex (three evictions failed the index before). A podFailurePolicy needs
+    restartPolicy Never (the schemas do not say so: the API server refuses it)."""
+    from tensorwire.client.worker import EXIT_RESTART
+
+    (workers,) = [d for d in _documents() if d["kind"] == "Job"]
+    spec = workers["spec"]
+    assert spec["template"]["spec"]["restartPolicy"] == "Never"
+    (container,) = spec["template"]["spec"]["containers"]
+    assert container["command"][container["command"].index("--on-sigterm") + 1] == "restart"
+    rules = spec["podFailurePolicy"]["rules"]
+    on_exit = [r["onExitCodes"] for r in rules if r["action"] == "Ignore" and "onExitCodes" in r]
+    assert on_exit == [
+        {"containerName": container["name"], "operator": "In", "values": [EXIT_RESTART]}
+    ]
+    disrupted = [r for r in rules if r["action"] == "Ignore" and "onPodConditions" in r]
+    assert disrupted and disrupted[0]["onPodConditions"] == [
+        {"type": "DisruptionTarget", "status": "True"}
+    ]
+
+
 def _pods(docs: list[dict[str, Any]]) -> list[tuple[str, int, dict[str, Any]]]:
     """(workload, index, pod spec) of every pod the workloads make: a StatefulSet's ordinals and
     an Indexed Job's completion indexes."""
