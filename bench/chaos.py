@@ -14,7 +14,9 @@ What the faults are (``--events``):
 - ``kill-worker``: SIGKILL a worker, start it again after a short pause;
 - ``freeze-worker``: SIGSTOP a worker for up to twice the servers' ``--step-timeout`` (so that it
   is sometimes dropped and must join again by itself), then SIGCONT;
-- ``stop-worker``: SIGTERM a worker (it leaves the job and exits 0), start it again;
+- ``stop-worker``: SIGTERM a worker (it leaves the job and exits 0), start it again. Where
+  the workers run as ``deploy/k8s`` runs them (``--worker-args="--on-sigterm restart"``), the
+  SIGTERM is an eviction: the worker leaves saying it will be back, and exits 143;
 - ``drain-worker``: SIGTERM a worker as ``stop-worker`` does, and leave it out (its node
   drained) while other faults come, until the next ``drain-worker`` starts it again (at most one
   is out at a time); at the end it is started again (with ``--steps``, after the job's end: it
@@ -64,6 +66,7 @@ from typing import Any
 import tensorwire as tw
 from tensorwire import curve as tw_curve
 from tensorwire.client.launch import free_port, job_environment, ps_command, worker_command
+from tensorwire.client.worker import EXIT_RESTART
 from tensorwire.job.config import at_least, fraction, positive_seconds, zero_or_more_seconds
 from tensorwire.job.files import output_file
 from tensorwire.process import first_child
@@ -467,7 +470,7 @@ def _disrupt(
             return f"{d.name} had ended with the job"
         if not job.killed(code):
             raise _Failure(f"{d.name} exited with {code} before its SIGKILL ({job.tail(d)})")
-    else:  # stop-worker, drain-worker: it leaves the job and exits 0
+    else:  # stop-worker, drain-worker: it leaves the job and exits 0 (143: evicted, to return)
         # one started again just now may not have its handler yet (Python still importing):
         # SIGTERM ends it as it ends any process then
         starting = "joined " not in (job.tmp / d.log).read_text(errors="replace")
@@ -479,7 +482,7 @@ def _disrupt(
         asked = time.monotonic()
         code = _terminate(job, d, proc)
         record["exited_after_s"] = round(time.monotonic() - asked, 2)
-        if code != 0 and not (starting and code == -signal.SIGTERM):
+        if code != args.worker_exit and not (starting and code == -signal.SIGTERM):
             raise _Failure(f"{d.name} exited with {code} at SIGTERM ({job.tail(d)})")
         if event == "drain-worker":
             job.drained = d
@@ -494,7 +497,8 @@ def _disrupt(
     elif event == "move-server":
         verb = "moved (SIGTERM: it left the job, exit 0)"
     else:
-        verb = f"stopped (exited {record['exited_after_s']:.1f} s after its SIGTERM)"
+        evicted = f", {EXIT_RESTART}: evicted, to return" if args.worker_exit else ""
+        verb = f"stopped (exited {record['exited_after_s']:.1f} s after its SIGTERM{evicted})"
     return f"{d.name} {verb}, started again {pause:.1f} s later"
 
 
@@ -654,9 +658,11 @@ def _daemon_flags(
     own = build_parser(f"tensorwire-{daemon}")
     # its errors in one line of ours, not after the daemon's whole usage
     own.error = lambda message: parser.error(f"--{daemon}-args: {message}")
-    _, unknown = own.parse_known_args(flags)
+    known, unknown = own.parse_known_args(flags)
     if unknown:
         parser.error(f"--{daemon}-args: tensorwire-{daemon} has no {' '.join(unknown)}")
+    if daemon == "worker":  # what a worker's exit at SIGTERM must be (stop-worker, drain-worker)
+        args.worker_exit = EXIT_RESTART if known.on_sigterm == "restart" else 0
     return flags
 
 

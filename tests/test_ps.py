@@ -2317,9 +2317,12 @@ def test_chaos_drains_a_worker_while_a_server_restarts_and_the_job_trains_on(
     """`bench chaos --events drain-worker,...`: a worker stopped and left out (its node drained)
     while a server is killed and restarted from its checkpoint, which forms the job without
     it; the next drain starts it again and it joins again. Seed 2 makes exactly that sequence
-    (the faults' choices come from the seed alone)."""
+    (the faults' choices come from the seed alone). The workers run as deploy/k8s runs them
+    (--on-sigterm restart: a drain is an eviction, exit 143, the worker waited for as one
+    lost), under asp (where a job whose workers all left for good ends)."""
     args = ["--events", "drain-worker,kill-server", "--seed", "2", "--duration", "5"]
     args += ["--min-faults", "3", "--stall", "60", "--gap", "0.5", "--no-progress"]
+    args += ["--sync", "asp", "--worker-args=--on-sigterm restart"]
     out, result = bench_job(tmp_path, "chaos", *args, timeout=300)
     assert result["problems"] == [], out
     what = [e["what"] for e in result["events"][:3]]
