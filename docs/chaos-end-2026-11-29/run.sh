@@ -6,18 +6,14 @@
 # One line each in summary.txt, the JSONs beside it. Run from the repository root with the
 # venv active.
 set -u
+. docs/chaos-run.sh
 here=docs/chaos-end-2026-11-29
-run() {  # transport sync steps seed events gap
-    python -m tensorwire.bench chaos --transport "$1" --sync "$2" --steps "$3" --duration 400 \
-        --events "$5" --gap "$6" --stall 60 --seed "$4" --no-progress \
-        --json "$here/$1-$2-$4.json" > "$here/$1-$2-$4.txt" 2>&1
-    echo "$1 $2 steps $3 seed $4: exit $? $(tail -n 1 "$here/$1-$2-$4.txt")"
-}
 {
-    run shm ssp 15000 5304 move-server,kill-server,kill-worker,freeze-worker,drain-worker,freeze-server 0.3
+    chaos_run "$here" shm ssp 15000 5304 \
+        move-server,kill-server,kill-worker,freeze-worker,drain-worker,freeze-server 0.3
     for spec in "shm asp 1500 5401" "shm ssp 1500 5402" "tcp asp 1500 5403" "shm bsp 1500 5404" \
         "tcp ssp 1500 5405" "shm asp 1500 5406" "tcp bsp 1500 5407" "shm ssp 1500 5408"; do
         set -- $spec
-        run "$1" "$2" "$3" "$4" kill-server,freeze-server,move-server,kill-worker 0.2
+        chaos_run "$here" "$1" "$2" "$3" "$4" kill-server,freeze-server,move-server,kill-worker 0.2
     done
 } | tee "$here/summary.txt"
