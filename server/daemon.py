@@ -130,7 +130,9 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
         "--join-timeout",
         type=config.positive_seconds,
         default=d.join_timeout,
-        help="seconds to wait for every worker to join",
+        help="seconds to wait for every worker to join (a job forming for the first time "
+        "fails past it; one resumed from a checkpoint goes on with the workers that came back, "
+        "and takes the others back when they join)",
     )
     p.add_argument(
         "--step-timeout",

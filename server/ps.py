@@ -783,9 +783,10 @@ class ParameterServer:
     def _join(self) -> bool:
         """Every worker joins (address and specs: the first one's specs plan the job unless a
         checkpoint did), then says it is ready, its parameters registered; rank 0 has then
-        written the initial values, unless we resumed. False: a stop was asked first (the
-        workers that were ready are told to stop; :attr:`stopped_while_joining` says who was
-        missing)."""
+        written the initial values, unless we resumed. Resumed, it goes on without the workers
+        not back by --join-timeout where some are. False: a stop was asked first (the workers
+        that were ready are told to stop; :attr:`stopped_while_joining` says who was missing),
+        or a worker said that the job ended elsewhere."""
         deadline = time.monotonic() + self.cfg.join_timeout
         next_look = time.monotonic() + REJOIN_CHECK_EVERY
         while not all(w.alive or not w.counted_on for w in self.workers):
@@ -839,6 +840,23 @@ class ParameterServer:
                         self.done_unjoined = f"{detail} {within}"
                     self._tell_those_left_out(take_joins=False)
                     return False
+                if self.cfg.resume and not stopped and any(w.alive for w in self.workers):
+                    # Resumed, and some workers are back: the job goes on without the others,
+                    # as a running job goes on without a lost worker; each joins again once
+                    # started. Before, the server exited 1, and the workers that had come back
+                    # with it: one drained, or lost, while this server was down (no checkpoint
+                    # records it) never came.
+                    for w in self.workers:
+                        if not w.alive and w.counted_on:
+                            w.absent = True
+                    log.warning(
+                        "%s within %g s (--join-timeout): going on without %s, as a running job "
+                        "goes on without a lost worker; each joins again once started",
+                        detail,
+                        self.cfg.join_timeout,
+                        "it" if len(missing) + len(unready) == 1 else "them",
+                    )
+                    break
                 self._tell_failed()
                 raise PSError(
                     f"{detail} within {self.cfg.join_timeout:g} s (is each started with "

@@ -1146,6 +1146,40 @@ def test_a_server_restarted_after_a_worker_left_goes_on_without_waiting_for_it(
     assert "waiting for 1 of 2 workers" in text, text
 
 
+def test_a_resumed_server_goes_on_without_a_worker_that_does_not_come_back(
+    tmp_path: Path,
+) -> None:
+    """The server is killed; while it is down, worker 1 is stopped for good (SIGTERM: its node
+    drained), which no checkpoint records. The server, started again with --resume, waits for
+    both; at --join-timeout it goes on with worker 0, which came back, as a running job goes
+    on without a lost worker, and takes worker 1 back once it is started again. Before, it
+    exited 1 there, and worker 0 with it."""
+    ckpt = tmp_path / "ckpt"
+    args = ["--steps", ENDLESS, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "50"]
+    j = Job(tmp_path, workers=2, ps=[*args, "--log-level", "INFO"], worker=["--log-level", "INFO"])
+    try:
+        log_has(j.tmp / "ps0.log", "checkpoint at step 100 ", 60)
+        j.ps[0].kill()
+        assert j.ps[0].wait(10) == -signal.SIGKILL
+        log_has(j.tmp / "w1.log", "lost a parameter server", 30)
+        j.workers[1].send_signal(signal.SIGTERM)
+        assert j.workers[1].wait(30) == 0, j.log("w1")
+        again = j.start(
+            [*j.command(j.ps[0].args), "--resume", "--join-timeout", "3"], log="ps0-again"
+        )
+        log_has(j.tmp / "ps0-again.log", "going on without it", 30)
+        _trains_on(j, "ps0-again")
+        j.restart_worker(1)
+        log_has(j.tmp / "ps0-again.log", "worker 1 rejoined ", 60)
+        again.send_signal(signal.SIGTERM)
+        codes = [again.wait(60), *(w.wait(60) for w in j.workers[::2])]
+    finally:
+        j.kill()
+    text = (j.tmp / "ps0-again.log").read_text()
+    assert codes == [0, 0, 0], text + j.log("w0")
+    assert "worker 1 of 2 did not join within 3 s (--join-timeout): going on without it" in text
+
+
 @pytest.mark.parametrize("sync", ["asp", "ssp"])
 def test_an_async_job_does_not_end_when_its_workers_are_lost_after_one_left(
     tmp_path: Path, sync: str
