@@ -1132,18 +1132,25 @@ def test_a_server_restarted_after_a_worker_left_goes_on_without_waiting_for_it(
         again = j.start([*j.ps[0].args, "--resume"], log="ps0-again")
         log_has(j.tmp / "ps0-again.log", "resumed shard 0 from ", 60)
         _trains_on(j, "ps0-again")  # with worker 0 alone
-        j.restart_worker(1)
-        log_has(j.tmp / "ps0-again.log", "worker 1 rejoined ", 60)
-        _trains_on(j, "ps0-again")
-        again.send_signal(signal.SIGTERM)
-        codes = [again.wait(60), *(w.wait(60) for w in j.workers[::2])]
+        text = _takes_worker_1_back_and_stops(j, again)
     finally:
         j.kill()
-    text = (j.tmp / "ps0-again.log").read_text()
-    assert codes == [0, 0, 0], text + j.log("w0")
     assert f"worker 1 {how} before (at step " in text, text
     assert "not waited for: it joins again once started" in text, text
     assert "waiting for 1 of 2 workers" in text, text
+
+
+def _takes_worker_1_back_and_stops(j: Job, again: Any) -> str:
+    """Start worker 1 again: the resumed server ``again`` (logging to ps0-again) takes it back
+    and trains on; then stop the job (SIGTERM), and every process must exit 0. Its log."""
+    j.restart_worker(1)
+    log_has(j.tmp / "ps0-again.log", "worker 1 rejoined ", 60)
+    _trains_on(j, "ps0-again")
+    again.send_signal(signal.SIGTERM)
+    codes = [again.wait(60), *(w.wait(60) for w in j.workers[::2])]
+    text = (j.tmp / "ps0-again.log").read_text()
+    assert codes == [0, 0, 0], text + j.log("w0")
+    return text
 
 
 def test_a_resumed_server_goes_on_without_a_worker_that_does_not_come_back(
@@ -1169,14 +1176,9 @@ def test_a_resumed_server_goes_on_without_a_worker_that_does_not_come_back(
         )
         log_has(j.tmp / "ps0-again.log", "going on without it", 30)
         _trains_on(j, "ps0-again")
-        j.restart_worker(1)
-        log_has(j.tmp / "ps0-again.log", "worker 1 rejoined ", 60)
-        again.send_signal(signal.SIGTERM)
-        codes = [again.wait(60), *(w.wait(60) for w in j.workers[::2])]
+        text = _takes_worker_1_back_and_stops(j, again)
     finally:
         j.kill()
-    text = (j.tmp / "ps0-again.log").read_text()
-    assert codes == [0, 0, 0], text + j.log("w0")
     assert "worker 1 of 2 did not join within 3 s (--join-timeout): going on without it" in text
 
 
