@@ -339,6 +339,8 @@ def _summarise(server: ParameterServer, args: argparse.Namespace, start: int, pr
         "final_loss": server.last_loss,
         "accuracy": server.last_accuracy,
         "caught_up": server.stats.caught_up,
+        # the step another server ended the job at, as a worker told us; None where none did
+        "ended_elsewhere": server.ended_elsewhere,
         "longest_step_s": server.stats.longest_step,
         "checkpoint_failures": server.stats.checkpoint_failures,
         "sync": cfg.sync,

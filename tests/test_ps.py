@@ -1499,6 +1499,8 @@ def test_an_async_server_back_behind_the_jobs_end_hears_it_from_a_worker(
     text = j.log("ps0-again")
     assert "worker 1 says another server ended the job (at step 3000)" in text, text
     assert "checkpoint at step 3000 written" in text, text
+    summary = j.metrics("ps0")  # (ps0-again's: the same --metrics)
+    assert summary["ended_elsewhere"] == 3000 and summary["steps"] == 3000, summary
     assert "did not join" not in text, text
 
 
