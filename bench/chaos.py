@@ -24,7 +24,8 @@ What the faults are (``--events``):
 - ``kill-server``: SIGKILL a server, start it again with ``--resume-if-present``;
 - ``move-server``: SIGTERM a server run with ``--on-sigterm restart`` (as an orchestrator moves
   one: it checkpoints where the job is and exits 0, the workers not told), start it again with
-  ``--resume-if-present``. Not among the default events; with it, every server runs so;
+  ``--resume-if-present``. Not among the default events; with it, every server runs so, and
+  the run ends the job (without ``--steps``) with a SIGINT, which always stops it;
 - ``freeze-server``: SIGSTOP a server for up to ``--step-timeout``, then SIGCONT.
 
 With ``--hosts separate`` every daemon runs in a pid and mount namespace of its own (root and
@@ -531,10 +532,13 @@ def _await_joined(job: _Job, d: _Daemon, stall: float, mark: str = "joined ") ->
         time.sleep(0.1)
 
 
-def _finish(job: _Job, stall: float) -> list[str]:
-    """Once every worker has joined (one started again just now may not have yet), SIGTERM the
+def _finish(job: _Job, stall: float, moves: bool) -> list[str]:
+    """Once every worker has joined (one started again just now may not have yet), stop the
     servers; every daemon must exit 0 (the workers follow their servers). One drained is
-    started again first: it joins again, and ends with the others."""
+    started again first: it joins again, and ends with the others. The stop is a SIGTERM, or,
+    where the servers run with ``--on-sigterm restart`` (``moves``), a SIGINT, which always
+    stops: a SIGTERM there is a departure, and the workers waited for the servers to come back
+    until their --reconnect-timeout, then exited 1."""
     if job.drained is not None:
         job.start(job.drained)
         job.drained = None
@@ -545,7 +549,7 @@ def _finish(job: _Job, stall: float) -> list[str]:
         except _Failure as exc:
             return [str(exc)]
     for d in job.servers:
-        job.signal(d, signal.SIGTERM)
+        job.signal(d, signal.SIGINT if moves else signal.SIGTERM)
     return _exits(job, job.daemons, "at the end")
 
 
@@ -752,7 +756,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
             # nothing: it waits --connect-timeout for them and exits 1 (RELIABILITY.md).
             time.sleep(2 * args.step_timeout + 1)
             _await_progress(job, _marks(job), args.stall)
-            problems += _finish(job, args.stall)
+            problems += _finish(job, args.stall, args.moves)
     except _Failure as exc:
         problems.append(str(exc))
     finally:

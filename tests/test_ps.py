@@ -2354,19 +2354,22 @@ def test_chaos_drains_a_worker_while_a_server_restarts_and_the_job_trains_on(
     tmp_path: Path,
 ) -> None:
     """`bench chaos --events drain-worker,...`: a worker stopped and left out (its node drained)
-    while a server is killed and restarted from its checkpoint, which forms the job without
-    it; the next drain starts it again and it joins again. Seed 2 makes exactly that sequence
-    (the faults' choices come from the seed alone). The workers run as deploy/k8s runs them
-    (--on-sigterm restart: a drain is an eviction, exit 143, the worker waited for as one
-    lost), under asp (where a job whose workers all left for good ends)."""
-    args = ["--events", "drain-worker,kill-server", "--seed", "2", "--duration", "5"]
+    while a server is moved (SIGTERM under --on-sigterm restart: it checkpoints, leaves, and is
+    started again from its checkpoint), which forms the job without it; the next drain starts
+    it again and it joins again. Seed 2 makes exactly that sequence (the faults' choices come
+    from the seed alone). The workers run as deploy/k8s runs them (--on-sigterm restart: a
+    drain is an eviction, exit 143, the worker waited for as one lost), under asp (where a job
+    whose workers all left for good ends). The run ends the job with a SIGINT to the servers:
+    with move-server among the faults it ended it with a SIGTERM, a departure there, and the
+    workers waited for the servers until their --reconnect-timeout and exited 1."""
+    args = ["--events", "drain-worker,move-server", "--seed", "2", "--duration", "5"]
     args += ["--min-faults", "3", "--stall", "60", "--gap", "0.5", "--no-progress"]
     args += ["--sync", "asp", "--worker-args=--on-sigterm restart"]
     out, result = bench_job(tmp_path, "chaos", *args, timeout=300)
     assert result["problems"] == [], out
     what = [e["what"] for e in result["events"][:3]]
     assert what[0].startswith("w0 drained (exited "), out
-    assert what[1].startswith("ps1 killed, started again"), out
+    assert what[1].startswith("ps1 moved (SIGTERM: it left the job, exit 0), started again"), out
     assert what[2] == "w0 started again after its drain", out
     assert result["accuracy"] >= 0.9
 
