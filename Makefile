@@ -153,10 +153,16 @@ soak: $(STAMP) $(RDMA_STAMP)
 # A training job whose daemons are killed, frozen and restarted at random: 5 minutes a transport.
 # Five minutes of faults over each transport, each with other settings of the job (sync mode,
 # optimizer, wire): asp/ssp with momentum or adam and the 16-bit wires met their first faults here.
+# The last run has every fault `bench chaos` makes, with workers run as deploy/k8s runs them
+# (--on-sigterm restart: stop-worker and drain-worker are evictions, exit 143, waited for):
+# servers moved and workers evicted, as a Kubernetes node drain does. (Each run is one string;
+# the loop splits it at spaces: none inside a flag's value.)
+CHAOS_EVERY_FAULT := kill-worker,freeze-worker,stop-worker,drain-worker,kill-server,move-server,freeze-server
 CHAOS_RUNS := "--transport shm" \
 	"--transport tcp --sync ssp --optimizer momentum --wire-dtype bfloat16" \
 	"--transport nixl --sync asp --optimizer adam" \
-	"--transport grpc --wire-dtype float16"
+	"--transport grpc --wire-dtype float16" \
+	"--transport shm --sync asp --events $(CHAOS_EVERY_FAULT) --worker-args=--on-sigterm=restart"
 chaos: $(STAMP) $(RDMA_STAMP)
 	set -e; for run in $(CHAOS_RUNS); do $(PY) -m tensorwire.bench chaos $$run --duration 300; done
 
