@@ -121,6 +121,10 @@ EXIT_TIMEOUT = 120.0
 DONE_MARKS = ("the job is done: answering at", "nothing left to train")
 #: the line a worker ends with once told to stop after its last step
 FINISHED = re.compile(r"^worker\d+: \d+ steps, ", re.M)
+#: a server's log lines with the step it is at: each checkpoint it wrote, and its resumption
+SERVER_STEP = re.compile(
+    r"checkpoint at step (\d+) written|resumed shard \d+ from .* at step (\d+)"
+)
 #: what a worker that reached its servers after the job's end says, as it exits 0
 ENDED_MARK = "had ended the job at step"
 
@@ -308,6 +312,8 @@ class _Job:
 
     def start(self, d: _Daemon, *extra: str) -> None:
         d.starts += 1
+        if d in self.servers:  # (its summary is of its last process: see server_step)
+            self.summary(d).unlink(missing_ok=True)
         cmd = [*d.cmd, *extra]
         if self.separate:
             cmd = [*UNSHARE, *cmd]
@@ -329,6 +335,22 @@ class _Job:
         """Whether ``code`` is the exit code of a daemon this run SIGKILLed (with ``--hosts
         separate``, unshare was)."""
         return code == -signal.SIGKILL
+
+    def server_step(self, d: _Daemon) -> int | None:
+        """Where the server ``d`` ended: its summary's step, or, where its last process wrote
+        none (killed as the run ended on a failure), the step of that process's last
+        checkpoint, or of its resumption. Before, a failed run reported an earlier process's
+        summary: a server moved at step 218 and killed at the end near step 3600 was "at
+        218"."""
+        step = _metric(self.summary(d), "steps")
+        if step is not None:
+            return int(step)
+        try:
+            text = (self.tmp / d.log).read_text(errors="replace")
+        except FileNotFoundError:
+            return None
+        found = SERVER_STEP.findall(text)
+        return int(max(found[-1])) if found else None  # (the group that matched)
 
     def checkpoints(self, d: _Daemon) -> int:
         """Checkpoint lines in the log of ``d``'s current process."""
@@ -782,10 +804,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
     result.update(
         events=done,
         duration_s=round(time.monotonic() - started, 1),
-        steps=[
-            None if (last := _metric(tmp / f"ps{s}.json", "steps")) is None else int(last)
-            for s in range(args.servers)
-        ],
+        steps=[job.server_step(d) for d in job.servers],
         accuracy=accuracy,
         problems=problems,
         logs=str(tmp) if problems or args.keep else None,
