@@ -349,8 +349,8 @@ class _Job:
             text = (self.tmp / d.log).read_text(errors="replace")
         except FileNotFoundError:
             return None
-        found = SERVER_STEP.findall(text)
-        return int(max(found[-1])) if found else None  # (the group that matched)
+        found = SERVER_STEP.findall(text)  # (one group of each match is empty: the other's)
+        return int("".join(found[-1])) if found else None
 
     def checkpoints(self, d: _Daemon) -> int:
         """Checkpoint lines in the log of ``d``'s current process."""
