@@ -281,7 +281,7 @@ class _Job:
                     *("--step-timeout", f"{args.step_timeout:g}"),
                     *("--checkpoint-dir", str(tmp / f"ckpt{s}")),
                     *("--checkpoint-every", str(args.checkpoint_every)),
-                    *("--metrics", str(tmp / f"ps{s}.json")),
+                    *("--metrics", str(_summary_of(tmp, f"ps{s}"))),
                     *(["--on-sigterm", "restart"] if args.moves else []),
                     *args.extra["ps"],
                     shard=s,
@@ -297,7 +297,7 @@ class _Job:
                 worker_command(
                     addresses,
                     *common,
-                    *("--log-level", "INFO", "--metrics", str(tmp / f"w{r}.json")),
+                    *("--log-level", "INFO", "--metrics", str(_summary_of(tmp, f"w{r}"))),
                     *args.extra["worker"],
                     rank=r,
                     workers=args.workers,
@@ -393,7 +393,7 @@ class _Job:
 
     def summary(self, d: _Daemon) -> Path:
         """Where the daemon ``d`` writes its end-of-job summary (--metrics)."""
-        return self.tmp / f"{d.name}.json"
+        return _summary_of(self.tmp, d.name)
 
     def tail(self, d: _Daemon, lines: int = 12) -> str:
         try:
@@ -651,6 +651,11 @@ def _finish_done(
     return problems + _exits(job, job.servers, "at SIGTERM")
 
 
+def _summary_of(tmp: Path, name: str) -> Path:
+    """Where the daemon named ``name`` (ps0, w1) writes its end-of-job summary (--metrics)."""
+    return tmp / f"{name}.json"
+
+
 def _metric(path: Path, key: str) -> float | None:
     """``key`` of the metrics a daemon wrote at its end (None: it wrote none)."""
     try:
@@ -793,11 +798,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
         problems.append(str(exc))
     finally:
         job.close()
-    accuracy = _metric(tmp / "w0.json", "test_accuracy")
+    accuracy = _metric(job.summary(job.workers[0]), "test_accuracy")
     if accuracy is None and args.steps:
         # rank 0's last run came after the end (nothing trained, no accuracy): the accuracy
         # it last reported to the servers, at its last evaluation
-        accuracy = _metric(tmp / "ps0.json", "accuracy")
+        accuracy = _metric(job.summary(job.servers[0]), "accuracy")
         result["accuracy_from"] = "ps0"
     if not problems and (accuracy is None or accuracy < args.min_accuracy):
         problems.append(f"rank 0's test accuracy {accuracy} is below {args.min_accuracy:g}")
