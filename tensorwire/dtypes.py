@@ -30,6 +30,14 @@ from .errors import SpecMismatchError
 _NUMPY_KINDS = frozenset("biufc")
 
 
+def _of_ml_dtypes(dt: np.dtype[Any]) -> bool:
+    """Is ``dt`` one of ml_dtypes' formats? Asked of the type itself, so that numpy's own
+    dtypes never import ml_dtypes: its extension takes 0.7-0.9 s to load (0.7.0, on this
+    project's machines), all of it holding the GIL, where a sender's first spec lookup made
+    its heartbeats miss a 0.6 s receiver timeout and its session was dropped."""
+    return dt.type.__module__.split(".")[0] == "ml_dtypes"
+
+
 @functools.cache
 def ml_dtypes_by_name() -> dict[str, np.dtype[Any]]:
     """``bfloat16`` and every ``float8_*`` format of the installed ml_dtypes, by name."""
@@ -58,16 +66,20 @@ def canonical_dtype(dtype: Any) -> np.dtype[Any]:
     """``dtype`` as a numpy dtype, refusing what does not move as plain bytes."""
     if type(dtype).__module__ == "torch":  # torch.bfloat16 -> "bfloat16"; torch stays unimported
         dtype = str(dtype).removeprefix("torch.")
-    if isinstance(dtype, str) and dtype in ml_dtypes_by_name():
-        return ml_dtypes_by_name()[dtype]
     try:
         dt = np.dtype(dtype)
     except TypeError as exc:
+        # numpy does not know ml_dtypes' names ("bfloat16") until ml_dtypes is imported
+        if isinstance(dtype, str) and dtype in ml_dtypes_by_name():
+            return ml_dtypes_by_name()[dtype]
         raise SpecMismatchError(
             f"not a dtype: {dtype!r}; supported: {', '.join(supported_names())}"
         ) from exc
     plain = dt.fields is None and dt.subdtype is None
-    if plain and (dt.kind in _NUMPY_KINDS or ml_dtypes_by_name().get(dt.name) == dt):
+    if plain and _of_ml_dtypes(dt):  # float8_e5m2's kind is "f": asked first
+        if ml_dtypes_by_name().get(dt.name) == dt:
+            return dt
+    elif plain and dt.kind in _NUMPY_KINDS:
         return dt
     raise SpecMismatchError(
         f"dtype {dt} is not supported: only bool, integer, float (with bfloat16 and float8) and "
@@ -90,7 +102,7 @@ def exports_buffer(dtype: np.dtype[Any]) -> bool:
 
 def dtype_to_wire(dtype: np.dtype[Any]) -> str:
     """How a spec's dtype travels: numpy's dtype string, or the ml_dtypes name."""
-    return dtype.name if dtype.name in ml_dtypes_by_name() else dtype.str
+    return dtype.name if _of_ml_dtypes(dtype) else dtype.str
 
 
 # -- arrays from elsewhere -------------------------------------------------------------------

@@ -7,6 +7,8 @@ The byte-exact transfer of every dtype over every transport is in the conformanc
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import warnings
 from typing import Any
 
@@ -40,6 +42,28 @@ def test_dtype_names_types_and_the_wire(given: Any, name: str) -> None:
     wire = spec.to_wire()
     again = TensorSpec.create(wire["name"], wire["shape"], wire["dtype"])
     assert again == spec
+
+
+def test_plain_dtypes_never_import_ml_dtypes() -> None:
+    """A job of numpy's own dtypes never loads ml_dtypes, whose extension held the GIL for
+    0.7-0.9 s (0.7.0): imported at a sender's first spec lookup, its heartbeats missed a 0.6 s
+    receiver timeout and its session was dropped before its first write."""
+    script = """
+import sys
+import numpy as np
+import tensorwire as tw
+from tensorwire.spec import TensorSpec
+with tw.Receiver() as rx:
+    rx.register("t", (4,), "float32")
+    rx.register("u", (2,), np.int64)
+    with tw.Sender.connect(rx.address, transport="shm") as tx:
+        tx.write("t", np.ones(4, np.float32))
+        assert rx.wait("t", timeout=10).tolist() == [1.0] * 4
+TensorSpec.create("v", (2,), np.dtype(">f8").newbyteorder())
+print("ml_dtypes" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.split() == ["False"], out.stderr
 
 
 @pytest.mark.parametrize("bad", ["object", "U4", "V4", [("a", "f4")], "no-such-type", "datetime64"])
