@@ -162,6 +162,16 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     gc.freeze()
 
 
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The versions the suite ran with, at its end, where a CI log's tail shows them: CI
+    installs the newest releases the project admits afresh each run, and one can change what
+    the suite meets (ml_dtypes 0.7.0, 2026-12-01: its import held the GIL 0.7-0.9 s, and 30
+    tests failed on senders dropped before their first write)."""
+    from tensorwire.cli import _libraries
+
+    terminalreporter.write_line(f"ran with Python {sys.version.split()[0]}, {_libraries()}")
+
+
 def _start_cuda_runtime() -> None:
     """Where there is a GPU: create the CUDA context (cupy's, and torch's on the same device)
     now, with a stream and pinned memory, so that the per-test check does not count the driver's
