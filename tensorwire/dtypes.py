@@ -32,7 +32,7 @@ _NUMPY_KINDS = frozenset("biufc")
 
 def _of_ml_dtypes(dt: np.dtype[Any]) -> bool:
     """Is ``dt`` one of ml_dtypes' formats? Asked of the type itself, so that numpy's own
-    dtypes never import ml_dtypes: its extension takes 0.7-0.9 s to load (0.7.0, on this
+    dtypes never import ml_dtypes: its extension takes 0.6-0.9 s to load (0.7.0, on this
     project's machines), all of it holding the GIL, where a sender's first spec lookup made
     its heartbeats miss a 0.6 s receiver timeout and its session was dropped."""
     return dt.type.__module__.split(".")[0] == "ml_dtypes"

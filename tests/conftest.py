@@ -165,7 +165,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """The versions the suite ran with, at its end, where a CI log's tail shows them: CI
     installs the newest releases the project admits afresh each run, and one can change what
-    the suite meets (ml_dtypes 0.7.0, 2026-12-01: its import held the GIL 0.7-0.9 s, and 30
+    the suite meets (ml_dtypes 0.7.0, 2026-12-01: its import held the GIL 0.6-0.9 s, and 30
     tests failed on senders dropped before their first write)."""
     from tensorwire.cli import _libraries
 

@@ -46,7 +46,7 @@ def test_dtype_names_types_and_the_wire(given: Any, name: str) -> None:
 
 def test_plain_dtypes_never_import_ml_dtypes() -> None:
     """A job of numpy's own dtypes never loads ml_dtypes, whose extension held the GIL for
-    0.7-0.9 s (0.7.0): imported at a sender's first spec lookup, its heartbeats missed a 0.6 s
+    0.6-0.9 s (0.7.0): imported at a sender's first spec lookup, its heartbeats missed a 0.6 s
     receiver timeout and its session was dropped before its first write."""
     script = """
 import sys
