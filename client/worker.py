@@ -12,6 +12,7 @@ with ``--on-sigterm restart``: exit 143, to be started again).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
 import sys
@@ -151,7 +152,8 @@ def build_parser(prog: str = "tensorwire-worker") -> argparse.ArgumentParser:
         "--metrics",
         metavar="PATH",
         type=files.output_file,
-        help="write a JSON summary here at the end",
+        help="write a JSON summary here at the end (one started after its job ended, which "
+        "trains nothing, keeps the summary of this rank's run that trained there)",
     )
     config.add_metrics_flags(p)
     p.add_argument(
@@ -242,6 +244,24 @@ def _summary(rank: int, steps: int, secs: float, **figures: Any) -> dict[str, An
         **figures,
         "traffic": tw_metrics.totals(),
     }
+
+
+def trained_summary(path: str | None, rank: int) -> dict[str, Any] | None:
+    """The summary at ``path`` (--metrics) where it is that of a run of worker ``rank`` that
+    trained, else None (none there, unreadable, another rank's, or nothing trained). A worker
+    started after its job ended (a job applied again once done, which starts every worker
+    again) keeps it rather than write over it a summary of nothing trained: the run's figures
+    were lost that way."""
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            earlier = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if isinstance(earlier, dict) and earlier.get("rank") == rank and earlier.get("steps"):
+        return earlier
+    return None
 
 
 def nothing_trained(rank: int, done_at: int) -> dict[str, Any]:
@@ -396,6 +416,14 @@ def _run(argv: list[str] | None, prog: str) -> int:
         print(f"worker{args.rank}: {exc}", file=sys.stderr)
         if args.save_params:
             print(f"worker{args.rank}: {_not_saved(args.save_params, exc)}", file=sys.stderr)
+        kept = trained_summary(args.metrics, args.rank)
+        if kept is not None:
+            print(
+                f"worker{args.rank}: --metrics {args.metrics} keeps the summary of the run that "
+                f"trained ({kept['steps']} steps)",
+                file=sys.stderr,
+            )
+            return 0
         # (its summary all the same: a launcher waiting for it reads one, `tensorwire ray-job`)
         return config.write_summary(args.metrics, nothing_trained(args.rank, exc.done_at), prog)
     except PSClientStopped as exc:  # asked to stop before the job formed: nothing trained

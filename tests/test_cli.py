@@ -885,7 +885,9 @@ def test_a_worker_started_after_the_job_ended_hears_so_from_a_lingering_server(
         lingering = [*server, "--steps", "5", "--linger", "forever", "--checkpoint-dir", str(ckpt)]
         ps = procs.start([*lingering, "--metrics-port", str(metrics)], log="ps")
         first = [*worker, "--no-progress", "--save-params", str(tmp_path / "w0.npz")]
+        first += ["--metrics", str(tmp_path / "w0.json")]
         assert procs.start(first, log="w0").wait(120) == 0
+        trained = (tmp_path / "w0.json").read_bytes()
         log_has(tmp_path / "ps.log", "the job is done: answering at", timeout=30)
         # still scraped, and saying it is done (`tensorwire top`: "(done)")
         page = scrape(f"http://127.0.0.1:{metrics}/metrics", timeout=10)
@@ -897,6 +899,21 @@ def test_a_worker_started_after_the_job_ended_hears_so_from_a_lingering_server(
         assert late.wait(30) == 0
         assert time.monotonic() - begun < 20  # not its --connect-timeout
         assert run("-m", "tensorwire", "ping", "--timeout", "5", address).returncode == 0
+        # started again with the summary path of the run that trained (the job applied again
+        # once done): that summary is kept, not written over with one of nothing trained
+        again = procs.start(
+            [*worker, "--no-progress", "--metrics", str(tmp_path / "w0.json")], log="again"
+        )
+        assert again.wait(30) == 0
+        assert (tmp_path / "w0.json").read_bytes() == trained
+        assert (
+            procs.log("again")
+            .strip()
+            .endswith(
+                f"worker0: --metrics {tmp_path}/w0.json keeps the summary of the run that trained "
+                "(5 steps)"
+            )
+        ), procs.log("again")
         assert ps.poll() is None
         ps.send_signal(signal.SIGTERM)
         assert ps.wait(10) == 0
