@@ -69,8 +69,8 @@ demo-torch: $(STAMP) $(TORCH_STAMP) bytecode
 # process and its reaped children) 887 s of their 1666 s of wall time; in 4 (336bbef) 509.3
 # s, and one test failed (a receiver busy with a 64 MiB gRPC message answered no heartbeat for
 # 0.9 s). At d3774a3 (1056 tests), back to back: 552.9 s in 3, 452.3 s in 4, both clean, and
-# 487.9 s in 4 an hour before (docs/fresh-clone-2026-12-01/workers-3-vs-4.txt): 4 is for more
-# runs to settle, its timing margins against a tenth of the time.
+# 487.9 s in 4 an hour before (docs/fresh-clone-2026-12-01/workers-3-vs-4.txt): whether 4 keeps
+# the fault tests' timing margins, for a tenth to a fifth less time, is for more runs to settle.
 # Every leak check is per process; the tests of one xdist_group (Ray's cluster) run in one
 # process. TEST_WORKERS=0 runs it in this one process (pdb, -x, ordered output).
 TEST_WORKERS ?= 3
