@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .dtypes import ml_dtypes_by_name
+from .dtypes import ml_dtypes_by_name, of_ml_dtypes
 
 #: DLDataTypeCode (dlpack.h) of each ml_dtypes format that has one
 ML_CODES = {
@@ -70,7 +70,7 @@ def _dtype_field(capsule: Any) -> int:
 
 def ml_code(dtype: np.dtype[Any]) -> int | None:
     """``dtype``'s DLPack code where numpy has none for it (an ml_dtypes format), else None."""
-    if dtype.isbuiltin != 2:  # (2: a type registered with numpy, as ml_dtypes' are: cheap)
+    if not of_ml_dtypes(dtype):  # (cheap: numpy's own dtypes stop at isbuiltin)
         return None
     code = ML_CODES.get(dtype.name)
     return code if code is not None and ml_dtypes_by_name().get(dtype.name) == dtype else None

@@ -30,12 +30,13 @@ from .errors import SpecMismatchError
 _NUMPY_KINDS = frozenset("biufc")
 
 
-def _of_ml_dtypes(dt: np.dtype[Any]) -> bool:
-    """Is ``dt`` one of ml_dtypes' formats? Asked of the type itself, so that numpy's own
-    dtypes never import ml_dtypes: its extension takes 0.6-0.9 s to load (0.7.0, on this
-    project's machines), all of it holding the GIL, where a sender's first spec lookup made
-    its heartbeats miss a 0.6 s receiver timeout and its session was dropped."""
-    return dt.type.__module__.split(".")[0] == "ml_dtypes"
+def of_ml_dtypes(dt: np.dtype[Any]) -> bool:
+    """Is ``dt`` one of ml_dtypes' formats? Asked of the dtype itself (registered with numpy,
+    ``isbuiltin`` 2, by a type of ml_dtypes' module), so that numpy's own dtypes never import
+    ml_dtypes: its extension takes 0.6-0.9 s to load (0.7.0, on this project's machines), all
+    of it holding the GIL, where a sender's first spec lookup made its heartbeats miss a 0.6 s
+    receiver timeout and its session was dropped."""
+    return dt.isbuiltin == 2 and dt.type.__module__.split(".")[0] == "ml_dtypes"
 
 
 @functools.cache
@@ -76,7 +77,7 @@ def canonical_dtype(dtype: Any) -> np.dtype[Any]:
             f"not a dtype: {dtype!r}; supported: {', '.join(supported_names())}"
         ) from exc
     plain = dt.fields is None and dt.subdtype is None
-    if plain and _of_ml_dtypes(dt):  # float8_e5m2's kind is "f": asked first
+    if plain and of_ml_dtypes(dt):  # float8_e5m2's kind is "f": asked first
         if ml_dtypes_by_name().get(dt.name) == dt:
             return dt
     elif plain and dt.kind in _NUMPY_KINDS:
@@ -102,7 +103,7 @@ def exports_buffer(dtype: np.dtype[Any]) -> bool:
 
 def dtype_to_wire(dtype: np.dtype[Any]) -> str:
     """How a spec's dtype travels: numpy's dtype string, or the ml_dtypes name."""
-    return dtype.name if _of_ml_dtypes(dtype) else dtype.str
+    return dtype.name if of_ml_dtypes(dtype) else dtype.str
 
 
 # -- arrays from elsewhere -------------------------------------------------------------------
