@@ -69,8 +69,9 @@ demo-torch: $(STAMP) $(TORCH_STAMP) bytecode
 # message answered no heartbeat for 0.9 s) while the suite grew to 570 s in 3,
 # which with CI's set-up passed ten minutes. In 4, clean each time: 487.9 s and 452.3 s at
 # d3774a3 (552.9 s in 3 between them; docs/fresh-clone-2026-12-01/workers-3-vs-4.txt), 456.9 s
-# at 847f658, where 5 took 504.5 s (the cores saturated), clean too: the margins hold one
-# process past 4 (docs/test-workers-2026-12-02/).
+# at 847f658, where 5 took 504.5 s (the cores saturated), clean too, and 566.2 s in 4 with a
+# `yes > /dev/null` beside it taking a core's share: the margins hold on a slower machine
+# (docs/test-workers-2026-12-02/).
 # Every leak check is per process; the tests of one xdist_group (Ray's cluster) run in one
 # process. TEST_WORKERS=0 runs it in this one process (pdb, -x, ordered output).
 TEST_WORKERS ?= 4
