@@ -2,9 +2,12 @@
 
 DLPack has a type code for each of them (``kDLBfloat``, ``kDLFloat8_e4m3fn`` ...: dlpack.h,
 version 1.1 on), and PyTorch reads and writes them, but numpy's own ``__dlpack__`` and
-``from_dlpack`` refuse every dtype outside its integer, float and complex kinds ("DLPack only
-supports signed/unsigned integers, float and complex dtypes"). A received bfloat16 slot could
-not reach ``torch.from_dlpack``, nor a bfloat16 array of another library reach a write.
+``from_dlpack`` before 2.5 refuse every dtype outside its integer, float and complex kinds
+("DLPack only supports signed/unsigned integers, float and complex dtypes"). A received
+bfloat16 slot could not reach ``torch.from_dlpack``, nor a bfloat16 array of another library
+reach a write. (numpy 2.5 lets a dtype's package register its code,
+``numpy.dtypes.register_dlpack_dtype``, and ml_dtypes 0.7 registers these codes: what is done
+here gives the same capsules, for every numpy the project supports.)
 
 Both ways go through an unsigned integer of the same size, which numpy does export: the capsule
 numpy makes of that view is the tensor's, but for its type code, which is set here in the
