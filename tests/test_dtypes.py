@@ -334,6 +334,6 @@ def test_bfloat16_and_float8_go_between_torch_and_tensorwire_through_dlpack(
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)  # "ComplexHalf ... experimental"
                 half_complex = torch.zeros(2, dtype=torch.complex32)
-            with pytest.raises(tw.SpecMismatchError, match="Unsupported dtype|got complex32"):
+            with pytest.raises(tw.SpecMismatchError, match=r"Unsupported dtype|got complex32"):
                 tx.write("c", DLPackProducer(half_complex))
             assert rx.pending("c") == 0
