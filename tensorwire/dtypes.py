@@ -83,8 +83,9 @@ def canonical_dtype(dtype: Any) -> np.dtype[Any]:
     elif plain and dt.kind in _NUMPY_KINDS:
         return dt
     raise SpecMismatchError(
-        f"dtype {dt} is not supported: only bool, integer, float (with bfloat16 and float8) and "
-        f"complex dtypes move as raw bytes; supported: {', '.join(supported_names())}"
+        f"dtype {dt} is not supported: only numpy's bool, integer, float and complex dtypes and "
+        f"ml_dtypes' bfloat16 and float8 formats move as raw bytes; supported: "
+        f"{', '.join(supported_names())}"
     )
 
 

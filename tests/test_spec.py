@@ -41,6 +41,20 @@ def test_unsupported_dtypes_are_refused(dtype: object) -> None:
         TensorSpec.create("x", (2,), dtype)
 
 
+@pytest.mark.parametrize("name", ["int4", "uint4", "float4_e2m1fn", "complex32", "bcomplex32"])
+def test_ml_dtypes_formats_that_do_not_move_are_refused_by_name(name: str) -> None:
+    """ml_dtypes' sub-byte formats and its complex32 (0.7 on) are not bfloat16 nor float8: refused,
+    as its type or its name, in words that do not call them numpy's complex or integer dtypes."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    if not hasattr(ml_dtypes, name):
+        pytest.skip(f"ml_dtypes {ml_dtypes.__version__} has no {name}")
+    for given in (getattr(ml_dtypes, name), name):
+        with pytest.raises(
+            tw.SpecMismatchError, match=f"dtype {name} is not supported: .*ml_dtypes"
+        ):
+            TensorSpec.create("x", (2,), given)
+
+
 @pytest.mark.parametrize("shape", [(-1, 2), "ab", None])
 def test_bad_shapes_are_refused(shape: object) -> None:
     with pytest.raises(tw.SpecMismatchError):
