@@ -224,9 +224,8 @@ def test_bfloat16_and_float8_views_carry_their_own_dlpack_type() -> None:
     """numpy before 2.5 exports none of them ("DLPack only supports signed/unsigned integers,
     float and complex dtypes"): a received view and a lent buffer do, and come back as the same
     format over the same memory, through a DLPack 1.0 capsule and a legacy one."""
-    import ctypes
 
-    from tensorwire.dlpack import ML_CODES, _dtype_field, from_dlpack
+    from tensorwire.dlpack import ML_CODES, from_dlpack
 
     rng = np.random.default_rng(7)
     with tw.Receiver() as rx:
@@ -248,9 +247,7 @@ def test_bfloat16_and_float8_views_carry_their_own_dlpack_type() -> None:
                 if np.lib.NumpyVersion(np.__version__) >= "2.1.0":  # (before: a TypeError,
                     capsules.append(got.__dlpack__(max_version=(1, 0)))  # then the old ask)
                 for capsule in capsules:
-                    field = _dtype_field(capsule)
-                    code_and_bits = [ctypes.c_uint8.from_address(field + k).value for k in (0, 1)]
-                    assert code_and_bits == [code, 8 * dtype.itemsize], name
+                    assert _code_and_bits(capsule) == [code, 8 * dtype.itemsize], name
                 del capsules, capsule
                 back = from_dlpack(got)
                 assert back.dtype == dtype and back.ctypes.data == got.ctypes.data
@@ -263,10 +260,6 @@ def _numpy_exports_as_we_do(array: Any, code: int) -> None:
     """numpy's own export of ``array`` (an ml_dtypes format): refused before numpy 2.5 (why
     tensorwire.dlpack exists); from 2.5, where ml_dtypes registers its formats with numpy
     (``numpy.dtypes.register_dlpack_dtype``, ml_dtypes 0.7), made with the same type code."""
-    import ctypes
-
-    from tensorwire.dlpack import _dtype_field
-
     if not hasattr(getattr(np, "dtypes", None), "register_dlpack_dtype"):  # (1.24: no np.dtypes)
         with pytest.raises(BufferError):
             np.ndarray.__dlpack__(array)
@@ -276,10 +269,18 @@ def _numpy_exports_as_we_do(array: Any, code: int) -> None:
     except BufferError:  # an ml_dtypes that does not register its formats
         assert np.lib.NumpyVersion(ml_dtypes.__version__) < "0.7.0"
         return
-    field = _dtype_field(capsule)
-    code_and_bits = [ctypes.c_uint8.from_address(field + k).value for k in (0, 1)]
-    assert code_and_bits == [code, 8 * array.dtype.itemsize], array.dtype
+    assert _code_and_bits(capsule) == [code, 8 * array.dtype.itemsize], array.dtype
     del capsule
+
+
+def _code_and_bits(capsule: Any) -> list[int]:
+    """The DLPack type code and bit width in an unconsumed capsule's DLTensor."""
+    import ctypes
+
+    from tensorwire.dlpack import _dtype_field
+
+    field = _dtype_field(capsule)
+    return [ctypes.c_uint8.from_address(field + k).value for k in (0, 1)]
 
 
 def _torch_exports(torch: Any, dtype: Any) -> bool:

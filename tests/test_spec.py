@@ -45,7 +45,8 @@ def test_unsupported_dtypes_are_refused(dtype: object) -> None:
 def test_ml_dtypes_formats_that_do_not_move_are_refused_by_name(name: str) -> None:
     """ml_dtypes' sub-byte formats and its complex32 (0.7 on) are not bfloat16 nor float8: refused,
     as its type or its name, in words that do not call them numpy's complex or integer dtypes."""
-    ml_dtypes = pytest.importorskip("ml_dtypes")
+    import ml_dtypes  # (a dependency of the core)
+
     if not hasattr(ml_dtypes, name):
         pytest.skip(f"ml_dtypes {ml_dtypes.__version__} has no {name}")
     for given in (getattr(ml_dtypes, name), name):
