@@ -144,7 +144,8 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy tensorwire server client bench
 
 # Long runs outside CI: the wire decoders fuzzed with hypothesis, an hour of soak (then ten minutes
-# of it with senders killed and frozen at random), chaos.
+# of it with senders killed and frozen at random, and five of batches, write_many of four tensors,
+# with the same faults), chaos.
 fuzz: $(STAMP)
 	$(PY) -m pytest -q tests/test_wire.py --hypothesis-profile=fuzz -p no:cacheprovider
 
@@ -152,6 +153,8 @@ soak: $(STAMP) $(RDMA_STAMP)
 	$(PY) -m tensorwire.bench soak --duration 3600 --senders 5 --transports shm,tcp,nixl,grpc,grpc-stream
 	$(PY) -m tensorwire.bench soak --duration 600 --senders 5 --transports shm,tcp,nixl,grpc,grpc-stream \
 		--kill-every 0.5 --freeze-every 1 --heartbeat-timeout 2
+	$(PY) -m tensorwire.bench soak --duration 300 --senders 5 --transports shm,tcp,nixl,grpc,grpc-stream \
+		--api write_many --kill-every 0.5 --freeze-every 1 --heartbeat-timeout 2
 
 # A training job whose daemons are killed, frozen and restarted at random: 5 minutes a transport.
 # Five minutes of faults over each transport, each with other settings of the job (sync mode,

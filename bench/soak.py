@@ -27,6 +27,12 @@ With ``--dynamic``, each tensor's first dimension is dynamic and every message h
 its own (told from its counter): the shape travels with each message and must arrive with it.
 With ``--api buffer``, each message is produced in place (:meth:`tensorwire.Sender.buffer`: over
 ``shm`` the receiver's slot itself), so a fault lands mid-fill as often as mid-write.
+
+With ``--tensors N``, each sender writes N tensors a step, all with the step's counter (and the
+tensor's index, so that a message landing in another tensor's ring is told); with ``--api
+write_many`` (N is 4 unless given) as one :meth:`~tensorwire.Sender.write_many` a step, whose
+first claims the sender's tensors in one request, so that a fault lands mid-batch: each tensor
+is accounted for on its own, and a successor claims them all back at once.
 """
 
 from __future__ import annotations
@@ -80,8 +86,15 @@ WRITE_IS_DELIVERY = frozenset({"shm", "grpc", "grpc-stream"})
 #: writer's tensors are not held: the next claim moves their rings away from it.)
 HELD_IN_A_WRITE = frozenset({"shm"})
 
-#: A message's counter: the sender's incarnation in the high 32 bits, its sequence below.
+#: A message's counter: the sender's incarnation above SEQ_BITS, its sequence below, and the
+#: index of the tensor among its sender's above TENSOR_SHIFT (the int64 stays positive).
 SEQ_BITS = 32
+TENSOR_SHIFT = 56
+INCARNATION_MASK = (1 << (TENSOR_SHIFT - SEQ_BITS)) - 1
+#: Most tensors a sender writes (``--tensors``): their index fits below the sign bit
+MAX_TENSORS = 64
+#: ``--tensors`` where not given: a write_many of one tensor would not be a batch
+BATCH_TENSORS = 4
 
 #: Seconds at the end of the run in which no sender is killed or frozen, so that the last ones
 #: finish (a frozen one is resumed before this begins).
@@ -127,10 +140,19 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--api",
-        choices=("write", "buffer"),
+        choices=("write", "buffer", "write_many"),
         default="write",
-        help="how each message is written: write (a copy of the sender's array) or buffer "
-        "(filled in place: over shm, in the receiver's slot) (default write)",
+        help="how each message is written: write (a copy of the sender's array), buffer "
+        "(filled in place: over shm, in the receiver's slot) or write_many (the sender's "
+        "--tensors in one call a step) (default write)",
+    )
+    p.add_argument(
+        "--tensors",
+        type=at_least(1),
+        default=None,
+        metavar="N",
+        help=f"tensors each sender writes a step, every one accounted for on its own (at most "
+        f"{MAX_TENSORS}; default {BATCH_TENSORS} with --api write_many, else 1)",
     )
     p.add_argument(
         "--reconnect-every",
@@ -186,6 +208,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--json", metavar="PATH", type=output_file, help="write the results as JSON")
 
 
+def counter(tensor: int, incarnation: int, seq: int) -> int:
+    """What every element of message ``seq`` of a sender's ``tensor``-th tensor holds, written
+    by its ``incarnation``-th process."""
+    return tensor << TENSOR_SHIFT | incarnation << SEQ_BITS | seq
+
+
 def message_length(counter: int, elements: int) -> int:
     """A ``--dynamic`` message's length, 1 to ``elements``, told from its counter (a
     multiplicative hash, so that neighbouring messages differ in length)."""
@@ -195,7 +223,7 @@ def message_length(counter: int, elements: int) -> int:
 def _sender(
     address: str,
     transport: str,
-    name: str,
+    names: list[str],
     duration: float,
     every: int,
     conn: Any,
@@ -203,42 +231,57 @@ def _sender(
     counts: Any,
     slot: int,
     dynamic: int,
-    in_place: bool,
+    api: str,
 ) -> None:
-    """Write numbered messages for ``duration`` s, in sessions of ``every`` messages each (0:
-    one session), each counter ``incarnation << SEQ_BITS | seq`` (``dynamic``: of at most that
-    many elements, :func:`message_length`; 0: the static shape; ``in_place``: filled in
-    :meth:`~tensorwire.Sender.buffer`'s array, not written from ours); store how many writes have
-    returned in ``counts[slot]`` after each (shared memory: the count survives a SIGKILL); send
-    back (messages, sessions), or the error that ended it. A tensor still written by the
-    sender this one succeeds (frozen: the receiver has not dropped it yet) is claimed again
-    until it is free, as a replacement of a hung process would."""
+    """Write numbered messages for ``duration`` s, in sessions of ``every`` steps each (0: one
+    session), a message to each of ``names`` a step, each counter :func:`counter` (``dynamic``:
+    of at most that many elements, :func:`message_length`; 0: the static shape; ``api``:
+    ``write`` from our arrays, one tensor after the other, ``buffer`` filled in
+    :meth:`~tensorwire.Sender.buffer`'s array, ``write_many`` all in one call); store how many
+    steps have returned in ``counts[slot]`` after each (shared memory: the count survives a
+    SIGKILL); send back (steps, sessions), or the error that ended it. A tensor still written
+    by the sender this one succeeds (frozen: the receiver has not dropped it yet) is claimed
+    again until it is free, as a replacement of a hung process would (a write_many's claims
+    are granted or refused before any of its bytes move: tried again whole)."""
     sent = sessions = 0
-    base = incarnation << SEQ_BITS
     end = time.monotonic() + duration
     try:
         while time.monotonic() < end:
             with tw.Sender.connect(address, transport=transport, timeout=60) as tx:
                 sessions += 1
-                arr = np.empty(dynamic or tx.spec(name).static_shape, dtype=np.int64)
+                arrays = [np.empty(dynamic or tx.spec(n).static_shape, np.int64) for n in names]
                 stop = sent + every if every else None
                 claimed = False
+                written = 0  # of this step's tensors (write and buffer: one after the other)
                 while time.monotonic() < end and sent != stop:
-                    counter = base | sent
-                    shape = (message_length(counter, dynamic),) if dynamic else None
+                    batch = []
+                    for k, (name, arr) in enumerate(zip(names, arrays, strict=True)):
+                        value = counter(k, incarnation, sent)
+                        shape = (message_length(value, dynamic),) if dynamic else None
+                        batch.append((name, value, arr[: shape[0]] if shape else arr, shape))
                     try:
-                        if in_place:
-                            with tx.buffer(name, shape=shape) as out:
-                                out.fill(counter)
+                        if api == "write_many":
+                            for _, value, view, _ in batch:
+                                view.fill(value)
+                            tx.write_many([(name, view) for name, _, view, _ in batch])
                         else:
-                            arr.fill(counter)
-                            tx.write(name, arr[: shape[0]] if shape else arr)
+                            for name, value, view, shape in batch[written:]:
+                                if api == "buffer":
+                                    with tx.buffer(name, shape=shape) as out:
+                                        out.fill(value)
+                                else:
+                                    view.fill(value)
+                                    tx.write(name, view)
+                                written += 1
                     except tw.RemoteProtocolError as exc:
                         if not exc.held_by_another or claimed:
                             raise
-                        time.sleep(CLAIM_RETRY)  # the session's first: not ours yet
+                        # the session's first step: a tensor not ours yet (those written
+                        # before it in this step are not written again)
+                        time.sleep(CLAIM_RETRY)
                         continue
                     claimed = True
+                    written = 0
                     sent += 1
                     counts[slot] = sent
     except tw.TensorWireError as exc:
@@ -343,19 +386,33 @@ class _Process:
 
 
 @dataclass
-class _Stream:
-    """One tensor, its transport, and the sender processes that wrote it in turn: the one
-    writing now, and those killed or frozen before it."""
+class _Tensor:
+    """One tensor of a stream: what arrived of each of its writers."""
 
     name: str
-    transport: str
-    now: _Process | None = None
+    index: int  # among its stream's: what its messages' counters carry above TENSOR_SHIFT
     seen: int = 0  # the latest incarnation a message of which arrived
     received: dict[int, int] = field(default_factory=dict)  # incarnation -> messages arrived
     expect: dict[int, int] = field(default_factory=dict)  # incarnation -> its next message
+
+
+@dataclass
+class _Stream:
+    """One sender's tensors, their transport, and the sender processes that wrote them in
+    turn: the one writing now, and those killed or frozen before it."""
+
+    name: str
+    transport: str
+    tensors: list[_Tensor]
+    now: _Process | None = None
     killed: list[dict[str, Any]] = field(default_factory=list)
     frozen: list[tuple[_Process, dict[str, Any]]] = field(default_factory=list)
     losses: int = 0  # the receiver's notices of a lost writer
+    started: set[int] = field(default_factory=set)  # incarnations a message of which arrived
+
+    def received(self, incarnation: int) -> list[int]:
+        """How many messages of that writer arrived, tensor by tensor."""
+        return [t.received.get(incarnation, 0) for t in self.tensors]
 
     @property
     def done(self) -> bool:
@@ -363,7 +420,7 @@ class _Stream:
         assert p is not None
         if p.failed is not None:
             return True
-        return p.sent is not None and self.received.get(p.incarnation, 0) >= p.sent
+        return p.sent is not None and min(self.received(p.incarnation)) >= p.sent
 
     def writing(self) -> bool:
         """Is its sender writing (started, claimed, not ended)?"""
@@ -379,10 +436,16 @@ class _Soak:
         self.rx = rx
         self.ctx = mp.get_context("spawn")
         self.rng = random.Random(args.seed)
+        tensors = args.tensors
         self.streams = [
-            _Stream(f"s{k}", transports[k % len(transports)]) for k in range(args.senders)
+            _Stream(
+                f"s{k}",
+                transports[k % len(transports)],
+                [_Tensor(f"s{k}.{j}" if tensors > 1 else f"s{k}", j) for j in range(tensors)],
+            )
+            for k in range(args.senders)
         ]
-        self.by_name = {s.name: s for s in self.streams}
+        self.by_name = {t.name: (s, t) for s in self.streams for t in s.tensors}
         self.problems: list[str] = []
         self.more_problems = 0  # beyond MAX_PROBLEMS
         self.received = 0
@@ -403,10 +466,11 @@ class _Soak:
         elements = max(2, args.size // 8)
         self.dynamic = elements if args.dynamic else 0
         for s in self.streams:
-            if self.dynamic:
-                rx.register(s.name, (None,), "int64", max_bytes=elements * 8)
-            else:
-                rx.register(s.name, (elements,), "int64")
+            for t in s.tensors:
+                if self.dynamic:
+                    rx.register(t.name, (None,), "int64", max_bytes=elements * 8)
+                else:
+                    rx.register(t.name, (elements,), "int64")
             self.launch(s, 0)
 
     def launch(self, s: _Stream, incarnation: int) -> None:
@@ -418,7 +482,7 @@ class _Soak:
             args=(
                 self.rx.address,
                 s.transport,
-                s.name,
+                [t.name for t in s.tensors],
                 max(self.end - time.monotonic(), self.successor_run if incarnation else 0.1),
                 self.args.reconnect_every,
                 there,
@@ -426,7 +490,7 @@ class _Soak:
                 self.counts,
                 slot,
                 self.dynamic,
-                self.args.api == "buffer",
+                self.args.api,
             ),
         )
         proc.start()
@@ -435,13 +499,16 @@ class _Soak:
 
     def take(self, name: str, view: Any) -> None:
         """Check one message against what came before it on its tensor."""
-        s = self.by_name[name]
+        s, t = self.by_name[name]
         value = int(view[0])
-        inc, seq = value >> SEQ_BITS, value & ((1 << SEQ_BITS) - 1)
-        got = s.received.get(inc, 0)
-        expected = s.expect.get(inc, 0)
-        if inc < s.seen:
-            self.problem(f"{name}: a message of sender {inc} after one of its successor {s.seen}")
+        index, inc = value >> TENSOR_SHIFT, (value >> SEQ_BITS) & INCARNATION_MASK
+        seq = value & ((1 << SEQ_BITS) - 1)
+        got = t.received.get(inc, 0)
+        expected = t.expect.get(inc, 0)
+        if index != t.index:
+            self.problem(f"{name}: sender {inc}'s message {seq} of {s.name}.{index} landed here")
+        elif inc < t.seen:
+            self.problem(f"{name}: a message of sender {inc} after one of its successor {t.seen}")
         elif seq != expected:  # a gap or a repeat, said once: the messages after it follow it
             self.problem(f"{name}: sender {inc}: expected message {expected}, got {seq}")
         elif self.dynamic and view.shape != (message_length(value, self.dynamic),):
@@ -451,16 +518,17 @@ class _Soak:
             )
         elif view.min() != value or view.max() != value:
             self.problem(f"{name}: sender {inc}: message {seq} is torn")
-        s.expect[inc] = seq + 1
-        if got == 0 and inc > 0:  # a successor's first: how long after its predecessor's end
+        t.expect[inc] = seq + 1
+        if inc > 0 and inc not in s.started:  # a successor's first: after its predecessor's end
             for record in (*s.killed, *(r for _, r in s.frozen)):
                 if record["incarnation"] == inc - 1:
                     now = time.monotonic()
                     record["takeover_s"] = now - record["at"]
                     if "resume_at" in record:  # frozen: it runs again a moment after
                         record["resume_at"] = min(record["resume_at"], now + FREEZE_PAST_TAKEOVER)
-        s.seen = max(s.seen, inc)
-        s.received[inc] = got + 1
+        s.started.add(inc)
+        t.seen = max(t.seen, inc)
+        t.received[inc] = got + 1
         self.received += 1
 
     def problem(self, what: str) -> None:
@@ -531,31 +599,36 @@ class _Soak:
         for s in self.streams:
             for old in s.killed:
                 del old["at"]
-                old["received"] = s.received.get(old["incarnation"], 0)
+                got = _note_received(old, s.received(old["incarnation"]))
                 where = f"{s.name}: killed sender {old['incarnation']} ({s.transport})"
-                self._compare(where, s.transport, old["acked"], old["received"])
+                self._compare(where, s, old["acked"], got)
             for frozen, old in s.frozen:
                 frozen.close()
                 self._account_frozen(s, frozen, old)
             p = s.now
             assert p is not None
             p.close()
-            last = s.received.get(p.incarnation, 0)
+            last = s.received(p.incarnation)
             if p.failed is not None:
                 self.problem(f"{s.name}: sender {p.incarnation} ({s.transport}): {p.failed}")
             elif p.sent is None:
                 self.problem(
                     f"{s.name}: sender {p.incarnation} did not finish (exit code {p.exitcode})"
                 )
-            elif last != p.sent:
-                self.problem(f"{s.name}: sent {p.sent}, received {last}")
+            elif any(got != p.sent for got in last):
+                self.problem(f"{s.name}: sent {p.sent}, received {_each(last)}")
 
-    def _compare(self, where: str, transport: str, wrote: int, got: int) -> None:
-        """What arrived of a killed or frozen sender against how many of its writes returned:
-        the write in flight at the fault may have landed (one more), and over a transport
-        whose write returns once the message is the receiver's, none that returned is lost."""
-        if got > wrote + 1 or (transport in WRITE_IS_DELIVERY and got < wrote):
-            self.problem(f"{where}: its writes returned for {wrote} messages, {got} arrived")
+    def _compare(self, where: str, s: _Stream, wrote: int, got: list[int]) -> None:
+        """What arrived of a killed or frozen sender, tensor by tensor, against how many of
+        its steps returned: the step in flight at the fault may have landed (one more), and
+        over a transport whose write returns once the message is the receiver's, none that
+        returned is lost."""
+        for t, arrived in zip(s.tensors, got, strict=True):
+            if arrived > wrote + 1 or (s.transport in WRITE_IS_DELIVERY and arrived < wrote):
+                of = f" of {t.name}" if len(got) > 1 else ""
+                self.problem(
+                    f"{where}: its writes returned for {wrote} messages{of}, {arrived} arrived"
+                )
 
     def _account_frozen(self, s: _Stream, p: _Process, old: dict[str, Any]) -> None:
         """A frozen sender, dropped by the receiver while it was stopped and succeeded: once
@@ -565,10 +638,10 @@ class _Soak:
         inc = old["incarnation"]
         del old["at"], old["resume_at"]
         old["acked"] = wrote = p.acked
-        old["received"] = got = s.received.get(inc, 0)
+        got = _note_received(old, s.received(inc))
         old["ended"] = p.failed if p.failed is not None else "its time was up"
         where = f"{s.name}: frozen sender {inc} ({s.transport})"
-        self._compare(where, s.transport, wrote, got)
+        self._compare(where, s, wrote, got)
         if "takeover_s" not in old or old["takeover_s"] > old.get("resumed_after_s", 0.0):
             if s.transport in HELD_IN_A_WRITE and wrote == old["acked_at_freeze"] + 1:
                 # Held as designed: until the write it was stopped in ended.
@@ -593,6 +666,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
         transports = parse_transports(args.transports, distinct=False)  # cycled over senders
     except ValueError as exc:
         parser.error(f"--transports: {exc}")
+    if args.tensors is None:
+        args.tensors = BATCH_TENSORS if args.api == "write_many" else 1
+    if args.tensors > MAX_TENSORS:
+        parser.error(f"--tensors: at most {MAX_TENSORS} a sender, got {args.tensors}")
     if args.kill_every and args.duration <= KILL_QUIET:
         parser.error(
             f"--kill-every: no sender is killed in the last {KILL_QUIET:g} s of the run; "
@@ -666,7 +743,7 @@ def _run(args: argparse.Namespace, transports: list[str]) -> dict[str, Any]:
                 except tw.PeerLostError as exc:  # said once per lost writer; its successor goes on
                     lost = soak.by_name.get(exc.tensor or "")
                     if lost is not None:
-                        lost.losses += 1
+                        lost[0].losses += 1
                     view = None
                 if view is not None:
                     soak.take(name, view)
@@ -675,7 +752,7 @@ def _run(args: argparse.Namespace, transports: list[str]) -> dict[str, Any]:
                 if (
                     warm_rss is None
                     and now - soak.start > min(5.0, args.duration / 5)
-                    and all(s.received for s in soak.streams)
+                    and all(t.received for s in soak.streams for t in s.tensors)
                 ):
                     # every sender connected, and every server the receiver starts on demand
                     # (nixl's, with its descriptors) started
@@ -710,7 +787,7 @@ def _run(args: argparse.Namespace, transports: list[str]) -> dict[str, Any]:
                         "name": s.name,
                         "transport": s.transport,
                         "sent": s.now.sent if s.now else None,
-                        "received": s.received.get(s.now.incarnation, 0) if s.now else 0,
+                        "received": min(s.received(s.now.incarnation)) if s.now else 0,
                         "sessions": s.now.sessions if s.now else None,
                         "killed": s.killed,
                         "frozen": [record for _, record in s.frozen],
@@ -721,6 +798,7 @@ def _run(args: argparse.Namespace, transports: list[str]) -> dict[str, Any]:
                 "size": args.size,
                 "dynamic": args.dynamic,
                 "api": args.api,
+                "tensors": args.tensors,
                 "reconnect_every": args.reconnect_every,
                 "kill_every": args.kill_every,
                 "freeze_every": args.freeze_every,
@@ -770,6 +848,19 @@ def _run(args: argparse.Namespace, transports: list[str]) -> dict[str, Any]:
     return result
 
 
+def _note_received(record: dict[str, Any], got: list[int]) -> list[int]:
+    """Put what arrived of a killed or frozen writer in its record: the least of its
+    tensors' counts (its steps that arrived whole), and each where it wrote several."""
+    record["received"] = min(got)
+    if len(got) > 1:
+        record["received_each"] = got
+    return got
+
+
+def _each(counts: list[int]) -> str:
+    return str(counts[0]) if len(counts) == 1 else f"{counts} (tensor by tensor)"
+
+
 def _trimmed(result: dict[str, Any]) -> str:
     growth = result.get("rss_growth_trimmed_bytes")
     if growth is None:
@@ -778,10 +869,17 @@ def _trimmed(result: dict[str, Any]) -> str:
 
 
 def render(result: dict[str, Any]) -> str:
-    lines = [
+    lines = []
+    tensors = result.get("tensors", 1)
+    if tensors > 1:
+        lines.append(
+            f"{tensors} tensors a sender, written by {result.get('api')} a step: sent counts "
+            "steps, received the messages of its tensor that got the fewest"
+        )
+    lines.append(
         f"{'sender':>8} {'transport':>11} {'sent':>10} {'received':>10} {'sessions':>9} "
         f"{'killed':>7}"
-    ]
+    )
     for s in result["senders"]:
         lines.append(
             f"{s['name']:>8} {s['transport']:>11} {s['sent']!s:>10} {s['received']:>10} "
