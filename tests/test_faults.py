@@ -1670,6 +1670,36 @@ def test_soak_of_batches_with_senders_killed_and_frozen(tmp_path: Path) -> None:
     _assert_soak_left_nothing(result)
 
 
+def test_soak_of_large_batches_with_shm_writers_frozen_mid_copy(tmp_path: Path) -> None:
+    """`tensorwire bench soak --api write_many --size 4M` over shm, senders SIGSTOPped at random:
+    most freezes land inside a tensor's copy, whose ring the stopped writer holds (its WRITING
+    announcement) until it runs again, as designed; that write then completes, and the step's
+    next tensor finds the claim revoked. The report counts such a writer as held, not as a
+    receiver that failed to drop it: before, it looked for one more returned write, which a
+    batch's failing step never gives (a 480 s run at 9dba412 reported two such holds as
+    problems)."""
+    from .jobs import bench_job
+
+    _, result = bench_job(
+        tmp_path,
+        "soak",
+        *("--duration", "14", "--freeze-every", "0.7", "--seed", "11", "--senders", "2"),
+        *("--transports", "shm", "--heartbeat-timeout", "1"),
+        *("--api", "write_many", "--tensors", "4", "--size", "4M"),
+        timeout=240,
+    )
+    assert result["problems"] == []
+    frozen = [f for s in result["senders"] for f in s["frozen"]]
+    held = [f for f in frozen if f.get("held")]
+    assert held, frozen
+    for f in held:  # its write in flight landed once it ran again; no step returned after it
+        assert f["landed_after_resume"] >= 1 and f["acked"] <= f["acked_at_freeze"] + 1, f
+        assert f["ended"].startswith("PeerLostError"), f
+    for s in result["senders"]:
+        assert s["sent"] == s["received"] > 0, s
+    _assert_soak_left_nothing(result)
+
+
 def test_curve_encrypted_control_plane(tmp_path: Path, transport: str) -> None:
     from tensorwire import curve
 
