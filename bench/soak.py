@@ -32,7 +32,11 @@ With ``--tensors N``, each sender writes N tensors a step, all with the step's c
 tensor's index, so that a message landing in another tensor's ring is told); with ``--api
 write_many`` (N is 4 unless given) as one :meth:`~tensorwire.Sender.write_many` a step, whose
 first claims the sender's tensors in one request, so that a fault lands mid-batch: each tensor
-is accounted for on its own, and a successor claims them all back at once.
+is accounted for on its own, and a successor claims them all back at once. With ``--consume
+each`` or ``all``, the receiver takes each sender's tensors with
+:meth:`~tensorwire.Receiver.wait_each` or :meth:`~tensorwire.Receiver.wait_all` and hands them
+back with :meth:`~tensorwire.Receiver.release_many`, sender after sender, where it otherwise
+takes whatever landed with :meth:`~tensorwire.Receiver.wait_any`.
 """
 
 from __future__ import annotations
@@ -116,6 +120,11 @@ FREEZE_TAKES = 2.0
 CLAIM_RETRY = 0.05
 #: Violations listed in the report; those beyond are counted
 MAX_PROBLEMS = 200
+#: Seconds the receiver waits for a message before it looks at its senders again; with
+#: --consume each or all, for the rest of a sender's tensors once one of them has landed
+CONSUME_WAIT = 0.2
+#: Seconds between looks at every sender's tensors where none had a message (--consume each, all)
+IDLE_LOOK = 0.001
 
 
 def add_parser(sub: Any) -> None:
@@ -153,6 +162,15 @@ def add_parser(sub: Any) -> None:
         metavar="N",
         help=f"tensors each sender writes a step, every one accounted for on its own (at most "
         f"{MAX_TENSORS}; default {BATCH_TENSORS} with --api write_many, else 1)",
+    )
+    p.add_argument(
+        "--consume",
+        choices=("any", "each", "all"),
+        default="any",
+        help="how the receiver takes messages: any (wait_any: whatever landed), each (wait_each "
+        "over a sender's tensors, then release_many) or all (wait_all over them, once they all "
+        "landed, then release_many; after a writer that died mid-step, the tensors it left "
+        "behind are read alone until they reach the others) (default any)",
     )
     p.add_argument(
         "--reconnect-every",
@@ -394,6 +412,7 @@ class _Tensor:
     seen: int = 0  # the latest incarnation a message of which arrived
     received: dict[int, int] = field(default_factory=dict)  # incarnation -> messages arrived
     expect: dict[int, int] = field(default_factory=dict)  # incarnation -> its next message
+    last: tuple[int, int] = (-1, -1)  # (incarnation, message) of the newest taken
 
 
 @dataclass
@@ -449,6 +468,8 @@ class _Soak:
         self.by_name = {t.name: (s, t) for s in self.streams for t in s.tensors}
         self.problems: list[str] = []
         self.more_problems = 0  # beyond MAX_PROBLEMS
+        self.cursor = 0  # --consume each/all: the stream taken from next
+        self.read_alone = 0  # --consume all: messages read alone to bring a stream in line
         self.received = 0
         self.start = time.monotonic()
         self.end = self.start + args.duration
@@ -532,8 +553,74 @@ class _Soak:
         if resumed is not None:  # a frozen writer's, since it ran again: its write in flight
             resumed["landed_after_resume"] = resumed.get("landed_after_resume", 0) + 1
         t.seen = max(t.seen, inc)
+        t.last = max(t.last, (inc, seq))
         t.received[inc] = got + 1
         self.received += 1
+
+    def consume(self) -> None:
+        """Take what has landed, as ``--consume`` says, check it and hand it back; count a lost
+        writer's notice (said once per lost writer and tensor: its successor goes on)."""
+        try:
+            if self.args.consume == "any":
+                name, view = self.rx.wait_any(timeout=CONSUME_WAIT)
+                self.take(name, view)
+                self.rx.release(name)
+                return
+            s = self._next_landed()
+            if s is None:
+                time.sleep(IDLE_LOOK)
+                return
+            names = [t.name for t in s.tensors]
+            if self.args.consume == "each":
+                taken: list[str] = []
+                try:
+                    for name, view in self.rx.wait_each(names, timeout=CONSUME_WAIT):
+                        self.take(name, view)
+                        taken.append(name)
+                finally:
+                    if taken:
+                        self.rx.release_many(taken)
+                return
+            self._bring_in_line(s)
+            views = self.rx.wait_all(names, timeout=CONSUME_WAIT)
+            for name in names:
+                self.take(name, views[name])
+            self.rx.release_many(names)
+        except tw.WireTimeoutError:
+            pass
+        except tw.PeerLostError as exc:
+            lost = self.by_name.get(exc.tensor or "")
+            if lost is not None:
+                lost[0].losses += 1
+
+    def _next_landed(self) -> _Stream | None:
+        """The next stream, round-robin, one of whose tensors has a message (None: none has):
+        waiting on a sender's tensors while others' landed would pace the run by the slowest."""
+        for _ in range(len(self.streams)):
+            s = self.streams[self.cursor]
+            self.cursor = (self.cursor + 1) % len(self.streams)
+            if any(self.rx.pending(t.name) for t in s.tensors):
+                return s
+        return None
+
+    def _bring_in_line(self, s: _Stream) -> None:
+        """``--consume all``: before the next wait_all, bring the stream's tensors to the same
+        message. A writer that died mid-step left some of them one message more than the rest
+        (a batch is one call, not one transaction), which wait_all would take together with its
+        successor's first: those behind the newest (writer, message) taken are read alone
+        until they reach it, as a consumer pairing a step's tensors by its number would. Raises
+        WireTimeoutError where one has no message yet."""
+        while True:
+            target = max(t.last for t in s.tensors)
+            behind = [t for t in s.tensors if t.last < target]
+            if not behind:
+                return
+            for t in behind:
+                while t.last < target:  # (each take moves it on: bounded by what was written)
+                    view = self.rx.wait(t.name, timeout=CONSUME_WAIT)
+                    self.take(t.name, view)
+                    self.rx.release(t.name)
+                    self.read_alone += 1
 
     def problem(self, what: str) -> None:
         """Note a violation; past MAX_PROBLEMS, only count it (one fault can make thousands)."""
@@ -745,18 +832,7 @@ def _run(args: argparse.Namespace, transports: list[str]) -> dict[str, Any]:
             last[soak.freeze_one] = soak.end - KILL_QUIET - args.heartbeat_timeout - FREEZE_TAKES
             due = [soak.start + soak.rng.expovariate(1 / every) for every, _ in faults]
             while not all(s.done for s in soak.streams) and time.monotonic() < deadline:
-                try:
-                    name, view = rx.wait_any(timeout=0.2)
-                except tw.WireTimeoutError:
-                    view = None
-                except tw.PeerLostError as exc:  # said once per lost writer; its successor goes on
-                    lost = soak.by_name.get(exc.tensor or "")
-                    if lost is not None:
-                        lost[0].losses += 1
-                    view = None
-                if view is not None:
-                    soak.take(name, view)
-                    rx.release(name)
+                soak.consume()
                 now = time.monotonic()
                 if (
                     warm_rss is None
@@ -808,6 +884,8 @@ def _run(args: argparse.Namespace, transports: list[str]) -> dict[str, Any]:
                 "dynamic": args.dynamic,
                 "api": args.api,
                 "tensors": args.tensors,
+                "consume": args.consume,
+                "read_alone": soak.read_alone,
                 "reconnect_every": args.reconnect_every,
                 "kill_every": args.kill_every,
                 "freeze_every": args.freeze_every,
@@ -884,6 +962,17 @@ def render(result: dict[str, Any]) -> str:
         lines.append(
             f"{tensors} tensors a sender, written by {result.get('api')} a step: sent counts "
             "steps, received the messages of its tensor that got the fewest"
+        )
+    consume = result.get("consume", "any")
+    if consume != "any":
+        lines.append(
+            f"taken with wait_{consume} and release_many, sender after sender"
+            + (
+                f"; {result.get('read_alone', 0)} messages read alone to bring a sender's "
+                "tensors in line after a writer that died mid-step"
+                if consume == "all"
+                else ""
+            )
         )
     lines.append(
         f"{'sender':>8} {'transport':>11} {'sent':>10} {'received':>10} {'sessions':>9} "

@@ -1670,6 +1670,33 @@ def test_soak_of_batches_with_senders_killed_and_frozen(tmp_path: Path) -> None:
     _assert_soak_left_nothing(result)
 
 
+@pytest.mark.nixl
+@pytest.mark.parametrize("consume", ["each", "all"])
+def test_soak_of_batches_taken_with_wait_each_or_wait_all(tmp_path: Path, consume: str) -> None:
+    """`tensorwire bench soak --api write_many --consume each|all`: the receiver takes each
+    sender's three tensors with `wait_each` or `wait_all` and hands them back with
+    `release_many` (credits of a batch in one frame train), while senders are SIGKILLed at
+    random, so that lost writers' notices, partial steps and credits owed to the dead meet
+    the batch consumer API. Under `all`, a dead writer's partial step is read alone until its
+    tensors are in line again (`read_alone`). Nothing lost, torn or out of order. Before, every
+    soak took its messages with `wait_any` and `release` only."""
+    from .jobs import bench_job
+
+    _, result = bench_job(
+        tmp_path,
+        "soak",
+        *("--duration", "9", "--kill-every", "0.7", "--seed", "12", "--senders", "4"),
+        *("--transports", "shm,tcp,grpc,nixl", "--heartbeat-timeout", "2"),
+        *("--api", "write_many", "--tensors", "3", "--consume", consume),
+        timeout=240,
+    )
+    assert result["problems"] == []
+    assert result["consume"] == consume and result["read_alone"] >= 0
+    if consume == "each":
+        assert result["read_alone"] == 0  # (each tensor is taken on its own anyway)
+    _assert_kills_accounted(result)
+
+
 def test_soak_of_large_batches_with_shm_writers_frozen_mid_copy(tmp_path: Path) -> None:
     """`tensorwire bench soak --api write_many --size 4M` over shm, senders SIGSTOPped at random:
     most freezes land inside a tensor's copy, whose ring the stopped writer holds (its WRITING
