@@ -144,8 +144,8 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy tensorwire server client bench
 
 # Long runs outside CI: the wire decoders fuzzed with hypothesis, an hour of soak (then ten minutes
-# of it with senders killed and frozen at random, and five of batches, write_many of four tensors,
-# with the same faults), chaos.
+# of it with senders killed and frozen at random, and five of batches, write_many of four tensors
+# taken with wait_all, with the same faults), chaos.
 fuzz: $(STAMP)
 	$(PY) -m pytest -q tests/test_wire.py --hypothesis-profile=fuzz -p no:cacheprovider
 
@@ -154,7 +154,7 @@ soak: $(STAMP) $(RDMA_STAMP)
 	$(PY) -m tensorwire.bench soak --duration 600 --senders 5 --transports shm,tcp,nixl,grpc,grpc-stream \
 		--kill-every 0.5 --freeze-every 1 --heartbeat-timeout 2
 	$(PY) -m tensorwire.bench soak --duration 300 --senders 5 --transports shm,tcp,nixl,grpc,grpc-stream \
-		--api write_many --kill-every 0.5 --freeze-every 1 --heartbeat-timeout 2
+		--api write_many --consume all --kill-every 0.5 --freeze-every 1 --heartbeat-timeout 2
 
 # A training job whose daemons are killed, frozen and restarted at random: 5 minutes a transport.
 # Five minutes of faults over each transport, each with other settings of the job (sync mode,
