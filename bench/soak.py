@@ -413,10 +413,9 @@ class _Tensor:
 
     name: str
     index: int  # among its stream's: what its messages' counters carry above TENSOR_SHIFT
-    seen: int = 0  # the latest incarnation a message of which arrived
     received: dict[int, int] = field(default_factory=dict)  # incarnation -> messages arrived
     expect: dict[int, int] = field(default_factory=dict)  # incarnation -> its next message
-    last: tuple[int, int] = (-1, -1)  # (incarnation, message) of the newest taken
+    last: tuple[int, int] = (-1, -1)  # (incarnation, message) of the newest that arrived
 
 
 @dataclass
@@ -533,8 +532,10 @@ class _Soak:
         expected = t.expect.get(inc, 0)
         if index != t.index:
             self.problem(f"{name}: sender {inc}'s message {seq} of {s.name}.{index} landed here")
-        elif inc < t.seen:
-            self.problem(f"{name}: a message of sender {inc} after one of its successor {t.seen}")
+        elif inc < t.last[0]:
+            self.problem(
+                f"{name}: a message of sender {inc} after one of its successor {t.last[0]}"
+            )
         elif seq != expected:  # a gap or a repeat, said once: the messages after it follow it
             self.problem(f"{name}: sender {inc}: expected message {expected}, got {seq}")
         elif self.dynamic and view.shape != (message_length(value, self.dynamic),):
@@ -556,7 +557,6 @@ class _Soak:
         resumed = s.resumed.get(inc)
         if resumed is not None:  # a frozen writer's, since it ran again: its write in flight
             resumed["landed_after_resume"] = resumed.get("landed_after_resume", 0) + 1
-        t.seen = max(t.seen, inc)
         t.last = max(t.last, (inc, seq))
         t.received[inc] = got + 1
         self.received += 1

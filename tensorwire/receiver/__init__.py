@@ -309,6 +309,12 @@ class Receiver(Resource):
         taken. Each tensor is named once. The views are as :meth:`wait` gives; release them
         with :meth:`release_many`. Cheaper than a :meth:`wait` per tensor: the consumer wakes
         up for the set, not for each message.
+
+        The next messages are not always one step's: a sender's ``write_many`` is one call,
+        not one transaction, and a writer that died mid-batch leaves the messages it completed.
+        After a :class:`~tensorwire.errors.PeerLostError`, :meth:`drain` what the lost writer
+        left, or take the tensors it left a message ahead alone (:meth:`wait`) until they are
+        in line, by a step number your messages carry (docs/design.md, "Batches").
         """
         return self._consumer.wait_all(names, timeout)
 
