@@ -366,6 +366,11 @@ class _Watch:
         self.events.close()
 
 
+class _ConnectedAnew(Exception):
+    """The receiver did not know this client's connection, though the client has a session
+    (:meth:`ControlClient.request` resumes it)."""
+
+
 class ControlClient:
     """A DEALER socket doing one request/reply at a time."""
 
@@ -414,7 +419,18 @@ class ControlClient:
                     # again on a socket anew, and meets the same answer, not "say hello first"
                     self._reset()
                     raise
-        return self._exchange(msg, deadline, timeout, check)
+        try:
+            return self._exchange(msg, deadline, timeout, check, resumable=True)
+        except _ConnectedAnew:
+            # ZeroMQ connected this socket anew after its connection was cut (by a firewall's
+            # reset, `ss -K`, ...): the receiver's ROUTER knows it under a new identity, not
+            # as the session's, and refused the request unheard ("say hello first", which
+            # read as a wrong secret and ended a parameter-server job's worker at its first
+            # claim). The session moves to it by its token, as after an unanswered request,
+            # and the request is asked once more; a session that is over is told as such.
+            assert self.resume is not None
+            self._exchange(self.resume(), deadline, timeout, check)
+            return self._exchange(msg, deadline, timeout, check)
 
     def _exchange(
         self,
@@ -422,8 +438,12 @@ class ControlClient:
         deadline: float | None,
         timeout: float | None,
         check: Callable[[], None] | None,
+        *,
+        resumable: bool = False,
     ) -> wire.Message:
-        """One request and its reply on the open socket (see :meth:`request`)."""
+        """One request and its reply on the open socket (see :meth:`request`). ``resumable``:
+        a refusal of an unknown connection raises :class:`_ConnectedAnew` where this client
+        has a session to resume."""
         sock = self._sock
         assert sock is not None
         # A DEALER's send blocks while it has no connection to queue on (between reconnects,
@@ -468,6 +488,8 @@ class ControlClient:
         reply = wire.decode(sock.recv())
         self._unwatch(sock)  # the connection works: nothing more to learn from it
         if isinstance(reply, wire.ErrorReply):
+            if resumable and reply.code == "unauthenticated" and self.resume is not None:
+                raise _ConnectedAnew
             err = _ERRORS.get(reply.code, RemoteProtocolError)
             error = err(f"receiver at {self.address} refused {msg.TYPE}: {reply.message}")
             if isinstance(error, RemoteProtocolError):
