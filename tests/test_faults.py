@@ -1750,25 +1750,34 @@ def test_soak_of_large_batches_with_shm_writers_frozen_mid_copy(tmp_path: Path) 
     next tensor finds the claim revoked. The report counts such a writer as held, not as a
     receiver that failed to drop it: before, it looked for one more returned write, which a
     batch's failing step never gives (a 480 s run at 9dba412 reported two such holds as
-    problems)."""
+    problems).
+
+    Where a freeze lands is chance: about two in five land inside a copy on an idle machine
+    (2 of 5 or 6 a run), fewer under the suite's load (a run of the suite saw none), so the
+    soak runs again, with another seed, until one has (three runs at most)."""
     from .jobs import bench_job
 
-    _, result = bench_job(
-        tmp_path,
-        "soak",
-        *("--duration", "14", "--freeze-every", "0.7", "--seed", "11", "--senders", "2"),
-        *("--transports", "shm", "--heartbeat-timeout", "1"),
-        *("--api", "write_many", "--tensors", "4", "--size", "4M"),
-        timeout=240,
-    )
-    assert result["problems"] == []
-    frozen = [f for s in result["senders"] for f in s["frozen"]]
-    held = [f for f in frozen if f.get("held")]
+    frozen: list[dict[str, Any]] = []
+    held: list[dict[str, Any]] = []
+    for seed in ("11", "12", "13"):  # bounded: three soaks of 14 s at most
+        _, result = bench_job(
+            tmp_path,
+            "soak",
+            *("--duration", "14", "--freeze-every", "0.7", "--seed", seed, "--senders", "2"),
+            *("--transports", "shm", "--heartbeat-timeout", "1"),
+            *("--api", "write_many", "--tensors", "4", "--size", "4M"),
+            timeout=240,
+        )
+        assert result["problems"] == []
+        _assert_soak_ended_whole(result)
+        frozen += [f for s in result["senders"] for f in s["frozen"]]
+        held += [f for s in result["senders"] for f in s["frozen"] if f.get("held")]
+        if held:
+            break
     assert held, frozen
     for f in held:  # its write in flight landed once it ran again; no step returned after it
         assert f["landed_after_resume"] >= 1 and f["acked"] <= f["acked_at_freeze"] + 1, f
         assert f["ended"].startswith("PeerLostError"), f
-    _assert_soak_ended_whole(result)
 
 
 def test_curve_encrypted_control_plane(tmp_path: Path, transport: str) -> None:
