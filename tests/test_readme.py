@@ -61,6 +61,8 @@ OUTSIDE_FLAGS = {
     "--fork",
     "--kill-child",
     "--mount-proc",
+    # pytest-xdist's, which `make test` passes (docs/testing.md)
+    "--dist",
 }
 
 
