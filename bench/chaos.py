@@ -26,7 +26,12 @@ What the faults are (``--events``):
   one: it checkpoints where the job is and exits 0, the workers not told), start it again with
   ``--resume-if-present``. Not among the default events; with it, every server runs so, and
   the run ends the job (without ``--steps``) with a SIGINT, which always stops it;
-- ``freeze-server``: SIGSTOP a server for up to ``--step-timeout``, then SIGCONT.
+- ``freeze-server``: SIGSTOP a server for up to ``--step-timeout``, then SIGCONT;
+- ``cut-connections``: reset every TCP connection of a daemon, server or worker (``ss -K``, as a
+  firewall, a dying NAT entry or a peer's restarted network would): its control connections,
+  which ZeroMQ makes again by itself, its heartbeats, its data connections (``tcp``, gRPC's,
+  UCX's); the daemon runs on. Needs root and a kernel that destroys sockets
+  (``CONFIG_INET_DIAG_DESTROY``). Not among the default events.
 
 With ``--hosts separate`` every daemon runs in a pid and mount namespace of its own (root and
 util-linux's ``unshare``), so that each sees the others as on other machines: a death or a freeze
@@ -85,9 +90,10 @@ EVENTS = (
     "kill-server",
     "move-server",
     "freeze-server",
+    "cut-connections",
 )
-#: (drain-worker and move-server left out: the seeds of the runs recorded before them make the
-#: same faults)
+#: (drain-worker, move-server and cut-connections left out: the seeds of the runs recorded
+#: before them make the same faults)
 DEFAULT_EVENTS = "kill-worker,freeze-worker,stop-worker,kill-server,freeze-server"
 #: the daemons' flags a run may set: each flag, the daemon it goes to, its choices (None: any
 #: value) with the default first, and what it is. They vary what the faults meet: the 16-bit
@@ -466,12 +472,19 @@ def _disrupt(
         job.drained = None
         job.start(d)
         return f"{d.name} started again after its drain"
-    pool = job.workers if event.endswith("worker") else job.servers
+    if event == "cut-connections":
+        pool = job.daemons
+    else:
+        pool = job.workers if event.endswith("worker") else job.servers
     d = rng.choice([p for p in pool if p is not job.drained])
     proc = d.proc
     assert proc is not None
     if job.finished(d):  # it ended with the job, just now
         return f"{d.name} had ended with the job"
+    if event == "cut-connections":
+        pid = _started_by(proc) if job.separate else proc.pid
+        cut = cut_connections(pid)
+        return f"{d.name}: {cut} TCP connection{'s' if cut != 1 else ''} of it reset"
     if event.startswith("freeze"):
         # workers: past the servers' step timeout half the time (dropped, then joining again)
         most = args.step_timeout * (2 if event.endswith("worker") else 1)
@@ -533,6 +546,37 @@ def _disrupt(
         evicted = f", {EXIT_RESTART}: evicted, to return" if args.worker_exit else ""
         verb = f"stopped (exited {record['exited_after_s']:.1f} s after its SIGTERM{evicted})"
     return f"{d.name} {verb}, started again {pause:.1f} s later"
+
+
+def cut_connections(pid: int) -> int:
+    """Reset every established TCP connection of process ``pid`` (``ss -K``, matched by the
+    local ports of its sockets, which only it holds: the ports it listens on, and its own ends
+    of the connections it made; the reset reaches the other end too); how many were. A
+    _Failure where ``ss`` cannot destroy sockets here."""
+    listed = subprocess.run(
+        ["ss", "-tnpH", "state", "established"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    mine = f"pid={pid},"
+    ports = sorted(
+        {line.split()[2].rsplit(":", 1)[1] for line in listed.stdout.splitlines() if mine in line}
+    )
+    if not ports:
+        return 0
+    match = " or ".join(f"sport = :{port}" for port in ports)
+    out = subprocess.run(
+        ["ss", "-K", "-tnH", "state", "established", f"( {match} )"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise _Failure(f"ss -K cannot reset connections here: {out.stderr.strip()}")
+    return len(out.stdout.splitlines())
 
 
 def _terminate(job: _Job, d: _Daemon, proc: subprocess.Popen[bytes]) -> int:
@@ -727,6 +771,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
         parser.error(
             f"--events: unknown {', '.join(bad) or '(none given)'}; from {', '.join(EVENTS)}"
         )
+    if "cut-connections" in events and (os.geteuid() != 0 or shutil.which("ss") is None):
+        parser.error("--events cut-connections: needs root and iproute2's ss (ss -K)")
     if args.transport not in tw.TRANSPORT_NAMES or args.transport == "auto":
         parser.error(f"--transport {args.transport}: from {', '.join(tw.TRANSPORT_NAMES[1:])}")
     # each daemon's flags: what PASSED_ON sets, then --ps-args or --worker-args (they win)

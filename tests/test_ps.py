@@ -2401,6 +2401,26 @@ def test_chaos_job_with_each_daemon_on_a_host_of_its_own_trains_on(tmp_path: Pat
     assert "shm does not reach across hosts" in refused.stderr
 
 
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ss") is None, reason="needs root and iproute2's ss (ss -K)"
+)
+@pytest.mark.timeout(300)
+def test_chaos_cuts_every_connection_of_a_daemon_and_the_job_trains_on(tmp_path: Path) -> None:
+    """`bench chaos --events cut-connections`: every TCP connection of a daemon reset at once
+    (`ss -K`, as a firewall or a dying NAT entry would), over tcp, where that ends the sessions
+    whose data connection it was (a worker is lost and joins again), and ZeroMQ makes the
+    control connections again by themselves; the daemons run on, and the job trains on after
+    each cut, three at least."""
+    args = ["--transport", "tcp", "--events", "cut-connections", "--seed", "1"]
+    args += ["--duration", "2", "--min-faults", "3", "--gap", "0.5", "--stall", "60"]
+    out, result = bench_job(tmp_path, "chaos", *args, "--no-progress", timeout=300)
+    assert result["problems"] == [], out
+    assert len(result["events"]) >= 3, out
+    for e in result["events"]:
+        assert re.fullmatch(r"(ps|w)\d: [1-9]\d* TCP connections? of it reset", e["what"]), out
+    assert result["accuracy"] >= 0.9
+
+
 def test_a_bsp_worker_frozen_again_just_after_it_joined_again_does_not_stall_the_job(
     tmp_path: Path,
 ) -> None:

@@ -1,0 +1,21 @@
+#!/bin/sh
+# The runs of this folder (as root, from the repository's root): every TCP connection of a
+# daemon reset (`bench chaos --events cut-connections`), alone and among the default faults,
+# over each transport, then each daemon on a host of its own with CURVE.
+set -u
+out=docs/chaos-cut-2026-12-02
+cut=cut-connections
+every=kill-worker,freeze-worker,stop-worker,kill-server,freeze-server,cut-connections
+run() {
+  name=$1; shift
+  .venv/bin/python -m tensorwire.bench chaos "$@" --json "$out/$name.json" --no-progress \
+    > "$out/$name.txt" 2>&1
+  echo "$name: exit $?" >> "$out/summary.txt"
+  tail -n 3 "$out/$name.txt" >> "$out/summary.txt"
+}
+: > "$out/summary.txt"
+for t in shm tcp nixl grpc grpc-stream; do
+  run "$t-cut" --transport "$t" --events $cut --duration 60 --seed 11
+  run "$t-every" --transport "$t" --events $every --duration 60 --seed 12
+done
+run tcp-separate-curve --transport tcp --hosts separate --curve --events $every --duration 60 --seed 13
