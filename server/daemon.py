@@ -239,7 +239,10 @@ def _run(argv: list[str] | None, prog: str) -> int:
     bar = Progress(f"ps{cfg.shard}", cfg.steps, enabled=not args.no_progress)
 
     def on_step(r: StepReport) -> None:
-        bar.update(r.step, loss=r.loss, accuracy=r.accuracy)
+        # the accuracy with the step it was measured at: rank 0 measures it every
+        # --eval-every steps, and "accuracy 0.1028" beside step 40 read as that step's
+        measured = f"accuracy@{r.accuracy_step}" if r.accuracy_step is not None else "accuracy"
+        bar.update(r.step, loss=r.loss, **{measured: r.accuracy})
 
     try:
         server = ParameterServer(cfg, on_step)
@@ -354,10 +357,11 @@ def _summarise(server: ParameterServer, args: argparse.Namespace, start: int, pr
             "started again (--resume-if-present)",
             file=sys.stderr,
         )
+    loss = summary["final_loss"]  # (None, or NaN, before any step)
     print(
         f"ps{cfg.shard}: {'left' if server.departed else 'done'} at step {server.step}: "
         f"{steps} steps in {secs:.2f} s ({summary['steps_per_s']:.1f} steps/s), loss "
-        f"{summary['final_loss']}",
+        + (f"{loss:.4g}" if isinstance(loss, float) else str(loss)),
         file=sys.stderr,
     )
     return config.write_summary(args.metrics, summary, prog)

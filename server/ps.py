@@ -271,8 +271,11 @@ class PSConfig:
 class StepReport:
     step: int
     loss: float
+    #: the latest test accuracy rank 0 measured (every --eval-every steps), and the step of the
+    #: parameters it measured
     accuracy: float | None
     seconds: float
+    accuracy_step: int | None = None
 
 
 @dataclass
@@ -441,6 +444,7 @@ class ParameterServer:
         #: them grew by about 43 bytes a step, 180 MB an hour at the digits job's pace)
         self.last_loss: float | None = None
         self.last_accuracy: float | None = None
+        self.last_accuracy_step: int | None = None  # the parameters' step it was measured at
         self.stats = PSStats(gradient_wait={r: 0.0 for r in range(cfg.workers)})
         self._stop_requested = False
         self._stop_asked_at = 0.0
@@ -1120,14 +1124,16 @@ class ParameterServer:
     def _report(self, step: int, losses: list[float], accuracy: float | None, t0: float) -> None:
         loss = self.last_loss = float(np.mean(losses)) if losses else float("nan")
         if accuracy is not None:
-            self.last_accuracy = accuracy
+            # rank 0 measured it on the parameters it pushed this step's gradients from: those
+            # of ``step - 1`` steps
+            self.last_accuracy, self.last_accuracy_step = accuracy, step - 1
         seconds = time.monotonic() - t0
         stats = self.stats
         stats.steps += 1
         stats.step_seconds += seconds
         stats.longest_step = max(stats.longest_step, seconds)
         stats.loss, stats.accuracy = loss, self.last_accuracy
-        self.on_step(StepReport(step, loss, self.last_accuracy, seconds))
+        self.on_step(StepReport(step, loss, self.last_accuracy, seconds, self.last_accuracy_step))
 
     @staticmethod
     def _accuracy(meta: Any) -> float | None:
