@@ -2425,9 +2425,11 @@ def test_chaos_cuts_every_connection_of_a_daemon_and_the_job_trains_on(tmp_path:
     (`ss -K`, as a firewall or a dying NAT entry would), over tcp, where that ends the sessions
     whose data connection it was (a worker is lost and joins again), and ZeroMQ makes the
     control connections again by themselves; the daemons run on, and the job trains on after
-    each cut, three at least."""
+    each cut, three at least (one server, two workers)."""
     args = ["--transport", "tcp", "--events", "cut-connections", "--seed", "1"]
     args += ["--duration", "2", "--min-faults", "3", "--gap", "0.5", "--stall", "60"]
+    # the least job, and recoveries of 100 steps (two checkpoints): the suite's CPU is spent
+    args += ["--servers", "1", "--workers", "2", "--checkpoint-every", "50"]
     out, result = bench_job(tmp_path, "chaos", *args, "--no-progress", timeout=300)
     assert result["problems"] == [], out
     assert len(result["events"]) >= 3, out
