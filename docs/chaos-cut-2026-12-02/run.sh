@@ -19,3 +19,11 @@ for t in shm tcp nixl grpc grpc-stream; do
   run "$t-every" --transport "$t" --events $every --duration 60 --seed 12
 done
 run tcp-separate-curve --transport tcp --hosts separate --curve --events $every --duration 60 --seed 13
+# two more, run after the eleven above: a tcp job ending by itself through resets, kills and
+# stops, and nixl with each daemon on a host of its own
+.venv/bin/python -m tensorwire.bench chaos --transport tcp --steps 6000 --duration 200 \
+  --events cut-connections,kill-worker,stop-worker,kill-server --gap 0.5 --seed 21 \
+  --json "$out/tcp-steps-end.json" --no-progress
+.venv/bin/python -m tensorwire.bench chaos --transport nixl --hosts separate \
+  --events cut-connections,freeze-worker,kill-server --duration 60 --seed 22 \
+  --json "$out/nixl-separate.json" --no-progress
