@@ -2457,6 +2457,26 @@ def test_a_bsp_worker_frozen_again_just_after_it_joined_again_does_not_stall_the
     assert result["accuracy"] >= 0.9
 
 
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None,
+    reason="needs root and util-linux's setpriv (to run as another user)",
+)
+def test_chaos_refuses_to_cut_connections_without_root() -> None:
+    """`--events cut-connections` needs root (`ss -K`): run as nobody, the command says so in
+    one line and exits 2, before it starts a daemon."""
+    nobody = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
+    out = subprocess.run(
+        [*nobody, sys.executable, "-m", "tensorwire.bench", "chaos", "--events", "cut-connections"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 2, out.stderr
+    said = out.stderr.strip().splitlines()[-1]
+    assert said.endswith("error: --events cut-connections: needs root and iproute2's ss (ss -K)")
+
+
 def test_chaos_refuses_an_unknown_fault() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "tensorwire.bench", "chaos", "--events", "kill-worker,explode"],
