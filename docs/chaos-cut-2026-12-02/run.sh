@@ -27,3 +27,12 @@ run tcp-separate-curve --transport tcp --hosts separate --curve --events $every 
 .venv/bin/python -m tensorwire.bench chaos --transport nixl --hosts separate \
   --events cut-connections,freeze-worker,kill-server --duration 60 --seed 22 \
   --json "$out/nixl-separate.json" --no-progress
+# and two with every fault: tcp asp with every fault bench chaos makes (workers evicted), and
+# grpc-stream ssp with each daemon on a host of its own, servers killed and moved
+all=kill-worker,freeze-worker,stop-worker,drain-worker,kill-server,move-server,freeze-server,cut-connections
+.venv/bin/python -m tensorwire.bench chaos --transport tcp --sync asp --events $all \
+  --worker-args=--on-sigterm=restart --duration 60 --seed 31 \
+  --json "$out/tcp-asp-every-fault.json" --no-progress
+.venv/bin/python -m tensorwire.bench chaos --transport grpc-stream --sync ssp --hosts separate \
+  --events cut-connections,kill-server,move-server,freeze-worker --duration 60 --seed 32 \
+  --json "$out/grpc-stream-ssp-separate.json" --no-progress
