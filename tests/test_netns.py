@@ -179,3 +179,62 @@ def test_nixl_job_across_namespaces_over_ucx_tcp(hosts: dict[str, str], tmp_path
             if p.poll() is None:
                 p.kill()
                 p.wait(10)
+
+
+#: worker 1's link, both ways: 4 Mbit/s with a 12 KB queue, every packet beyond it dropped (tbf;
+#: this kernel has no netem): a slow link that drops what a burst overflows, as a congested
+#: uplink with shallow buffers does. A 2 MB stream through it lost a third of its packets in a
+#: run by hand.
+SLOW_LOSSY = ("tbf", "rate", "4mbit", "burst", "8kb", "limit", "12kb")
+#: the job's steps (TW_SLOW_LINK_STEPS for longer runs by hand, as RELIABILITY.md quotes)
+SLOW_STEPS = int(os.environ.get("TW_SLOW_LINK_STEPS", "40"))
+
+
+def _tc(ns: str, *args: str) -> str:
+    return subprocess.run(
+        ["ip", "netns", "exec", ns, "tc", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
+
+
+@pytest.mark.parametrize(
+    "transport", ["tcp", "grpc-stream", pytest.param("nixl", marks=pytest.mark.nixl)]
+)
+def test_a_worker_behind_a_slow_link_that_drops_packets_trains_to_the_end(
+    hosts: dict[str, str], tmp_path: Path, transport: str
+) -> None:
+    """Worker 1 reaches the server through a slow link that drops packets (SLOW_LOSSY, both
+    ways; nixl with UCX on TCP); the bsp job trains every step at that link's pace and ends
+    cleanly, no peer judged lost, the link having dropped packets on the way."""
+    tag = hosts["tag"]
+    shaped = [(hosts["ps"], f"{tag}v1a"), (hosts["w1"], f"{tag}v1b")]
+    for ns, dev in shaped:
+        _tc(ns, "qdisc", "add", "dev", dev, "root", *SLOW_LOSSY)
+    secret = tmp_path / "secret"
+    secret.write_text("netns-secret\n")
+    common = ["--transport", transport, "--secret-file", str(secret), "--log-level", "INFO"]
+    if transport == "nixl":
+        common += ["--ucx-tls", "tcp"]
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        _start(procs, tmp_path, hosts["ps"], "ps.log", *_server(SLOW_STEPS, *common))
+        for k in (0, 1):
+            _start(procs, tmp_path, hosts[f"w{k}"], f"w{k}.log", *_worker(k, *common))
+        codes = [p.wait(60 + SLOW_STEPS) for p in procs]
+        log = (tmp_path / "ps.log").read_text()
+        assert codes == [0, 0, 0], log + (tmp_path / "w1.log").read_text()
+        assert f"done at step {SLOW_STEPS}" in log, log
+        logs = log + (tmp_path / "w0.log").read_text() + (tmp_path / "w1.log").read_text()
+        assert " lost" not in logs, logs
+        stats = [_tc(ns, "-s", "qdisc", "show", "dev", dev) for ns, dev in shaped]
+        dropped = [int(s.split("dropped ", 1)[1].split(",", 1)[0]) for s in stats]
+        print(transport, log.rsplit("done at step ", 1)[1].splitlines()[0], "dropped", dropped)
+        assert sum(dropped) > 0, dropped
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
