@@ -183,8 +183,8 @@ def test_nixl_job_across_namespaces_over_ucx_tcp(hosts: dict[str, str], tmp_path
 
 #: worker 1's link, both ways: 4 Mbit/s with a 12 KB queue, every packet beyond it dropped (tbf;
 #: this kernel has no netem): a slow link that drops what a burst overflows, as a congested
-#: uplink with shallow buffers does. A 2 MB stream through it lost a third of its packets in a
-#: run by hand.
+#: uplink with shallow buffers does. A 2 MB stream through it had 606 of its 1,998 packets
+#: dropped (docs/lossy-link-2026-12-02/stream.sh).
 SLOW_LOSSY = ("tbf", "rate", "4mbit", "burst", "8kb", "limit", "12kb")
 #: the job's steps (TW_SLOW_LINK_STEPS for longer runs by hand, as RELIABILITY.md quotes)
 SLOW_STEPS = int(os.environ.get("TW_SLOW_LINK_STEPS", "40"))
