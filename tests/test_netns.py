@@ -188,6 +188,11 @@ def test_nixl_job_across_namespaces_over_ucx_tcp(hosts: dict[str, str], tmp_path
 SLOW_LOSSY = ("tbf", "rate", "4mbit", "burst", "8kb", "limit", "12kb")
 #: the job's steps (TW_SLOW_LINK_STEPS for longer runs by hand, as RELIABILITY.md quotes)
 SLOW_STEPS = int(os.environ.get("TW_SLOW_LINK_STEPS", "40"))
+#: TCP's congestion control in the three namespaces: BBR, this VM's default, sends on through
+#: loss at the rate it measured, so the link drops a third of a stream; a loss-based one (reno,
+#: cubic) backs off, and 150 steps over reno had 16 drops over `tcp` (TW_SLOW_LINK_CC=reno;
+#: docs/lossy-link-2026-12-02), too few for a test of loss.
+SLOW_CC = os.environ.get("TW_SLOW_LINK_CC", "bbr")
 
 
 def _tc(ns: str, *args: str) -> str:
@@ -209,6 +214,18 @@ def test_a_worker_behind_a_slow_link_that_drops_packets_trains_to_the_end(
     """Worker 1 reaches the server through a slow link that drops packets (SLOW_LOSSY, both
     ways; nixl with UCX on TCP); the bsp job trains every step at that link's pace and ends
     cleanly, no peer judged lost, the link having dropped packets on the way."""
+    allowed = Path("/proc/sys/net/ipv4/tcp_allowed_congestion_control").read_text().split()
+    if SLOW_CC not in allowed:
+        pytest.skip(f"TCP congestion control {SLOW_CC} is not allowed here (only {allowed})")
+    for name in ("ps", "w0", "w1"):
+        ip(
+            "netns",
+            "exec",
+            hosts[name],
+            "sysctl",
+            "-qw",
+            f"net.ipv4.tcp_congestion_control={SLOW_CC}",
+        )
     tag = hosts["tag"]
     shaped = [(hosts["ps"], f"{tag}v1a"), (hosts["w1"], f"{tag}v1b")]
     for ns, dev in shaped:
