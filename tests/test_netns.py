@@ -190,7 +190,7 @@ SLOW_LOSSY = ("tbf", "rate", "4mbit", "burst", "8kb", "limit", "12kb")
 SLOW_STEPS = int(os.environ.get("TW_SLOW_LINK_STEPS", "40"))
 #: TCP's congestion control in the three namespaces: BBR, this VM's default, sends on through
 #: loss at the rate it measured, so the link drops a third of a stream; a loss-based one (reno,
-#: cubic) backs off, and 150 steps over reno had 16 drops over `tcp` (TW_SLOW_LINK_CC=reno;
+#: cubic) backs off, and 150 steps over reno had 21 drops over `tcp` (TW_SLOW_LINK_CC=reno;
 #: docs/lossy-link-2026-12-02), too few for a test of loss.
 SLOW_CC = os.environ.get("TW_SLOW_LINK_CC", "bbr")
 
