@@ -1,5 +1,6 @@
 """Across hosts: three network namespaces joined by veth links, one server and two workers over
-tcp (one worker's link goes down and comes back) and over nixl restricted to UCX's TCP transport.
+tcp (one worker's link goes down and comes back), over nixl restricted to UCX's TCP transport,
+and with one worker behind a slow link that drops packets (tcp, grpc-stream, nixl).
 Needs root and iproute2 (skipped, with the reason, where they are missing); the namespaces are
 removed afterwards, even when the test fails."""
 
