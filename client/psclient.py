@@ -788,9 +788,10 @@ class PSClient:
                 if flags == STATUS_DROPPED:
                     raise _Dropped(
                         f"parameter server {addr} said at its step {at} that it went on without "
-                        "this worker: it heard nothing from us in time (its --step-timeout or "
-                        "--heartbeat-timeout; was this process stopped, or its machine "
-                        "overloaded?)"
+                        "this worker: it heard nothing from us, or we took no parameters, in "
+                        "time (its --step-timeout or --heartbeat-timeout; its log says which): "
+                        "was this process stopped, its machine overloaded, or its link too slow "
+                        "for a step in that time?"
                     )
 
     def _align(self, got: dict[str, Any], deadline: float | None) -> None:

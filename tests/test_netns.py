@@ -256,3 +256,39 @@ def test_a_worker_behind_a_slow_link_that_drops_packets_trains_to_the_end(
             if p.poll() is None:
                 p.kill()
                 p.wait(10)
+
+
+def test_a_worker_whose_link_is_too_slow_for_the_step_timeout_is_gone_on_without_and_told_why(
+    hosts: dict[str, str], tmp_path: Path
+) -> None:
+    """Worker 1's steps take longer over its slow link (SLOW_LOSSY: 38 KB of parameters alone
+    take 77 ms) than the server's --step-timeout (50 ms): the server goes on without it, and the
+    worker is told so with the causes that fit, its link among them (before: "heard nothing
+    from us in time ... stopped, or its machine overloaded?", where the server had dropped it
+    for taking no parameters in time), joins again, and every daemon exits 0 at the job's end."""
+    tag = hosts["tag"]
+    for ns, dev in ((hosts["ps"], f"{tag}v1a"), (hosts["w1"], f"{tag}v1b")):
+        _tc(ns, "qdisc", "add", "dev", dev, "root", *SLOW_LOSSY)
+    secret = tmp_path / "secret"
+    secret.write_text("netns-secret\n")
+    common = ["--transport", "tcp", "--secret-file", str(secret), "--log-level", "INFO"]
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        _start(
+            procs, tmp_path, hosts["ps"], "ps.log", *_server(300, *common, "--step-timeout", "0.05")
+        )
+        for k in (0, 1):
+            _start(procs, tmp_path, hosts[f"w{k}"], f"w{k}.log", *_worker(k, *common))
+        codes = [p.wait(120) for p in procs]
+        log = (tmp_path / "ps.log").read_text()
+        w1 = (tmp_path / "w1.log").read_text()
+        assert codes == [0, 0, 0], log + w1
+        assert "done at step 300" in log, log
+        assert "worker 1 lost at step" in log, log
+        told = [ln for ln in w1.splitlines() if "went on without this worker" in ln]
+        assert told and "link too slow" in told[0], w1
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
