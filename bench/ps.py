@@ -60,7 +60,10 @@ def add_parser(sub: Any) -> None:
         help="the servers' consistency model (default bsp)",
     )
     p.add_argument(
-        "--repeat", type=at_least(1), default=1, help="jobs per transport; medians reported"
+        "--repeat",
+        type=at_least(1),
+        default=1,
+        help="jobs per transport; medians reported (default 1)",
     )
     p.add_argument("--batch", type=at_least(1), default=32, help="batch per worker (default 32)")
     p.add_argument("--json", metavar="PATH", type=output_file, help="write the results as JSON")

@@ -48,7 +48,7 @@ def build_parser(prog: str = "tensorwire-worker") -> argparse.ArgumentParser:
     p.add_argument(
         "--servers",
         default="tcp://127.0.0.1:5700",
-        help="comma-separated server addresses, in shard order",
+        help="comma-separated server addresses, in shard order (default tcp://127.0.0.1:5700)",
     )
     p.add_argument(
         "--rank",
@@ -79,7 +79,9 @@ def build_parser(prog: str = "tensorwire-worker") -> argparse.ArgumentParser:
         "module (the numpy model's parameters, names and start), and a factory must build a "
         "torch module; numpy: a factory must build a numpy model (default auto)",
     )
-    p.add_argument("--batch", type=config.at_least(1), default=32, help="batch size per worker")
+    p.add_argument(
+        "--batch", type=config.at_least(1), default=32, help="batch size per worker (default 32)"
+    )
     p.add_argument(
         "--device",
         type=config.device_form,
@@ -93,12 +95,17 @@ def build_parser(prog: str = "tensorwire-worker") -> argparse.ArgumentParser:
         "--transport",
         default="auto",
         choices=tw.TRANSPORT_NAMES,
-        help="data plane towards the servers",
+        help="data plane towards the servers (default auto: shm to a server on this host, "
+        "else tcp)",
     )
     config.add_nixl_flags(p)
     config.add_memory_flags(p)
     config.add_secret_flags(p)
-    p.add_argument("--bind", default="tcp://127.0.0.1:0", help="this worker's receiver endpoint")
+    p.add_argument(
+        "--bind",
+        default="tcp://127.0.0.1:0",
+        help="this worker's receiver endpoint (default tcp://127.0.0.1:0: loopback, any free port)",
+    )
     p.add_argument(
         "--advertise",
         default=None,
@@ -109,18 +116,22 @@ def build_parser(prog: str = "tensorwire-worker") -> argparse.ArgumentParser:
         "--eval-every",
         type=config.at_least(0),
         default=50,
-        help="rank 0: test accuracy every N steps, and at the end (0: only at the end)",
+        help="rank 0: test accuracy every N steps, and at the end (0: only at the end; default 50)",
     )
-    p.add_argument("--seed", type=int, default=0, help="data order and initialisation seed")
+    p.add_argument(
+        "--seed", type=int, default=0, help="data order and initialisation seed (default 0)"
+    )
     p.add_argument(
         "--connect-timeout",
         type=config.positive_seconds,
+        metavar="SECONDS",
         default=60.0,
         help="seconds to wait for the servers at start (default 60)",
     )
     p.add_argument(
         "--step-timeout",
         type=config.positive_seconds,
+        metavar="SECONDS",
         default=300.0,
         help="seconds to wait for the servers' parameters within a step (default 300)",
     )
@@ -128,7 +139,8 @@ def build_parser(prog: str = "tensorwire-worker") -> argparse.ArgumentParser:
         "--reconnect-timeout",
         type=config.positive_seconds,
         default=120.0,
-        help="how long to wait for a lost server to come back",
+        metavar="SECONDS",
+        help="seconds to wait for a lost server to come back (default 120)",
     )
     p.add_argument(
         "--on-sigterm",
@@ -163,7 +175,10 @@ def build_parser(prog: str = "tensorwire-worker") -> argparse.ArgumentParser:
         help="save the final parameters (.npz is added where the name lacks it)",
     )
     p.add_argument(
-        "--steps-hint", type=config.at_least(0), default=0, help="total steps, for the progress bar"
+        "--steps-hint",
+        type=config.at_least(0),
+        default=0,
+        help="total steps, for the progress bar (default 0: no bar)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress output")
     config.add_logging_flags(p)

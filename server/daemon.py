@@ -50,11 +50,26 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
     p.add_argument(
         "--steps", type=config.at_least(0), default=d.steps, help=f"steps (default {d.steps})"
     )
-    p.add_argument("--sync", default=d.sync, choices=SYNC_MODES, help="consistency model")
     p.add_argument(
-        "--staleness", type=config.at_least(0), default=d.staleness, help="ssp: max steps ahead"
+        "--sync",
+        default=d.sync,
+        choices=SYNC_MODES,
+        help="consistency model. bsp: each step waits for every worker's gradients; asp: each "
+        "worker's gradients are applied as they land; ssp: as asp, no worker more than "
+        f"--staleness steps ahead of the slowest (default {d.sync})",
     )
-    p.add_argument("--optimizer", default=d.optimizer, choices=optim.OPTIMIZERS)
+    p.add_argument(
+        "--staleness",
+        type=config.at_least(0),
+        default=d.staleness,
+        help=f"ssp: most steps a worker may be ahead of the slowest (default {d.staleness})",
+    )
+    p.add_argument(
+        "--optimizer",
+        default=d.optimizer,
+        choices=optim.OPTIMIZERS,
+        help=f"the update the servers make with the gradients (default {d.optimizer})",
+    )
     rates = ", ".join(f"{r:g} for {n}" for n, r in optim.DEFAULT_LR.items())
     p.add_argument(
         "--lr", type=float, default=d.lr, help=f"learning rate (default: the optimizer's, {rates})"
@@ -74,12 +89,18 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
         default=d.momentum,
         help=f"momentum of sgd (default {d.momentum:g})",
     )
-    p.add_argument("--weight-decay", type=float, default=d.weight_decay, help="L2 weight decay")
+    p.add_argument(
+        "--weight-decay",
+        type=float,
+        default=d.weight_decay,
+        help=f"L2 weight decay (default {d.weight_decay:g})",
+    )
     p.add_argument(
         "--transport",
         default=d.transport,
         choices=tw.TRANSPORT_NAMES,
-        help="data plane towards the workers",
+        help="data plane towards the workers (default auto: shm to a worker on this host, "
+        "else tcp)",
     )
     p.add_argument(
         "--wire-dtype",
@@ -129,16 +150,20 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
     p.add_argument(
         "--join-timeout",
         type=config.positive_seconds,
+        metavar="SECONDS",
         default=d.join_timeout,
         help="seconds to wait for every worker to join (a job forming for the first time "
         "fails past it; one resumed from a checkpoint goes on with the workers that came back, "
-        "and takes the others back when they join)",
+        f"and takes the others back when they join; default {d.join_timeout:g})",
     )
     p.add_argument(
         "--step-timeout",
         type=config.positive_seconds,
         default=d.step_timeout,
-        help="seconds to wait for a worker within a step",
+        metavar="SECONDS",
+        help="seconds to wait for a worker within a step (for its gradients, or for it to take "
+        "the parameters) before going on without it; it is told, and joins again (default "
+        f"{d.step_timeout:g})",
     )
     p.add_argument(
         "--stop-grace",
@@ -178,9 +203,11 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
         "--split-bytes",
         type=config.at_least(1),
         default=d.split_bytes,
-        help="split tensors larger than this into chunks",
+        help=f"split tensors larger than this many bytes into chunks (default {d.split_bytes})",
     )
-    p.add_argument("--seed", type=int, default=d.seed, help="initialisation seed")
+    p.add_argument(
+        "--seed", type=int, default=d.seed, help=f"initialisation seed (default {d.seed})"
+    )
     p.add_argument(
         "--curve-keys",
         metavar="DIR",

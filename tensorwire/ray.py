@@ -592,7 +592,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="spread the processes over the nodes (default) or pack them onto few",
     )
     parser.add_argument(
-        "--port", type=int, default=5700, help="shard k listens on PORT+k on its node (5700)"
+        "--port",
+        type=int,
+        default=5700,
+        help="shard k listens on PORT+k on its node (default 5700)",
     )
     parser.add_argument(
         "--max-restarts",
