@@ -145,6 +145,9 @@ REJOIN_CHECK_EVERY = 1.0
 #: dropped with the lost one (a suite run: `test_ps.py -k tells_a_frozen_worker`, two
 #: servers, the worker that was not frozen told it was dropped). At most --step-timeout.
 LOSS_GRACE = 0.5
+#: Times in a row a worker is lost past --step-timeout within a step of joining before the log
+#: says its steps take longer than that timeout (once a streak)
+QUICK_LOSSES = 3
 #: Seconds between rounds of a step in which every worker taking part is on probation (each
 #: joined again and has pushed nothing since), so that such a round is not a busy loop.
 PROBATION_POLL = 1e-3
@@ -215,9 +218,10 @@ class _WorkerLost(Exception):
     """One worker died or hung in the middle of a step; ``tell``: whether it may still run and
     wait for us, so it is sent STATUS_DROPPED."""
 
-    def __init__(self, reason: str, *, tell: bool = True) -> None:
+    def __init__(self, reason: str, *, tell: bool = True, timed_out: bool = False) -> None:
         super().__init__(reason)
         self.tell = tell
+        self.timed_out = timed_out  # past --step-timeout
 
 
 @dataclass(frozen=True)
@@ -320,6 +324,11 @@ class _Worker:
     lost_joining: str | None = None
     #: rejoined, and no gradients of it seen since: not waited for (see ParameterServer._collect)
     probation: bool = False
+    #: its steps' gradients taken since it last joined
+    pushed: int = 0
+    #: the times in a row it was lost past --step-timeout within a step of joining (said once
+    #: it reaches QUICK_LOSSES: its steps take longer than that timeout allows)
+    quick_losses: int = 0
     #: dropped, and the notice timed out (frozen, or over grpc): its session is kept, to tell
     #: it when it asks (ParameterServer._answer_probes)
     untold: bool = False
@@ -1002,6 +1011,7 @@ class ParameterServer:
                 for c in self.chunks:
                     self.rx.drain(init_name(c.cid))
             w.alive, w.step, w.probation, w.served = True, self.step, not during_join, None
+            w.pushed = 0
             w.stopped, w.got, w.owed = False, set(), None  # what it is sent now supersedes
             w.left = w.absent = False
             self._claim_dropped_notice(w)
@@ -1193,7 +1203,7 @@ class ParameterServer:
     def _worker_tensors(self, w: _Worker) -> list[str]:
         return [*(grad_name(w.rank, c.cid) for c in self.chunks), meta_name(w.rank)]
 
-    def _lose(self, w: _Worker, reason: str, *, tell: bool = True) -> None:
+    def _lose(self, w: _Worker, reason: str, *, tell: bool = True, timed_out: bool = False) -> None:
         """Go on without ``w``: forget what it left half sent, stop writing to it. ``tell``: it
         may still run (frozen for a while, its machine slow, or waiting for another server to
         come back), so it is told that it was dropped, and joins again; else it would wait for
@@ -1206,6 +1216,19 @@ class ParameterServer:
             self._leave(w)
             return
         self._part_with(w, "lost", f"lost at step {self.step} ({reason})")
+        # Lost past --step-timeout again and again within a step of joining: the worker is
+        # not frozen but slower than the timeout allows (its link, its machine, a large
+        # model), and takes part one step a join: say so once, rather than only each loss.
+        w.quick_losses = w.quick_losses + 1 if timed_out and w.pushed <= 1 else 0
+        if w.quick_losses == QUICK_LOSSES:
+            log.warning(
+                "worker %d was lost %d times in a row past --step-timeout (%g s), each within "
+                "a step of joining: its steps take longer than that (its link or machine too "
+                "slow for it?); a larger --step-timeout lets it take part",
+                w.rank,
+                QUICK_LOSSES,
+                self.cfg.step_timeout,
+            )
         notice = (
             (STATUS_STOP, STOP_NOTICE_TIMEOUT)
             if self._ending
@@ -1587,7 +1610,9 @@ class ParameterServer:
                 if w.probation:
                     return None
                 if time.monotonic() >= deadline:
-                    raise _WorkerLost(f"nothing for {self.cfg.step_timeout:g} s") from None
+                    raise _WorkerLost(
+                        f"nothing for {self.cfg.step_timeout:g} s", timed_out=True
+                    ) from None
                 grace = self._stop_overdue()
                 if grace is not None:  # stopping: told that we stop (_lose)
                     raise _WorkerLost(f"nothing within {grace:g} s of the stop") from None
@@ -1674,7 +1699,7 @@ class ParameterServer:
                 try:
                     collected = self._collect(w, heard)
                 except _WorkerLost as exc:
-                    self._lose(w, str(exc), tell=exc.tell)
+                    self._lose(w, str(exc), tell=exc.tell, timed_out=exc.timed_out)
                     if not graced:
                         graced = True
                         grace = min(LOSS_GRACE, self.cfg.step_timeout)
@@ -1705,6 +1730,7 @@ class ParameterServer:
                     else:
                         self.acc[c.cid] += grad
                 contributors += 1
+                w.pushed += 1
                 losses.append(float(meta[1]))
                 accuracy = self._accuracy(meta) if accuracy is None else accuracy
                 self.rx.release_many(held)
@@ -1762,7 +1788,7 @@ class ParameterServer:
             self._lose(w, str(exc), tell=False)  # its receiver is gone
         except tw.WireTimeoutError as exc:
             # frozen, or too slow to take them (grpc, or a tcp socket's buffer full)
-            self._lose(w, f"it took no parameters in time: {exc}")
+            self._lose(w, f"it took no parameters in time: {exc}", timed_out=True)
         except tw.RemoteProtocolError as exc:
             self._lose(w, _refused(exc))
         else:
@@ -1819,7 +1845,7 @@ class ParameterServer:
                 self._lose(w, f"it took no parameters within {grace:g} s of the stop")
             elif time.monotonic() - w.owed_since > self.cfg.step_timeout:
                 w.owed = None
-                self._lose(w, f"it took no parameters in time: {exc}")
+                self._lose(w, f"it took no parameters in time: {exc}", timed_out=True)
             else:
                 w.owed_next = time.monotonic() + OWED_RETRY
             return
@@ -1992,6 +2018,7 @@ class ParameterServer:
             # held back a different worker then, and each waited on one another (seen in
             # chaos runs: 2 s stalls after a lone restart, ended by dropping workers).
             w.step = max(w.step, int(w.meta[0])) + 1
+            w.pushed += 1
             self._report(w.step, [float(w.meta[1])], self._accuracy(w.meta), t0)
             t0 = time.monotonic()
             held.append(w)
@@ -2064,4 +2091,4 @@ class ParameterServer:
                 elif grace is not None:
                     self._lose(w, f"not stopped within {grace:g} s of the stop")
                 else:
-                    self._lose(w, f"nothing for {self.cfg.step_timeout:g} s")
+                    self._lose(w, f"nothing for {self.cfg.step_timeout:g} s", timed_out=True)

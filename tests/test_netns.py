@@ -265,7 +265,9 @@ def test_a_worker_whose_link_is_too_slow_for_the_step_timeout_is_gone_on_without
     take 77 ms) than the server's --step-timeout (50 ms): the server goes on without it, and the
     worker is told so with the causes that fit, its link among them (before: "heard nothing
     from us in time ... stopped, or its machine overloaded?", where the server had dropped it
-    for taking no parameters in time), joins again, and every daemon exits 0 at the job's end."""
+    for taking no parameters in time), joins again, and every daemon exits 0 at the job's end.
+    Lost again within a step of each join, it takes part a step a join: the server's log says
+    once that its steps take longer than the timeout (before, only each loss)."""
     tag = hosts["tag"]
     for ns, dev in ((hosts["ps"], f"{tag}v1a"), (hosts["w1"], f"{tag}v1b")):
         _tc(ns, "qdisc", "add", "dev", dev, "root", *SLOW_LOSSY)
@@ -275,7 +277,11 @@ def test_a_worker_whose_link_is_too_slow_for_the_step_timeout_is_gone_on_without
     procs: list[subprocess.Popen[bytes]] = []
     try:
         _start(
-            procs, tmp_path, hosts["ps"], "ps.log", *_server(300, *common, "--step-timeout", "0.05")
+            procs,
+            tmp_path,
+            hosts["ps"],
+            "ps.log",
+            *_server(2000, *common, "--step-timeout", "0.05"),
         )
         for k in (0, 1):
             _start(procs, tmp_path, hosts[f"w{k}"], f"w{k}.log", *_worker(k, *common))
@@ -283,10 +289,14 @@ def test_a_worker_whose_link_is_too_slow_for_the_step_timeout_is_gone_on_without
         log = (tmp_path / "ps.log").read_text()
         w1 = (tmp_path / "w1.log").read_text()
         assert codes == [0, 0, 0], log + w1
-        assert "done at step 300" in log, log
+        assert "done at step 2000" in log, log
         assert "worker 1 lost at step" in log, log
         told = [ln for ln in w1.splitlines() if "went on without this worker" in ln]
         assert told and "link too slow" in told[0], w1
+        # lost again and again within a step of joining: the server says why, once a streak
+        losses = log.count("worker 1 lost at step")
+        hints = log.count("was lost 3 times in a row past --step-timeout (0.05 s)")
+        assert 1 <= hints <= losses // 3, log
     finally:
         for p in procs:
             if p.poll() is None:
