@@ -408,8 +408,9 @@ class PSClient:
         self._stopped_at = at if self._stopped_at is None else max(self._stopped_at, at)
         self._found_done = self._found_done or done
 
-    def _connect(self, timeout: float) -> None:
-        """Reach every server, retrying while they start up."""
+    def _connect(self, timeout: float, *, again: bool = False) -> None:
+        """Reach every server, retrying while they start up. ``again``: servers reached before
+        (joining again), whose data connection refused is retried too."""
         deadline = time.monotonic() + timeout
         for addr in self.servers:
             while True:
@@ -418,7 +419,15 @@ class PSClient:
                     left = max(deadline - time.monotonic(), 0.01)
                     self.tx.add_peer(addr, connect_timeout=min(2.0, left))
                     break
-                except (tw.WireTimeoutError, tw.PeerLostError) as exc:
+                except (tw.WireTimeoutError, tw.TransportError) as exc:
+                    # A server reached before whose control plane answered and whose data
+                    # connection was refused is going away (its job ended: its notice that it
+                    # stops is read at the next look) or coming back: as if it had not
+                    # answered. Before, that ended the worker (exit 1) as its server ended the
+                    # job while it joined again. A first reach gives up at once: a transport
+                    # that cannot be set up there is a setting, not a moment.
+                    if not again and not isinstance(exc, (tw.WireTimeoutError, tw.PeerLostError)):
+                        raise
                     if time.monotonic() >= deadline:
                         # the last try's error says why (nothing listening, a handshake refused)
                         raise PSClientError(
@@ -470,7 +479,7 @@ class PSClient:
                 # the goodbyes at once, each on a thread of its own: a frozen server's takes
                 # GOODBYE_TIMEOUT, and each one's new session waits for its goodbye anyway
                 self.tx.remove_peer(addr, wait=False)
-        self._connect(max(deadline - time.monotonic(), 1.0))
+        self._connect(max(deadline - time.monotonic(), 1.0), again=True)
 
     def _join(self, timeout: float) -> None:
         """Tell every server where we receive and what our parameters are, once every one

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -1987,6 +1988,64 @@ def _one_server(*flags: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
         if ps.poll() is None:
             ps.kill()
         ps.wait(30)
+
+
+def test_a_server_whose_data_connection_is_refused_as_a_worker_joins_again_is_waited_for(
+    tmp_path: Path,
+) -> None:
+    """A worker joining again whose server's control plane answers while its data connection
+    is refused (the server closing as it ends its job, or starting again) waits for it as for
+    a server that does not answer, and joins it once it is back. Before, the refusal (a
+    TransportError) ended the worker (exit 1): a job that ended as its worker joined again
+    (test_netns.py -k too_slow_for_the_step_timeout, one run in about a dozen under load).
+    Here a receiver at the killed server's address answers, its tcp data server closed, until
+    the server is started again from its checkpoint."""
+    from tensorwire.client.psclient import PSClient
+
+    ckpt = tmp_path / "ckpt"
+    flags = ["--steps", "1000", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1"]
+    flags += ["--transport", "tcp"]
+    with _one_server(*flags) as (address, ps):
+        shapes = {"w": (4, 4)}
+        init = {"w": np.zeros((4, 4), np.float32)}
+        with PSClient(
+            [address], 0, shapes, init=init, transport="tcp", connect_timeout=30, timeout=30
+        ) as c:
+            assert c.wait_params(timeout=30) == 0
+            c.push({"w": np.ones((4, 4), np.float32)}, loss=1.0)
+            assert c.wait_params(timeout=30) == 1
+            ps.kill()
+            ps.wait(30)
+            stand_in = tw.Receiver(address, name="stand-in")
+            stand_in._servers["tcp"].close()  # its control plane answers; data: refused
+            with (  # what the worker meets
+                tw.Sender(transport="tcp") as probe,
+                pytest.raises(tw.TransportError, match="Connection refused"),
+            ):
+                probe.add_peer(address, connect_timeout=10)
+            back: list[subprocess.Popen[bytes]] = []
+
+            def server_back() -> None:
+                stand_in.close()
+                back.append(
+                    subprocess.Popen(
+                        ps_command(address, "--no-progress", "--resume", *flags),
+                        stderr=subprocess.DEVNULL,
+                    )
+                )
+
+            timer = threading.Timer(2.0, server_back)
+            timer.start()
+            try:
+                # the server is gone: the push meets its loss and joins again
+                c.push({"w": np.ones((4, 4), np.float32)}, loss=1.0)
+                assert c.reconnects == 1
+                assert c.wait_params(timeout=30) is not None
+            finally:
+                timer.join()
+                for p in back:
+                    p.send_signal(signal.SIGTERM)
+            assert back[0].wait(30) == 0
 
 
 def test_a_custom_loop_trains_a_scalar_parameter_from_initial_values_given_as_lists() -> None:
