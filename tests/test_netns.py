@@ -283,8 +283,9 @@ def test_a_worker_whose_link_is_too_slow_for_the_step_timeout_is_gone_on_without
             "ps.log",
             *_server(2000, *common, "--step-timeout", "0.05"),
         )
+        bounded = ["--reconnect-timeout", "20"]  # (a worker the ending server did not tell)
         for k in (0, 1):
-            _start(procs, tmp_path, hosts[f"w{k}"], f"w{k}.log", *_worker(k, *common))
+            _start(procs, tmp_path, hosts[f"w{k}"], f"w{k}.log", *_worker(k, *common, *bounded))
         codes = [p.wait(120) for p in procs]
         log = (tmp_path / "ps.log").read_text()
         w1 = (tmp_path / "w1.log").read_text()
