@@ -79,6 +79,38 @@ def _worker(k: int, *extra: str) -> list[str]:
     ]
 
 
+def _secret_flags(tmp_path: Path) -> list[str]:
+    """The daemons' flags for a shared secret in a file of the test's own (needed beyond
+    loopback)."""
+    secret = tmp_path / "secret"
+    secret.write_text("netns-secret\n")
+    return ["--secret-file", str(secret)]
+
+
+def _job_to_its_end(
+    hosts: dict[str, str],
+    tmp_path: Path,
+    server: list[str],
+    worker: list[str],
+    wait: float = 120.0,
+) -> tuple[list[int], dict[str, str]]:
+    """Run ``server`` (its command, `_server`) in namespace ps and workers 0 and 1 (flags
+    ``worker``) in theirs until each exits (within ``wait`` s); their exit codes (server
+    first) and their logs by name (ps, w0, w1). Kills what still runs."""
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        _start(procs, tmp_path, hosts["ps"], "ps.log", *server)
+        for k in (0, 1):
+            _start(procs, tmp_path, hosts[f"w{k}"], f"w{k}.log", *_worker(k, *worker))
+        codes = [p.wait(wait) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+    return codes, {name: (tmp_path / f"{name}.log").read_text() for name in ("ps", "w0", "w1")}
+
+
 @pytest.mark.parametrize("cut", ["w1", "ps"])
 def test_link_down_is_detected_and_the_workers_rejoin(
     hosts: dict[str, str], tmp_path: Path, cut: str
@@ -88,13 +120,10 @@ def test_link_down_is_detected_and_the_workers_rejoin(
     silent at once). The server loses the workers cut off within the heartbeat timeout and
     goes on (or waits for one to come back); the workers lose the server, reconnect once the
     links are up again and join again, and the job trains on and ends cleanly."""
-    secret = tmp_path / "secret"
-    secret.write_text("netns-secret\n")
     common = [
         "--transport",
         "tcp",
-        "--secret-file",
-        str(secret),
+        *_secret_flags(tmp_path),
         "--heartbeat",
         "0.3",
         "--heartbeat-timeout",
@@ -156,30 +185,11 @@ def test_link_down_is_detected_and_the_workers_rejoin(
 def test_nixl_job_across_namespaces_over_ucx_tcp(hosts: dict[str, str], tmp_path: Path) -> None:
     """nixl between "hosts": UCX restricted to TCP over the veth links (what it would use
     between machines without an RDMA NIC); a short job trains and every daemon exits cleanly."""
-    secret = tmp_path / "secret"
-    secret.write_text("netns-secret\n")
-    common = ["--transport", "nixl", "--ucx-tls", "tcp", "--secret-file", str(secret)]
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        _start(
-            procs,
-            tmp_path,
-            hosts["ps"],
-            "ps.log",
-            *_server(40, *common),
-        )
-        for k in (0, 1):
-            _start(procs, tmp_path, hosts[f"w{k}"], f"w{k}.log", *_worker(k, *common))
-        codes = [p.wait(120) for p in procs]
-        log = (tmp_path / "ps.log").read_text()
-        assert codes == [0, 0, 0], log + (tmp_path / "w0.log").read_text()
-        assert "joined from" in log and "over nixl" in log
-        assert "done at step 40" in log
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
+    common = ["--transport", "nixl", "--ucx-tls", "tcp", *_secret_flags(tmp_path)]
+    codes, logs = _job_to_its_end(hosts, tmp_path, _server(40, *common), common)
+    assert codes == [0, 0, 0], logs["ps"] + logs["w0"]
+    assert "joined from" in logs["ps"] and "over nixl" in logs["ps"]
+    assert "done at step 40" in logs["ps"]
 
 
 #: worker 1's link, both ways: 4 Mbit/s with a 12 KB queue, every packet beyond it dropped (tbf;
@@ -206,6 +216,15 @@ def _tc(ns: str, *args: str) -> str:
     ).stdout
 
 
+def _slow_link_to_worker_1(hosts: dict[str, str]) -> list[tuple[str, str]]:
+    """SLOW_LOSSY on both ends of worker 1's link; those ends, (namespace, device)."""
+    tag = hosts["tag"]
+    shaped = [(hosts["ps"], f"{tag}v1a"), (hosts["w1"], f"{tag}v1b")]
+    for ns, dev in shaped:
+        _tc(ns, "qdisc", "add", "dev", dev, "root", *SLOW_LOSSY)
+    return shaped
+
+
 @pytest.mark.parametrize(
     "transport", ["tcp", "grpc-stream", pytest.param("nixl", marks=pytest.mark.nixl)]
 )
@@ -227,35 +246,21 @@ def test_a_worker_behind_a_slow_link_that_drops_packets_trains_to_the_end(
             "-qw",
             f"net.ipv4.tcp_congestion_control={SLOW_CC}",
         )
-    tag = hosts["tag"]
-    shaped = [(hosts["ps"], f"{tag}v1a"), (hosts["w1"], f"{tag}v1b")]
-    for ns, dev in shaped:
-        _tc(ns, "qdisc", "add", "dev", dev, "root", *SLOW_LOSSY)
-    secret = tmp_path / "secret"
-    secret.write_text("netns-secret\n")
-    common = ["--transport", transport, "--secret-file", str(secret), "--log-level", "INFO"]
+    shaped = _slow_link_to_worker_1(hosts)
+    common = ["--transport", transport, *_secret_flags(tmp_path), "--log-level", "INFO"]
     if transport == "nixl":
         common += ["--ucx-tls", "tcp"]
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        _start(procs, tmp_path, hosts["ps"], "ps.log", *_server(SLOW_STEPS, *common))
-        for k in (0, 1):
-            _start(procs, tmp_path, hosts[f"w{k}"], f"w{k}.log", *_worker(k, *common))
-        codes = [p.wait(60 + SLOW_STEPS) for p in procs]
-        log = (tmp_path / "ps.log").read_text()
-        assert codes == [0, 0, 0], log + (tmp_path / "w1.log").read_text()
-        assert f"done at step {SLOW_STEPS}" in log, log
-        logs = log + (tmp_path / "w0.log").read_text() + (tmp_path / "w1.log").read_text()
-        assert " lost" not in logs, logs
-        stats = [_tc(ns, "-s", "qdisc", "show", "dev", dev) for ns, dev in shaped]
-        dropped = [int(s.split("dropped ", 1)[1].split(",", 1)[0]) for s in stats]
-        print(transport, log.rsplit("done at step ", 1)[1].splitlines()[0], "dropped", dropped)
-        assert sum(dropped) > 0, dropped
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
+    codes, logs = _job_to_its_end(
+        hosts, tmp_path, _server(SLOW_STEPS, *common), common, wait=60 + SLOW_STEPS
+    )
+    log = logs["ps"]
+    assert codes == [0, 0, 0], log + logs["w1"]
+    assert f"done at step {SLOW_STEPS}" in log, log
+    assert not any(" lost" in text for text in logs.values()), logs
+    stats = [_tc(ns, "-s", "qdisc", "show", "dev", dev) for ns, dev in shaped]
+    dropped = [int(s.split("dropped ", 1)[1].split(",", 1)[0]) for s in stats]
+    print(transport, log.rsplit("done at step ", 1)[1].splitlines()[0], "dropped", dropped)
+    assert sum(dropped) > 0, dropped
 
 
 def test_a_worker_whose_link_is_too_slow_for_the_step_timeout_is_gone_on_without_and_told_why(
@@ -268,38 +273,18 @@ def test_a_worker_whose_link_is_too_slow_for_the_step_timeout_is_gone_on_without
     for taking no parameters in time), joins again, and every daemon exits 0 at the job's end.
     Lost again within a step of each join, it takes part a step a join: the server's log says
     once that its steps take longer than the timeout (before, only each loss)."""
-    tag = hosts["tag"]
-    for ns, dev in ((hosts["ps"], f"{tag}v1a"), (hosts["w1"], f"{tag}v1b")):
-        _tc(ns, "qdisc", "add", "dev", dev, "root", *SLOW_LOSSY)
-    secret = tmp_path / "secret"
-    secret.write_text("netns-secret\n")
-    common = ["--transport", "tcp", "--secret-file", str(secret), "--log-level", "INFO"]
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        _start(
-            procs,
-            tmp_path,
-            hosts["ps"],
-            "ps.log",
-            *_server(2000, *common, "--step-timeout", "0.05"),
-        )
-        bounded = ["--reconnect-timeout", "20"]  # (a worker the ending server did not tell)
-        for k in (0, 1):
-            _start(procs, tmp_path, hosts[f"w{k}"], f"w{k}.log", *_worker(k, *common, *bounded))
-        codes = [p.wait(120) for p in procs]
-        log = (tmp_path / "ps.log").read_text()
-        w1 = (tmp_path / "w1.log").read_text()
-        assert codes == [0, 0, 0], log + w1
-        assert "done at step 2000" in log, log
-        assert "worker 1 lost at step" in log, log
-        told = [ln for ln in w1.splitlines() if "went on without this worker" in ln]
-        assert told and "link too slow" in told[0], w1
-        # lost again and again within a step of joining: the server says why, once a streak
-        losses = log.count("worker 1 lost at step")
-        hints = log.count("was lost 3 times in a row past --step-timeout (0.05 s)")
-        assert 1 <= hints <= losses // 3, log
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
+    _slow_link_to_worker_1(hosts)
+    common = ["--transport", "tcp", *_secret_flags(tmp_path), "--log-level", "INFO"]
+    server = _server(2000, *common, "--step-timeout", "0.05")
+    # (--reconnect-timeout: a worker the ending server did not tell ends within the wait)
+    codes, logs = _job_to_its_end(hosts, tmp_path, server, [*common, "--reconnect-timeout", "20"])
+    log, w1 = logs["ps"], logs["w1"]
+    assert codes == [0, 0, 0], log + w1
+    assert "done at step 2000" in log, log
+    assert "worker 1 lost at step" in log, log
+    told = [ln for ln in w1.splitlines() if "went on without this worker" in ln]
+    assert told and "link too slow" in told[0], w1
+    # lost again and again within a step of joining: the server says why, once a streak
+    losses = log.count("worker 1 lost at step")
+    hints = log.count("was lost 3 times in a row past --step-timeout (0.05 s)")
+    assert 1 <= hints <= losses // 3, log
