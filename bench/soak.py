@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import math
 import multiprocessing as mp
 import os
 import random
@@ -103,15 +104,23 @@ BATCH_TENSORS = 4
 #: Seconds at the end of the run in which no sender is killed or frozen, so that the last ones
 #: finish (a frozen one is resumed before this begins).
 KILL_QUIET = 3.0
-#: Seconds a successor writes for at least (across hosts, beyond the heartbeat timeout it may
-#: wait for its predecessor to be dropped), also when it starts later than KILL_QUIET before
-#: the end: over `nixl` between pid namespaces on a loaded 2-core host a takeover took 3.9 s
-#: from the kill to the first message, and a successor started 3 s before the end wrote
-#: nothing (a clean clone's CI run, `test_faults.py -k hosts_of_their_own_killed`).
-SUCCESSOR_RUN = 4.0
+#: Seconds every sender has to write its first message, from the run's start; the run's
+#: --duration counts from when each has (a slow start, as of `nixl` senders under load, took
+#: the run's time before: a short run made too few faults to test anything)
+STARTUP_LIMIT = 60.0
+#: Seconds a successor writes for at least, from its first message: it writes until the run's
+#: end and, however long its start, its connection and its takeover took, this long past its
+#: first message. A least run counted from its start (4 s, until 2026-12-02) was not always
+#: enough: over `nixl` between pid namespaces on a loaded 2-core host a takeover took 3.9 s from
+#: the kill to the first message (a clean clone's CI run, `test_faults.py -k
+#: hosts_of_their_own_killed`), and a `nixl` successor on one host, under the suite's four
+#: processes on two cores, was still connecting when its 4 s ended and wrote nothing
+#: (`test_faults.py -k made_in_place`).
+SUCCESSOR_WRITES = 1.0
 #: A frozen sender stays stopped until its successor's first message arrived (the receiver
 #: dropped it at its heartbeat timeout, and the successor took the tensor over), and this many
-#: seconds more; or, if that does not come, for the heartbeat timeout and FREEZE_LIMIT more.
+#: seconds more; or, if that does not come, for the heartbeat timeout and FREEZE_LIMIT more,
+#: from the later of the freeze and the successor's first connection (_Soak._thaw_at).
 FREEZE_PAST_TAKEOVER = 0.2
 FREEZE_LIMIT = 5.0
 #: Seconds past the heartbeat timeout a takeover takes, as planned for (0.1-1.1 s measured)
@@ -134,7 +143,10 @@ IDLE_LOOK = 0.001
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("soak", help="bounded load test: every message accounted for, no leaks")
     p.add_argument(
-        "--duration", type=positive_seconds, default=30.0, help="seconds of load (default 30)"
+        "--duration",
+        type=positive_seconds,
+        default=30.0,
+        help="seconds of load, from when every sender has written its first message (default 30)",
     )
     p.add_argument("--senders", type=at_least(1), default=3, help="sender processes (default 3)")
     p.add_argument(
@@ -246,36 +258,49 @@ def _sender(
     address: str,
     transport: str,
     names: list[str],
-    duration: float,
+    run_end: Any,
+    least: float,
     every: int,
     conn: Any,
     incarnation: int,
     counts: Any,
+    ready: Any,
     slot: int,
     dynamic: int,
     api: str,
 ) -> None:
-    """Write numbered messages for ``duration`` s, in sessions of ``every`` steps each (0: one
-    session), a message to each of ``names`` a step, each counter :func:`counter` (``dynamic``:
-    of at most that many elements, :func:`message_length`; 0: the static shape; ``api``:
-    ``write`` from our arrays, one tensor after the other, ``buffer`` filled in
+    """Write numbered messages until the run's end (``run_end``: a shared double, in
+    :func:`time.monotonic`'s clock, which every process of this host shares; infinite until the
+    receiver has heard from every sender) and, with ``least``, until the first message however
+    long that takes and for at least ``least`` s from it, in sessions of ``every`` steps each
+    (0: one session), a message to each of ``names`` a step, each counter :func:`counter`
+    (``dynamic``: of at most that many elements, :func:`message_length`; 0: the static shape;
+    ``api``: ``write`` from our arrays, one tensor after the other, ``buffer`` filled in
     :meth:`~tensorwire.Sender.buffer`'s array, ``write_many`` all in one call); store how many
     steps have returned in ``counts[slot]`` after each (shared memory: the count survives a
-    SIGKILL); send back (steps, sessions), or the error that ended it. A tensor still written
-    by the sender this one succeeds (frozen: the receiver has not dropped it yet) is claimed
-    again until it is free, as a replacement of a hung process would (a write_many's claims
-    are granted or refused before any of its bytes move: tried again whole)."""
+    SIGKILL), and when its first connection was made in ``ready[slot]``; send back (steps,
+    sessions), or the error that ended it. A tensor still written by the sender this one
+    succeeds (frozen: the receiver has not dropped it yet) is claimed again until it is free, as
+    a replacement of a hung process would (a write_many's claims are granted or refused before
+    any of its bytes move: tried again whole)."""
     sent = sessions = 0
-    end = time.monotonic() + duration
+    least_end = math.inf  # with ``least``: until the first message, then ``least`` s past it
+
+    def writing() -> bool:
+        now = time.monotonic()
+        return now < run_end.value or (least > 0 and now < least_end)
+
     try:
-        while time.monotonic() < end:
+        while writing():
             with tw.Sender.connect(address, transport=transport, timeout=60) as tx:
                 sessions += 1
+                if not ready[slot]:
+                    ready[slot] = time.monotonic()
                 arrays = [np.empty(dynamic or tx.spec(n).static_shape, np.int64) for n in names]
                 stop = sent + every if every else None
                 claimed = False
                 written = 0  # of this step's tensors (write and buffer: one after the other)
-                while time.monotonic() < end and sent != stop:
+                while writing() and sent != stop:
                     batch = []
                     for k, (name, arr) in enumerate(zip(names, arrays, strict=True)):
                         value = counter(k, incarnation, sent)
@@ -306,6 +331,8 @@ def _sender(
                     written = 0
                     sent += 1
                     counts[slot] = sent
+                    if sent == 1:
+                        least_end = time.monotonic() + least
     except tw.TensorWireError as exc:
         conn.send(f"{type(exc).__name__} after {sent} messages: {exc}")
         raise SystemExit(1) from None
@@ -474,19 +501,18 @@ class _Soak:
         self.cursor = 0  # --consume each/all: the stream taken from next
         self.read_alone = 0  # --consume all: messages read alone to bring a stream in line
         self.received = 0
-        self.start = time.monotonic()
-        self.end = self.start + args.duration
+        self.launched = time.monotonic()
+        # The run's start and end, once every sender has written (begin); its senders write
+        # until the end they read in run_end
+        self.start = self.end = math.inf
+        self.run_end = self.ctx.RawValue("d", math.inf)
         self.freeze_for = args.heartbeat_timeout + FREEZE_LIMIT  # at most
-        # a successor's least run: across hosts it may wait the heartbeat timeout for its
-        # predecessor to be dropped (on one host a death is told at once)
-        self.successor_run = SUCCESSOR_RUN + (
-            args.heartbeat_timeout if args.hosts == "separate" else 0.0
-        )
         # One count of returned writes per sender process, made at once (one made per process
         # would hold a descriptor of multiprocessing's heap: a leak to the report's count).
         # Room for twice the faults expected; none is made past it.
         rate = sum(1 / every for every in (args.kill_every, args.freeze_every) if every)
         self.counts = self.ctx.RawArray("q", args.senders + 2 * int(rate * args.duration) + 64)
+        self.ready = self.ctx.RawArray("d", len(self.counts))  # each one's first connection
         self.slots_used = 0
         elements = max(2, args.size // 8)
         self.dynamic = elements if args.dynamic else 0
@@ -508,11 +534,13 @@ class _Soak:
                 self.rx.address,
                 s.transport,
                 [t.name for t in s.tensors],
-                max(self.end - time.monotonic(), self.successor_run if incarnation else 0.1),
+                self.run_end,
+                SUCCESSOR_WRITES if incarnation else 0.0,
                 self.args.reconnect_every,
                 there,
                 incarnation,
                 self.counts,
+                self.ready,
                 slot,
                 self.dynamic,
                 self.args.api,
@@ -521,6 +549,20 @@ class _Soak:
         proc.start()
         there.close()
         s.now = _Process(incarnation, proc, here, self.counts, slot, self.args.hosts == "separate")
+
+    def begin(self, now: float) -> bool:
+        """Start the run's clock once every stream's sender has written (or ended: a failed
+        start is reported at the end); True once it runs."""
+        if self.start < math.inf:
+            return True
+        for s in self.streams:
+            p = s.now
+            assert p is not None
+            if not p.ended and min(s.received(p.incarnation)) == 0:
+                return False
+        self.start, self.end = now, now + self.args.duration
+        self.run_end.value = self.end
+        return True
 
     def take(self, name: str, view: Any) -> None:
         """Check one message against what came before it on its tensor."""
@@ -674,13 +716,32 @@ class _Soak:
         record["resume_at"] = at + self.freeze_for
         s.frozen.append((p, record))
         self.launch(s, p.incarnation + 1)
+        assert s.now is not None
+        record["successor_slot"] = s.now.slot
         return True
+
+    def _thaw_at(self, record: dict[str, Any]) -> float:
+        """When a frozen sender runs again: a moment after its successor's first message
+        (``resume_at`` then), or where that does not come, ``freeze_for`` after the later of
+        its freeze and its successor's first connection (STARTUP_LIMIT more at most, while the
+        successor is still starting). From the freeze alone, a successor that took longer
+        than that to start, on a loaded host, had its predecessor run again first, which was
+        then taken for a receiver that had not dropped it (7-10 s from a freeze to the
+        successor's first message, with the suite's soak tests in four processes and ten busy
+        loops on two cores)."""
+        if "takeover_s" in record:
+            return float(record["resume_at"])
+        connected = self.ready[record["successor_slot"]]
+        since = max(record["at"], connected) if connected else record["at"] + STARTUP_LIMIT
+        return since + self.freeze_for
 
     def thaw(self, now: float, *, all_of_them: bool = False) -> None:
         """Resume the frozen senders whose time has come, and hear from those resumed."""
         for s in self.streams:
             for p, record in s.frozen:
-                if "resumed_after_s" not in record and (all_of_them or now >= record["resume_at"]):
+                if "resumed_after_s" not in record and (
+                    all_of_them or now >= self._thaw_at(record)
+                ):
                     p.signal(signal.SIGCONT)
                     record["resumed_after_s"] = now - record["at"]
                     s.resumed[record["incarnation"]] = record
@@ -736,7 +797,7 @@ class _Soak:
         fail (it is fenced); none of its messages may come after its successor's, nor more
         than its writes returned for."""
         inc = old["incarnation"]
-        del old["at"], old["resume_at"]
+        del old["at"], old["resume_at"], old["successor_slot"]
         old["acked"] = wrote = p.acked
         got = _note_received(old, s.received(inc))
         old["ended"] = p.failed if p.failed is not None else "its time was up"
@@ -753,7 +814,8 @@ class _Soak:
                 return
             self.problem(
                 f"{where}: its successor's first message did not arrive within "
-                f"{self.freeze_for:g} s: the receiver did not drop it at its heartbeat timeout"
+                f"{self.freeze_for:g} s of the freeze, nor of the successor's connection: the "
+                "receiver did not drop it at its heartbeat timeout"
             )
             return
         if wrote > old["acked_at_freeze"] + 1:
@@ -831,17 +893,26 @@ def _run(args: argparse.Namespace, transports: list[str]) -> dict[str, Any]:
             warm_rss: int | None = None
             warm_trimmed: int | None = None
             warm_fds: dict[int, str] = {}
-            deadline = soak.end + 60
             acts = ((args.kill_every, soak.kill_one), (args.freeze_every, soak.freeze_one))
             faults = [(every, act) for every, act in acts if every]
-            # No fault begins in the last KILL_QUIET s, nor a freeze that would not end before them
-            # (a takeover comes within the heartbeat timeout and a second or so, FREEZE_TAKES).
-            last = {soak.kill_one: soak.end - KILL_QUIET}
-            last[soak.freeze_one] = soak.end - KILL_QUIET - args.heartbeat_timeout - FREEZE_TAKES
-            due = [soak.start + soak.rng.expovariate(1 / every) for every, _ in faults]
+            due: list[float] = []
+            last: dict[Any, float] = {}
+            started = False
+            deadline = soak.launched + STARTUP_LIMIT
             while not all(s.done for s in soak.streams) and time.monotonic() < deadline:
                 soak.consume()
                 now = time.monotonic()
+                if not started and soak.begin(now):
+                    started = True
+                    deadline = soak.end + 60
+                    # No fault begins in the last KILL_QUIET s, nor a freeze that would not end
+                    # before them (a takeover comes within the heartbeat timeout and a second
+                    # or so, FREEZE_TAKES).
+                    last[soak.kill_one] = soak.end - KILL_QUIET
+                    last[soak.freeze_one] = (
+                        soak.end - KILL_QUIET - args.heartbeat_timeout - FREEZE_TAKES
+                    )
+                    due = [now + soak.rng.expovariate(1 / every) for every, _ in faults]
                 if (
                     warm_rss is None
                     and now - soak.start > min(5.0, args.duration / 5)
@@ -855,17 +926,24 @@ def _run(args: argparse.Namespace, transports: list[str]) -> dict[str, Any]:
                     assert s.now is not None
                     s.now.hear()
                 soak.thaw(now)
-                for k, (every, act) in enumerate(faults):
+                for k, (every, act) in enumerate(faults if started else ()):
                     if now >= due[k]:
-                        # A fault due while no sender is writing (none has begun yet: process
-                        # starts take seconds on a loaded machine) waits for one, rather than
-                        # being skipped: a short run under load made too few to test anything.
+                        # A fault due while no sender is writing (each just killed or frozen,
+                        # its successor starting: process starts take seconds on a loaded
+                        # machine) waits for one, rather than being skipped: a short run under
+                        # load made too few to test anything.
                         if now < last[act] and not act():
                             continue
                         due[k] = now + soak.rng.expovariate(1 / every)
         except BaseException:
             soak.kill_all()  # a stopped child would hold this process at its exit
             raise
+        if not started:
+            soak.problem(
+                f"not every sender wrote within {STARTUP_LIMIT:g} s of its start: "
+                + ", ".join(f"{s.name} ({s.transport})" for s in soak.streams if not s.started)
+            )
+        soak.run_end.value = min(soak.run_end.value, time.monotonic())  # (those still writing)
         soak.thaw(time.monotonic(), all_of_them=True)  # (the run ran out of time)
         soak.account()
         end_rss = _rss()
@@ -874,7 +952,9 @@ def _run(args: argparse.Namespace, transports: list[str]) -> dict[str, Any]:
         end_fds = _fds()
         result.update(
             {
-                "duration_s": time.monotonic() - soak.start,
+                "duration_s": time.monotonic() - (soak.start if started else soak.launched),
+                # from the run's start to every sender's first message, which starts its clock
+                "startup_s": (soak.start - soak.launched) if started else None,
                 "senders": [
                     {
                         "name": s.name,
@@ -1040,8 +1120,10 @@ def render(result: dict[str, Any]) -> str:
             f"warm-up{_trimmed(result)}; descriptors {result['fd_growth']:+d} "
             f"({len(result.get('fds_left_open', []))} opened since and open still)"
         )
+    startup = result.get("startup_s")
+    began = "" if startup is None else f" (every sender writing {startup:.1f} s after the start)"
     lines.append(
-        f"{result['messages']} messages in {result['duration_s']:.1f} s; {measured}; "
+        f"{result['messages']} messages in {result['duration_s']:.1f} s{began}; {measured}; "
         f"segments {result['segment_growth']:+d}"
     )
     if result.get("rings_moved"):

@@ -269,6 +269,14 @@ def test_a_small_tensor_costs_a_few_kib_of_heap_at_each_end() -> None:
     assert written < 20 << 10, f"{written / 1024:.1f} KiB of heap a tensor at both ends"
 
 
+def sessions_held() -> int:
+    """How many receivers' sessions this process holds, after a garbage collection."""
+    from tensorwire.receiver.sessions import Session
+
+    gc.collect()
+    return sum(isinstance(o, Session) for o in gc.get_objects())
+
+
 @pytest.mark.parametrize("transport", [*ZERO_COPY, "grpc", "grpc-stream"])
 def test_a_receiver_keeps_nothing_of_senders_that_came_and_went(transport: str) -> None:
     """40 senders in turn connect, write a message the consumer takes and releases, and close
@@ -276,8 +284,6 @@ def test_a_receiver_keeps_nothing_of_senders_that_came_and_went(transport: str) 
     receiver keeps none of their sessions, and its memory does not grow with them. Before, it
     kept each one's session, link and buffers for good, through the credits it had held back
     for them: 260 KiB a sender over tcp, 2.1 KiB over nixl (measured with tracemalloc)."""
-    from tensorwire.receiver.sessions import Session
-
     with tw.Receiver() as rx:
         rx.register("t", (16,), "float32")
 
@@ -298,7 +304,7 @@ def test_a_receiver_keeps_nothing_of_senders_that_came_and_went(transport: str) 
             grown = tracemalloc.get_traced_memory()[0] - before
         finally:
             tracemalloc.stop()
-        sessions = sum(isinstance(o, Session) for o in gc.get_objects())
+        sessions = sessions_held()
     assert sessions <= 2, f"{sessions} sessions of 45 senders gone are still held"
     assert grown < 1 << 20, f"45 senders that came and went left {grown} bytes behind"
 
@@ -330,7 +336,6 @@ def test_a_receiver_lets_go_of_the_sessions_it_dropped(
     where a restarted receiver took the port): the call is answered as one with an unknown
     token, counted as such, and the sender still reads it as its session's end, with the
     receiver's reason; before, a RemoteProtocolError said the write was refused."""
-    from tensorwire.receiver.sessions import Session
     from tensorwire.transports import grpc as grpc_transport
 
     if ended_kept is not None:
@@ -354,9 +359,13 @@ def test_a_receiver_lets_go_of_the_sessions_it_dropped(
             while peer_count(rx) and time.monotonic() < deadline:  # each dropped after 0.3 s
                 time.sleep(0.05)
             assert peer_count(rx) == 0
-            gc.collect()
-            kept = sum(isinstance(o, Session) for o in gc.get_objects())
-            assert kept == 0, f"{kept} sessions of 5 dropped senders are still held"
+            # A session is dropped at once; over tcp its connection's serving thread lets go
+            # of it once it has run (woken by the cut): under the suite's load, a moment later
+            # (1 of 5 still held at the first look, in a run of the suite at 2737f07).
+            deadline = time.monotonic() + 10
+            while (kept := sessions_held()) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert kept == 0, f"{kept} sessions of 5 dropped senders are still held after 10 s"
             counted = forged()
             for k, tx in enumerate(senders):
                 with pytest.raises(tw.PeerLostError, match="was dropped: silent for"):
