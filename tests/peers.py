@@ -176,6 +176,25 @@ def run_receiver(
                 conn.send(("error", type(exc).__name__))
 
 
+def run_receiver_slow_to_start_nixl(
+    conn: Any, specs: list[tuple[Any, ...]], seconds: float
+) -> None:
+    """:func:`run_receiver`, whose NIXL agents each take ``seconds`` longer to create, as on a
+    GPU host (over a second there). The wait lets go of the GIL, which NIXL's own creation
+    holds at times (at most 63-69 ms at a stretch, measured in a thread's ticks on 2026-12-02),
+    so that only a control thread held up by the start itself misses heartbeats."""
+    from tensorwire.transports import nixl
+
+    real = nixl.create_agent
+
+    def slow(*args: Any) -> Any:
+        time.sleep(seconds)
+        return real(*args)
+
+    nixl.create_agent = slow  # type: ignore[assignment]
+    run_receiver(conn, specs)
+
+
 def receiver_lost_in_set_up(conn: Any, transport: str, how: str) -> None:
     """A receiver that dies (``how="kill"``) or freezes (``"stop"``) at the first step of a
     sender's set-up that waits for it over ``transport``: the data plane's admission (``tcp``,

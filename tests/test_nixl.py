@@ -28,7 +28,7 @@ from .peers import (
     echo_over,
     run_conformance_hiding,
     run_hiding,
-    run_receiver,
+    run_receiver_slow_to_start_nixl,
 )
 
 NIXL_PACKAGES = ("nixl_cu12", "nixl_cu13", "nixl")
@@ -247,14 +247,17 @@ def test_a_receiver_answers_heartbeats_while_its_nixl_server_starts(children: Ch
     """A receiver starts its NIXL server when the first sender attaches. Creating the agent
     takes a fresh process about 0.45 s here and over a second on a GPU host; it used to run on
     the receiver's control thread, which then answered nobody, so a sender heartbeating every
-    0.05 s (lost after 3 missed) gave the receiver up during the attach (as one heartbeating
-    every 0.2 s did on an H100 host). Now the server starts on a thread of its own, the attach
-    is answered "starting" and asked again, and the heartbeats are answered meanwhile."""
+    0.2 s (lost after 3 missed) gave the receiver up during the attach on an H100 host. Now the
+    server starts on a thread of its own, the attach is answered "starting" and asked again,
+    and the heartbeats are answered meanwhile. The receiver's agent takes 2 s longer here, as
+    on a slow host: a sender heartbeating every 0.05 s instead, on this host's own creation
+    time, gave the receiver up in a suite run on a slow day, NIXL's creation holding the GIL
+    for stretches beyond its 0.2 s of silence."""
     here, there = children.pipe()
-    proc = children.start(run_receiver, there, [("t", (1024,), "float32")])
+    proc = children.start(run_receiver_slow_to_start_nixl, there, [("t", (1024,), "float32")], 2.0)
     assert here.poll(60)
     address = here.recv()["address"]
-    with tw.Sender.connect(address, transport="nixl", timeout=30, heartbeat=0.05) as tx:
+    with tw.Sender.connect(address, transport="nixl", timeout=30, heartbeat=0.2) as tx:
         assert tx.transport_of() == "nixl"
         tx.write("t", np.full(1024, 2.0, np.float32))
         here.send(("t", 30))
