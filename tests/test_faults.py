@@ -622,13 +622,20 @@ def test_a_reconnect_is_not_ended_by_a_heartbeat_of_the_session_before(transport
     sender reconnected; the new receiver refused it ("unknown session token") and that
     verdict ended the new session's set-up, so the write after a restart raised PeerLostError
     with ``reconnect=True`` (found by CI, over nixl, whose set-up is longest; this test failed
-    3 of 10 transport runs before the fix)."""
+    3 of 10 transport runs before the fix).
+
+    Over nixl every 150 ms: its set-up (three NIXL agents made, a second or more) still meets
+    several heartbeats, and NIXL's agent creation holds the GIL at stretches (63-69 ms idle),
+    which under load left this one process, receiver and sender, answering no heartbeat for
+    90 ms (3 runs of 3 beside ten busy loops failed so, "missed 3 heartbeats (0.1 s without an
+    answer)"; docs/soak-clock-2026-12-02/)."""
     bind = f"tcp://127.0.0.1:{free_port()}"
     rx = tw.Receiver(bind)
     try:
         rx.register("t", (4,), "int32")
+        every = 0.15 if transport == "nixl" else 0.03
         with tw.Sender.connect(
-            bind, transport=transport, timeout=5, heartbeat=0.03, reconnect=True
+            bind, transport=transport, timeout=5, heartbeat=every, reconnect=True
         ) as tx:
             tx.write("t", np.arange(4, dtype=np.int32))
             assert rx.wait("t", timeout=5).tolist() == [0, 1, 2, 3]
@@ -636,7 +643,7 @@ def test_a_reconnect_is_not_ended_by_a_heartbeat_of_the_session_before(transport
                 rx.close()
                 rx = tw.Receiver(bind)
                 rx.register("t", (4,), "int32")
-                time.sleep(0.05)  # the heartbeats find the old session gone
+                time.sleep(2 * every)  # the heartbeats find the old session gone
                 tx.write("t", np.arange(4, dtype=np.int32) + 10 * k)
                 assert rx.wait("t", timeout=5).tolist() == [10 * k + i for i in range(4)]
     finally:
