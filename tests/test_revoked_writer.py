@@ -39,8 +39,13 @@ def _wait_dropped(rx: tw.Receiver, name: str, timeout: float = 10.0) -> None:
 @pytest.mark.parametrize("transport", FENCED)
 def test_a_dropped_writer_cannot_overwrite_the_next_owner(transport: str) -> None:
     """The review's reproduction: A goes quiet, is dropped, B takes over and writes message 2,
-    A writes its own message 2: A must get PeerLostError and the consumer must see B's message."""
-    with tw.Receiver(heartbeat_timeout=0.5) as rx:
+    A writes its own message 2: A must get PeerLostError and the consumer must see B's message.
+
+    A sends no heartbeats, so its set-up and first write must fit in the receiver's timeout:
+    over nixl 2 s, as its set-up makes NIXL agents at both ends (in this one process, which
+    holds the GIL at stretches); at 0.5 s, beside ten busy loops, A was dropped before its
+    first write in 2 runs of 3 (docs/soak-clock-2026-12-02/)."""
+    with tw.Receiver(heartbeat_timeout=2.0 if transport == "nixl" else 0.5) as rx:
         rx.register("t", (4,), "float32")
         with tw.Sender.connect(rx.address, transport=transport, heartbeat=None, timeout=10) as a:
             a.write("t", np.full(4, 1, np.float32))
