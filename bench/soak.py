@@ -265,6 +265,7 @@ def _sender(
     incarnation: int,
     counts: Any,
     ready: Any,
+    thawed: Any,
     slot: int,
     dynamic: int,
     api: str,
@@ -278,17 +279,23 @@ def _sender(
     ``api``: ``write`` from our arrays, one tensor after the other, ``buffer`` filled in
     :meth:`~tensorwire.Sender.buffer`'s array, ``write_many`` all in one call); store how many
     steps have returned in ``counts[slot]`` after each (shared memory: the count survives a
-    SIGKILL), and when its first connection was made in ``ready[slot]``; send back (steps,
-    sessions), or the error that ended it. A tensor still written by the sender this one
-    succeeds (frozen: the receiver has not dropped it yet) is claimed again until it is free, as
-    a replacement of a hung process would (a write_many's claims are granted or refused before
-    any of its bytes move: tried again whole)."""
+    SIGKILL), and when its first connection was made in ``ready[slot]``; once ``thawed[slot]``
+    says it was frozen and runs again, it makes one step more however late (the step that finds
+    it fenced); send back (steps, sessions), or the error that ended it. A tensor still written
+    by the sender this one succeeds (frozen: the receiver has not dropped it yet) is claimed
+    again until it is free, as a replacement of a hung process would (a write_many's claims are
+    granted or refused before any of its bytes move: tried again whole)."""
     sent = sessions = 0
     least_end = math.inf  # with ``least``: until the first message, then ``least`` s past it
 
     def writing() -> bool:
         now = time.monotonic()
-        return now < run_end.value or (least > 0 and now < least_end)
+        if now < run_end.value or (least > 0 and now < least_end):
+            return True
+        if thawed[slot] == 1:  # resumed from a freeze past the end: one step more
+            thawed[slot] = 2
+            return True
+        return False
 
     try:
         while writing():
@@ -513,6 +520,7 @@ class _Soak:
         rate = sum(1 / every for every in (args.kill_every, args.freeze_every) if every)
         self.counts = self.ctx.RawArray("q", args.senders + 2 * int(rate * args.duration) + 64)
         self.ready = self.ctx.RawArray("d", len(self.counts))  # each one's first connection
+        self.thawed = self.ctx.RawArray("b", len(self.counts))  # 1: frozen, running again
         self.slots_used = 0
         elements = max(2, args.size // 8)
         self.dynamic = elements if args.dynamic else 0
@@ -541,6 +549,7 @@ class _Soak:
                 incarnation,
                 self.counts,
                 self.ready,
+                self.thawed,
                 slot,
                 self.dynamic,
                 self.args.api,
@@ -742,6 +751,10 @@ class _Soak:
                 if "resumed_after_s" not in record and (
                     all_of_them or now >= self._thaw_at(record)
                 ):
+                    # Past the run's end it would stop before its next write, which must find
+                    # it fenced (a writer held inside its batch's last copy, resumed 7.1 s after
+                    # its freeze, ended "its time was up" in a clean clone's CI run)
+                    self.thawed[p.slot] = 1
                     p.signal(signal.SIGCONT)
                     record["resumed_after_s"] = now - record["at"]
                     s.resumed[record["incarnation"]] = record
