@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -153,6 +155,82 @@ def worker_command(servers: list[str], *flags: str, rank: int = 0, workers: int 
     ]
 
 
+#: How much of the end of a daemon's log a failed job's report shows
+LOG_TAIL_CHARS = 600
+
+
+def failure_report(
+    transport: str, codes: dict[str, int | None], logs: dict[str, str], timeout: float
+) -> str:
+    """What a failed job's error says: which daemons exited with which code, which were still
+    running (stopped by the launcher, or by its ``timeout``), and the end of the logs of the
+    ones to blame, each message once. A mistake every worker makes (a ``--batch`` larger than
+    each worker's shard) fails them all with one message that differs only in their numbers:
+    it is shown once, with the names of the daemons that said it, not once a worker."""
+    exited = {n: c for n, c in codes.items() if c not in (0, None)}
+    running = [n for n, c in codes.items() if c is None]
+    by_code: dict[int, list[str]] = {}
+    for n, c in exited.items():
+        by_code.setdefault(c, []).append(n)
+    parts = [f"{names_of(ns)} {ended_how(c)}" for c, ns in by_code.items()]
+    if exited:
+        head = f"{transport} job failed: {'; '.join(parts)}"
+        if running:
+            head += f"; stopped as it failed: {names_of(running)}"
+        blamed = list(exited)
+    else:
+        head = f"{transport} job did not end within {timeout:g} s: stopped {names_of(running)}"
+        blamed = running
+    # one entry a message, its numbers aside (ranks, shard sizes), in the daemons' order
+    said: dict[str, list[str]] = {}
+    for n in blamed:
+        tail = logs.get(n, "")[-LOG_TAIL_CHARS:].strip()
+        said.setdefault(re.sub(r"\d+", "#", tail), []).append(n)
+    lines = [head + ":"]
+    for ns in said.values():
+        tail = logs.get(ns[0], "")[-LOG_TAIL_CHARS:].strip() or "(nothing in its log)"
+        who = ns[0] if len(ns) == 1 else f"{ns[0]} (and {names_of(ns[1:])} alike)"
+        lines.append(f"{who}: {tail}")
+    return "\n".join(lines)
+
+
+def ended_how(code: int) -> str:
+    """A daemon's return code in words: ``exited 1``, ``killed by SIGKILL``."""
+    if code >= 0:
+        return f"exited {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
+
+
+def names_of(names: list[str]) -> str:
+    """Daemons' names, with a run of three or more consecutive ranks given as its ends:
+    ``w0-w63``, ``ps0, ps1``."""
+    out: list[str] = []
+    run: list[tuple[str, int]] = []
+
+    def flush() -> None:
+        if len(run) >= 3:
+            out.append(f"{run[0][0]}{run[0][1]}-{run[-1][0]}{run[-1][1]}")
+        else:
+            out.extend(f"{p}{k}" for p, k in run)
+        run.clear()
+
+    for name in names:
+        m = re.fullmatch(r"(\D*)(\d+)", name)
+        if m is None:
+            flush()
+            out.append(name)
+            continue
+        prefix, k = m.group(1), int(m.group(2))
+        if run and not (run[-1][0] == prefix and run[-1][1] + 1 == k):
+            flush()
+        run.append((prefix, k))
+    flush()
+    return ", ".join(out)
+
+
 @dataclass
 class JobResult:
     transport: str
@@ -255,17 +333,14 @@ def run_job(
                 if p.poll() is None:
                     p.kill()
                     p.wait()
-        failed = [n for n, c in codes.items() if c != 0]  # None: still running at the timeout
-        if failed:
-            tails = []
-            for n in failed:
+        if any(c != 0 for c in codes.values()):  # None: still running at the timeout
+            logs = {}
+            for n in codes:
                 path = os.path.join(tmp, f"{n}.log")
                 if os.path.exists(path):
                     with open(path) as f:
-                        tails.append(f"{n}: {f.read()[-600:]}")
-            raise RuntimeError(
-                f"{transport} job failed ({', '.join(failed)}):\n" + "\n".join(tails)
-            )
+                        logs[n] = f.read()
+            raise RuntimeError(failure_report(transport, codes, logs, timeout))
         result = JobResult(transport)
         for s in range(servers):
             with open(f"{tmp}/ps{s}.json") as f:

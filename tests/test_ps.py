@@ -746,6 +746,53 @@ def test_bench_ps_reports_each_transport(tmp_path: Path) -> None:
     assert "steps/s" in out.stdout
 
 
+def test_a_failed_jobs_report_says_each_message_once_and_which_daemons_it_stopped() -> None:
+    """Every worker of a job given a --batch larger than its shard fails with one message but
+    its numbers; the report listed every daemon as failed, the servers it had stopped with
+    their empty logs, and the message once a worker (131 lines for 64 workers)."""
+    out = _cli(
+        "-m",
+        "tensorwire.bench",
+        "ps",
+        "--model",
+        "digits",
+        "--workers",
+        "3",
+        "--batch",
+        "700",
+        "--steps",
+        "5",
+        "--transports",
+        "tcp",
+    )
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert out.stderr.count("is larger than worker") == 1, out.stderr[-2000:]
+    assert re.search(r"job failed: w[0-2].* exited 1; stopped as it failed: ps0\b", out.stderr)
+    assert not re.search(r"^ps0:", out.stderr, re.M), out.stderr[-2000:]
+
+
+def test_a_failure_report_groups_messages_alike_and_names_runs_of_ranks() -> None:
+    from tensorwire.client.launch import failure_report, names_of
+
+    assert names_of(["ps0", "ps1", "w0", "w1", "w2", "w4", "w5", "w6", "w9"]) == (
+        "ps0, ps1, w0-w2, w4-w6, w9"
+    )
+    codes: dict[str, int | None] = {"ps0": None, "w0": 1, "w1": 1, "w2": -9, "w3": 0}
+    logs = {"ps0": "", "w0": "shard of 23 rows", "w1": "shard of 22 rows", "w2": ""}
+    assert failure_report("shm", codes, logs, 60).splitlines() == [
+        "shm job failed: w0, w1 exited 1; w2 killed by SIGKILL; stopped as it failed: ps0:",
+        "w0 (and w1 alike): shard of 23 rows",
+        "w2: (nothing in its log)",
+    ]
+    codes = {"ps0": None, "w0": None, "w1": 0}
+    logs = {"ps0": "waiting for w0", "w0": "step 3"}
+    assert failure_report("tcp", codes, logs, 1800).splitlines() == [
+        "tcp job did not end within 1800 s: stopped ps0, w0:",
+        "ps0: waiting for w0",
+        "w0: step 3",
+    ]
+
+
 def test_binding_beyond_loopback_needs_a_secret(tmp_path: Path) -> None:
     for module in ("tensorwire.server.daemon", "tensorwire.client.worker"):
         out = _cli("-m", module, "--bind", "tcp://0.0.0.0:0", env={"TENSORWIRE_SECRET": None})
