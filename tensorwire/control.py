@@ -74,13 +74,16 @@ def _socket(kind: int, endpoint: str = "") -> zmq.Socket[bytes]:
 
 
 class ControlServer:
-    """A ROUTER socket served by one thread. ``handler(identity, msg)`` returns the reply."""
+    """A ROUTER socket served by one thread. ``handler(identity, msg)`` returns the reply;
+    ``tick(caught_up)`` is called every TICK_SECONDS, ``caught_up`` the latest moment
+    (monotonic) at which no message was waiting unread: every message sent before it has been
+    handled, and a peer's silence can be judged up to there, not further."""
 
     def __init__(
         self,
         bind: str,
         handler: Handler,
-        tick: Callable[[], None],
+        tick: Callable[[float], None],
         name: str = "tensorwire-control",
         curve_keys: CurveKeys | None = None,
     ) -> None:
@@ -114,9 +117,18 @@ class ControlServer:
         # a sender of the same process needed to take its answer: probes-control.txt in
         # docs/bench-ring-words-2026-11-28/).
         tick_at = time.monotonic() + TICK_SECONDS
+        # Requests that come faster than they are handled (a host whose cores are taken: 64
+        # workers joining two servers on two cores) wait in the socket, a peer's heartbeat
+        # among them: judged by the clock alone, a peer whose heartbeat was waiting there
+        # was "silent" past the timeout and dropped, and its session set up again, which
+        # made more of the work that held the heartbeat up (such a job never formed).
+        caught_up = time.monotonic()
         try:
             while not self._stop.is_set():
-                wait_ms = max(math.ceil((tick_at - time.monotonic()) * 1000), 0)
+                now = time.monotonic()
+                if not int(self._sock.get(zmq.EVENTS)) & zmq.POLLIN:
+                    caught_up = now  # nothing unread: what was sent before now was handled
+                wait_ms = max(math.ceil((tick_at - now) * 1000), 0)
                 if self._sock in dict(poller.poll(wait_ms)):
                     self._serve_one()
                 now = time.monotonic()
@@ -127,7 +139,7 @@ class ControlServer:
                 if tick is None:
                     return  # the owner was collected
                 try:
-                    tick()
+                    tick(caught_up)
                     quietlog.report_due()  # counts of warnings not logged one by one
                 except Exception:  # a liveness check must never kill the control thread
                     log.exception("control-plane tick failed")

@@ -931,6 +931,57 @@ def test_peer_stalling_mid_frame_is_dropped_and_others_keep_going(cut: int, poll
             idle.close()
 
 
+class _SlowControlPlane:
+    """A control plane whose every request takes 30 ms to handle, and its ticks, recorded."""
+
+    def __init__(self) -> None:
+        self.ticks: list[tuple[float, float]] = []  # (when, caught_up), monotonic
+
+    def handle(self, identity: bytes, msg: wire.Message) -> wire.Message:
+        time.sleep(0.03)
+        return wire.Ack(0)
+
+    def tick(self, caught_up: float) -> None:
+        self.ticks.append((time.monotonic(), caught_up))
+
+
+def test_a_control_thread_behind_its_requests_judges_silence_only_up_to_what_it_read() -> None:
+    """Requests that come faster than they are handled wait in the socket, a peer's heartbeat
+    among them. A receiver judged silence by the clock alone, so a sender whose heartbeat
+    waited there past the timeout was dropped: 64 workers joining two servers on a 2-core host
+    had the servers drop them "silent for 30 s" while they waited to be answered, and set their
+    sessions up again, and the job never formed. The tick now learns up to when every message
+    sent had been read (the last moment none was waiting), and a session is judged up to there."""
+    from tensorwire.control import ControlServer
+
+    plane = _SlowControlPlane()
+    server = ControlServer("tcp://127.0.0.1:0", plane.handle, plane.tick)
+    ctx = zmq.Context()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    try:
+        dealer.connect(server.address)
+        sent_at = time.monotonic()
+        for _ in range(40):  # 1.2 s of work, sent at once
+            dealer.send(wire.encode(wire.Heartbeat(1, b"token")))
+        for _ in range(40):
+            assert dealer.poll(10_000), "a request went unanswered for 10 s"
+            dealer.recv()
+        answered_at = time.monotonic()
+        time.sleep(0.3)  # (ticks every 0.1 s)
+    finally:
+        dealer.close()
+        ctx.term()
+        server.close()
+    during = [(t, c) for t, c in plane.ticks if sent_at + 0.6 < t < answered_at - 0.1]
+    assert during, plane.ticks
+    # behind: nothing sent after the 40 requests was known read while they waited
+    assert all(c <= sent_at + 0.1 for _, c in during), (sent_at, during)
+    # caught up: the ticks after the last answer judge up to their own time
+    after = [(t, c) for t, c in plane.ticks if t > answered_at + 0.15]
+    assert after and all(t - c < 0.15 for t, c in after), (answered_at, after)
+
+
 def test_a_silent_sender_is_declared_lost(transport: str, children: Children) -> None:
     """A sender that stops answering (SIGSTOP: alive to its pidfd, silent on the wire) is dropped
     after the heartbeat timeout, and the waiter on its tensor is woken with PeerLostError."""

@@ -558,7 +558,7 @@ class SessionHandler:
                 )
             self._table.wake()
 
-    def tick(self) -> None:
+    def tick(self, caught_up: float | None = None) -> None:
         """The control thread's periodic check: drop senders that died or went silent.
 
         Silence is counted only while we could listen: after a gap of over STALL (this
@@ -566,10 +566,13 @@ class SessionHandler:
         before the gap. Counted through it, a receiver stopped for nearly its timeout dropped
         every sender at its first look, before it had read the heartbeats that came meanwhile
         (a chaos run: a worker frozen for 2.4 s dropped two of its servers, which then had to
-        join it again)."""
+        join it again). Nor is it counted past ``caught_up``, the latest moment no control
+        message was waiting unread (ControlServer): a heartbeat still waiting behind others
+        is not silence."""
         now = time.monotonic()
         stalled = now - self._ticked
         self._ticked = now
+        heard_up_to = now if caught_up is None else min(caught_up, now)
         with self._state.lock:
             if stalled > STALL:
                 for session in self._sessions.values():
@@ -580,7 +583,7 @@ class SessionHandler:
                 elif (
                     self._heartbeat_timeout is not None
                     and session.authenticated
-                    and now - session.last_seen > self._heartbeat_timeout
+                    and heard_up_to - session.last_seen > self._heartbeat_timeout
                 ):
                     self.drop(
                         session,
