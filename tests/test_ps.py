@@ -750,21 +750,8 @@ def test_a_failed_jobs_report_says_each_message_once_and_which_daemons_it_stoppe
     """Every worker of a job given a --batch larger than its shard fails with one message but
     its numbers; the report listed every daemon as failed, the servers it had stopped with
     their empty logs, and the message once a worker (131 lines for 64 workers)."""
-    out = _cli(
-        "-m",
-        "tensorwire.bench",
-        "ps",
-        "--model",
-        "digits",
-        "--workers",
-        "3",
-        "--batch",
-        "700",
-        "--steps",
-        "5",
-        "--transports",
-        "tcp",
-    )
+    bench = "-m tensorwire.bench ps --model digits --workers 3 --batch 700 --steps 5"
+    out = _cli(*bench.split(), "--transports", "tcp")
     assert out.returncode == 1, out.stderr[-2000:]
     assert out.stderr.count("is larger than worker") == 1, out.stderr[-2000:]
     assert re.search(r"job failed: w[0-2].* exited 1; stopped as it failed: ps0\b", out.stderr)
