@@ -181,16 +181,15 @@ def failure_report(
     else:
         head = f"{transport} job did not end within {timeout:g} s: stopped {names_of(running)}"
         blamed = running
+    tails = {n: logs.get(n, "")[-LOG_TAIL_CHARS:].strip() for n in blamed}
     # one entry a message, its numbers aside (ranks, shard sizes), in the daemons' order
     said: dict[str, list[str]] = {}
-    for n in blamed:
-        tail = logs.get(n, "")[-LOG_TAIL_CHARS:].strip()
+    for n, tail in tails.items():
         said.setdefault(re.sub(r"\d+", "#", tail), []).append(n)
     lines = [head + ":"]
     for ns in said.values():
-        tail = logs.get(ns[0], "")[-LOG_TAIL_CHARS:].strip() or "(nothing in its log)"
         who = ns[0] if len(ns) == 1 else f"{ns[0]} (and {names_of(ns[1:])} alike)"
-        lines.append(f"{who}: {tail}")
+        lines.append(f"{who}: {tails[ns[0]] or '(nothing in its log)'}")
     return "\n".join(lines)
 
 

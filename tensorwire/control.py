@@ -121,7 +121,7 @@ class ControlServer:
         # workers joining two servers on two cores) wait in the socket, a peer's heartbeat
         # among them: judged by the clock alone, a peer whose heartbeat was waiting there
         # was "silent" past the timeout and dropped, and its session set up again, which
-        # made more of the work that held the heartbeat up (such a job never formed).
+        # made more of the work that held the heartbeat up.
         caught_up = time.monotonic()
         try:
             while not self._stop.is_set():

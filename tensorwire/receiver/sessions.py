@@ -558,7 +558,7 @@ class SessionHandler:
                 )
             self._table.wake()
 
-    def tick(self, caught_up: float | None = None) -> None:
+    def tick(self, caught_up: float) -> None:
         """The control thread's periodic check: drop senders that died or went silent.
 
         Silence is counted only while we could listen: after a gap of over STALL (this
@@ -572,7 +572,7 @@ class SessionHandler:
         now = time.monotonic()
         stalled = now - self._ticked
         self._ticked = now
-        heard_up_to = now if caught_up is None else min(caught_up, now)
+        heard_up_to = min(caught_up, now)
         with self._state.lock:
             if stalled > STALL:
                 for session in self._sessions.values():
