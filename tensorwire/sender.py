@@ -138,6 +138,8 @@ class _Peer:
         self._lost_counted = False  # this connection's loss is in the metrics
         #: the heartbeats' verdict on a receiver lost while the channel was being set up
         self.setup_lost: str | None = None
+        #: why the set-up is given up (its sender was closed meanwhile): its waits end
+        self.abandoned: str | None = None
         #: the receiver answers ClaimMany (one that predates it is asked one claim at a time)
         self.claims_many = True
         #: the receiver's process, where it is on this host (from its welcome to close)
@@ -200,6 +202,8 @@ class _Peer:
         host, any time), or, while the data channel is being set up, the heartbeats' verdict
         (afterwards they mark the channel). Waits that depend on the receiver (a set-up's, a
         goodbye's) end then, not at their timeouts."""
+        if self.abandoned is not None:
+            raise PeerLostError(self.abandoned)
         if self.setup_lost is not None and self.channel is None:
             raise PeerLostError(self.setup_lost)
         watch = self._watch
@@ -260,7 +264,8 @@ class _Peer:
         assert self.control is not None
         nonce = new_nonce()
         hello = wire.Hello(self._client, os.getpid(), host_identity(), nonce)
-        reply = self.control.request(hello, self._timeout)
+        # (check_alive: a sender closed meanwhile ends the wait for a receiver that is silent)
+        reply = self.control.request(hello, self._timeout, self.check_alive)
         if isinstance(reply, wire.Challenge):
             if self._secret is None:
                 raise AuthenticationError(
@@ -554,6 +559,8 @@ class Sender(Resource):
         #: goodbyes said on threads of their own (remove_peer's ``wait=False``), by address
         self._farewells: dict[str, threading.Thread] = {}
         self._lock = threading.RLock()
+        #: told whenever a handshake of add_peer ends (a second add_peer of its address waits)
+        self._joined = threading.Condition(self._lock)
         self._closed = False
         self._forked_away = False  # this is a forked child's copy (Resource._forked)
         self._heartbeat = heartbeat
@@ -603,7 +610,9 @@ class Sender(Resource):
         """Connect to one more receiver (its tensors become writable by name).
 
         ``connect_timeout`` bounds the handshake alone (default: the sender's timeout, or 60 s
-        where that is 0)."""
+        where that is 0). Other threads' writes to the receivers already connected go on while
+        it runs; a second call for the same address meanwhile returns with the first's session
+        (or, where that fails, tries its own); :meth:`close` ends it with ClosedError."""
         if not isinstance(address, str):  # a list of receivers, say: one call each
             raise TypeError(
                 f"address must be one receiver's 'tcp://HOST:PORT', got {type(address).__name__}"
@@ -621,11 +630,17 @@ class Sender(Resource):
             # not claim the tensors the old one holds. Bounded: a goodbye takes GOODBYE_TIMEOUT.
             farewell.join()
         with self._lock:
-            self._check_open()
-            if farewell is not None and self._farewells.get(address) is farewell:
-                del self._farewells[address]
-            if address in self._peers:
-                return
+            while True:
+                self._check_open()
+                if farewell is not None and self._farewells.get(address) is farewell:
+                    del self._farewells[address]
+                if address in self._peers:
+                    return
+                if address not in self._joining:
+                    break
+                # Another thread is connecting to it: its session serves this call too (where
+                # it fails, this call tries on its own). Bounded by that one's handshake.
+                self._joined.wait()
             if self._heartbeats is None and self._heartbeat:
                 self._heartbeats = Heartbeats(
                     peers_of(self), self._heartbeat, name=f"tensorwire-heartbeat-{self.name}"
@@ -644,16 +659,39 @@ class Sender(Resource):
             # Heartbeated from the welcome on: opening a data channel can take longer than the
             # receiver waits for a silent session (creating NIXL agents on a GPU host: >1 s).
             self._joining[address] = peer
-            try:
-                peer.open(connect_timeout)
-            finally:
+        # The handshake runs outside the lock: it touches only the new peer, and takes up to
+        # connect_timeout (a receiver that does not answer) or 0.1 s and more (NIXL agents and
+        # their metadata). Under the lock, as before, every other thread's write to the
+        # receivers already connected waited for it, and close() too.
+        try:
+            peer.open(connect_timeout)
+        except BaseException:
+            with self._lock:
                 del self._joining[address]
-            self._peers[address] = peer
-            # A name resolved before may now be published twice: resolved again, it is refused
-            # as ambiguous, as it would be by a sender that connected to both at once (before,
-            # writes without peer= went on to the receiver found first)
-            self._forget_routes()
-            metrics.count("tensorwire_peers_connected_total", "sender")
+                self._joined.notify_all()
+                closed = self._closed
+            if closed:
+                raise ClosedError(
+                    f"sender {self.name} was closed while it connected to {address}"
+                ) from None
+            raise
+        with self._lock:
+            del self._joining[address]
+            self._joined.notify_all()
+            if not self._closed:
+                self._peers[address] = peer
+                # A name resolved before may now be published twice: resolved again, it is
+                # refused as ambiguous, as it would be by a sender that connected to both at
+                # once (before, writes without peer= went on to the receiver found first)
+                self._forget_routes()
+                metrics.count("tensorwire_peers_connected_total", "sender")
+                return
+        # Closed as the handshake ended: the session it opened ends here, as close() ends the
+        # others (a goodbye, bounded by GOODBYE_TIMEOUT; the set-up's abandon no longer holds).
+        peer.abandoned = None
+        peer.goodbye()
+        peer.close_quietly()
+        raise ClosedError(f"sender {self.name} was closed while it connected to {address}")
 
     def remove_peer(self, address: str, *, goodbye: bool = True, wait: bool = True) -> None:
         """Disconnect from one receiver, saying goodbye if it is still there (up to 5 s for its
@@ -775,6 +813,8 @@ class Sender(Resource):
 
     def _forked(self) -> None:
         self._lock = threading.RLock()
+        self._joined = threading.Condition(self._lock)
+        self._joining = {}
         self._forked_away = True
         self._closed = True  # close() does nothing here: a goodbye would end the parent's session
         self._routes = {}
@@ -1209,7 +1249,8 @@ class Sender(Resource):
         A write still in progress in another thread (blocked on a receiver that does not take
         its bytes, or waiting for a credit) is ended with PeerLostError, within
         ``CLOSE_INTERRUPT`` seconds plus the transports' check interval (0.1 s): closing never
-        waits behind a stuck write."""
+        waits behind a stuck write. A handshake under way (:meth:`add_peer` in another thread)
+        is given up, and its call raises ClosedError."""
         if not self._lock.acquire(timeout=CLOSE_INTERRUPT):
             for p in list(self._peers.values()):
                 if p.channel is not None:
@@ -1221,6 +1262,8 @@ class Sender(Resource):
             self._closed = True
             self._forget_routes()
             peers, self._peers = list(self._peers.values()), {}
+            for joining in self._joining.values():  # (their add_peer ends with ClosedError)
+                joining.abandoned = f"sender {self.name} was closed while it connected"
         finally:
             self._lock.release()
         if self._heartbeats is not None:

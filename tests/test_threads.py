@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import sys
 import threading
 import time
@@ -16,7 +17,7 @@ import pytest
 
 import tensorwire as tw
 
-from .conftest import hold_region_creation
+from .conftest import hold_region_creation, peer_count
 
 N_MESSAGES = 64
 
@@ -314,3 +315,107 @@ def test_a_registration_making_a_region_holds_up_no_other_tensor(
             registrar.join(30)
         tx.write("large", np.arange(1 << 20, dtype=np.float32))
         assert np.array_equal(rx.wait("large", timeout=10), np.arange(1 << 20, dtype=np.float32))
+
+
+@contextlib.contextmanager
+def silent_listener() -> Iterator[str]:
+    """The address of a port that accepts TCP connections and never speaks ZeroMQ: a handshake
+    with it lasts until its connect_timeout (a receiver frozen before it answered)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()  # never accepted: the kernel completes the connection by itself
+        yield f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_handshake_under_way_holds_up_no_write(transport: str) -> None:
+    """add_peer() to a receiver that does not answer, in one thread, while another writes to
+    the receiver already connected: the writes go on meanwhile (before, add_peer held the
+    sender's lock for its whole handshake, and every write waited out its connect_timeout:
+    a parameter server's pushes to its workers behind one worker's join)."""
+    with tw.Receiver(ring=4) as rx, silent_listener() as silent:
+        rx.register("t", (4,), "int64")
+        with tw.Sender.connect(rx.address, transport=transport, timeout=10) as tx:
+            failed: list[BaseException] = []
+
+            def join() -> None:
+                try:
+                    tx.add_peer(silent, connect_timeout=3)
+                except BaseException as exc:
+                    failed.append(exc)
+
+            joining = threading.Thread(target=join)
+            joining.start()
+            try:
+                time.sleep(0.2)  # (the handshake is under way)
+                for k in range(20):
+                    tx.write("t", np.full(4, k, np.int64), timeout=2)
+                    got = rx.wait("t", timeout=2)
+                    assert int(got[0]) == k
+                    rx.release("t")
+                assert joining.is_alive(), "the writes waited for the handshake to end"
+            finally:
+                joining.join(10)
+            assert len(failed) == 1 and isinstance(failed[0], tw.WireTimeoutError), failed
+            assert tx.peers == [rx.address]
+
+
+def test_close_ends_a_handshake_under_way() -> None:
+    """close() while another thread's add_peer() waits for a receiver that does not answer:
+    the close returns at once, and the add_peer ends with ClosedError soon after, not at its
+    connect_timeout (before, the close waited for the handshake, up to 60 s by default)."""
+    with silent_listener() as silent:
+        tx = tw.Sender(timeout=10)
+        ended: list[BaseException] = []
+        ended_at: list[float] = []
+
+        def join() -> None:
+            try:
+                tx.add_peer(silent, connect_timeout=20)
+            except BaseException as exc:
+                ended.append(exc)
+            ended_at.append(time.monotonic())
+
+        joining = threading.Thread(target=join)
+        joining.start()
+        time.sleep(0.3)
+        began = time.monotonic()
+        tx.close()
+        closed_in = time.monotonic() - began
+        joining.join(20)
+        assert not joining.is_alive()
+        assert len(ended) == 1 and isinstance(ended[0], tw.ClosedError), ended
+        assert "was closed while it connected" in str(ended[0])
+        # (bounds of 5 s, far from the 20 s the handshake would otherwise have waited)
+        assert closed_in < 5, closed_in
+        assert ended_at[0] - began < 5, ended_at[0] - began
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_two_threads_adding_one_receiver_open_one_session(transport: str) -> None:
+    """Two threads add_peer() the same receiver at once: one session is opened, the second
+    call returning with the first's, and the receiver sees one sender."""
+    with tw.Receiver() as rx:
+        rx.register("t", (4,), "int64")
+        with tw.Sender(transport=transport, timeout=10) as tx:
+            errors: list[BaseException] = []
+            start = threading.Barrier(2)
+
+            def join() -> None:
+                try:
+                    start.wait(5)
+                    tx.add_peer(rx.address)
+                except BaseException as exc:
+                    errors.append(exc)
+
+            threads = [threading.Thread(target=join) for _ in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(30)
+            assert not errors, errors
+            assert tx.peers == [rx.address]
+            assert peer_count(rx) == 1
+            tx.write("t", np.arange(4, dtype=np.int64), timeout=5)
+            assert rx.wait("t", timeout=5).tolist() == [0, 1, 2, 3]
+            rx.release("t")
