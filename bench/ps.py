@@ -5,7 +5,8 @@ fixed number of steps. Reported per transport: steps/s (at the slowest server), 
 into the workers' compute and communication (waiting for parameters and pushing gradients), and
 bytes moved per step (every worker's gradients up and parameters down), and the communication
 per tensor (a worker's communication time per step over the number of tensors: what each tensor
-of the model costs a step).
+of the model costs a step), and the seconds the job took to form (from the servers' start until
+every worker had joined and was ready at every server: the workers' own start-up included).
 """
 
 from __future__ import annotations
@@ -109,10 +110,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
         comm = statistics.median(
             statistics.mean(w["communication_s"] / w["steps"] for w in j.workers) for j in jobs
         )
+        # The job formed once its last server did: from the servers' start, so the workers'
+        # own start-up (their imports, on a shared machine) is in it too.
+        formed = [max(s["formed_s"] for s in j.servers) for j in jobs]
         rows.append(
             {
                 "transport": t,
                 "steps_per_s": sps,
+                "formed_s": statistics.median(formed),
                 "step_ms": 1000 / sps,
                 "compute_ms": compute * 1000,
                 "communication_ms": comm * 1000,
@@ -140,7 +145,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
 
 def render(result: dict[str, Any]) -> str:
     head = ["transport", "steps/s", "vs grpc", "vs stream", "step ms", "compute ms", "comm ms"]
-    head += ["MB/step", "us/tensor"]
+    head += ["MB/step", "us/tensor", "formed s"]
     lines = [" ".join(f"{h:>11}" for h in head)]
     for r in result["rows"]:
         ratios = [r.get(k) for k in ("x_grpc", "x_grpc_stream")]
@@ -153,6 +158,7 @@ def render(result: dict[str, Any]) -> str:
             f"{r['communication_ms']:.1f}",
             f"{r['bytes_per_step'] / 1e6:.3g}",
             f"{r['communication_us_per_tensor']:.0f}" if "communication_us_per_tensor" in r else "",
+            f"{r['formed_s']:.1f}" if r.get("formed_s") is not None else "",
         ]
         lines.append(" ".join(f"{c:>11}" for c in cells))
     cfg = result["config"]

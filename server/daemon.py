@@ -366,6 +366,8 @@ def _summarise(server: ParameterServer, args: argparse.Namespace, start: int, pr
         "steps": server.step,
         "seconds": secs,
         "steps_per_s": steps / secs if secs else 0,
+        # seconds from this server's start to the job formed (None: it never did)
+        "formed_s": server.formed_after,
         "final_loss": server.last_loss,
         "accuracy": server.last_accuracy,
         "caught_up": server.stats.caught_up,

@@ -477,6 +477,9 @@ class ParameterServer:
         #: us (:meth:`_heard_end`); None while nobody did
         self._ended_elsewhere: int | None = None
         self.started_at = time.monotonic()
+        #: seconds from our start to the job formed (every worker joined and ready); None
+        #: while it has not, or where it never did
+        self.formed_after: float | None = None
         keys = curve.load(cfg.curve_keys) if cfg.curve_keys else None
         # what a worker checks before it joins: the job's size, the settings we share
         self.rx = open_receiver(cfg, cfg.bind, self.published(), keys)
@@ -1164,6 +1167,7 @@ class ParameterServer:
                 self._stop_requested or self.departed
             )
             return
+        self.formed_after = time.monotonic() - self.started_at
         self.started_at = time.monotonic()  # steps/s counts from here, not from start-up
         for w in self.workers:
             if not w.alive:  # (resumed: one that did all its steps before, and exited)

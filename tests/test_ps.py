@@ -743,7 +743,9 @@ def test_bench_ps_reports_each_transport(tmp_path: Path) -> None:
     for r in rows.values():
         assert r["steps_per_s"] > 0 and r["compute_ms"] > 0 and r["communication_ms"] > 0
         assert r["bytes_per_step"] == 2 * result["param_bytes"] * 2
-    assert "steps/s" in out.stdout
+        # from the servers' start to the job formed: within the job's own bounds
+        assert 0 < r["formed_s"] < 120, r
+    assert "steps/s" in out.stdout and "formed s" in out.stdout
 
 
 def test_a_failed_jobs_report_says_each_message_once_and_which_daemons_it_stopped() -> None:
