@@ -51,6 +51,10 @@ def _start_grpc_runtime() -> object:
     whole session, so the per-test descriptor check sees only descriptors of our own."""
     from concurrent import futures
 
+    # tensorwire's gRPC module first, as in a user's process: its GRPC_VERBOSITY default holds
+    # only if set before grpc's first import; imported here first, grpc's C core logged every
+    # GOAWAY of a receiver closing under a grpc sender at INFO, into the suite's output.
+    importlib.import_module("tensorwire.transports.grpc")
     import grpc
 
     pool = futures.ThreadPoolExecutor(1)
