@@ -13,3 +13,8 @@ python -m tensorwire.bench ps --workers 64 --servers 2 --model digits --batch 16
     --transports shm,tcp,grpc --json $D/w64.json > $D/w64.txt 2>&1
 python -m tensorwire.bench ps --workers 64 --servers 2 --model digits --batch 16 --steps 50 \
     --transports nixl --json $D/w64-nixl.json > $D/w64-nixl-failed-3.txt 2>&1
+# Later the same day (the second part of README.md), at f3659a8 and 25cfa4b:
+git worktree add /tmp/old f3659a8~1
+python $D/add_peers_at.py /tmp/old > $D/add_peers-before.txt 2>&1
+python $D/add_peers.py > $D/add_peers.txt 2>&1
+python $D/servers_last.py > $D/servers_last.txt 2>&1
