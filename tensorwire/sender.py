@@ -678,7 +678,8 @@ class Sender(Resource):
         with self._lock:
             del self._joining[address]
             self._joined.notify_all()
-            if not self._closed:
+            closed, removed = self._closed, peer.abandoned
+            if not closed and removed is None:
                 self._peers[address] = peer
                 # A name resolved before may now be published twice: resolved again, it is
                 # refused as ambiguous, as it would be by a sender that connected to both at
@@ -686,12 +687,15 @@ class Sender(Resource):
                 self._forget_routes()
                 metrics.count("tensorwire_peers_connected_total", "sender")
                 return
-        # Closed as the handshake ended: the session it opened ends here, as close() ends the
-        # others (a goodbye, bounded by GOODBYE_TIMEOUT; the set-up's abandon no longer holds).
+        # Closed, or the receiver removed, as the handshake ended: the session it opened ends
+        # here, as close() and remove_peer() end the others (a goodbye, bounded by
+        # GOODBYE_TIMEOUT; the set-up's abandon no longer holds).
         peer.abandoned = None
         peer.goodbye()
         peer.close_quietly()
-        raise ClosedError(f"sender {self.name} was closed while it connected to {address}")
+        if closed:
+            raise ClosedError(f"sender {self.name} was closed while it connected to {address}")
+        raise PeerLostError(removed)
 
     def remove_peer(self, address: str, *, goodbye: bool = True, wait: bool = True) -> None:
         """Disconnect from one receiver, saying goodbye if it is still there (up to 5 s for its
@@ -702,11 +706,19 @@ class Sender(Resource):
         thread of its own and return at once, for a caller whose other receivers must not wait
         for one that may be frozen: the goodbye reaches it, and ends the session cleanly, when
         it runs again. A new session to that address (:meth:`add_peer`) begins once the goodbye
-        has ended, and :meth:`close` waits for such goodbyes still under way."""
+        has ended, and :meth:`close` waits for such goodbyes still under way. A handshake with
+        it under way (:meth:`add_peer` in another thread) is given up: that call raises
+        PeerLostError, and the receiver is not a peer."""
         with self._lock:
             self._check_open()
             p = self._peers.pop(address, None)
             self._forget_routes()
+            joining = self._joining.get(address)
+            if joining is not None:  # (before, this waited for the handshake, then removed it)
+                joining.abandoned = (
+                    f"receiver at {address} was removed (remove_peer) while this sender "
+                    "connected to it"
+                )
             if p is not None and goodbye and not wait:
                 thread = threading.Thread(
                     target=_farewell, args=(p,), name=f"tensorwire-goodbye-{self.name}", daemon=True

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import sys
 import threading
@@ -17,7 +18,8 @@ import pytest
 
 import tensorwire as tw
 
-from .conftest import hold_region_creation, peer_count
+from .conftest import Children, freeze, hold_region_creation, peer_count
+from .peers import run_receiver
 
 N_MESSAGES = 64
 
@@ -419,3 +421,43 @@ def test_two_threads_adding_one_receiver_open_one_session(transport: str) -> Non
             tx.write("t", np.arange(4, dtype=np.int64), timeout=5)
             assert rx.wait("t", timeout=5).tolist() == [0, 1, 2, 3]
             rx.release("t")
+
+
+def test_a_receiver_removed_while_it_is_being_added_is_not_a_peer(children: Children) -> None:
+    """remove_peer() while another thread's add_peer() of the same receiver waits for it (the
+    receiver frozen): the handshake is given up, add_peer raises PeerLostError saying why, and
+    the receiver is not a peer once the receiver runs again (before f3659a8 the removal waited
+    for the handshake behind the sender's lock, then removed the session it made; after it,
+    until this, the removal did nothing and the session was kept)."""
+    parent, child = children.pipe()
+    proc = children.start(run_receiver, child, [("t", (4,), "int64")])
+    address = parent.recv()["address"]
+    with tw.Sender(transport="tcp", timeout=10) as tx:
+        ended: list[BaseException | None] = []
+
+        def join() -> None:
+            try:
+                tx.add_peer(address, connect_timeout=20)
+            except BaseException as exc:
+                ended.append(exc)
+            else:
+                ended.append(None)
+
+        freeze(proc.pid)
+        joining = threading.Thread(target=join)
+        try:
+            joining.start()
+            time.sleep(0.3)  # (the hello is sent, and waits for the frozen receiver)
+            tx.remove_peer(address)
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+            joining.join(30)
+        assert not joining.is_alive()
+        assert len(ended) == 1 and isinstance(ended[0], tw.PeerLostError), ended
+        assert "was removed (remove_peer) while this sender connected" in str(ended[0])
+        assert tx.peers == []
+        tx.add_peer(address)  # the receiver, running again, takes a session anew
+        tx.write("t", np.arange(4, dtype=np.int64), timeout=5)
+        assert tx.peers == [address]
+    parent.send("stop")
+    children.join_ok(proc)
