@@ -1168,6 +1168,13 @@ class ParameterServer:
             )
             return
         self.formed_after = time.monotonic() - self.started_at
+        log.info(
+            "the job formed %.1f s after this server started: %d of %d workers ready, at step %d",
+            self.formed_after,
+            sum(w.alive for w in self.workers),
+            self.cfg.workers,
+            self.step,
+        )
         self.started_at = time.monotonic()  # steps/s counts from here, not from start-up
         for w in self.workers:
             if not w.alive:  # (resumed: one that did all its steps before, and exited)

@@ -432,6 +432,8 @@ def test_a_second_worker_given_a_taken_rank_is_told_and_the_job_goes_on(job: Any
     on and ends cleanly. Before, it exited at once on "refused claim"."""
     j = job(ps=["--steps", ENDLESS, "--log-level", "INFO"])
     _wait_for(j, "joined from", count=2)
+    _wait_for(j, "the job formed")
+    assert "2 of 2 workers ready, at step 0" in j.log("ps0"), j.log("ps0")
     second = j.start(
         worker_command(j.addresses, "--no-progress", "--connect-timeout", "3", rank=0, workers=2),
         log="second",
