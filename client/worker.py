@@ -23,7 +23,7 @@ import tensorwire as tw
 from tensorwire import curve
 from tensorwire import metrics as tw_metrics
 from tensorwire.checks import check_distinct
-from tensorwire.job import config, files
+from tensorwire.job import config, files, limits
 from tensorwire.job.progress import Progress
 
 from . import tasks
@@ -332,6 +332,7 @@ def _run(argv: list[str] | None, prog: str) -> int:
     servers = [s.strip() for s in args.servers.split(",") if s.strip()]
     if not servers:
         parser.error("argument --servers: names no parameter server")
+    limits.raise_open_files(f"{len(servers)} servers", len(servers), args.transport)
     for server in servers:  # refused now, as --bind is, not at its first connect
         config.check_endpoint(parser, "--servers", server, to_bind=False)
     if args.advertise is not None:

@@ -7,6 +7,7 @@ import itertools
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -748,6 +749,84 @@ def test_bench_ps_reports_each_transport(tmp_path: Path) -> None:
         # from the servers' start to the job formed: within the job's own bounds
         assert 0 < r["formed_s"] < 120, r
     assert "steps/s" in out.stdout and "formed s" in out.stdout
+
+
+def _with_open_files(soft: int, hard: int | None, argv: list[str]) -> list[str]:
+    """``argv`` run with a soft limit of open files ``soft`` and a hard one ``hard`` (left as it
+    is where None), inherited by what it starts, as a host's defaults are. Set by a Python that
+    then becomes ``argv`` (exec): a pre-exec function would fork this process, where gRPC's
+    fork handlers leave a descriptor behind."""
+    keep = "resource.getrlimit(resource.RLIMIT_NOFILE)[1]" if hard is None else str(hard)
+    limit = (
+        "import os, resource, sys; "
+        f"resource.setrlimit(resource.RLIMIT_NOFILE, ({soft}, {keep})); "
+        "os.execv(sys.argv[1], sys.argv[1:])"
+    )
+    return [sys.executable, "-c", limit, *argv]
+
+
+@pytest.mark.nixl
+def test_a_job_whose_daemons_start_with_a_low_soft_open_file_limit_raises_it_and_trains() -> None:
+    """Four workers and a server over nixl, each process started with a soft limit of 128 open
+    files (a host's default is often 1024; a server holds about 27 a worker over nixl): the
+    daemons raise it to their hard limit and the job trains. Before, the server failed as the
+    fourth worker joined ("worker 3 joined from ..., which does not answer: cannot create a
+    NIXL agent"), as one with 1024 would at some 35 workers."""
+    bench = [sys.executable, "-m", "tensorwire.bench", "ps", "--workers", "4", "--model", "digits"]
+    out = subprocess.run(
+        _with_open_files(128, None, [*bench, "--transports", "nixl"]),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "4 workers, 1 server(s)" in out.stdout, out.stdout
+
+
+def test_a_server_whose_hard_open_file_limit_is_short_of_its_workers_says_so_at_start() -> None:
+    """A server for 64 workers over nixl whose hard limit is 256 open files (it cannot raise
+    it): it says at start how many its workers need and how to raise the limit, rather than
+    failing as they join; a worker's own start raises its soft limit to the hard one and logs
+    it."""
+    ps = subprocess.Popen(
+        _with_open_files(
+            256,
+            256,
+            ps_command(f"tcp://127.0.0.1:{free_port()}", "--transport", "nixl", workers=64),
+        ),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert ps.stderr is not None
+        said = ""
+        for _ in range(200):  # (bounded: its first lines come within seconds)
+            line = ps.stderr.readline()
+            said += line
+            if not line or "serving at" in line:
+                break
+        assert "64 workers over nixl need about 1920 open files here" in said, said
+        assert "may open 256" in said and "--ulimit nofile=1920" in said, said
+    finally:
+        ps.send_signal(signal.SIGTERM)
+        ps.communicate(timeout=60)
+    assert ps.returncode == 0
+    hard = min(resource.getrlimit(resource.RLIMIT_NOFILE)[1], 4096)
+    assert hard > 512, f"this host's hard limit of open files, {hard}, is below any daemon's needs"
+    worker = subprocess.run(
+        _with_open_files(
+            512,
+            hard,
+            worker_command(["tcp://127.0.0.1:9"], "--connect-timeout", "1", "--no-progress"),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert f"open-file limit raised from 512 to {hard}" in worker.stderr, worker.stderr
+    assert worker.returncode == 1, worker.stderr  # (no server there: it gave up, as asked)
 
 
 def test_a_failed_jobs_report_says_each_message_once_and_which_daemons_it_stopped() -> None:

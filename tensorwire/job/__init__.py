@@ -11,6 +11,7 @@ and ``tensorwire ray-job``.
   start and written whole.
 * :mod:`.words`: reading the tensors a daemon writes to say something (joins, requests,
   statuses, notices), past the loss notices of a peer's earlier sessions.
+* :mod:`.limits`: the open-file limit the daemons raise at start, and what their peers need.
 
 Neither daemon imports the other: each imports this package and the public API of ``tensorwire``.
 """
