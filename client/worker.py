@@ -332,7 +332,7 @@ def _run(argv: list[str] | None, prog: str) -> int:
     servers = [s.strip() for s in args.servers.split(",") if s.strip()]
     if not servers:
         parser.error("argument --servers: names no parameter server")
-    limits.raise_open_files(f"{len(servers)} servers", len(servers), args.transport)
+    limits.open_files_at_start(f"{len(servers)} servers", len(servers), args.transport)
     for server in servers:  # refused now, as --bind is, not at its first connect
         config.check_endpoint(parser, "--servers", server, to_bind=False)
     if args.advertise is not None:

@@ -243,7 +243,7 @@ def _run(argv: list[str] | None, prog: str) -> int:
     parser = build_parser(prog)
     args = config.parse(parser, argv)
     config.setup_logging(args.log_level, f"ps{args.shard}", args.log_format)
-    limits.raise_open_files(f"{args.workers} workers", args.workers, args.transport)
+    limits.open_files_at_start(f"{args.workers} workers", args.workers, args.transport)
     args.secret = config.resolve_secret(parser, args, args.bind)
     if args.checkpoint_dir is not None:
         problem = checkpoint.unusable(args.checkpoint_dir)

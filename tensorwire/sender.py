@@ -138,7 +138,8 @@ class _Peer:
         self._lost_counted = False  # this connection's loss is in the metrics
         #: the heartbeats' verdict on a receiver lost while the channel was being set up
         self.setup_lost: str | None = None
-        #: why the set-up is given up (its sender was closed meanwhile): its waits end
+        #: why the set-up is given up (its sender was closed, or remove_peer named it,
+        #: meanwhile): its waits end
         self.abandoned: str | None = None
         #: the receiver answers ClaimMany (one that predates it is asked one claim at a time)
         self.claims_many = True

@@ -4,10 +4,11 @@ Every peer costs a process file descriptors: sockets, and over ``nixl`` the UCX 
 NIXL's agents. Measured on the project's VM (docs/open-files-2026-12-02/): a sender holds 4
 per receiver over ``shm``, ``tcp`` and ``grpc`` and 21 over ``nixl`` (two agents a channel);
 a receiver 3-4 per sender, 5.4 over ``nixl``. A parameter server is both to each of its
-workers, so over ``nixl`` it holds about 27 a worker: with the soft limit of 1024 that many
-distributions and systemd's services start with, a server of some 35 workers ran out, and
-failed saying a worker "does not answer" (the NIXL agent or the socket for it could not be
-made), amid UCX's and ZeroMQ's "Too many open files".
+workers, so over ``nixl`` it holds about 27 a worker: by that count, with the soft limit of
+1024 that many distributions and systemd's services start with, a server runs out near 33
+workers. One that ran out (4 workers at a soft limit of 128, 12 at 256) failed saying a worker
+"does not answer" (the NIXL agent or the socket for it could not be made), amid UCX's and
+ZeroMQ's "Too many open files".
 
 The daemons raise their soft limit to the hard one as they start (Go's runtime does the same
 since Go 1.19, for the same reason): an unprivileged process may, and nothing here uses
@@ -71,16 +72,17 @@ def open_files_shortfall(peers: int, transport: str, whose: str) -> str | None:
     need = open_files_needed(peers, transport)
     if limit is None or need <= limit:
         return None
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     return (
         f"{whose} over {transport} need about {need} open files here, and this process may open "
-        f'{limit} (its hard limit: `ulimit -Hn`): the job would fail as they join, with "Too '
-        f'many open files". Raise it to {need} or more where the daemon starts (`ulimit -n '
-        f"{need}` as root, `docker run --ulimit nofile={need}`, compose's `ulimits: nofile:`, "
-        "systemd's `LimitNOFILE=`)"
+        f"{limit} (`ulimit -n`; its hard limit, `ulimit -Hn`: {hard}): the job would fail as they "
+        f'join, with "Too many open files". Raise it to {need} or more where the daemon starts '
+        f"(`ulimit -n {need}` as root, `docker run --ulimit nofile={need}`, compose's `ulimits: "
+        "nofile:`, systemd's `LimitNOFILE=`)"
     )
 
 
-def raise_open_files(whose: str, peers: int, transport: str) -> None:
+def open_files_at_start(whose: str, peers: int, transport: str) -> None:
     """A daemon's start: raise the limit (logged), then warn where ``peers`` peers over
     ``transport`` (``whose``, as the warning names them) need more than it allows."""
     log = logging.getLogger("tensorwire.limits")
