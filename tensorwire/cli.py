@@ -40,9 +40,33 @@ def _info(argv: list[str]) -> int:
     print(f"shared memory: {SHM_DIR} {'usable' if shm_available() else 'NOT usable (tcp only)'}")
     print(f"futex doorbells: {'yes' if HAVE_FUTEX else 'no (waiters poll with short sleeps)'}")
     print(f"host identity: {host_identity()}")
+    print(f"open files: {_open_files()}")
     _gpu_info()
     _nixl_info()
     return 0
+
+
+def _open_files() -> str:
+    """This process's limits of open files, and the workers a parameter server can take under
+    the hard one (the daemons raise their soft limit to it as they start): what an operator
+    whose server ran out of descriptors needs to see."""
+    import resource
+
+    from .job.limits import BASE, PER_PEER
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+
+    def said(limit: int) -> str:
+        return "unlimited" if limit == resource.RLIM_INFINITY else str(limit)
+
+    line = f"soft limit {said(soft)}, hard {said(hard)}"
+    if hard == resource.RLIM_INFINITY:
+        return line
+    nixl, others = ((hard - BASE) // PER_PEER[t] for t in ("nixl", "tcp"))
+    return (
+        f"{line} (tensorwire-ps and tensorwire-worker raise theirs to the hard one: enough "
+        f"for a server of about {max(others, 0)} workers, {max(nixl, 0)} over nixl)"
+    )
 
 
 def _libraries() -> str:

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -370,6 +371,8 @@ def test_info_reports_the_installation() -> None:
     assert out.returncode == 0
     assert "transports: shm, tcp, nixl, grpc, grpc-stream" in out.stdout
     assert "shared memory" in out.stdout
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # (the child's, inherited)
+    assert f"open files: soft limit {soft}, hard {hard} (tensorwire-ps" in out.stdout, out.stdout
     # the versions a report of a problem needs, as this process has them
     from importlib import metadata
 
