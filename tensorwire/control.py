@@ -37,9 +37,11 @@ from .errors import (
     PeerLostError,
     RemoteProtocolError,
     TensorWireError,
+    TransportError,
     UnknownTensorError,
     WireTimeoutError,
 )
+from .process import open_files_hint
 from .quietlog import QuietLog
 
 log = logging.getLogger(__name__)
@@ -60,7 +62,10 @@ def _context() -> zmq.Context[zmq.Socket[bytes]]:
 
 
 def _socket(kind: int, endpoint: str = "") -> zmq.Socket[bytes]:
-    sock = _context().socket(kind)
+    try:
+        sock = _context().socket(kind)
+    except zmq.ZMQError as exc:  # (EMFILE: this process's descriptors are all in use)
+        raise TransportError(f"cannot open a ZeroMQ socket: {exc}{open_files_hint()}") from exc
     sock.setsockopt(zmq.LINGER, 0)
     # Bounds what a peer can make us buffer: one control message is never larger than this.
     sock.setsockopt(zmq.MAXMSGSIZE, MAX_CONTROL_MESSAGE)
@@ -298,7 +303,11 @@ class _Watch:
         self.fatal: str | None = None  # a handshake that can never succeed, and why
         address = f"inproc://tensorwire-control-monitor-{os.getpid()}-{next(_monitor_numbers)}"
         sock.monitor(address, _WATCHED)
-        self.events: zmq.Socket[bytes] = _context().socket(zmq.PAIR)
+        try:
+            self.events: zmq.Socket[bytes] = _context().socket(zmq.PAIR)
+        except BaseException:  # (no descriptor left for it): as close() does, monitor stopped
+            sock.disable_monitor()
+            raise
         self.events.setsockopt(zmq.LINGER, 0)
         self.events.setsockopt(zmq.RCVHWM, 0)  # unbounded (see above)
         self.events.connect(address)
@@ -341,7 +350,11 @@ class _Watch:
                 self.cut += 1
 
     def why(self) -> str:
-        """Why no reply came, as far as the connection tells."""
+        """Why no reply came, as far as the connection tells (and where this process is out of
+        descriptors, that too: a connection it could not make reads as one refused)."""
+        return self._why() + open_files_hint()
+
+    def _why(self) -> str:
         self.read()
         if self.up:
             return "it accepted the connection but sent no reply (busy, stopped, or overloaded?)"
@@ -404,9 +417,13 @@ class ControlClient:
                 curve.connect(sock, self._curve)
             self._watch = _Watch(sock, self._curve is not None)  # before connect: all of it
             sock.connect(self.address)
-        except BaseException:
+        except BaseException as exc:
             self._unwatch(sock)
             sock.close()
+            if isinstance(exc, zmq.ZMQError):  # (EMFILE: the watch's sockets take descriptors)
+                raise TransportError(
+                    f"cannot connect to {self.address}: {exc}{open_files_hint()}"
+                ) from exc
             raise
         self._sock = sock
         return sock

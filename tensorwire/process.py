@@ -1,4 +1,5 @@
-"""Facts about local processes: which host and namespaces we share, and whether a peer lives.
+"""Facts about local processes: which host and namespaces we share, whether a peer lives, and
+whether this process is out of file descriptors.
 
 The shared-memory transport is only correct between processes that see the same ``/dev/shm`` and
 the same pids, so the control-plane hello carries a *host identity* (boot id plus the mount, IPC
@@ -9,7 +10,9 @@ a bare pid, cannot be fooled by pid reuse.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import resource
 import select
 import socket
 import time
@@ -30,6 +33,27 @@ def host_identity() -> str:
         except OSError:
             parts.append(f"{ns}:?")
     return "/".join(parts)
+
+
+def open_files_hint() -> str:
+    """Where this process has (nearly) all the files open that it may: a clause saying so, for
+    an error it may be the cause of (a socket, or a NIXL agent, that could not be made; a
+    connection that never came up); else "". Without it a server out of descriptors said its
+    workers "do not answer" (docs/open-files-2026-12-02/)."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        in_use = len(os.listdir("/proc/self/fd"))
+    except OSError as exc:  # (listing them takes a descriptor too: none left says it all)
+        if exc.errno != errno.EMFILE:
+            return ""
+        in_use = soft
+    # (near, not at: what the failed attempt had opened is closed again by the time we look)
+    if soft == resource.RLIM_INFINITY or in_use + max(32, soft // 10) < soft:
+        return ""
+    return (
+        f" (this process has {in_use} files open, of the {soft} it may: raise its limit, "
+        "`ulimit -n`; tensorwire-ps and tensorwire-worker raise theirs to the hard limit)"
+    )
 
 
 class ProcessWatch:

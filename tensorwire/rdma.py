@@ -33,6 +33,7 @@ from typing import Any
 
 from .checks import check_count
 from .errors import TransportError
+from .process import open_files_hint
 
 INSTALL_HINT = (
     "pip install --no-deps 'nixl-cu12==1.5.1' (--no-deps: its wheel declares torch, which host "
@@ -236,7 +237,8 @@ def create_agent(name: str, options: NixlOptions, loopback: bool) -> Any:
             )
             agent = api.nixl_agent(name, config)
         except Exception as exc:  # NIXL raises its own exception types from C++
-            raise TransportError(f"cannot create a NIXL agent: {exc}") from exc
+            # (UCX's sockets and contexts take descriptors: 8 an agent here)
+            raise TransportError(f"cannot create a NIXL agent: {exc}{open_files_hint()}") from exc
         finally:
             for key, value in saved.items():
                 if value is None:

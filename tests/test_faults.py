@@ -724,6 +724,36 @@ def test_connect_to_a_listener_that_never_answers_says_so() -> None:
             tw.Sender.connect(f"tcp://127.0.0.1:{port}", timeout=0.5)
 
 
+OUT_OF_DESCRIPTORS = """
+import os, resource, sys, tensorwire as tw
+rx = tw.Receiver()
+rx.register("t", (4,), "float32")
+_, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 1, hard))
+try:
+    tw.Sender.connect(rx.address, transport=sys.argv[1], timeout=2)
+except tw.TensorWireError as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+@pytest.mark.parametrize("transport", ["tcp", "nixl"])
+def test_a_sender_out_of_descriptors_says_so(transport: str) -> None:
+    """A process with every file open that it may (its soft limit one above those it has) fails
+    to connect, and the error says why and how to raise the limit; before, it said the receiver
+    was not there ("nothing accepted a connection": its own connections could not be made),
+    as a parameter server out of descriptors said its workers "do not answer"."""
+    out = subprocess.run(
+        [sys.executable, "-c", OUT_OF_DESCRIPTORS, transport],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "files open, of the" in out.stdout and "`ulimit -n`" in out.stdout, out.stdout
+
+
 def test_connect_to_a_zeromq_peer_that_never_replies_says_so() -> None:
     """A ZeroMQ socket that completes the handshake and never answers (a receiver whose control
     thread is stuck, or another ZeroMQ service): the timeout says the connection was made and no
