@@ -754,6 +754,43 @@ def test_a_sender_out_of_descriptors_says_so(transport: str) -> None:
     assert "files open, of the" in out.stdout and "`ulimit -n`" in out.stdout, out.stdout
 
 
+RECEIVER_OUT_OF_DESCRIPTORS = """
+import logging, os, resource, sys, time, tensorwire as tw
+logging.basicConfig()
+with tw.Receiver() as rx:
+    rx.register("t", (4,), "float32")
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # one descriptor left: the control connection's, not the data connection's
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 1, hard))
+    print(rx.address, flush=True)
+    sys.stdin.readline()
+"""
+
+
+def test_a_receiver_out_of_descriptors_for_a_data_connection_says_so() -> None:
+    """A receiver with one descriptor left: the control plane takes it, and the data connection
+    cannot be accepted. The receiver says why and how to raise the limit, and waits between
+    tries; before, it said nothing and its accept loop spun a core (2.0 s of CPU in 4 s) until
+    the sender gave up ("did not acknowledge our token")."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", RECEIVER_OUT_OF_DESCRIPTORS],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        address = child.stdout.readline().strip()
+        with pytest.raises(tw.TensorWireError):
+            tw.Sender.connect(address, transport="tcp", timeout=2, connect_timeout=2)
+    finally:
+        _, err = child.communicate("\n", timeout=60)
+    assert child.returncode == 0, err
+    assert "cannot accept a data connection: [Errno 24] Too many open files" in err, err
+    assert "files open, of the" in err and "`ulimit -n`" in err, err
+
+
 def test_connect_to_a_zeromq_peer_that_never_replies_says_so() -> None:
     """A ZeroMQ socket that completes the handshake and never answers (a receiver whose control
     thread is stuck, or another ZeroMQ service): the timeout says the connection was made and no

@@ -15,6 +15,7 @@ cumulative released count, so a lost or coalesced frame is harmless.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import select
@@ -41,6 +42,7 @@ from ..errors import (
     TransportError,
     WireTimeoutError,
 )
+from ..process import open_files_hint
 from ..quietlog import QuietLog
 from ..ring import SlotChooser
 from .base import (
@@ -62,6 +64,8 @@ from .base import (
 
 log = logging.getLogger(__name__)
 quiet = QuietLog(log)  # what any peer can provoke: rate-limited per reason
+#: Seconds between tries to accept a data connection while this process is out of descriptors
+ACCEPT_RETRY = 0.1
 
 #: Tensor id of the credit frame that acknowledges a data hello (carries the generation).
 HELLO_ACK = 0xFFFFFFFF
@@ -1048,7 +1052,18 @@ class TcpDataServer(DataServer):
                 continue
             try:
                 sock, addr = self._listener.accept()
-            except OSError:
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE):
+                    # Out of descriptors: the connection waits in the listen queue, and poll()
+                    # says so at once; before, this loop spun a core until the sender gave up
+                    # (it heard "did not acknowledge our token", and nobody heard why).
+                    quiet.warning(
+                        "out of descriptors",
+                        "cannot accept a data connection: %s%s",
+                        exc,
+                        open_files_hint(),
+                    )
+                    time.sleep(ACCEPT_RETRY)
                 continue
             with self._lock:
                 if self._closed or len(self._conns) >= self._max:
