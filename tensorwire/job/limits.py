@@ -37,12 +37,6 @@ BASE = 128
 UNLIMITED_HARD_TARGET = 1 << 20
 
 
-def open_files_limit() -> int | None:
-    """This process's soft limit of open files; None where it has none."""
-    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return None if soft == resource.RLIM_INFINITY else soft
-
-
 def raise_open_files_limit() -> tuple[int | None, int | None]:
     """Raise this process's soft limit of open files to its hard limit (to 2**20 where that is
     unlimited); ``(before, after)``, equal where it was there already or could not be raised."""
@@ -68,11 +62,10 @@ def open_files_shortfall(peers: int, transport: str, whose: str) -> str | None:
     """What to tell the operator where ``peers`` peers over ``transport`` need more descriptors
     than this process may open (``whose``: the peers, as the sentence names them); None where
     they fit."""
-    limit = open_files_limit()
+    limit, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     need = open_files_needed(peers, transport)
-    if limit is None or need <= limit:
+    if limit == resource.RLIM_INFINITY or need <= limit:
         return None
-    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     return (
         f"{whose} over {transport} need about {need} open files here, and this process may open "
         f"{limit} (`ulimit -n`; its hard limit, `ulimit -Hn`: {hard}): the job would fail as they "
