@@ -13,6 +13,7 @@ once.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import math
@@ -21,7 +22,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -397,7 +398,12 @@ class _ConnectedAnew(Exception):
 
 
 class ControlClient:
-    """A DEALER socket doing one request/reply at a time."""
+    """A DEALER socket doing one request/reply at a time, for any thread.
+
+    A ZeroMQ socket belongs to one thread at a time: a request holds the client's lock (its
+    :meth:`turn`) from its send to its reply, and a request of another thread meanwhile waits
+    for it, by its own deadline and check. :meth:`close` ends a request under way (it sees the
+    close within CHECK_EVERY_MS) before the socket closes."""
 
     def __init__(self, address: str, curve_server_key: bytes | None = None) -> None:
         self.address = address
@@ -405,6 +411,9 @@ class ControlClient:
         self._sock: zmq.Socket[bytes] | None = None
         self._watch: _Watch | None = None
         self._closed = False
+        # (reentrant: a caller may hold the turn across its request, to act on the reply
+        # before another thread's request: _Peer's address books)
+        self._lock = threading.RLock()
         #: what a socket opened anew (after an unanswered request) sends before anything else,
         #: so that the receiver knows it for the session of the one before (None: nothing)
         self.resume: Callable[[], wire.Message] | None = None
@@ -435,9 +444,57 @@ class ControlClient:
         ``check``, if given, is called every :data:`CHECK_EVERY_MS` while the request waits (for
         a connection to send on, then for the reply), and what it raises (a receiver known dead:
         PeerLostError) ends the wait."""
-        if self._closed:
-            raise ClosedError("control client is closed")
         deadline = None if timeout is None else time.monotonic() + timeout
+        with self.turn(deadline, check, msg.TYPE, timeout):
+            return self._request(msg, deadline, timeout, check)
+
+    @contextlib.contextmanager
+    def turn(
+        self,
+        deadline: float | None,
+        check: Callable[[], None] | None = None,
+        what: str = "control",
+        timeout: float | None = None,
+    ) -> Iterator[None]:
+        """This thread's turn at the socket, for the requests inside: waited for (behind
+        another thread's request) until ``deadline`` (monotonic; None: no limit), ``check``
+        called every CHECK_EVERY_MS meanwhile; WireTimeoutError names the ``what`` request
+        that waited (``timeout``: the bound it was given); ClosedError once the client is
+        closed."""
+        lock = self._lock
+        if not lock.acquire(blocking=False):
+            while True:
+                if self._closed:
+                    raise ClosedError("control client is closed")
+                if check is not None:
+                    check()
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise WireTimeoutError(
+                        f"a {what} request to the receiver at {self.address} waited"
+                        + ("" if timeout is None else f" {timeout:.3g} s")
+                        + " in vain for another thread's request to it to end (the receiver "
+                        "has not answered that one)"
+                    )
+                step = CHECK_EVERY_MS / 1000
+                if lock.acquire(timeout=step if left is None else min(step, left)):
+                    break
+        try:
+            if self._closed:
+                raise ClosedError("control client is closed")
+            yield
+        finally:
+            if self._closed:  # closed meanwhile: close() left the socket to this thread
+                self._reset()
+            lock.release()
+
+    def _request(
+        self,
+        msg: wire.Message,
+        deadline: float | None,
+        timeout: float | None,
+        check: Callable[[], None] | None,
+    ) -> wire.Message:
         if self._sock is None:  # after an unanswered request, a new socket
             self._open()
             if self.resume is not None:
@@ -583,12 +640,15 @@ class ControlClient:
         while True:
             began = time.monotonic()
             ends = [t for t in (deadline, check_at) if t is not None]
-            if deadline is not None:
-                ends.append(began + POLL_SLICE)
+            # (sliced, with or without a deadline: a close() from another thread shows)
+            ends.append(began + POLL_SLICE)
             ms = max(math.ceil((min(ends) - began) * 1000), 0) if ends else None
             ready = dict(poller.poll(ms))
             if self._sock in ready:
                 return True, deadline
+            if self._closed:  # by another thread (it leaves the socket to this one)
+                self._reset()
+                raise ClosedError(f"the control connection to {self.address} was closed")
             if watch is not None and watch.events in ready:
                 self._raise_if_fatal()
             now = time.monotonic()
@@ -635,5 +695,13 @@ class ControlClient:
             self._watch = None
 
     def close(self) -> None:
+        """Close the socket; a request under way in another thread ends (ClosedError) within
+        POLL_SLICE, and the socket is closed once it has. Idempotent."""
         self._closed = True
-        self._reset()
+        # Not for long: a request of this very thread (a check that closes) holds the turn,
+        # and closes the socket itself as it ends (turn's finally).
+        if self._lock.acquire(timeout=1.0):
+            try:
+                self._reset()
+            finally:
+                self._lock.release()

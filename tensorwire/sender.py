@@ -89,6 +89,14 @@ class WriteHandle(NamedTuple):
 _new_tuple = tuple.__new__  # WriteHandle's fields, without its __new__ (half the cost)
 
 
+class _Book(NamedTuple):
+    """A receiver's address book as fetched: ``number`` orders it among the peer's."""
+
+    number: int
+    regions: list[RegionInfo]
+    entries: dict[str, TensorEntry]
+
+
 class _Peer:
     """One receiver as seen from this sender: control client, address book, data channel."""
 
@@ -145,6 +153,9 @@ class _Peer:
         self.claims_many = True
         #: the receiver's process, where it is on this host (from its welcome to close)
         self._watch: ProcessWatch | None = None
+        #: address books fetched, and the number of the one taken (fetch_book, take_book)
+        self._books_fetched = 0
+        self._book_taken = 0
 
     def note_lost(self) -> None:
         """Count this connection's loss once, however many writes and heartbeats see it."""
@@ -294,16 +305,30 @@ class _Peer:
         return wire.Resume(self.generation, self.token)
 
     def _lookup(self, timeout: float | None = _DEFAULT) -> list[RegionInfo]:
-        """The receiver's address book, within ``timeout`` (default: the sender's timeout).
-        A receiver that dies meanwhile never answers: as for a claim, :meth:`check_peer` (its
-        pidfd on this host, the data channel's verdict) ends the wait; before, a lookup of a
-        dead receiver waited out its whole timeout."""
-        assert self.control is not None
-        book = self.control.request(
-            wire.Lookup(self.generation, compact=True),
-            self._timeout if timeout is _DEFAULT else timeout,
-            self.check_peer,
-        )
+        """The receiver's address book, within ``timeout`` (default: the sender's timeout),
+        taken as this peer's at once. A receiver that dies meanwhile never answers: as for a
+        claim, :meth:`check_peer` (its pidfd on this host, the data channel's verdict) ends
+        the wait; before, a lookup of a dead receiver waited out its whole timeout."""
+        book = self.fetch_book(timeout, self.check_peer)
+        self.entries = book.entries
+        self._book_taken = book.number
+        return book.regions
+
+    def fetch_book(self, timeout: float | None, check: Callable[[], None]) -> _Book:
+        """The receiver's address book, within ``timeout`` (``_DEFAULT``: the sender's
+        timeout), ``check`` called while it waits; not yet this peer's (:meth:`take_book`).
+        Numbered in the order the receiver answered, under the control socket's turn: a
+        thread that takes a book after another's takes the newer one."""
+        control = self.control
+        assert control is not None
+        t = self._timeout if timeout is _DEFAULT else timeout
+        deadline = deadline_of(t)
+        with control.turn(deadline, check, wire.Lookup.TYPE, t):
+            book = control.request(
+                wire.Lookup(self.generation, compact=True), remaining(deadline), check
+            )
+            self._books_fetched += 1
+            number = self._books_fetched
         if not isinstance(book, wire.AddressBook):
             raise LocalProtocolError(f"expected an address book, got {book.TYPE}")
         try:
@@ -327,8 +352,16 @@ class _Peer:
                 entries[spec.name] = TensorEntry(int(tid), spec, layout, device)
         except (TypeError, ValueError, KeyError) as exc:
             raise LocalProtocolError(f"malformed address book from {self.address}: {exc}") from exc
-        self.entries = entries
-        return regions
+        return _Book(number, regions, entries)
+
+    def take_book(self, book: _Book) -> None:
+        """``book`` (:meth:`fetch_book`) is this peer's, unless a newer one is already (under
+        the sender's lock: the channel's regions are the writes')."""
+        if book.number > self._book_taken:
+            self._book_taken = book.number
+            self.entries = book.entries
+            if self.channel is not None:
+                self.channel.update_regions(book.regions)
 
     def refresh(self, timeout: float | None = _DEFAULT) -> None:
         regions = self._lookup(timeout)
@@ -793,14 +826,32 @@ class Sender(Resource):
         """Fetch the address book again from ``peer`` (every receiver when omitted): to see
         tensors registered since we connected. ``timeout`` bounds each receiver's answer (default:
         the sender's timeout; None: no bound); one that does not answer in time raises
-        :class:`WireTimeoutError`."""
+        :class:`WireTimeoutError`. Other threads' writes go on while it waits, as for
+        :meth:`ping`."""
         if timeout is not _DEFAULT:
             timeout = check_timeout(timeout)
         with self._lock:
             peers = [self._peer(peer)] if peer is not None else list(self._peers.values())
-            self._forget_routes()
-            for p in peers:
-                p.refresh(timeout)
+        for p in peers:
+            # The round trip outside the lock (as ping's): other threads' writes go on
+            # meanwhile, and close() or remove_peer() end it.
+            with self._lock:
+                self._check_open()
+                control = p.control
+            if control is None:
+                continue  # (its reconnection failed: a write says so, and connects again)
+            look = self._look_during(p, control, "refresh")
+            try:
+                book = p.fetch_book(timeout, look)
+            except ClosedError:  # its control socket, closed by another thread meanwhile
+                if self._peers.get(p.address) is p and p.control not in (control, None):
+                    continue  # connected anew meanwhile (a write's reconnect): a book anew
+                look()
+                raise
+            with self._lock:
+                if p.control is control:
+                    p.take_book(book)
+                    self._forget_routes()
 
     def spec(self, name: str, *, peer: str | None = None) -> TensorSpec:
         return self._resolve(name, peer)[1].spec
@@ -1240,19 +1291,73 @@ class Sender(Resource):
         its peer: a hang-up, the heartbeats' verdict) raises PeerLostError at once, not after
         ``timeout``.
         ``check``, if given, is called about every 0.1 s while the ping waits, and what it
-        raises ends the wait (a caller's own news that makes the answer moot)."""
+        raises ends the wait (a caller's own news that makes the answer moot). Other threads'
+        writes go on while it waits; :meth:`close` ends it with ClosedError, and
+        :meth:`remove_peer` of its receiver with PeerLostError."""
         with self._lock:
             p = self._peer(peer)
-            assert p.control is not None
-            t = self._round_trip if timeout is _DEFAULT else timeout
-            peer_check = p.check_peer
+            control, generation, token = p.control, p.generation, p.token
+        if control is None or not token:
+            raise PeerLostError(
+                f"receiver at {p.address} has no session: it was lost, and connecting to it "
+                "again failed"
+            )
+        # The round trip outside the sender's lock: other threads' writes, to this receiver
+        # (but for a claim, which waits for the control socket's turn) and to the others, go on
+        # meanwhile; close() and remove_peer() end it. Before, a ping of a frozen receiver held
+        # every write of the sender up to its timeout, and close() too.
+        look = self._look_during(p, control, "ping", check)
+        t = self._round_trip if timeout is _DEFAULT else timeout
+        try:
+            control.request(wire.Heartbeat(generation, token), t, check=look)
+        except ClosedError:  # its control socket, closed by another thread meanwhile
+            look()
+            raise
 
-            def look() -> None:
-                peer_check()
-                if check is not None:
-                    check()
+    def _look_during(
+        self,
+        p: _Peer,
+        control: ControlClient,
+        call: str,
+        check: Callable[[], None] | None = None,
+    ) -> Callable[[], None]:
+        """What a round trip to ``p`` made outside the sender's lock (``call``: a ping, a
+        refresh) looks at while it waits, on its ``control`` socket: the sender closed
+        (ClosedError), the receiver removed, its session ended, or it is known gone
+        (PeerLostError); then the caller's own ``check``. The data channel's own look at the
+        receiver (a tcp hang-up) is made where no other thread holds the lock (the channel is
+        the writes'); else the verdict it holds already."""
 
-            p.control.request(wire.Heartbeat(p.generation, p.token), t, check=look)
+        def look() -> None:
+            if self._closed:
+                raise ClosedError(
+                    f"sender {self.name} was closed while it waited for its {call} of {p.address}"
+                )
+            if self._peers.get(p.address) is not p:
+                raise PeerLostError(
+                    f"receiver at {p.address} was removed (remove_peer) while this sender "
+                    f"waited for its {call}"
+                )
+            if p.control is not control:
+                raise PeerLostError(
+                    f"the session with the receiver at {p.address} ended while this sender "
+                    f"waited for its {call}"
+                )
+            p.check_alive()
+            channel = p.channel
+            if channel is not None:
+                if self._lock.acquire(blocking=False):
+                    try:
+                        if p.channel is channel:
+                            channel.check_peer()
+                    finally:
+                        self._lock.release()
+                else:
+                    channel.raise_if_lost()
+            if check is not None:
+                check()
+
+        return look
 
     # ---------------------------------------------------------------------------------------
 

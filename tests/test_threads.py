@@ -464,3 +464,151 @@ def test_a_receiver_removed_while_it_is_being_added_is_not_a_peer(children: Chil
         assert tx.peers == [address]
     parent.send("stop")
     children.join_ok(proc)
+
+
+def _round_trip(tx: tw.Sender, call: str, address: str) -> Callable[[], None]:
+    """``tx``'s ping or refresh of the receiver at ``address``, with a bound far off (30 s)."""
+    if call == "ping":
+        return lambda: tx.ping(address, timeout=30)
+    return lambda: tx.refresh(peer=address, timeout=30)
+
+
+@pytest.mark.parametrize("call", ["ping", "refresh"])
+def test_a_round_trip_to_a_frozen_receiver_holds_up_no_write(children: Children, call: str) -> None:
+    """ping() or refresh() of a frozen receiver in one thread while another writes to a
+    second receiver: the writes go on meanwhile (before, both held the sender's lock through
+    their round trip, and every write to every receiver waited up to their timeout: 30 s
+    here). remove_peer() then ends the round trip at once, with PeerLostError saying why."""
+    parent, child = children.pipe()
+    proc = children.start(run_receiver, child, [("t", (4,), "int64")])
+    frozen = parent.recv()["address"]
+    with tw.Receiver(ring=4) as rx:
+        rx.register("u", (4,), "int64")
+        with tw.Sender(transport="tcp", timeout=10, heartbeat=None) as tx:
+            tx.add_peer(rx.address)
+            tx.add_peer(frozen)
+            ended: list[BaseException | None] = []
+            round_trip = _round_trip(tx, call, frozen)
+
+            def ask() -> None:
+                try:
+                    round_trip()
+                except BaseException as exc:
+                    ended.append(exc)
+                else:
+                    ended.append(None)
+
+            freeze(proc.pid)
+            asking = threading.Thread(target=ask)
+            try:
+                asking.start()
+                time.sleep(0.3)  # (the request is sent, and waits for the frozen receiver)
+                for k in range(20):
+                    tx.write("u", np.full(4, k, np.int64), timeout=2)
+                    got = rx.wait("u", timeout=2)
+                    assert int(got[0]) == k
+                    rx.release("u")
+                assert asking.is_alive(), f"the writes waited for the {call} to end"
+                # a second round trip to it waits its turn at the control socket, in its bound
+                with pytest.raises(tw.WireTimeoutError, match="another thread's request"):
+                    tx.ping(frozen, timeout=0.5)
+                began = time.monotonic()
+                tx.remove_peer(frozen, goodbye=False)
+                asking.join(10)
+                assert not asking.is_alive()
+                # (within 10 s, far from the 30 s the round trip would otherwise have waited)
+                assert time.monotonic() - began < 10
+            finally:
+                os.kill(proc.pid, signal.SIGCONT)
+                asking.join(30)
+            assert len(ended) == 1 and isinstance(ended[0], tw.PeerLostError), ended
+            assert f"was removed (remove_peer) while this sender waited for its {call}" in str(
+                ended[0]
+            )
+            assert tx.peers == [rx.address]
+    parent.send("stop")
+    children.join_ok(proc)
+
+
+def test_close_ends_a_ping_under_way(children: Children) -> None:
+    """close() while another thread's ping() waits for a frozen receiver: the ping ends with
+    ClosedError, and the close returns within its goodbye's bound (before, the close waited
+    for the ping, up to its timeout)."""
+    parent, child = children.pipe()
+    proc = children.start(run_receiver, child, [("t", (4,), "int64")])
+    frozen = parent.recv()["address"]
+    tx = tw.Sender.connect(frozen, transport="tcp", timeout=10, heartbeat=None)
+    ended: list[BaseException | None] = []
+
+    def ask() -> None:
+        try:
+            tx.ping(frozen, timeout=30)
+        except BaseException as exc:
+            ended.append(exc)
+        else:
+            ended.append(None)
+
+    freeze(proc.pid)
+    asking = threading.Thread(target=ask)
+    try:
+        asking.start()
+        time.sleep(0.3)
+        began = time.monotonic()
+        tx.close()  # (its goodbye to the frozen receiver: GOODBYE_TIMEOUT, 5 s, at most)
+        closed_in = time.monotonic() - began
+        asking.join(10)
+        assert not asking.is_alive()
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        asking.join(30)
+        tx.close()
+    assert closed_in < 10, closed_in
+    assert len(ended) == 1 and isinstance(ended[0], tw.ClosedError), ended
+    assert "was closed while it waited for its ping" in str(ended[0])
+    parent.send("stop")
+    children.join_ok(proc)
+
+
+def test_pings_refreshes_and_claims_from_several_threads_share_one_connection() -> None:
+    """Threads ping, refresh and write (each new tensor's first write a claim) to one receiver
+    at once: they take turns at the sender's control socket, and each gets its own answer
+    (ping and refresh no longer hold the sender's lock, so their round trips overlap the
+    writes' claims)."""
+    with tw.Receiver(ring=4) as rx:
+        names = [f"t{k}" for k in range(12)]
+        for name in names:
+            rx.register(name, (4,), "int64")
+        with tw.Sender(transport="tcp", timeout=10) as tx:
+            tx.add_peer(rx.address)
+            errors: list[BaseException] = []
+            stop = threading.Event()
+
+            def keep_asking(call: Callable[[], None]) -> None:
+                try:
+                    for _ in range(200):
+                        if stop.is_set():
+                            return
+                        call()
+                except BaseException as exc:
+                    errors.append(exc)
+
+            askers = [
+                threading.Thread(target=keep_asking, args=(lambda: tx.ping(timeout=10),)),
+                threading.Thread(target=keep_asking, args=(lambda: tx.ping(timeout=10),)),
+                threading.Thread(target=keep_asking, args=(lambda: tx.refresh(timeout=10),)),
+            ]
+            for t in askers:
+                t.start()
+            try:
+                for k, name in enumerate(names):  # (each a first write: a claim)
+                    tx.write(name, np.full(4, k, np.int64), timeout=5)
+                for k, name in enumerate(names):
+                    assert int(rx.wait(name, timeout=5)[0]) == k
+                    rx.release(name)
+            finally:
+                stop.set()
+                for t in askers:
+                    t.join(30)
+            assert not any(t.is_alive() for t in askers)
+            assert not errors, errors
+            assert set(tx.tensors()) == set(names)
