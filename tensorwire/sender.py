@@ -153,6 +153,9 @@ class _Peer:
         self.claims_many = True
         #: the receiver's process, where it is on this host (from its welcome to close)
         self._watch: ProcessWatch | None = None
+        #: why the peer has no session: it was lost, and connecting to it again failed (a
+        #: write's reconnect); None while it has one
+        self.reconnect_failed: str | None = None
         #: address books fetched, and the number of the one taken (fetch_book, take_book)
         self._books_fetched = 0
         self._book_taken = 0
@@ -787,6 +790,9 @@ class Sender(Resource):
         channel = p.channel
         if channel is not None and channel.lost is not None:
             return channel.lost
+        failed = p.reconnect_failed
+        if failed is not None and channel is None:
+            return failed
         try:
             p.check_alive()
         except PeerLostError as exc:
@@ -854,7 +860,7 @@ class Sender(Resource):
                     self._forget_routes()
 
     def spec(self, name: str, *, peer: str | None = None) -> TensorSpec:
-        return self._resolve(name, peer)[1].spec
+        return self._resolve(name, peer, connect=False)[1].spec
 
     def receiver_info(self, peer: str | None = None) -> dict[str, Any]:
         """What ``peer`` (the only receiver when omitted) publishes about itself
@@ -896,14 +902,16 @@ class Sender(Resource):
             raise TensorWireError(f"not connected to {address}; connected: {self.peers}") from None
 
     def _resolve(
-        self, name: str, peer: str | None, deadline: float | None = None
+        self, name: str, peer: str | None, deadline: float | None = None, *, connect: bool = True
     ) -> tuple[_Peer, TensorEntry]:
         """The receiver that publishes ``name`` (``peer``, or the only one that does), and its
         entry; the address books are fetched again once where none does (it may have been
         registered since), by ``deadline`` (a write's), or within the sender's timeout where
         there is none or it has passed (as a claim: a round trip never fits in none). Before,
         always within the sender's timeout: a write given 1 s to a receiver that no longer
-        answered took 30 s."""
+        answered took 30 s. A receiver left without a session (lost, and connecting to it
+        again failed) is connected to again here, unless ``connect`` is false (a look at
+        its spec): before, every later write to it failed on an assertion."""
         self._check_open()
         route = self._routes.get((name, peer))
         if route is not None:
@@ -912,7 +920,16 @@ class Sender(Resource):
         for attempt in range(2):
             found = [(p, p.entries[name]) for p in candidates if name in p.entries]
             if len(found) == 1:
-                self._routes[(name, peer)] = found[0]
+                p = found[0][0]
+                if p.control is None and connect:  # (never a route: it would skip this)
+                    if not self.reconnect:
+                        raise PeerLostError(
+                            p.reconnect_failed or f"receiver at {p.address} has no session"
+                        )
+                    self._reopen_peer(p)  # (raises as it fails again)
+                    return self._resolve(name, peer, deadline)
+                if p.control is not None:
+                    self._routes[(name, peer)] = found[0]
                 return found[0]
             if len(found) > 1:
                 raise TensorWireError(
@@ -922,6 +939,8 @@ class Sender(Resource):
             if attempt == 0:  # the receiver may have registered it since we looked
                 self._forget_routes()
                 for p in candidates:
+                    if p.control is None:
+                        continue  # no session (its reconnect failed): its book as it was
                     try:
                         p.refresh(remaining(p.round_trip_deadline(deadline)))
                     except PeerLostError as exc:  # as a write that meets the loss
@@ -1064,7 +1083,16 @@ class Sender(Resource):
             # refuse the new session's claims ("already written by sender ...") until its
             # heartbeat timeout
             p.goodbye()
-        p.open()
+        try:
+            p.open()
+        except BaseException as exc:
+            # The peer stays, without a session: the next write connects again (the receiver
+            # may be back by then), and lost() and ping() say why it has none.
+            p.reconnect_failed = (
+                f"receiver at {p.address} was lost, and connecting to it again failed: {exc}"
+            )
+            raise
+        p.reconnect_failed = None
 
     def write_many(
         self,
@@ -1298,10 +1326,7 @@ class Sender(Resource):
             p = self._peer(peer)
             control, generation, token = p.control, p.generation, p.token
         if control is None or not token:
-            raise PeerLostError(
-                f"receiver at {p.address} has no session: it was lost, and connecting to it "
-                "again failed"
-            )
+            raise PeerLostError(p.reconnect_failed or f"receiver at {p.address} has no session")
         # The round trip outside the sender's lock: other threads' writes, to this receiver
         # (but for a claim, which waits for the control socket's turn) and to the others, go on
         # meanwhile; close() and remove_peer() end it. Before, a ping of a frozen receiver held

@@ -530,6 +530,36 @@ def test_restarted_receiver_has_new_generation(transport: str) -> None:
             assert tx2.receiver_info() == {"incarnation": 2}  # read anew at the reconnect
 
 
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_writes_after_a_failed_reconnect_try_again_and_say_why(transport: str) -> None:
+    """A receiver gone for good before its restart: a sender with ``reconnect=True`` fails to
+    connect anew at a write; its next writes try again, each within its bound, and say why
+    (before, every later write raised a bare AssertionError, the peer left without a
+    session); lost() and ping() say so too; once a receiver runs at the address, a write
+    connects and lands."""
+    bind = f"tcp://127.0.0.1:{free_port()}"
+    rx = tw.Receiver(bind)
+    rx.register("t", (4,), "int32")
+    with tw.Sender.connect(
+        bind, transport=transport, timeout=1, reconnect=True, heartbeat=None
+    ) as tx:
+        tx.write("t", np.arange(4, dtype=np.int32))
+        assert rx.wait("t", timeout=5).tolist() == [0, 1, 2, 3]
+        rx.close()
+        for _ in range(2):  # the reconnect's failure, then a write that tries again
+            with pytest.raises(tw.WireTimeoutError, match="did not answer a hello"):
+                tx.write("t", np.arange(4, dtype=np.int32))
+        why = tx.lost()
+        assert why is not None and "connecting to it again failed" in why, why
+        with pytest.raises(tw.PeerLostError, match="connecting to it again failed"):
+            tx.ping()
+        with tw.Receiver(bind) as rx_new:
+            rx_new.register("t", (4,), "int32")
+            tx.write("t", np.arange(4, dtype=np.int32) + 10)
+            assert rx_new.wait("t", timeout=5).tolist() == [10, 11, 12, 13]
+            assert tx.lost() is None
+
+
 def test_a_sender_whose_receivers_are_gone_closes_without_waiting_out_a_goodbye(
     transport: str, children: Children
 ) -> None:
