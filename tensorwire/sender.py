@@ -745,8 +745,18 @@ class Sender(Resource):
         it runs again. A new session to that address (:meth:`add_peer`) begins once the goodbye
         has ended, and :meth:`close` waits for such goodbyes still under way. A handshake with
         it under way (:meth:`add_peer` in another thread) is given up: that call raises
-        PeerLostError, and the receiver is not a peer."""
-        with self._lock:
+        PeerLostError, and the receiver is not a peer. A write to it in progress in another
+        thread (blocked on a receiver that does not take its bytes, or waiting for a credit)
+        is ended with PeerLostError, as :meth:`close` ends one, and it is not connected to
+        again (``reconnect=True``)."""
+        if not self._lock.acquire(timeout=CLOSE_INTERRUPT):
+            stuck = self._peers.get(address)
+            if stuck is not None:
+                self._interrupt(
+                    stuck, f"receiver at {address} was removed (remove_peer) during the write"
+                )
+            self._lock.acquire()
+        try:
             self._check_open()
             p = self._peers.pop(address, None)
             self._forget_routes()
@@ -771,6 +781,8 @@ class Sender(Resource):
                         del self._farewells[said]
                     self._farewells[address] = thread
                     return
+        finally:
+            self._lock.release()
         if p is not None:
             if goodbye:
                 p.goodbye()
@@ -1077,6 +1089,8 @@ class Sender(Resource):
     def _reopen_peer(self, p: _Peer) -> None:
         """After a PeerLostError with ``reconnect``: reconnect to ``p`` (its address book
         fetched afresh)."""
+        if p.abandoned is not None:  # removed, or the sender closed, during the write
+            raise PeerLostError(p.abandoned)
         self._forget_routes()
         if p.channel is not None and p.channel.ended_here:
             # the receiver lives and still holds the session we ended: its tensors would
@@ -1299,6 +1313,15 @@ class Sender(Resource):
             finally:
                 self._producing.discard(id(w))
 
+    @staticmethod
+    def _interrupt(p: _Peer, why: str) -> None:
+        """End a write to ``p`` blocked in another thread, which holds the sender's lock (no
+        credit, a socket full): its channel is marked lost, which its waits look at every
+        0.1 s, and a reconnect of it is refused (``why``, both)."""
+        p.abandoned = why
+        if p.channel is not None:
+            p.channel.mark_lost(why)
+
     def _refuse_if_producing(self, w: TensorWriter, name: str) -> None:
         if id(w) in self._producing:
             raise TensorWireError(
@@ -1396,8 +1419,7 @@ class Sender(Resource):
         is given up, and its call raises ClosedError."""
         if not self._lock.acquire(timeout=CLOSE_INTERRUPT):
             for p in list(self._peers.values()):
-                if p.channel is not None:
-                    p.channel.mark_lost(f"sender {self.name} was closed during the write")
+                self._interrupt(p, f"sender {self.name} was closed during the write")
             self._lock.acquire()
         try:
             if self._closed:

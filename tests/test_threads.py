@@ -612,3 +612,50 @@ def test_pings_refreshes_and_claims_from_several_threads_share_one_connection() 
             assert not any(t.is_alive() for t in askers)
             assert not errors, errors
             assert set(tx.tensors()) == set(names)
+
+
+@pytest.mark.parametrize("reconnect", [False, True])
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_remove_peer_ends_a_write_to_it_blocked_in_another_thread(
+    transport: str, reconnect: bool
+) -> None:
+    """A write waits for a credit the receiver never gives (its one slot held) while another
+    thread removes that receiver: the write ends with PeerLostError saying so, and is not
+    retried over a new session (``reconnect=True``); the removal returns at once, and writes
+    to the other receiver go on (before, remove_peer waited for the write's timeout, 20 s
+    here, as close() did before it ended such writes)."""
+    with tw.Receiver(ring=1) as held, tw.Receiver(ring=4) as rx:
+        held.register("t", (4,), "int64")
+        rx.register("u", (4,), "int64")
+        with tw.Sender(transport=transport, timeout=20, reconnect=reconnect) as tx:
+            tx.add_peer(held.address)
+            tx.add_peer(rx.address)
+            tx.write("t", np.zeros(4, np.int64))  # its one slot, never released
+            ended: list[BaseException | None] = []
+
+            def write_again() -> None:
+                try:
+                    tx.write("t", np.ones(4, np.int64))
+                except BaseException as exc:
+                    ended.append(exc)
+                else:
+                    ended.append(None)
+
+            writing = threading.Thread(target=write_again)
+            writing.start()
+            try:
+                time.sleep(0.3)  # (the write waits for the credit)
+                began = time.monotonic()
+                tx.remove_peer(held.address)
+                removed_in = time.monotonic() - began
+            finally:
+                writing.join(30)
+            assert not writing.is_alive()
+            # (within 10 s, far from the write's 20 s)
+            assert removed_in < 10, removed_in
+            assert len(ended) == 1 and isinstance(ended[0], tw.PeerLostError), ended
+            assert "was removed (remove_peer) during the write" in str(ended[0])
+            assert tx.peers == [rx.address]
+            assert held.pending("t") == 1  # the message written before, and no other
+            tx.write("u", np.full(4, 7, np.int64), timeout=5)
+            assert rx.wait("u", timeout=5).tolist() == [7, 7, 7, 7]
