@@ -319,6 +319,24 @@ def test_a_registration_making_a_region_holds_up_no_other_tensor(
         assert np.array_equal(rx.wait("large", timeout=10), np.arange(1 << 20, dtype=np.float32))
 
 
+def started(call: Callable[[], object]) -> tuple[threading.Thread, list[BaseException | None]]:
+    """``call`` running in a thread of its own, and the list its outcome goes to once it ends:
+    what it raised, or None."""
+    ended: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:
+            ended.append(exc)
+        else:
+            ended.append(None)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, ended
+
+
 @contextlib.contextmanager
 def silent_listener() -> Iterator[str]:
     """The address of a port that accepts TCP connections and never speaks ZeroMQ: a handshake
@@ -339,16 +357,7 @@ def test_a_handshake_under_way_holds_up_no_write(transport: str) -> None:
     with tw.Receiver(ring=4) as rx, silent_listener() as silent:
         rx.register("t", (4,), "int64")
         with tw.Sender.connect(rx.address, transport=transport, timeout=10) as tx:
-            failed: list[BaseException] = []
-
-            def join() -> None:
-                try:
-                    tx.add_peer(silent, connect_timeout=60)
-                except BaseException as exc:
-                    failed.append(exc)
-
-            joining = threading.Thread(target=join)
-            joining.start()
+            joining, failed = started(lambda: tx.add_peer(silent, connect_timeout=60))
             try:
                 time.sleep(0.2)  # (the handshake is under way)
                 for k in range(20):
@@ -436,20 +445,9 @@ def test_a_receiver_removed_while_it_is_being_added_is_not_a_peer(children: Chil
     proc = children.start(run_receiver, child, [("t", (4,), "int64")])
     address = parent.recv()["address"]
     with tw.Sender(transport="tcp", timeout=10) as tx:
-        ended: list[BaseException | None] = []
-
-        def join() -> None:
-            try:
-                tx.add_peer(address, connect_timeout=20)
-            except BaseException as exc:
-                ended.append(exc)
-            else:
-                ended.append(None)
-
         freeze(proc.pid)
-        joining = threading.Thread(target=join)
+        joining, ended = started(lambda: tx.add_peer(address, connect_timeout=20))
         try:
-            joining.start()
             time.sleep(0.3)  # (the hello is sent, and waits for the frozen receiver)
             tx.remove_peer(address)
         finally:
@@ -487,21 +485,9 @@ def test_a_round_trip_to_a_frozen_receiver_holds_up_no_write(children: Children,
         with tw.Sender(transport="tcp", timeout=10, heartbeat=None) as tx:
             tx.add_peer(rx.address)
             tx.add_peer(frozen)
-            ended: list[BaseException | None] = []
-            round_trip = _round_trip(tx, call, frozen)
-
-            def ask() -> None:
-                try:
-                    round_trip()
-                except BaseException as exc:
-                    ended.append(exc)
-                else:
-                    ended.append(None)
-
             freeze(proc.pid)
-            asking = threading.Thread(target=ask)
+            asking, ended = started(_round_trip(tx, call, frozen))
             try:
-                asking.start()
                 time.sleep(0.3)  # (the request is sent, and waits for the frozen receiver)
                 for k in range(20):
                     tx.write("u", np.full(4, k, np.int64), timeout=2)
@@ -538,20 +524,9 @@ def test_close_ends_a_ping_under_way(children: Children) -> None:
     proc = children.start(run_receiver, child, [("t", (4,), "int64")])
     frozen = parent.recv()["address"]
     tx = tw.Sender.connect(frozen, transport="tcp", timeout=10, heartbeat=None)
-    ended: list[BaseException | None] = []
-
-    def ask() -> None:
-        try:
-            tx.ping(frozen, timeout=30)
-        except BaseException as exc:
-            ended.append(exc)
-        else:
-            ended.append(None)
-
     freeze(proc.pid)
-    asking = threading.Thread(target=ask)
+    asking, ended = started(lambda: tx.ping(frozen, timeout=30))
     try:
-        asking.start()
         time.sleep(0.3)
         began = time.monotonic()
         tx.close()  # (its goodbye to the frozen receiver: GOODBYE_TIMEOUT, 5 s, at most)
@@ -631,18 +606,7 @@ def test_remove_peer_ends_a_write_to_it_blocked_in_another_thread(
             tx.add_peer(held.address)
             tx.add_peer(rx.address)
             tx.write("t", np.zeros(4, np.int64))  # its one slot, never released
-            ended: list[BaseException | None] = []
-
-            def write_again() -> None:
-                try:
-                    tx.write("t", np.ones(4, np.int64))
-                except BaseException as exc:
-                    ended.append(exc)
-                else:
-                    ended.append(None)
-
-            writing = threading.Thread(target=write_again)
-            writing.start()
+            writing, ended = started(lambda: tx.write("t", np.ones(4, np.int64)))
             try:
                 time.sleep(0.3)  # (the write waits for the credit)
                 began = time.monotonic()
