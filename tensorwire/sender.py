@@ -905,9 +905,10 @@ class Sender(Resource):
     def _peer(self, address: str | None) -> _Peer:
         self._check_open()
         if address is None:
-            if len(self._peers) != 1:
-                raise TensorWireError(f"sender has {len(self._peers)} peers; name one with peer=")
-            return next(iter(self._peers.values()))
+            peers = list(self._peers.values())  # (one read: ping() looks without the lock)
+            if len(peers) != 1:
+                raise TensorWireError(f"sender has {len(peers)} peers; name one with peer=")
+            return peers[0]
         try:
             return self._peers[address]
         except KeyError:
@@ -1343,11 +1344,15 @@ class Sender(Resource):
         ``timeout``.
         ``check``, if given, is called about every 0.1 s while the ping waits, and what it
         raises ends the wait (a caller's own news that makes the answer moot). Other threads'
-        writes go on while it waits; :meth:`close` ends it with ClosedError, and
+        writes go on while it waits, and it does not wait for theirs (one blocked on a credit,
+        to this receiver or another); :meth:`close` ends it with ClosedError, and
         :meth:`remove_peer` of its receiver with PeerLostError."""
-        with self._lock:
-            p = self._peer(peer)
-            control, generation, token = p.control, p.generation, p.token
+        # Not even the peer's look-up under the lock: a ping is what a watchdog thread asks
+        # while a write to the receiver waits for a credit it may never get (holding the lock
+        # up to its timeout). What it reads is set under the lock by other threads, a
+        # reconnect's at most half: a ping then meets the session that ended, as it would.
+        p = self._peer(peer)
+        control, generation, token = p.control, p.generation, p.token
         if control is None or not token:
             raise PeerLostError(p.reconnect_failed or f"receiver at {p.address} has no session")
         # The round trip outside the sender's lock: other threads' writes, to this receiver

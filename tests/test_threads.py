@@ -623,3 +623,31 @@ def test_remove_peer_ends_a_write_to_it_blocked_in_another_thread(
             assert held.pending("t") == 1  # the message written before, and no other
             tx.write("u", np.full(4, 7, np.int64), timeout=5)
             assert rx.wait("u", timeout=5).tolist() == [7, 7, 7, 7]
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_ping_does_not_wait_for_a_write_blocked_on_a_credit(transport: str) -> None:
+    """A watchdog thread pings a receiver while another thread's write to it waits for a
+    credit the receiver does not give yet (its one slot held): the ping answers at once
+    (before, it waited for the write's timeout, 20 s here, behind the sender's lock), and the
+    write lands once the receiver releases the slot."""
+    with tw.Receiver(ring=1) as rx:
+        rx.register("t", (4,), "int64")
+        with tw.Sender.connect(rx.address, transport=transport, timeout=20) as tx:
+            tx.write("t", np.zeros(4, np.int64))  # its one slot, held below
+            writing, ended = started(lambda: tx.write("t", np.ones(4, np.int64)))
+            try:
+                time.sleep(0.3)  # (the write waits for the credit)
+                began = time.monotonic()
+                for _ in range(5):
+                    tx.ping(timeout=10)
+                pinged_in = time.monotonic() - began
+                assert writing.is_alive(), "the write did not wait for its credit"
+                assert rx.wait("t", timeout=5).tolist() == [0, 0, 0, 0]
+                rx.release("t")
+            finally:
+                writing.join(30)
+            assert ended == [None]
+            assert rx.wait("t", timeout=5).tolist() == [1, 1, 1, 1]
+            # (within 10 s, far from the 20 s the write would have held the pings)
+            assert pinged_in < 10, pinged_in
