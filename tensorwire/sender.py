@@ -61,6 +61,9 @@ GOODBYE_TIMEOUT = 5.0
 WHY_TIMEOUT = 0.5
 #: How long close() lets a write in another thread finish before it interrupts it.
 CLOSE_INTERRUPT = 0.2
+#: How many sessions removed without a goodbye a sender remembers, to end each first when it
+#: connects to its receiver again (the oldest are forgotten)
+LEFT_KEPT = 256
 #: Pause between claims of a tensor the receiver fences (its dropped writer is mid-write).
 CLAIM_RETRY = 0.05
 #: Pause between attaches to a receiver whose data server for the transport is still starting.
@@ -166,10 +169,14 @@ class _Peer:
             self._lost_counted = True
             metrics.count("tensorwire_peers_lost_total", "sender")
 
-    def open(self, connect_timeout: float | None = None) -> None:
+    def open(
+        self, connect_timeout: float | None = None, left: tuple[int, bytes] | None = None
+    ) -> None:
         """(Re)connect: hello, authenticate, fetch the address book, open the data channel.
 
-        ``connect_timeout`` bounds these steps (default: the sender's timeout)."""
+        ``connect_timeout`` bounds these steps (default: the sender's timeout). ``left``: the
+        generation and token of this sender's earlier session with the receiver, which it left
+        without a goodbye: ended first (:meth:`_end_left_session`)."""
         self.close_quietly()
         self.control = ControlClient(self.address, self.curve_server_key)
         self.setup_lost = None
@@ -177,6 +184,8 @@ class _Peer:
         if connect_timeout is not None:
             self._timeout = check_timeout(connect_timeout)  # infinity: no bound
         try:
+            if left is not None:
+                self._end_left_session(*left)
             welcome = self._hello()
             self.generation = welcome.generation
             ms = welcome.heartbeat_timeout_ms
@@ -303,6 +312,20 @@ class _Peer:
         if len(reply.token) != wire.TOKEN_BYTES:
             raise LocalProtocolError(f"receiver at {self.address} sent a malformed token")
         return reply
+
+    def _end_left_session(self, generation: int, token: bytes) -> None:
+        """End this sender's earlier session with the receiver, left without a goodbye
+        (``remove_peer(goodbye=False)``): moved to the new control socket by its token, as a
+        session resumes, then said goodbye to, so that the receiver frees the tensors it held
+        now. Before, it kept them until its heartbeat timeout (30 s by default), and the new
+        session's claims were refused meanwhile, as "already written by" this very sender.
+        One already over (dropped, or the receiver restarted) is left be."""
+        assert self.control is not None
+        try:
+            self.control.request(wire.Resume(generation, token), self._timeout, self.check_alive)
+            self.control.request(wire.Goodbye(generation), self._timeout, self.check_alive)
+        except (PeerLostError, RemoteProtocolError):
+            pass  # ("closed", "stale-generation": over already)
 
     def _resume(self) -> wire.Message:
         return wire.Resume(self.generation, self.token)
@@ -595,6 +618,9 @@ class Sender(Resource):
         self._producing: set[int] = set()
         #: goodbyes said on threads of their own (remove_peer's ``wait=False``), by address
         self._farewells: dict[str, threading.Thread] = {}
+        #: sessions removed without a goodbye (generation, token), by address: a new session to
+        #: the address ends its old one first (_Peer._end_left_session)
+        self._left: dict[str, tuple[int, bytes]] = {}
         self._lock = threading.RLock()
         #: told whenever a handshake of add_peer ends (a second add_peer of its address waits)
         self._joined = threading.Condition(self._lock)
@@ -696,14 +722,17 @@ class Sender(Resource):
             # Heartbeated from the welcome on: opening a data channel can take longer than the
             # receiver waits for a silent session (creating NIXL agents on a GPU host: >1 s).
             self._joining[address] = peer
+            left = self._left.pop(address, None)
         # The handshake runs outside the lock: it touches only the new peer, and takes up to
         # connect_timeout (a receiver that does not answer) or 0.1 s and more (NIXL agents and
         # their metadata). Under the lock, as before, every other thread's write to the
         # receivers already connected waited for it, and close() too.
         try:
-            peer.open(connect_timeout)
+            peer.open(connect_timeout, left)
         except BaseException:
             with self._lock:
+                if left is not None:  # (maybe not ended: the next session to it tries again)
+                    self._left.setdefault(address, left)
                 del self._joining[address]
                 self._joined.notify_all()
                 closed = self._closed
@@ -736,19 +765,19 @@ class Sender(Resource):
 
     def remove_peer(self, address: str, *, goodbye: bool = True, wait: bool = True) -> None:
         """Disconnect from one receiver, saying goodbye if it is still there (up to 5 s for its
-        answer). ``goodbye=False``: close at once, without it, as a caller that knows the
-        receiver cannot answer and will not run again (a process it found frozen, while it
-        stops) would; the receiver then sees the session end as a loss, not as a clean goodbye,
-        and keeps the tensors it wrote claimed until then. ``wait=False``: say the goodbye on a
-        thread of its own and return at once, for a caller whose other receivers must not wait
-        for one that may be frozen: the goodbye reaches it, and ends the session cleanly, when
-        it runs again. A new session to that address (:meth:`add_peer`) begins once the goodbye
-        has ended, and :meth:`close` waits for such goodbyes still under way. A handshake with
-        it under way (:meth:`add_peer` in another thread) is given up: that call raises
-        PeerLostError, and the receiver is not a peer. A write to it in progress in another
-        thread (blocked on a receiver that does not take its bytes, or waiting for a credit)
-        is ended with PeerLostError, as :meth:`close` ends one, and it is not connected to
-        again (``reconnect=True``)."""
+        answer). ``goodbye=False``: close at once, without it, as a caller that knows the receiver
+        cannot answer and will not run again (a process it found frozen, while it stops) would; the
+        receiver then sees the session end as a loss, not as a clean goodbye, and keeps the tensors
+        it wrote claimed until its heartbeat timeout, or until this sender connects to it again
+        (:meth:`add_peer` ends the old session first). ``wait=False``: say the goodbye on a thread
+        of its own and return at once, for a caller whose other receivers must not wait for one that
+        may be frozen: the goodbye reaches it, and ends the session cleanly, when it runs again. A
+        new session to that address (:meth:`add_peer`) begins once the goodbye has ended, and
+        :meth:`close` waits for such goodbyes still under way. A handshake with it under way
+        (:meth:`add_peer` in another thread) is given up: that call raises PeerLostError, and the
+        receiver is not a peer. A write to it in progress in another thread (blocked on a receiver
+        that does not take its bytes, or waiting for a credit) is ended with PeerLostError, as
+        :meth:`close` ends one, and it is not connected to again (``reconnect=True``)."""
         if not self._lock.acquire(timeout=CLOSE_INTERRUPT):
             stuck = self._peers.get(address)
             if stuck is not None:
@@ -760,6 +789,12 @@ class Sender(Resource):
             self._check_open()
             p = self._peers.pop(address, None)
             self._forget_routes()
+            if p is not None and not goodbye and p.token:
+                # (kept for a new session to the address to end first; a few bytes each, the
+                # oldest forgotten past LEFT_KEPT: the receiver drops it at its timeout anyway)
+                self._left[address] = (p.generation, p.token)
+                while len(self._left) > LEFT_KEPT:
+                    del self._left[next(iter(self._left))]
             joining = self._joining.get(address)
             if joining is not None:  # (before, this waited for the handshake, then removed it)
                 joining.abandoned = (
@@ -897,6 +932,7 @@ class Sender(Resource):
         self._lock = threading.RLock()
         self._joined = threading.Condition(self._lock)
         self._joining = {}
+        self._left = {}  # (the parent's sessions' tokens)
         self._forked_away = True
         self._closed = True  # close() does nothing here: a goodbye would end the parent's session
         self._routes = {}

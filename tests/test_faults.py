@@ -305,6 +305,47 @@ def test_closing_a_sender_of_several_frozen_receivers_takes_one_goodbye(
         os.kill(proc.pid, signal.SIGKILL)
 
 
+def test_a_session_left_without_a_goodbye_ends_when_its_sender_connects_again(
+    transport: str,
+) -> None:
+    """``remove_peer(goodbye=False)``, then ``add_peer`` of the same receiver: the new session
+    ends the old one first (resumed by its token, then said goodbye to), and writes the
+    tensor the old one held at once, the receiver's heartbeat timeout 30 s. Before, over
+    `shm` (whose data plane the receiver does not see end) and where the receiver had not
+    yet seen the data plane's end, the new session's claim was refused until that timeout,
+    "already written by" this very sender. Where the receiver does see it end (a closed
+    connection), its consumer is told once that the writer was lost, as before; over `shm`
+    the old session now ends cleanly, and nothing is told."""
+    losses = 0
+
+    def take(rx: tw.Receiver) -> list[int]:
+        nonlocal losses
+        for _ in range(2):
+            try:
+                got = rx.wait("t", timeout=5).tolist()
+            except tw.PeerLostError:  # the session before, lost at its data plane's end
+                losses += 1
+                continue
+            rx.release("t")
+            return [int(x) for x in got]
+        raise AssertionError("no message after the loss")
+
+    with tw.Receiver(heartbeat_timeout=30) as rx:
+        rx.register("t", (4,), "int32")
+        with tw.Sender(transport=transport, timeout=10) as tx:
+            for k in range(3):
+                tx.add_peer(rx.address)
+                tx.write("t", np.full(4, k, np.int32), timeout=5)
+                assert take(rx) == [k] * 4
+                tx.remove_peer(rx.address, goodbye=False)
+            tx.add_peer(rx.address)
+            tx.write("t", np.full(4, 9, np.int32), timeout=5)
+            assert take(rx) == [9] * 4
+            assert peer_count(rx) == 1  # (the sessions left were ended, not kept to time out)
+    if transport == "shm":
+        assert losses == 0
+
+
 def test_a_goodbye_not_waited_for_reaches_a_frozen_receiver_when_it_runs_again(
     children: Children, transport: str
 ) -> None:
