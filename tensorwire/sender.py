@@ -315,11 +315,11 @@ class _Peer:
 
     def _end_left_session(self, generation: int, token: bytes) -> None:
         """End this sender's earlier session with the receiver, left without a goodbye
-        (``remove_peer(goodbye=False)``): moved to the new control socket by its token, as a
-        session resumes, then said goodbye to, so that the receiver frees the tensors it held
-        now. Before, it kept them until its heartbeat timeout (30 s by default), and the new
-        session's claims were refused meanwhile, as "already written by" this very sender.
-        One already over (dropped, or the receiver restarted) is left be."""
+        (``remove_peer(goodbye=False)``, or one the receiver did not take): moved to the new control
+        socket by its token, as a session resumes, then said goodbye to, so that the receiver frees
+        the tensors it held now. Before, it kept them until its heartbeat timeout (30 s by default),
+        and the new session's claims were refused meanwhile, as "already written by" this very
+        sender. One already over (dropped, or the receiver restarted) is left be."""
         assert self.control is not None
         try:
             self.control.request(wire.Resume(generation, token), self._timeout, self.check_alive)
@@ -509,12 +509,13 @@ class _Peer:
                 elif len(item) != 3:
                     raise LocalProtocolError(f"malformed claim-many answer: {item!r:.80}")
 
-    def goodbye(self) -> None:
+    def goodbye(self) -> bool:
         """End the session, within GOODBYE_TIMEOUT for the data plane's goodbye and the control
-        plane's together; at once where the receiver is known gone."""
+        plane's together; at once where the receiver is known gone. True where the receiver
+        took the goodbye (the session ended cleanly)."""
         channel, control = self.channel, self.control
         if control is None or channel is None:
-            return
+            return False
         deadline = time.monotonic() + GOODBYE_TIMEOUT
 
         def check() -> None:
@@ -529,10 +530,12 @@ class _Peer:
             if not channel.goodbye(GOODBYE_TIMEOUT):
                 check()  # (the data plane's goodbye may have found the receiver gone)
                 left = deadline - time.monotonic()
-                if left > 0:
-                    control.request(wire.Goodbye(self.generation), left, check)
+                if left <= 0:
+                    return False
+                control.request(wire.Goodbye(self.generation), left, check)
         except TensorWireError:
-            pass  # the receiver is gone or not answering: nothing to say goodbye to
+            return False  # the receiver is gone or not answering: nothing to say goodbye to
+        return True
 
     def close_quietly(self) -> None:
         channel, self.channel = self.channel, None
@@ -548,10 +551,12 @@ class _Peer:
             watch.close()
 
 
-def _farewell(peer: _Peer) -> None:
-    """Say goodbye to a receiver no longer among a sender's peers, then close its sockets."""
+def _farewell(peer: _Peer, unsaid: Callable[[_Peer], None]) -> None:
+    """Say goodbye to a receiver no longer among a sender's peers (``unsaid(peer)`` where it
+    does not take it), then close its sockets."""
     try:
-        peer.goodbye()
+        if not peer.goodbye():
+            unsaid(peer)
     finally:
         peer.close_quietly()
 
@@ -621,6 +626,7 @@ class Sender(Resource):
         #: sessions removed without a goodbye (generation, token), by address: a new session to
         #: the address ends its old one first (_Peer._end_left_session)
         self._left: dict[str, tuple[int, bytes]] = {}
+        self._left_lock = threading.Lock()  # (goodbye threads note theirs outside the lock)
         self._lock = threading.RLock()
         #: told whenever a handshake of add_peer ends (a second add_peer of its address waits)
         self._joined = threading.Condition(self._lock)
@@ -722,7 +728,8 @@ class Sender(Resource):
             # Heartbeated from the welcome on: opening a data channel can take longer than the
             # receiver waits for a silent session (creating NIXL agents on a GPU host: >1 s).
             self._joining[address] = peer
-            left = self._left.pop(address, None)
+            with self._left_lock:
+                left = self._left.pop(address, None)
         # The handshake runs outside the lock: it touches only the new peer, and takes up to
         # connect_timeout (a receiver that does not answer) or 0.1 s and more (NIXL agents and
         # their metadata). Under the lock, as before, every other thread's write to the
@@ -732,7 +739,8 @@ class Sender(Resource):
         except BaseException:
             with self._lock:
                 if left is not None:  # (maybe not ended: the next session to it tries again)
-                    self._left.setdefault(address, left)
+                    with self._left_lock:
+                        self._left.setdefault(address, left)
                 del self._joining[address]
                 self._joined.notify_all()
                 closed = self._closed
@@ -789,12 +797,6 @@ class Sender(Resource):
             self._check_open()
             p = self._peers.pop(address, None)
             self._forget_routes()
-            if p is not None and not goodbye and p.token:
-                # (kept for a new session to the address to end first; a few bytes each, the
-                # oldest forgotten past LEFT_KEPT: the receiver drops it at its timeout anyway)
-                self._left[address] = (p.generation, p.token)
-                while len(self._left) > LEFT_KEPT:
-                    del self._left[next(iter(self._left))]
             joining = self._joining.get(address)
             if joining is not None:  # (before, this waited for the handshake, then removed it)
                 joining.abandoned = (
@@ -803,7 +805,10 @@ class Sender(Resource):
                 )
             if p is not None and goodbye and not wait:
                 thread = threading.Thread(
-                    target=_farewell, args=(p,), name=f"tensorwire-goodbye-{self.name}", daemon=True
+                    target=_farewell,
+                    args=(p, self._note_left),
+                    name=f"tensorwire-goodbye-{self.name}",
+                    daemon=True,
                 )
                 try:
                     thread.start()
@@ -819,9 +824,21 @@ class Sender(Resource):
         finally:
             self._lock.release()
         if p is not None:
-            if goodbye:
-                p.goodbye()
+            if not (goodbye and p.goodbye()):
+                self._note_left(p)
             p.close_quietly()
+
+    def _note_left(self, p: _Peer) -> None:
+        """``p``'s session ends without a goodbye (none asked, or the receiver did not take
+        it): kept for a new session to its address to end first (_Peer._end_left_session).
+        A few bytes each, the oldest forgotten past LEFT_KEPT: the receiver drops it at its
+        heartbeat timeout anyway."""
+        if not p.token:
+            return  # (no session)
+        with self._left_lock:
+            self._left[p.address] = (p.generation, p.token)
+            while len(self._left) > LEFT_KEPT:
+                del self._left[next(iter(self._left))]
 
     @property
     def peers(self) -> list[str]:
@@ -933,6 +950,7 @@ class Sender(Resource):
         self._joined = threading.Condition(self._lock)
         self._joining = {}
         self._left = {}  # (the parent's sessions' tokens)
+        self._left_lock = threading.Lock()
         self._forked_away = True
         self._closed = True  # close() does nothing here: a goodbye would end the parent's session
         self._routes = {}
