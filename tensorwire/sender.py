@@ -159,6 +159,9 @@ class _Peer:
         #: why the peer has no session: it was lost, and connecting to it again failed (a
         #: write's reconnect); None while it has one
         self.reconnect_failed: str | None = None
+        #: the session lost before a reconnect (generation, token), until a new one is open:
+        #: ended first by the receiver's next handshake (_end_left_session)
+        self.left_behind: tuple[int, bytes] | None = None
         #: address books fetched, and the number of the one taken (fetch_book, take_book)
         self._books_fetched = 0
         self._book_taken = 0
@@ -1147,13 +1150,19 @@ class Sender(Resource):
         if p.abandoned is not None:  # removed, or the sender closed, during the write
             raise PeerLostError(p.abandoned)
         self._forget_routes()
+        said = False
         if p.channel is not None and p.channel.ended_here:
             # the receiver lives and still holds the session we ended: its tensors would
             # refuse the new session's claims ("already written by sender ...") until its
             # heartbeat timeout
-            p.goodbye()
+            said = p.goodbye()
+        if p.token and not said:
+            # The receiver may still hold the session lost here (one frozen past this sender's
+            # heartbeat verdict, not past its own timeout): the new session ends it first.
+            # Before, over shm, the new session's claims were refused until that timeout.
+            p.left_behind = (p.generation, p.token)
         try:
-            p.open()
+            p.open(left=p.left_behind)
         except BaseException as exc:
             # The peer stays, without a session: the next write connects again (the receiver
             # may be back by then), and lost() and ping() say why it has none.
@@ -1162,6 +1171,7 @@ class Sender(Resource):
             )
             raise
         p.reconnect_failed = None
+        p.left_behind = None
 
     def write_many(
         self,

@@ -346,6 +346,46 @@ def test_a_session_left_without_a_goodbye_ends_when_its_sender_connects_again(
         assert losses == 0
 
 
+def test_a_receiver_frozen_past_the_senders_verdict_is_written_to_again_at_once(
+    transport: str, children: Children
+) -> None:
+    """A receiver frozen (SIGSTOP) for 2 s, past its sender's heartbeat verdict (0.6 s) but
+    not its own heartbeat timeout (30 s), then running again: a write with
+    ``reconnect=True`` connects anew, ends the session lost first, and lands. Before, over
+    `shm` (whose data plane the receiver does not see end), the new session's claim was
+    refused until the receiver dropped the old one, "already written by" this very sender."""
+    here, there = children.pipe()
+    proc = children.start(
+        run_receiver, there, [("t", (4,), "int32")], None, BIND, {"heartbeat_timeout": 30}
+    )
+    assert here.poll(30)
+    address = here.recv()["address"]
+    with tw.Sender.connect(
+        address, transport=transport, timeout=10, heartbeat=0.2, reconnect=True
+    ) as tx:
+        tx.write("t", np.zeros(4, np.int32))
+        here.send(("t", 10))
+        assert here.recv() == ("ok", 0.0)
+        freeze(proc.pid)
+        try:
+            deadline = time.monotonic() + 10
+            while tx.lost() is None:  # (the heartbeats' verdict: 0.6 s)
+                assert time.monotonic() < deadline, "no verdict on the frozen receiver"
+                time.sleep(0.05)
+            time.sleep(1.0)
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        tx.write("t", np.ones(4, np.int32), timeout=10)
+        for _ in range(2):  # (the consumer may be told first of the session lost)
+            here.send(("t", 10))
+            answer = here.recv()
+            if answer != ("error", "PeerLostError"):
+                break
+        assert answer == ("ok", 4.0), answer
+    here.send("stop")
+    children.join_ok(proc)
+
+
 def test_a_goodbye_not_waited_for_reaches_a_frozen_receiver_when_it_runs_again(
     children: Children, transport: str
 ) -> None:
