@@ -642,7 +642,7 @@ class ControlClient:
             ends = [t for t in (deadline, check_at) if t is not None]
             # (sliced, with or without a deadline: a close() from another thread shows)
             ends.append(began + POLL_SLICE)
-            ms = max(math.ceil((min(ends) - began) * 1000), 0) if ends else None
+            ms = max(math.ceil((min(ends) - began) * 1000), 0)
             ready = dict(poller.poll(ms))
             if self._sock in ready:
                 return True, deadline
@@ -652,7 +652,7 @@ class ControlClient:
             if watch is not None and watch.events in ready:
                 self._raise_if_fatal()
             now = time.monotonic()
-            if not moved and deadline is not None and ms is not None:
+            if not moved and deadline is not None:
                 overslept = now - began - ms / 1000
                 if overslept > STALL:
                     moved = True
@@ -698,8 +698,9 @@ class ControlClient:
         """Close the socket; a request under way in another thread ends (ClosedError) within
         POLL_SLICE, and the socket is closed once it has. Idempotent."""
         self._closed = True
-        # Not for long: a request of this very thread (a check that closes) holds the turn,
-        # and closes the socket itself as it ends (turn's finally).
+        # A request of another thread holding the turn sees the close within POLL_SLICE and
+        # lets go; bounded all the same: one that does not closes the socket itself as it
+        # ends (turn's finally).
         if self._lock.acquire(timeout=1.0):
             try:
                 self._reset()

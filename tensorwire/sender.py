@@ -339,8 +339,7 @@ class _Peer:
         claim, :meth:`check_peer` (its pidfd on this host, the data channel's verdict) ends
         the wait; before, a lookup of a dead receiver waited out its whole timeout."""
         book = self.fetch_book(timeout, self.check_peer)
-        self.entries = book.entries
-        self._book_taken = book.number
+        self.take_book(book)
         return book.regions
 
     def fetch_book(self, timeout: float | None, check: Callable[[], None]) -> _Book:
@@ -393,9 +392,7 @@ class _Peer:
                 self.channel.update_regions(book.regions)
 
     def refresh(self, timeout: float | None = _DEFAULT) -> None:
-        regions = self._lookup(timeout)
-        if self.channel is not None:
-            self.channel.update_regions(regions)
+        self._lookup(timeout)  # (take_book gives the channel the regions)
 
     def writer(self, entry: TensorEntry, deadline: float | None = None) -> TensorWriter:
         """The tensor's writer, claiming the tensor first if we have not. While the receiver
