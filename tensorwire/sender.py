@@ -14,7 +14,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -35,6 +35,7 @@ from .errors import (
     SpecMismatchError,
     TensorWireError,
     UnknownTensorError,
+    WireTimeoutError,
 )
 from .heartbeat import Heartbeats, check_seconds, peers_of
 from .layout import RingLayout
@@ -64,6 +65,9 @@ CLOSE_INTERRUPT = 0.2
 #: How many sessions removed without a goodbye a sender remembers, to end each first when it
 #: connects to its receiver again (the oldest are forgotten)
 LEFT_KEPT = 256
+#: How many times a call looks a tensor up again where the receivers' address books changed
+#: (another thread's refresh, reconnect, add_peer, remove_peer) before it held its receiver
+ROUTE_TRIES = 16
 #: Pause between claims of a tensor the receiver fences (its dropped writer is mid-write).
 CLAIM_RETRY = 0.05
 #: Pause between attaches to a receiver whose data server for the transport is still starting.
@@ -130,6 +134,10 @@ class _Peer:
         self._secret = secret
         self._timeout = timeout
         self._client = client
+        #: held by a call that uses this receiver's session (a write, a claim, a reconnect, a
+        #: buffer() block, taking an address book, the ending): one such call at a time, while
+        #: calls to the sender's other receivers go on (Sender, "Locks")
+        self.lock = threading.RLock()
         self.control: ControlClient | None = None
         self.channel: Channel | None = None
         self.transport = ""
@@ -384,7 +392,7 @@ class _Peer:
 
     def take_book(self, book: _Book) -> None:
         """``book`` (:meth:`fetch_book`) is this peer's, unless a newer one is already (under
-        the sender's lock: the channel's regions are the writes')."""
+        the peer's lock: the channel's regions are the writes')."""
         if book.number > self._book_taken:
             self._book_taken = book.number
             self.entries = book.entries
@@ -551,14 +559,17 @@ class _Peer:
             watch.close()
 
 
-def _farewell(peer: _Peer, unsaid: Callable[[_Peer], None]) -> None:
-    """Say goodbye to a receiver no longer among a sender's peers (``unsaid(peer)`` where it
-    does not take it), then close its sockets."""
-    try:
-        if not peer.goodbye():
-            unsaid(peer)
-    finally:
-        peer.close_quietly()
+def _by_peer(
+    planned: list[tuple[_Peer, TensorEntry, Any]], indices: Sequence[int]
+) -> list[list[int]]:
+    """The items ``indices`` (not none) of a batch, grouped by receiver, in order."""
+    first = planned[indices[0]][0]
+    if all(planned[k][0] is first for k in indices):
+        return [list(indices)]
+    by_peer: dict[int, list[int]] = {}
+    for k in indices:
+        by_peer.setdefault(id(planned[k][0]), []).append(k)
+    return list(by_peer.values())
 
 
 class Sender(Resource):
@@ -613,21 +624,38 @@ class Sender(Resource):
         self._joining: dict[str, _Peer] = {}  # peers whose connection is being set up
         # (name, peer) -> where it goes; cleared whenever an address book changes.
         self._routes: dict[tuple[str, str | None], tuple[_Peer, TensorEntry]] = {}
-        # name -> (writer, shape, dtype, GPU array class or None): write()'s fast routes
-        # (peer=None), for writers that can write at once (TensorWriter.write_now), of host
-        # arrays or of the GPU arrays the writer names; cleared with the routes, and at close.
-        self._fast: dict[str, tuple[TensorWriter, tuple[Any, ...], np.dtype[Any], Any]] = {}
-        #: writers (by id) with a buffer() block open: another message of their tensor before
-        #: the block ends is refused (it took the block's slot or staging buffer, and a
-        #: message was lost)
-        self._producing: set[int] = set()
-        #: goodbyes said on threads of their own (remove_peer's ``wait=False``), by address
-        self._farewells: dict[str, threading.Thread] = {}
+        # name -> (writer, shape, dtype, GPU array class or None, its peer's lock): write()'s
+        # fast routes (peer=None), for writers that can write at once (TensorWriter.write_now),
+        # of host arrays or of the GPU arrays the writer names; cleared with the routes, and
+        # at close.
+        self._fast: dict[
+            str, tuple[TensorWriter, tuple[Any, ...], np.dtype[Any], Any, threading.RLock]
+        ] = {}
+        #: writers (by id) with a buffer() block open, and the thread of each block: another
+        #: message of their tensor from that thread before the block ends is refused (it took
+        #: the block's slot or staging buffer, and a message was lost); another thread's waits
+        #: for the block (which holds its receiver's lock)
+        self._producing: dict[int, int] = {}
+        #: sessions being ended (remove_peer), by address, each set once ended: a new session
+        #: to the address waits for it (the old one's goodbye, or its note in ``_left``)
+        self._endings: dict[str, threading.Event] = {}
         #: sessions removed without a goodbye (generation, token), by address: a new session to
         #: the address ends its old one first (_Peer._end_left_session)
         self._left: dict[str, tuple[int, bytes]] = {}
         self._left_lock = threading.Lock()  # (goodbye threads note theirs outside the lock)
+        # Two kinds of lock. ``_lock`` guards the sender's own tables (peers, routes, fast
+        # routes, handshakes under way) and is held for their look-ups and changes only, never
+        # across a wait on a receiver. Each peer's ``lock`` (_Peer.lock) is held by the call
+        # that uses the receiver's session (a write, its claim and reconnect, a buffer() block,
+        # taking an address book, the goodbye): a write blocked on one receiver (no credit, a
+        # full socket) holds up no call to the others. A thread may take ``_lock`` while it
+        # holds a peer's lock, never a peer's lock while it holds ``_lock``; and it waits for
+        # a peer's lock within its call's deadline (_hold).
         self._lock = threading.RLock()
+        #: bumped (under ``_lock``) whenever the routes are forgotten, before the peer's lock
+        #: of a change is let go: a route found at an epoch is still good where the epoch is
+        #: the same once its peer's lock is held
+        self._routes_epoch = 0
         #: told whenever a handshake of add_peer ends (a second add_peer of its address waits)
         self._joined = threading.Condition(self._lock)
         self._closed = False
@@ -693,16 +721,27 @@ class Sender(Resource):
                 "in no time (a timeout of 0 is for writes that poll)"
             )
         check_timeout(connect_timeout)
-        farewell = self._farewells.get(address)
-        if farewell is not None:
-            # The receiver ends the old session before it hears of the new one, which could
-            # not claim the tensors the old one holds. Bounded: a goodbye takes GOODBYE_TIMEOUT.
-            farewell.join()
         with self._lock:
             while True:
                 self._check_open()
-                if farewell is not None and self._farewells.get(address) is farewell:
-                    del self._farewells[address]
+                ending = self._endings.get(address)
+                if ending is not None:
+                    if not ending.is_set():
+                        # The old session ends (the receiver takes its goodbye, or it is noted
+                        # for this handshake to end) before the receiver hears of the new one,
+                        # which could not claim the tensors the old one holds. Bounded: an
+                        # ending waits CLOSE_INTERRUPT for a write under way, and a goodbye
+                        # takes GOODBYE_TIMEOUT. (Before, only a goodbye on a thread of its
+                        # own was waited for: a handshake while a removal waited for its
+                        # receiver's lock had its claims refused, "already written by" this
+                        # very sender.)
+                        self._lock.release()
+                        try:
+                            ending.wait()
+                        finally:
+                            self._lock.acquire()
+                        continue
+                    del self._endings[address]
                 if address in self._peers:
                     return
                 if address not in self._joining:
@@ -786,14 +825,7 @@ class Sender(Resource):
         receiver is not a peer. A write to it in progress in another thread (blocked on a receiver
         that does not take its bytes, or waiting for a credit) is ended with PeerLostError, as
         :meth:`close` ends one, and it is not connected to again (``reconnect=True``)."""
-        if not self._lock.acquire(timeout=CLOSE_INTERRUPT):
-            stuck = self._peers.get(address)
-            if stuck is not None:
-                self._interrupt(
-                    stuck, f"receiver at {address} was removed (remove_peer) during the write"
-                )
-            self._lock.acquire()
-        try:
+        with self._lock:
             self._check_open()
             p = self._peers.pop(address, None)
             self._forget_routes()
@@ -803,10 +835,18 @@ class Sender(Resource):
                     f"receiver at {address} was removed (remove_peer) while this sender "
                     "connected to it"
                 )
-            if p is not None and goodbye and not wait:
+            if p is None:
+                return
+            why = f"receiver at {address} was removed (remove_peer) during the write"
+            # (those ended already go: one kept for each address ever removed grew with every
+            # restarted worker a parameter server lost)
+            for said in [a for a, e in self._endings.items() if e.is_set()]:
+                del self._endings[said]
+            ended = self._endings[address] = threading.Event()
+            if goodbye and not wait:
                 thread = threading.Thread(
-                    target=_farewell,
-                    args=(p, self._note_left),
+                    target=self._end_peer,
+                    args=(p, True, why, ended),
                     name=f"tensorwire-goodbye-{self.name}",
                     daemon=True,
                 )
@@ -815,18 +855,31 @@ class Sender(Resource):
                 except RuntimeError:  # no new threads (interpreter shutdown): said here
                     pass
                 else:
-                    # (those said already go: one kept for each address ever removed grew
-                    # with every restarted worker a parameter server lost)
-                    for said in [a for a, t in self._farewells.items() if not t.is_alive()]:
-                        del self._farewells[said]
-                    self._farewells[address] = thread
                     return
+        self._end_peer(p, goodbye, why, ended)
+
+    def _end_peer(
+        self, p: _Peer, goodbye: bool, why: str, ended: threading.Event | None = None
+    ) -> None:
+        """End the session of ``p``, no longer among the peers: a goodbye where ``goodbye`` (a
+        session left without one is kept for the next handshake with its receiver to end),
+        then its sockets closed. Under the peer's lock, so that no write is under way on the
+        channel it closes; a write in another thread that holds it past ``CLOSE_INTERRUPT``
+        (no credit, a full socket) is ended with PeerLostError (``why``) rather than waited
+        for, and its receiver is not connected to again. ``ended`` is set once it is over."""
+        try:
+            if not p.lock.acquire(timeout=CLOSE_INTERRUPT):
+                self._interrupt(p, why)
+                p.lock.acquire()  # (the write sees the mark within the transports' 0.1 s)
+            try:
+                if not (goodbye and p.goodbye()):
+                    self._note_left(p)
+                p.close_quietly()
+            finally:
+                p.lock.release()
         finally:
-            self._lock.release()
-        if p is not None:
-            if not (goodbye and p.goodbye()):
-                self._note_left(p)
-            p.close_quietly()
+            if ended is not None:
+                ended.set()
 
     def _note_left(self, p: _Peer) -> None:
         """``p``'s session ends without a goodbye (none asked, or the receiver did not take
@@ -849,7 +902,7 @@ class Sender(Resource):
         (on this host), it left its heartbeats unanswered, or it ended the session; None while
         it may still live. Never waits: what the heartbeats and the writes have seen so far, a
         look at the data channel (a tcp connection the receiver hung up) where no other call
-        holds it, and a look at the process where it is on this host."""
+        to the receiver holds it, and a look at the process where it is on this host."""
         p = self._peer(peer)
         channel = p.channel
         if channel is not None and channel.lost is not None:
@@ -861,7 +914,7 @@ class Sender(Resource):
             p.check_alive()
         except PeerLostError as exc:
             return str(exc)
-        if channel is None or not self._lock.acquire(blocking=False):
+        if channel is None or not p.lock.acquire(blocking=False):
             return None
         # The data channel's own look at its receiver, unless a call holds the channel (it
         # meets the loss itself), after the look at its process (which says more where it
@@ -871,13 +924,13 @@ class Sender(Resource):
         # until three heartbeats went unanswered (15 s at the default 5 s), and a parameter
         # server waited that long for a worker killed on another host before its first push.
         try:
-            # (not one removed meanwhile: remove_peer closes it outside the lock)
+            # (not one removed meanwhile, and closed since: its ending held this lock)
             if self._peers.get(p.address) is p and p.channel is channel:
                 channel.probe_peer()
         except PeerLostError as exc:
             return channel.lost or str(exc)
         finally:
-            self._lock.release()
+            p.lock.release()
         return None
 
     def transport_of(self, peer: str | None = None) -> str:
@@ -897,7 +950,8 @@ class Sender(Resource):
         tensors registered since we connected. ``timeout`` bounds each receiver's answer (default:
         the sender's timeout; None: no bound); one that does not answer in time raises
         :class:`WireTimeoutError`. Other threads' writes go on while it waits, as for
-        :meth:`ping`."""
+        :meth:`ping`; taking the book waits for a call to the same receiver under way in
+        another thread (a write waiting for a credit), within ``timeout`` too."""
         if timeout is not _DEFAULT:
             timeout = check_timeout(timeout)
         with self._lock:
@@ -918,10 +972,15 @@ class Sender(Resource):
                     continue  # connected anew meanwhile (a write's reconnect): a book anew
                 look()
                 raise
-            with self._lock:
+            # (by the sender's timeout where this call has none)
+            self._hold(p, None if timeout in (_DEFAULT, None) else deadline_of(timeout), "refresh")
+            try:
                 if p.control is control:
                     p.take_book(book)
-                    self._forget_routes()
+                    with self._lock:
+                        self._forget_routes()
+            finally:
+                p.lock.release()
 
     def spec(self, name: str, *, peer: str | None = None) -> TensorSpec:
         return self._resolve(name, peer, connect=False)[1].spec
@@ -935,9 +994,27 @@ class Sender(Resource):
     # ---------------------------------------------------------------------------------------
 
     def _forget_routes(self) -> None:
-        """An address book or a connection changed: resolve every name again."""
+        """An address book or a connection changed: resolve every name again (under the
+        sender's lock, and under the lock of the peer that changed, where one did)."""
         self._routes.clear()
         self._fast.clear()
+        self._routes_epoch += 1
+
+    def _hold(self, p: _Peer, deadline: float | None, call: str = "write") -> None:
+        """Take ``p``'s lock (the caller lets it go), waiting for a call to the receiver under
+        way in another thread by ``deadline``; one already passed (a write that polls) waits
+        up to the sender's timeout, as a round trip does. WireTimeoutError after that: the
+        other call holds the receiver that long (a write waiting for a credit)."""
+        lock = p.lock
+        if lock.acquire(blocking=False):
+            return
+        deadline = p.round_trip_deadline(deadline)
+        if lock.acquire(timeout=-1 if deadline is None else max(deadline - time.monotonic(), 0)):
+            return
+        raise WireTimeoutError(
+            f"{call} to the receiver at {p.address}: another thread's call to it (a write waiting "
+            "for a credit, a buffer() block) held it until this call's timeout"
+        )
 
     def _check_open(self) -> None:
         if self._closed:
@@ -950,6 +1027,7 @@ class Sender(Resource):
         self._joined = threading.Condition(self._lock)
         self._joining = {}
         self._left = {}  # (the parent's sessions' tokens)
+        self._endings = {}  # (set by the parent's threads, which are not here)
         self._left_lock = threading.Lock()
         self._forked_away = True
         self._closed = True  # close() does nothing here: a goodbye would end the parent's session
@@ -970,56 +1048,105 @@ class Sender(Resource):
 
     def _resolve(
         self, name: str, peer: str | None, deadline: float | None = None, *, connect: bool = True
-    ) -> tuple[_Peer, TensorEntry]:
-        """The receiver that publishes ``name`` (``peer``, or the only one that does), and its
-        entry; the address books are fetched again once where none does (it may have been
-        registered since), by ``deadline`` (a write's), or within the sender's timeout where
-        there is none or it has passed (as a claim: a round trip never fits in none). Before,
-        always within the sender's timeout: a write given 1 s to a receiver that no longer
-        answered took 30 s. A receiver left without a session (lost, and connecting to it
-        again failed) is connected to again here, unless ``connect`` is false (a look at
-        its spec): before, every later write to it failed on an assertion."""
-        self._check_open()
-        route = self._routes.get((name, peer))
-        if route is not None:
-            return route
-        candidates = [self._peer(peer)] if peer is not None else list(self._peers.values())
-        for attempt in range(2):
-            found = [(p, p.entries[name]) for p in candidates if name in p.entries]
-            if len(found) == 1:
-                p = found[0][0]
-                if p.control is None and connect:  # (never a route: it would skip this)
+    ) -> tuple[_Peer, TensorEntry, int]:
+        """The receiver that publishes ``name`` (``peer``, or the only one that does), its
+        entry, and the routes' epoch it was found at; the address books are fetched again once
+        where none does (it may have been registered since), by ``deadline`` (a write's), or
+        within the sender's timeout where there is none or it has passed (as a claim: a round
+        trip never fits in none). Before, always within the sender's timeout: a write given
+        1 s to a receiver that no longer answered took 30 s. A receiver left without a session
+        (lost, and connecting to it again failed) is connected to again here, unless
+        ``connect`` is false (a look at its spec): before, every later write to it failed on
+        an assertion. The sender's lock is held for the look-ups only: a fetch or a
+        reconnect is made under its peer's lock alone, so the caller must hold no other
+        peer's lock than ``peer``'s."""
+        refreshed = False
+        for _ in range(ROUTE_TRIES):
+            with self._lock:
+                self._check_open()
+                epoch = self._routes_epoch
+                route = self._routes.get((name, peer))
+                if route is not None:
+                    return route[0], route[1], epoch
+                candidates = [self._peer(peer)] if peer is not None else list(self._peers.values())
+                found = [(p, p.entries[name]) for p in candidates if name in p.entries]
+                if len(found) > 1:
+                    raise TensorWireError(
+                        f"tensor {name!r} is published by several receivers "
+                        f"({', '.join(p.address for p, _ in found)}); choose one with peer="
+                    )
+                if found:
+                    p, entry = found[0]
+                    if p.control is not None:
+                        self._routes[(name, peer)] = found[0]
+                        return p, entry, epoch
+                    if not connect:  # (never a route: it would skip the reconnect below)
+                        return p, entry, epoch
                     if not self.reconnect:
                         raise PeerLostError(
                             p.reconnect_failed or f"receiver at {p.address} has no session"
                         )
-                    self._reopen_peer(p)  # (raises as it fails again)
-                    return self._resolve(name, peer, deadline)
-                if p.control is not None:
-                    self._routes[(name, peer)] = found[0]
-                return found[0]
-            if len(found) > 1:
-                raise TensorWireError(
-                    f"tensor {name!r} is published by several receivers "
-                    f"({', '.join(p.address for p, _ in found)}); choose one with peer="
-                )
-            if attempt == 0:  # the receiver may have registered it since we looked
-                self._forget_routes()
-                for p in candidates:
+                elif refreshed:
+                    known = {n for p in candidates for n in p.entries}
+                    raise UnknownTensorError(
+                        f"no receiver publishes tensor {shown_name(name)}; published: "
+                        f"{names_listed(name, known)}"
+                    )
+            if found:  # its receiver, without a session: connected to again
+                self._hold(p, deadline)
+                try:
                     if p.control is None:
-                        continue  # no session (its reconnect failed): its book as it was
-                    try:
-                        p.refresh(remaining(p.round_trip_deadline(deadline)))
-                    except PeerLostError as exc:  # as a write that meets the loss
-                        p.note_lost()
-                        if not self.reconnect:
-                            raise self._explained(exc, p) from None
-                        self._reopen_peer(p)
-        known = {n for p in candidates for n in p.entries}
-        raise UnknownTensorError(
-            f"no receiver publishes tensor {shown_name(name)}; published: "
-            f"{names_listed(name, known)}"
+                        self._reopen_peer(p)  # (raises as it fails again)
+                finally:
+                    p.lock.release()
+                continue
+            refreshed = True  # the receiver may have registered it since we looked
+            for p in candidates:
+                self._look_up_again(p, name, deadline)
+        raise TensorWireError(
+            f"tensor {name!r}: the receivers' address books changed {ROUTE_TRIES} times while "
+            "this sender looked it up"
         )
+
+    def _look_up_again(self, p: _Peer, name: str, deadline: float | None) -> None:
+        """Fetch ``p``'s address book again, as ``_resolve`` of ``name`` found it nowhere, by
+        ``deadline`` (the sender's timeout where there is none or it passed). The round trip
+        is made outside the locks; the book is taken under ``p``'s, but for a receiver that
+        another thread's call holds (a write waiting for a credit) and whose book has not the
+        name: this look-up does not wait for it. A receiver found lost is connected to again
+        with ``reconnect``."""
+        control = p.control
+        if control is None:
+            return  # no session (its reconnect failed): its book as it was
+        round_trip = p.round_trip_deadline(deadline)
+        try:
+            book = p.fetch_book(remaining(round_trip), self._look_during(p, control, "look-up"))
+        except (ClosedError, PeerLostError) as exc:
+            if self._closed or self._peers.get(p.address) is not p or p.control is not control:
+                return  # closed, removed or connected again by another thread meanwhile
+            if isinstance(exc, ClosedError):
+                raise
+            p.note_lost()  # as a write that meets the loss
+            if not self.reconnect:
+                raise self._explained(exc, p) from None
+            self._hold(p, round_trip, "look-up")
+            try:
+                if p.control is control:
+                    self._reopen_peer(p)
+            finally:
+                p.lock.release()
+            return
+        if name in book.entries:
+            self._hold(p, round_trip, "look-up")
+        elif not p.lock.acquire(blocking=False):
+            return
+        try:
+            if p.control is control:
+                p.take_book(book)
+                with self._lock:
+                    self._forget_routes()
+        finally:
+            p.lock.release()
 
     def _deadline(self, timeout: float | None) -> float | None:
         return deadline_of(self.timeout if timeout is _DEFAULT else timeout)
@@ -1053,68 +1180,88 @@ class Sender(Resource):
         # The per-message path: every step below costs about what a small message's copy does,
         # so it takes the lock without ``with`` (half the cost) and makes the handle without
         # NamedTuple's argument parsing.
-        lock = self._lock
-        lock.acquire()
-        try:
-            fast = self._fast.get(name) if peer is None else None
-            if (
-                fast is not None
-                and (
-                    array.__class__ is np.ndarray
-                    or array.__class__ is ReceivedArray
-                    or array.__class__ is fast[3]  # a GPU array of the class its writer takes
-                )
-                and array.shape == fast[1]
-                and array.dtype == fast[2]
-                and array.flags.c_contiguous
-                # any other timeout (negative, NaN, a string, a bool) is refused below, by name
-                and (
-                    timeout is _DEFAULT
-                    or timeout is None
-                    or ((timeout.__class__ is float or timeout.__class__ is int) and timeout >= 0)
-                )
-            ):
-                # The fast route of a tensor written before: its checks above are the spec's
-                # (a static tensor of this dtype and shape), and no deadline is needed
-                # unless the writer must wait, which the general path below does (or, over
-                # tcp, finish a frame the socket took part of: write_now makes that one).
-                w = fast[0]
+        fast = self._fast.get(name) if peer is None else None
+        if (
+            fast is not None
+            and (
+                array.__class__ is np.ndarray
+                or array.__class__ is ReceivedArray
+                or array.__class__ is fast[3]  # a GPU array of the class its writer takes
+            )
+            and array.shape == fast[1]
+            and array.dtype == fast[2]
+            and array.flags.c_contiguous
+            # any other timeout (negative, NaN, a string, a bool) is refused below, by name
+            and (
+                timeout is _DEFAULT
+                or timeout is None
+                or ((timeout.__class__ is float or timeout.__class__ is int) and timeout >= 0)
+            )
+        ):
+            # The fast route of a tensor written before: its checks above are the spec's
+            # (a static tensor of this dtype and shape), and no deadline is needed
+            # unless the writer must wait, which the general path below does (or, over
+            # tcp, finish a frame the socket took part of: write_now makes that one); so
+            # does a receiver another thread's call holds. Under the receiver's lock the
+            # route is still the tensor's (routes are forgotten under it where they change).
+            lock = fast[4]
+            if lock.acquire(blocking=False):
                 try:
-                    done = w.write_now(array, self.timeout if timeout is _DEFAULT else timeout)
-                except PeerLostError:
-                    done = False  # the general path meets it again, and handles it
-                if done:
-                    counts = w.traffic
-                    counts.messages += 1
-                    nbytes = array.nbytes
-                    counts.bytes += nbytes
-                    return _new_tuple(WriteHandle, (name, w.next_seq - 1, nbytes))
-            deadline = self._deadline(timeout)
-            p, entry = self._resolve(name, peer, deadline)
+                    if self._fast.get(name) is fast:
+                        w = fast[0]
+                        try:
+                            done = w.write_now(
+                                array, self.timeout if timeout is _DEFAULT else timeout
+                            )
+                        except PeerLostError:
+                            done = False  # the general path meets it again, and handles it
+                        if done:
+                            counts = w.traffic
+                            counts.messages += 1
+                            nbytes = array.nbytes
+                            counts.bytes += nbytes
+                            return _new_tuple(WriteHandle, (name, w.next_seq - 1, nbytes))
+                finally:
+                    lock.release()
+        deadline = self._deadline(timeout)
+        for _ in range(ROUTE_TRIES):
+            p, entry, epoch = self._resolve(name, peer, deadline)
             arr = entry.spec.check_array(array, allow_copy=allow_copy)
+            lock = p.lock
+            if not lock.acquire(blocking=False):
+                self._hold(p, deadline)
             try:
-                w = p.writers.get(entry.tensor_id) or p.writer(entry, deadline)
-                if self._producing:
-                    self._refuse_if_producing(w, name)
-                w.write(arr if w.takes_device else w.on_host(arr), deadline)
-                if w.writes_now and peer is None and fast is None:
-                    route = (w, entry.spec.static_shape, entry.spec.dtype, w.now_class)
-                    self._fast[name] = route
-            except PeerLostError as exc:
-                p.note_lost()
-                if not self.reconnect:
-                    raise self._explained(exc, p) from None
-                p, entry = self._reopen(p, name)
-                arr = entry.spec.check_array(arr)
-                w = p.writer(entry, deadline)
-                w.write(arr if w.takes_device else w.on_host(arr), deadline)
-            nbytes = arr.nbytes
-            counts = w.traffic  # inline, not a method call
-            counts.messages += 1
-            counts.bytes += nbytes
-            return _new_tuple(WriteHandle, (name, w.next_seq - 1, nbytes))
-        finally:
-            lock.release()
+                if epoch != self._routes_epoch:
+                    continue  # its receiver's book or session changed meanwhile: again
+                try:
+                    w = p.writers.get(entry.tensor_id) or p.writer(entry, deadline)
+                    if self._producing:
+                        self._refuse_if_producing(w, name)
+                    w.write(arr if w.takes_device else w.on_host(arr), deadline)
+                    if w.writes_now and peer is None and fast is None:
+                        with self._lock:
+                            if epoch == self._routes_epoch:
+                                route = (w, entry.spec.static_shape, entry.spec.dtype)
+                                self._fast[name] = (*route, w.now_class, lock)
+                except PeerLostError as exc:
+                    p.note_lost()
+                    if not self.reconnect:
+                        raise self._explained(exc, p) from None
+                    p, entry = self._reopen(p, name)
+                    arr = entry.spec.check_array(arr)
+                    w = p.writer(entry, deadline)
+                    w.write(arr if w.takes_device else w.on_host(arr), deadline)
+                nbytes = arr.nbytes
+                counts = w.traffic  # inline, not a method call
+                counts.messages += 1
+                counts.bytes += nbytes
+                return _new_tuple(WriteHandle, (name, w.next_seq - 1, nbytes))
+            finally:
+                lock.release()
+        raise TensorWireError(
+            f"tensor {name!r}: the receivers' address books changed {ROUTE_TRIES} times while "
+            "this sender wrote it"
+        )
 
     def _explained(self, exc: PeerLostError, p: _Peer) -> PeerLostError:
         """``exc``, with why the receiver ended the session where it did (the loss names only
@@ -1137,38 +1284,50 @@ class Sender(Resource):
 
     def _reopen(self, p: _Peer, name: str) -> tuple[_Peer, TensorEntry]:
         """After a PeerLostError with ``reconnect``: reconnect to ``p`` and resolve ``name``
-        at the restarted receiver."""
+        at the restarted receiver (under ``p``'s lock)."""
         self._reopen_peer(p)
-        return self._resolve(name, p.address)
+        return self._found_at(p, name)
+
+    def _found_at(self, p: _Peer, name: str) -> tuple[_Peer, TensorEntry]:
+        """``name``'s entry at ``p``, whose lock the caller holds (after its reconnect)."""
+        q, entry, _ = self._resolve(name, p.address)
+        if q is not p:  # (removed meanwhile, and added again by another thread)
+            raise PeerLostError(
+                f"receiver at {p.address} was removed (remove_peer) during the write"
+            )
+        return p, entry
 
     def _reopen_peer(self, p: _Peer) -> None:
         """After a PeerLostError with ``reconnect``: reconnect to ``p`` (its address book
-        fetched afresh)."""
+        fetched afresh), under its lock; the routes are forgotten before it is let go."""
         if p.abandoned is not None:  # removed, or the sender closed, during the write
             raise PeerLostError(p.abandoned)
-        self._forget_routes()
-        said = False
-        if p.channel is not None and p.channel.ended_here:
-            # the receiver lives and still holds the session we ended: its tensors would
-            # refuse the new session's claims ("already written by sender ...") until its
-            # heartbeat timeout
-            said = p.goodbye()
-        if p.token and not said:
-            # The receiver may still hold the session lost here (one frozen past this sender's
-            # heartbeat verdict, not past its own timeout): the new session ends it first.
-            # Before, over shm, the new session's claims were refused until that timeout.
-            p.left_behind = (p.generation, p.token)
         try:
-            p.open(left=p.left_behind)
-        except BaseException as exc:
-            # The peer stays, without a session: the next write connects again (the receiver
-            # may be back by then), and lost() and ping() say why it has none.
-            p.reconnect_failed = (
-                f"receiver at {p.address} was lost, and connecting to it again failed: {exc}"
-            )
-            raise
-        p.reconnect_failed = None
-        p.left_behind = None
+            said = False
+            if p.channel is not None and p.channel.ended_here:
+                # the receiver lives and still holds the session we ended: its tensors would
+                # refuse the new session's claims ("already written by sender ...") until its
+                # heartbeat timeout
+                said = p.goodbye()
+            if p.token and not said:
+                # The receiver may still hold the session lost here (one frozen past this
+                # sender's heartbeat verdict, not past its own timeout): the new session ends it
+                # first. Before, over shm, the new session's claims were refused until then.
+                p.left_behind = (p.generation, p.token)
+            try:
+                p.open(left=p.left_behind)
+            except BaseException as exc:
+                # The peer stays, without a session: the next write connects again (the
+                # receiver may be back by then), and lost() and ping() say why it has none.
+                p.reconnect_failed = (
+                    f"receiver at {p.address} was lost, and connecting to it again failed: {exc}"
+                )
+                raise
+            p.reconnect_failed = None
+            p.left_behind = None
+        finally:
+            with self._lock:
+                self._forget_routes()
 
     def write_many(
         self,
@@ -1196,58 +1355,72 @@ class Sender(Resource):
         # and _write_group spend on it, so both stay lean (the route cache read inline, one
         # receiver without grouping, handles without NamedTuple's argument parsing).
         pairs = items.items() if isinstance(items, Mapping) else items
-        lock = self._lock
-        lock.acquire()
-        try:
-            self._check_open()
-            deadline = self._deadline(timeout)
-            routes = self._routes
-            planned: list[tuple[_Peer, TensorEntry, Any]] = []
-            for item in pairs:
-                if not isinstance(item, (tuple, list)) or not 2 <= len(item) <= 3:
-                    # (an array of three or four elements would otherwise unpack as one)
-                    raise TypeError(
-                        "write_many takes a mapping of names to arrays, or (name, array) or "
-                        f"(name, array, peer) items; got an item of type {type(item).__name__}"
-                        + (f" of {len(item)}" if isinstance(item, (tuple, list)) else "")
-                    )
-                name = item[0]
-                where = item[2] if len(item) > 2 else peer
-                p, entry = routes.get((name, where)) or self._resolve(name, where, deadline)
-                if self._producing:  # before any item is written
-                    open_writer = p.writers.get(entry.tensor_id)
-                    if open_writer is not None:
-                        self._refuse_if_producing(open_writer, name)
-                planned.append((p, entry, entry.spec.check_array(item[1], allow_copy=allow_copy)))
-            if not planned:
-                return []
-            first = planned[0][0]
-            groups: list[list[int]]
-            if all(p is first for p, _, _ in planned):
-                groups = [list(range(len(planned)))]
-            else:
-                by_peer: dict[str, list[int]] = {}
-                for k, (p, _, _) in enumerate(planned):
-                    by_peer.setdefault(p.address, []).append(k)
-                groups = list(by_peer.values())
-            handles: list[WriteHandle] = [None] * len(planned)  # type: ignore[list-item]
-            for indices in groups:
+        self._check_open()
+        deadline = self._deadline(timeout)
+        routes = self._routes
+        # (the routes read below are this epoch's, or it changed: each group's receiver,
+        # once held, looks again, and the groups not written yet are planned again)
+        epoch = self._routes_epoch
+        planned: list[tuple[_Peer, TensorEntry, Any]] = []
+        wheres: list[str | None] = []
+        for item in pairs:
+            if not isinstance(item, (tuple, list)) or not 2 <= len(item) <= 3:
+                # (an array of three or four elements would otherwise unpack as one)
+                raise TypeError(
+                    "write_many takes a mapping of names to arrays, or (name, array) or "
+                    f"(name, array, peer) items; got an item of type {type(item).__name__}"
+                    + (f" of {len(item)}" if isinstance(item, (tuple, list)) else "")
+                )
+            name = item[0]
+            where = item[2] if len(item) > 2 else peer
+            route = routes.get((name, where))
+            p, entry = route if route is not None else self._resolve(name, where, deadline)[:2]
+            if self._producing:  # before any item is written
+                open_writer = p.writers.get(entry.tensor_id)
+                if open_writer is not None:
+                    self._refuse_if_producing(open_writer, name)
+            planned.append((p, entry, entry.spec.check_array(item[1], allow_copy=allow_copy)))
+            wheres.append(where)
+        if not planned:
+            return []
+        groups = _by_peer(planned, range(len(planned)))
+        handles: list[WriteHandle] = [None] * len(planned)  # type: ignore[list-item]
+        for _ in range(ROUTE_TRIES):
+            for g, indices in enumerate(groups):  # noqa: B007 (g: where it stopped, below)
+                lost = planned[indices[0]][0]
+                lock = lost.lock
+                if not lock.acquire(blocking=False):
+                    self._hold(lost, deadline)
                 try:
-                    self._write_group(planned, indices, handles, deadline)
-                except PeerLostError as exc:
-                    lost, first_entry = planned[indices[0]][0], planned[indices[0]][1]
-                    lost.note_lost()
-                    if not self.reconnect:
-                        raise self._explained(exc, lost) from None
-                    self._reopen(lost, first_entry.spec.name)
-                    for k in indices:
-                        _, entry, arr = planned[k]
-                        p, entry = self._resolve(entry.spec.name, lost.address)
-                        planned[k] = (p, entry, entry.spec.check_array(arr))
-                    self._write_group(planned, indices, handles, deadline)
-            return handles
-        finally:
-            lock.release()
+                    if epoch != self._routes_epoch:
+                        break  # a book or a session changed meanwhile: the rest planned again
+                    try:
+                        self._write_group(planned, indices, handles, deadline)
+                    except PeerLostError as exc:
+                        lost.note_lost()
+                        if not self.reconnect:
+                            raise self._explained(exc, lost) from None
+                        self._reopen(lost, planned[indices[0]][1].spec.name)
+                        for k in indices:
+                            _, entry, arr = planned[k]
+                            p, entry = self._found_at(lost, entry.spec.name)
+                            planned[k] = (p, entry, entry.spec.check_array(arr))
+                        self._write_group(planned, indices, handles, deadline)
+                finally:
+                    lock.release()
+            else:
+                return handles
+            epoch = self._routes_epoch
+            rest = [k for indices in groups[g:] for k in indices]
+            for k in rest:
+                _, entry, arr = planned[k]
+                p, entry, _ = self._resolve(entry.spec.name, wheres[k], deadline)
+                planned[k] = (p, entry, entry.spec.check_array(arr))
+            groups = _by_peer(planned, rest)
+        raise TensorWireError(
+            f"the receivers' address books changed {ROUTE_TRIES} times while this sender "
+            "wrote a batch to them"
+        )
 
     def _write_group(
         self,
@@ -1315,10 +1488,12 @@ class Sender(Resource):
         Views made of it inside the block are not, and must not be kept either: over ``shm``
         a write through them after the block would change a message already sent.
         """
-        with self._lock:
-            deadline = self._deadline(timeout)
-            p, entry = self._resolve(name, peer, deadline)
+        deadline = self._deadline(timeout)
+        asked = shape
+        for _ in range(ROUTE_TRIES):
+            p, entry, epoch = self._resolve(name, peer, deadline)
             spec = entry.spec
+            shape = asked
             if shape is None:
                 if spec.dynamic:
                     raise SpecMismatchError(
@@ -1333,14 +1508,28 @@ class Sender(Resource):
                     f"tensor {name!r}: a buffer's shape takes whole numbers, got {shape!r}"
                 ) from None
             spec.check_shape(shape)
+            # The receiver's lock, held to the block's end: another thread's calls to it wait
+            # for the block (a write to the tensor would take the block's slot), those to the
+            # sender's other receivers go on.
+            self._hold(p, deadline, "buffer")
+            if epoch == self._routes_epoch:
+                break
+            p.lock.release()  # (its book or session changed meanwhile: looked up again)
+        else:
+            raise TensorWireError(
+                f"tensor {name!r}: the receivers' address books changed {ROUTE_TRIES} times "
+                "while this sender looked it up"
+            )
+        try:
             w = p.writer(entry, deadline)
             self._refuse_if_producing(w, name)
-            self._producing.add(id(w))
+            self._producing[id(w)] = threading.get_ident()
             # its fast route (keyed by the tensor's name) would write into the slot the block
             # fills: dropped, and made again by the first write after the block
-            routed = self._fast.get(name)
-            if routed is not None and routed[0] is w:
-                del self._fast[name]
+            with self._lock:
+                routed = self._fast.get(name)
+                if routed is not None and routed[0] is w:
+                    del self._fast[name]
             try:
                 if entry.device is not None and not w.takes_device:
                     # Produced on the GPU, sent from host memory: a GPU staging array, copied
@@ -1373,11 +1562,13 @@ class Sender(Resource):
                 w.traffic.messages += 1
                 w.traffic.bytes += out.nbytes
             finally:
-                self._producing.discard(id(w))
+                del self._producing[id(w)]
+        finally:
+            p.lock.release()
 
     @staticmethod
     def _interrupt(p: _Peer, why: str) -> None:
-        """End a write to ``p`` blocked in another thread, which holds the sender's lock (no
+        """End a write to ``p`` blocked in another thread, which holds the peer's lock (no
         credit, a socket full): its channel is marked lost, which its waits look at every
         0.1 s, and a reconnect of it is refused (``why``, both)."""
         p.abandoned = why
@@ -1385,7 +1576,9 @@ class Sender(Resource):
             p.channel.mark_lost(why)
 
     def _refuse_if_producing(self, w: TensorWriter, name: str) -> None:
-        if id(w) in self._producing:
+        """Refuse a message of ``w``'s tensor from a thread in a buffer() block of it (another
+        thread's waits for the block: it holds the receiver's lock)."""
+        if self._producing.get(id(w)) == threading.get_ident():
             raise TensorWireError(
                 f"tensor {name!r} has a buffer() block open in this sender: end the block "
                 "(its message) before another message of the tensor"
@@ -1408,15 +1601,16 @@ class Sender(Resource):
         writes go on while it waits, and it does not wait for theirs (one blocked on a credit,
         to this receiver or another); :meth:`close` ends it with ClosedError, and
         :meth:`remove_peer` of its receiver with PeerLostError."""
-        # Not even the peer's look-up under the lock: a ping is what a watchdog thread asks
-        # while a write to the receiver waits for a credit it may never get (holding the lock
-        # up to its timeout). What it reads is set under the lock by other threads, a
-        # reconnect's at most half: a ping then meets the session that ended, as it would.
+        # No lock at all, not even for the peer's look-up: a ping is what a watchdog thread
+        # asks while a write to the receiver waits for a credit it may never get (holding the
+        # receiver's lock up to its timeout). What it reads is set under the locks by other
+        # threads, a reconnect's at most half: a ping then meets the session that ended, as
+        # it would.
         p = self._peer(peer)
         control, generation, token = p.control, p.generation, p.token
         if control is None or not token:
             raise PeerLostError(p.reconnect_failed or f"receiver at {p.address} has no session")
-        # The round trip outside the sender's lock: other threads' writes, to this receiver
+        # The round trip outside the locks: other threads' writes, to this receiver
         # (but for a claim, which waits for the control socket's turn) and to the others, go on
         # meanwhile; close() and remove_peer() end it. Before, a ping of a frozen receiver held
         # every write of the sender up to its timeout, and close() too.
@@ -1435,12 +1629,12 @@ class Sender(Resource):
         call: str,
         check: Callable[[], None] | None = None,
     ) -> Callable[[], None]:
-        """What a round trip to ``p`` made outside the sender's lock (``call``: a ping, a
+        """What a round trip to ``p`` made outside the locks (``call``: a ping, a
         refresh) looks at while it waits, on its ``control`` socket: the sender closed
         (ClosedError), the receiver removed, its session ended, or it is known gone
         (PeerLostError); then the caller's own ``check``. The data channel's own look at the
-        receiver (a tcp hang-up) is made where no other thread holds the lock (the channel is
-        the writes'); else the verdict it holds already."""
+        receiver (a tcp hang-up) is made where no other thread holds the receiver's lock (the
+        channel is the writes'); else the verdict it holds already."""
 
         def look() -> None:
             if self._closed:
@@ -1460,12 +1654,12 @@ class Sender(Resource):
             p.check_alive()
             channel = p.channel
             if channel is not None:
-                if self._lock.acquire(blocking=False):
+                if p.lock.acquire(blocking=False):
                     try:
                         if p.channel is channel:
                             channel.check_peer()
                     finally:
-                        self._lock.release()
+                        p.lock.release()
                 else:
                     channel.raise_if_lost()
             if check is not None:
@@ -1483,11 +1677,7 @@ class Sender(Resource):
         ``CLOSE_INTERRUPT`` seconds plus the transports' check interval (0.1 s): closing never
         waits behind a stuck write. A handshake under way (:meth:`add_peer` in another thread)
         is given up, and its call raises ClosedError."""
-        if not self._lock.acquire(timeout=CLOSE_INTERRUPT):
-            for p in list(self._peers.values()):
-                self._interrupt(p, f"sender {self.name} was closed during the write")
-            self._lock.acquire()
-        try:
+        with self._lock:
             if self._closed:
                 return
             self._closed = True
@@ -1495,30 +1685,33 @@ class Sender(Resource):
             peers, self._peers = list(self._peers.values()), {}
             for joining in self._joining.values():  # (their add_peer ends with ClosedError)
                 joining.abandoned = f"sender {self.name} was closed while it connected"
-        finally:
-            self._lock.release()
         if self._heartbeats is not None:
             self._heartbeats.close()
         # Every receiver's goodbye at once, each on its own channel and control socket: the
         # close then waits GOODBYE_TIMEOUT however many receivers do not answer, not that long
-        # for each of them (a parameter server whose workers froze).
+        # for each of them (a parameter server whose workers froze); and CLOSE_INTERRUPT
+        # however many writes are stuck.
+        why = f"sender {self.name} was closed during the write"
         farewells = []
         for p in peers[1:]:
             thread = threading.Thread(
-                target=p.goodbye, name=f"tensorwire-goodbye-{self.name}", daemon=True
+                target=self._end_peer,
+                args=(p, True, why),
+                name=f"tensorwire-goodbye-{self.name}",
+                daemon=True,
             )
             try:
                 thread.start()
             except RuntimeError:  # no new threads (interpreter shutdown, Python 3.12+): in turn
-                p.goodbye()
+                self._end_peer(p, True, why)
             else:
                 farewells.append(thread)
         if peers:
-            peers[0].goodbye()
-        for thread in [*farewells, *self._farewells.values()]:
+            self._end_peer(peers[0], True, why)
+        for thread in farewells:
             thread.join()  # bounded: a goodbye takes GOODBYE_TIMEOUT at most
-        for p in peers:
-            p.close_quietly()
+        for ending in list(self._endings.values()):  # (remove_peer's, on threads of their own)
+            ending.wait()
         if self._copier is not None:
             self._copier.close()
 

@@ -638,6 +638,52 @@ def test_remove_peer_ends_a_write_to_it_blocked_in_another_thread(
                 raise AssertionError("the new session's message did not land")
 
 
+@pytest.mark.parametrize("transport", ["shm", "tcp", "nixl", "grpc"])
+def test_a_write_blocked_on_one_receiver_holds_up_no_call_to_another(transport: str) -> None:
+    """One thread's write waits for a credit a receiver does not give (its one slot held) while
+    another thread uses the sender's other receivers: a first write (its claim), a batch, a
+    buffer() block, a tensor registered since (its look-up, which does not wait to take the
+    held receiver's book), a receiver added, written to, refreshed and removed. Each lands at
+    once (before, each waited behind the sender's lock for the blocked write, 20 s here); the
+    blocked write lands once its receiver releases the slot."""
+    with tw.Receiver(ring=1) as held, tw.Receiver(ring=4) as rx, tw.Receiver() as third:
+        held.register("t", (4,), "int64")
+        rx.register("u", (4,), "int64")
+        rx.register("v", (4,), "int64")
+        third.register("x", (4,), "int64")
+        with tw.Sender(transport=transport, timeout=20) as tx:
+            tx.add_peer(held.address)
+            tx.add_peer(rx.address)
+            tx.write("t", np.zeros(4, np.int64))  # its one slot, held below
+            writing, ended = started(lambda: tx.write("t", np.ones(4, np.int64)))
+            try:
+                time.sleep(0.3)  # (the write waits for the credit)
+                began = time.monotonic()
+                tx.write("u", np.full(4, 1, np.int64), timeout=10)
+                tx.write_many({"u": np.full(4, 2, np.int64), "v": np.full(4, 3, np.int64)})
+                with tx.buffer("v", timeout=10) as out:
+                    out[:] = 4
+                rx.register("w", (4,), "int64")
+                tx.write("w", np.full(4, 5, np.int64), timeout=10)
+                tx.add_peer(third.address, connect_timeout=10)
+                tx.write("x", np.full(4, 6, np.int64), timeout=10)
+                tx.refresh(rx.address, timeout=10)
+                tx.remove_peer(third.address)
+                took = time.monotonic() - began
+                assert writing.is_alive(), "the write did not wait for its credit"
+                assert held.wait("t", timeout=5).tolist() == [0, 0, 0, 0]
+                held.release("t")
+            finally:
+                writing.join(30)
+            assert ended == [None]
+            assert held.wait("t", timeout=5).tolist() == [1, 1, 1, 1]
+            got = [rx.wait(n, timeout=5).tolist()[0] for n in ("u", "u", "v", "v", "w")]
+            assert got == [1, 2, 3, 4, 5]
+            assert third.wait("x", timeout=5).tolist() == [6, 6, 6, 6]
+            # (within 10 s, far from the 20 s the write held every call before)
+            assert took < 10, took
+
+
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_a_ping_does_not_wait_for_a_write_blocked_on_a_credit(transport: str) -> None:
     """A watchdog thread pings a receiver while another thread's write to it waits for a
