@@ -974,13 +974,7 @@ class Sender(Resource):
                 raise
             # (by the sender's timeout where this call has none)
             self._hold(p, None if timeout in (_DEFAULT, None) else deadline_of(timeout), "refresh")
-            try:
-                if p.control is control:
-                    p.take_book(book)
-                    with self._lock:
-                        self._forget_routes()
-            finally:
-                p.lock.release()
+            self._take_book(p, control, book)
 
     def spec(self, name: str, *, peer: str | None = None) -> TensorSpec:
         return self._resolve(name, peer, connect=False)[1].spec
@@ -1140,6 +1134,11 @@ class Sender(Resource):
             self._hold(p, round_trip, "look-up")
         elif not p.lock.acquire(blocking=False):
             return
+        self._take_book(p, control, book)
+
+    def _take_book(self, p: _Peer, control: ControlClient, book: _Book) -> None:
+        """``book`` becomes ``p``'s where its session is still the one ``control`` asked (the
+        caller holds ``p``'s lock, let go here), the routes forgotten before it is."""
         try:
             if p.control is control:
                 p.take_book(book)

@@ -4,6 +4,7 @@ process, heartbeat sockets closed with their peer, credits that never block the 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import socket
@@ -338,6 +339,25 @@ def started(call: Callable[[], object]) -> tuple[threading.Thread, list[BaseExce
 
 
 @contextlib.contextmanager
+def a_write_waiting_for_a_credit(tx: tw.Sender, held: tw.Receiver) -> Iterator[None]:
+    """For the body, another thread's write of ``held``'s tensor ``t`` (4 int64) waits for a
+    credit: its one slot holds a message written here. Then the slot is released, and that
+    write must land."""
+    tx.write("t", np.zeros(4, np.int64))
+    writing, ended = started(lambda: tx.write("t", np.ones(4, np.int64)))
+    try:
+        time.sleep(0.3)  # (the write waits for the credit)
+        yield
+        assert writing.is_alive(), "the write did not wait for its credit"
+        assert held.wait("t", timeout=5).tolist() == [0, 0, 0, 0]
+        held.release("t")
+    finally:
+        writing.join(30)
+    assert ended == [None]
+    assert held.wait("t", timeout=5).tolist() == [1, 1, 1, 1]
+
+
+@contextlib.contextmanager
 def silent_listener() -> Iterator[str]:
     """The address of a port that accepts TCP connections and never speaks ZeroMQ: a handshake
     with it lasts until its connect_timeout (a receiver frozen before it answered)."""
@@ -654,10 +674,7 @@ def test_a_write_blocked_on_one_receiver_holds_up_no_call_to_another(transport: 
         with tw.Sender(transport=transport, timeout=20) as tx:
             tx.add_peer(held.address)
             tx.add_peer(rx.address)
-            tx.write("t", np.zeros(4, np.int64))  # its one slot, held below
-            writing, ended = started(lambda: tx.write("t", np.ones(4, np.int64)))
-            try:
-                time.sleep(0.3)  # (the write waits for the credit)
+            with a_write_waiting_for_a_credit(tx, held):
                 began = time.monotonic()
                 tx.write("u", np.full(4, 1, np.int64), timeout=10)
                 tx.write_many({"u": np.full(4, 2, np.int64), "v": np.full(4, 3, np.int64)})
@@ -670,18 +687,76 @@ def test_a_write_blocked_on_one_receiver_holds_up_no_call_to_another(transport: 
                 tx.refresh(rx.address, timeout=10)
                 tx.remove_peer(third.address)
                 took = time.monotonic() - began
-                assert writing.is_alive(), "the write did not wait for its credit"
-                assert held.wait("t", timeout=5).tolist() == [0, 0, 0, 0]
-                held.release("t")
-            finally:
-                writing.join(30)
-            assert ended == [None]
-            assert held.wait("t", timeout=5).tolist() == [1, 1, 1, 1]
             got = [rx.wait(n, timeout=5).tolist()[0] for n in ("u", "u", "v", "v", "w")]
             assert got == [1, 2, 3, 4, 5]
             assert third.wait("x", timeout=5).tolist() == [6, 6, 6, 6]
             # (within 10 s, far from the 20 s the write held every call before)
             assert took < 10, took
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_write_waits_for_another_threads_write_to_its_receiver_within_its_timeout(
+    transport: str,
+) -> None:
+    """A write to a receiver that another thread's write holds (waiting for a credit) waits
+    for it within its own timeout (1 s here), then raises WireTimeoutError saying so; before,
+    it waited behind the sender's lock for the other write's timeout (20 s here)."""
+    with tw.Receiver(ring=1) as rx:
+        rx.register("t", (4,), "int64")
+        rx.register("u", (4,), "int64")
+        with tw.Sender.connect(rx.address, transport=transport, timeout=20) as tx:
+            tx.write("u", np.zeros(4, np.int64))  # claimed: the write below needs no round trip
+            rx.wait("u", timeout=5)
+            rx.release("u")
+            with a_write_waiting_for_a_credit(tx, rx):
+                began = time.monotonic()
+                with pytest.raises(tw.WireTimeoutError, match="another thread's call to it"):
+                    tx.write("u", np.ones(4, np.int64), timeout=1)
+                waited = time.monotonic() - began
+            assert 0.9 < waited < 10, waited
+            tx.write("u", np.ones(4, np.int64), timeout=5)  # (the receiver free again)
+            assert rx.wait("u", timeout=5).tolist() == [1, 1, 1, 1]
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp", "nixl", "grpc"])
+def test_four_threads_writing_one_tensor_lose_and_repeat_no_message(transport: str) -> None:
+    """Four threads write 150 numbered messages each to one tensor of one receiver (ring of
+    2: they wait for credits, and take turns at the receiver's lock) while a consumer takes
+    them: every message arrives exactly once, and each thread's in the order it wrote them."""
+    threads_n, each = 4, 150
+    with tw.Receiver(ring=2) as rx:
+        rx.register("t", (2,), "int64")
+        got: list[tuple[int, int]] = []
+
+        def consume() -> None:
+            for _ in range(threads_n * each):
+                try:
+                    got.append(tuple(rx.wait("t", timeout=20).tolist()))  # type: ignore[arg-type]
+                except tw.WireTimeoutError:
+                    return
+                rx.release("t")
+
+        with tw.Sender.connect(rx.address, transport=transport, timeout=20) as tx:
+
+            def write_numbered(k: int) -> None:
+                for n in range(each):
+                    tx.write("t", np.array([k, n], np.int64))
+
+            consumer = threading.Thread(target=consume)
+            consumer.start()
+            old_interval = sys.getswitchinterval()
+            sys.setswitchinterval(1e-5)  # (threads switch often: races show up)
+            try:
+                writers = [started(functools.partial(write_numbered, k)) for k in range(threads_n)]
+                for thread, _ in writers:
+                    thread.join(60)
+            finally:
+                sys.setswitchinterval(old_interval)
+            consumer.join(60)
+        assert [ended for _, ended in writers] == [[None]] * threads_n
+        assert sorted(got) == [(k, n) for k in range(threads_n) for n in range(each)]
+        for k in range(threads_n):
+            assert [n for j, n in got if j == k] == list(range(each))
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
@@ -693,21 +768,11 @@ def test_a_ping_does_not_wait_for_a_write_blocked_on_a_credit(transport: str) ->
     with tw.Receiver(ring=1) as rx:
         rx.register("t", (4,), "int64")
         with tw.Sender.connect(rx.address, transport=transport, timeout=20) as tx:
-            tx.write("t", np.zeros(4, np.int64))  # its one slot, held below
-            writing, ended = started(lambda: tx.write("t", np.ones(4, np.int64)))
-            try:
-                time.sleep(0.3)  # (the write waits for the credit)
+            with a_write_waiting_for_a_credit(tx, rx):
                 began = time.monotonic()
                 for _ in range(5):
                     tx.ping(timeout=10)
                 pinged_in = time.monotonic() - began
-                assert writing.is_alive(), "the write did not wait for its credit"
-                assert rx.wait("t", timeout=5).tolist() == [0, 0, 0, 0]
-                rx.release("t")
-            finally:
-                writing.join(30)
-            assert ended == [None]
-            assert rx.wait("t", timeout=5).tolist() == [1, 1, 1, 1]
             # (within 10 s, far from the 20 s the write would have held the pings)
             assert pinged_in < 10, pinged_in
 

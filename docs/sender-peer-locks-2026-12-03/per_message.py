@@ -12,6 +12,7 @@ waits for a credit (its one slot held, timeout 3 s): the seconds those 2000 writ
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import threading
 import time
@@ -96,10 +97,8 @@ def beside_a_blocked_write() -> float:
             rx.release("t")
 
             def blocked() -> None:
-                try:
+                with contextlib.suppress(tw.WireTimeoutError):
                     tx.write("h", x)
-                except tw.WireTimeoutError:
-                    pass
 
             thread = threading.Thread(target=blocked)
             thread.start()
