@@ -42,6 +42,25 @@ def bind_module(module: torch.nn.Module, params: Mapping[str, Array]) -> None:
                 p.data = torch.from_dlpack(buffer)
 
 
+def module_state(module: torch.nn.Module) -> dict[str, Array]:
+    """The entries of ``module``'s ``state_dict`` that are not parameters (its persistent
+    buffers: batch norm's running statistics and batch count), copied to host numpy arrays by
+    name; one in a dtype numpy lacks (bfloat16, float8) as float32, which holds it exactly."""
+    params = {n for n, _ in module.named_parameters()}
+    state: dict[str, Array] = {}
+    for name, value in module.state_dict().items():
+        if name in params or not isinstance(value, torch.Tensor):
+            continue
+        host = value.detach().cpu()
+        try:
+            state[name] = host.numpy().copy()
+        except TypeError:  # "Got unsupported ScalarType BFloat16": widened, exactly
+            # (an .npz keeps an ml_dtypes array as bare bytes, "V2"; load_state_dict copies
+            # float32 back into the buffer's own dtype)
+            state[name] = host.float().numpy()
+    return state
+
+
 def module_grads(module: torch.nn.Module) -> dict[str, Any]:
     """Every parameter's gradient, without a copy (zeros for one the forward pass did not use),
     for ``PSClient.push``: numpy views on the CPU, the CUDA tensors themselves on a GPU (the
@@ -90,6 +109,11 @@ class TorchTask:
 
     def bind(self, params: Mapping[str, Array]) -> None:
         bind_module(self.module, params)
+
+    def state(self) -> dict[str, Array]:
+        """The module's buffers (its state_dict but the parameters), as this worker kept them:
+        ``--save-params`` writes them beside the parameters."""
+        return module_state(self.module)
 
     def step(self, step: int) -> StepResult:
         x, y = self.batches(step)

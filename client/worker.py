@@ -172,7 +172,9 @@ def build_parser(prog: str = "tensorwire-worker") -> argparse.ArgumentParser:
         "--save-params",
         metavar="PATH.npz",
         type=files.output_file,
-        help="save the final parameters (.npz is added where the name lacks it)",
+        help="save the final parameters (.npz is added where the name lacks it), and a "
+        "PyTorch module's buffers (batch norm's statistics) as this worker kept them: the file "
+        "is the module's whole state_dict",
     )
     p.add_argument(
         "--steps-hint",
@@ -295,6 +297,14 @@ def nothing_trained(rank: int, done_at: int) -> dict[str, Any]:
         stopped_waiting=False,
         job_done_at=done_at,
     )
+
+
+def saved_arrays(client: PSClient, task: Task) -> dict[str, Any]:
+    """What ``--save-params`` writes: the parameters (the servers' last write, on the host),
+    then the state the task keeps of its own (a PyTorch module's buffers, such as batch norm's
+    running statistics: each worker keeps its own, which no server sees), by name."""
+    state = getattr(task, "state", None)
+    return {**client.host_params(), **(state() if state is not None else {})}
 
 
 def _not_saved(path: str, done: PSClientJobDone) -> str:
@@ -422,7 +432,7 @@ def _run(argv: list[str] | None, prog: str) -> int:
                 )
             elif args.save_params:
                 try:
-                    files.write_arrays(args.save_params, client.host_params())
+                    files.write_arrays(args.save_params, saved_arrays(client, task))
                 except OSError as exc:
                     raise tw.TensorWireError(
                         f"cannot write --save-params {files.npz_name(args.save_params)}: "

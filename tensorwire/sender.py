@@ -592,6 +592,11 @@ class Sender(Resource):
     thread does not reach the memory's bandwidth; on the 2-core VM of BENCHMARKS.md it did not
     (the receiving process holds the other core). The sender starts the others once and stops
     them at :meth:`close`.
+
+    Safe to call from several threads: calls to different receivers run at once, and those to
+    one receiver take turns, each waiting for the other within its own timeout (a write
+    waiting for a credit holds up only its own receiver's other calls); :meth:`ping` waits for
+    no other call.
     """
 
     def __init__(

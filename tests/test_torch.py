@@ -89,6 +89,33 @@ def test_torch_job_resumes_from_its_checkpoint(job: Any, tmp_path: Path) -> None
         np.testing.assert_array_equal(a[name], b[name])
 
 
+def test_a_torch_modules_buffers_are_saved_beside_its_parameters(job: Any) -> None:
+    """A module with batch norm, trained by a job of one worker: ``--save-params`` writes its
+    whole ``state_dict``, the parameters the servers wrote and the buffers the worker kept
+    (running statistics moved from their start, a batch count of one a step), so that
+    ``load_state_dict(strict=True)`` takes the file and the model evaluates as the worker did
+    at its end. Before, the file held the parameters alone: a strict load failed on the
+    missing buffers, and a lenient one evaluated with statistics never trained."""
+    from tensorwire.client import models
+
+    from .torch_bn_model import accuracy, module
+
+    steps = 30
+    j = job(
+        ps=["--steps", str(steps), "--lr", "0.1"],
+        worker=["--model", "tests.torch_bn_model:make"],
+        workers=1,
+    )
+    ok(j)
+    saved = j.params(0)
+    model = module()
+    assert sorted(saved) == sorted(model.state_dict())
+    assert int(saved["1.num_batches_tracked"]) == steps
+    assert not np.allclose(saved["1.running_mean"], 0)
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in saved.items()}, strict=True)
+    assert accuracy(model, models.load("digits", 0)) == j.metrics("w0")["test_accuracy"]
+
+
 def test_a_user_factory_named_by_import_path_trains(job: Any) -> None:
     j = job(ps=["--steps", "300", "--lr", "0.5"], worker=["--model", "tests.user_model:make"])
     ok(j)
