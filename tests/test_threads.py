@@ -731,7 +731,7 @@ def test_four_threads_writing_one_tensor_lose_and_repeat_no_message(transport: s
         def consume() -> None:
             for _ in range(threads_n * each):
                 try:
-                    got.append(tuple(rx.wait("t", timeout=20).tolist()))  # type: ignore[arg-type]
+                    got.append(tuple(rx.wait("t", timeout=20).tolist()))
                 except tw.WireTimeoutError:
                     return
                 rx.release("t")
@@ -777,17 +777,20 @@ def test_a_ping_does_not_wait_for_a_write_blocked_on_a_credit(transport: str) ->
             assert pinged_in < 10, pinged_in
 
 
+@pytest.mark.parametrize("churn", ["peers", "restarts"])
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_a_sender_used_from_four_threads_at_once_raises_only_its_own_errors(
-    transport: str,
+    transport: str, churn: str
 ) -> None:
     """Four threads call one sender at random for 3 s (writes, batches, buffers, pings,
-    refreshes, lost(), and receivers removed and added again, with and without a goodbye)
-    while three receivers consume: every failure is a TensorWireError that says why (the
-    receiver removed, the tensor not published now, ...), no call hangs (all threads end
-    within 30 s of the stop), no claim is refused for a session of this very sender, and
-    messages keep landing. A run of this by hand found the session a sender left without a
-    goodbye refusing its next session's claims (4,179 of 4,195 shm writes)."""
+    refreshes, lost(); with ``peers``, receivers removed and added again, with and without a
+    goodbye; with ``restarts``, a fifth thread restarts a receiver at its address every 0.2 to
+    0.6 s, which the sender's writes reconnect to) while three receivers consume: every
+    failure is a TensorWireError that says why (the receiver removed or restarted, the tensor
+    not published now, ...), no call hangs (all threads end within 30 s of the stop), no claim
+    is refused for a session of this very sender, and messages keep landing. A run of this by
+    hand found the session a sender left without a goodbye refusing its next session's claims
+    (4,179 of 4,195 shm writes)."""
     import random
 
     rxs = [tw.Receiver(ring=2) for _ in range(3)]
@@ -802,14 +805,35 @@ def test_a_sender_used_from_four_threads_at_once_raises_only_its_own_errors(
 
         def consume(k: int) -> None:
             while not stop.is_set():
+                rx = rxs[k]  # (a restarted one from its restart on)
                 try:
-                    rxs[k].wait(f"t{k}", timeout=0.05)
-                    rxs[k].release(f"t{k}")
+                    rx.wait(f"t{k}", timeout=0.05)
+                    rx.release(f"t{k}")
                     taken[k] += 1
-                except (tw.WireTimeoutError, tw.PeerLostError):
-                    pass  # (nothing yet; a writer removed without a goodbye)
+                except (tw.WireTimeoutError, tw.PeerLostError, tw.ClosedError):
+                    pass  # (nothing yet; a writer removed without a goodbye; restarted)
 
-        with tw.Sender(transport=transport, timeout=2, reconnect=True) as tx:
+        def restart() -> None:
+            pick = random.Random(7)
+            while not stop.wait(pick.uniform(0.2, 0.6)):
+                k = pick.randrange(3)
+                rxs[k].close()
+                began = time.monotonic()
+                while True:  # (its port, free again once the old receiver let go of it)
+                    try:
+                        rx = tw.Receiver(ring=2, bind=addresses[k])
+                        break
+                    except tw.TensorWireError as exc:  # "Address already in use"
+                        if time.monotonic() - began > 10:
+                            unexpected.append(f"restart: {exc}")
+                            return
+                        time.sleep(0.05)
+                rx.register(f"t{k}", (64,), "float32")
+                rxs[k] = rx
+                done["restart"] = done.get("restart", 0) + 1
+
+        heartbeat = 0.5 if churn == "restarts" else 5.0
+        with tw.Sender(transport=transport, timeout=2, reconnect=True, heartbeat=heartbeat) as tx:
             for address in addresses:
                 tx.add_peer(address)
 
@@ -823,15 +847,18 @@ def test_a_sender_used_from_four_threads_at_once_raises_only_its_own_errors(
                 ones = np.ones(64, np.float32)
                 calls: dict[str, Callable[[int], object]] = {
                     "write": lambda k: tx.write(f"t{k}", ones, timeout=pick.choice([0, 0.05, 1])),
-                    "many": lambda k: tx.write_many({f"t{k}": ones}, timeout=1),
+                    "many": lambda k: tx.write_many(
+                        {f"t{k}": ones, f"t{(k + 1) % 3}": ones}, timeout=1
+                    ),
                     "ping": lambda k: tx.ping(addresses[k], timeout=1),
                     "refresh": lambda k: tx.refresh(peer=addresses[k], timeout=1),
                     "lost": lambda k: tx.lost(addresses[k]),
-                    "remove": lambda k: tx.remove_peer(
-                        addresses[k], goodbye=pick.random() < 0.7, wait=pick.random() < 0.5
-                    ),
-                    "add": lambda k: tx.add_peer(addresses[k], connect_timeout=2),
                 }
+                if churn == "peers":
+                    calls["remove"] = lambda k: tx.remove_peer(
+                        addresses[k], goodbye=pick.random() < 0.7, wait=pick.random() < 0.5
+                    )
+                    calls["add"] = lambda k: tx.add_peer(addresses[k], connect_timeout=2)
                 names = [*calls, "buffer", "write", "write"]
                 for _ in range(100_000):  # (bounded; the stop ends it first)
                     if stop.is_set():
@@ -857,6 +884,8 @@ def test_a_sender_used_from_four_threads_at_once_raises_only_its_own_errors(
 
             threads = [threading.Thread(target=consume, args=(k,)) for k in range(3)]
             threads += [threading.Thread(target=act, args=(seed,)) for seed in range(4)]
+            if churn == "restarts":
+                threads.append(threading.Thread(target=restart))
             for t in threads:
                 t.start()
             time.sleep(3)
@@ -866,6 +895,8 @@ def test_a_sender_used_from_four_threads_at_once_raises_only_its_own_errors(
             assert not [t.name for t in threads if t.is_alive()], "a call hung"
         assert not unexpected, unexpected[:5]
         assert done.get("write", 0) > 0 and sum(taken) > 0, (done, taken)
+        if churn == "restarts":
+            assert done.get("restart", 0) >= 3, done
     finally:
         for rx in rxs:
             rx.close()
