@@ -629,12 +629,13 @@ class Sender(Resource):
         self._joining: dict[str, _Peer] = {}  # peers whose connection is being set up
         # (name, peer) -> where it goes; cleared whenever an address book changes.
         self._routes: dict[tuple[str, str | None], tuple[_Peer, TensorEntry]] = {}
-        # name -> (writer, shape, dtype, GPU array class or None, its peer's lock): write()'s
-        # fast routes (peer=None), for writers that can write at once (TensorWriter.write_now),
-        # of host arrays or of the GPU arrays the writer names; cleared with the routes, and
-        # at close.
+        # name (peer=None), or (name, peer) -> (writer, shape, dtype, GPU array class or None,
+        # its peer's lock): write()'s fast routes, for writers that can write at once
+        # (TensorWriter.write_now), of host arrays or of the GPU arrays the writer names;
+        # cleared with the routes, and at close.
         self._fast: dict[
-            str, tuple[TensorWriter, tuple[Any, ...], np.dtype[Any], Any, threading.RLock]
+            str | tuple[str, str],
+            tuple[TensorWriter, tuple[Any, ...], np.dtype[Any], Any, threading.RLock],
         ] = {}
         #: writers (by id) with a buffer() block open, and the thread of each block: another
         #: message of their tensor from that thread before the block ends is refused (it took
@@ -1184,7 +1185,10 @@ class Sender(Resource):
         # The per-message path: every step below costs about what a small message's copy does,
         # so it takes the lock without ``with`` (half the cost) and makes the handle without
         # NamedTuple's argument parsing.
-        fast = self._fast.get(name) if peer is None else None
+        # (a write naming its receiver has a fast route too: a receiver of many, say a
+        # parameter server's workers, which publish the same names, is always named)
+        key = name if peer is None else (name, peer)
+        fast = self._fast.get(key)
         if (
             fast is not None
             and (
@@ -1211,7 +1215,7 @@ class Sender(Resource):
             lock = fast[4]
             if lock.acquire(blocking=False):
                 try:
-                    if self._fast.get(name) is fast:
+                    if self._fast.get(key) is fast:
                         w = fast[0]
                         try:
                             done = w.write_now(
@@ -1242,11 +1246,11 @@ class Sender(Resource):
                     if self._producing:
                         self._refuse_if_producing(w, name)
                     w.write(arr if w.takes_device else w.on_host(arr), deadline)
-                    if w.writes_now and peer is None and fast is None:
+                    if w.writes_now and fast is None:
                         with self._lock:
                             if epoch == self._routes_epoch:
                                 route = (w, entry.spec.static_shape, entry.spec.dtype)
-                                self._fast[name] = (*route, w.now_class, lock)
+                                self._fast[key] = (*route, w.now_class, lock)
                 except PeerLostError as exc:
                     p.note_lost()
                     if not self.reconnect:
@@ -1528,12 +1532,14 @@ class Sender(Resource):
             w = p.writer(entry, deadline)
             self._refuse_if_producing(w, name)
             self._producing[id(w)] = threading.get_ident()
-            # its fast route (keyed by the tensor's name) would write into the slot the block
-            # fills: dropped, and made again by the first write after the block
+            # its fast routes (by the tensor's name, and with its receiver's address) would
+            # write into the slot the block fills: dropped, and made again by the first write
+            # after the block
             with self._lock:
-                routed = self._fast.get(name)
-                if routed is not None and routed[0] is w:
-                    del self._fast[name]
+                for key in (name, (name, p.address)):
+                    routed = self._fast.get(key)
+                    if routed is not None and routed[0] is w:
+                        del self._fast[key]
             try:
                 if entry.device is not None and not w.takes_device:
                     # Produced on the GPU, sent from host memory: a GPU staging array, copied

@@ -183,7 +183,7 @@ def test_a_tcp_fast_write_polls_again_after_a_pause_and_sees_a_closed_receiver()
 
 def test_fast_routes_follow_names_to_their_receivers_and_end_at_close() -> None:
     """Two receivers, a tensor each: every name's writes land at its own receiver, in order;
-    an explicit ``peer`` takes the general path beside them; a closed sender refuses."""
+    an explicit ``peer`` takes a route of its own beside them; a closed sender refuses."""
     with tw.Receiver() as rx_a, tw.Receiver() as rx_b:
         rx_a.register("a", (4,), "int32")
         rx_b.register("b", (4,), "int32")
@@ -203,3 +203,45 @@ def test_fast_routes_follow_names_to_their_receivers_and_end_at_close() -> None:
         with pytest.raises(tw.ClosedError):
             tx.write("a", np.zeros(4, np.int32))
         assert rx_a.pending("a") == 0
+
+
+@pytest.mark.parametrize("transport", FAST)
+def test_a_name_two_receivers_publish_has_a_fast_route_to_each(transport: str) -> None:
+    """Two receivers publish the same name (as a parameter server's workers do): writes
+    naming each (``peer=``) take a fast route of their own and land at their own receiver, in
+    order; the name alone stays refused as ambiguous; a ``buffer()`` block at one drops its
+    route and the writes after it land in order; a receiver removed ends its route (a write
+    naming it is refused), and the other's goes on."""
+
+    def taken(rx: tw.Receiver) -> int:
+        value = int(rx.wait("t", timeout=5)[0])
+        rx.release("t")
+        return value
+
+    with tw.Receiver() as a, tw.Receiver() as b:
+        for rx in (a, b):
+            rx.register("t", (4,), "int64")
+        with tw.Sender(transport=transport, timeout=5) as tx:
+            tx.add_peer(a.address)
+            tx.add_peer(b.address)
+            got: dict[str, list[int]] = {"a": [], "b": []}
+            for k in range(6):
+                tx.write("t", np.full(4, k, np.int64), peer=a.address)
+                tx.write("t", np.full(4, 100 + k, np.int64), peer=b.address)
+                got["a"].append(taken(a))
+                got["b"].append(taken(b))
+                assert ("t", a.address) in tx._fast and ("t", b.address) in tx._fast
+                if k == 3:
+                    with tx.buffer("t", peer=a.address) as out:
+                        out[:] = 50
+                    assert ("t", a.address) not in tx._fast  # (made again by the next write)
+                    got["a"].append(taken(a))
+            assert got == {"a": [0, 1, 2, 3, 50, 4, 5], "b": [100, 101, 102, 103, 104, 105]}
+            with pytest.raises(tw.TensorWireError, match="published by several receivers"):
+                tx.write("t", np.zeros(4, np.int64))
+            tx.remove_peer(b.address)
+            with pytest.raises(tw.TensorWireError, match="not connected to"):
+                tx.write("t", np.zeros(4, np.int64), peer=b.address)
+            tx.write("t", np.full(4, 7, np.int64), peer=a.address)
+            assert taken(a) == 7
+            assert b.pending("t") == 0

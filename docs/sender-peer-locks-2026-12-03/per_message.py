@@ -4,7 +4,8 @@ Run against one commit, then another (same machine, in turn):
 ``python docs/sender-peer-locks-2026-12-03/per_message.py``. Prints, per transport (``shm``,
 ``tcp``; receiver in this process, whose consumer drains between rounds, so only the writes'
 own time is counted): microseconds per 4 KiB message for ``write`` on its fast route
-(``peer=None``), ``write`` naming its receiver (``peer=``: the general path), and ``write_many``
+(``peer=None``), ``write`` naming its receiver (``peer=``: the general path, until it got
+fast routes of its own: per_message_peer_routes.txt), and ``write_many``
 of 16 tensors (per message); the median of 5 rounds of 4096 messages. Then, over ``shm``: a
 thread writes 2000 messages to one receiver while another thread's write to a second receiver
 waits for a credit (its one slot held, timeout 3 s): the seconds those 2000 writes took.
