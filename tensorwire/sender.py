@@ -956,12 +956,14 @@ class Sender(Resource):
         tensors registered since we connected. ``timeout`` bounds each receiver's answer (default:
         the sender's timeout; None: no bound); one that does not answer in time raises
         :class:`WireTimeoutError`. Other threads' writes go on while it waits, as for
-        :meth:`ping`; taking the book waits for a call to the same receiver under way in
-        another thread (a write waiting for a credit), within ``timeout`` too."""
+        :meth:`ping`; taking a book waits for a call to its receiver under way in another
+        thread (a write waiting for a credit), within ``timeout`` too, after the books of the
+        receivers no call holds are taken."""
         if timeout is not _DEFAULT:
             timeout = check_timeout(timeout)
         with self._lock:
             peers = [self._peer(peer)] if peer is not None else list(self._peers.values())
+        held: list[tuple[_Peer, ControlClient, _Book]] = []  # (taken last)
         for p in peers:
             # The round trip outside the lock (as ping's): other threads' writes go on
             # meanwhile, and close() or remove_peer() end it.
@@ -978,6 +980,11 @@ class Sender(Resource):
                     continue  # connected anew meanwhile (a write's reconnect): a book anew
                 look()
                 raise
+            if p.lock.acquire(blocking=False):
+                self._take_book(p, control, book)
+            else:
+                held.append((p, control, book))
+        for p, control, book in held:
             # (by the sender's timeout where this call has none)
             self._hold(p, None if timeout in (_DEFAULT, None) else deadline_of(timeout), "refresh")
             self._take_book(p, control, book)

@@ -718,6 +718,27 @@ def test_a_write_waits_for_another_threads_write_to_its_receiver_within_its_time
             assert rx.wait("u", timeout=5).tolist() == [1, 1, 1, 1]
 
 
+def test_a_refresh_of_every_receiver_takes_the_free_ones_books_first() -> None:
+    """``refresh()`` of every receiver while another thread's write holds the first (waiting
+    for a credit): the second's book, with a tensor registered since, is taken at once; the
+    held one's within the refresh's timeout (1 s here), which then raises WireTimeoutError
+    saying so. Before, the books were taken in turn: the held receiver's wait ran out first,
+    and the second's book was never taken."""
+    with tw.Receiver(ring=1) as held, tw.Receiver() as rx:
+        held.register("t", (4,), "int64")
+        rx.register("u", (4,), "int64")
+        with tw.Sender(transport="shm", timeout=20) as tx:
+            tx.add_peer(held.address)
+            tx.add_peer(rx.address)
+            rx.register("w", (4,), "int64")
+            with a_write_waiting_for_a_credit(tx, held):
+                with pytest.raises(tw.WireTimeoutError, match="another thread's call to it"):
+                    tx.refresh(timeout=1)
+                assert "w" in tx.tensors(rx.address)
+                tx.write("w", np.full(4, 3, np.int64), timeout=5)
+            assert rx.wait("w", timeout=5).tolist() == [3, 3, 3, 3]
+
+
 @pytest.mark.parametrize("transport", ["shm", "tcp", "nixl", "grpc"])
 def test_four_threads_writing_one_tensor_lose_and_repeat_no_message(transport: str) -> None:
     """Four threads write 150 numbered messages each to one tensor of one receiver (ring of
