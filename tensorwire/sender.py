@@ -1390,7 +1390,7 @@ class Sender(Resource):
         # once held, looks again, and the groups not written yet are planned again)
         epoch = self._routes_epoch
         planned: list[tuple[_Peer, TensorEntry, Any]] = []
-        wheres: list[str | None] = []
+        named: dict[int, str | None] = {}  # the items that name their receiver, by index
         for item in pairs:
             if not isinstance(item, (tuple, list)) or not 2 <= len(item) <= 3:
                 # (an array of three or four elements would otherwise unpack as one)
@@ -1400,7 +1400,10 @@ class Sender(Resource):
                     + (f" of {len(item)}" if isinstance(item, (tuple, list)) else "")
                 )
             name = item[0]
-            where = item[2] if len(item) > 2 else peer
+            if len(item) > 2:
+                where = named[len(planned)] = item[2]
+            else:
+                where = peer
             route = routes.get((name, where))
             p, entry = route if route is not None else self._resolve(name, where, deadline)[:2]
             if self._producing:  # before any item is written
@@ -1408,7 +1411,6 @@ class Sender(Resource):
                 if open_writer is not None:
                     self._refuse_if_producing(open_writer, name)
             planned.append((p, entry, entry.spec.check_array(item[1], allow_copy=allow_copy)))
-            wheres.append(where)
         if not planned:
             return []
         groups = _by_peer(planned, range(len(planned)))
@@ -1442,7 +1444,7 @@ class Sender(Resource):
             rest = [k for indices in groups[g:] for k in indices]
             for k in rest:
                 _, entry, arr = planned[k]
-                p, entry, _ = self._resolve(entry.spec.name, wheres[k], deadline)
+                p, entry, _ = self._resolve(entry.spec.name, named.get(k, peer), deadline)
                 planned[k] = (p, entry, entry.spec.check_array(arr))
             groups = _by_peer(planned, rest)
         raise TensorWireError(
