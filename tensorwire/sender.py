@@ -572,6 +572,15 @@ def _by_peer(
     return list(by_peer.values())
 
 
+def _books_kept_changing(what: str, doing: str) -> TensorWireError:
+    """A call's route went stale ``ROUTE_TRIES`` times over (another thread's refreshes,
+    reconnects, receivers added and removed): it gives up, saying so."""
+    return TensorWireError(
+        f"{what}: the receivers' address books changed {ROUTE_TRIES} times while this sender "
+        f"{doing}"
+    )
+
+
 class Sender(Resource):
     """Writes tensors into one or more receivers.
 
@@ -1110,10 +1119,7 @@ class Sender(Resource):
             refreshed = True  # the receiver may have registered it since we looked
             for p in candidates:
                 self._look_up_again(p, name, deadline)
-        raise TensorWireError(
-            f"tensor {name!r}: the receivers' address books changed {ROUTE_TRIES} times while "
-            "this sender looked it up"
-        )
+        raise _books_kept_changing(f"tensor {name!r}", "looked it up")
 
     def _look_up_again(self, p: _Peer, name: str, deadline: float | None) -> None:
         """Fetch ``p``'s address book again, as ``_resolve`` of ``name`` found it nowhere, by
@@ -1286,10 +1292,7 @@ class Sender(Resource):
                 return _new_tuple(WriteHandle, (name, w.next_seq - 1, nbytes))
             finally:
                 lock.release()
-        raise TensorWireError(
-            f"tensor {name!r}: the receivers' address books changed {ROUTE_TRIES} times while "
-            "this sender wrote it"
-        )
+        raise _books_kept_changing(f"tensor {name!r}", "wrote it")
 
     def _explained(self, exc: PeerLostError, p: _Peer) -> PeerLostError:
         """``exc``, with why the receiver ended the session where it did (the loss names only
@@ -1447,10 +1450,7 @@ class Sender(Resource):
                 p, entry, _ = self._resolve(entry.spec.name, named.get(k, peer), deadline)
                 planned[k] = (p, entry, entry.spec.check_array(arr))
             groups = _by_peer(planned, rest)
-        raise TensorWireError(
-            f"the receivers' address books changed {ROUTE_TRIES} times while this sender "
-            "wrote a batch to them"
-        )
+        raise _books_kept_changing("a batch", "wrote it")
 
     def _write_group(
         self,
@@ -1546,10 +1546,7 @@ class Sender(Resource):
                 break
             p.lock.release()  # (its book or session changed meanwhile: looked up again)
         else:
-            raise TensorWireError(
-                f"tensor {name!r}: the receivers' address books changed {ROUTE_TRIES} times "
-                "while this sender looked it up"
-            )
+            raise _books_kept_changing(f"tensor {name!r}", "looked it up")
         try:
             w = p.writer(entry, deadline)
             self._refuse_if_producing(w, name)
