@@ -70,6 +70,9 @@ class Task(Protocol):
     def evaluate(self) -> float:
         """Accuracy on held-out data with the current parameters."""
 
+    # A task may also have ``state() -> {name: array}``: what it keeps of its own besides the
+    # parameters, which ``--save-params`` writes beside them (a PyTorch module's buffers).
+
 
 class NumpyTask:
     """A numpy model: ``initial_params()`` and ``loss_and_grads(params, x, y)``."""
