@@ -1420,27 +1420,25 @@ class Sender(Resource):
         handles: list[WriteHandle] = [None] * len(planned)  # type: ignore[list-item]
         for _ in range(ROUTE_TRIES):
             for g, indices in enumerate(groups):  # noqa: B007 (g: where it stopped, below)
-                lost = planned[indices[0]][0]
-                lock = lost.lock
-                if not lock.acquire(False):
-                    self._hold(lost, deadline)
+                receiver = planned[indices[0]][0]
+                self._hold(receiver, deadline)
                 try:
                     if epoch != self._routes_epoch:
                         break  # a book or a session changed meanwhile: the rest planned again
                     try:
                         self._write_group(planned, indices, handles, deadline)
                     except PeerLostError as exc:
-                        lost.note_lost()
+                        receiver.note_lost()
                         if not self.reconnect:
-                            raise self._explained(exc, lost) from None
-                        self._reopen(lost, planned[indices[0]][1].spec.name)
+                            raise self._explained(exc, receiver) from None
+                        self._reopen_peer(receiver)
                         for k in indices:
                             _, entry, arr = planned[k]
-                            p, entry = self._found_at(lost, entry.spec.name)
+                            p, entry = self._found_at(receiver, entry.spec.name)
                             planned[k] = (p, entry, entry.spec.check_array(arr))
                         self._write_group(planned, indices, handles, deadline)
                 finally:
-                    lock.release()
+                    receiver.lock.release()
             else:
                 return handles
             epoch = self._routes_epoch
