@@ -443,8 +443,8 @@ class ParameterServer:
         self.acc: dict[str, Any] = {}
         self._outgoing: dict[str, np.ndarray[Any, Any]] | None = None
         self._stale: set[str] = set()  # chunks updated since their wire copy was made
-        #: (asp, ssp) parameters may be owed to a worker (set where they become owed, cleared
-        #: by _pay_owed once it finds none): the loop's look at every worker, skipped otherwise
+        #: parameters may be owed to a worker (set where they become owed, cleared by
+        #: _pay_owed once it finds none): a look at every worker, skipped otherwise
         self._owing = False
         self._needs_init = False
         self.fingerprint = ""
@@ -1594,8 +1594,18 @@ class ParameterServer:
             raise _WorkerLost("it joined again", tell=False)
         deadline = heard + self.cfg.step_timeout
         while True:
+            # Parameters owed to a worker on probation (its slot was full) go as soon as its
+            # slot is free, not at the step's end: once gradients of an earlier step end its
+            # probation (pushed as it left our slot), this step waits for its gradients, which
+            # it sends only once it holds this step's parameters. Before, each waited for the
+            # other until --step-timeout dropped it (see _serve_on_probation).
+            retry = self._pay_owed()
+            if not w.alive:
+                return None  # it took none of them within --step-timeout: lost (_pay)
             left = deadline - time.monotonic()
             wait = 0.0 if w.probation else max(min(left, REJOIN_CHECK_EVERY), 0.0)
+            if retry is not None:
+                wait = min(wait, retry)
             wait = self._within_stop_grace(wait)
             try:
                 # Taken together once all have landed: on a loss or a timeout none is held.
@@ -1812,15 +1822,19 @@ class ParameterServer:
         and that step waits for the other workers, who wait for our parameters. Waiting for
         the slot (--step-timeout) held them all up until we dropped it; it joined again, and
         the job went a step per --step-timeout for 10-45 s (chaos runs: 2 x 4, bsp, a worker
-        frozen twice, 2.7 s apart; seed 144). A slot still full is tried again at our next
-        step (the worker skips to the later step); one that stays full for --step-timeout
-        loses the worker, as a write that waited that long did."""
+        frozen twice, 2.7 s apart; seed 144). A slot still full is tried again every
+        OWED_RETRY while we wait for gradients (:meth:`_collect`), and at our next step (the
+        worker skips to the later step); one that stays full for --step-timeout loses the
+        worker, as a write that waited that long did."""
         if self.tx.transport_of(w.address) in CALL_TRANSPORTS:
             self._serve(w, STATUS_RUN)  # a call the worker answers: whole, waiting, as before
             return
         if w.owed is None:
             w.owed, w.owed_since = STATUS_RUN, time.monotonic()
-        self._pay(w)  # sent, or still owed (tried at our next step), or lost past the timeout
+            self._owing = True
+        # sent, or still owed (tried again while we wait for gradients, _collect, and at our
+        # next step), or lost past the timeout
+        self._pay(w)
 
     def _offer(self, w: _Worker, flags: int) -> None:
         """(asp, ssp) :meth:`_serve`, without holding up every other worker for ``w``: where its
@@ -1872,9 +1886,10 @@ class ParameterServer:
         w.heard = time.monotonic()  # its silence counts from here
 
     def _pay_owed(self) -> float | None:
-        """(asp, ssp) Each worker owed parameters whose time to try again has come gets them
-        where its slot is free now. Returns the seconds until the next try (None: none owed).
-        At every turn of the asp/ssp loop: with none owed, one look at a flag."""
+        """Each worker owed parameters whose time to try again has come gets them where its
+        slot is free now. Returns the seconds until the next try (None: none owed). At every
+        turn of the asp/ssp loop, and of a bsp wait for gradients (_collect): with none owed,
+        one look at a flag."""
         if not self._owing:
             return None
         now = time.monotonic()

@@ -1093,7 +1093,8 @@ def test_bsp_tells_a_frozen_worker_it_was_dropped_and_it_joins_again(
     assert j.log("w0").count("went on without this worker") == 2, j.log("w0")
     # Both lost: the servers wait for them as for the first join (--join-timeout), not for
     # --step-timeout (1.5 s, before the workers read the notice: the servers exited 1)
-    assert j.log("w1").count("went on without this worker") == 1, j.log("w1")
+    every_log = "".join(j.log(n) for n in (*(f"ps{s}" for s in range(servers)), "w0", "w1"))
+    assert j.log("w1").count("went on without this worker") == 1, every_log
     assert "every worker was lost: waiting" in j.log("ps0")
     # The step that lost it waited --step-timeout, not also for the frozen worker's goodbye
     # (until it woke, 2.5 s later, or GOODBYE_TIMEOUT): 6.5 s measured for a longer freeze.
@@ -2673,3 +2674,81 @@ def test_chaos_refuses_an_unknown_fault() -> None:
     )
     assert out.returncode == 2
     assert "--events: unknown explode; from kill-worker," in out.stderr
+
+
+def test_a_rejoined_worker_whose_stale_push_ends_its_probation_gets_the_parameters_owed_to_it(
+    job: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bsp worker that joined again holds the server's parameters of the step it was taken
+    back at while the server goes on without it (on probation, it is not waited for): the
+    next parameters find its slot full and are owed to it. It then pushes the gradients of
+    that earlier step, which end its probation, and waits for the next parameters. Before,
+    the server waited for its gradients of the current step while the parameters of that
+    step were still owed to it, sent only at the step's end: each waited for the other until
+    --step-timeout dropped the worker (a CI run of -k frozen_worker_it_was_dropped, two
+    servers under load, dropped a worker a second time 1.7 s after it joined again). Now
+    what is owed is sent while the server waits, once the slot is free."""
+    from tensorwire.client.psclient import PSClient, PSClientStopped
+
+    j = job(
+        ps=["--steps", ENDLESS, "--step-timeout", "2", "--log-level", "INFO"],
+        workers=2,
+        start_workers=0,
+    )
+    shapes = {"w": (2, 3), "b": (3,)}
+    init = {n: np.zeros(shape, np.float32) for n, shape in shapes.items()}
+    grads = {n: np.ones(shape, np.float32) for n, shape in shapes.items()}
+    caplog.set_level("WARNING", logger="tensorwire.worker")
+    stop = threading.Event()
+    failures: list[BaseException] = []
+
+    def rank_0() -> None:  # steps on until told to stop: bounded in count and time
+        try:
+            with PSClient(j.addresses, 0, shapes, init=init, timeout=60) as c:
+                for _ in range(100_000):
+                    if stop.is_set() or c.wait_params(timeout=60) is None:
+                        break
+                    time.sleep(0.4)  # a slow step: the server waits for it each time
+                    c.push(grads)
+        except PSClientStopped:
+            pass
+        except BaseException as exc:  # reported by the test
+            failures.append(exc)
+
+    other = threading.Thread(target=rank_0, daemon=True)
+    other.start()
+    try:
+        with PSClient(j.addresses, 1, shapes, timeout=60, reconnect_timeout=60) as c:
+            for _ in range(3):
+                assert c.wait_params(timeout=60) is not None
+                c.push(grads)
+            assert c.wait_params(timeout=60) is not None
+            time.sleep(3)  # silent past --step-timeout: dropped (and told)
+            c.push(grads)
+            back_at = c.wait_params(timeout=60)  # reads the notice, joins again
+            assert back_at is not None and c.reconnects == 1
+            log_has(j.tmp / "ps0.log", "worker 1 rejoined", 10)
+            # Holding those parameters while the server goes on without us (rank 0's 0.4 s
+            # step), and past its try to send us the next ones: they are owed to us. Then the
+            # gradients of that earlier step, while it waits for rank 0's of the next: once
+            # taken, they end our probation.
+            time.sleep(0.6)
+            c.push(grads)
+            began = time.monotonic()
+            step = c.wait_params(timeout=60)
+            took = time.monotonic() - began
+            assert step is not None and step > back_at
+            assert c.reconnects == 1, caplog.text + j.log("ps0")
+            assert took < 1.5, f"{took:.2f} s for the parameters owed\n" + j.log("ps0")
+            c.push(grads)
+            assert c.wait_params(timeout=60) is not None
+    finally:
+        stop.set()
+        other.join(60)
+    assert not failures, failures
+    assert not other.is_alive()
+    j.ps[0].send_signal(signal.SIGTERM)
+    assert j.wait(60) == [0], j.log("ps0")
+    text = j.log("ps0")
+    assert text.count("worker 1 lost at") == 1, text
+    assert "worker 0 lost" not in text, text
