@@ -73,8 +73,10 @@ def test_a_stopped_writer_resumed_after_takeover_is_fenced(
     """SIGSTOP a sender that writes in a loop; once it is dropped, B takes over (its claim waits
     while A is stopped in the middle of a write) and A is resumed: the consumer gets at most the
     one message A was completing, then every message of B in order, and the resumed sender stops
-    with PeerLostError (its exit code says so)."""
-    with tw.Receiver(heartbeat_timeout=0.5) as rx:
+    with PeerLostError (its exit code says so). 1 s of silence drops a sender, so that B, which
+    heartbeats, is not dropped itself under load (as a sender was at 0.5 s in
+    -k next_owners_announcement)."""
+    with tw.Receiver(heartbeat_timeout=1.0) as rx:
         rx.register("t", (1024,), "float32")
         here, there = children.pipe()
         proc = children.start(write_forever, rx.address, transport, "t", there)
@@ -149,8 +151,12 @@ def test_a_dropped_writer_trying_again_leaves_the_next_owners_announcement_up(ap
     granted while B was still copying, and B's message then landed in C's ring (`bench soak
     --api buffer --freeze-every 1 --kill-every 1` at 4 MiB: a returned message of one frozen
     sender lost, two of its successor's, and the ring stuck). A writer now looks at its claim
-    before it announces anything, and never stores into the word once it has lost it."""
-    with tw.Receiver(heartbeat_timeout=0.5) as rx:
+    before it announces anything, and never stores into the word once it has lost it.
+
+    1 s of silence drops a sender: at 0.5 s, C (whose heartbeats go every third of that) was
+    dropped itself, "silent for 0.6 s", before its claim, in a `make test` of 4 processes on
+    the 2 cores (docs/test-workers-2026-12-03/make-test-645b031-failed.txt)."""
+    with tw.Receiver(heartbeat_timeout=1.0) as rx:
         rx.register("t", (8,), "int64")
         opts: dict[str, Any] = {"transport": "shm", "heartbeat": None, "timeout": 10}
         with tw.Sender.connect(rx.address, **opts) as a:
