@@ -1,12 +1,13 @@
 """``tensorwire bench ps``: whole data-parallel training jobs, one per transport, side by side.
 
 Each job is real daemons on this machine (S servers, N workers) training the chosen model for a
-fixed number of steps. Reported per transport: steps/s (at the slowest server), time per step split
-into the workers' compute and communication (waiting for parameters and pushing gradients), and
-bytes moved per step (every worker's gradients up and parameters down), and the communication
-per tensor (a worker's communication time per step over the number of tensors: what each tensor
-of the model costs a step), and the seconds the job took to form (from the servers' start until
-every worker had joined and was ready at every server: the workers' own start-up included).
+fixed number of steps. Reported per transport: steps/s (at the slowest server), time per step
+split into the workers' compute and communication (waiting for parameters and pushing
+gradients), the server's writes of a step's parameters to the workers (bsp), bytes moved per
+step (every worker's gradients up and parameters down), the communication per tensor (a
+worker's communication time per step over the number of tensors: what each tensor of the model
+costs a step), and the seconds the job took to form (from the servers' start until every worker
+had joined and was ready at every server: the workers' own start-up included).
 """
 
 from __future__ import annotations
@@ -113,11 +114,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
         # The job formed once its last server did: from the servers' start, so the workers'
         # own start-up (their imports, on a shared machine) is in it too.
         formed = [max(s["formed_s"] for s in j.servers) for j in jobs]
+        # (bsp) a step's writes of parameters to the workers, at the slowest server
+        serves = [max(s.get("serve_s") or 0.0 for s in j.servers) for j in jobs]
         rows.append(
             {
                 "transport": t,
                 "steps_per_s": sps,
                 "formed_s": statistics.median(formed),
+                "serve_ms": statistics.median(serves) * 1000 if any(serves) else None,
                 "step_ms": 1000 / sps,
                 "compute_ms": compute * 1000,
                 "communication_ms": comm * 1000,
@@ -145,7 +149,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
 
 def render(result: dict[str, Any]) -> str:
     head = ["transport", "steps/s", "vs grpc", "vs stream", "step ms", "compute ms", "comm ms"]
-    head += ["MB/step", "us/tensor", "formed s"]
+    head += ["serve ms", "MB/step", "us/tensor", "formed s"]
     lines = [" ".join(f"{h:>11}" for h in head)]
     for r in result["rows"]:
         ratios = [r.get(k) for k in ("x_grpc", "x_grpc_stream")]
@@ -156,6 +160,7 @@ def render(result: dict[str, Any]) -> str:
             f"{r['step_ms']:.1f}",
             f"{r['compute_ms']:.1f}",
             f"{r['communication_ms']:.1f}",
+            f"{r['serve_ms']:.2f}" if r.get("serve_ms") is not None else "",
             f"{r['bytes_per_step'] / 1e6:.3g}",
             f"{r['communication_us_per_tensor']:.0f}" if "communication_us_per_tensor" in r else "",
             f"{r['formed_s']:.1f}" if r.get("formed_s") is not None else "",

@@ -206,6 +206,16 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
         help=f"split tensors larger than this many bytes into chunks (default {d.split_bytes})",
     )
     p.add_argument(
+        "--serve-threads",
+        type=config.at_least(0),
+        default=d.serve_threads,
+        metavar="N",
+        help="bsp: threads that write each step's parameters to the workers at once (default "
+        "0: one per worker, up to this machine's cores and 8; 1: one worker after another; "
+        "the metric tensorwire_ps_serve_seconds says what the writes take). A shard on a GPU "
+        "serves from one thread",
+    )
+    p.add_argument(
         "--seed", type=int, default=d.seed, help=f"initialisation seed (default {d.seed})"
     )
     p.add_argument(
@@ -375,6 +385,10 @@ def _summarise(server: ParameterServer, args: argparse.Namespace, start: int, pr
         # the step another server ended the job at, as a worker told us; None where none did
         "ended_elsewhere": server.ended_elsewhere,
         "longest_step_s": server.stats.longest_step,
+        # (bsp) mean seconds of a step's writes of parameters to its workers (_serve_all)
+        "serve_s": server.stats.serve_seconds / server.stats.serves
+        if server.stats.serves
+        else None,
         "checkpoint_failures": server.stats.checkpoint_failures,
         "sync": cfg.sync,
         "transport": cfg.transport,

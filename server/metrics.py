@@ -48,6 +48,14 @@ def ps_metrics(server: ParameterServer) -> list[Metric]:
             [(shard, (stats.steps, stats.step_seconds))],
         ),
         Metric(
+            "tensorwire_ps_serve_seconds",
+            "summary",
+            "bsp: the steps' writes of parameters to the workers taking part, from the first "
+            "write's start to the last one's end (--serve-threads writes them at once)",
+            ("shard",),
+            [(shard, (stats.serves, stats.serve_seconds))],
+        ),
+        Metric(
             "tensorwire_ps_longest_step_seconds",
             "gauge",
             "The longest step since the daemon started (a worker lost waits --step-timeout)",

@@ -218,8 +218,12 @@ def test_a_job_serves_metrics_that_agree_with_it(job: Any, tmp_path: Path) -> No
         (("shard", "0"), ("worker", "1")),
     }
     assert _samples(last, "tensorwire_ps_workers")[(("shard", "0"),)] == 2
+    serves = _samples(last, "tensorwire_ps_serve_seconds_count")[(("shard", "0"),)]
+    assert 0 < serves <= steps + 1  # a round each step (and the first parameters)
+    assert _samples(last, "tensorwire_ps_serve_seconds_sum")[(("shard", "0"),)] > 0
     ps, workers = j.metrics("ps0"), [j.metrics("w0"), j.metrics("w1")]
     assert ps["steps"] == steps
+    assert ps["serve_s"] > 0
     sent = sum(w["traffic"]["sent_messages"] for w in workers)
     assert ps["traffic"]["received_messages"] == sent > 2 * steps
     assert ps["traffic"]["sent_messages"] == sum(w["traffic"]["received_messages"] for w in workers)
