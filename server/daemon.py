@@ -210,10 +210,10 @@ def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
         type=config.at_least(0),
         default=d.serve_threads,
         metavar="N",
-        help="bsp: threads that write each step's parameters to the workers at once (default "
-        "0: one per worker, up to this machine's cores and 8; 1: one worker after another; "
-        "the metric tensorwire_ps_serve_seconds says what the writes take). A shard on a GPU "
-        "serves from one thread",
+        help="bsp: threads that write each step's parameters to the workers at once; 0: one "
+        "per worker, up to this machine's cores and 8, which pays for large models (tens of "
+        "MB; the metric tensorwire_ps_serve_seconds says what the writes take) and costs small "
+        "ones; default 1, one worker after another. A shard on a GPU serves from one thread",
     )
     p.add_argument(
         "--seed", type=int, default=d.seed, help=f"initialisation seed (default {d.seed})"

@@ -314,13 +314,13 @@ def test_bsp_equals_single_process_on_the_union_of_batches(
     """BSP over N workers (and S servers, with a weight matrix split across them) computes the
     same parameters as one process on the union of their batches, to 1e-6 relative. Over tcp
     the servers write each step's parameters to the two workers from two threads at once
-    (--serve-threads 2), over nixl and grpc from one per worker up to the cores (0, the
-    default); over shm one after the other (1)."""
+    (--serve-threads 2), over nixl from one per worker up to the cores (0); over shm and grpc
+    one after the other (1, the default)."""
     steps, lr = 25, 0.05
     # nixl: the UCX settings go through the daemons' own flags (here: cma for data, tcp for
     # notifications, which is what UCX picks on one host anyway)
     extra = ["--ucx-tls", "cma,tcp"] if transport == "nixl" else []
-    serving = {"tcp": ["--serve-threads", "2"], "shm": ["--serve-threads", "1"]}
+    serving = {"tcp": ["--serve-threads", "2"], "nixl": ["--serve-threads", "0"]}
     # tcp and nixl as between hosts: every receiver's slots in private memory, none in /dev/shm
     if transport in ("tcp", "nixl"):
         extra.append("--no-shm")
