@@ -1852,10 +1852,11 @@ class ParameterServer:
             raise failure
 
     def _serve_all(self, ready: list[_Worker]) -> None:
-        """(bsp) :meth:`_serve` each of ``ready`` the step's parameters (STATUS_RUN), the
-        writes at once on the serving threads (--serve-threads): one after another, each
-        worker's wait began when the previous one's copy ended, and one slow to take them (a
-        full socket buffer, a frozen worker) held up the others' for as long. With 2 workers
+        """(bsp) :meth:`_serve` each of ``ready`` the step's parameters (STATUS_RUN): one after
+        another (--serve-threads 1, the default), or at once from the serving threads. One
+        after another, each worker's wait begins when the previous one's copy ended, and one
+        slow to take them (a full socket buffer, a frozen worker) holds up the others' for as
+        long; at once, a pool's hand-off costs small writes more than it saves. With 2 workers
         and 25 MB of parameters on 2 cores, the writes took 12.7-72.9 ms a step one after the
         other and 14-38 % less at once, in each of 10 jobs (docs/serve-threads-2026-12-03/).
         What follows each write (a loss) is done here, in the workers' order. Writes from
@@ -1885,8 +1886,8 @@ class ParameterServer:
     def _serving_pool(self, workers: int) -> ThreadPoolExecutor | None:
         """The threads that serve ``workers`` at once (as many as the job's workers, up to
         the cores and MAX_SERVE_THREADS), made at the first need; None where one thread serves
-        them (one worker, --serve-threads 1, or a shard on a GPU, whose
-        copies from several threads have not run on one yet)."""
+        them (one worker, --serve-threads 1, or a shard on a GPU, whose copies from several
+        threads have not run on one yet)."""
         cfg = self.cfg
         threads = cfg.serve_threads or min(cfg.workers, os.cpu_count() or 1, MAX_SERVE_THREADS)
         if workers < 2 or threads < 2 or self.place.name != "cpu":
