@@ -1073,10 +1073,19 @@ class ParameterServer:
         batch.append((status_name(self.cfg.shard), self._status_word(w, flags)))
         return batch
 
-    def _send(self, w: _Worker, flags: int, timeout: float | None = None) -> None:
+    def _send(
+        self,
+        w: _Worker,
+        flags: int,
+        timeout: float | None = None,
+        batch: list[tuple[str, Any]] | None = None,
+    ) -> None:
         """Fresh parameter chunks, then the status word, into worker ``w``'s memory (within
-        ``timeout`` where given; the sender's own timeout, --step-timeout, otherwise)."""
-        batch = self._batch(w, flags)
+        ``timeout`` where given; the sender's own timeout, --step-timeout, otherwise).
+        ``batch``: :meth:`_batch`'s, built beforehand (on the loop's thread, for a serving
+        thread's write)."""
+        if batch is None:
+            batch = self._batch(w, flags)
         # One operation per worker: one doorbell (shm) or sendmsg (tcp) for the step's tensors.
         if timeout is None:
             self.tx.write_many(batch, peer=w.address)
@@ -1871,15 +1880,12 @@ class ParameterServer:
         else:
             batches = [self._batch(w, STATUS_RUN) for w in ready]
             writes = [
-                pool.submit(self.tx.write_many, batch, peer=w.address)
+                pool.submit(self._send, w, STATUS_RUN, None, batch)
                 for w, batch in zip(ready, batches, strict=True)
             ]
             futures.wait(writes)  # (each ends within the sender's timeout, --step-timeout)
             for w, write in zip(ready, writes, strict=True):
-                failure = write.exception()
-                if failure is None:
-                    w.served = self.step
-                self._served(w, failure)
+                self._served(w, write.exception())
         self.stats.serves += 1
         self.stats.serve_seconds += time.monotonic() - began
 
