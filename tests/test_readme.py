@@ -61,8 +61,9 @@ OUTSIDE_FLAGS = {
     "--fork",
     "--kill-child",
     "--mount-proc",
-    # pytest-xdist's, which `make test` passes (docs/testing.md)
+    # pytest's and pytest-xdist's, which `make test` passes (docs/testing.md)
     "--dist",
+    "--durations",
 }
 
 
