@@ -19,13 +19,13 @@ import logging
 import math
 import os
 import socket
+import struct
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from . import curve, metrics, quietlog, wire
 from .curve import CurveKeys
@@ -283,6 +283,11 @@ _WATCHED = (
     | zmq.EVENT_HANDSHAKE_FAILED_AUTH
 )
 _monitor_numbers = itertools.count()
+#: A monitor event's first frame, as libzmq's zmq_socket_monitor documents it: the event's
+#: number (16 bits) and its value (32 bits), in the machine's byte order. Read here rather than
+#: with pyzmq's zmq.utils.monitor, whose import brings in asyncio (about 0.1 s of CPU in every
+#: process that opens a control socket: each daemon, CLI and test peer).
+_EVENT = struct.Struct("=HI")
 
 
 class _Watch:
@@ -317,10 +322,10 @@ class _Watch:
         """Take in every event that has arrived."""
         while True:
             try:
-                event = recv_monitor_message(self.events, zmq.NOBLOCK)
+                frames = self.events.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            kind, value = event["event"], event["value"]
+            kind, value = _EVENT.unpack(frames[0])  # (frames[1]: the endpoint)
             if kind == zmq.EVENT_CONNECT_RETRIED and not self.up:
                 self.refused += 1  # a retry follows a refusal, or the loss of a connection
             elif kind == zmq.EVENT_CONNECTED:

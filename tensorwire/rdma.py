@@ -20,7 +20,6 @@ import contextlib
 import ctypes
 import glob
 import importlib
-import importlib.metadata
 import importlib.util
 import json
 import os
@@ -261,6 +260,8 @@ def create_agent(name: str, options: NixlOptions, loopback: bool) -> Any:
 
 
 def _version(module: ModuleType) -> str:
+    import importlib.metadata  # (here: about 35 ms that only `tensorwire info` needs)
+
     for dist in (module.__name__.replace("_", "-"), "nixl"):
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             return importlib.metadata.version(dist)

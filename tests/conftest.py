@@ -166,6 +166,32 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     gc.freeze()
 
 
+#: `TENSORWIRE_TEST_CPU=FILE make test`: each test's CPU seconds (its own process's and those of
+#: the children it waited for: daemons, peers, `bench` runs) appended to FILE, one line each, as
+#: "cpu wall nodeid". On two cores the suite's four processes keep both busy, so its time is
+#: what its tests compute; `--durations` shows where it waits, this where it works.
+CPU_LOG = os.environ.get("TENSORWIRE_TEST_CPU")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    if not CPU_LOG:
+        yield
+        return
+    import resource
+
+    def cpu() -> float:
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+    cpu0, wall0 = cpu(), time.monotonic()
+    yield
+    used, took = cpu() - cpu0, time.monotonic() - wall0
+    with open(CPU_LOG, "a") as log:  # one short append per line: the processes' lines whole
+        log.write(f"{used:.2f} {took:.2f} {item.nodeid}\n")
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """The versions the suite ran with, at its end, where a CI log's tail shows them: CI
     installs the newest releases the project admits afresh each run, and one can change what
