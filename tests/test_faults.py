@@ -542,7 +542,7 @@ def test_a_quiet_log_reports_each_period() -> None:
 
 
 def test_garbage_on_data_port_keeps_serving(transport: str) -> None:
-    with tw.Receiver() as rx:
+    with tw.Receiver(grpc=True) as rx:  # (its gRPC server now, not at its first gRPC sender)
         rx.register("other", (8,), "float32")
         rx.register("t", (8,), "float32")
         ports = [rx._servers["tcp"].port, rx._servers["grpc"].port]  # as published in the welcome

@@ -809,3 +809,37 @@ def test_a_receiver_or_sender_handed_to_another_process_says_what_to_do() -> Non
                         send(obj)
             tx.write("t", np.ones(4, np.float32))  # both still work
             assert rx.wait("t", timeout=10).tolist() == [1.0] * 4
+
+
+_GRPC_ON_DEMAND = """
+import sys, threading, numpy as np, tensorwire as tw
+with tw.Receiver() as rx:
+    rx.register("t", (4,), "float32")
+    with tw.Sender.connect(rx.address, transport="tcp", timeout=10) as tx:
+        tx.write("t", np.ones(4, np.float32))
+    rx.wait("t", timeout=10)
+    rx.release("t")
+    print("tcp", "grpc" in sys.modules, "grpc" in rx._servers)
+    for transport in ("grpc", "grpc-stream"):
+        with tw.Sender.connect(rx.address, transport=transport, timeout=10) as tx:
+            tx.write("t", np.full(4, 2, np.float32))
+        print(transport, "grpc" in sys.modules, "grpc" in rx._servers, rx.wait("t", timeout=10)[0])
+        rx.release("t")
+"""
+
+
+def test_a_receiver_starts_its_grpc_server_for_its_first_grpc_sender_only() -> None:
+    """gRPC is the baseline, which few receivers meet: a receiver loads grpcio and starts its
+    gRPC server (threads, a port) when the first sender that writes over it comes, not as it
+    is made (which cost every daemon about 0.1 s of CPU at its start); that sender asks for
+    the port the welcome could not hold, and writes."""
+    run = subprocess.run(
+        [sys.executable, "-c", _GRPC_ON_DEMAND], capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert lines == [
+        "tcp False False",
+        "grpc True True 2.0",
+        "grpc-stream True True 2.0",
+    ], run.stdout + run.stderr

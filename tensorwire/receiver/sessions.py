@@ -460,7 +460,8 @@ class SessionHandler:
 
     def _attach(self, session: Session, msg: wire.Attach) -> wire.Message:
         """A sender joins a transport whose peers must know each other (``nixl``): its server
-        takes the sender's details and hands ours back."""
+        takes the sender's details and hands ours back. Or it asks for the details of a server
+        started on demand (``grpc``), which the welcome could not hold."""
         transport = TRANSPORTS.get(msg.transport)
         key = transport.server if transport is not None else None
         if key is None:
@@ -477,7 +478,8 @@ class SessionHandler:
             link, details = server.attach(session, msg.details)
         except TensorWireError as exc:
             return wire.ErrorReply("protocol", f"{msg.transport}: {exc}")
-        session.link, session.link_server = link, key
+        if link is not None:  # (none: the sender asked for the details; its connection links)
+            session.link, session.link_server = link, key
         return wire.Attached(self._state.generation, details)
 
     # -- the end of a session ----------------------------------------------------------------

@@ -48,7 +48,8 @@ class ReceivingServer:
     #: can it run here (its optional library installed)?
     available: Callable[[], bool] = lambda: True
     #: started when the first sender attaches rather than with the receiver (an agent that costs
-    #: a thread and memory registrations is not started for receivers nobody uses it with)
+    #: a thread and memory registrations, or a library's import and threads, is not started for
+    #: receivers nobody uses it with); published in the welcome with no details until then
     on_demand: bool = False
 
 
@@ -106,7 +107,10 @@ SERVERS: dict[str, ReceivingServer] = {
     s.key: s
     for s in (
         ReceivingServer("tcp", _tcp_server),
-        ReceivingServer("grpc", _grpc_server, available=lambda: installed(GRPC)),
+        # on demand: most receivers never meet a gRPC sender (it is the baseline), and grpcio's
+        # import and server cost a daemon about 0.1 s of CPU at every start (a job's three
+        # daemons 2.0-2.1 s with it, 1.6-1.8 s without)
+        ReceivingServer("grpc", _grpc_server, available=lambda: installed(GRPC), on_demand=True),
         ReceivingServer("nixl", _nixl_server, available=rdma_installed, on_demand=True),
     )
 }

@@ -30,7 +30,7 @@ from ..memory import Memory, RegionInfo
 from ..metrics import Traffic
 from ..process import host_identity
 from ..spec import TensorSpec
-from ..wire import DataHeader, Message, Welcome
+from ..wire import Attach, Attached, DataHeader, Message, Welcome
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +70,9 @@ class PeerInfo:
         return self.welcome.host == host_identity()
 
     def data_endpoint(self, transport: str) -> tuple[str, int]:
-        """Host and port of the receiver's data server for ``transport`` (from the welcome).
+        """Host and port of the receiver's data server for ``transport`` (from the welcome;
+        asked for with an ``Attach`` where the welcome has none yet: a server the receiver
+        starts when its first sender comes, which this request starts).
 
         A server bound to every interface is reached the way we reached the control plane.
         """
@@ -81,6 +83,13 @@ class PeerInfo:
                 f"receiver at {self.control_address} offers no {transport} port (it was made "
                 f"without it, or lacks what it needs; it offers: {offered})"
             )
+        if not details and self.request is not None:
+            reply = self.request(Attach(self.welcome.generation, transport, {}), self.timeout)
+            if not isinstance(reply, Attached):
+                raise LocalProtocolError(
+                    f"expected attached from {self.control_address}, got {reply.TYPE}"
+                )
+            details = reply.details
         host, port = details.get("host"), details.get("port")
         if host is None or (isinstance(host, str) and is_wildcard_host(host)):
             host = self.control_host
@@ -409,8 +418,12 @@ class DataServer:
         """The receiver registered a new span of memory: register it where the transport needs
         to (its library's memory registration)."""
 
-    def attach(self, session: object, details: dict[str, Any]) -> tuple[CreditLink, dict[str, Any]]:
-        """A sender joins through the control plane (``Attach``): its link, and our details."""
+    def attach(
+        self, session: object, details: dict[str, Any]
+    ) -> tuple[CreditLink | None, dict[str, Any]]:
+        """A sender joins through the control plane (``Attach``): its link, and our details.
+        No link: the attach only asked for the details (of a server started on demand, whose
+        data connection then makes the link, as the welcome's details would have)."""
         raise LocalProtocolError("this transport has nothing to attach")
 
     def detach(self, session: object) -> None:

@@ -322,6 +322,11 @@ class GrpcDataServer(pb_grpc.TensorServiceServicer, DataServer):
     def details(self) -> dict[str, Any]:
         return {"host": self.host, "port": self.port}
 
+    def attach(self, session: object, details: dict[str, Any]) -> tuple[None, dict[str, Any]]:
+        """Started on demand, this server is in the welcome without its port: a sender asks
+        for it here (its ``Open`` call makes the session's link)."""
+        return None, self.details()
+
     def _sink(self, context: grpc.ServicerContext) -> DataSink:
         sink = self._sink_ref()
         if sink is None:
