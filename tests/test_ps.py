@@ -1216,13 +1216,13 @@ def test_an_asp_server_restarted_after_a_worker_finished_goes_on_without_waiting
     is told to stop, with who did all their steps, and the restarted server forms the job again
     with the others."""
     ckpt = tmp_path / "ckpt"
-    args = ["--sync", "asp", "--steps", "2000", "--checkpoint-dir", str(ckpt)]
+    args = ["--sync", "asp", "--steps", "1000", "--checkpoint-dir", str(ckpt)]
     args += ["--checkpoint-every", "100", "--join-timeout", "60", "--log-level", "INFO"]
     j = Job(tmp_path, workers=2, ps=args)
     try:
         log_has(j.tmp / "ps0.log", "checkpoint at step 100 ", 60)  # both have trained
         freeze(j.workers[1].pid)  # behind, and not dropped (--step-timeout: 120 s)
-        assert j.workers[0].wait(120) == 0  # its 2000 steps done
+        assert j.workers[0].wait(120) == 0  # its 1000 steps done
         j.ps[0].kill()
         assert j.ps[0].wait(10) == -signal.SIGKILL
         again = j.start([*j.ps[0].args, "--resume"], log="ps0-again")
@@ -1233,9 +1233,9 @@ def test_an_asp_server_restarted_after_a_worker_finished_goes_on_without_waiting
         j.kill()
     text = (j.tmp / "ps0-again.log").read_text()
     assert codes == [0, 0], text + j.log("w1")
-    assert "worker 0 did all 2000 steps before: not waited for" in text, text
+    assert "worker 0 did all 1000 steps before: not waited for" in text, text
     resumed_at = int(text.split("resumed shard 0 from ")[1].split(" at step ")[1].split()[0])
-    assert resumed_at < 2000  # worker 1's pace, behind
+    assert resumed_at < 1000  # worker 1's pace, behind
     assert j.metrics("w1")["test_accuracy"] >= 0.9
 
 
@@ -1613,17 +1613,17 @@ def test_stopping_one_server_of_a_bsp_job_ends_the_others(job: Any) -> None:
 def test_an_async_server_back_behind_the_jobs_end_hears_it_from_a_worker(
     job: Any, tmp_path: Path
 ) -> None:
-    """An asp job ends (3000 steps); then ps0 comes back from an older checkpoint (as one
+    """An asp job ends (1200 steps); then ps0 comes back from an older checkpoint (as one
     killed in the job's last steps while ps1 finished it would) and waits for its workers,
     which have exited. A worker started again finds ps1 done, and tells ps0 the step the job
     ended at before it exits: ps0 ends there, checkpoints it, and exits 0. Before, it waited
     for workers that never came and at --join-timeout exited 1 (`bench chaos`, shm ssp, seed
     5304: the workers, told by ps1 that the job was done while ps0 was down, exited)."""
     ckpt = tmp_path / "ckpt"
-    args = ["--sync", "asp", "--steps", "3000", "--checkpoint-dir", str(ckpt)]
-    args += ["--checkpoint-every", "500", "--join-timeout", "60", "--log-level", "INFO"]
+    args = ["--sync", "asp", "--steps", "1200", "--checkpoint-dir", str(ckpt)]
+    args += ["--checkpoint-every", "200", "--join-timeout", "60", "--log-level", "INFO"]
     j = job(ps=[*args, "--linger", "60"], servers=2)
-    log_has(j.tmp / "ps0.log", "checkpoint at step 500 ", 60)
+    log_has(j.tmp / "ps0.log", "checkpoint at step 200 ", 60)
     older = tmp_path / "older.npz"
     shutil.copy(ckpt / "ps-shard0.npz", older)
     assert [w.wait(120) for w in j.workers] == [0, 0], j.log("w0")
@@ -1639,10 +1639,10 @@ def test_an_async_server_back_behind_the_jobs_end_hears_it_from_a_worker(
     assert again.wait(30) == 0, j.log("ps0-again")
     j.ps[1].send_signal(signal.SIGTERM)
     text = j.log("ps0-again")
-    assert "worker 1 says another server ended the job (at step 3000)" in text, text
-    assert "checkpoint at step 3000 written" in text, text
+    assert "worker 1 says another server ended the job (at step 1200)" in text, text
+    assert "checkpoint at step 1200 written" in text, text
     summary = j.metrics("ps0")  # (ps0-again's: the same --metrics)
-    assert summary["ended_elsewhere"] == 3000 and summary["steps"] == 3000, summary
+    assert summary["ended_elsewhere"] == 1200 and summary["steps"] == 1200, summary
     assert "did not join" not in text, text
 
 
