@@ -168,8 +168,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 #: `TENSORWIRE_TEST_CPU=FILE make test`: each test's CPU seconds (its own process's and those of
 #: the children it waited for: daemons, peers, `bench` runs) appended to FILE, one line each, as
-#: "cpu wall nodeid". On two cores the suite's four processes keep both busy, so its time is
-#: what its tests compute; `--durations` shows where it waits, this where it works.
+#: "cpu wall start worker nodeid" (start: the machine's monotonic clock, which every process
+#: shares; worker: the pytest-xdist process). On two cores the suite's four processes keep both
+#: busy most of the run, so its time is mostly what its tests compute: `--durations` shows where
+#: it waits, this where it works, and when each process was idle.
 CPU_LOG = os.environ.get("TENSORWIRE_TEST_CPU")
 
 
@@ -188,8 +190,9 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     cpu0, wall0 = cpu(), time.monotonic()
     yield
     used, took = cpu() - cpu0, time.monotonic() - wall0
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "-")
     with open(CPU_LOG, "a") as log:  # one short append per line: the processes' lines whole
-        log.write(f"{used:.2f} {took:.2f} {item.nodeid}\n")
+        log.write(f"{used:.2f} {took:.2f} {wall0:.2f} {worker} {item.nodeid}\n")
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
