@@ -1,22 +1,49 @@
-import sys, collections
-rows=[]
-for l in open(sys.argv[1]):
-    c,w,s,wk,n = l.rstrip("\n").split(" ", 4)
-    rows.append((float(c),float(w),float(s),wk,n))
-t0=min(r[2] for r in rows); t1=max(r[2]+r[1] for r in rows)
-print("span", round(t1-t0), "cpu", round(sum(r[0] for r in rows)))
-bins=collections.defaultdict(float); busy=collections.defaultdict(float)
-for c,w,s,wk,n in rows:
-    a=s-t0; b=a+w
-    if w<=0: continue
-    rate=c/w; t=a
-    while t<b:
-        k=int(t//60); e=min(b,(k+1)*60)
-        bins[k]+=rate*(e-t); busy[k]+=(e-t); t=e
-for k in sorted(bins):
-    print(f"{k*60:4d}s  workers busy {busy[k]/60:4.2f}  cores used by tests {bins[k]/60:4.2f}")
-ends=collections.defaultdict(float)
-for c,w,s,wk,n in rows: ends[wk]=max(ends[wk], s+w-t0)
-print("each worker's last end:", {k: round(v) for k,v in sorted(ends.items())})
-for c,w,s,wk,n in sorted(rows, key=lambda r: -(r[2]+r[1]))[:10]:
-    print(f"{s-t0:6.0f} +{w:5.1f}s cpu {c:5.1f} {wk} {n}")
+"""Where a suite's time went, from a `TENSORWIRE_TEST_CPU=FILE make test` log.
+
+Prints the span and the CPU seconds of every test together; for each minute, how many of the
+pytest-xdist processes were running a test and how many cores the tests used; when each process
+ran its last test; and the tests that ended last. Usage: python timeline.py FILE
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+
+
+def main(path: str) -> None:
+    rows = []
+    with open(path) as log:
+        for line in log:
+            cpu, wall, start, worker, nodeid = line.rstrip("\n").split(" ", 4)
+            rows.append((float(cpu), float(wall), float(start), worker, nodeid))
+    t0 = min(r[2] for r in rows)
+    t1 = max(r[2] + r[1] for r in rows)
+    print(f"span {t1 - t0:.0f} s, tests' CPU {sum(r[0] for r in rows):.0f} s")
+    used: dict[int, float] = collections.defaultdict(float)
+    busy: dict[int, float] = collections.defaultdict(float)
+    for cpu, wall, start, _worker, _nodeid in rows:
+        if wall <= 0:
+            continue
+        rate, t, end = cpu / wall, start - t0, start - t0 + wall
+        while t < end:  # spread the test over the minutes it ran in, at its average rate
+            minute = int(t // 60)
+            upto = min(end, (minute + 1) * 60)
+            used[minute] += rate * (upto - t)
+            busy[minute] += upto - t
+            t = upto
+    for minute in sorted(used):
+        print(
+            f"{minute * 60:5d} s  processes in a test {busy[minute] / 60:4.2f}  "
+            f"cores used by tests {used[minute] / 60:4.2f}"
+        )
+    last: dict[str, float] = collections.defaultdict(float)
+    for _cpu, wall, start, worker, _nodeid in rows:
+        last[worker] = max(last[worker], start + wall - t0)
+    print("each process's last test ended at", {k: round(v) for k, v in sorted(last.items())})
+    for cpu, wall, start, worker, nodeid in sorted(rows, key=lambda r: -(r[2] + r[1]))[:10]:
+        print(f"{start - t0:6.0f} s +{wall:5.1f} s, CPU {cpu:5.1f} s, {worker} {nodeid}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
