@@ -285,7 +285,7 @@ _WATCHED = (
 _monitor_numbers = itertools.count()
 #: A monitor event's first frame, as libzmq's zmq_socket_monitor documents it: the event's
 #: number (16 bits) and its value (32 bits), in the machine's byte order. Read here rather than
-#: with pyzmq's zmq.utils.monitor, whose import brings in asyncio (about 0.1 s of CPU in every
+#: with pyzmq's zmq.utils.monitor, whose import brings in asyncio (about 40 ms of CPU in every
 #: process that opens a control socket: each daemon, CLI and test peer).
 _EVENT = struct.Struct("=HI")
 

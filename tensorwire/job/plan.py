@@ -13,6 +13,7 @@ can never disagree with the servers about it; it then says it is ready on the sa
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import re
@@ -56,8 +57,10 @@ class Chunk:
     shape: tuple[int, ...]
     server: int
 
-    @property
+    @functools.cached_property
     def cid(self) -> str:
+        # cached: a server's step names each chunk's tensors a few dozen times (made anew
+        # each time, 44 strings a step of the digits model)
         return f"{self.param}@{self.part}"
 
     @property
