@@ -33,9 +33,11 @@ _NUMPY_KINDS = frozenset("biufc")
 def of_ml_dtypes(dt: np.dtype[Any]) -> bool:
     """Is ``dt`` one of ml_dtypes' formats? Asked of the dtype itself (registered with numpy,
     ``isbuiltin`` 2, by a type of ml_dtypes' module), so that numpy's own dtypes never import
-    ml_dtypes: its extension takes 0.6-0.9 s to load (0.7.0, on this project's machines), all
-    of it holding the GIL, where a sender's first spec lookup made its heartbeats miss a 0.6 s
-    receiver timeout and its session was dropped."""
+    ml_dtypes: its extension takes 0.6-1.5 s to load (0.7.0, on this project's machines; 0.6.0
+    0.03 s: perf puts most of it in numpy's ``PyUFunc_AddLoop``, whose search through the loops
+    already added grows with each of 0.7.0's many more), all of it holding the GIL, where a
+    sender's first spec lookup made its heartbeats miss a 0.6 s receiver timeout and its
+    session was dropped."""
     return dt.isbuiltin == 2 and dt.type.__module__.split(".")[0] == "ml_dtypes"
 
 
