@@ -153,14 +153,17 @@ def ok(j: Job, timeout: float = 120) -> None:
     assert codes == [0] * len(codes), "\n".join(j.log(p) for p in ["ps0", "w0"])
 
 
-def cli(*args: str, env: dict[str, str | None] | None = None) -> subprocess.CompletedProcess[str]:
-    """``python ARGS``, with ``env`` over this process's environment (None: a variable unset)."""
+def cli(
+    *args: str, env: dict[str, str | None] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """``python ARGS``, with ``env`` over this process's environment (None: a variable unset),
+    within ``timeout`` seconds."""
     merged = {**os.environ, **(env or {})}
     return subprocess.run(
         [PY, *args],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout,
         env={k: v for k, v in merged.items() if v is not None},
         check=False,
     )
