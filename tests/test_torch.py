@@ -187,6 +187,9 @@ def test_bench_ps_compares_transports_for_a_built_in_model_in_torch(tmp_path: Pa
         *("--transports", "shm,grpc", "--steps", "5", "--json", str(path)),
         "--workers",  # one: each worker process spends seconds of CPU importing torch
         "1",
+        # two jobs whose workers import torch: 38.4 s in a run of the suite in six processes,
+        # past the 60 s the quick commands get on a slower machine
+        timeout=180,
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "model digits in torch" in out.stdout
