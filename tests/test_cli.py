@@ -8,6 +8,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -1204,6 +1205,40 @@ def test_files_written_whole_by_several_writers_at_once_stay_whole(tmp_path: Pat
     data = path.read_bytes()
     assert len(data) == 65536 and data == data[:1] * 65536
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.bin"]
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
+def test_a_file_written_whole_is_synced_and_then_its_new_name(tmp_path: Path) -> None:
+    """A checkpoint reported written must still be there after a crash of the machine. The
+    file was synced before its rename, but the rename is an entry of the directory, which that
+    sync does not write: a crash could bring back the checkpoint before it. The system calls of
+    a real write, under strace: the file's sync, the rename over its name, then the directory's
+    sync, in that order, each on the right file."""
+    path = tmp_path / "ckpt.npz"
+    trace = tmp_path / "trace"
+    script = (
+        "import sys; from tensorwire.job.files import write_whole; "
+        "write_whole(sys.argv[1], lambda f: f.write(b'whole'))"
+    )
+    calls = "trace=fsync,fdatasync,rename,renameat,renameat2"
+    out = subprocess.run(
+        ["strace", "-f", "-y", "-e", calls, "-o", str(trace), PY, "-c", script, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert path.read_bytes() == b"whole"
+    lines = trace.read_text().splitlines()
+    wanted = [
+        rf"fsync\(\d+<{re.escape(str(path))}\.tmp-\d+-[0-9a-f]+>\) = 0",
+        rf"rename(at2?)?\(.*\.tmp-\d+-[0-9a-f]+\", .*\"{re.escape(str(path))}\".*\) = 0",
+        rf"fsync\(\d+<{re.escape(str(tmp_path))}>\) = 0",
+    ]
+    found = [i for i, line in enumerate(lines) for w in wanted if re.search(w, line)]
+    order = [next(k for k, w in enumerate(wanted) if re.search(w, lines[i])) for i in found]
+    assert order == [0, 1, 2], "\n".join(lines)
 
 
 _WRITER_STUCK_MID_WRITE = """

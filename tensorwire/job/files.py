@@ -4,7 +4,8 @@ A daemon writes its checkpoints, its end-of-job summary (``--metrics``) and a wo
 parameters (``--save-params``) long after it started. A path that cannot be written is refused
 at the start, not found out after the whole job; and each file is written beside its name and
 renamed over it, so that a crash, a full disk or a reader never sees half of it (a failed write
-removes its partial file, which would otherwise keep a full disk full). A writer killed
+removes its partial file, which would otherwise keep a full disk full); the file, then its
+directory's entry, are synced before the write returns. A writer killed
 mid-write leaves its partial file; the next whole write of that path removes it.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import fcntl
 import glob
 import os
@@ -71,9 +73,11 @@ ABANDONED_AFTER = 60.0
 
 
 def write_whole(path: str, write: Callable[[IO[bytes]], object]) -> None:
-    """Write ``path`` through ``write`` into a file beside it, synced, then renamed over it.
-    OSError (a full disk, a volume gone) leaves no partial file and ``path`` as it was. Partial
-    files of ``path`` left by writers that died are removed after."""
+    """Write ``path`` through ``write`` into a file beside it, synced, then renamed over it,
+    and the rename synced (:func:`sync_directory`). OSError (a full disk, a volume gone) leaves
+    no partial file and ``path`` as it was, but for one from the directory's sync, which comes
+    with the new file in place, its name perhaps not yet durable. Partial files of ``path``
+    left by writers that died are removed after."""
     # Beside it under a name of its own: one made of the pid alone was the same for every
     # container's daemon (each is pid 1), and two writing one path interleaved in one file.
     tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
@@ -90,7 +94,24 @@ def write_whole(path: str, write: Callable[[IO[bytes]], object]) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    sync_directory(os.path.dirname(os.path.abspath(path)))
     remove_abandoned(path)
+
+
+def sync_directory(directory: str) -> None:
+    """Make the names in ``directory`` durable: a rename is an entry of its directory, which
+    the file's own fsync does not write, so after a crash of the machine a checkpoint already
+    reported written could read as the one before it. A file system that cannot sync a
+    directory (EINVAL: some network and FUSE ones) is left as it is; any other error is the
+    write's."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+    finally:
+        os.close(fd)
 
 
 def npz_name(path: str) -> str:
