@@ -12,6 +12,8 @@ still authenticated by the shared-secret HMAC hello; the data plane is not encry
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 
 import zmq
@@ -54,9 +56,21 @@ def generate(directory: str, *, overwrite: bool = False) -> tuple[str, str]:
             "replace it (every host of the job then needs the new one)"
         )
     os.makedirs(directory, mode=0o700, exist_ok=True)
-    public, secret = zmq.auth.create_certificates(directory, NAME)
-    os.chmod(secret, 0o600)
-    return str(public), str(secret)
+    # Made in a directory of this user's alone inside ``directory`` and moved out: pyzmq writes
+    # a key file with the umask's mode (0644 as a rule), so where ``directory`` was already
+    # open to other users, the secret key was readable by them until its chmod. Moved, each
+    # file arrives whole and with its final mode, also over an old pair.
+    staging = tempfile.mkdtemp(prefix=".tensorwire-keys-", dir=directory)
+    try:
+        made_public, made_secret = zmq.auth.create_certificates(staging, NAME)
+        os.chmod(made_secret, 0o600)
+        public = os.path.join(directory, f"{NAME}.key")
+        secret = os.path.join(directory, f"{NAME}.key_secret")
+        os.replace(made_secret, secret)
+        os.replace(made_public, public)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return public, secret
 
 
 def load(directory: str) -> CurveKeys:

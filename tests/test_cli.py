@@ -721,6 +721,39 @@ def test_keys_are_not_overwritten_without_force(tmp_path: Path) -> None:
     assert (keys / "server.key").read_text() != public
 
 
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
+def test_a_secret_key_is_never_readable_by_others_in_a_directory_open_to_them(
+    tmp_path: Path,
+) -> None:
+    """`tensorwire keys DIR` where DIR already exists, open to every user (0755), with the
+    usual umask 022: pyzmq wrote the secret key there with mode 0644 and the key was chmodded
+    to 0600 only after, so that another user could open it meanwhile. Now it is made in a
+    directory of its own (0700) and moved into DIR with its final mode: under strace, no file
+    of that name is ever created in DIR, only renamed into it, and nothing else is left."""
+    keys = tmp_path / "keys"
+    keys.mkdir(mode=0o755)
+    keys.chmod(0o755)
+    trace = tmp_path / "trace"
+    out = subprocess.run(
+        [
+            *("strace", "-f", "-e", "trace=openat,open,creat,rename,renameat,renameat2"),
+            *("-o", str(trace), PY, "-c"),
+            "import os, sys; os.umask(0o022); from tensorwire.cli import main; sys.exit(main())",
+            *("keys", str(keys)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    secret = keys / "server.key_secret"
+    calls = [line for line in trace.read_text().splitlines() if f'"{secret}"' in line]
+    assert calls and all(re.search(r"rename(at2?)?\(", line) for line in calls), calls
+    assert secret.stat().st_mode & 0o777 == 0o600
+    assert sorted(p.name for p in keys.iterdir()) == ["server.key", "server.key_secret"]
+
+
 def test_keys_where_no_directory_can_be_is_one_line(tmp_path: Path) -> None:
     """A file given for the directory was "[Errno 17] File exists: '...'"; a path beneath a
     file, the errno and repr of NotADirectoryError."""
