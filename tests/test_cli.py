@@ -710,6 +710,22 @@ def test_workers_take_rank_and_world_size_from_launchers() -> None:
     assert out.stderr.strip().splitlines()[-1].endswith("--rank 7 is not in 0..1")
 
 
+def _strace_traces() -> bool:
+    """Whether strace is installed and may trace here (a container can forbid ptrace)."""
+    if shutil.which("strace") is None:
+        return False
+    probe = subprocess.run(
+        ["strace", "-o", os.devnull, "true"], capture_output=True, timeout=30, check=False
+    )
+    return probe.returncode == 0
+
+
+#: tests that read a process's system calls
+needs_strace = pytest.mark.skipif(
+    not _strace_traces(), reason="needs strace, allowed to trace (ptrace) here"
+)
+
+
 def test_keys_are_not_overwritten_without_force(tmp_path: Path) -> None:
     keys = tmp_path / "keys"
     assert run("-m", "tensorwire.cli", "keys", str(keys)).returncode == 0
@@ -721,7 +737,7 @@ def test_keys_are_not_overwritten_without_force(tmp_path: Path) -> None:
     assert (keys / "server.key").read_text() != public
 
 
-@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
+@needs_strace
 def test_a_secret_key_is_never_readable_by_others_in_a_directory_open_to_them(
     tmp_path: Path,
 ) -> None:
@@ -1240,7 +1256,7 @@ def test_files_written_whole_by_several_writers_at_once_stay_whole(tmp_path: Pat
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.bin"]
 
 
-@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
+@needs_strace
 def test_a_file_written_whole_is_synced_and_then_its_new_name(tmp_path: Path) -> None:
     """A checkpoint reported written must still be there after a crash of the machine. The
     file was synced before its rename, but the rename is an entry of the directory, which that
