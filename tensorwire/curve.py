@@ -60,7 +60,10 @@ def generate(directory: str, *, overwrite: bool = False) -> tuple[str, str]:
     # a key file with the umask's mode (0644 as a rule), so where ``directory`` was already
     # open to other users, the secret key was readable by them until its chmod. Moved, each
     # file arrives whole and with its final mode, also over an old pair.
-    staging = tempfile.mkdtemp(prefix=".tensorwire-keys-", dir=directory)
+    try:
+        staging = tempfile.mkdtemp(prefix=".tensorwire-keys-", dir=directory)
+    except OSError as exc:  # (named by the directory given, not by the staging one's name)
+        raise OSError(exc.errno, exc.strerror, directory) from exc
     try:
         made_public, made_secret = zmq.auth.create_certificates(staging, NAME)
         os.chmod(made_secret, 0o600)

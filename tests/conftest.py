@@ -401,6 +401,26 @@ def bad_inputs() -> dict[str, float]:
     return {key[0]: float(v) for key, v in bad.samples}  # type: ignore[arg-type]
 
 
+def as_nobody() -> list[str]:
+    """The command prefix that runs a process as the user nobody (util-linux's setpriv), for a
+    check of what a user without root's rights meets; the test is skipped, saying why, where
+    that cannot be: not root, no setpriv, or a Python nobody cannot run (a pyenv Python whose
+    libpython only root can read)."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and util-linux's setpriv (to run as another user)")
+    nobody = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
+    probe = subprocess.run(
+        [*nobody, sys.executable, "-c", "import tensorwire"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"this Python cannot run as nobody here: {probe.stderr.strip()[-200:]}")
+    return nobody
+
+
 def in_pid_namespace(argv: list[str], **kwargs: Any) -> subprocess.Popen[str]:
     """``python *argv`` as pid 1 of a pid and mount namespace of its own (with its own /proc),
     sharing this host's /dev/shm and network, as two containers with ``--ipc=host`` do: its host

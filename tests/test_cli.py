@@ -21,7 +21,7 @@ import pytest
 
 from tensorwire.cli import COMMANDS
 
-from .conftest import NIXL_INSTALLED, free_port, freeze, needs_ipv6
+from .conftest import NIXL_INSTALLED, as_nobody, free_port, freeze, needs_ipv6
 from .jobs import Processes, log_has
 
 PY = sys.executable
@@ -768,6 +768,33 @@ def test_a_secret_key_is_never_readable_by_others_in_a_directory_open_to_them(
     assert calls and all(re.search(r"rename(at2?)?\(", line) for line in calls), calls
     assert secret.stat().st_mode & 0o777 == 0o600
     assert sorted(p.name for p in keys.iterdir()) == ["server.key", "server.key_secret"]
+
+
+def test_keys_in_a_directory_the_user_cannot_write_is_one_line_naming_it() -> None:
+    """Run as nobody, `tensorwire keys DIR` where DIR is root's (0755): one line naming DIR
+    (the key pair is made in a directory of its own inside DIR, whose name the error said
+    before), exit 1, nothing left in DIR."""
+    import tempfile
+
+    nobody = as_nobody()
+    # (outside pytest's own directory, which only root may enter: nobody may reach DIR here,
+    # and not write in it)
+    with tempfile.TemporaryDirectory() as top:
+        keys = Path(top) / "keys"
+        keys.mkdir()
+        for where in (Path(top), keys):
+            where.chmod(0o755)
+        out = subprocess.run(
+            [*nobody, PY, "-m", "tensorwire.cli", "keys", str(keys)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert out.returncode == 1, out.stderr
+        said = f"tensorwire keys: error: cannot write in {keys}: Permission denied"
+        assert out.stderr.strip() == said
+        assert list(keys.iterdir()) == []
 
 
 def test_keys_where_no_directory_can_be_is_one_line(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ from tensorwire.server import optim
 from tensorwire.server.ps import DROP_NOTICE_TIMEOUT
 from tensorwire.transports.grpc import ANSWER_GRACE
 
-from .conftest import free_port, freeze, namespaced_pid, needs_pid_namespaces
+from .conftest import as_nobody, free_port, freeze, namespaced_pid, needs_pid_namespaces
 from .jobs import (
     Job,
     assert_params_close,
@@ -2658,23 +2658,10 @@ def test_a_bsp_worker_frozen_again_just_after_it_joined_again_does_not_stall_the
     assert result["accuracy"] >= 0.9
 
 
-@pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("setpriv") is None,
-    reason="needs root and util-linux's setpriv (to run as another user)",
-)
 def test_chaos_refuses_to_cut_connections_without_root() -> None:
     """`--events cut-connections` needs root (`ss -K`): run as nobody, the command says so in
     one line and exits 2, before it starts a daemon."""
-    nobody = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
-    probe = subprocess.run(
-        [*nobody, sys.executable, "-c", "import tensorwire"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    if probe.returncode != 0:  # e.g. a pyenv Python whose libpython only root can read
-        pytest.skip(f"this Python cannot run as nobody here: {probe.stderr.strip()[-200:]}")
+    nobody = as_nobody()
     out = subprocess.run(
         [*nobody, sys.executable, "-m", "tensorwire.bench", "chaos", "--events", "cut-connections"],
         capture_output=True,
