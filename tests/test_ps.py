@@ -920,6 +920,11 @@ ENDLESS = "1000000"
 #: checkpoint to see the job at work and train on for two more (:func:`_trains_on`): 250 steps
 #: (500 until the suite neared its 10 minutes; 95% is reached within them all the same).
 EVERY = 250
+#: The checkpoint interval of the tests of one of two servers restarted alone, which kill it
+#: after its first checkpoint and check that both checkpoint at the same steps again: 400
+#: steps (1000 until the suite neared its 10 minutes: the job trains about 800 steps, not
+#: 2000, and reaches 95% all the same).
+ALONE = 400
 
 
 def _trains_on(j: Job, log: str = "ps0", checkpoints: int = 2) -> None:
@@ -1885,12 +1890,10 @@ def test_one_of_two_servers_restarted_alone_goes_on_at_the_others_step(
     at a SIGTERM with exit 0. Before, the workers stopped with 'restart every server with
     --resume', and before that the job hung until the step timeout."""
     ckpt = tmp_path / "ckpt"
-    # every 400 steps (1000 until the suite neared its 10 minutes): the job trains about 800
-    # steps, not 2000, and reaches 95% all the same
-    args = ["--steps", ENDLESS, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "400"]
+    args = ["--steps", ENDLESS, "--checkpoint-dir", str(ckpt), "--checkpoint-every", str(ALONE)]
     j = job(ps=[*args, "--log-level", "INFO"], servers=2)
-    log_has(j.tmp / "ps1.log", "checkpoint at step 400", 60)
-    time.sleep(0.2)  # some steps past it (a tenth of a second is tens of steps), not 400
+    log_has(j.tmp / "ps1.log", f"checkpoint at step {ALONE}", 60)
+    time.sleep(0.2)  # some steps past it (a tenth of a second is tens of steps), not ALONE
     j.ps[1].kill()
     assert j.ps[1].wait(10) == -signal.SIGKILL
     saved = int(j.log("ps1").rsplit("checkpoint at step ", 1)[1].split()[0])
@@ -1909,9 +1912,9 @@ def test_one_of_two_servers_restarted_alone_goes_on_at_the_others_step(
     )
     assert back_at == (saved if resume else 0) and others_at > saved, text
     assert "asking it to go on at their step" in j.log("w0")
-    # It checkpoints at the other server's steps again (every 400; the last one, at the
+    # It checkpoints at the other server's steps again (every ALONE; the last one, at the
     # SIGTERM, may be a step apart), and is at its step at the end.
-    every = [at for at in re.findall(r"checkpoint at step (\d+) ", text) if int(at) % 400 == 0]
+    every = [at for at in re.findall(r"checkpoint at step (\d+) ", text) if int(at) % ALONE == 0]
     assert every and all(f"checkpoint at step {at} " in j.log("ps0") for at in every), text
     assert abs(j.metrics("ps1")["steps"] - j.metrics("ps0")["steps"]) <= 1
     assert j.metrics("ps1")["caught_up"] == others_at - back_at
@@ -1928,10 +1931,9 @@ def test_an_ssp_server_restarted_alone_counts_the_workers_steps_as_they_do(
     after rejoins each held back a different worker, waiting on each other until the step
     timeout dropped one: chaos runs, RELIABILITY.md)."""
     ckpt = tmp_path / "ckpt"
-    # every 400 steps, not 1000: as in the test above
-    args = ["--steps", ENDLESS, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "400"]
+    args = ["--steps", ENDLESS, "--checkpoint-dir", str(ckpt), "--checkpoint-every", str(ALONE)]
     j = job(ps=[*args, "--sync", "ssp", "--log-level", "INFO"], servers=2)
-    log_has(j.tmp / "ps1.log", "checkpoint at step 400", 60)
+    log_has(j.tmp / "ps1.log", f"checkpoint at step {ALONE}", 60)
     time.sleep(0.3)  # a hundred steps or more past it (a tenth of a second is tens of steps)
     j.ps[1].kill()
     assert j.ps[1].wait(10) == -signal.SIGKILL
