@@ -374,15 +374,11 @@ def _local(args: argparse.Namespace, transports: list[str], explicit: bool) -> d
 
 def _secret(parser: argparse.ArgumentParser, args: argparse.Namespace, endpoint: str) -> str | None:
     """The shared secret; required when this end listens beyond loopback."""
-    from tensorwire.job.config import is_loopback
+    from tensorwire.job.config import is_loopback, read_secret_file
 
     secret = os.environ.get("TENSORWIRE_SECRET") or None
     if getattr(args, "secret_file", None):
-        try:
-            with open(args.secret_file) as f:
-                secret = f.read().strip() or None
-        except OSError as exc:
-            parser.error(f"cannot read --secret-file {args.secret_file}: {exc.strerror}")
+        secret = read_secret_file(parser, args.secret_file, also=(secret, "TENSORWIRE_SECRET"))
     if secret is None and not is_loopback(endpoint):
         parser.error(
             f"{endpoint} is reachable from other hosts, so a shared secret is required: "

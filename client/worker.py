@@ -11,7 +11,6 @@ with ``--on-sigterm restart``: exit 143, to be started again).
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import signal
@@ -38,7 +37,7 @@ EXIT_RESTART = 128 + signal.SIGTERM
 log = logging.getLogger("tensorwire.worker")
 
 
-def build_parser(prog: str = "tensorwire-worker") -> argparse.ArgumentParser:
+def build_parser(prog: str = "tensorwire-worker") -> config.DaemonParser:
     p = config.new_parser(
         prog,
         "A data-parallel worker: its model parameters are registered buffers that the parameter "

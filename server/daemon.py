@@ -25,7 +25,7 @@ from .metrics import ps_metrics
 from .ps import ASYNC_LR, SYNC_MODES, WIRE_DTYPES, ParameterServer, PSConfig, StepReport
 
 
-def build_parser(prog: str = "tensorwire-ps") -> argparse.ArgumentParser:
+def build_parser(prog: str = "tensorwire-ps") -> config.DaemonParser:
     d = PSConfig()
     p = config.new_parser(
         prog,

@@ -643,7 +643,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     secret = os.environ.get("TENSORWIRE_SECRET")
     if args.secret_file:
-        secret = config.read_secret_file(parser, args.secret_file)
+        secret = config.read_secret_file(
+            parser, args.secret_file, also=(secret, "TENSORWIRE_SECRET")
+        )
     job = RayJob(
         shards=args.shards,
         workers=args.workers,

@@ -892,6 +892,55 @@ def test_binding_beyond_loopback_needs_a_secret(tmp_path: Path) -> None:
     assert out.returncode == 2 and "cannot read --secret-file" in out.stderr
 
 
+def test_two_different_secrets_are_refused_naming_both(tmp_path: Path) -> None:
+    """--secret-file quietly won over TENSORWIRE_SECRET (and over --secret, and a config
+    file's secret): a daemon given two secrets took one, and was refused by the peers that
+    took the other with an error about a wrong secret, far from its cause."""
+    secret = tmp_path / "secret"
+    secret.write_text("from-the-file\n")
+    secret.chmod(0o600)
+    cfg = tmp_path / "ps.toml"
+    cfg.write_text('[ps]\nsecret = "from-the-config"\n')
+    for module, args, env, named in (
+        ("tensorwire.server.daemon", [], {"TENSORWIRE_SECRET": "from-env"}, "TENSORWIRE_SECRET"),
+        ("tensorwire.client.worker", ["--secret", "from-argv"], {}, "--secret"),
+        (
+            "tensorwire.server.daemon",
+            ["--config", str(cfg)],
+            {},
+            f"--secret (from config file {cfg})",
+        ),
+        ("tensorwire.bench", ["serve"], {"TENSORWIRE_SECRET": "from-env"}, "TENSORWIRE_SECRET"),
+        ("tensorwire.cli", ["ray-job"], {"TENSORWIRE_SECRET": "from-env"}, "TENSORWIRE_SECRET"),
+    ):
+        # (bounded: before, the daemons started, with the file's secret, and waited to time out)
+        out = _cli("-m", module, *args, "--secret-file", str(secret), env=env, timeout=30)
+        last = out.stderr.strip().splitlines()[-1]
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+        assert f"--secret-file {secret} and {named} are different secrets" in last, out.stderr
+
+
+def test_a_secret_others_can_read_is_warned_of(tmp_path: Path) -> None:
+    """A secret given on the command line, or in a file others may read, was taken without a
+    word, where every user of the host can read it (ps, /proc/PID/cmdline; the file itself).
+    The daemon still starts (a container's mounted secret is often 0644); it says so."""
+    secret = tmp_path / "secret"
+    secret.write_text("s3cret\n")
+    started = ("--join-timeout", "0.5", "--no-progress")
+    for mode, args, env, warned in (
+        (0o644, ["--secret", "s3cret"], {}, True),
+        (0o600, [], {"TENSORWIRE_SECRET": "s3cret"}, False),
+    ):
+        secret.chmod(mode)
+        out = _cli(
+            "-m", "tensorwire.server.daemon", *args, "--secret-file", str(secret), *started, env=env
+        )
+        assert out.returncode == 1 and "did not join" in out.stderr, out.stderr  # it ran
+        on_argv = "--secret on the command line can be read by every user of this host"
+        in_file = f"--secret-file {secret} can be read by other users of this host (mode 0644)"
+        assert (on_argv in out.stderr, in_file in out.stderr) == (warned, warned), out.stderr
+
+
 def test_secret_protected_job_trains(job: Any, tmp_path: Path) -> None:
     j = job(ps=["--steps", "50"], env={"TENSORWIRE_SECRET": "job-secret"})
     _ok(j)

@@ -16,6 +16,7 @@ import logging
 import os
 import re
 import signal
+import stat
 import sys
 from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
@@ -102,22 +103,36 @@ class DaemonParser(configargparse.ArgParser):
         raise SystemExit(2)  # argparse's error() exits; this line is for the type checker
 
     def _source_of(self, message: str) -> str:
-        flag = re.search(r"argument (--[\w-]+)", message)
-        sources: dict[str, Any] = getattr(self, "_source_to_settings", None) or {}
-        for source, settings in sources.items():
+        for source, settings in self._sources().items():
             where = source.split("|", 1)[1] if source.startswith("config_file|") else ""
             for key, (action, _value) in settings.items():
-                if action is None:  # a key no flag has
-                    if where and f"--{key}" in message:
-                        return f" (unknown key {key!r} in config file {where})"
-                    continue
-                if flag is None or flag.group(1) not in action.option_strings:
-                    continue
-                if where:
-                    return f" (from config file {where})"
-                if source == "environment_variables":
-                    return f" (from environment {key})"
-        return ""
+                if action is None and where and f"--{key}" in message:  # a key no flag has
+                    return f" (unknown key {key!r} in config file {where})"
+        flag = re.search(r"argument (--[\w-]+)", message)
+        given = self.source(flag.group(1)) if flag else None
+        return f" (from {given})" if given and given != "the command line" else ""
+
+    def source(self, flag: str) -> str | None:
+        """Where the value of ``flag`` (``--secret``) came from, as messages name it: "the
+        command line", "environment TENSORWIRE_SECRET" or "config file PATH"; None when it
+        was not given (its default)."""
+        for source, settings in self._sources().items():
+            for key, (action, value) in settings.items():
+                if source == "command_line":
+                    # argparse takes "--secret S" and "--secret=S", and nothing shorter here
+                    # (an abbreviation of --secret is one of --secret-file's too)
+                    if any(arg == flag or arg.startswith(f"{flag}=") for arg in value):
+                        return "the command line"
+                elif action is not None and flag in action.option_strings:
+                    if source == "environment_variables":
+                        return f"environment {key}"
+                    return f"config file {source.split('|', 1)[1]}"
+        return None
+
+    def _sources(self) -> dict[str, Any]:
+        # ConfigArgParse's record of the last parse: {"command_line": {"": (None, argv)},
+        # "environment_variables": {VAR: (action, value)}, "config_file|PATH": {key: ...}}
+        return getattr(self, "_source_to_settings", None) or {}
 
 
 def new_parser(prog: str, description: str, section: str) -> DaemonParser:
@@ -368,19 +383,31 @@ def nixl_options(args: argparse.Namespace) -> tw.NixlOptions | None:
     )
 
 
-def resolve_secret(
-    parser: argparse.ArgumentParser, args: argparse.Namespace, bind: str
-) -> str | None:
+def resolve_secret(parser: DaemonParser, args: argparse.Namespace, bind: str) -> str | None:
     """The shared secret from --secret, --secret-file or TENSORWIRE_SECRET; required (the daemon
-    refuses to start) when ``bind`` accepts connections from other hosts."""
+    refuses to start) when ``bind`` accepts connections from other hosts. A secret on the
+    command line is taken with a warning (every user of the host can read it there), and two
+    different secrets (--secret-file and TENSORWIRE_SECRET, say) are refused: either one
+    chosen quietly would leave this daemon refused by peers that took the other."""
     check_endpoint(parser, "--bind", bind)
     secret = args.secret
+    where = parser.source("--secret")
+    if where is None or where == "the command line":
+        named = "--secret"
+    elif where.startswith("environment "):
+        named = where.removeprefix("environment ")
+    else:
+        named = f"--secret (from {where})"
     if secret is not None and not secret.strip():
         # as the library refuses secret="": most likely a variable its template left empty
-        where = "TENSORWIRE_SECRET" if os.environ.get("TENSORWIRE_SECRET") == secret else "--secret"
-        parser.error(f"{where} is set but empty: give the job's secret, or leave it unset")
+        parser.error(f"{named} is set but empty: give the job's secret, or leave it unset")
+    if where == "the command line":
+        logging.getLogger("tensorwire").warning(
+            "--secret on the command line can be read by every user of this host (ps, "
+            "/proc/PID/cmdline): give it with --secret-file PATH or TENSORWIRE_SECRET instead"
+        )
     if args.secret_file:
-        secret = read_secret_file(parser, args.secret_file)
+        secret = read_secret_file(parser, args.secret_file, also=(secret, named))
     if not secret and not is_loopback(bind):
         parser.error(
             f"--bind {bind} accepts connections from other hosts, so a shared secret is "
@@ -390,16 +417,32 @@ def resolve_secret(
     return secret or None
 
 
-def read_secret_file(parser: argparse.ArgumentParser, path: str) -> str:
+def read_secret_file(
+    parser: argparse.ArgumentParser, path: str, also: tuple[str | None, str] = (None, "")
+) -> str:
     """The shared secret in ``path`` (--secret-file), stripped; a usage error naming the file
-    when it cannot be read or is empty."""
+    when it cannot be read or is empty, or when ``also`` (a secret given another way, and how
+    it is named: ``TENSORWIRE_SECRET``) is a different one."""
     try:
         with open(path) as f:
             secret = f.read().strip()
+            mode = os.fstat(f.fileno()).st_mode
     except OSError as exc:
         parser.error(f"cannot read --secret-file {path}: {exc.strerror}")
     if not secret:
         parser.error(f"--secret-file {path} is empty")
+    other, named = also
+    if other is not None and other.strip() != secret:
+        parser.error(f"--secret-file {path} and {named} are different secrets: give it once")
+    if mode & 0o044:
+        # a warning, not ssh's refusal: mounted secrets (docker's, a Kubernetes volume's
+        # default 0644) are often readable by all, in a container that has no other users
+        logging.getLogger("tensorwire").warning(
+            "--secret-file %s can be read by other users of this host (mode %04o): chmod 600 %s",
+            path,
+            stat.S_IMODE(mode),
+            path,
+        )
     return secret
 
 
