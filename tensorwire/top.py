@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import extras
-from .endpoint import zeromq_greeting_problem
+from .endpoint import ipv6_hint, zeromq_greeting_problem
 from .job.argtypes import add_version
 from .job.config import at_least, positive_seconds
 
@@ -30,10 +30,22 @@ Page = dict[str, dict[tuple[tuple[str, str], ...], float]]
 
 
 def metrics_url(endpoint: str) -> str:
-    """``HOST:PORT``, ``http://HOST:PORT`` or a full ``.../metrics`` URL, as a URL to scrape."""
+    """``HOST:PORT``, ``http://HOST:PORT`` or a full ``.../metrics`` URL, as a URL to scrape;
+    ValueError saying what is wrong with any other (checked here, where a port out of range
+    raised from the first scrape, a traceback)."""
     url = endpoint if "://" in endpoint else f"http://{endpoint}"
     if not url.startswith(("http://", "https://")):
         raise ValueError(f"{endpoint!r} is not an http address of a /metrics page")
+    where = urllib.parse.urlsplit(url)
+    try:
+        port = where.port
+    except ValueError:
+        port = 0
+    if port == 0 or not where.hostname or (port is None and "://" not in endpoint):
+        raise ValueError(
+            f"{endpoint!r} is not HOST:PORT with a port of 1-65535 (a daemon's "
+            f"--metrics-port){ipv6_hint(endpoint)}"
+        )
     tail = url.split("://", 1)[1]
     return url if "/" in tail else f"{url}/metrics"
 

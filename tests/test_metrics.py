@@ -328,8 +328,20 @@ def test_top_pointed_at_a_daemons_control_port_says_to_give_its_metrics_port() -
 
 
 def test_top_refuses_what_is_not_a_metrics_address() -> None:
-    top = _top("ftp://host/metrics")
-    assert top.returncode == 2 and "is not an http address" in top.stderr
+    """Each in one line, before a scrape: a port out of range (or not a number) ended `top`
+    with a traceback from its first refresh."""
+    for endpoint, says in (
+        ("ftp://host/metrics", "is not an http address"),
+        ("127.0.0.1:99999", "is not HOST:PORT with a port of 1-65535"),
+        ("127.0.0.1:metrics", "is not HOST:PORT with a port of 1-65535"),
+        ("http://:9100/metrics", "is not HOST:PORT"),
+        ("127.0.0.1", "is not HOST:PORT"),  # (an http:// URL may leave its port to http's)
+        ("::1:9100", "an IPv6 address goes in brackets"),
+    ):
+        top = _top(endpoint, "--count", "1")
+        assert top.returncode == 2 and "Traceback" not in top.stderr, top.stderr
+        assert says in top.stderr.strip().splitlines()[-1], top.stderr
+    assert _top("[::1]:1", "--count", "1").returncode == 1  # an address, where nothing answers
 
 
 @pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])
