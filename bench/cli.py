@@ -26,7 +26,7 @@ import tensorwire as tw
 from tensorwire import cuda as tw_cuda
 from tensorwire import cuda_stores, extras
 from tensorwire import region as tw_region
-from tensorwire.job.argtypes import add_version
+from tensorwire.job.argtypes import add_version, path
 from tensorwire.job.config import (
     add_logging_flags,
     add_metrics_flags,
@@ -155,7 +155,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "--markdown", metavar="PATH", type=output_file, help="write the tables as markdown"
     )
     parser.add_argument(
-        "--secret-file", metavar="PATH", help="shared secret (or TENSORWIRE_SECRET)"
+        "--secret-file", type=path, metavar="PATH", help="shared secret (or TENSORWIRE_SECRET)"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress output")
 
@@ -186,7 +186,9 @@ def build_parser(prog: str = "tensorwire bench") -> argparse.ArgumentParser:
         "to accept other hosts)",
     )
     srv.add_argument("--once", action="store_true", help="exit after the first runner")
-    srv.add_argument("--secret-file", metavar="PATH", help="shared secret (or TENSORWIRE_SECRET)")
+    srv.add_argument(
+        "--secret-file", type=path, metavar="PATH", help="shared secret (or TENSORWIRE_SECRET)"
+    )
     add_metrics_flags(srv)
     add_logging_flags(srv)
     ps_bench.add_parser(sub)

@@ -118,7 +118,10 @@ def build_parser(prog: str = "tensorwire-worker") -> config.DaemonParser:
         help="rank 0: test accuracy every N steps, and at the end (0: only at the end; default 50)",
     )
     p.add_argument(
-        "--seed", type=int, default=0, help="data order and initialisation seed (default 0)"
+        "--seed",
+        type=config.at_least(0),
+        default=0,
+        help="data order and initialisation seed (default 0)",
     )
     p.add_argument(
         "--connect-timeout",
@@ -154,6 +157,7 @@ def build_parser(prog: str = "tensorwire-worker") -> config.DaemonParser:
     )
     p.add_argument(
         "--curve-keys",
+        type=config.path,
         metavar="DIR",
         default=None,
         help="the job's CURVE key pair (both files): encrypts the control plane",

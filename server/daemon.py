@@ -216,10 +216,14 @@ def build_parser(prog: str = "tensorwire-ps") -> config.DaemonParser:
         "ones; default 1, one worker after another. A shard on a GPU serves from one thread",
     )
     p.add_argument(
-        "--seed", type=int, default=d.seed, help=f"initialisation seed (default {d.seed})"
+        "--seed",
+        type=config.at_least(0),
+        default=d.seed,
+        help=f"initialisation seed (default {d.seed})",
     )
     p.add_argument(
         "--curve-keys",
+        type=config.path,
         metavar="DIR",
         default=None,
         help="encrypt the control plane with the CURVE key pair in DIR (`tensorwire keys DIR`)",

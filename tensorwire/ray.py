@@ -554,7 +554,7 @@ def _split_flags(rest: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def build_parser() -> argparse.ArgumentParser:
     from .job.argtypes import add_version
-    from .job.config import amount, at_least, positive_seconds
+    from .job.config import amount, at_least, path, positive_seconds
     from .job.files import output_file
 
     parser = argparse.ArgumentParser(
@@ -605,6 +605,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--checkpoint-dir",
+        type=path,
         default=None,
         help="where servers checkpoint (--checkpoint-every sets how often, default 500 steps "
         "here); shared storage lets a shard resume on another node (default: a directory on "
@@ -612,6 +613,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--secret-file",
+        type=path,
         default=None,
         metavar="PATH",
         help="the job's shared secret (or TENSORWIRE_SECRET; default: one made for the job)",

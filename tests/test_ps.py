@@ -643,6 +643,34 @@ def test_an_empty_secret_is_refused_naming_where_it_came_from() -> None:
         assert f"{where} is set but empty" in out.stderr.strip().splitlines()[-1], out.stderr
 
 
+def test_an_empty_path_is_refused_not_taken_as_the_flag_left_out() -> None:
+    """An empty path (a template's variable left unset) was taken as the flag left out:
+    `--curve-keys ""` ran the control plane unencrypted, `--secret-file ""` ran a daemon on
+    loopback with no secret, `--metrics ""` and `--save-params ""` wrote nothing, `--config ""`
+    read no file; all without a word. A negative --seed failed only once the model was made."""
+    ps, worker = ("-m", "tensorwire.server.daemon"), ("-m", "tensorwire.client.worker")
+    empty = "is empty: give a path, or leave the flag out"
+    for args, env, says in (
+        ((*ps, "--curve-keys", ""), {}, f"argument --curve-keys: '' {empty}"),
+        ((*worker, "--curve-keys", " "), {}, f"argument --curve-keys: ' ' {empty}"),
+        ((*ps, "--secret-file", ""), {}, f"argument --secret-file: '' {empty}"),
+        ((*ps,), {"TENSORWIRE_CURVE_KEYS": ""}, "(from environment TENSORWIRE_CURVE_KEYS)"),
+        ((*ps, "--metrics", ""), {}, f"argument --metrics: '' {empty}"),
+        ((*worker, "--save-params", ""), {}, f"argument --save-params: '' {empty}"),
+        ((*worker, "--config", ""), {}, f"argument --config: '' {empty}"),
+        (("-m", "tensorwire.cli", "ray-job", "--secret-file", ""), {}, empty),
+        (("-m", "tensorwire.cli", "ray-job", "--checkpoint-dir", ""), {}, empty),
+        (("-m", "tensorwire.bench", "serve", "--secret-file", ""), {}, empty),
+        ((*ps, "--seed", "-1"), {}, "argument --seed: '-1': give a whole number of at least 0"),
+        ((*worker, "--seed", "-1"), {}, "argument --seed: '-1': give a whole number of at least 0"),
+    ):
+        # (bounded: before, the daemons started and waited for their peers)
+        out = _cli(*args, env=env, timeout=30)
+        last = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else ""
+        assert out.returncode == 2 and "Traceback" not in out.stderr, (args, out.stderr)
+        assert says in last, (args, out.stderr)
+
+
 def test_bad_config_file_is_one_line(tmp_path: Path) -> None:
     for body, message in (
         ("steps = [", "not valid TOML"),

@@ -1,5 +1,5 @@
-"""The argparse types of the daemons' and CLIs' numbers: seconds, amounts, fractions, counts;
-and the ``--version`` every command has.
+"""The argparse types of the daemons' and CLIs' numbers (seconds, amounts, fractions, counts)
+and paths, and the ``--version`` every command has.
 
 Each refuses what would pass a bare ``float``/``int`` and misbehave later (NaN, infinity, a
 negative count), with a one-line usage error. A module of its own, light to import, so that
@@ -70,6 +70,18 @@ def at_least(minimum: int) -> Callable[[str], int]:
         return value
 
     return whole
+
+
+def path(text: str) -> str:
+    """An argparse type: a path, refused when empty or blank. An empty one is what a template
+    or script passes for a variable left unset (``--curve-keys "$KEYS"``), and taken as the
+    flag left out it quietly turned off what the flag asks for: encryption, the secret's file,
+    a summary written at the end."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is empty: give a path, or leave the flag out (a variable left unset?)"
+        )
+    return text
 
 
 def add_version(parser: argparse.ArgumentParser) -> None:

@@ -40,6 +40,7 @@ from tensorwire.job import files
 from tensorwire.job.argtypes import amount as amount
 from tensorwire.job.argtypes import at_least as at_least
 from tensorwire.job.argtypes import fraction as fraction
+from tensorwire.job.argtypes import path as path
 from tensorwire.job.argtypes import positive_seconds as positive_seconds
 from tensorwire.job.argtypes import seconds_or_forever as seconds_or_forever
 from tensorwire.job.argtypes import zero_or_more_seconds as zero_or_more_seconds
@@ -329,7 +330,11 @@ def add_secret_flags(parser: argparse.ArgumentParser) -> None:
         "--secret", default=None, help="shared secret (prefer --secret-file or TENSORWIRE_SECRET)"
     )
     parser.add_argument(
-        "--secret-file", default=None, metavar="PATH", help="read the shared secret from this file"
+        "--secret-file",
+        type=path,
+        default=None,
+        metavar="PATH",
+        help="read the shared secret from this file",
     )
 
 
@@ -476,4 +481,9 @@ def write_summary(path: str | None, summary: dict[str, Any], prog: str) -> int:
 
 def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
     """Parse ``argv`` with the file and the environment merged in (see the module doc)."""
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if getattr(args, "config_file", None) == "":
+        # ConfigArgParse reads no file for an empty --config, as if none were given (its own
+        # flag, which takes no type of ours): refused as every other empty path is
+        parser.error("argument --config: '' is empty: give a path, or leave the flag out")
+    return args

@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import IO, Any
 
+from .argtypes import path
+
 
 def unwritable_directory(directory: str, *, create: bool = True) -> str | None:
     """Why files cannot be written in ``directory`` (created if missing, where ``create``),
@@ -60,8 +62,9 @@ def unwritable_file(path: str) -> str | None:
 
 
 def output_file(text: str) -> str:
-    """An argparse type: a file the daemon writes at its end, checked now."""
-    why = unwritable_file(text)
+    """An argparse type: a file the daemon writes at its end, checked now (an empty name too:
+    :func:`argtypes.path`)."""
+    why = unwritable_file(path(text))
     if why is not None:
         raise argparse.ArgumentTypeError(f"{text!r} {why}")
     return text
