@@ -69,6 +69,13 @@ def canonical_dtype(dtype: Any) -> np.dtype[Any]:
     """``dtype`` as a numpy dtype, refusing what does not move as plain bytes."""
     if type(dtype).__module__ == "torch":  # torch.bfloat16 -> "bfloat16"; torch stays unimported
         dtype = str(dtype).removeprefix("torch.")
+    if dtype is None:
+        # numpy reads None as float64: a lookup that found nothing registered float64 tensors,
+        # and every float32 write to them was refused later, far from the cause
+        raise SpecMismatchError(
+            f"not a dtype: None (numpy would take it as float64); give the tensor's dtype, "
+            f"e.g. 'float32'; supported: {', '.join(supported_names())}"
+        )
     try:
         dt = np.dtype(dtype)
     except TypeError as exc:

@@ -97,10 +97,14 @@ class TensorSpec:
         if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
             shape = (int(shape),)
         try:
+            if isinstance(shape, (str, bytes, bytearray)):
+                # sequences, but of characters: "" read as a scalar's shape, b"f4" as (102, 52)
+                raise TypeError
             items = tuple(shape)
         except TypeError as exc:
             raise SpecMismatchError(
-                f"tensor {name!r}: shape must be a sequence, got {shape!r}"
+                f"tensor {name!r}: shape must be a sequence of dimensions, e.g. (3, 4), got "
+                f"{shape!r}"
             ) from exc
         try:
             dims: Shape = tuple(None if d is None else whole_number(d) for d in items)

@@ -103,13 +103,25 @@ def test_a_shape_of_anything_but_whole_numbers_is_refused_not_truncated() -> Non
     its caller never wrote. Whole numbers of any integer type (numpy's too) and None pass."""
     assert TensorSpec.create("a", [2, np.uint8(3)], "float32").shape == (2, 3)
     assert TensorSpec.create("b", np.int64(4), "float32").shape == (4,)
-    for shape in [(3.5,), (3.0,), ("3",), (True, 2), ((2,),), "34"]:
+    for shape in [(3.5,), (3.0,), ("3",), (True, 2), ((2,),)]:
         with pytest.raises(tw.SpecMismatchError, match="must be a whole number"):
             TensorSpec.create("c", shape, "float32")
-    with pytest.raises(tw.SpecMismatchError, match="shape must be a sequence"):
-        TensorSpec.create("c", None, "float32")
-    with pytest.raises(tw.SpecMismatchError, match="shape must be a sequence"):
-        TensorSpec.create("c", True, "float32")
+    # a string or bytes is a sequence, of characters: "" was taken as a scalar's shape and
+    # b"f4" (a dtype in the shape's place) as (102, 52)
+    for shape in [None, True, "34", "", b"f4", bytearray(b"ab")]:
+        with pytest.raises(tw.SpecMismatchError, match="shape must be a sequence of dimensions"):
+            TensorSpec.create("c", shape, "float32")
+
+
+def test_a_dtype_of_none_is_refused_not_taken_as_float64() -> None:
+    """numpy reads dtype None as float64: a lookup that found nothing registered a float64
+    tensor, and every float32 write to it was refused later, far from the cause."""
+    with pytest.raises(tw.SpecMismatchError, match="not a dtype: None"):
+        TensorSpec.create("c", (4,), None)
+    with tw.Receiver(bind="tcp://127.0.0.1:0") as rx:
+        with pytest.raises(tw.SpecMismatchError, match="not a dtype: None"):
+            rx.register("c", (4,), None)
+        assert rx.register("c", (4,), "float64").dtype == np.float64  # refused, nothing kept
 
 
 @pytest.mark.parametrize(
