@@ -34,6 +34,7 @@ from tensorwire.job.config import (
     start_metrics,
 )
 from tensorwire.job.files import output_file
+from tensorwire.layout import MAX_DEPTH
 
 from . import chaos, report, soak
 from . import ps as ps_bench
@@ -202,8 +203,9 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[st
         parser.error("--repeat and --round-trips must be at least 1")
     if args.messages < 0:
         parser.error("--messages must be 0 (automatic) or at least 1")
-    if args.ring is not None and args.ring < 1:
-        parser.error("--ring must be at least 1")
+    if args.ring is not None and not 1 <= args.ring <= MAX_DEPTH:
+        # (the receiver's own check raised ValueError past the bound: a traceback)
+        parser.error(f"--ring must be at least 1 and at most {MAX_DEPTH}")
     if args.batch < 0 or args.batch == 1:
         parser.error("--batch must be 0 (off) or at least 2")
     if args.copy_threads < 1:

@@ -318,6 +318,9 @@ def test_bad_arguments_are_one_clear_line(args: list[str]) -> None:
         (["bench", "soak", "--tensors", "0"], "--tensors"),
         (["bench", "soak", "--api", "write-many"], "--api"),
         (["bench", "ps", "--batch", "0"], "--batch"),
+        # past the receiver's bound: its ValueError was a traceback once the sweep set up
+        (["bench", "--ring", "99999"], "--ring must be at least 1 and at most 65536"),
+        (["top", "127.0.0.1:99999"], "is not HOST:PORT with a port of 1-65535"),
         (["ray-job", "--cpus-per-worker", "nan"], "--cpus-per-worker"),
         (["ray-job", "--timeout", "-1"], "--timeout"),
         (["demo", "--transports", "pigeon"], "--transports"),
