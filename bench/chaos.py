@@ -71,9 +71,10 @@ from typing import Any
 
 import tensorwire as tw
 from tensorwire import curve as tw_curve
+from tensorwire.client import tasks
 from tensorwire.client.launch import free_port, job_environment, ps_command, worker_command
 from tensorwire.client.worker import EXIT_RESTART
-from tensorwire.job.config import at_least, fraction, positive_seconds, zero_or_more_seconds
+from tensorwire.job.config import at_least, fraction, path, positive_seconds, zero_or_more_seconds
 from tensorwire.job.files import output_file
 from tensorwire.process import first_child
 
@@ -239,7 +240,10 @@ def add_parser(sub: Any) -> None:
         )
     p.add_argument("--seed", type=int, default=None, help="the faults' random seed")
     p.add_argument(
-        "--keep", metavar="DIR", help="keep the daemons' logs here (kept anyway on failure)"
+        "--keep",
+        type=path,
+        metavar="DIR",
+        help="keep the daemons' logs here (kept anyway on failure)",
     )
     p.add_argument("--json", metavar="PATH", type=output_file, help="write the results as JSON")
     p.add_argument("--no-progress", action="store_true", help="no line per fault as it happens")
@@ -324,6 +328,8 @@ class _Job:
         if self.separate:
             cmd = [*UNSHARE, *cmd]
         with open(self.tmp / d.log, "wb") as out:
+            # (self.env, job_environment's, has them die with the run: a SIGKILLed run left
+            # its daemons running, a frozen one stopped for ever)
             d.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env)
 
     def signal(self, d: _Daemon, sig: int) -> None:
@@ -785,6 +791,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
         parser.error("--curve: this libzmq has no CURVE support")
     if args.framework == "torch" and importlib.util.find_spec("torch") is None:
         parser.error("--framework torch: PyTorch is not installed: pip install 'tensorwire[torch]'")
+    try:  # (before, a --model no worker could load failed the run, its reason in their logs)
+        tasks.load_factory(args.model, args.framework)
+    except ValueError as exc:
+        parser.error(str(exc))
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     rng = random.Random(seed)
     tmp = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="tensorwire-chaos-"))

@@ -35,6 +35,7 @@ from tensorwire.job.config import (
 )
 from tensorwire.job.files import output_file
 from tensorwire.layout import MAX_DEPTH
+from tensorwire.process import die_with_parent
 
 from . import chaos, report, soak
 from . import ps as ps_bench
@@ -358,12 +359,17 @@ def _measure(
         runner.close()
 
 
+def _local_peer(parent: int, ready: Any, secret: str | None) -> None:
+    """The sweep's receiving end on this host, in a child that dies with the sweep: one whose
+    sweep was SIGKILLed waited for its commands for ever, holding its shared memory."""
+    die_with_parent(parent)
+    serve("tcp://127.0.0.1:0", ready, True, secret)
+
+
 def _local(args: argparse.Namespace, transports: list[str], explicit: bool) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     here, there = ctx.Pipe()
-    proc = ctx.Process(
-        target=serve, args=("tcp://127.0.0.1:0", there, True, args.secret), daemon=True
-    )
+    proc = ctx.Process(target=_local_peer, args=(os.getpid(), there, args.secret), daemon=True)
     proc.start()
     try:
         if not here.poll(60):

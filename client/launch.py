@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import tensorwire as tw
+from tensorwire.process import for_my_children
 
 #: The lowest port :func:`free_port` hands out (beneath the kernel's ephemeral range)
 FREE_PORTS_FROM = 10000
@@ -251,6 +252,9 @@ def job_environment() -> dict[str, str]:
     # Every process of the job shares this machine's cores: one BLAS thread each, or N + S
     # processes would each start a thread per core and fight over them.
     env = {**os.environ, "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", "1")}
+    # They die with this process however it dies (a launcher SIGKILLed left them running to
+    # the job's end, or for ever where one was frozen)
+    env = for_my_children(env)
     # glibc serves a large allocation with mmap (faulting in and zeroing every page) or from
     # its heap depending on a threshold that moves with the process's allocation history, so
     # a baseline that allocates per message (gRPC's protobuf bytes) ran 1.7x slower or not

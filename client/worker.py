@@ -24,6 +24,7 @@ from tensorwire import metrics as tw_metrics
 from tensorwire.checks import check_distinct
 from tensorwire.job import config, files, limits
 from tensorwire.job.progress import Progress
+from tensorwire.process import die_with_launcher
 
 from . import tasks
 from .metrics import WorkerStats, worker_metrics
@@ -332,6 +333,7 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-worker") -> int:
 
 
 def _run(argv: list[str] | None, prog: str) -> int:
+    die_with_launcher()
     parser = build_parser(prog)
     args = config.parse(parser, argv)
     if args.rank is None:

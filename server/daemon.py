@@ -18,6 +18,7 @@ import tensorwire as tw
 from tensorwire import metrics as tw_metrics
 from tensorwire.job import config, files, limits
 from tensorwire.job.progress import Progress
+from tensorwire.process import die_with_launcher
 
 from . import checkpoint, optim
 from .linger import ENDED_ELSEWHERE_LINGER, linger
@@ -254,6 +255,7 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-ps") -> int:
 
 
 def _run(argv: list[str] | None, prog: str) -> int:
+    die_with_launcher()
     parser = build_parser(prog)
     args = config.parse(parser, argv)
     config.setup_logging(args.log_level, f"ps{args.shard}", args.log_format)

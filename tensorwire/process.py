@@ -1,5 +1,5 @@
-"""Facts about local processes: which host and namespaces we share, whether a peer lives, and
-whether this process is out of file descriptors.
+"""Facts about local processes: which host and namespaces we share, whether a peer lives,
+whether this process is out of file descriptors; and a child's end with its parent.
 
 The shared-memory transport is only correct between processes that see the same ``/dev/shm`` and
 the same pids, so the control-plane hello carries a *host identity* (boot id plus the mount, IPC
@@ -10,10 +10,12 @@ a bare pid, cannot be fooled by pid reuse.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import os
 import resource
 import select
+import signal
 import socket
 import time
 from collections.abc import Callable
@@ -116,3 +118,47 @@ def first_child(pid: int, timeout: float, running: Callable[[], bool]) -> int | 
             return None
         time.sleep(0.01)
     return None
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+#: Set by a launcher, for the daemons it starts, to its pid (:func:`for_my_children`); a
+#: daemon reads and removes it as it starts (:func:`die_with_launcher`)
+PARENT_VARIABLE = "TENSORWIRE_DIE_WITH_PARENT"
+
+
+def die_with_parent(parent: int) -> None:
+    """Have the kernel SIGKILL this process when its parent, ``parent`` (the pid the parent
+    gave: read here, it could already be a reaper's), dies, however it dies. A benchmark or
+    launcher that was SIGKILLed (the OOM killer, ``timeout -s KILL``) left its children
+    running: a benchmark's receiving peer waited for commands for ever, holding its shared
+    memory, and a child it had frozen stayed stopped. Call it first thing in the child. The
+    kernel goes by the *thread* that started the child: start it from one that lives as long
+    as the child should. Segments a killed receiver leaves in /dev/shm are reaped by the next
+    receiver made on the host. Nothing happens where prctl is missing (not Linux), nor in
+    the first process of a pid namespace (``unshare --pid``: its parent is outside, pid 0)."""
+    if os.getppid() == 0:
+        return
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        return
+    prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # it died before the line above, which then covers nothing
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def for_my_children(env: dict[str, str]) -> dict[str, str]:
+    """``env`` for daemons this process starts and that are to die with it (they call
+    :func:`die_with_launcher`). Through the environment, not ``Popen(preexec_fn=...)``: that
+    runs Python between fork and exec, which is unsafe where threads run (Ray's actors), and
+    runs every library's fork handlers in the parent too (grpc's made it an eventfd a start)."""
+    return {**env, PARENT_VARIABLE: str(os.getpid())}
+
+
+def die_with_launcher() -> None:
+    """In a daemon, first thing: die with the launcher that asked for it
+    (:func:`for_my_children`), if that is its parent. The variable is removed, so that what
+    this process starts in turn does not take it for its own."""
+    value = os.environ.pop(PARENT_VARIABLE, "")
+    if value.isdigit():
+        die_with_parent(int(value))

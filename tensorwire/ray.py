@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import json
 import os
 import secrets
@@ -52,6 +51,7 @@ from .checks import check_amount, check_count
 from .endpoint import tcp_endpoint
 from .errors import MissingDependencyError, TensorWireError
 from .extras import RAY, require
+from .process import for_my_children
 
 #: exit status of a daemon that was given unusable flags: starting it again cannot help
 USAGE_ERROR = 2
@@ -112,6 +112,14 @@ class RayJob:
         # Ray would be started first, then fail to place a negative amount, or wait for ever
         for name in ("cpus_per_server", "cpus_per_worker", "gpus_per_server", "gpus_per_worker"):
             check_amount(name, getattr(self, name))
+        for who in ("server", "worker"):
+            # an empty bundle, which Ray refused only once started ("Bundles cannot be an
+            # empty dictionary or resources with only 0 values")
+            if getattr(self, f"cpus_per_{who}") == 0 == getattr(self, f"gpus_per_{who}"):
+                raise ValueError(
+                    f"cpus_per_{who} and gpus_per_{who} are both 0: a {who} must ask Ray for "
+                    "some CPU or GPU to be placed"
+                )
         check_amount("timeout", self.timeout, positive=True)
         for token in (*self.ps_args, *self.worker_args):
             flag = token.split("=", 1)[0]
@@ -135,14 +143,6 @@ class RayJobResult:
 # --------------------------------------------------------------------------------------------
 # The actor: one daemon, started with its actor and killed with it
 # --------------------------------------------------------------------------------------------
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child
-    """In the daemon, before exec: the kernel kills it when its actor dies, however it dies."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 class DaemonActor:
@@ -178,7 +178,9 @@ class DaemonActor:
             argv.append(flag)
         # The daemon's output goes to the actor's, which Ray keeps and shows the driver.
         self._proc = subprocess.Popen(
-            argv, env={**os.environ, **env}, preexec_fn=_die_with_parent, stdin=subprocess.DEVNULL
+            argv,
+            env=for_my_children({**os.environ, **env}),  # the daemon dies with its actor
+            stdin=subprocess.DEVNULL,
         )
 
     def info(self) -> dict[str, Any]:

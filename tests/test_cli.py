@@ -323,6 +323,11 @@ def test_bad_arguments_are_one_clear_line(args: list[str]) -> None:
         (["top", "127.0.0.1:99999"], "is not HOST:PORT with a port of 1-65535"),
         (["ray-job", "--cpus-per-worker", "nan"], "--cpus-per-worker"),
         (["ray-job", "--timeout", "-1"], "--timeout"),
+        # Ray refused the empty bundle only once started
+        (["ray-job", "--cpus-per-worker", "0"], "cpus_per_worker and gpus_per_worker are both 0"),
+        # a model no worker could load failed the chaos run, the reason in the workers' logs
+        (["bench", "chaos", "--model", "nosuch"], "--model 'nosuch': give a built-in model"),
+        (["bench", "chaos", "--keep", ""], "--keep: '' is empty"),
         (["demo", "--transports", "pigeon"], "--transports"),
         (["demo", "--transports", "shm,shm"], "--transports names shm more than once"),
         (["demo", "--ps-args", '"unclosed'], "--ps-args"),
@@ -1517,3 +1522,63 @@ def test_a_damaged_checkpoint_is_refused_in_one_line(tmp_path: Path, damage: str
         last = out.stderr.strip().splitlines()[-1]
         assert f"checkpoint {path} is damaged or no checkpoint" in last, last
         assert "allow_pickle" not in last and "move it away to start afresh" in last, last
+
+
+def _children_of(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(k) for k in f.read().split()]
+    except OSError:
+        return []
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not ended (a zombie no one reaped has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize(
+    ("args", "children"),
+    [
+        # the sweep's receiving peer (multiprocessing), which waited for commands for ever
+        (["--sizes", "4K", "--transports", "shm", "--repeat", "100000", "--no-progress"], 1),
+        # a job's daemons (subprocess), which ran on to the job's end
+        (["ps", "--steps", "1000000", "--transports", "shm", "--workers", "2"], 3),
+    ],
+    ids=["sweep", "ps"],
+)
+def test_a_benchmark_killed_takes_its_children_with_it(
+    args: list[str], children: int, tmp_path: Path
+) -> None:
+    """A benchmark SIGKILLed (the OOM killer, `timeout -s KILL`) left its children running:
+    the sweep's peer held its shared memory and waited for ever (two were found 7 minutes
+    on, by a run of every flag with odd values). They now die with it (PR_SET_PDEATHSIG)."""
+    log = tmp_path / "bench.log"
+    with open(log, "wb") as out:
+        bench = subprocess.Popen(
+            [PY, "-m", "tensorwire.bench", *args], stdout=out, stderr=subprocess.STDOUT
+        )
+    kids: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(kids) < children and time.monotonic() < deadline and bench.poll() is None:
+            time.sleep(0.1)
+            kids = _children_of(bench.pid)
+        assert len(kids) >= children, f"it started {kids}: {log.read_text()}"
+        time.sleep(1.0)  # (each child past its start, where it asks to die with its parent)
+        kids = _children_of(bench.pid)
+    finally:
+        bench.kill()
+        bench.wait()
+    deadline = time.monotonic() + 10
+    while any(map(_running, kids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = [k for k in kids if _running(k)]
+    for k in alive:  # (so that a failure leaves nothing behind either)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(k, signal.SIGKILL)
+    assert not alive, f"children left running after the benchmark was killed: {alive}"
