@@ -59,7 +59,6 @@ import json
 import os
 import random
 import re
-import shlex
 import shutil
 import signal
 import subprocess
@@ -72,7 +71,13 @@ from typing import Any
 import tensorwire as tw
 from tensorwire import curve as tw_curve
 from tensorwire.client import tasks
-from tensorwire.client.launch import free_port, job_environment, ps_command, worker_command
+from tensorwire.client.launch import (
+    daemon_flags,
+    free_port,
+    job_environment,
+    ps_command,
+    worker_command,
+)
 from tensorwire.client.worker import EXIT_RESTART
 from tensorwire.job.config import at_least, fraction, path, positive_seconds, zero_or_more_seconds
 from tensorwire.job.files import output_file
@@ -737,21 +742,7 @@ def _daemon_flags(
 ) -> list[str]:
     """The flags of ``--ps-args`` or ``--worker-args``, checked against the daemon's own parser
     now: a flag it does not have would otherwise fail each daemon as the run starts it."""
-    text = getattr(args, f"{daemon}_args")
-    try:
-        flags = shlex.split(text)
-    except ValueError as exc:
-        parser.error(f"--{daemon}-args {text!r}: {exc}")
-    if daemon == "ps":
-        from tensorwire.server.daemon import build_parser
-    else:
-        from tensorwire.client.worker import build_parser
-    own = build_parser(f"tensorwire-{daemon}")
-    # its errors in one line of ours, not after the daemon's whole usage
-    own.error = lambda message: parser.error(f"--{daemon}-args: {message}")
-    known, unknown = own.parse_known_args(flags)
-    if unknown:
-        parser.error(f"--{daemon}-args: tensorwire-{daemon} has no {' '.join(unknown)}")
+    flags, known = daemon_flags(getattr(args, f"{daemon}_args"), daemon, parser.error)
     if daemon == "worker":  # what a worker's exit at SIGTERM must be (stop-worker, drain-worker)
         args.worker_exit = EXIT_RESTART if known.on_sigterm == "restart" else 0
     return flags

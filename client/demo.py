@@ -8,7 +8,6 @@ flags an operator would type.
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 
 import tensorwire as tw
@@ -18,7 +17,7 @@ from tensorwire.job.argtypes import add_version
 from tensorwire.job.config import at_least
 
 from . import tasks
-from .launch import run_job
+from .launch import daemon_flags, run_job
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,10 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
     # Refused here, not by the daemons once started: each job would start them to fail
-    try:
-        ps_args = shlex.split(args.ps_args)
-    except ValueError as exc:
-        parser.error(f"--ps-args {args.ps_args!r}: {exc}")
+    # (checked against the servers' own flags: one they lack failed each job's server, and
+    # the demo said "ps0: (nothing in its log)" below the server's whole usage)
+    ps_args, _ = daemon_flags(args.ps_args, "ps", parser.error)
     try:
         tasks.load_factory(args.model)
     except ValueError as exc:

@@ -4,19 +4,21 @@ by ``tensorwire bench ps``."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
 import re
+import shlex
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import tensorwire as tw
 from tensorwire.process import for_my_children
@@ -340,7 +342,9 @@ def run_job(
             logs = {}
             for n in codes:
                 path = os.path.join(tmp, f"{n}.log")
-                if os.path.exists(path):
+                if progress and n == "ps0":  # (shown, not logged: "nothing in its log" misled)
+                    logs[n] = "(its output is above)"
+                elif os.path.exists(path):
                     with open(path) as f:
                         logs[n] = f.read()
             raise RuntimeError(failure_report(transport, codes, logs, timeout))
@@ -352,3 +356,27 @@ def run_job(
             with open(f"{tmp}/w{r}.json") as f:
                 result.workers.append(json.load(f))
         return result
+
+
+def daemon_flags(
+    text: str, daemon: str, fail: Callable[[str], NoReturn]
+) -> tuple[list[str], argparse.Namespace]:
+    """The flags of ``text`` (``--ps-args``, ``--worker-args``: for ``daemon``, ``ps`` or
+    ``worker``), split as a shell would, checked against the daemon's own parser now, and what
+    that parser made of them; ``fail`` is called with a one-line message where they are not
+    flags the daemon takes. Otherwise each daemon the job starts fails with them, after its
+    whole usage."""
+    try:
+        flags = shlex.split(text)
+    except ValueError as exc:
+        fail(f"--{daemon}-args {text!r}: {exc}")
+    if daemon == "ps":
+        from tensorwire.server.daemon import build_parser
+    else:
+        from tensorwire.client.worker import build_parser
+    own = build_parser(f"tensorwire-{daemon}")
+    own.error = lambda message: fail(f"--{daemon}-args: {message}")
+    known, unknown = own.parse_known_args(flags)
+    if unknown:
+        fail(f"--{daemon}-args: tensorwire-{daemon} has no {' '.join(unknown)}")
+    return flags, known

@@ -73,7 +73,10 @@ def build_parser(prog: str = "tensorwire-ps") -> config.DaemonParser:
     )
     rates = ", ".join(f"{r:g} for {n}" for n, r in optim.DEFAULT_LR.items())
     p.add_argument(
-        "--lr", type=float, default=d.lr, help=f"learning rate (default: the optimizer's, {rates})"
+        "--lr",
+        type=config.positive_number,
+        default=d.lr,
+        help=f"learning rate (default: the optimizer's, {rates})",
     )
     p.add_argument(
         "--async-lr",
@@ -86,13 +89,13 @@ def build_parser(prog: str = "tensorwire-ps") -> config.DaemonParser:
     )
     p.add_argument(
         "--momentum",
-        type=float,
+        type=config.below_one,
         default=d.momentum,
         help=f"momentum of sgd (default {d.momentum:g})",
     )
     p.add_argument(
         "--weight-decay",
-        type=float,
+        type=config.amount,
         default=d.weight_decay,
         help=f"L2 weight decay (default {d.weight_decay:g})",
     )

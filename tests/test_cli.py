@@ -332,6 +332,14 @@ def test_bad_arguments_are_one_clear_line(args: list[str]) -> None:
         (["demo", "--transports", "shm,shm"], "--transports names shm more than once"),
         (["demo", "--ps-args", '"unclosed'], "--ps-args"),
         (["demo", "--model", "nosuch"], "--model"),
+        # checked against the servers' own flags: each job's server failed with them, and the
+        # demo said "ps0: (nothing in its log)" (its output was on the terminal, above)
+        (["demo", "--ps-args=--bogus"], "--ps-args: tensorwire-ps has no --bogus"),
+        (["demo", "--ps-args", "--lr -1"], "--ps-args: argument --lr: '-1': give a positive"),
+        # the optimizer refused these only once the job had formed
+        (["ps", "--lr", "nan"], "argument --lr: 'nan': give a positive number"),
+        (["ps", "--momentum", "1"], "argument --momentum: '1': give a number from 0 to below 1"),
+        (["ps", "--weight-decay", "-1"], "argument --weight-decay"),
         # files written at the end: checked at the start, not found out after the whole run
         (["bench", "--json", "/nonexistent-tensorwire/x.json"], "--json"),
         (["bench", "--plot", "/"], "--plot"),

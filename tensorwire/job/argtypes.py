@@ -45,6 +45,17 @@ def seconds_or_forever(text: str) -> float:
     return _number(text, "a number of seconds", lambda v: v >= 0, "0 or more seconds, or forever")
 
 
+def positive_number(text: str) -> float:
+    """An argparse type: a positive number (a learning rate)."""
+    return _number(text, "a number", lambda v: v > 0, "a positive number")
+
+
+def below_one(text: str) -> float:
+    """An argparse type: a number from 0 up to, not including, 1 (a momentum: at 1 and above
+    the velocity never decays)."""
+    return _number(text, "a number", lambda v: 0 <= v < 1, "a number from 0 to below 1")
+
+
 def amount(text: str) -> float:
     """An argparse type: 0 or a positive number (CPUs or GPUs a process asks for)."""
     return _number(text, "a number", lambda v: v >= 0, "0 or a positive number")

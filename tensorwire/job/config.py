@@ -39,8 +39,10 @@ from tensorwire.job import files
 # the daemons' parsers use these as config.<name>
 from tensorwire.job.argtypes import amount as amount
 from tensorwire.job.argtypes import at_least as at_least
+from tensorwire.job.argtypes import below_one as below_one
 from tensorwire.job.argtypes import fraction as fraction
 from tensorwire.job.argtypes import path as path
+from tensorwire.job.argtypes import positive_number as positive_number
 from tensorwire.job.argtypes import positive_seconds as positive_seconds
 from tensorwire.job.argtypes import seconds_or_forever as seconds_or_forever
 from tensorwire.job.argtypes import zero_or_more_seconds as zero_or_more_seconds
