@@ -18,6 +18,9 @@ NONCE_BYTES = 16
 def normalise_secret(secret: str | bytes | None) -> bytes | None:
     if secret is None:
         return None
+    if not isinstance(secret, (str, bytes, bytearray, memoryview)):
+        # bytes() of an int is that many zero bytes: secret=16 was sixteen of them
+        raise TypeError(f"secret must be a str or bytes, got {type(secret).__name__}")
     value = secret.encode() if isinstance(secret, str) else bytes(secret)
     if not value:
         raise ValueError("secret must not be empty")

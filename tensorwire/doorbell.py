@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from .checks import MAX_SECONDS
 from .errors import WireTimeoutError
 
 T = TypeVar("T")
@@ -115,10 +116,16 @@ def check_timeout(timeout: float | None) -> float | None:
         return None
     try:
         if timeout >= 0 and timeout.__class__ is not bool:
-            return None if timeout == math.inf else timeout
+            if timeout == math.inf:
+                return None
+            if timeout <= MAX_SECONDS:
+                return timeout
     except TypeError:  # a string: "'>=' not supported between instances of 'str' and 'int'"
         pass
-    raise ValueError(f"timeout must be None, 0 or positive seconds, got {timeout!r}")
+    raise ValueError(
+        f"timeout must be None, 0 or positive seconds (at most {MAX_SECONDS:g}; None or "
+        f"infinity: no limit), got {timeout!r}"
+    )
 
 
 def deadline_of(timeout: float | None) -> float | None:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import wire
+from .checks import MAX_SECONDS
 from .control import ControlClient
 from .errors import TensorWireError, WireTimeoutError
 
@@ -37,11 +38,14 @@ SILENCE_SLACK = 0.01
 
 
 def check_seconds(name: str, value: float | None) -> None:
-    """``value`` must be None (never) or a positive number of seconds: zero or less would
-    heartbeat without pause, or drop every peer at once. ValueError names ``name``."""
-    if value is not None and not value > 0:
+    """``value`` must be None (never) or a positive number of seconds, at most
+    :data:`~tensorwire.checks.MAX_SECONDS`: zero or less would heartbeat without pause, or
+    drop every peer at once; past it (infinity too) the waits overflow. ValueError names
+    ``name``."""
+    if value is not None and not (0 < value <= MAX_SECONDS and value.__class__ is not bool):
         raise ValueError(
-            f"{name} must be a positive number of seconds or None (never), got {value!r}"
+            f"{name} must be a positive number of seconds of at most {MAX_SECONDS:g}, or None "
+            f"(never), got {value!r}"
         )
 
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from . import metrics, wire
 from .auth import client_mac, new_nonce, normalise_secret, server_proof, verify
-from .checks import whole_number
+from .checks import check_kind, whole_number
 from .control import ControlClient
 from .cuda import cupy as cupy_module
 from .doorbell import check_timeout, deadline_of, remaining
@@ -621,6 +621,15 @@ class Sender(Resource):
         nixl: NixlOptions | None = None,
         copy_threads: int = 1,
     ) -> None:
+        check_kind("reconnect", reconnect, (bool,), "True or False")
+        check_kind("name", name, (str, type(None)), "a str or None")
+        check_kind(
+            "curve_server_key",
+            curve_server_key,
+            (bytes, type(None)),
+            "bytes (tensorwire.curve.load(DIR).public) or None",
+        )
+        check_kind("nixl", nixl, (NixlOptions, type(None)), "NixlOptions or None")
         self._curve = curve_server_key
         self._nixl = nixl
         check_copy_threads(copy_threads)

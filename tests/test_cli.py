@@ -340,6 +340,9 @@ def test_bad_arguments_are_one_clear_line(args: list[str]) -> None:
         (["ps", "--lr", "nan"], "argument --lr: 'nan': give a positive number"),
         (["ps", "--momentum", "1"], "argument --momentum: '1': give a number from 0 to below 1"),
         (["ps", "--weight-decay", "-1"], "argument --weight-decay"),
+        # past what the library's waits take: refused once the daemon ran (a traceback-free
+        # line, but after its start)
+        (["ps", "--step-timeout", "1e30"], "argument --step-timeout: '1e30': give a positive"),
         # files written at the end: checked at the start, not found out after the whole run
         (["bench", "--json", "/nonexistent-tensorwire/x.json"], "--json"),
         (["bench", "--plot", "/"], "--plot"),

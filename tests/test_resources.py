@@ -641,6 +641,42 @@ def test_bad_constructor_arguments() -> None:
     for bad_frame in (0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="frame_timeout must be a positive number"):
             tw.Receiver(frame_timeout=bad_frame)
+    # Past what the clocks, sockets and threads take: refused, where before a sender's first
+    # wait raised OverflowError, a receiver's control thread died (its every sender timed out)
+    # or each data connection failed in its thread; an infinite heartbeat timeout refused
+    # every hello ("internal error: cannot convert float infinity to integer")
+    for huge in (1e30, float("inf")):
+        with pytest.raises(ValueError, match=r"heartbeat_timeout must be .* at most 1e\+09"):
+            tw.Receiver(heartbeat_timeout=huge)
+        with pytest.raises(ValueError, match=r"heartbeat must be .* at most 1e\+09"):
+            tw.Sender(heartbeat=huge)
+    with pytest.raises(ValueError, match=r"frame_timeout must be .* at most 1e\+09"):
+        tw.Receiver(frame_timeout=1e30)
+    with pytest.raises(ValueError, match=r"timeout must be .* \(at most 1e\+09"):
+        tw.Sender(timeout=1e30)
+    # Switches and names of the wrong kind: a string such as "false" is true, and an
+    # insecure="false" admitted unauthenticated senders; the others failed deep inside
+    # (AttributeError), and an int secret was that many zero bytes
+    for kwargs, says in (
+        ({"insecure": "false"}, "insecure must be True or False, got 'false'"),
+        ({"shm": "no"}, "shm must be True, False or None"),
+        ({"grpc": 0}, "grpc must be True, False or None"),
+        ({"nixl": "off"}, "nixl must be True, False, None or NixlOptions"),
+        ({"bind": 5700}, "bind must be a str, tcp://HOST:PORT"),
+        ({"name": ["r"]}, "name must be a str or None"),
+        ({"curve_keys": "keys/"}, r"curve_keys must be tensorwire.curve.load\(DIR\) or None"),
+        ({"secret": 16}, "secret must be a str or bytes, got int"),
+    ):
+        with pytest.raises(TypeError, match=says):
+            tw.Receiver(**kwargs)
+    for kwargs, says in (
+        ({"reconnect": "yes"}, "reconnect must be True or False"),
+        ({"curve_server_key": "z85text"}, "curve_server_key must be bytes"),
+        ({"nixl": True}, "nixl must be NixlOptions or None"),
+        ({"secret": 16}, "secret must be a str or bytes, got int"),
+    ):
+        with pytest.raises(TypeError, match=says):
+            tw.Sender(**kwargs)
     with tw.Receiver() as rx:
         # several receivers at once (before: "unhashable type: 'list'")
         with pytest.raises(TypeError, match=r"one receiver's .*add_peer"):

@@ -12,6 +12,8 @@ import argparse
 import math
 from collections.abc import Callable
 
+from ..checks import MAX_SECONDS
+
 
 def _number(text: str, what: str, ok: Callable[[float], bool], wanted: str) -> float:
     """``text`` as a finite number for which ``ok`` holds, else an argparse error saying what
@@ -28,13 +30,25 @@ def _number(text: str, what: str, ok: Callable[[float], bool], wanted: str) -> f
 
 def positive_seconds(text: str) -> float:
     """An argparse type: a positive number of seconds (a zero or negative interval or timeout
-    would heartbeat without pause, or drop every peer at once)."""
-    return _number(text, "a number of seconds", lambda v: v > 0, "a positive number of seconds")
+    would heartbeat without pause, or drop every peer at once), at most the library's
+    :data:`~tensorwire.checks.MAX_SECONDS` (past it, refused once the daemon ran)."""
+    return _number(
+        text,
+        "a number of seconds",
+        lambda v: 0 < v <= MAX_SECONDS,
+        f"a positive number of seconds, at most {MAX_SECONDS:g}",
+    )
 
 
 def zero_or_more_seconds(text: str) -> float:
-    """An argparse type: 0 or a positive number of seconds (a pause that may be none)."""
-    return _number(text, "a number of seconds", lambda v: v >= 0, "0 or more seconds")
+    """An argparse type: 0 or a positive number of seconds (a pause that may be none), at
+    most :data:`~tensorwire.checks.MAX_SECONDS`."""
+    return _number(
+        text,
+        "a number of seconds",
+        lambda v: 0 <= v <= MAX_SECONDS,
+        f"0 or more seconds, at most {MAX_SECONDS:g}",
+    )
 
 
 def seconds_or_forever(text: str) -> float:
@@ -42,7 +56,12 @@ def seconds_or_forever(text: str) -> float:
     answering once its work is done (``tensorwire-ps --linger``)."""
     if text.strip().lower() in ("forever", "inf", "infinity"):
         return math.inf
-    return _number(text, "a number of seconds", lambda v: v >= 0, "0 or more seconds, or forever")
+    return _number(
+        text,
+        "a number of seconds",
+        lambda v: 0 <= v <= MAX_SECONDS,
+        f"0 or more seconds (at most {MAX_SECONDS:g}), or forever",
+    )
 
 
 def positive_number(text: str) -> float:

@@ -29,7 +29,7 @@ from typing import Any
 
 from .. import metrics
 from ..auth import normalise_secret
-from ..checks import check_amount, check_count
+from ..checks import MAX_SECONDS, check_amount, check_count, check_kind
 from ..control import ControlServer
 from ..cuda import parse_device
 from ..curve import CurveKeys
@@ -129,6 +129,17 @@ class Receiver(Resource):
         insecure: bool = False,
         info: Mapping[str, Any] | None = None,
     ) -> None:
+        check_kind("bind", bind, (str,), "a str, tcp://HOST:PORT")
+        check_kind("name", name, (str, type(None)), "a str or None")
+        for switch, value in (("grpc", grpc), ("shm", shm)):
+            check_kind(switch, value, (bool, type(None)), "True, False or None")
+        check_kind(
+            "nixl", nixl, (bool, NixlOptions, type(None)), "True, False, None or NixlOptions"
+        )
+        check_kind("insecure", insecure, (bool,), "True or False")
+        check_kind(
+            "curve_keys", curve_keys, (CurveKeys, type(None)), "tensorwire.curve.load(DIR) or None"
+        )
         bind_host, data_host = _parse_bind(bind)
         published = checked_info(info)
         if shm and not shm_available():
@@ -142,7 +153,7 @@ class Receiver(Resource):
         # 0 refused every data connection; a frame timeout of 0 or less gave a stalled peer
         # no bound at all (the socket's timeout off) or failed in the accept thread.
         check_count("max_connections", max_connections, 1)
-        check_amount("frame_timeout", frame_timeout, positive=True)
+        check_amount("frame_timeout", frame_timeout, positive=True, most=MAX_SECONDS)
         check_seconds("heartbeat_timeout", heartbeat_timeout)
         unresolvable = unresolvable_host(bind_host)
         if unresolvable is not None:
