@@ -327,6 +327,23 @@ def test_top_pointed_at_a_daemons_control_port_says_to_give_its_metrics_port() -
     assert "give the daemon's --metrics-port" in target.error and not target.page
 
 
+def test_a_metrics_host_without_a_port_is_warned_of() -> None:
+    """--metrics-host alone served nothing, without a word (the port was forgotten)."""
+    out = subprocess.run(
+        [
+            *(sys.executable, "-m", "tensorwire.client.worker", "--no-progress"),
+            *("--servers", f"tcp://127.0.0.1:{free_port()}", "--connect-timeout", "0.3"),
+            *("--metrics-host", "127.0.0.1"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 1, out.stderr  # (no server: it ran, and said so first)
+    assert "--metrics-host 127.0.0.1 without --metrics-port serves no metrics" in out.stderr
+
+
 def test_top_refuses_what_is_not_a_metrics_address() -> None:
     """Each in one line, before a scrape: a port out of range (or not a number) ended `top`
     with a traceback from its first refresh."""

@@ -266,6 +266,11 @@ def start_metrics(
     """Serve ``/metrics`` if ``--metrics-port`` was given (tensorwire's metrics and
     ``source``'s); None otherwise. Raises TensorWireError (one line) when it cannot."""
     if args.metrics_port is None:
+        if args.metrics_host is not None:  # (served nothing, without a word)
+            logging.getLogger("tensorwire").warning(
+                "--metrics-host %s without --metrics-port serves no metrics: give the port too",
+                args.metrics_host,
+            )
         return None
     if not 0 <= args.metrics_port < 65536:
         raise tw.TensorWireError(f"--metrics-port {args.metrics_port} is not a port")
