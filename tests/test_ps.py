@@ -677,6 +677,8 @@ def test_bad_config_file_is_one_line(tmp_path: Path) -> None:
         ("steps = 3", "settings must be under a [ps] table, found steps outside it"),
         ("[ps]\nstepz = 3", f"unknown key 'stepz' in config file {tmp_path / 'bad.toml'}"),
         ("[ps]\nsteps = 'many'", "--steps: 'many' is not a whole number (from config file"),
+        # (ConfigArgParse's words were "unless its action type is changed to 'append'")
+        ("[ps]\nsteps = [1, 2]", "--steps: takes one value, not the list [1, 2] (in the"),
         # a file for the workers alone (before: read as empty, without a word)
         (
             "[worker]\nbatch = 3",

@@ -102,6 +102,12 @@ class DaemonParser(configargparse.ArgParser):
     errors name the file or variable a bad value came from."""
 
     def error(self, message: str) -> NoReturn:
+        listed = re.match(r"(\S+) can't be set to a list '(.*)' unless", message)
+        if listed:  # ConfigArgParse's words, for a TOML list given a flag of one value
+            message = (
+                f"argument --{listed[1]}: takes one value, not the list {listed[2]} (in the "
+                "--config file)"
+            )
         super().error(message + self._source_of(message))
         raise SystemExit(2)  # argparse's error() exits; this line is for the type checker
 
