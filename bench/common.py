@@ -141,8 +141,11 @@ def command_mac(secret: str, nonce: bytes, counter: int, body: bytes) -> bytes:
 #: what runs a command as if on a machine of its own (``--hosts separate`` of ``bench chaos``
 #: and ``bench soak``): pid 1 of a pid and mount namespace of its own, so that its host identity
 #: differs, killed with the unshare process that runs it. SIGKILL goes to unshare (see
-#: :func:`signal_target`); other signals to the process it runs.
-UNSHARE = ["unshare", "--pid", "--kill-child", "--mount-proc"]
+#: :func:`signal_target`); other signals to the process it runs. setpriv (util-linux, as
+#: unshare) has the kernel kill unshare when the run that started it dies, however it dies
+#: (``process.die_with_parent``: the process unshare runs is pid 1 of its namespace, and
+#: cannot ask it for itself); it then execs unshare, in the same process.
+UNSHARE = ["setpriv", "--pdeathsig", "KILL", "unshare", "--pid", "--kill-child", "--mount-proc"]
 
 
 def signal_target(sig: int, unshare_pid: int, inner_pid: Callable[[], int | None]) -> int:
@@ -163,6 +166,6 @@ def hosts_problem(hosts: str, transports: list[str]) -> str | None:
         return None
     if "shm" in transports:
         return "--hosts separate: shm does not reach across hosts; leave it out"
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        return "--hosts separate: needs root and unshare(1) to make the namespaces"
+    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("setpriv") is None:
+        return "--hosts separate: needs root, and unshare(1) and setpriv(1) (util-linux)"
     return None

@@ -373,8 +373,8 @@ def freeze(pid: int, timeout: float = 10.0) -> None:
 
 #: pid namespaces can be made here (root, and util-linux's unshare(1))
 needs_pid_namespaces = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("unshare") is None,
-    reason="needs root and unshare(1) to make pid namespaces",
+    os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("setpriv") is None,
+    reason="needs root, unshare(1) and setpriv(1) to make pid namespaces",
 )
 
 
