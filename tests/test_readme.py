@@ -61,6 +61,8 @@ OUTSIDE_FLAGS = {
     "--fork",
     "--kill-child",
     "--mount-proc",
+    # setpriv(1), which starts that unshare to die with the run
+    "--pdeathsig",
     # pytest's and pytest-xdist's, which `make test` passes (docs/testing.md)
     "--dist",
     "--durations",
