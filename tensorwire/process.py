@@ -151,7 +151,8 @@ def for_my_children(env: dict[str, str]) -> dict[str, str]:
     """``env`` for daemons this process starts and that are to die with it (they call
     :func:`die_with_launcher`). Through the environment, not ``Popen(preexec_fn=...)``: that
     runs Python between fork and exec, which is unsafe where threads run (Ray's actors), and
-    runs every library's fork handlers in the parent too (grpc's made it an eventfd a start)."""
+    runs the fork handlers of every library loaded in the parent too (in a test process with
+    Ray's driver and grpc loaded, an eventfd was left open in the parent)."""
     return {**env, PARENT_VARIABLE: str(os.getpid())}
 
 
