@@ -1569,24 +1569,33 @@ def _running(pid: int) -> bool:
         return False
 
 
+def _receivers_among(pids: list[int]) -> int:
+    """How many of ``pids`` own a shared-memory segment: a receiver made, so well past the
+    start where the process asks to die with its parent."""
+    names = os.listdir("/dev/shm")
+    return sum(any(n.startswith(f"tensorwire.{os.getuid()}.{p}.") for n in names) for p in pids)
+
+
 @pytest.mark.parametrize(
-    ("args", "children"),
+    ("args", "children", "receivers"),
     [
         # the sweep's receiving peer (multiprocessing), which waited for commands for ever
-        (["--sizes", "4K", "--transports", "shm", "--repeat", "100000", "--no-progress"], 1),
+        (["--sizes", "4K", "--transports", "shm", "--repeat", "100000", "--no-progress"], 1, 1),
         # a job's daemons (subprocess), which ran on to the job's end
-        (["ps", "--steps", "1000000", "--transports", "shm", "--workers", "2"], 3),
-        # a sender on a host of its own: unshare, and the sender it runs
+        (["ps", "--steps", "1000000", "--transports", "shm", "--workers", "2"], 3, 3),
+        # a sender on a host of its own: unshare (asked to die by setpriv before it runs), and
+        # the sender it runs (killed with it by its --kill-child from the fork on)
         pytest.param(
             ["soak", "--hosts", "separate", "--transports", "tcp", "--senders", "1"],
             2,
+            0,
             marks=needs_pid_namespaces,
         ),
     ],
     ids=["sweep", "ps", "soak-separate-hosts"],
 )
 def test_a_benchmark_killed_takes_its_children_with_it(
-    args: list[str], children: int, tmp_path: Path
+    args: list[str], children: int, receivers: int, tmp_path: Path
 ) -> None:
     """A benchmark SIGKILLed (the OOM killer, `timeout -s KILL`) left its children running:
     the sweep's peer held its shared memory and waited for ever (two were found 7 minutes
@@ -1600,11 +1609,18 @@ def test_a_benchmark_killed_takes_its_children_with_it(
     kids: list[int] = []
     try:
         deadline = time.monotonic() + 60
-        while len(kids) < children and time.monotonic() < deadline and bench.poll() is None:
+        # Each child past the start of its program, where it asks to die with its parent: one
+        # frozen before that stays stopped (a fresh clone's run, under load, froze the daemons
+        # of `ps` within the 1 s this waited before, still importing)
+        while (
+            len(kids) < children or _receivers_among(kids) < receivers
+        ) and time.monotonic() < deadline:
+            assert bench.poll() is None, log.read_text()
             time.sleep(0.1)
             kids = _descendants_of(bench.pid)
         assert len(kids) >= children, f"it started {kids}: {log.read_text()}"
-        time.sleep(1.0)  # (each child past its start, where it asks to die with its parent)
+        assert _receivers_among(kids) >= receivers, f"{kids}: {log.read_text()}"
+        time.sleep(0.5)  # (unshare, which setpriv runs: a C program, at once)
         kids = _descendants_of(bench.pid)
         for k in kids:  # frozen, as a fault of soak or chaos leaves one: only a kill ends it
             with contextlib.suppress(OSError):  # (one that ended meanwhile)
