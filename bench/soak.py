@@ -269,7 +269,7 @@ def _sender(
     slot: int,
     dynamic: int,
     api: str,
-    parent: int = 0,
+    parent: int,
 ) -> None:
     """Write numbered messages until the run's end (``run_end``: a shared double, in
     :func:`time.monotonic`'s clock, which every process of this host shares; infinite until the
@@ -286,9 +286,9 @@ def _sender(
     by the sender this one succeeds (frozen: the receiver has not dropped it yet) is claimed
     again until it is free, as a replacement of a hung process would (a write_many's claims are
     granted or refused before any of its bytes move: tried again whole). It dies with
-    ``parent`` (its pid; 0: not): a sender frozen when its run was SIGKILLed stayed stopped."""
-    if parent:
-        die_with_parent(parent)
+    ``parent``, the run's pid (a sender frozen when its run was SIGKILLed stayed stopped; on a
+    host of its own, unshare does, and takes it along)."""
+    die_with_parent(parent)
     sent = sessions = 0
     least_end = math.inf  # with ``least``: until the first message, then ``least`` s past it
 
@@ -557,9 +557,7 @@ class _Soak:
                 slot,
                 self.dynamic,
                 self.args.api,
-                # its parent's pid, for it to die with; 0 where unshare runs it, in a pid
-                # namespace (there unshare is its parent, and it is pid 1)
-                0 if self.args.hosts == "separate" else os.getpid(),
+                os.getpid(),  # for it to die with
             ),
         )
         proc.start()
