@@ -28,27 +28,26 @@ def _number(text: str, what: str, ok: Callable[[float], bool], wanted: str) -> f
     return value
 
 
-def positive_seconds(text: str) -> float:
-    """An argparse type: a positive number of seconds (a zero or negative interval or timeout
-    would heartbeat without pause, or drop every peer at once), at most the library's
+def _seconds(text: str, zero: bool, wanted: str) -> float:
+    """``text`` as seconds, more than 0 (0 too, where ``zero``) and at most the library's
     :data:`~tensorwire.checks.MAX_SECONDS` (past it, refused once the daemon ran)."""
     return _number(
         text,
         "a number of seconds",
-        lambda v: 0 < v <= MAX_SECONDS,
-        f"a positive number of seconds, at most {MAX_SECONDS:g}",
+        lambda v: (v >= 0 if zero else v > 0) and v <= MAX_SECONDS,
+        f"{wanted} (at most {MAX_SECONDS:g})",
     )
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type: a positive number of seconds (a zero or negative interval or timeout
+    would heartbeat without pause, or drop every peer at once)."""
+    return _seconds(text, False, "a positive number of seconds")
 
 
 def zero_or_more_seconds(text: str) -> float:
-    """An argparse type: 0 or a positive number of seconds (a pause that may be none), at
-    most :data:`~tensorwire.checks.MAX_SECONDS`."""
-    return _number(
-        text,
-        "a number of seconds",
-        lambda v: 0 <= v <= MAX_SECONDS,
-        f"0 or more seconds, at most {MAX_SECONDS:g}",
-    )
+    """An argparse type: 0 or a positive number of seconds (a pause that may be none)."""
+    return _seconds(text, True, "0 or more seconds")
 
 
 def seconds_or_forever(text: str) -> float:
@@ -56,12 +55,7 @@ def seconds_or_forever(text: str) -> float:
     answering once its work is done (``tensorwire-ps --linger``)."""
     if text.strip().lower() in ("forever", "inf", "infinity"):
         return math.inf
-    return _number(
-        text,
-        "a number of seconds",
-        lambda v: 0 <= v <= MAX_SECONDS,
-        f"0 or more seconds (at most {MAX_SECONDS:g}), or forever",
-    )
+    return _seconds(text, True, "0 or more seconds, or forever")
 
 
 def positive_number(text: str) -> float:
