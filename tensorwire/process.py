@@ -159,7 +159,21 @@ def for_my_children(env: dict[str, str]) -> dict[str, str]:
 def die_with_launcher() -> None:
     """In a daemon, first thing: die with the launcher that asked for it
     (:func:`for_my_children`), if that is its parent. The variable is removed, so that what
-    this process starts in turn does not take it for its own."""
+    this process starts in turn does not take it for its own. A launcher that still runs but
+    is not the parent (its environment handed to a shell that started the daemon) is not
+    followed: die_with_parent would read that as a parent already dead, and kill the daemon;
+    one that is gone is (the daemon ends, as its launcher did)."""
     value = os.environ.pop(PARENT_VARIABLE, "")
-    if value.isdigit():
-        die_with_parent(int(value))
+    if not value.isdigit():
+        return
+    launcher = int(value)
+    if os.getppid() != launcher:
+        try:
+            os.kill(launcher, 0)
+        except ProcessLookupError:
+            pass  # gone before we got here: die_with_parent ends us
+        except PermissionError:
+            return  # it runs, as another user: not ours to follow
+        else:
+            return  # it runs, and is not our parent
+    die_with_parent(launcher)

@@ -1638,3 +1638,35 @@ def test_a_benchmark_killed_takes_its_children_with_it(
         with contextlib.suppress(ProcessLookupError):
             os.kill(k, signal.SIGKILL)
     assert not alive, f"children left running after the benchmark was killed: {alive}"
+
+
+def test_a_daemon_follows_only_the_launcher_that_is_its_parent() -> None:
+    """The variable a launcher sets for its daemons (TENSORWIRE_DIE_WITH_PARENT) reached a
+    daemon started through a shell in between, which then killed itself at once: its parent
+    was not the launcher, which die_with_parent read as a launcher already dead. Now a running
+    launcher that is not the parent is not followed; a direct one, and one that is gone, are."""
+    code = (
+        "from tensorwire.process import die_with_launcher; die_with_launcher(); "
+        "print('alive', flush=True)"
+    )
+    env = {**os.environ, "TENSORWIRE_DIE_WITH_PARENT": str(os.getpid())}
+    via_shell = subprocess.run(
+        ["sh", "-c", f'"{PY}" -c "{code}"; true'],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert via_shell.stdout.strip() == "alive", via_shell
+    direct = subprocess.run([PY, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert direct.stdout.strip() == "alive", direct
+    gone = subprocess.Popen([PY, "-c", "pass"])
+    gone.wait()
+    orphan = subprocess.run(
+        [PY, "-c", code],
+        env={**env, "TENSORWIRE_DIE_WITH_PARENT": str(gone.pid)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert orphan.returncode == -signal.SIGKILL and not orphan.stdout, orphan
