@@ -5,6 +5,12 @@
 reads. The gradients go out from ``param.grad`` without a copy. Trained with cross-entropy on the
 module's output.
 
+Only the parameters that train (``requires_grad``) go to the servers. A frozen one (a
+fine-tuned model's backbone) stays the module's own on each worker, as its buffers do: it is not
+sent, no gradient of it is pushed, and no optimizer step (weight decay, momentum) touches it. The
+factory builds it the same on every worker (from a seed, or the pretrained weights it loads);
+``--save-params`` writes it with the buffers, so that the worker's file loads whole.
+
 On a GPU (``device="cuda"``, the worker's ``--device``) the module is moved there, the client
 registers the parameters' buffers in GPU memory, and each parameter is bound to its buffer through
 DLPack (``torch.from_dlpack`` of the cupy array the receiver hands out: the same memory); the
@@ -27,15 +33,31 @@ from .tasks import JobInfo, StepResult
 Array = np.ndarray[Any, Any]
 
 
+def trainable_parameters(module: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    """``module``'s parameters that train (``requires_grad``), by name: what the servers keep.
+    A parameter shared by two layers (tied weights) is named once, as ``named_parameters``
+    names it."""
+    return {n: p for n, p in module.named_parameters() if p.requires_grad}
+
+
 def bind_module(module: torch.nn.Module, params: Mapping[str, Array]) -> None:
-    """Point every parameter of ``module`` at ``params[name]`` (``PSClient.params``): no copy,
-    so what the servers write is what the next forward pass reads."""
+    """Point every parameter of ``module`` that trains at ``params[name]`` (``PSClient.params``):
+    no copy, so what the servers write is what the next forward pass reads. A frozen one
+    (``requires_grad=False``) is bound too where ``params`` has it, and otherwise left as it is;
+    KeyError names a trainable parameter ``params`` lacks."""
     with warnings.catch_warnings():
         # The buffers are read-only to us (the servers write them); torch warns that it cannot
         # mark a tensor read-only. The model only reads its parameters.
         warnings.simplefilter("ignore", UserWarning)
         for name, p in module.named_parameters():
-            buffer = params[name]
+            buffer = params.get(name)
+            if buffer is None:
+                if not p.requires_grad:
+                    continue
+                raise KeyError(
+                    f"parameter {name!r} trains (requires_grad) and the servers hold no buffer "
+                    "for it: give the PSClient the shapes of trainable_parameters(module)"
+                )
             if isinstance(buffer, np.ndarray):
                 p.data = torch.from_numpy(buffer)
             else:  # a GPU buffer (cupy): shared through DLPack, no copy
@@ -43,10 +65,11 @@ def bind_module(module: torch.nn.Module, params: Mapping[str, Array]) -> None:
 
 
 def module_state(module: torch.nn.Module) -> dict[str, Array]:
-    """The entries of ``module``'s ``state_dict`` that are not parameters (its persistent
-    buffers: batch norm's running statistics and batch count), copied to host numpy arrays by
-    name; one in a dtype numpy lacks (bfloat16, float8) as float32, which holds it exactly."""
-    params = {n for n, _ in module.named_parameters()}
+    """The entries of ``module``'s ``state_dict`` that the servers do not keep (its persistent
+    buffers: batch norm's running statistics and batch count; and its frozen parameters),
+    copied to host numpy arrays by name; one in a dtype numpy lacks (bfloat16, float8) as
+    float32, which holds it exactly."""
+    params = set(trainable_parameters(module))
     state: dict[str, Array] = {}
     for name, value in module.state_dict().items():
         if name in params or not isinstance(value, torch.Tensor):
@@ -62,14 +85,16 @@ def module_state(module: torch.nn.Module) -> dict[str, Array]:
 
 
 def module_grads(module: torch.nn.Module) -> dict[str, Any]:
-    """Every parameter's gradient, without a copy (zeros for one the forward pass did not use),
-    for ``PSClient.push``: numpy views on the CPU, the CUDA tensors themselves on a GPU (the
-    transport reads GPU memory directly)."""
-    grads: dict[str, Any] = {}
-    for n, p in module.named_parameters():
-        g = p.grad if p.grad is not None else torch.zeros_like(p)
-        grads[n] = g.detach() if g.is_cuda else g.detach().numpy()
-    return grads
+    """The gradient of every parameter that trains, without a copy (zeros for one the forward
+    pass did not use), for ``PSClient.push``: numpy views on the CPU, the CUDA tensors
+    themselves on a GPU (the transport reads GPU memory directly). A frozen parameter has
+    none."""
+    return {n: _grad_of(p) for n, p in trainable_parameters(module).items()}
+
+
+def _grad_of(p: torch.nn.Parameter) -> Any:
+    g = p.grad if p.grad is not None else torch.zeros_like(p)
+    return g.detach() if g.is_cuda else g.detach().numpy()
 
 
 class TorchTask:
@@ -99,7 +124,18 @@ class TorchTask:
         #: where the parameters' buffers live, as tensorwire names it (``cpu`` or ``cuda:N``)
         self.device = str(self.torch_device)
         module.to(self.torch_device)
-        self._params = dict(module.named_parameters())
+        self._params = trainable_parameters(module)
+        #: the parameters frozen as the job started: they must stay so (the servers lack them)
+        self._frozen = {n: p for n, p in module.named_parameters() if not p.requires_grad}
+        if not self._params:
+            raise ValueError(
+                "the module has no parameter to train"
+                + (
+                    f" (all {len(self._frozen)} of its parameters are frozen: requires_grad=False)"
+                    if self._frozen
+                    else ""
+                )
+            )
         odd = [n for n, p in self._params.items() if p.dtype != torch.float32]
         if odd:
             raise TypeError(f"parameter {odd[0]!r}: the servers keep float32 parameters")
@@ -125,7 +161,14 @@ class TorchTask:
         out = self.module(x)
         loss = F.cross_entropy(out, y)
         loss.backward()
-        grads = module_grads(self.module)
+        for n, p in self._frozen.items():
+            if p.grad is not None:
+                raise RuntimeError(
+                    f"parameter {n!r} was frozen (requires_grad=False) when the job started "
+                    "and now has a gradient: the servers keep only the parameters that trained "
+                    "from the start, so start the job again with it unfrozen"
+                )
+        grads = {n: _grad_of(p) for n, p in self._params.items()}
         correct = int((out.argmax(dim=1) == y).sum())
         return StepResult(float(loss.detach()), grads, correct, len(y))
 

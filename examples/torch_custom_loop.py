@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from tensorwire.client import models
 from tensorwire.client.launch import ps_command
 from tensorwire.client.psclient import PSClient
-from tensorwire.client.torch_task import bind_module, module_grads
+from tensorwire.client.torch_task import bind_module, module_grads, trainable_parameters
 
 
 def main() -> int:
@@ -40,7 +40,7 @@ def main() -> int:
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
     data = models.load("digits")
     x_test, y_test = torch.from_numpy(data.x_test), torch.from_numpy(data.y_test)
-    params = dict(model.named_parameters())
+    params = trainable_parameters(model)  # what the servers train (a frozen one stays here)
     try:
         with PSClient(
             args.servers.split(","),

@@ -304,3 +304,64 @@ def test_a_built_in_model_in_torch_on_gpu_workers_trains_as_the_numpy_one(job: A
     ref = digits_reference(steps, 2, 32, optim.make("sgd", lr))
     for rank in (0, 1):
         assert_params_close(j.params(rank), ref, 1e-4)
+
+
+def test_a_frozen_layer_is_not_trained_sent_or_decayed(job: Any, tmp_path: Path) -> None:
+    """A model fine-tuned on a frozen bfloat16 layer (``requires_grad=False``), trained with
+    momentum and weight decay by two workers: the servers keep the head alone, the frozen layer
+    ends bit for bit as it started, and each worker's file holds the whole ``state_dict`` (the
+    frozen layer as float32, which holds bfloat16 exactly) and loads strictly. Before, every
+    parameter went to the servers: a bfloat16 one was refused ("the servers keep float32
+    parameters"), and a float32 one was pushed zeros every step and shrunk by the weight decay
+    (by 0.11 in 20 steps at 0.1)."""
+    from .torch_frozen_model import module
+
+    steps, ckpt = 20, tmp_path / "ckpt"
+    j = job(
+        ps=[
+            *("--steps", str(steps), "--optimizer", "momentum", "--weight-decay", "0.1"),
+            *("--checkpoint-dir", str(ckpt), "--checkpoint-every", "0"),
+        ],
+        worker=["--model", "tests.torch_frozen_model:make"],
+    )
+    ok(j)
+    start = module()
+    with np.load(ckpt / "ps-shard0.npz") as kept:
+        held = sorted(name for name, _, _ in json.loads(str(kept["__specs__"])))
+    assert held == ["head.bias", "head.weight"]
+    for rank in (0, 1):
+        saved = j.params(rank)
+        assert sorted(saved) == sorted(start.state_dict())
+        for name in ("backbone.weight", "backbone.bias"):
+            want = start.state_dict()[name].float().numpy()
+            np.testing.assert_array_equal(saved[name], want)
+        assert not np.allclose(saved["head.weight"], start.head.weight.detach().numpy())
+        model = module()
+        model.load_state_dict({k: torch.from_numpy(v) for k, v in saved.items()}, strict=True)
+
+
+def test_a_module_with_nothing_to_train_is_one_line() -> None:
+    out = cli(
+        *("-m", "tensorwire.client.worker", "--no-progress"),
+        *("--model", "tests.torch_frozen_model:all_frozen"),
+    )
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert "no parameter to train (all 4 of its parameters are frozen" in out.stderr
+
+
+def test_a_layer_unfrozen_during_the_job_is_named() -> None:
+    """The servers keep the parameters that trained from the start: one unfrozen later would
+    have its gradients dropped without a word, so the step that finds one says so."""
+    from tensorwire.client.tasks import JobInfo
+    from tensorwire.client.torch_task import TorchTask, module_grads, trainable_parameters
+
+    from .torch_frozen_model import make
+
+    model, batches, evaluate = make(JobInfo(0, 1, 8, 0))
+    task = TorchTask(model, batches, evaluate)
+    assert sorted(task.initial_params()) == ["head.bias", "head.weight"]
+    assert sorted(task.step(0).grads) == sorted(module_grads(model))
+    assert sorted(trainable_parameters(model)) == ["head.bias", "head.weight"]
+    model.backbone.weight.requires_grad_(True)
+    with pytest.raises(RuntimeError, match=r"'backbone\.weight' was frozen"):
+        task.step(1)
