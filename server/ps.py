@@ -336,6 +336,9 @@ class _Worker:
     #: (while the job forms) why it is known gone after it joined and before it got ready
     #: (said once); a worker started again in its place joins as ever
     lost_joining: str | None = None
+    #: why its last join was refused (its model differs from the job's), until one is taken:
+    #: its ready message is not heeded meanwhile, and the job's failure to form says why
+    refused: str | None = None
     #: rejoined, and no gradients of it seen since: not waited for (see ParameterServer._collect)
     probation: bool = False
     #: its steps' gradients taken since it last joined
@@ -647,15 +650,13 @@ class ParameterServer:
                 )
             self.rx.register(meta_name(w), (META_FIELDS,), "float64")  # last: workers wait for it
 
-    def _check_specs(self, rank: int, specs: Specs) -> None:
-        if not self.specs:
-            return
-        problem = first_mismatch(self.specs, specs)
-        if problem is not None:
-            raise PSError(
-                f"worker {rank}'s parameters differ from the job's: {problem} (every worker must "
-                "train the same model)"
-            )
+    def _specs_differ(self, specs: Specs) -> str | None:
+        """How a joining worker's parameters differ from the job's, in words; None where they
+        agree. Their order is the joiner's own affair (a worker finds its parameters by name):
+        the job's plan and checkpoints follow the first specs."""
+        if not self.specs or dict(self.specs) == dict(specs):
+            return None
+        return first_mismatch(self.specs, specs)
 
     # -- lifetime ----------------------------------------------------------------------------
 
@@ -824,7 +825,13 @@ class ParameterServer:
         deadline = time.monotonic() + self.cfg.join_timeout
         next_look = time.monotonic() + REJOIN_CHECK_EVERY
         while not all(w.alive or not w.counted_on for w in self.workers):
-            progressed = self._take_join_messages(during_join=True)
+            try:
+                progressed = self._take_join_messages(during_join=True)
+            except PSError:
+                # (a join we cannot use: the workers that joined would wait out their
+                # --reconnect-timeout for a server that is gone)
+                self._tell_failed()
+                raise
             if progressed:
                 continue
             if time.monotonic() >= next_look:
@@ -850,6 +857,7 @@ class ParameterServer:
                     if missing
                     else f"{_ranks(unready)} joined but never got ready"
                 )
+                refused = [w.refused for w in self.workers if not w.alive and w.refused]
                 lost = [w for w in self.workers if w.joined and not w.alive and w.lost_joining]
                 if lost:
                     detail += (
@@ -893,8 +901,13 @@ class ParameterServer:
                     break
                 self._tell_failed()
                 raise PSError(
-                    f"{detail} within {self.cfg.join_timeout:g} s (is each started with "
-                    f"--servers {self.address} and its --rank?)"
+                    f"{detail} within {self.cfg.join_timeout:g} s ("
+                    + (
+                        "; ".join(refused)
+                        if refused
+                        else f"is each started with --servers {self.address} and its --rank?"
+                    )
+                    + ")"
                 )
             time.sleep(0.01)
         self._take_initial_values()
@@ -995,7 +1008,19 @@ class ParameterServer:
             self.rx.release(join_name(w.rank))
         if joined is not None:  # address and specs
             address, specs = joined
-            self._check_specs(w.rank, specs)
+            problem = self._specs_differ(specs)
+            if problem is not None:
+                # Refused, and the job goes on: the worker finds the difference in the plan we
+                # publish and exits, naming it. Before, this server exited 1, so one worker
+                # restarted with another model (a stale image) took down a running job, and
+                # the workers that had joined waited out their --reconnect-timeout for it.
+                w.refused = (
+                    f"worker {w.rank} joined with parameters that differ from the job's: "
+                    f"{problem} (every worker must train the same model)"
+                )
+                log.error("%s: not taken", w.refused)
+                return
+            w.refused = None
             if not self.specs:
                 self._setup(specs, needs_init=True)
             if w.address and (w.address != address or w.untold):
@@ -1020,7 +1045,7 @@ class ParameterServer:
             # a session anew: what the last one was told (a stop) the worker let go of as it
             # joined again, so a stop is told again (_tell_those_left_out)
             w.stopped = False
-        elif w.joined:  # ready: its parameters are registered
+        elif w.joined and w.refused is None:  # ready: its parameters are registered
             # What its previous session left in its tensors (a worker dropped while it ran
             # pushes the rest of its step before it learns it), and rank 0's initial values
             # once they are no longer read: its first write of this session comes only after

@@ -2093,43 +2093,76 @@ def test_neither_daemon_imports_the_other() -> None:
 
 
 def test_workers_that_disagree_on_the_model_stop_the_job_in_one_line(tmp_path: Path) -> None:
+    """Two workers of different models: the server refuses the second to join (naming the
+    difference), and the job does not form within --join-timeout: its error says why, and
+    each worker exits 1 at once, the refused one finding the difference itself, the other told
+    by the server as it exits. Before, the server exited at the refused join without telling
+    the worker that had joined, which waited out its --reconnect-timeout."""
     address = f"tcp://127.0.0.1:{free_port()}"
     ps = subprocess.Popen(
-        ps_command(address, "--no-progress", "--join-timeout", "60", workers=2),
+        ps_command(address, "--no-progress", "--join-timeout", "5", workers=2),
         stderr=subprocess.PIPE,
         text=True,
     )
     workers = [
         subprocess.Popen(
-            worker_command(
-                [address],
-                "--model",
-                model,
-                "--no-progress",
-                "--reconnect-timeout",
-                "1",
-                rank=rank,
-                workers=2,
-            ),
+            worker_command([address], "--model", model, "--no-progress", rank=rank, workers=2),
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for rank, model in enumerate(["digits", "large"])
     ]
     try:
         code = ps.wait(120)
         err = ps.stderr.read() if ps.stderr is not None else ""
+        # (the worker that joined is told as the server exits; before, it waited 120 s)
+        worker_codes = [w.wait(60) for w in workers]
+        worker_errs = [w.stderr.read() if w.stderr is not None else "" for w in workers]
     finally:
         for p in (ps, *workers):
             if p.poll() is None:
                 p.kill()
             p.wait(30)
-        if ps.stderr is not None:
-            ps.stderr.close()
+            if p.stderr is not None:
+                p.stderr.close()
     assert code == 1 and "Traceback" not in err
     last = err.strip().splitlines()[-1]
-    assert "parameters differ from the job's: 'layer0.weight' is float32[" in last, last
+    assert "did not join within 5 s (worker " in last, last
+    assert "joined with parameters that differ from the job's: 'layer0.weight' is float32[" in last
     assert "every worker must train the same model" in last
+    assert worker_codes == [1, 1], worker_errs
+    assert "gave up on the job before it formed" in worker_errs[0]
+    assert "(wrong model?)" in worker_errs[1]
+
+
+def test_a_worker_started_again_with_another_model_is_refused_and_the_job_goes_on(
+    job: Any, tmp_path: Path
+) -> None:
+    """A BSP worker killed mid-training and started again with another model (a stale image):
+    the server refuses its join, naming the difference, and trains on with the other worker;
+    the refused worker exits 1, naming it too; started again with the job's model, it is
+    taken back. Before, the server exited 1 at the refused join, taking the job down (its
+    other worker then waited out its --reconnect-timeout, 120 s)."""
+    every = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", str(EVERY)]
+    j = job(ps=["--steps", ENDLESS, *every, "--log-level", "INFO"])
+    _wait_for(j, "joined", 2)
+    j.workers[1].kill()
+    _wait_for(j, "worker 1 lost")
+    wrong = j.restart_worker(1, "--model", "large")
+    assert wrong.wait(120) == 1
+    assert "(wrong model?)" in j.log("w1-again")
+    _wait_for(j, "worker 1 joined with parameters that differ from the job's: 'layer0.weight'")
+    _trains_on(j, checkpoints=1)  # the job went on with worker 0
+    assert j.ps[0].poll() is None
+    right = j.restart_worker(1)
+    _wait_for(j, "worker 1 rejoined")
+    _trains_on(j, checkpoints=1)
+    j.ps[0].send_signal(signal.SIGTERM)
+    codes = j.wait(120)
+    # the server, w0, the killed w1, the refused one, the one taken back
+    assert codes == [0, 0, -signal.SIGKILL, 1, 0], j.log("ps0")
+    assert right.returncode == 0
 
 
 def test_a_client_that_never_reached_its_servers_leaves_nothing_behind() -> None:
