@@ -238,7 +238,16 @@ def train(
         stats.loss = result.loss
         progress.update(step + 1, loss=result.loss, accuracy=acc)
     secs = time.monotonic() - t0
-    final_acc = stats.accuracy = task.evaluate()
+    failed: dict[str, str] = {}
+    try:
+        final_acc = stats.accuracy = task.evaluate()
+    except Exception as exc:  # the model's own code, after the whole job trained
+        # The training it follows is kept: --save-params still writes the parameters, and
+        # the worker exits 1 once it has (main). Before, the traceback ended the worker here
+        # and nothing was saved (a model on the GPU evaluated on host data, say).
+        log.error("the final evaluation (the model's evaluate) failed", exc_info=True)
+        final_acc = None
+        failed["evaluation_error"] = f"{type(exc).__name__}: {exc}"
     steps = stats.steps
     return _summary(
         rank,
@@ -251,6 +260,7 @@ def train(
         stopped_by_signal=stop[0],
         # the servers' last write of the parameters may not have been whole (one was lost)
         stopped_waiting=stopped_waiting,
+        **failed,
     )
 
 
@@ -467,12 +477,25 @@ def _run(argv: list[str] | None, prog: str) -> int:
         progress.close()
         if scrape is not None:
             scrape.close()
+    accuracy = metrics["test_accuracy"]
     print(
         f"worker{args.rank}: {metrics['steps']} steps, {metrics['steps_per_s']:.1f} steps/s, "
-        f"test accuracy {metrics['test_accuracy']:.4f}",
+        + (f"test accuracy {accuracy:.4f}" if accuracy is not None else "not evaluated"),
         file=sys.stderr,
     )
     code = config.write_summary(args.metrics, metrics, prog)
+    failed = metrics.get("evaluation_error")
+    if failed is not None:
+        saved = (
+            f"; the parameters were saved to {files.npz_name(args.save_params)}"
+            if args.save_params and not metrics["stopped_waiting"]
+            else ""
+        )
+        print(
+            f"{prog}: error: the final evaluation (the model's evaluate) failed: {failed}{saved}",
+            file=sys.stderr,
+        )
+        return 1
     if code == 0 and restart[0]:
         print(
             f"worker{args.rank}: stopped by SIGTERM (--on-sigterm restart): exit "

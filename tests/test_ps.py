@@ -2876,3 +2876,27 @@ def test_a_rejoined_worker_whose_stale_push_ends_its_probation_gets_the_paramete
     text = j.log("ps0")
     assert text.count("worker 1 lost at") == 1, text
     assert "worker 0 lost" not in text, text
+
+
+def test_a_final_evaluation_that_fails_keeps_what_the_job_trained(job: Any) -> None:
+    """The model's evaluation raises once the job has trained (as a model on a GPU evaluated on
+    host data does): the worker logs the traceback, still saves the parameters (--save-params)
+    and its summary, and exits 1 naming the error; the server ends the job as usual. Before, the
+    traceback ended the worker at once and nothing of its run was saved."""
+    j = job(
+        ps=["--steps", "20", "--lr", "0.5"],
+        # (no evaluation while it trains: rank 0's first, at step 0, would end it at once)
+        worker=["--model", "tests.user_model:make_failing_evaluation", "--eval-every", "0"],
+        workers=1,
+    )
+    assert j.wait(120) == [0, 1], j.log("w0")
+    log = j.log("w0")
+    assert "the final evaluation (the model's evaluate) failed" in log
+    assert "Traceback" in log and "in evaluate" in log  # (the user's code, where it failed)
+    last = log.strip().splitlines()[-1]
+    assert "error: the final evaluation (the model's evaluate) failed: RuntimeError: " in last
+    assert f"the parameters were saved to {j.tmp / 'w0.npz'}" in last
+    assert sorted(j.params(0)) == ["b", "w"] and np.abs(j.params(0)["w"]).sum() > 0
+    summary = j.metrics("w0")
+    assert summary["steps"] == 20 and summary["test_accuracy"] is None
+    assert summary["evaluation_error"].startswith("RuntimeError: Expected all tensors")

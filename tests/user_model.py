@@ -38,3 +38,13 @@ def make(job: JobInfo) -> tuple[Softmax, Any, Any]:
         return float((logits.argmax(axis=1) == data.y_test).mean())
 
     return Softmax(), batches, evaluate
+
+
+def make_failing_evaluation(job: JobInfo) -> tuple[Softmax, Any, Any]:
+    """``make``, whose evaluation raises (as a model on a GPU evaluated on host data does)."""
+    model, batches, _ = make(job)
+
+    def evaluate(params: Any) -> float:
+        raise RuntimeError("Expected all tensors to be on the same device")
+
+    return model, batches, evaluate
