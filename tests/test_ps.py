@@ -678,7 +678,12 @@ def test_bad_config_file_is_one_line(tmp_path: Path) -> None:
         ("[ps]\nstepz = 3", f"unknown key 'stepz' in config file {tmp_path / 'bad.toml'}"),
         ("[ps]\nsteps = 'many'", "--steps: 'many' is not a whole number (from config file"),
         # (ConfigArgParse's words were "unless its action type is changed to 'append'")
-        ("[ps]\nsteps = [1, 2]", "--steps: takes one value, not the list [1, 2] (in the"),
+        # (before, "in the --config file": the list was refused before ConfigArgParse noted
+        # where it came from)
+        (
+            "[ps]\nsteps = [1, 2]",
+            f"--steps: takes one value, not the list [1, 2] (in config file {tmp_path}/bad.toml)",
+        ),
         # a file for the workers alone (before: read as empty, without a word)
         (
             "[worker]\nbatch = 3",

@@ -65,8 +65,12 @@ class _TomlTable(configargparse.TomlConfigParser):
     def __init__(self, section: str) -> None:
         super().__init__([section])
         self.section = section
+        #: the file read last: ConfigArgParse refuses a list given a flag of one value before
+        #: it records where the list came from (DaemonParser.error names it from here)
+        self.path: str | None = None
 
     def parse(self, stream: Any) -> Any:
+        self.path = getattr(stream, "name", None)
         text = stream.read()
         try:
             table = tomllib.loads(text.decode() if isinstance(text, bytes) else text)
@@ -104,9 +108,11 @@ class DaemonParser(configargparse.ArgParser):
     def error(self, message: str) -> NoReturn:
         listed = re.match(r"(\S+) can't be set to a list '(.*)' unless", message)
         if listed:  # ConfigArgParse's words, for a TOML list given a flag of one value
+            path = getattr(getattr(self, "_config_file_parser", None), "path", None)
             message = (
-                f"argument --{listed[1]}: takes one value, not the list {listed[2]} (in the "
-                "--config file)"
+                f"argument --{listed[1]}: takes one value, not the list {listed[2]} (in "
+                + (f"config file {path}" if path else "the --config file")
+                + ")"
             )
         super().error(message + self._source_of(message))
         raise SystemExit(2)  # argparse's error() exits; this line is for the type checker
