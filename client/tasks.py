@@ -4,14 +4,17 @@
 built-in MLPs of :mod:`.models`, in numpy, or in PyTorch with ``--framework torch``),
 ``package.module:factory``, or ``path/to/file.py:factory``. A factory is
 called with a :class:`JobInfo` (this worker's rank, the number of workers, the batch size, the
-seed) and returns either a :class:`Task` or a triple ``(model, batches, evaluate)``:
+seed) and returns either a :class:`Task` or a triple ``(model, batches, evaluate)``, or for a
+torch module a quadruple ``(model, batches, evaluate, loss)``:
 
-* ``model``: a ``torch.nn.Module`` (trained with cross-entropy on its output), or an object with
-  ``initial_params()`` and ``loss_and_grads(params, x, y) -> (loss, grads, correct)`` in numpy;
+* ``model``: a ``torch.nn.Module``, or an object with ``initial_params()`` and
+  ``loss_and_grads(params, x, y) -> (loss, grads, correct)`` in numpy;
 * ``batches(step) -> (x, y)``: this worker's batch at a step (a function of the step, so a resumed
   job sees the same batches);
 * ``evaluate(model_or_params) -> accuracy`` on held-out data (a torch module is given on the
-  worker's ``--device``: move the data there).
+  worker's ``--device``: move the data there), or any score where higher is better;
+* ``loss(output, y) -> scalar tensor`` (torch only): what the module is trained on, such as
+  ``torch.nn.functional.mse_loss`` for a regression; cross-entropy on its output when left out.
 
 The servers never see any of it: the worker sends them the parameters' specs and (rank 0) their
 initial values, and from then on the model reads its parameters from the buffers the servers write.
@@ -224,19 +227,31 @@ def as_task(made: Any, device: str = "cpu") -> Task:
         if device != "cpu" and task_device == "cpu":
             raise ValueError(f"device {device!r}: {_CPU_ONLY}")
         return made
-    if not (isinstance(made, tuple) and len(made) == 3):
+    if not (isinstance(made, tuple) and len(made) in (3, 4)):
         raise TypeError(
-            "a model factory returns a Task or (model, batches, evaluate); got "
-            f"{type(made).__name__}"
+            "a model factory returns a Task, (model, batches, evaluate) or, for a torch "
+            f"module, (model, batches, evaluate, loss); got {_described(made)}"
         )
-    model, batches, evaluate = made
+    model, batches, evaluate, *loss = made
     if _is_torch_module(model):
         from .torch_task import TorchTask
 
-        return TorchTask(model, batches, evaluate, device)
+        return TorchTask(model, batches, evaluate, device, loss=loss[0] if loss else None)
+    if loss:
+        raise TypeError(
+            "a numpy model computes its loss in its loss_and_grads: return (model, batches, "
+            "evaluate)"
+        )
     if device != "cpu":
         raise ValueError(f"device {device!r}: {_CPU_ONLY}")
     return NumpyTask(model, batches, evaluate)
+
+
+def _described(made: Any) -> str:
+    """What a factory returned, for an error: a tuple's length, else its type."""
+    if isinstance(made, tuple):
+        return f"a tuple of {len(made)}"
+    return type(made).__name__
 
 
 def check_framework(task: Task, framework: str) -> None:

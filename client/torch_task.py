@@ -2,8 +2,8 @@
 
 :meth:`TorchTask.bind` points every parameter's storage at the buffer the servers write
 (``torch.from_numpy``: no copy), so a server's write lands in the memory the next forward pass
-reads. The gradients go out from ``param.grad`` without a copy. Trained with cross-entropy on the
-module's output.
+reads. The gradients go out from ``param.grad`` without a copy. Trained with the factory's loss
+function on the module's output (cross-entropy where it gives none).
 
 Only the parameters that train (``requires_grad``) go to the servers. A frozen one (a
 fine-tuned model's backbone) stays the module's own on each worker, as its buffers do: it is not
@@ -106,10 +106,18 @@ class TorchTask:
         batches: Callable[[int], tuple[Any, Any]],
         evaluate: Callable[[torch.nn.Module], float],
         device: str = "cpu",
+        *,
+        loss: Callable[[Any, Any], torch.Tensor] | None = None,
     ) -> None:
         """``device``: where the module trains (``cpu``, ``cuda``, ``cuda:N``); it is moved
-        there, and ``evaluate`` is given it there."""
+        there, and ``evaluate`` is given it there. ``loss(output, y)``: the scalar the module is
+        trained on (cross-entropy when None)."""
         self.module, self.batches, self._evaluate = module, batches, evaluate
+        if loss is not None and not callable(loss):
+            raise TypeError(
+                f"the factory's loss must be a function of (output, y), got {type(loss).__name__}"
+            )
+        self._loss = F.cross_entropy if loss is None else loss
         try:
             self.torch_device = torch.device(device)
         except RuntimeError:  # torch's message lists every backend it knows
@@ -159,7 +167,18 @@ class TorchTask:
         for p in self._params.values():
             p.grad = None
         out = self.module(x)
-        loss = F.cross_entropy(out, y)
+        loss = self._loss(out, y)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or loss.grad_fn is None:
+            raise TypeError(
+                "the loss function must return a scalar tensor computed from the output (one "
+                "backward() can start from); it returned "
+                + (
+                    f"a tensor of shape {tuple(loss.shape)}"
+                    + ("" if loss.grad_fn is not None else " with no gradient to follow")
+                    if isinstance(loss, torch.Tensor)
+                    else type(loss).__name__
+                )
+            )
         loss.backward()
         for n, p in self._frozen.items():
             if p.grad is not None:
@@ -169,8 +188,16 @@ class TorchTask:
                     "from the start, so start the job again with it unfrozen"
                 )
         grads = {n: _grad_of(p) for n, p in self._params.items()}
-        correct = int((out.argmax(dim=1) == y).sum())
-        return StepResult(float(loss.detach()), grads, correct, len(y))
+        # the predictions that hit, where the output scores classes of integer labels (per
+        # token for a sequence's); else none is counted (a regression)
+        classes = (
+            isinstance(out, torch.Tensor)
+            and not y.is_floating_point()
+            and out.ndim == y.ndim + 1
+            and out.shape[:-1] == y.shape
+        )
+        correct = int((out.argmax(dim=-1) == y).sum()) if classes else 0
+        return StepResult(float(loss.detach()), grads, correct, y.numel() if classes else len(y))
 
     def evaluate(self) -> float:
         self.module.eval()
