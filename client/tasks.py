@@ -10,7 +10,8 @@ torch module a quadruple ``(model, batches, evaluate, loss)``:
 * ``model``: a ``torch.nn.Module``, or an object with ``initial_params()`` and
   ``loss_and_grads(params, x, y) -> (loss, grads, correct)`` in numpy;
 * ``batches(step) -> (x, y)``: this worker's batch at a step (a function of the step, so a resumed
-  job sees the same batches);
+  job sees the same batches); for a torch module of several inputs, ``x`` may be a tuple of them
+  (its arguments) or a dict (its keywords);
 * ``evaluate(model_or_params) -> accuracy`` on held-out data (a torch module is given on the
   worker's ``--device``: move the data there), or any score where higher is better;
 * ``loss(output, y) -> scalar tensor`` (torch only): what the module is trained on, such as

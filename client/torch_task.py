@@ -161,12 +161,19 @@ class TorchTask:
 
     def step(self, step: int) -> StepResult:
         x, y = self.batches(step)
-        x = torch.as_tensor(x).to(self.torch_device, non_blocking=True)
+        x = self._on_device(x)
         y = torch.as_tensor(y).to(self.torch_device, non_blocking=True)
         self.module.train()
         for p in self._params.values():
             p.grad = None
-        out = self.module(x)
+        # a model of several inputs: a tuple of them is passed as its arguments, a dict as its
+        # keywords (a transformer's input_ids and attention_mask)
+        if isinstance(x, dict):
+            out = self.module(**x)
+        elif isinstance(x, tuple):
+            out = self.module(*x)
+        else:
+            out = self.module(x)
         loss = self._loss(out, y)
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or loss.grad_fn is None:
             raise TypeError(
@@ -198,6 +205,15 @@ class TorchTask:
         )
         correct = int((out.argmax(dim=-1) == y).sum()) if classes else 0
         return StepResult(float(loss.detach()), grads, correct, y.numel() if classes else len(y))
+
+    def _on_device(self, x: Any) -> Any:
+        """A batch's input on the module's device: an array or a tensor, or a tuple or dict
+        of them."""
+        if isinstance(x, dict):
+            return {k: self._on_device(v) for k, v in x.items()}
+        if isinstance(x, tuple):
+            return tuple(self._on_device(v) for v in x)
+        return torch.as_tensor(x).to(self.torch_device, non_blocking=True)
 
     def evaluate(self) -> float:
         self.module.eval()

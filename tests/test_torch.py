@@ -426,3 +426,37 @@ def test_a_sequence_model_s_hits_are_counted_per_token() -> None:
     result = task.step(0)
     want = int((model(x).argmax(dim=-1) == x).sum())
     assert (result.correct, result.samples) == (want, batch * tokens)
+
+
+def test_a_model_of_several_inputs_takes_them_as_arguments_or_keywords() -> None:
+    """A batch whose input is a tuple is passed as the module's arguments, a dict as its
+    keywords (a transformer's ``input_ids`` and ``attention_mask``), each moved to the module's
+    device; the step's gradients are those of one process computing the same. Before, the
+    input went through ``torch.as_tensor``, which takes neither."""
+    from tensorwire.client.torch_task import TorchTask
+
+    class TwoInputs(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ids = torch.nn.Embedding(10, 8)
+            self.head = torch.nn.Linear(8, 3)
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            h = (self.ids(input_ids) * attention_mask.unsqueeze(-1)).sum(dim=1)
+            return self.head(h)
+
+    torch.manual_seed(0)
+    ids = np.random.default_rng(0).integers(0, 10, (4, 6))
+    mask = np.tril(np.ones((4, 6), np.float32))
+    y = np.array([0, 1, 2, 1])
+    for x in ((ids, mask), {"input_ids": ids, "attention_mask": mask}):
+        model = TwoInputs()
+        task = TorchTask(model, lambda step, x=x: (x, y), lambda m: 0.0)
+        got = task.step(0).grads
+        reference = TwoInputs()
+        reference.load_state_dict(model.state_dict())
+        out = reference(torch.from_numpy(ids), torch.from_numpy(mask))
+        torch.nn.functional.cross_entropy(out, torch.from_numpy(y)).backward()
+        for name, p in reference.named_parameters():
+            assert p.grad is not None
+            np.testing.assert_allclose(got[name], p.grad.numpy(), rtol=1e-6)
