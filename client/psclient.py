@@ -37,6 +37,7 @@ from tensorwire.endpoint import is_wildcard_host, local_address_towards, tcp_end
 from tensorwire.job.plan import (
     ENDED_JOB_DONE,
     ENDED_TOLD_STOP,
+    FIXED_PREFIX,
     HOW_ASYNC,
     HOW_MAY_CATCH_UP,
     LEAVE_ALONE,
@@ -54,6 +55,7 @@ from tensorwire.job.plan import (
     encode_join,
     encode_ready,
     ended_name,
+    fixed_name,
     grad_name,
     init_name,
     job_checkpoint,
@@ -230,6 +232,7 @@ class PSClient:
         device: str = "cpu",
         stopping: Callable[[], bool] | None = None,
         workers: int | None = None,
+        fixed: str | None = None,
     ) -> None:
         """``shapes``: every parameter's shape (float32), in the model's order. ``init``: their
         initial values, required of rank 0 (the servers start from them unless they resume from
@@ -240,7 +243,10 @@ class PSClient:
         parameters into (False: private memory, for servers on other hosts). ``stopping``:
         looked at in every wait for the servers (at least every PROBE_EVERY s); once true, the
         wait ends with :class:`PSClientStopped`. ``workers``: the job's size as this worker
-        splits its data by it; a server of a job of another size is refused when we join."""
+        splits its data by it; a server of a job of another size is refused when we join.
+        ``fixed``: a digest of what the model holds fixed besides the parameters, which every
+        worker must hold the same (``torch_task.frozen_digest``: frozen parameters); a server
+        refuses a worker whose digest differs from the job's."""
         self._closed = False
         if not servers:
             raise PSClientError("no parameter servers given")
@@ -267,6 +273,7 @@ class PSClient:
         shapes = _checked_shapes(shapes)
         self._init = None if init is None else _checked_init(init, shapes)
         self._workers = workers
+        self._fixed = fixed
         self.device = device
         self._stopping = stopping
         self._specs = specs_of({n: (tuple(s), "float32") for n, s in shapes.items()})
@@ -485,7 +492,7 @@ class PSClient:
         """Tell every server where we receive and what our parameters are, once every one
         of them is known to serve this job (its size, the settings they share): a join a later
         check refused would leave a server waiting for a worker that is gone."""
-        message = np.frombuffer(encode_join(self._me, self._specs), np.uint8)
+        message = np.frombuffer(encode_join(self._me, self._specs, self._fixed), np.uint8)
         deadline = time.monotonic() + timeout
         first: tuple[str, dict[str, str]] | None = None  # a server's settings, to compare
         published = {addr: self.tx.receiver_info(peer=addr) for addr in self.servers}
@@ -702,6 +709,17 @@ class PSClient:
         extra = {c.param for c in chunks} - set(shapes)
         if extra:
             raise PSClientError(f"servers hold parameters the model lacks: {sorted(extra)}")
+        for addr in self.servers:
+            # what the job's workers hold fixed, where the server says (an older one does not)
+            said = [n for n in self.tx.tensors(peer=addr) if n.startswith(FIXED_PREFIX)]
+            if said and fixed_name(self._fixed) not in said:
+                job = said[0][len(FIXED_PREFIX) :]
+                raise PSClientError(
+                    f"parameter server {addr} refused this worker: its model's frozen "
+                    f"parameters (digest {self._fixed or 'none'}) differ from the job's "
+                    f"({job}): build them the same on every worker (seed the factory, or load "
+                    "the same weights)"
+                )
         return [c for param in shapes for c in self._parts[param]]
 
     # -- the loop ---------------------------------------------------------------------------

@@ -75,7 +75,9 @@ class Task(Protocol):
         """Accuracy on held-out data with the current parameters."""
 
     # A task may also have ``state() -> {name: array}``: what it keeps of its own besides the
-    # parameters, which ``--save-params`` writes beside them (a PyTorch module's buffers).
+    # parameters, which ``--save-params`` writes beside them (a PyTorch module's buffers); and
+    # ``fixed() -> str | None``: a digest of what every worker must hold the same besides the
+    # parameters (a PyTorch module's frozen ones), which the servers compare as workers join.
 
 
 class NumpyTask:

@@ -19,6 +19,7 @@ batches are moved to the GPU before the forward pass and the gradients leave fro
 
 from __future__ import annotations
 
+import hashlib
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -38,6 +39,22 @@ def trainable_parameters(module: torch.nn.Module) -> dict[str, torch.nn.Paramete
     A parameter shared by two layers (tied weights) is named once, as ``named_parameters``
     names it."""
     return {n: p for n, p in module.named_parameters() if p.requires_grad}
+
+
+def frozen_digest(module: torch.nn.Module) -> str | None:
+    """A digest of ``module``'s frozen parameters (names, dtypes, shapes and values), which no
+    server keeps and every worker must build the same; None where it has none. Given to
+    ``PSClient(fixed=...)``, it lets the servers refuse a worker whose frozen layers differ
+    (an unseeded factory) rather than train on with workers that compute otherwise."""
+    frozen = [(n, p) for n, p in module.named_parameters() if not p.requires_grad]
+    if not frozen:
+        return None
+    digest = hashlib.sha256()
+    for name, p in frozen:
+        digest.update(f"{name}:{p.dtype}:{tuple(p.shape)};".encode())
+        # the bytes as they are (a bfloat16 one has no numpy dtype: viewed as bytes)
+        digest.update(p.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:32]
 
 
 def bind_module(module: torch.nn.Module, params: Mapping[str, Array]) -> None:
@@ -153,6 +170,10 @@ class TorchTask:
 
     def bind(self, params: Mapping[str, Array]) -> None:
         bind_module(self.module, params)
+
+    def fixed(self) -> str | None:
+        """What every worker must hold the same besides the parameters: its frozen ones."""
+        return frozen_digest(self.module)
 
     def state(self) -> dict[str, Array]:
         """The module's buffers (its state_dict but the parameters), as this worker kept them:

@@ -425,6 +425,7 @@ def _run(argv: list[str] | None, prog: str) -> int:
             device=getattr(task, "device", "cpu"),
             stopping=lambda: stop[0],
             workers=args.workers,
+            fixed=task.fixed() if hasattr(task, "fixed") else None,
         ) as client:
             log.info(
                 "joined %d server(s) over %s", len(servers), client.tx.transport_of(servers[0])

@@ -104,6 +104,9 @@ class Layout:
     #: the workers lost (killed, frozen past --step-timeout, their machine gone) that had not
     #: joined again, by rank, with their steps: a resumed server does not wait for them either
     lost: dict[int, int]
+    #: the digest of what every worker holds fixed (their frozen parameters), or None: none,
+    #: or a checkpoint written before it said (the first worker to join gives it then)
+    fixed: str | None = None
 
 
 def layout_of(path: str) -> Layout:
@@ -131,6 +134,7 @@ def layout_of(path: str) -> Layout:
             finished={int(rank): int(step) for rank, step in done},
             left={int(rank): int(step) for rank, step in left},
             lost={int(rank): int(step) for rank, step in lost},
+            fixed=str(data["__fixed__"]) if "__fixed__" in data.files else None,
         )
 
 
@@ -150,6 +154,8 @@ def save(
     finished: dict[int, int] | None = None,
     left: dict[int, int] | None = None,
     lost: dict[int, int] | None = None,
+    *,
+    fixed: str | None = None,
 ) -> None:
     """``finished``: (asp, ssp) the workers that did all their steps, by rank, with the step
     each reached; ``left``: those that left on their own, with the step they left at;
@@ -164,6 +170,8 @@ def save(
         "__left__": np.array(json.dumps(sorted((left or {}).items()))),
         "__lost__": np.array(json.dumps(sorted((lost or {}).items()))),
     }
+    if fixed is not None:  # (what every worker holds fixed: ParameterServer.fixed)
+        arrays["__fixed__"] = np.array(fixed)
     for key, value in params.items():
         arrays[f"p:{key}"] = value
     for key, slots in state.items():

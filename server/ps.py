@@ -54,6 +54,7 @@ from tensorwire.job.plan import (
     dropped_name,
     ended_name,
     first_mismatch,
+    fixed_name,
     grad_name,
     init_name,
     job_info,
@@ -453,6 +454,9 @@ class ParameterServer:
         # Known once the workers join (or from the checkpoint when resuming): the parameters'
         # specs, this shard's chunks of them, the values and the optimizer's accumulators.
         self.specs: Specs = {}
+        #: the digest of what every worker holds fixed (frozen parameters: plan.encode_join),
+        #: as the first join (or the checkpoint) gave it; None: nothing held fixed
+        self.fixed: str | None = None
         self.chunks: list[Chunk] = []
         self._has_init_tensors = False  # registered: the job started afresh, not from --resume
         #: on the shard's device (numpy or cupy arrays)
@@ -556,6 +560,7 @@ class ParameterServer:
         try:
             layout = checkpoint.layout_of(self.ckpt)  # what it was written for, read once
             finished, left, lost = layout.finished, layout.left, layout.lost
+            self.fixed = layout.fixed
             self._setup(layout.specs, needs_init=False)
             self.step, params, state = checkpoint.load(self.ckpt, self.fingerprint)
         except (ValueError, OSError, KeyError) as exc:
@@ -619,6 +624,8 @@ class ParameterServer:
                 "parameters (use --wire-dtype for 16-bit traffic)"
             )
         self.specs = specs
+        # (registered before the workers' tensors: a worker that finds them finds this too)
+        self.rx.register(fixed_name(self.fixed), (1,), "uint8", ring=1)
         shapes = {n: shape for n, (shape, _) in specs.items()}
         self.chunks = [
             c for c in plan(shapes, cfg.shards, cfg.split_bytes) if c.server == cfg.shard
@@ -650,13 +657,25 @@ class ParameterServer:
                 )
             self.rx.register(meta_name(w), (META_FIELDS,), "float64")  # last: workers wait for it
 
-    def _specs_differ(self, specs: Specs) -> str | None:
-        """How a joining worker's parameters differ from the job's, in words; None where they
+    def _specs_differ(self, specs: Specs, fixed: str | None) -> str | None:
+        """How a joining worker's model differs from the job's, in words; None where they
         agree. Their order is the joiner's own affair (a worker finds its parameters by name):
         the job's plan and checkpoints follow the first specs."""
-        if not self.specs or dict(self.specs) == dict(specs):
+        if not self.specs:
             return None
-        return first_mismatch(self.specs, specs)
+        if dict(self.specs) != dict(specs):
+            return first_mismatch(self.specs, specs)
+        if fixed != self.fixed:
+            # (frozen parameters: no server keeps them, so each worker builds its own)
+            if fixed is None or self.fixed is None:
+                has = "has none" if fixed is None else "has some"
+                return f"its model holds fixed parameters (frozen) where the job's {has}"
+            return (
+                f"its frozen parameters differ from the job's (digest {fixed}, not "
+                f"{self.fixed}): build them the same on every worker (seed the factory, or "
+                "load the same weights)"
+            )
+        return None
 
     # -- lifetime ----------------------------------------------------------------------------
 
@@ -1007,8 +1026,8 @@ class ParameterServer:
         finally:
             self.rx.release(join_name(w.rank))
         if joined is not None:  # address and specs
-            address, specs = joined
-            problem = self._specs_differ(specs)
+            address, specs, fixed = joined
+            problem = self._specs_differ(specs, fixed)
             if problem is not None:
                 # Refused, and the job goes on: the worker finds the difference in the plan we
                 # publish and exits, naming it. Before, this server exited 1, so one worker
@@ -1022,6 +1041,7 @@ class ParameterServer:
                 return
             w.refused = None
             if not self.specs:
+                self.fixed = fixed
                 self._setup(specs, needs_init=True)
             if w.address and (w.address != address or w.untold):
                 # its earlier session (kept while it was untold): a fresh one now
@@ -1163,6 +1183,7 @@ class ParameterServer:
                 finished,
                 left,
                 lost,
+                fixed=self.fixed,
             )
         except OSError as exc:
             self.stats.checkpoint_failures += 1

@@ -328,7 +328,12 @@ def test_a_frozen_layer_is_not_trained_sent_or_decayed(job: Any, tmp_path: Path)
     start = module()
     with np.load(ckpt / "ps-shard0.npz") as kept:
         held = sorted(name for name, _, _ in json.loads(str(kept["__specs__"])))
+        fixed = str(kept["__fixed__"])
     assert held == ["head.bias", "head.weight"]
+    # what a server resumed from it compares the workers' frozen layers with
+    from tensorwire.client.torch_task import frozen_digest
+
+    assert fixed == frozen_digest(start)
     for rank in (0, 1):
         saved = j.params(rank)
         assert sorted(saved) == sorted(start.state_dict())
@@ -460,3 +465,24 @@ def test_a_model_of_several_inputs_takes_them_as_arguments_or_keywords() -> None
         for name, p in reference.named_parameters():
             assert p.grad is not None
             np.testing.assert_allclose(got[name], p.grad.numpy(), rtol=1e-6)
+
+
+def test_workers_whose_frozen_layers_differ_are_refused(job: Any) -> None:
+    """Frozen parameters stay with each worker, so two workers whose factories drew them
+    differently would train on different models without a word: the servers compare a digest
+    of them as the workers join, refuse the worker whose digest differs from the job's, and
+    the job does not form; the refused worker names the difference, the other is told."""
+    j = job(
+        ps=["--steps", "20", "--join-timeout", "10"],
+        worker=["--model", "tests.torch_frozen_model:unseeded"],
+    )
+    assert j.wait(120) == [1, 1, 1]
+    server = j.log("ps0").strip().splitlines()[-1]
+    assert "did not join within 10 s (worker " in server, server
+    assert "its frozen parameters differ from the job's (digest " in server
+    assert "build them the same on every worker" in server
+    logs = [j.log("w0"), j.log("w1")]
+    refused = [text for text in logs if "refused this worker" in text]
+    assert len(refused) == 1, logs
+    assert "its model's frozen parameters (digest " in refused[0]
+    assert any("gave up on the job before it formed" in text for text in logs)

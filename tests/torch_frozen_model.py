@@ -50,3 +50,13 @@ def all_frozen(job: JobInfo) -> tuple[nn.Module, Any, Any]:
     model, batches, evaluate = make(job)
     model.requires_grad_(False)
     return model, batches, evaluate
+
+
+def unseeded(job: JobInfo) -> tuple[nn.Module, Any, Any]:
+    """``make``, whose frozen layer each worker draws differently (as a factory that does not
+    seed torch would, the servers keeping no frozen parameter to hand out)."""
+    model, batches, evaluate = make(job)
+    torch.manual_seed(job.seed + 1 + job.rank)
+    with torch.no_grad():
+        model.backbone.weight.normal_()
+    return model, batches, evaluate

@@ -109,25 +109,33 @@ def specs_of(params: Mapping[str, Any]) -> Specs:
     return out
 
 
-def encode_join(address: str, specs: Specs) -> bytes:
-    return msgpack.packb(
-        {"address": address, "specs": [[n, list(shape), dt] for n, (shape, dt) in specs.items()]}
-    )
+def encode_join(address: str, specs: Specs, fixed: str | None = None) -> bytes:
+    """A worker's join: where it receives, its parameters' specs, and ``fixed``, a digest of
+    what its model holds fixed and every worker must hold the same (a PyTorch module's frozen
+    parameters, which no server keeps), where it has any."""
+    message: dict[str, Any] = {
+        "address": address,
+        "specs": [[n, list(shape), dt] for n, (shape, dt) in specs.items()],
+    }
+    if fixed is not None:
+        message["fixed"] = fixed
+    return msgpack.packb(message)
 
 
 def encode_ready() -> bytes:
     return msgpack.packb({"ready": True})
 
 
-def decode_join(payload: bytes) -> tuple[str, Specs] | None:
-    """``(address, specs)`` of a join message, or None for a ready message; ValueError if it is
-    neither."""
+def decode_join(payload: bytes) -> tuple[str, Specs, str | None] | None:
+    """``(address, specs, fixed)`` of a join message (:func:`encode_join`), or None for a
+    ready message; ValueError if it is neither."""
     try:
         msg = msgpack.unpackb(payload)
         if msg.get("ready") is True:
             return None
         specs = {str(n): (tuple(int(d) for d in shape), str(dt)) for n, shape, dt in msg["specs"]}
-        return str(msg["address"]), specs
+        fixed = msg.get("fixed")
+        return str(msg["address"]), specs, None if fixed is None else str(fixed)
     except (ValueError, TypeError, KeyError, AttributeError, msgpack.UnpackException) as exc:
         raise ValueError(f"malformed join message: {exc}") from None
 
@@ -176,6 +184,17 @@ def meta_name(rank: int) -> str:
 
 def join_name(rank: int) -> str:
     return f"join/{rank}"
+
+
+#: the start of :func:`fixed_name`'s names
+FIXED_PREFIX = "fixed/"
+
+
+def fixed_name(fixed: str | None) -> str:
+    """A tensor a server registers (never written) once it knows the job's model, whose name
+    says what every worker holds fixed (the digest of :func:`encode_join`, or ``none``): a
+    worker whose digest differs is refused, and finds why here, in the names it reads."""
+    return f"{FIXED_PREFIX}{fixed or 'none'}"
 
 
 def status_name(server: int) -> str:
