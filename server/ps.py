@@ -197,7 +197,7 @@ STOP_GRACE_STEPS = 3
 
 #: why a worker left, as its leave message says (plan.LEAVE_*), for the log
 _WHY_LEFT = {
-    LEAVE_ALONE: "it was stopped",
+    LEAVE_ALONE: "it stopped on its own: stopped, or failed",
     LEAVE_JOB_STOPS: "another server said stop",
     LEAVE_TO_RETURN: "it was stopped, to be started again: waited for",
 }
