@@ -17,7 +17,12 @@ import torch.nn.functional as F
 from tensorwire.client import models
 from tensorwire.client.launch import ps_command
 from tensorwire.client.psclient import PSClient
-from tensorwire.client.torch_task import bind_module, module_grads, trainable_parameters
+from tensorwire.client.torch_task import (
+    bind_module,
+    frozen_digest,
+    module_grads,
+    trainable_parameters,
+)
 
 
 def main() -> int:
@@ -47,6 +52,7 @@ def main() -> int:
             rank=0,
             shapes={n: tuple(p.shape) for n, p in params.items()},
             init={n: p.detach().numpy() for n, p in params.items()},
+            fixed=frozen_digest(model),  # (frozen parameters: every worker's must be the same)
         ) as ps:
             bind_module(model, ps.params)
             while (step := ps.wait_params()) is not None:
