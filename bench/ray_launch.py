@@ -12,12 +12,12 @@ group and actors. Medians over ``--repeat`` jobs each way.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from typing import Any
 
 from tensorwire.client.launch import run_job as run_by_hand
+from tensorwire.job import files
 from tensorwire.job.files import output_file
 from tensorwire.ray import RayJob
 from tensorwire.ray import run_job as run_on_ray
@@ -79,10 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     extra = table["ray"]["setup_s"] - table["by hand"]["setup_s"]
     print(f"\nRay adds {extra:.2f} s before the first step ({args.repeat} jobs each way)")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {"machine": machine_facts(), "args": vars(args), "results": table}, f, indent=2
-            )
+        text = files.json_text(
+            {"machine": machine_facts(), "args": vars(args), "results": table}
+        ).encode()
+        files.write_whole(args.json, lambda f: f.write(text))
     return 0
 
 

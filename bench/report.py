@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
@@ -120,7 +119,7 @@ def print_tables(result: dict[str, Any]) -> None:
 
 def write_json(path: str, result: dict[str, Any]) -> None:
     """Write ``result`` whole (the sweep rewrites it after each size: a reader sees either)."""
-    text = (json.dumps(result, indent=2) + "\n").encode()
+    text = (files.json_text(result) + "\n").encode()
     files.write_whole(path, lambda f: f.write(text))
 
 

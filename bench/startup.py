@@ -10,7 +10,6 @@ interpreter and receiver, for a before-and-after in one run.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -19,6 +18,7 @@ import time
 from typing import Any
 
 import tensorwire as tw
+from tensorwire.job import files
 from tensorwire.job.argtypes import at_least
 from tensorwire.job.files import output_file
 
@@ -66,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{label}: median {statistics.median(seconds):.3f} s over {args.runs} pings")
     if args.json:
         result = {"kind": "ping-startup", "machine": machine_facts(), "rows": rows}
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        text = files.json_text(result).encode()
+        files.write_whole(args.json, lambda f: f.write(text))
     return 0
 
 

@@ -454,6 +454,7 @@ class ParameterServer:
         # Known once the workers join (or from the checkpoint when resuming): the parameters'
         # specs, this shard's chunks of them, the values and the optimizer's accumulators.
         self.specs: Specs = {}
+        self._said_diverged = False  # a loss that is not a finite number, said once (_report)
         #: the digest of what every worker holds fixed (frozen parameters: plan.encode_join),
         #: as the first join (or the checkpoint) gave it; None: nothing held fixed
         self.fixed: str | None = None
@@ -1215,6 +1216,16 @@ class ParameterServer:
 
     def _report(self, step: int, losses: list[float], accuracy: float | None, t0: float) -> None:
         loss = self.last_loss = float(np.mean(losses)) if losses else float("nan")
+        if losses and not math.isfinite(loss) and not self._said_diverged:
+            # Said once: the job goes on as told (a worker's NaN gradients have made every
+            # parameter NaN by now), and without this it ended "done" with the loss at nan.
+            self._said_diverged = True
+            log.warning(
+                "the loss is %s at step %d: training has diverged (the parameters are no longer "
+                "finite numbers; a smaller --lr, or the model's own arithmetic?)",
+                loss,
+                step,
+            )
         if accuracy is not None:
             # rank 0 measured it on the parameters it pushed this step's gradients from: those
             # of ``step - 1`` steps

@@ -2905,3 +2905,21 @@ def test_a_final_evaluation_that_fails_keeps_what_the_job_trained(job: Any) -> N
     summary = j.metrics("w0")
     assert summary["steps"] == 20 and summary["test_accuracy"] is None
     assert summary["evaluation_error"].startswith("RuntimeError: Expected all tensors")
+
+
+def test_a_job_that_diverges_says_so_and_writes_strict_json(job: Any) -> None:
+    """A learning rate that turns the parameters into NaN within a few steps: the server says
+    once that training diverged, and both daemons' --metrics files are strict JSON, the loss
+    null. Before, nothing was said (the job ended "done", loss nan), and the files held a bare
+    ``NaN``, which JSON has not: ``jq`` and every strict reader refused them."""
+    j = job(ps=["--steps", "30", "--lr", "1e30", "--log-level", "INFO"], workers=1)
+    _ok(j)
+    assert j.log("ps0").count("training has diverged") == 1, j.log("ps0")
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"not JSON: {constant}")
+
+    for name in ("ps0", "w0"):
+        text = (j.tmp / f"{name}.json").read_text()
+        summary = json.loads(text, parse_constant=refuse)
+        assert summary["final_loss"] is None, text

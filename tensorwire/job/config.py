@@ -489,7 +489,7 @@ def write_summary(path: str | None, summary: dict[str, Any], prog: str) -> int:
     (a reader polling for it never sees half): the daemon's exit status, 0, or 1 where it
     cannot be written (a full disk), said in one line."""
     if path:
-        text = json.dumps(summary, indent=2).encode()
+        text = files.json_text(summary).encode()
         try:
             files.write_whole(path, lambda f: f.write(text))
         except OSError as exc:

@@ -16,6 +16,8 @@ import contextlib
 import errno
 import fcntl
 import glob
+import json
+import math
 import os
 import secrets
 import tempfile
@@ -73,6 +75,23 @@ def output_file(text: str) -> str:
 # A partial file this old whose writer holds no lock on it is abandoned: its writer died. The
 # age covers the instant between a writer creating its file and locking it.
 ABANDONED_AFTER = 60.0
+
+
+def json_text(value: Any) -> str:
+    """``value`` as strict JSON, indented: a NaN or infinite number (a loss that diverged, a
+    ratio of nothing) as null. Python's ``json`` writes them as ``NaN`` and ``Infinity``, which
+    JSON has not: ``jq`` and every other strict reader refused the whole file."""
+    return json.dumps(_finite(value), indent=2, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def write_whole(path: str, write: Callable[[IO[bytes]], object]) -> None:
