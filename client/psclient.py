@@ -1126,7 +1126,7 @@ class PSClient:
                 loss,
                 correct,
                 samples,
-                -1.0 if accuracy is None else accuracy,
+                math.nan if accuracy is None else accuracy,
             )
             batch += [(meta_name(self.rank), self._meta, addr) for addr in self.servers]
             # One operation: every array checked first, one doorbell or sendmsg per server.

@@ -1240,7 +1240,7 @@ class ParameterServer:
 
     @staticmethod
     def _accuracy(meta: Any) -> float | None:
-        return float(meta[4]) if meta[4] >= 0 else None
+        return None if math.isnan(meta[4]) else float(meta[4])  # (plan.META_FIELDS)
 
     # -- the loops -----------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """A PyTorch regression, as ``tensorwire-worker --model tests.torch_regression_model:make``
 imports it: a linear layer fitted to y = x @ w + noise with mean squared error, the loss the
-factory gives as the fourth item of what it returns; ``evaluate`` is the R² on held-out data."""
+factory gives as the fourth item of what it returns; ``evaluate`` scores it by the negative mean
+squared error on held-out data (higher is better; 0 a perfect fit)."""
 
 from __future__ import annotations
 
@@ -42,7 +43,6 @@ def make(job: JobInfo) -> tuple[nn.Module, Any, Any, Any]:
 
     def evaluate(model: nn.Module) -> float:
         with torch.no_grad():
-            residual = model(x_test).squeeze(-1) - y_test
-        return float(1 - residual.pow(2).mean() / y_test.var())
+            return -float(F.mse_loss(model(x_test).squeeze(-1), y_test))
 
     return nn.Linear(FEATURES, 1), batches, evaluate, squared_error

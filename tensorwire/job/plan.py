@@ -45,7 +45,10 @@ HOW_MAY_CATCH_UP = 1
 #: it runs asp or ssp: the step it writes counts this worker's steps, each server on its own,
 #: and the servers' steps need not agree (a worker does not line them up)
 HOW_ASYNC = 2
-META_FIELDS = 5  # [step, loss, correct, batch size, test accuracy or -1]
+#: [step, loss, correct, batch size, rank 0's evaluation or NaN where it made none]: the
+#: evaluation is whatever score the model's evaluate gives (an R², a negative error), so
+#: none is NaN (until 2026-12-03, -1, which dropped every negative score)
+META_FIELDS = 5
 
 
 @dataclass(frozen=True)
