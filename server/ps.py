@@ -775,6 +775,10 @@ class ParameterServer:
         cfg = self.cfg
         return {
             "shards": cfg.shards,
+            # how the tensors are cut into chunks: each server plans its shard by it, and two
+            # that differ leave some rows with two servers and others with none (the worker
+            # said "servers hold 32 rows, model has (64, 128) (wrong model?)")
+            "split-bytes": cfg.split_bytes,
             "steps": cfg.steps,
             "sync": cfg.sync,
             "staleness": cfg.staleness if cfg.sync == "ssp" else "-",

@@ -2570,20 +2570,24 @@ def test_a_worker_started_for_another_job_size_is_refused_when_it_joins() -> Non
 
 
 def test_servers_of_one_job_started_with_different_settings_are_refused_by_the_worker() -> None:
-    """Two shards, one started with another --steps and --lr: before, the job ran, each shard
-    trained at its own rate, and the one that finished first stopped the workers while the
-    other waited for them. Now the worker names what differs, before it joins either."""
+    """Two shards, one started with another --steps, --lr and --split-bytes: before, the job
+    ran, each shard trained at its own rate, and the one that finished first stopped the
+    workers while the other waited for them (and, until 2026-12-03, shards cutting the tensors
+    at other sizes left rows with both or neither: the worker said "servers hold 32 rows,
+    model has (64, 128) (wrong model?)"). Now the worker names what differs, before it joins
+    either."""
     with (
         _one_server("--shard", "0", "--shards", "2", "--steps", "50") as (first, _),
-        _one_server("--shard", "1", "--shards", "2", "--steps", "80", "--lr", "0.05") as (
-            second,
-            _,
-        ),
+        _one_server(
+            *("--shard", "1", "--shards", "2", "--steps", "80", "--lr", "0.05"),
+            *("--split-bytes", "16384"),
+        ) as (second, _),
     ):
         last = _refused_worker([first, second], workers=1)
     assert "the job's servers were started with different settings" in last, last
     assert f"--lr 0.1 on {first}, 0.05 on {second}" in last, last
     assert f"--steps 50 on {first}, 80 on {second}" in last, last
+    assert f"--split-bytes 1048576 on {first}, 16384 on {second}" in last, last
     assert "--sync" not in last and "--optimizer" not in last  # what they share is not named
 
 
