@@ -233,6 +233,7 @@ class PSClient:
         stopping: Callable[[], bool] | None = None,
         workers: int | None = None,
         fixed: str | None = None,
+        seed: int | None = None,
     ) -> None:
         """``shapes``: every parameter's shape (float32), in the model's order. ``init``: their
         initial values, required of rank 0 (the servers start from them unless they resume from
@@ -246,7 +247,9 @@ class PSClient:
         splits its data by it; a server of a job of another size is refused when we join.
         ``fixed``: a digest of what the model holds fixed besides the parameters, which every
         worker must hold the same (``torch_task.frozen_digest``: frozen parameters); a server
-        refuses a worker whose digest differs from the job's."""
+        refuses a worker whose digest differs from the job's. ``seed``: the seed this worker
+        orders and cuts its data by (``tensorwire-worker --seed``); a job whose servers were
+        started with another (their ``--seed``) is refused when we join."""
         self._closed = False
         if not servers:
             raise PSClientError("no parameter servers given")
@@ -274,6 +277,7 @@ class PSClient:
         self._init = None if init is None else _checked_init(init, shapes)
         self._workers = workers
         self._fixed = fixed
+        self._seed = seed
         self.device = device
         self._stopping = stopping
         self._specs = specs_of({n: (tuple(s), "float32") for n, s in shapes.items()})
@@ -524,6 +528,14 @@ class PSClient:
             if settings is not None:
                 with contextlib.suppress(KeyError, ValueError):
                     self._job_steps = int(settings["steps"])
+                theirs = settings.get("seed")
+                if self._seed is not None and theirs is not None and theirs != str(self._seed):
+                    raise PSClientError(
+                        f"parameter server {addr} serves a job of seed {theirs} (its --seed), "
+                        f"and this worker was started with --seed {self._seed}: the seed orders "
+                        "and cuts each worker's data (some rows would be trained twice, others "
+                        "never), so give every worker and server the same --seed"
+                    )
                 if first is None:
                     first = (addr, settings)
                 else:

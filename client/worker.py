@@ -426,6 +426,7 @@ def _run(argv: list[str] | None, prog: str) -> int:
             stopping=lambda: stop[0],
             workers=args.workers,
             fixed=task.fixed() if hasattr(task, "fixed") else None,
+            seed=args.seed,
         ) as client:
             log.info(
                 "joined %d server(s) over %s", len(servers), client.tx.transport_of(servers[0])

@@ -223,7 +223,9 @@ def build_parser(prog: str = "tensorwire-ps") -> config.DaemonParser:
         "--seed",
         type=config.at_least(0),
         default=d.seed,
-        help=f"initialisation seed (default {d.seed})",
+        help="the job's seed: every worker must be started with the same --seed (it orders "
+        "and cuts their data, and a model factory seeds its model by it), and one started with "
+        f"another is refused as it joins (default {d.seed})",
     )
     p.add_argument(
         "--curve-keys",

@@ -779,6 +779,8 @@ class ParameterServer:
             # that differ leave some rows with two servers and others with none (the worker
             # said "servers hold 32 rows, model has (64, 128) (wrong model?)")
             "split-bytes": cfg.split_bytes,
+            # the workers' data order and cut: each compares its own --seed with it (PSClient)
+            "seed": cfg.seed,
             "steps": cfg.steps,
             "sync": cfg.sync,
             "staleness": cfg.staleness if cfg.sync == "ssp" else "-",

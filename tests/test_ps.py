@@ -2388,11 +2388,11 @@ def test_a_custom_loop_is_told_its_mistakes_at_once_and_trains_on() -> None:
         assert ps.wait(30) == 0
 
 
-def _refused_worker(servers: list[str], workers: int) -> str:
-    """Run worker 0 of ``workers`` against ``servers``, which must refuse it with exit 1 and
-    one line: that line."""
+def _refused_worker(servers: list[str], workers: int, *extra: str) -> str:
+    """Run worker 0 of ``workers`` against ``servers`` (with flags ``extra``), which must
+    refuse it with exit 1 and one line: that line."""
     out = subprocess.run(
-        worker_command(servers, "--no-progress", rank=0, workers=workers),
+        worker_command(servers, "--no-progress", *extra, rank=0, workers=workers),
         capture_output=True,
         text=True,
         timeout=120,
@@ -2567,6 +2567,17 @@ def test_a_worker_started_for_another_job_size_is_refused_when_it_joins() -> Non
         last = _refused_worker([address], workers=3)
     assert f"parameter server {address} serves a job of 2 workers" in last, last
     assert "started for 3 (--workers)" in last
+
+
+def test_a_worker_started_with_another_seed_than_the_job_is_refused_when_it_joins() -> None:
+    """The seed orders and cuts each worker's data: a worker started with another would train
+    some rows twice and others never, silently (and the servers' --seed did nothing at all).
+    Now the servers publish theirs as the job's, and a worker of another exits 1 as it joins,
+    naming both."""
+    with _one_server("--workers", "1", "--seed", "3") as (address, _):
+        last = _refused_worker([address], 1, "--seed", "4")
+    assert f"parameter server {address} serves a job of seed 3 (its --seed)" in last, last
+    assert "started with --seed 4" in last
 
 
 def test_servers_of_one_job_started_with_different_settings_are_refused_by_the_worker() -> None:
