@@ -61,6 +61,7 @@ from tensorwire.job.plan import (
     job_checkpoint,
     job_done,
     job_settings,
+    job_shard,
     job_workers,
     join_name,
     leave_name,
@@ -499,6 +500,7 @@ class PSClient:
         message = np.frombuffer(encode_join(self._me, self._specs, self._fixed), np.uint8)
         deadline = time.monotonic() + timeout
         first: tuple[str, dict[str, str]] | None = None  # a server's settings, to compare
+        shards: dict[int, list[str]] = {}  # the servers by the shard each says it is
         published = {addr: self.tx.receiver_info(peer=addr) for addr in self.servers}
         done = {addr: info for addr, info in published.items() if job_done(info) is not None}
         if done:
@@ -540,6 +542,9 @@ class PSClient:
                     first = (addr, settings)
                 else:
                     _check_same_settings(first, (addr, settings))
+            shard = job_shard(published)
+            if shard is not None:
+                shards.setdefault(shard, []).append(addr)
             size = job_workers(published)
             if self._workers is not None and size is not None and size != self._workers:
                 raise PSClientError(
@@ -548,8 +553,30 @@ class PSClient:
                     "the data is cut by it, so give every worker and server the same "
                     "--workers"
                 )
+        if first is not None:
+            self._check_shards(shards, first[1])
         for addr in self.servers:
             self._write_in_tries(addr, join_name(self.rank), message, deadline, "our join")
+
+    def _check_shards(self, shards: dict[int, list[str]], settings: dict[str, str]) -> None:
+        """PSClientError unless our servers are the job's shards, each once (``shards``: the
+        servers by the shard each said it is; ``settings``: the job's, as one published them):
+        a shard missing or doubled left some parameters with no server, and the worker
+        blamed its model ("the servers do not hold parameter ... (wrong model?)")."""
+        with contextlib.suppress(KeyError, ValueError):
+            count = int(settings["shards"])
+            if count != len(self.servers):
+                raise PSClientError(
+                    f"the job has {count} shards (its servers' --shards) and this worker was "
+                    f"given {len(self.servers)} server(s) (--servers): list every server of "
+                    "the job, once each"
+                )
+        for shard, addrs in sorted(shards.items()):
+            if len(addrs) > 1:
+                raise PSClientError(
+                    f"{' and '.join(addrs)} are each shard {shard} of the job (their --shard): "
+                    f"start one server per shard, 0 to {len(self.servers) - 1}"
+                )
 
     def _write_in_tries(
         self, addr: str, name: str, value: Array, deadline: float, what: str, **kw: Any

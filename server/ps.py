@@ -740,7 +740,9 @@ class ParameterServer:
         final = None
         if done_at is not None and self.ckpt is not None and self._saved_step == done_at:
             final = os.path.abspath(self.ckpt)
-        return job_info(self.cfg.workers, self._shared_settings(), done_at, final)
+        return job_info(
+            self.cfg.workers, self._shared_settings(), done_at, final, shard=self.cfg.shard
+        )
 
     @property
     def _ending(self) -> bool:

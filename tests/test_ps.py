@@ -2580,6 +2580,21 @@ def test_a_worker_started_with_another_seed_than_the_job_is_refused_when_it_join
     assert "started with --seed 4" in last
 
 
+def test_a_worker_given_a_shard_twice_or_too_few_servers_names_them() -> None:
+    """Two servers both started as shard 1 of 2, and a worker given one server of a job of
+    two shards: the worker says so before it joins either. Before, each found no server
+    holding some parameter and blamed its model: "the servers do not hold parameter
+    'layer0.weight' (wrong model?)"."""
+    with (
+        _one_server("--shard", "1", "--shards", "2") as (first, _),
+        _one_server("--shard", "1", "--shards", "2") as (second, _),
+    ):
+        last = _refused_worker([first, second], workers=1)
+        assert f"{first} and {second} are each shard 1 of the job (their --shard)" in last, last
+        last = _refused_worker([first], workers=1)
+    assert "the job has 2 shards (its servers' --shards) and this worker was given 1" in last
+
+
 def test_servers_of_one_job_started_with_different_settings_are_refused_by_the_worker() -> None:
     """Two shards, one started with another --steps, --lr and --split-bytes: before, the job
     ran, each shard trained at its own rate, and the one that finished first stopped the

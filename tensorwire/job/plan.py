@@ -263,6 +263,11 @@ def probe_name(rank: int) -> str:
 #: started with another ``--workers`` splits the data set otherwise than the job (its shard
 #: overlapping another's, or some rows in none), and trained on silently.
 JOB_WORKERS = "job.workers"
+#: Published the same way: which shard of the job this server is (its ``--shard``). A worker
+#: given two servers of one shard, or fewer servers than the job has shards, found no server
+#: holding some parameter, and blamed its model ("the servers do not hold parameter ... (wrong
+#: model?)").
+JOB_SHARD = "job.shard"
 
 #: The prefix of the published names of the settings every server of a job must share. A
 #: worker compares its servers' before it joins: servers started with another ``--steps`` ended
@@ -287,11 +292,16 @@ def job_info(
     settings: dict[str, object],
     done_at: int | None = None,
     checkpoint: str | None = None,
+    *,
+    shard: int | None = None,
 ) -> dict[str, object]:
     """What a server publishes about its job: its size and ``settings`` (their values as
     str, compared as written: ``repr`` of a float keeps it exact); ``done_at``, the step at
-    which it ended, once it has, and ``checkpoint``, the path of its checkpoint of that step."""
+    which it ended, once it has, and ``checkpoint``, the path of its checkpoint of that step;
+    ``shard``, which of the job's shards it is."""
     info: dict[str, object] = {JOB_WORKERS: workers}
+    if shard is not None:
+        info[JOB_SHARD] = shard
     info.update({SETTING_PREFIX + key: str(value) for key, value in settings.items()})
     if done_at is not None:
         info[JOB_DONE] = done_at
@@ -317,6 +327,12 @@ def job_workers(info: dict[str, Any]) -> int | None:
     """The job's size a server published (:func:`job_info`); None where it published none."""
     workers = info.get(JOB_WORKERS)
     return workers if type(workers) is int else None
+
+
+def job_shard(info: dict[str, Any]) -> int | None:
+    """Which shard of its job a server is (:data:`JOB_SHARD`); None where it published none."""
+    shard = info.get(JOB_SHARD)
+    return shard if type(shard) is int else None
 
 
 def job_settings(info: dict[str, Any]) -> dict[str, str] | None:
