@@ -259,6 +259,37 @@ def main(argv: list[str] | None = None, prog: str = "tensorwire-ps") -> int:
     return config.ignoring_late_stops(lambda: _run(argv, prog))
 
 
+def _keep_the_checkpoint_there(directory: str, shard: int) -> None:
+    """(Started afresh, without --resume.) Move this shard's checkpoint in ``directory``, if
+    there is one, to a name of its own beside it, and say where: the server's first checkpoint
+    would write over it. That is right for one of several servers restarted alone, which goes
+    on at the others' step (from rank 0's copy of its parameters), and loses a job's progress
+    where the whole job was started again without --resume, or a second job was given the
+    first one's directory: found so, a checkpoint of step 300 became one of a new job's step
+    100, without a word. Kept, it is there to go on from (moved back, with --resume)."""
+    kept = checkpoint.path_for(directory, shard)
+    if not os.path.exists(kept):
+        return
+    try:
+        at = f"step{checkpoint.layout_of(kept).step}-"
+    except (ValueError, OSError, KeyError):
+        at = ""
+    moved = f"{kept}.before-{at}{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    try:
+        os.rename(kept, moved)
+    except OSError as exc:
+        raise SystemExit(
+            f"tensorwire-ps: error: cannot move the checkpoint there aside ({kept}: "
+            f"{exc.strerror}); give --resume to go on from it"
+        ) from None
+    logging.getLogger("tensorwire.ps").warning(
+        "started without --resume: this shard's checkpoint in %s is kept as %s (move it back "
+        "and give --resume, or --resume-if-present, to go on from it)",
+        directory,
+        moved,
+    )
+
+
 def _run(argv: list[str] | None, prog: str) -> int:
     die_with_launcher()
     parser = build_parser(prog)
@@ -281,6 +312,8 @@ def _run(argv: list[str] | None, prog: str) -> int:
                 "no checkpoint in %s yet: starting afresh", args.checkpoint_dir
             )
         args.resume = args.resume or found
+    if args.checkpoint_dir is not None and not args.resume:
+        _keep_the_checkpoint_there(args.checkpoint_dir, args.shard)
     values: dict[str, Any] = {
         k: getattr(args, k) for k in PSConfig.__dataclass_fields__ if k != "nixl"
     }

@@ -15,6 +15,7 @@ Built only on the public API of tensorwire.
 from __future__ import annotations
 
 import contextlib
+import glob
 import logging
 import math
 import os
@@ -557,7 +558,17 @@ class ParameterServer:
 
     def _resume(self) -> None:
         if self.ckpt is None or not os.path.exists(self.ckpt):
-            raise PSError(f"--resume: no checkpoint at {self.ckpt or '(no --checkpoint-dir)'}")
+            # (one moved aside as a server started without --resume: the daemon says so)
+            kept = sorted(glob.glob(glob.escape(self.ckpt) + ".before-*")) if self.ckpt else []
+            raise PSError(
+                f"--resume: no checkpoint at {self.ckpt or '(no --checkpoint-dir)'}"
+                + (
+                    f" (one kept aside as a server started without --resume: {kept[-1]}; "
+                    "move it back to go on from it)"
+                    if kept
+                    else ""
+                )
+            )
         try:
             layout = checkpoint.layout_of(self.ckpt)  # what it was written for, read once
             finished, left, lost = layout.finished, layout.left, layout.lost

@@ -378,6 +378,22 @@ def test_resume_if_present_starts_afresh_then_resumes(job: Any, tmp_path: Path) 
     assert again.metrics("w0")["steps"] == 10
     refused = _cli("-m", "tensorwire.server.daemon", "--resume-if-present")
     assert refused.returncode == 2 and "needs --checkpoint-dir" in refused.stderr
+    # The same directory without either: started afresh, the server writes its first
+    # checkpoint where the job's is (before, a checkpoint of step 20 became one of a new
+    # job's step 5, without a word). It is moved aside first, and the server says where; a
+    # --resume then names it.
+    daemon = ("-m", "tensorwire.server.daemon", "--bind", "tcp://127.0.0.1:0")
+    daemon = (*daemon, "--checkpoint-dir", str(ckpt))
+    afresh = _cli(*daemon, "--join-timeout", "0.3", "--no-progress")
+    assert afresh.returncode == 1 and "Traceback" not in afresh.stderr, afresh.stderr
+    assert not (ckpt / "ps-shard0.npz").exists()
+    (kept,) = ckpt.glob("ps-shard0.npz.before-step20-*")
+    assert f"this shard's checkpoint in {ckpt} is kept as {kept}" in afresh.stderr
+    with np.load(kept) as data:
+        assert int(data["__step__"]) == 20
+    resumed = _cli(*daemon, "--resume", "--no-progress")
+    assert resumed.returncode == 1, resumed.stderr
+    assert f"(one kept aside as a server started without --resume: {kept};" in resumed.stderr
 
 
 def test_a_worker_that_never_arrives_is_named(job: Any) -> None:
