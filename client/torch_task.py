@@ -176,8 +176,9 @@ class TorchTask:
         return frozen_digest(self.module)
 
     def state(self) -> dict[str, Array]:
-        """The module's buffers (its state_dict but the parameters), as this worker kept them:
-        ``--save-params`` writes them beside the parameters."""
+        """What of the module's state_dict the servers do not keep (its buffers and its frozen
+        parameters), as this worker kept it: ``--save-params`` writes it beside the
+        parameters."""
         return module_state(self.module)
 
     def step(self, step: int) -> StepResult:
