@@ -266,7 +266,8 @@ def _keep_the_checkpoint_there(directory: str, shard: int) -> None:
     on at the others' step (from rank 0's copy of its parameters), and loses a job's progress
     where the whole job was started again without --resume, or a second job was given the
     first one's directory: found so, a checkpoint of step 300 became one of a new job's step
-    100, without a word. Kept, it is there to go on from (moved back, with --resume)."""
+    100, without a word. Kept, it is there to go on from (moved back, with --resume). OSError
+    where it cannot be moved."""
     kept = checkpoint.path_for(directory, shard)
     if not os.path.exists(kept):
         return
@@ -275,13 +276,7 @@ def _keep_the_checkpoint_there(directory: str, shard: int) -> None:
     except (ValueError, OSError, KeyError):
         at = ""
     moved = f"{kept}.before-{at}{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
-    try:
-        os.rename(kept, moved)
-    except OSError as exc:
-        raise SystemExit(
-            f"tensorwire-ps: error: cannot move the checkpoint there aside ({kept}: "
-            f"{exc.strerror}); give --resume to go on from it"
-        ) from None
+    os.rename(kept, moved)
     logging.getLogger("tensorwire.ps").warning(
         "started without --resume: this shard's checkpoint in %s is kept as %s (move it back "
         "and give --resume, or --resume-if-present, to go on from it)",
@@ -312,8 +307,6 @@ def _run(argv: list[str] | None, prog: str) -> int:
                 "no checkpoint in %s yet: starting afresh", args.checkpoint_dir
             )
         args.resume = args.resume or found
-    if args.checkpoint_dir is not None and not args.resume:
-        _keep_the_checkpoint_there(args.checkpoint_dir, args.shard)
     values: dict[str, Any] = {
         k: getattr(args, k) for k in PSConfig.__dataclass_fields__ if k != "nixl"
     }
@@ -331,6 +324,20 @@ def _run(argv: list[str] | None, prog: str) -> int:
     except (tw.TensorWireError, ValueError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
+    if args.checkpoint_dir is not None and not args.resume:
+        # (once serving at --bind: a second server started by mistake beside the one that
+        # holds the address, and the checkpoint, fails before it moves anything)
+        try:
+            _keep_the_checkpoint_there(args.checkpoint_dir, args.shard)
+        except OSError as exc:
+            server.close()
+            print(
+                f"{prog}: error: cannot move this shard's checkpoint in {args.checkpoint_dir} "
+                f"aside ({exc.strerror}), and started afresh the server would write over it: "
+                "give --resume to go on from it",
+                file=sys.stderr,
+            )
+            return 1
     try:
         scrape = config.start_metrics(args, cfg.bind, lambda: ps_metrics(server))
     except tw.TensorWireError as exc:
