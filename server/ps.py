@@ -204,6 +204,22 @@ _WHY_LEFT = {
 }
 
 
+def fixed_mismatch(job: str | None, theirs: str | None) -> str | None:
+    """How a joining worker's frozen parameters (``theirs``: their digest, plan.encode_join)
+    differ from the job's, in words; None where they agree. No server keeps them, so each
+    worker builds its own."""
+    if theirs == job:
+        return None
+    if theirs is None:
+        return "it has no frozen parameters, and the job's model has some"
+    if job is None:
+        return "it has frozen parameters, and the job's model has none"
+    return (
+        f"its frozen parameters differ from the job's (digest {theirs}, not {job}): build "
+        "them the same on every worker (seed the factory, or load the same weights)"
+    )
+
+
 class _Departing(Exception):
     """This server goes away, to be started again (:meth:`ParameterServer.request_departure`)."""
 
@@ -677,17 +693,7 @@ class ParameterServer:
             return None
         if dict(self.specs) != dict(specs):
             return first_mismatch(self.specs, specs)
-        if fixed != self.fixed:
-            # (frozen parameters: no server keeps them, so each worker builds its own)
-            if fixed is None or self.fixed is None:
-                has = "has none" if fixed is None else "has some"
-                return f"its model holds fixed parameters (frozen) where the job's {has}"
-            return (
-                f"its frozen parameters differ from the job's (digest {fixed}, not "
-                f"{self.fixed}): build them the same on every worker (seed the factory, or "
-                "load the same weights)"
-            )
-        return None
+        return fixed_mismatch(self.fixed, fixed)
 
     # -- lifetime ----------------------------------------------------------------------------
 

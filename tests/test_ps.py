@@ -2969,3 +2969,16 @@ def test_a_job_that_diverges_says_so_and_writes_strict_json(job: Any) -> None:
         text = (j.tmp / f"{name}.json").read_text()
         summary = json.loads(text, parse_constant=refuse)
         assert summary["final_loss"] is None, text
+
+
+def test_a_frozen_parameters_mismatch_is_said_the_right_way_round() -> None:
+    """The words of a join refused for its frozen parameters (``fixed_mismatch``), each way:
+    before, a worker without any, joining a job whose model has some, was said to hold some
+    "where the job's has none"."""
+    from tensorwire.server.ps import fixed_mismatch
+
+    assert fixed_mismatch(None, None) is None and fixed_mismatch("ab", "ab") is None
+    assert fixed_mismatch("ab", None) == "it has no frozen parameters, and the job's model has some"
+    assert fixed_mismatch(None, "ab") == "it has frozen parameters, and the job's model has none"
+    said = fixed_mismatch("ab", "cd")
+    assert said is not None and "(digest cd, not ab)" in said
