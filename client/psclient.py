@@ -709,6 +709,7 @@ class PSClient:
         dtypes = set()
         for s, addr in enumerate(self.servers):
             published = self.tx.tensors(peer=addr)
+            self._check_fixed(addr, published)
             for name, spec in published.items():
                 parsed = parse_grad_name(name)
                 if parsed is None or parsed[0] != self.rank:
@@ -748,18 +749,20 @@ class PSClient:
         extra = {c.param for c in chunks} - set(shapes)
         if extra:
             raise PSClientError(f"servers hold parameters the model lacks: {sorted(extra)}")
-        for addr in self.servers:
-            # what the job's workers hold fixed, where the server says (an older one does not)
-            said = [n for n in self.tx.tensors(peer=addr) if n.startswith(FIXED_PREFIX)]
-            if said and fixed_name(self._fixed) not in said:
-                job = said[0][len(FIXED_PREFIX) :]
-                raise PSClientError(
-                    f"parameter server {addr} refused this worker: its model's frozen "
-                    f"parameters (digest {self._fixed or 'none'}) differ from the job's "
-                    f"({job}): build them the same on every worker (seed the factory, or load "
-                    "the same weights)"
-                )
         return [c for param in shapes for c in self._parts[param]]
+
+    def _check_fixed(self, addr: str, published: Mapping[str, Any]) -> None:
+        """PSClientError where server ``addr`` (its tensors ``published``) names another
+        digest of what the job's workers hold fixed than ours (an older server names none):
+        it refused our join, and would never take us."""
+        said = [n for n in published if n.startswith(FIXED_PREFIX)]
+        if said and fixed_name(self._fixed) not in said:
+            job = said[0][len(FIXED_PREFIX) :]
+            raise PSClientError(
+                f"parameter server {addr} refused this worker: its model's frozen parameters "
+                f"(digest {self._fixed or 'none'}) differ from the job's ({job}): build them "
+                "the same on every worker (seed the factory, or load the same weights)"
+            )
 
     # -- the loop ---------------------------------------------------------------------------
 
