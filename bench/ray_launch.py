@@ -17,12 +17,12 @@ import time
 from typing import Any
 
 from tensorwire.client.launch import run_job as run_by_hand
-from tensorwire.job import files
 from tensorwire.job.files import output_file
 from tensorwire.ray import RayJob
 from tensorwire.ray import run_job as run_on_ray
 
 from .common import machine_facts
+from .report import write_json
 
 
 def by_hand(steps: int, workers: int) -> dict[str, float]:
@@ -79,10 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     extra = table["ray"]["setup_s"] - table["by hand"]["setup_s"]
     print(f"\nRay adds {extra:.2f} s before the first step ({args.repeat} jobs each way)")
     if args.json:
-        text = files.json_text(
-            {"machine": machine_facts(), "args": vars(args), "results": table}
-        ).encode()
-        files.write_whole(args.json, lambda f: f.write(text))
+        write_json(args.json, {"machine": machine_facts(), "args": vars(args), "results": table})
     return 0
 
 

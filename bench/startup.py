@@ -18,11 +18,11 @@ import time
 from typing import Any
 
 import tensorwire as tw
-from tensorwire.job import files
 from tensorwire.job.argtypes import at_least
 from tensorwire.job.files import output_file
 
 from .common import machine_facts
+from .report import write_json
 
 
 def ping_seconds(address: str, runs: int, pythonpath: str | None) -> list[float]:
@@ -66,8 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{label}: median {statistics.median(seconds):.3f} s over {args.runs} pings")
     if args.json:
         result = {"kind": "ping-startup", "machine": machine_facts(), "rows": rows}
-        text = files.json_text(result).encode()
-        files.write_whole(args.json, lambda f: f.write(text))
+        write_json(args.json, result)
     return 0
 
 
