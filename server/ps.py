@@ -575,12 +575,13 @@ class ParameterServer:
     def _resume(self) -> None:
         if self.ckpt is None or not os.path.exists(self.ckpt):
             # (one moved aside as a server started without --resume: the daemon says so)
-            kept = sorted(glob.glob(glob.escape(self.ckpt) + ".before-*")) if self.ckpt else []
+            # (the newest: its name's step sorts as text, so "step20" came after "step300")
+            kept = glob.glob(glob.escape(self.ckpt) + ".before-*") if self.ckpt else []
             raise PSError(
                 f"--resume: no checkpoint at {self.ckpt or '(no --checkpoint-dir)'}"
                 + (
-                    f" (one kept aside as a server started without --resume: {kept[-1]}; "
-                    "move it back to go on from it)"
+                    f" (one kept aside as a server started without --resume: "
+                    f"{max(kept, key=os.path.getmtime)}; move it back to go on from it)"
                     if kept
                     else ""
                 )
