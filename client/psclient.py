@@ -56,6 +56,7 @@ from tensorwire.job.plan import (
     encode_ready,
     ended_name,
     fixed_name,
+    flag_slots,
     grad_name,
     init_name,
     job_checkpoint,
@@ -320,7 +321,6 @@ class PSClient:
         self._owed = False
         self._shapes = dict(shapes)
         self.reconnect_timeout = reconnect_timeout
-        self._meta = np.zeros(META_FIELDS, np.float64)
         self._probe_word = np.ones(1, np.int64)
         self.step: int | None = None
         #: seconds spent waiting for the servers' parameters, converting 16-bit ones into the
@@ -344,6 +344,19 @@ class PSClient:
             self._me = me
             self._first_join(connect_timeout)
             self.chunks = self._learn_plan(shapes)
+            # Each server's meta: the step's figures, then a flag per chunk it holds (1.0: a
+            # gradient pushed, 0.0: none, sent as zeros), allocated once.
+            self._metas = [
+                np.zeros(META_FIELDS + sum(c.server == s for c in self.chunks), np.float64)
+                for s in range(len(self.servers))
+            ]
+            slots = [
+                flag_slots(c.cid for c in self.chunks if c.server == s)
+                for s in range(len(self.servers))
+            ]
+            self._flag_at = {c.cid: slots[c.server][c.cid] for c in self.chunks}
+            #: the zeros that go out for a chunk of a parameter with no gradient, made once
+            self._no_grad: dict[str, Array] = {}
             if device != "cpu" and self.wire_dtype != np.float32:
                 raise PSClientError(
                     f"parameters on {device} travel as float32: start the servers without "
@@ -1105,7 +1118,7 @@ class PSClient:
 
     def push(
         self,
-        grads: Mapping[str, Array],
+        grads: Mapping[str, Array | None],
         *,
         loss: float = float("nan"),
         correct: int = 0,
@@ -1114,7 +1127,14 @@ class PSClient:
     ) -> None:
         """Send this step's gradients (each server gets its rows, one-sided) and the step's
         metrics; the parameters may change from here on. If a server is lost meanwhile, the
-        client reconnects; the step is then redone from the restarted server's checkpoint."""
+        client reconnects; the step is then redone from the restarted server's checkpoint.
+
+        ``grads[name]`` None: this step has no gradient of that parameter (its forward pass did
+        not use it: PyTorch's ``param.grad`` None). Under bsp it counts as zeros in the average
+        of the workers that have one, and a parameter none of them has is left as it is, its
+        optimizer state too (momentum, weight decay and Adam do not move it), as PyTorch's
+        optimizers skip a parameter whose ``grad`` is None; under asp and ssp this push leaves
+        it alone."""
         self._check_open("push")
         if self.step is None:
             raise PSClientError("push() before wait_params() returned a step")
@@ -1130,7 +1150,10 @@ class PSClient:
         # into a buffer by assignment, which would broadcast a wrong shape (a scalar, an extra
         # axis of 1) into the servers' rows without a word.
         for param, shape in self._shapes.items():
-            got = getattr(grads[param], "shape", None)
+            g = grads[param]
+            if g is None:
+                continue  # no gradient this step (see above)
+            got = getattr(g, "shape", None)
             if got is None or tuple(got) != tuple(shape):
                 raise PSClientError(
                     f"push(): the gradient of {param!r} is "
@@ -1139,7 +1162,7 @@ class PSClient:
                 )
             # (numpy's and cupy's float32 compare equal at once: the check costs a step of a
             # large model nothing; a torch dtype is named through canonical_dtype)
-            dtype = "float32" if grads[param].dtype == np.float32 else _dtype_name(grads[param])
+            dtype = "float32" if g.dtype == np.float32 else _dtype_name(g)
             if dtype != "float32":
                 # before, refused by the transport under the name of an internal tensor
                 # (grad/0/w@0) over a float32 wire, and rounded silently over a 16-bit one
@@ -1155,22 +1178,27 @@ class PSClient:
         self._release()
         try:
             batch: list[tuple[str, Array, str]] = []
+            flag_at, metas = self._flag_at, self._metas
             for c in self.chunks:
                 g = grads[c.param]
-                rows = g[c.start : c.stop] if g.ndim else g
-                out = self._grads_out.get(c.cid)
-                if out is not None:  # a 16-bit wire: rounded into a buffer allocated once
-                    out[...] = rows
-                    rows = out
+                if g is None:
+                    # zeros, flagged as no gradient: the server waits for every chunk it holds
+                    rows = self._no_grad.get(c.cid)
+                    if rows is None:
+                        rows = self._no_grad[c.cid] = np.zeros(c.shape, self.wire_dtype)
+                    metas[c.server][flag_at[c.cid]] = 0.0
+                else:
+                    rows = g[c.start : c.stop] if g.ndim else g
+                    out = self._grads_out.get(c.cid)
+                    if out is not None:  # a 16-bit wire: rounded into a buffer allocated once
+                        out[...] = rows
+                        rows = out
+                    metas[c.server][flag_at[c.cid]] = 1.0
                 batch.append((grad_name(self.rank, c.cid), rows, self.servers[c.server]))
-            self._meta[:] = (
-                self.step,
-                loss,
-                correct,
-                samples,
-                math.nan if accuracy is None else accuracy,
-            )
-            batch += [(meta_name(self.rank), self._meta, addr) for addr in self.servers]
+            score = math.nan if accuracy is None else accuracy
+            for meta, addr in zip(metas, self.servers, strict=True):
+                meta[:META_FIELDS] = (self.step, loss, correct, samples, score)
+                batch.append((meta_name(self.rank), meta, addr))
             # One operation: every array checked first, one doorbell or sendmsg per server.
             self.tx.write_many(batch, allow_copy=True)
             self._pushed = True

@@ -54,7 +54,9 @@ class JobInfo:
 @dataclass
 class StepResult:
     loss: float
-    grads: Mapping[str, Array]  # float32, by parameter name (views are fine: read before return)
+    #: float32, by parameter name (views are fine: read before return); None for a parameter
+    #: the step did not use (PSClient.push)
+    grads: Mapping[str, Array | None]
     correct: int
     samples: int
 

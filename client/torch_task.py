@@ -102,15 +102,18 @@ def module_state(module: torch.nn.Module) -> dict[str, Array]:
 
 
 def module_grads(module: torch.nn.Module) -> dict[str, Any]:
-    """The gradient of every parameter that trains, without a copy (zeros for one the forward
-    pass did not use), for ``PSClient.push``: numpy views on the CPU, the CUDA tensors
-    themselves on a GPU (the transport reads GPU memory directly). A frozen parameter has
+    """The gradient of every parameter that trains, without a copy, for ``PSClient.push``:
+    numpy views on the CPU, the CUDA tensors themselves on a GPU (the transport reads GPU
+    memory directly); None for one the forward pass did not use (its ``grad`` is None), which
+    the servers then leave as it is, as PyTorch's optimizers do. A frozen parameter has
     none."""
     return {n: _grad_of(p) for n, p in trainable_parameters(module).items()}
 
 
 def _grad_of(p: torch.nn.Parameter) -> Any:
-    g = p.grad if p.grad is not None else torch.zeros_like(p)
+    g = p.grad
+    if g is None:
+        return None
     return g.detach() if g.is_cuda else g.detach().numpy()
 
 

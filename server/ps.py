@@ -56,6 +56,7 @@ from tensorwire.job.plan import (
     ended_name,
     first_mismatch,
     fixed_name,
+    flag_slots,
     grad_name,
     init_name,
     job_info,
@@ -346,6 +347,9 @@ class _Worker:
     step: int = 0  # the step whose gradient we expect next
     got: set[str] = field(default_factory=set)
     meta: Any = None
+    #: (asp, ssp) chunks of its step that landed as zeros before its meta, which says whether
+    #: they are a gradient (stepped then) or none (left alone)
+    deferred: set[str] = field(default_factory=set)
     #: sent our STATUS_STOP (with parameters, or in a notice once we let it go), or it left:
     #: nothing more to tell it as we stop
     stopped: bool = False
@@ -659,6 +663,7 @@ class ParameterServer:
         self.chunks = [
             c for c in plan(shapes, cfg.shards, cfg.split_bytes) if c.server == cfg.shard
         ]
+        self._flag_at = flag_slots(c.cid for c in self.chunks)
         self.fingerprint = checkpoint.fingerprint(
             specs, cfg.shards, cfg.shard, cfg.split_bytes, cfg.optimizer
         )
@@ -684,7 +689,8 @@ class ParameterServer:
                 self.rx.register(
                     grad_name(w, c.cid), c.shape, cfg.wire_dtype, ring=2, device=device
                 )
-            self.rx.register(meta_name(w), (META_FIELDS,), "float64")  # last: workers wait for it
+            # last: workers wait for it (its figures, then a flag per chunk: plan.flag_slots)
+            self.rx.register(meta_name(w), (META_FIELDS + len(self.chunks),), "float64")
 
     def _specs_differ(self, specs: Specs, fixed: str | None) -> str | None:
         """How a joining worker's model differs from the job's, in words; None where they
@@ -1106,6 +1112,7 @@ class ParameterServer:
             w.alive, w.step, w.probation, w.served = True, self.step, not during_join, None
             w.pushed = 0
             w.stopped, w.got, w.owed = False, set(), None  # what it is sent now supersedes
+            w.deferred = set()
             w.left = w.absent = False
             self._claim_dropped_notice(w)
             how = "joined" if during_join else "rejoined"
@@ -1827,6 +1834,7 @@ class ParameterServer:
             losses: list[float] = []
             accuracy: float | None = None
             contributors = 0
+            used: set[str] = set()  # chunks some worker pushed a gradient of (plan.flag_slots)
             heard = time.monotonic()  # the last time a worker's gradients landed (see _collect)
             graced = False  # LOSS_GRACE given this step
             for w in self.workers:
@@ -1861,11 +1869,14 @@ class ParameterServer:
                 if int(meta[0]) != self.step:
                     raise PSError(f"worker {w.rank} sent step {int(meta[0])}, expected {self.step}")
                 for c in self.chunks:
-                    grad = got[grad_name(w.rank, c.cid)]
+                    cid = c.cid
+                    pushed = meta[self._flag_at[cid]] != 0.0
                     if contributors == 0:
-                        self.acc[c.cid][...] = grad
-                    else:
-                        self.acc[c.cid] += grad
+                        self.acc[cid][...] = got[grad_name(w.rank, cid)]  # (zeros if none)
+                    elif pushed:
+                        self.acc[cid] += got[grad_name(w.rank, cid)]
+                    if pushed:
+                        used.add(cid)
                 contributors += 1
                 w.pushed += 1
                 losses.append(float(meta[1]))
@@ -1873,9 +1884,13 @@ class ParameterServer:
                 self.rx.release_many(held)
             if contributors:
                 # The average over the workers that finished the step: a lost worker's share
-                # is rescaled away, not counted as zero.
+                # is rescaled away, not counted as zero. One that had no gradient of a chunk
+                # counts as zeros, as in PyTorch's DistributedDataParallel; a chunk none had
+                # one of is not stepped (before 2026-12-04 it was, on zeros: momentum and
+                # weight decay moved a parameter its model never used).
                 for c in self.chunks:
-                    self._update(c.cid, scale=1.0 / contributors)
+                    if c.cid in used:
+                        self._update(c.cid, scale=1.0 / contributors)
                 self.step += 1
                 self._may_catch_up = False  # the workers pushed for our step: we are the job's
                 if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
@@ -2197,13 +2212,27 @@ class ParameterServer:
             w.heard = time.monotonic()
             if kind == "grad":
                 cid = tail  # grad/<rank>/<chunk>
-                # Applied as it lands: the gradient of one worker, one chunk, one step.
-                self.acc[cid][...] = view
-                self._update(cid)
+                # Applied as it lands: the gradient of one worker, one chunk, one step. Zeros
+                # that come before the step's meta may be no gradient at all (plan.flag_slots):
+                # they carry nothing to keep, so the meta decides, when it comes.
+                if "meta" in w.got:
+                    pushed = w.meta[self._flag_at[cid]] != 0.0
+                else:
+                    pushed = bool(view.any())
+                    if not pushed:
+                        w.deferred.add(cid)
+                if pushed:
+                    self.acc[cid][...] = view
+                    self._update(cid)
                 w.got.add(cid)
             else:
                 w.meta = view.copy()
                 w.got.add("meta")
+                for cid in w.deferred:
+                    if w.meta[self._flag_at[cid]] != 0.0:  # a gradient of zeros
+                        self.acc[cid][...] = 0
+                        self._update(cid)
+                w.deferred.clear()
             self.rx.release(name)
             if w.got != expected:
                 continue

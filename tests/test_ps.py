@@ -2338,6 +2338,35 @@ def test_a_custom_loop_trains_a_scalar_parameter_from_initial_values_given_as_li
         assert ps.wait(30) == 0
 
 
+@pytest.mark.parametrize(("sync", "wire"), [("bsp", "float32"), ("asp", "bfloat16")])
+def test_a_custom_loop_pushes_none_for_a_parameter_without_a_gradient(sync: str, wire: str) -> None:
+    """``push({"b": None})``: no gradient of ``b`` this step. Under momentum and weight decay the
+    server leaves it as it is, where ``w``, pushed ones, moves; a step that pushes ``b`` after
+    steps without moves it by that one gradient alone (no momentum gathered meanwhile). A
+    gradient of a wrong shape is still refused beside a None."""
+    from tensorwire.client.psclient import PSClient, PSClientError
+
+    flags = ["--steps", "4", "--sync", sync, "--wire-dtype", wire, "--optimizer", "momentum"]
+    with _one_server(*flags, "--lr", "0.5", "--weight-decay", "0.1") as (address, ps):
+        shapes = {"w": (2, 3), "b": (3,)}
+        init = {"w": np.ones((2, 3), np.float32), "b": np.full(3, 2.0, np.float32)}
+        with PSClient([address], 0, shapes, init=init, connect_timeout=30, timeout=30) as c:
+            step = c.wait_params(timeout=30)
+            with pytest.raises(PSClientError, match="the gradient of 'w' is of shape"):
+                c.push({"w": np.ones(3, np.float32), "b": None})
+            while step is not None and step < 3:
+                c.push({"w": np.ones((2, 3), np.float32), "b": None}, loss=1.0)
+                step = c.wait_params(timeout=30)
+                assert np.array_equal(c.params["b"], init["b"])
+                assert not np.array_equal(c.params["w"], init["w"])
+            assert step == 3
+            c.push({"w": np.ones((2, 3), np.float32), "b": np.ones(3, np.float32)}, loss=1.0)
+            assert c.wait_params(timeout=30) is None
+            # one momentum step of a fresh velocity: b - lr * (1 + decay * b) = 2 - 0.5 * 1.2
+            assert np.allclose(c.params["b"], 1.4, atol=0.01)  # (bfloat16: 1.3984375)
+        assert ps.wait(30) == 0
+
+
 @pytest.mark.parametrize("sync", ["bsp", "asp"])
 def test_a_server_checkpoints_the_last_step_before_the_workers_hear_the_end(
     tmp_path: Path, sync: str

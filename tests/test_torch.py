@@ -345,6 +345,66 @@ def test_a_frozen_layer_is_not_trained_sent_or_decayed(job: Any, tmp_path: Path)
         model.load_state_dict({k: torch.from_numpy(v) for k, v in saved.items()}, strict=True)
 
 
+@pytest.mark.parametrize(("servers", "transport"), [(1, "shm"), (2, "tcp")])
+def test_a_parameter_a_step_does_not_use_is_stepped_as_pytorch_steps_it(
+    job: Any, servers: int, transport: str
+) -> None:
+    """A model whose ``extra`` layer some steps of some workers use (and others not) and whose
+    ``spare`` layer no step uses, trained by two workers under BSP with momentum and weight
+    decay, computes what one process computes with PyTorch's own SGD on the mean of the workers'
+    losses: a worker without a gradient of a parameter counts as zeros in the average, and a
+    parameter neither worker has one of is not stepped (PyTorch skips a parameter whose
+    ``grad`` is None), its momentum kept. Before, a parameter without a gradient was pushed
+    zeros and stepped on them: momentum and weight decay moved ``spare``, which no step uses,
+    and ``extra`` at the steps neither worker took it."""
+    from .torch_branch_model import module, reference
+
+    steps, lr, decay = 20, 0.05, 0.1
+    common = ["--transport", transport]
+    j = job(
+        servers=servers,
+        ps=[
+            *common,
+            *("--steps", str(steps), "--optimizer", "momentum", "--lr", str(lr)),
+            *("--momentum", "0.9", "--weight-decay", str(decay), "--split-bytes", "1024"),
+        ],
+        worker=[*common, "--model", "tests.torch_branch_model:make"],
+    )
+    ok(j)
+    want = reference(steps, 2, 32, lr, 0.9, decay)
+    start = {n: p.detach().numpy() for n, p in module().named_parameters()}
+    for rank in (0, 1):
+        got = j.params(rank)
+        for name in ("spare.weight", "spare.bias"):
+            np.testing.assert_array_equal(got[name], start[name])
+        assert not np.allclose(got["extra.weight"], start["extra.weight"])
+        assert_params_close(got, want, 1e-5)
+
+
+@pytest.mark.parametrize("sync", ["asp", "ssp"])
+def test_an_async_push_leaves_a_parameter_it_has_no_gradient_of_alone(job: Any, sync: str) -> None:
+    """Under asp and ssp each push is applied on its own: a parameter no step uses ends bit for
+    bit as it started under momentum and weight decay, while those the steps use train (before,
+    the zeros pushed for it were stepped, and decay shrank it)."""
+    from .torch_branch_model import module
+
+    j = job(
+        ps=[
+            *("--sync", sync, "--steps", "20", "--optimizer", "momentum"),
+            *("--weight-decay", "0.1", "--split-bytes", "1024"),
+        ],
+        worker=["--model", "tests.torch_branch_model:make"],
+    )
+    ok(j)
+    start = {n: p.detach().numpy() for n, p in module().named_parameters()}
+    for rank in (0, 1):
+        got = j.params(rank)
+        for name in ("spare.weight", "spare.bias"):
+            np.testing.assert_array_equal(got[name], start[name])
+        for name in ("trunk.weight", "extra.weight"):
+            assert not np.allclose(got[name], start[name]), name
+
+
 def test_a_module_with_nothing_to_train_is_one_line() -> None:
     out = cli(
         *("-m", "tensorwire.client.worker", "--no-progress"),

@@ -17,7 +17,7 @@ import functools
 import hashlib
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +49,16 @@ HOW_ASYNC = 2
 #: evaluation is whatever score the model's evaluate gives (an R², a negative error), so
 #: none is NaN (until 2026-12-03, -1, which dropped every negative score)
 META_FIELDS = 5
+
+
+def flag_slots(cids: Iterable[str]) -> dict[str, int]:
+    """Where each chunk of one server (``cids``) has its flag in a worker's meta for that
+    server, after the META_FIELDS: 1.0 where the worker pushed a gradient of it this step,
+    0.0 where it had none (a parameter its step did not use: PyTorch's ``grad`` None), which
+    then travels as zeros and is not stepped on its account. In the order of the chunks' names,
+    which both ends know without telling each other (a worker learns them from the server's
+    published gradient tensors, in no set order)."""
+    return {cid: META_FIELDS + i for i, cid in enumerate(sorted(cids))}
 
 
 @dataclass(frozen=True)

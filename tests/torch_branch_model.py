@@ -1,0 +1,80 @@
+"""A PyTorch model whose steps do not use every parameter, as ``tensorwire-worker --model
+tests.torch_branch_model:make`` imports it: a linear ``trunk`` every step uses, an ``extra``
+layer added to it at some steps by some workers (a branch taken by the data, as a
+mixture-of-experts' expert or a multi-task model's head is), and a ``spare`` layer no step
+uses. :func:`reference` trains it in one process, as a BSP job of two workers should."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from tensorwire.client import models
+from tensorwire.client.tasks import JobInfo
+
+
+class Branched(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk = nn.Linear(64, 10)
+        self.extra = nn.Linear(64, 10)
+        self.spare = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor, use_extra: torch.Tensor) -> torch.Tensor:
+        out = self.trunk(x)
+        if bool(use_extra):
+            out = out + self.extra(x)
+        return out
+
+
+def uses_extra(rank: int, step: int) -> bool:
+    """Of two workers, rank 0 takes the branch at steps 0, 3, 6..., rank 1 at steps 2, 5, 8...,
+    and neither at steps 1, 4, 7..."""
+    return (step + rank) % 3 == 0
+
+
+def module(seed: int = 0) -> Branched:
+    torch.manual_seed(seed)
+    return Branched()
+
+
+def _batch(data: Any, rank: int, workers: int, batch: int, step: int, seed: int) -> Any:
+    x, y = models.batch_at(data, rank, workers, batch, step, seed)
+    return (torch.from_numpy(x), torch.tensor(uses_extra(rank, step))), torch.from_numpy(y)
+
+
+def make(job: JobInfo) -> tuple[nn.Module, Any, Any]:
+    torch.set_num_threads(1)  # a job's processes share the machine's cores
+    data = models.load("digits", job.seed)
+
+    def batches(step: int) -> Any:
+        return _batch(data, job.rank, job.workers, job.batch, step, job.seed)
+
+    def evaluate(model: nn.Module) -> float:
+        with torch.no_grad():
+            out = model(torch.from_numpy(data.x_test), torch.tensor(False))
+        return float((out.argmax(dim=1) == torch.from_numpy(data.y_test)).float().mean())
+
+    return module(job.seed), batches, evaluate
+
+
+def reference(
+    steps: int, workers: int, batch: int, lr: float, momentum: float, weight_decay: float
+) -> dict[str, Any]:
+    """What a BSP job of ``workers`` workers computes: one process whose loss is the mean of
+    the workers' losses, stepped by PyTorch's own SGD (which skips a parameter whose ``grad``
+    is None)."""
+    data = models.load("digits", 0)
+    model = module(0)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    for step in range(steps):
+        opt.zero_grad(set_to_none=True)
+        losses = []
+        for rank in range(workers):
+            (x, use), y = _batch(data, rank, workers, batch, step, 0)
+            losses.append(nn.functional.cross_entropy(model(x, use), y))
+        (sum(losses) / workers).backward()
+        opt.step()
+    return {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
