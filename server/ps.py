@@ -1868,9 +1868,10 @@ class ParameterServer:
                 meta = got[meta_name(w.rank)]
                 if int(meta[0]) != self.step:
                     raise PSError(f"worker {w.rank} sent step {int(meta[0])}, expected {self.step}")
+                flags = meta.tolist()  # (a list's items are read faster than an array's)
                 for c in self.chunks:
                     cid = c.cid
-                    pushed = meta[self._flag_at[cid]] != 0.0
+                    pushed = flags[self._flag_at[cid]] != 0.0
                     if contributors == 0:
                         self.acc[cid][...] = got[grad_name(w.rank, cid)]  # (zeros if none)
                     elif pushed:
