@@ -114,6 +114,11 @@ def _grad_of(p: torch.nn.Parameter) -> Any:
     g = p.grad
     if g is None:
         return None
+    if g.layout != torch.strided:
+        # a sparse gradient (nn.Embedding(sparse=True): the rows the batch looked up): the
+        # servers keep dense parameters and step every row of a chunk, so it goes dense, as
+        # a copy; before, numpy() refused it with a traceback at the first step
+        g = g.to_dense()
     return g.detach() if g.is_cuda else g.detach().numpy()
 
 

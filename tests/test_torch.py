@@ -357,7 +357,7 @@ def test_a_parameter_a_step_does_not_use_is_stepped_as_pytorch_steps_it(
     ``grad`` is None), its momentum kept. Before, a parameter without a gradient was pushed
     zeros and stepped on them: momentum and weight decay moved ``spare``, which no step uses,
     and ``extra`` at the steps neither worker took it."""
-    from .torch_branch_model import module, reference
+    from .torch_grads_model import module, reference
 
     steps, lr, decay = 20, 0.05, 0.1
     common = ["--transport", transport]
@@ -368,7 +368,7 @@ def test_a_parameter_a_step_does_not_use_is_stepped_as_pytorch_steps_it(
             *("--steps", str(steps), "--optimizer", "momentum", "--lr", str(lr)),
             *("--momentum", "0.9", "--weight-decay", str(decay), "--split-bytes", "1024"),
         ],
-        worker=[*common, "--model", "tests.torch_branch_model:make"],
+        worker=[*common, "--model", "tests.torch_grads_model:make"],
     )
     ok(j)
     want = reference(steps, 2, 32, lr, 0.9, decay)
@@ -381,19 +381,37 @@ def test_a_parameter_a_step_does_not_use_is_stepped_as_pytorch_steps_it(
         assert_params_close(got, want, 1e-5)
 
 
+def test_a_sparse_gradient_trains_as_pytorch_trains_it(job: Any) -> None:
+    """An ``nn.Embedding(sparse=True)`` (its gradient a sparse tensor of the rows looked up),
+    trained by two workers under BSP with momentum, computes what one process computes with
+    PyTorch's own SGD: the gradient goes to the servers dense. Before, the worker's first step
+    ended in a traceback (numpy() refuses a sparse tensor)."""
+    from .torch_grads_model import reference
+
+    steps, lr = 20, 0.05
+    j = job(
+        ps=[*("--steps", str(steps), "--optimizer", "momentum", "--lr", str(lr))],
+        worker=["--model", "tests.torch_grads_model:sparse"],
+    )
+    ok(j)
+    want = reference(steps, 2, 32, lr, 0.9, 0.0, "sparse")
+    for rank in (0, 1):
+        assert_params_close(j.params(rank), want, 1e-5)
+
+
 @pytest.mark.parametrize("sync", ["asp", "ssp"])
 def test_an_async_push_leaves_a_parameter_it_has_no_gradient_of_alone(job: Any, sync: str) -> None:
     """Under asp and ssp each push is applied on its own: a parameter no step uses ends bit for
     bit as it started under momentum and weight decay, while those the steps use train (before,
     the zeros pushed for it were stepped, and decay shrank it)."""
-    from .torch_branch_model import module
+    from .torch_grads_model import module
 
     j = job(
         ps=[
             *("--sync", sync, "--steps", "20", "--optimizer", "momentum"),
             *("--weight-decay", "0.1", "--split-bytes", "1024"),
         ],
-        worker=["--model", "tests.torch_branch_model:make"],
+        worker=["--model", "tests.torch_grads_model:make"],
     )
     ok(j)
     start = {n: p.detach().numpy() for n, p in module().named_parameters()}

@@ -1,8 +1,11 @@
-"""A PyTorch model whose steps do not use every parameter, as ``tensorwire-worker --model
-tests.torch_branch_model:make`` imports it: a linear ``trunk`` every step uses, an ``extra``
-layer added to it at some steps by some workers (a branch taken by the data, as a
-mixture-of-experts' expert or a multi-task model's head is), and a ``spare`` layer no step
-uses. :func:`reference` trains it in one process, as a BSP job of two workers should."""
+"""PyTorch models whose gradients are not one dense tensor per parameter at every step, as
+``tensorwire-worker --model tests.torch_grads_model:make`` imports them.
+
+``make``: a linear ``trunk`` every step uses, an ``extra`` layer added to it at some steps by
+some workers (a branch taken by the data, as a mixture-of-experts' expert or a multi-task
+model's head is), and a ``spare`` layer no step uses (``grad`` None). ``sparse``: an
+``nn.Embedding(sparse=True)`` of the pixels' intensities (a sparse gradient: the rows looked
+up). :func:`reference` trains either in one process, as a BSP job of its workers should."""
 
 from __future__ import annotations
 
@@ -35,9 +38,24 @@ def uses_extra(rank: int, step: int) -> bool:
     return (step + rank) % 3 == 0
 
 
-def module(seed: int = 0) -> Branched:
+class Lookup(nn.Module):
+    """Each pixel's intensity (0-16 in the digits' 0-1 scale) looked up in a sparse embedding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(17, 4, sparse=True)
+        self.head = nn.Linear(64 * 4, 10)
+
+    def forward(self, x: torch.Tensor, use_extra: torch.Tensor) -> torch.Tensor:
+        return self.head(self.emb((x * 16).round().long()).flatten(1))
+
+
+MODULES = {"branched": Branched, "sparse": Lookup}
+
+
+def module(seed: int = 0, kind: str = "branched") -> nn.Module:
     torch.manual_seed(seed)
-    return Branched()
+    return MODULES[kind]()
 
 
 def _batch(data: Any, rank: int, workers: int, batch: int, step: int, seed: int) -> Any:
@@ -45,7 +63,7 @@ def _batch(data: Any, rank: int, workers: int, batch: int, step: int, seed: int)
     return (torch.from_numpy(x), torch.tensor(uses_extra(rank, step))), torch.from_numpy(y)
 
 
-def make(job: JobInfo) -> tuple[nn.Module, Any, Any]:
+def _factory(kind: str, job: JobInfo) -> tuple[nn.Module, Any, Any]:
     torch.set_num_threads(1)  # a job's processes share the machine's cores
     data = models.load("digits", job.seed)
 
@@ -57,17 +75,31 @@ def make(job: JobInfo) -> tuple[nn.Module, Any, Any]:
             out = model(torch.from_numpy(data.x_test), torch.tensor(False))
         return float((out.argmax(dim=1) == torch.from_numpy(data.y_test)).float().mean())
 
-    return module(job.seed), batches, evaluate
+    return module(job.seed, kind), batches, evaluate
+
+
+def make(job: JobInfo) -> tuple[nn.Module, Any, Any]:
+    return _factory("branched", job)
+
+
+def sparse(job: JobInfo) -> tuple[nn.Module, Any, Any]:
+    return _factory("sparse", job)
 
 
 def reference(
-    steps: int, workers: int, batch: int, lr: float, momentum: float, weight_decay: float
+    steps: int,
+    workers: int,
+    batch: int,
+    lr: float,
+    momentum: float,
+    weight_decay: float,
+    kind: str = "branched",
 ) -> dict[str, Any]:
     """What a BSP job of ``workers`` workers computes: one process whose loss is the mean of
     the workers' losses, stepped by PyTorch's own SGD (which skips a parameter whose ``grad``
-    is None)."""
+    is None, and takes a sparse one as it is)."""
     data = models.load("digits", 0)
-    model = module(0)
+    model = module(0, kind)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
     for step in range(steps):
         opt.zero_grad(set_to_none=True)
