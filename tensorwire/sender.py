@@ -10,12 +10,13 @@ allows one writer per tensor at a time).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -581,6 +582,25 @@ def _books_kept_changing(what: str, doing: str) -> TensorWireError:
     )
 
 
+class _OnASenderToo:
+    """``Sender.connect`` as a descriptor: on the class, the classmethod it wraps (a new sender,
+    connected); on a sender (``tx.connect(address)``, as a socket is connected), that sender
+    connects to one more receiver and returns itself (:meth:`Sender._connect_this`). Before,
+    the classmethod ran there too: it made another sender, connected it and handed it back,
+    and a caller who kept the first one (``tx = Sender(); tx.connect(address)``) wrote through
+    a sender connected to nothing ("no receiver publishes tensor ...; published: none"),
+    while the other one's threads and sockets lived on until it was collected."""
+
+    def __init__(self, on_class: classmethod[Any, Any, Any]) -> None:
+        self._on_class = on_class
+        self.__doc__ = on_class.__doc__
+
+    def __get__(self, obj: Sender | None, owner: type[Sender]) -> Any:
+        if obj is None:
+            return self._on_class.__get__(None, owner)
+        return functools.partial(Sender._connect_this, obj)
+
+
 class Sender(Resource):
     """Writes tensors into one or more receivers.
 
@@ -724,6 +744,30 @@ class Sender(Resource):
             sender.close()
             raise
         return sender
+
+    if not TYPE_CHECKING:  # (checkers see the classmethod; a call on a sender returns it too)
+        connect = _OnASenderToo(connect)
+
+    def _connect_this(
+        self,
+        address: str,
+        *,
+        transport: str | None = None,
+        connect_timeout: float | None = None,
+        **made_with: Any,
+    ) -> Sender:
+        """``tx.connect(address)`` on a sender: :meth:`add_peer`, then this sender. The
+        options a sender is made with cannot change here: naming one is refused, before
+        anything connects."""
+        if made_with:
+            raise TypeError(
+                f"connect() on a sender connects it to one more receiver (as add_peer does): "
+                f"{', '.join(sorted(made_with))} cannot change here; give "
+                f"{'it' if len(made_with) == 1 else 'them'} as the sender is made "
+                "(tw.Sender(...), or tw.Sender.connect(address, ...), which makes one)"
+            )
+        self.add_peer(address, transport=transport, connect_timeout=connect_timeout)
+        return self
 
     def add_peer(
         self, address: str, *, transport: str | None = None, connect_timeout: float | None = None

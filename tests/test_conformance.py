@@ -170,6 +170,31 @@ def test_wait_any_among_many_tensors_hands_out_each_message_once_in_turn(transpo
             assert (name, int(view[0])) == ("t42", 9)
 
 
+def test_connect_called_on_a_sender_connects_that_sender() -> None:
+    """``tx = Sender(); tx.connect(address)``, as a socket is connected: that sender connects
+    (to one more receiver each call) and returns itself, and the options a sender is made with
+    are refused there by name, before anything connects. Before, ``connect`` (a classmethod)
+    made another sender there and returned it: ``tx`` stayed connected to nothing, and its
+    first write said no receiver published the tensor."""
+    with tw.Receiver() as a, tw.Receiver() as b:
+        a.register("w", (4,), "float32")
+        b.register("v", (2,), "int64")
+        with tw.Sender(timeout=5) as tx:
+            assert tx.connect(a.address) is tx
+            tx.connect(b.address, transport="tcp", connect_timeout=5)
+            assert sorted(tx.peers) == sorted([a.address, b.address])
+            tx.write("w", np.arange(4, dtype=np.float32))
+            tx.write("v", np.array([7, 8]))
+            assert a.wait("w", timeout=5).tolist() == [0, 1, 2, 3]
+            assert b.wait("v", timeout=5).tolist() == [7, 8]
+            with pytest.raises(TypeError, match=r"secret, timeout cannot change here"):
+                tx.connect(a.address, secret="s", timeout=1)
+        # on the class, as ever: a new sender
+        with tw.Sender.connect(a.address, timeout=5) as other:
+            assert isinstance(other, tw.Sender) and other is not tx
+            assert other.peers == [a.address]
+
+
 def test_a_receiver_publishes_its_info_to_every_sender() -> None:
     """``Receiver(info=...)`` reaches each sender in its welcome (``receiver_info``), per
     receiver; a receiver without it publishes {}; what may not travel, or is too large, is
