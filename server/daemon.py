@@ -7,6 +7,7 @@ or Ctrl-C: finish the current step, checkpoint, tell the workers to stop, exit 0
 from __future__ import annotations
 
 import argparse
+import glob
 import logging
 import os
 import signal
@@ -277,11 +278,22 @@ def _keep_the_checkpoint_there(directory: str, shard: int) -> None:
         at = ""
     moved = f"{kept}.before-{at}{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
     os.rename(kept, moved)
+    # Never deleted (each may be the only copy of a job's progress), so said as they pile up:
+    # a job started again and again without --resume keeps one more each time.
+    aside = glob.glob(glob.escape(kept) + ".before-*")
+    piled = ""
+    if len(aside) > 1:
+        size = sum(os.path.getsize(f) for f in aside if os.path.isfile(f))
+        piled = (
+            f"; {len(aside)} of this shard's checkpoints are kept aside there now, "
+            f"{size / 2**20:.1f} MiB in all: delete those you no longer need"
+        )
     logging.getLogger("tensorwire.ps").warning(
         "started without --resume: this shard's checkpoint in %s is kept as %s (move it back "
-        "and give --resume, or --resume-if-present, to go on from it)",
+        "and give --resume, or --resume-if-present, to go on from it)%s",
         directory,
         moved,
+        piled,
     )
 
 

@@ -394,6 +394,14 @@ def test_resume_if_present_starts_afresh_then_resumes(job: Any, tmp_path: Path) 
     resumed = _cli(*daemon, "--resume", "--no-progress")
     assert resumed.returncode == 1, resumed.stderr
     assert f"(one kept aside as a server started without --resume: {kept};" in resumed.stderr
+    assert "kept aside there now" not in afresh.stderr
+    # Never deleted, so said as they pile up: started afresh again, with a checkpoint there
+    shutil.copy(kept, ckpt / "ps-shard0.npz")
+    again_afresh = _cli(*daemon, "--join-timeout", "0.3", "--no-progress")
+    assert again_afresh.returncode == 1, again_afresh.stderr
+    assert len(list(ckpt.glob("ps-shard0.npz.before-*"))) == 2
+    assert "2 of this shard's checkpoints are kept aside there now" in again_afresh.stderr
+    assert "MiB in all: delete those you no longer need" in again_afresh.stderr
 
 
 def test_a_worker_that_never_arrives_is_named(job: Any) -> None:
