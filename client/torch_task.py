@@ -105,8 +105,8 @@ def module_grads(module: torch.nn.Module) -> dict[str, Any]:
     """The gradient of every parameter that trains, without a copy, for ``PSClient.push``:
     numpy views on the CPU, the CUDA tensors themselves on a GPU (the transport reads GPU
     memory directly); None for one the forward pass did not use (its ``grad`` is None), which
-    the servers then leave as it is, as PyTorch's optimizers do. A frozen parameter has
-    none."""
+    the servers then leave as it is, as PyTorch's optimizers do; a sparse gradient made dense
+    (a copy). A frozen parameter has none."""
     return {n: _grad_of(p) for n, p in trainable_parameters(module).items()}
 
 
