@@ -122,6 +122,50 @@ def _grad_of(p: torch.nn.Parameter) -> Any:
     return g.detach() if g.is_cuda else g.detach().numpy()
 
 
+def class_scores(out: Any) -> torch.Tensor | None:
+    """The class scores in a module's output: the output itself where it is a tensor, its
+    ``logits`` (a Hugging Face ``ModelOutput``, a dict), or the first item of a tuple or list
+    (a model returning ``(logits, hidden)``); None where it holds none of these."""
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, Mapping) and isinstance(out.get("logits"), torch.Tensor):
+        return out["logits"]
+    logits = getattr(out, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    if isinstance(out, tuple | list) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    return None
+
+
+def cross_entropy(out: Any, y: torch.Tensor) -> torch.Tensor:
+    """The loss a module is trained on where its factory gives none: cross-entropy of its class
+    scores (:func:`class_scores`) against integer labels (or class probabilities), averaged.
+    Scores of one more axis than the labels, whose leading axes are the labels' (a sequence
+    model's ``(batch, tokens, vocabulary)`` against ``(batch, tokens)``), have their classes on
+    the last axis, and each token counts (label -100 is left out, as PyTorch's default);
+    otherwise the classes are on axis 1, as ``F.cross_entropy`` takes them. Before, a sequence
+    model's logits went to ``F.cross_entropy`` as they were, which took the tokens for the
+    classes (an error, or a wrong loss where there were as many tokens as classes), and an
+    output that was no tensor ended in its TypeError."""
+    scores = class_scores(out)
+    if scores is None:
+        raise TypeError(
+            f"the module returned a {type(out).__name__}, in which the default loss "
+            "(cross-entropy) finds no class scores (a tensor; a dict or ModelOutput with "
+            "'logits'; a tuple whose first item is a tensor): give the factory a loss of its "
+            "own, (model, batches, evaluate, loss) with loss(output, y)"
+        )
+    if scores.ndim > 2 and _per_position(scores, y):
+        return F.cross_entropy(scores.flatten(0, -2), y.flatten())
+    return F.cross_entropy(scores, y)
+
+
+def _per_position(scores: torch.Tensor, y: torch.Tensor) -> bool:
+    """``scores`` hold a class score vector, on their last axis, for each of ``y``'s labels."""
+    return not y.is_floating_point() and scores.ndim == y.ndim + 1 and scores.shape[:-1] == y.shape
+
+
 class TorchTask:
     framework = "torch"
 
@@ -136,13 +180,13 @@ class TorchTask:
     ) -> None:
         """``device``: where the module trains (``cpu``, ``cuda``, ``cuda:N``); it is moved
         there, and ``evaluate`` is given it there. ``loss(output, y)``: the scalar the module is
-        trained on (cross-entropy when None)."""
+        trained on (:func:`cross_entropy` when None)."""
         self.module, self.batches, self._evaluate = module, batches, evaluate
         if loss is not None and not callable(loss):
             raise TypeError(
                 f"the factory's loss must be a function of (output, y), got {type(loss).__name__}"
             )
-        self._loss = F.cross_entropy if loss is None else loss
+        self._loss = cross_entropy if loss is None else loss
         try:
             self.torch_device = torch.device(device)
         except RuntimeError:  # torch's message lists every backend it knows
@@ -227,13 +271,9 @@ class TorchTask:
         grads = {n: _grad_of(p) for n, p in self._params.items()}
         # the predictions that hit, where the output scores classes of integer labels (per
         # token for a sequence's); else none is counted (a regression)
-        classes = (
-            isinstance(out, torch.Tensor)
-            and not y.is_floating_point()
-            and out.ndim == y.ndim + 1
-            and out.shape[:-1] == y.shape
-        )
-        correct = int((out.argmax(dim=-1) == y).sum()) if classes else 0
+        scores = class_scores(out)
+        classes = scores is not None and _per_position(scores, y)
+        correct = int((scores.argmax(dim=-1) == y).sum()) if scores is not None and classes else 0
         return StepResult(float(loss.detach()), grads, correct, y.numel() if classes else len(y))
 
     def _on_device(self, x: Any) -> Any:

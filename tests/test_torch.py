@@ -514,6 +514,54 @@ def test_a_sequence_model_s_hits_are_counted_per_token() -> None:
     assert (result.correct, result.samples) == (want, batch * tokens)
 
 
+def test_the_default_loss_takes_a_sequence_model_s_logits_and_outputs_other_than_a_tensor() -> None:
+    """Without a loss of the factory's: a sequence model's logits (batch, tokens, vocabulary)
+    are trained on the cross-entropy of each token (here as many tokens as classes, where
+    ``F.cross_entropy`` took the tokens for the classes without a word), and an output that is
+    a dict with ``logits`` (as a Hugging Face ``ModelOutput`` is) or a tuple whose first item
+    is the scores trains as the scores would, its hits counted; an output with no scores in it
+    is named. Before, those outputs ended in cross-entropy's TypeError."""
+    from tensorwire.client.torch_task import TorchTask
+
+    F = torch.nn.functional
+    vocabulary = tokens = 5
+    x = torch.randint(0, vocabulary, (4, tokens), generator=torch.Generator().manual_seed(0))
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self, shape: str) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.emb = torch.nn.Embedding(vocabulary, 8)
+            self.head = torch.nn.Linear(8, vocabulary)
+            self.shape = shape
+
+        def forward(self, ids: torch.Tensor) -> Any:
+            logits = self.head(self.emb(ids))
+            if self.shape == "dict":
+                return {"logits": logits, "hidden": self.emb(ids)}
+            if self.shape == "tuple":
+                return (logits, self.emb(ids))
+            if self.shape == "none":
+                return {"hidden": logits}
+            return logits
+
+    want_loss = None
+    for shape in ("tensor", "dict", "tuple"):
+        model = Wrapped(shape)
+        with torch.no_grad():
+            logits = model.head(model.emb(x))
+        want = F.cross_entropy(logits.reshape(-1, vocabulary), x.reshape(-1))
+        hits = int((logits.argmax(dim=-1) == x).sum())
+        result = TorchTask(model, lambda step: (x, x), lambda m: 0.0).step(0)
+        assert result.loss == pytest.approx(float(want), rel=1e-6), shape
+        assert (result.correct, result.samples) == (hits, x.numel()), shape
+        assert result.grads["head.weight"] is not None
+        want_loss = want_loss or result.loss
+        assert result.loss == want_loss  # the same model, whatever shape its output takes
+    with pytest.raises(TypeError, match="the module returned a dict, in which the default loss"):
+        TorchTask(Wrapped("none"), lambda step: (x, x), lambda m: 0.0).step(0)
+
+
 def test_a_model_of_several_inputs_takes_them_as_arguments_or_keywords() -> None:
     """A batch whose input is a tuple is passed as the module's arguments, a dict as its
     keywords (a transformer's ``input_ids`` and ``attention_mask``), each moved to the module's
