@@ -1,7 +1,8 @@
 """One parameter-server shard: gradients in, optimizer step, fresh parameters out, all one-sided.
 
 The shard registers, for every worker, a gradient tensor per parameter chunk it owns (plus a small
-``meta`` tensor: step, loss, accuracy), so every step's traffic is writes into preallocated slots.
+``meta`` tensor: step, loss, accuracy, and which chunks carry a gradient), so every step's traffic
+is writes into preallocated slots.
 It writes updated chunks straight into each worker's registered parameter storage, followed by a
 ``status`` word (step, run/stop). Consistency:
 
