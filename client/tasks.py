@@ -51,6 +51,24 @@ class JobInfo:
     seed: int
 
 
+class BatchError(Exception):
+    """A factory's ``batches(step)`` gave what no step can train on (an empty batch)."""
+
+
+def check_batch(step: int, samples: int) -> None:
+    """BatchError where step ``step``'s batch held no sample: a step that trains on nothing, and
+    whose loss (a mean over nothing) and gradients are NaN for a PyTorch model, pushed to the
+    servers and averaged into every worker's parameters. A factory that slices its data by the
+    step without going round it gives one once the job's steps outrun the data; before, the
+    job went on without a word (an MLP on the digits ended at a test accuracy of 0)."""
+    if samples == 0:
+        raise BatchError(
+            f"batches({step}) gave an empty batch: the factory's data ran out? batches(step) is "
+            "called for every step of the job (tensorwire-ps --steps), so it must go round "
+            "the data (an index modulo its length, as models.batch_at does)"
+        )
+
+
 @dataclass
 class StepResult:
     loss: float

@@ -214,6 +214,7 @@ def train(
                 break
             c0 = time.perf_counter()
             result = task.step(step)
+            tasks.check_batch(step, result.samples)  # (before a NaN gradient goes out)
             c1 = time.perf_counter()
             stats.compute_seconds += c1 - c0
             acc = None
@@ -472,7 +473,7 @@ def _run(argv: list[str] | None, prog: str) -> int:
     except PSClientStopped as exc:  # asked to stop before the job formed: nothing trained
         print(f"worker{args.rank}: {exc}, before the job began", file=sys.stderr)
         return EXIT_RESTART if restart[0] else 0
-    except tw.TensorWireError as exc:
+    except (tw.TensorWireError, tasks.BatchError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
     finally:

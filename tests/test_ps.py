@@ -2990,6 +2990,28 @@ def test_a_final_evaluation_that_fails_keeps_what_the_job_trained(job: Any) -> N
     assert summary["evaluation_error"].startswith("RuntimeError: Expected all tensors")
 
 
+def test_a_factory_whose_data_runs_out_is_named_at_the_empty_batch(job: Any) -> None:
+    """A factory whose batches slice the data by the step without going round it (1437 rows,
+    two workers of 32): at its first empty batch (worker 1's at step 22, worker 0's at 23) each
+    worker exits 1 naming the step and what to do, before it pushes anything of that step; the
+    server sees them leave. Before, the job went on without a word: these 17 steps of 40
+    trained on nothing, and a PyTorch model's mean loss over nothing pushed NaN gradients (a
+    test accuracy of 0 for an MLP on these digits)."""
+    j = job(
+        ps=["--steps", "40", "--lr", "0.5", "--join-timeout", "3", "--step-timeout", "10"],
+        worker=["--model", "tests.user_model:make_running_out", "--eval-every", "0"],
+    )
+    codes = j.wait(60)
+    assert codes[1:] == [1, 1], (codes, j.log("w0"), j.log("w1"))
+    for w, step in (("w0", 23), ("w1", 22)):
+        last = j.log(w).strip().splitlines()[-1]
+        assert f"error: batches({step}) gave an empty batch: the factory's data ran out?" in last
+        assert "Traceback" not in j.log(w)
+    server = j.log("ps0")
+    assert "worker 1 left at step 22" in server and "worker 0 left at step 23" in server
+    assert "diverged" not in server
+
+
 def test_a_job_that_diverges_says_so_and_writes_strict_json(job: Any) -> None:
     """A learning rate that turns the parameters into NaN within a few steps: the server says
     once that training diverged, and both daemons' --metrics files are strict JSON, the loss
