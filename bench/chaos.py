@@ -107,7 +107,7 @@ DEFAULT_EVENTS = "kill-worker,freeze-worker,stop-worker,kill-server,freeze-serve
 #: training a PyTorch module, models of 200 tensors or 25.6 MB.
 PASSED_ON: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("--wire-dtype", "ps", ("float32", "bfloat16", "float16"), "the servers' --wire-dtype"),
-    ("--optimizer", "ps", ("sgd", "momentum", "adam"), "the servers' --optimizer"),
+    ("--optimizer", "ps", ("sgd", "momentum", "adam", "adamw"), "the servers' --optimizer"),
     (
         "--framework",
         "worker",

@@ -70,7 +70,8 @@ def build_parser(prog: str = "tensorwire-ps") -> config.DaemonParser:
         "--optimizer",
         default=d.optimizer,
         choices=optim.OPTIMIZERS,
-        help=f"the update the servers make with the gradients (default {d.optimizer})",
+        help="the update the servers make with the gradients: sgd, sgd with momentum, adam, "
+        f"or adamw (adam with decoupled weight decay) (default {d.optimizer})",
     )
     rates = ", ".join(f"{r:g} for {n}" for n, r in optim.DEFAULT_LR.items())
     p.add_argument(
@@ -98,7 +99,9 @@ def build_parser(prog: str = "tensorwire-ps") -> config.DaemonParser:
         "--weight-decay",
         type=config.amount,
         default=d.weight_decay,
-        help=f"L2 weight decay (default {d.weight_decay:g})",
+        help="weight decay: L2 (added to the gradient), decoupled for adamw (the parameters "
+        f"shrink by --lr times it each step, as torch.optim.AdamW's, whose own default is "
+        f"0.01) (default {d.weight_decay:g})",
     )
     p.add_argument(
         "--transport",

@@ -345,33 +345,37 @@ def test_a_frozen_layer_is_not_trained_sent_or_decayed(job: Any, tmp_path: Path)
         model.load_state_dict({k: torch.from_numpy(v) for k, v in saved.items()}, strict=True)
 
 
-@pytest.mark.parametrize(("servers", "transport"), [(1, "shm"), (2, "tcp")])
+@pytest.mark.parametrize(
+    ("servers", "transport", "optimizer"),
+    [(1, "shm", "momentum"), (2, "tcp", "momentum"), (1, "shm", "adam"), (2, "shm", "adamw")],
+)
 def test_a_parameter_a_step_does_not_use_is_stepped_as_pytorch_steps_it(
-    job: Any, servers: int, transport: str
+    job: Any, servers: int, transport: str, optimizer: str
 ) -> None:
     """A model whose ``extra`` layer some steps of some workers use (and others not) and whose
-    ``spare`` layer no step uses, trained by two workers under BSP with momentum and weight
-    decay, computes what one process computes with PyTorch's own SGD on the mean of the workers'
-    losses: a worker without a gradient of a parameter counts as zeros in the average, and a
-    parameter neither worker has one of is not stepped (PyTorch skips a parameter whose
-    ``grad`` is None), its momentum kept. Before, a parameter without a gradient was pushed
-    zeros and stepped on them: momentum and weight decay moved ``spare``, which no step uses,
-    and ``extra`` at the steps neither worker took it."""
+    ``spare`` layer no step uses, trained by two workers under BSP with weight decay, computes
+    what one process computes with PyTorch's own optimizer (SGD with momentum, Adam, AdamW) on
+    the mean of the workers' losses: a worker without a gradient of a parameter counts as zeros
+    in the average, and a parameter neither worker has one of is not stepped (PyTorch skips a
+    parameter whose ``grad`` is None), its momentum and Adam's step count kept. Before, a
+    parameter without a gradient was pushed zeros and stepped on them: momentum and weight
+    decay moved ``spare``, which no step uses, and ``extra`` at the steps neither worker took
+    it."""
     from .torch_grads_model import module, reference
 
-    steps, lr, decay = 20, 0.05, 0.1
+    steps, lr, decay = 20, 0.05 if optimizer == "momentum" else 0.01, 0.1
     common = ["--transport", transport]
     j = job(
         servers=servers,
         ps=[
             *common,
-            *("--steps", str(steps), "--optimizer", "momentum", "--lr", str(lr)),
+            *("--steps", str(steps), "--optimizer", optimizer, "--lr", str(lr)),
             *("--momentum", "0.9", "--weight-decay", str(decay), "--split-bytes", "1024"),
         ],
         worker=[*common, "--model", "tests.torch_grads_model:make"],
     )
     ok(j)
-    want = reference(steps, 2, 32, lr, 0.9, decay)
+    want = reference(steps, 2, 32, lr, 0.9, decay, optimizer=optimizer)
     start = {n: p.detach().numpy() for n, p in module().named_parameters()}
     for rank in (0, 1):
         got = j.params(rank)
@@ -379,6 +383,39 @@ def test_a_parameter_a_step_does_not_use_is_stepped_as_pytorch_steps_it(
             np.testing.assert_array_equal(got[name], start[name])
         assert not np.allclose(got["extra.weight"], start["extra.weight"])
         assert_params_close(got, want, 1e-5)
+
+
+@pytest.mark.parametrize("name", ["sgd", "momentum", "adam", "adamw"])
+def test_each_server_optimizer_computes_what_pytorch_s_own_computes(name: str) -> None:
+    """The servers' optimizers (server/optim.py, numpy) against PyTorch's (SGD, SGD with
+    momentum, Adam, AdamW), with weight decay, on the same 30 gradients, the server's taking
+    each as a sum of two workers' scaled by 1/2 as BSP does: the same parameters to 1e-6
+    relative. AdamW's decay is decoupled (the parameter shrinks by lr times it, apart from the
+    moments), Adam's is L2, as PyTorch's are."""
+    from .torch_grads_model import torch_optimizer
+
+    rng = np.random.default_rng(0)
+    start = rng.standard_normal((8, 5)).astype(np.float32)
+    grads = [rng.standard_normal((8, 5)).astype(np.float32) for _ in range(30)]
+    lr, decay = (0.05, 0.1) if name in ("sgd", "momentum") else (0.01, 0.1)
+    ours = optim.make(name, lr, decay)
+    param = start.copy()
+    for g in grads:
+        ours.step("w", param, 2 * g, scale=0.5)  # (its scratch buffer: overwritten)
+    theirs = torch.nn.Parameter(torch.from_numpy(start.copy()))
+    opt = torch_optimizer(name, [theirs], lr, decay)
+    for g in grads:
+        theirs.grad = torch.from_numpy(g.copy())
+        opt.step()
+    want = theirs.detach().numpy()
+    err = np.linalg.norm(param - want) / np.linalg.norm(want)
+    assert err < 1e-6, f"{name}: relative error {err:.2e}"
+    if name == "adamw":  # decoupled: not what Adam with the same decay computes
+        adam = start.copy()
+        other = optim.make("adam", lr, decay)
+        for g in grads:
+            other.step("w", adam, 2 * g, scale=0.5)
+        assert np.linalg.norm(adam - want) / np.linalg.norm(want) > 1e-4
 
 
 def test_a_sparse_gradient_trains_as_pytorch_trains_it(job: Any) -> None:

@@ -86,6 +86,20 @@ def sparse(job: JobInfo) -> tuple[nn.Module, Any, Any]:
     return _factory("sparse", job)
 
 
+def torch_optimizer(
+    name: str, params: Any, lr: float, weight_decay: float, momentum: float = 0.9
+) -> torch.optim.Optimizer:
+    """PyTorch's own optimizer of the servers' ``--optimizer name``."""
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay)
+    if name == "momentum":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+    assert name == "adamw", name
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+
+
 def reference(
     steps: int,
     workers: int,
@@ -94,13 +108,14 @@ def reference(
     momentum: float,
     weight_decay: float,
     kind: str = "branched",
+    optimizer: str = "momentum",
 ) -> dict[str, Any]:
     """What a BSP job of ``workers`` workers computes: one process whose loss is the mean of
-    the workers' losses, stepped by PyTorch's own SGD (which skips a parameter whose ``grad``
-    is None, and takes a sparse one as it is)."""
+    the workers' losses, stepped by PyTorch's own optimizer (which skips a parameter whose
+    ``grad`` is None, and takes a sparse one as it is)."""
     data = models.load("digits", 0)
     model = module(0, kind)
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    opt = torch_optimizer(optimizer, model.parameters(), lr, weight_decay, momentum)
     for step in range(steps):
         opt.zero_grad(set_to_none=True)
         losses = []
