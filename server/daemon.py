@@ -470,8 +470,8 @@ def _summarise(server: ParameterServer, args: argparse.Namespace, start: int, pr
     loss = summary["final_loss"]  # (None, or NaN, before any step)
     print(
         f"ps{cfg.shard}: {'left' if server.departed else 'done'} at step {server.step}: "
-        f"{steps} steps in {secs:.2f} s ({summary['steps_per_s']:.1f} steps/s), loss "
-        + (f"{loss:.4g}" if isinstance(loss, float) else str(loss)),
+        f"{steps} steps in {secs:.2f} s ({summary['steps_per_s']:.1f} steps/s), "
+        + (f"loss {loss:.4g}" if isinstance(loss, float) else "no loss yet"),
         file=sys.stderr,
     )
     return config.write_summary(args.metrics, summary, prog)

@@ -2990,6 +2990,16 @@ def test_a_final_evaluation_that_fails_keeps_what_the_job_trained(job: Any) -> N
     assert summary["evaluation_error"].startswith("RuntimeError: Expected all tensors")
 
 
+def test_a_job_of_no_steps_forms_and_ends_saying_there_is_no_loss_yet(job: Any) -> None:
+    """``--steps 0``: the job forms and ends at once, every daemon exit 0, and the server's last
+    line says there is no loss yet (before: "loss None")."""
+    j = job(ps=["--steps", "0"], workers=1)
+    assert j.wait(60) == [0, 0], j.log("ps0")
+    last = j.log("ps0").strip().splitlines()[-1]
+    assert last.startswith("ps0: done at step 0: 0 steps in ") and last.endswith("no loss yet")
+    assert j.metrics("w0")["steps"] == 0
+
+
 def test_a_factory_whose_data_runs_out_is_named_at_the_empty_batch(job: Any) -> None:
     """A factory whose batches slice the data by the step without going round it (1437 rows,
     two workers of 32): at its first empty batch (worker 1's at step 22, worker 0's at 23) each
