@@ -136,11 +136,17 @@ def require_device(index: int) -> Any:
 def parse_device(value: Any) -> int | None:
     """``None`` for host memory, else the CUDA device index ``value`` names.
 
-    Accepts ``None``, ``"cpu"``, ``"cuda"`` (the current device), ``"cuda:N"``, and objects
-    that print as those (``torch.device``). Anything else is a :class:`ValueError`.
+    Accepts ``None``, ``"cpu"``, ``"cuda"`` (the current device), ``"cuda:N"``, objects that
+    print as those (``torch.device``), a device index ``N`` (an int, as ``torch.device(N)`` and
+    ``tensor.to(N)`` take it) and a ``cupy.cuda.Device``. Anything else is a
+    :class:`ValueError`.
     """
     if value is None:
         return None
+    if type(value).__module__.startswith("cupy") and isinstance(getattr(value, "id", None), int):
+        value = value.id  # a cupy.cuda.Device (it prints as "<CUDA Device 0>")
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        value = f"cuda:{value}"
     text = str(value).strip().lower()
     if text == "cpu":
         return None

@@ -53,9 +53,13 @@ def test_device_names_are_parsed_and_bad_ones_refused() -> None:
     assert cuda.parse_device(None) is None
     assert cuda.parse_device("cpu") is None
     assert cuda.parse_device(" CPU ") is None
-    for bad in ("gpu", "cuda:", "cuda:x", "cuda:-1", "tpu:0", "cuda:0:1"):
+    for bad in ("gpu", "cuda:", "cuda:x", "cuda:-1", "tpu:0", "cuda:0:1", -1, True, 1.0):
         with pytest.raises(ValueError, match="device must be 'cpu', 'cuda' or 'cuda:N'"):
             cuda.parse_device(bad)
+    if not cuda.available():  # a device index is cuda:N, as torch takes it: none here
+        for index in (0, 3):
+            with pytest.raises(tw.TransportError, match=f"cuda:{index} was asked for"):
+                cuda.parse_device(index)
 
 
 @pytest.mark.skipif(cuda.available(), reason="checks what a host without a CUDA device says")
@@ -274,6 +278,19 @@ def _needs(source: str) -> None:
 def _gpu(test: Any) -> Any:
     """Mark a test ``gpu`` and skip it, with the reason, where there is no CUDA device."""
     return pytest.mark.gpu(requires_gpu(test))
+
+
+@_gpu
+def test_a_device_index_or_a_cupy_device_names_a_gpu() -> None:
+    """``device=0`` (as ``torch.device(0)`` takes it) and ``cupy.cuda.Device(0)`` register on
+    cuda:0, as ``"cuda:0"`` does."""
+    import cupy
+
+    assert cuda.parse_device(0) == 0 and cuda.parse_device(cupy.cuda.Device(0)) == 0
+    with tw.Receiver() as rx:
+        rx.register("by_index", (4,), "float32", device=0)
+        rx.register("by_cupy", (4,), "float32", device=cupy.cuda.Device(0))
+        assert rx.array("by_index").device.id == 0 and rx.array("by_cupy").device.id == 0
 
 
 @_gpu
