@@ -8,14 +8,17 @@ seed) and returns either a :class:`Task` or a triple ``(model, batches, evaluate
 torch module a quadruple ``(model, batches, evaluate, loss)``:
 
 * ``model``: a ``torch.nn.Module``, or an object with ``initial_params()`` and
-  ``loss_and_grads(params, x, y) -> (loss, grads, correct)`` in numpy;
+  ``loss_and_grads(params, x, y) -> (loss, grads, correct)`` in numpy (``grads[name]`` None for
+  a parameter the step did not use: left alone, as PyTorch leaves one whose ``grad`` is None);
 * ``batches(step) -> (x, y)``: this worker's batch at a step (a function of the step, so a resumed
-  job sees the same batches); for a torch module of several inputs, ``x`` may be a tuple of them
-  (its arguments) or a dict (its keywords);
+  job sees the same batches; called for every step of the job, so it goes round the data, and
+  an empty batch stops the worker); for a torch module of several inputs, ``x`` may be a tuple
+  of them (its arguments) or a dict (its keywords);
 * ``evaluate(model_or_params) -> accuracy`` on held-out data (a torch module is given on the
   worker's ``--device``: move the data there), or any score where higher is better;
 * ``loss(output, y) -> scalar tensor`` (torch only): what the module is trained on, such as
-  ``torch.nn.functional.mse_loss`` for a regression; cross-entropy on its output when left out.
+  ``torch.nn.functional.mse_loss`` for a regression; cross-entropy on its output's class scores
+  when left out (``torch_task.cross_entropy``).
 
 The servers never see any of it: the worker sends them the parameters' specs and (rank 0) their
 initial values, and from then on the model reads its parameters from the buffers the servers write.
