@@ -201,6 +201,7 @@ class TorchTask:
         #: where the parameters' buffers live, as tensorwire names it (``cpu`` or ``cuda:N``)
         self.device = str(self.torch_device)
         module.to(self.torch_device)
+        self._materialize()
         self._params = trainable_parameters(module)
         #: the parameters frozen as the job started: they must stay so (the servers lack them)
         self._frozen = {n: p for n, p in module.named_parameters() if not p.requires_grad}
@@ -240,14 +241,7 @@ class TorchTask:
         self.module.train()
         for p in self._params.values():
             p.grad = None
-        # a model of several inputs: a tuple of them is passed as its arguments, a dict as its
-        # keywords (a transformer's input_ids and attention_mask)
-        if isinstance(x, dict):
-            out = self.module(**x)
-        elif isinstance(x, tuple):
-            out = self.module(*x)
-        else:
-            out = self.module(x)
+        out = self._forward(x)
         loss = self._loss(out, y)
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or loss.grad_fn is None:
             raise TypeError(
@@ -275,6 +269,37 @@ class TorchTask:
         classes = scores is not None and _per_position(scores, y)
         correct = int((scores.argmax(dim=-1) == y).sum()) if scores is not None and classes else 0
         return StepResult(float(loss.detach()), grads, correct, y.numel() if classes else len(y))
+
+    def _forward(self, x: Any) -> Any:
+        """The module's output for input ``x``: a model of several inputs takes a tuple of them
+        as its arguments, a dict as its keywords (a transformer's input_ids and
+        attention_mask)."""
+        if isinstance(x, dict):
+            return self.module(**x)
+        if isinstance(x, tuple):
+            return self.module(*x)
+        return self.module(x)
+
+    def _materialize(self) -> None:
+        """Give a lazy module's parameters (``nn.LazyLinear``: no shape until a first forward
+        pass) their shapes, by a forward pass of the first batch without gradients, in eval
+        mode (batch norm's statistics untouched): the servers need every parameter's shape
+        as the worker joins. Their values need no care: the job starts from rank 0's. Before,
+        the worker stopped naming torch's UninitializedParameter."""
+        lazy = torch.nn.parameter.UninitializedParameter
+        if not any(isinstance(p, lazy) for p in self.module.parameters()):
+            return
+        x, _ = self.batches(0)
+        x = self._on_device(x)
+        self.module.eval()
+        with torch.no_grad():
+            self._forward(x)
+        left = [n for n, p in self.module.named_parameters() if isinstance(p, lazy)]
+        if left:
+            raise ValueError(
+                f"parameter {left[0]!r} has no shape yet after a forward pass of the first "
+                "batch (a lazy module the batch does not reach): run one in the factory"
+            )
 
     def _on_device(self, x: Any) -> Any:
         """A batch's input on the module's device: an array or a tensor, or a tuple or dict

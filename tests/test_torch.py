@@ -599,6 +599,30 @@ def test_the_default_loss_takes_a_sequence_model_s_logits_and_outputs_other_than
         TorchTask(Wrapped("none"), lambda step: (x, x), lambda m: 0.0).step(0)
 
 
+def test_a_lazy_module_gets_its_shapes_from_the_first_batch_and_trains(job: Any) -> None:
+    """A factory returning a module of ``nn.LazyLinear`` layers (no shapes until a first forward
+    pass): the worker gives them their shapes with a forward pass of the first batch, the job
+    trains (two workers, BSP), and each worker's parameters have the layers' shapes. Before,
+    the worker stopped at once naming torch's UninitializedParameter."""
+    from tensorwire.client.tasks import JobInfo
+    from tensorwire.client.torch_task import TorchTask
+
+    from .torch_grads_model import lazy
+
+    model, batches, evaluate = lazy(JobInfo(0, 2, 8, 0))
+    task = TorchTask(model, batches, evaluate)
+    assert {n: v.shape for n, v in task.initial_params().items()} == {
+        "0.weight": (32, 64),
+        "0.bias": (32,),
+        "2.weight": (10, 32),
+        "2.bias": (10,),
+    }
+    j = job(ps=["--steps", "60", "--lr", "0.5"], worker=["--model", "tests.torch_grads_model:lazy"])
+    ok(j)
+    assert j.params(0)["0.weight"].shape == (32, 64)
+    assert j.metrics("w0")["test_accuracy"] > 0.8
+
+
 def test_a_model_of_several_inputs_takes_them_as_arguments_or_keywords() -> None:
     """A batch whose input is a tuple is passed as the module's arguments, a dict as its
     keywords (a transformer's ``input_ids`` and ``attention_mask``), each moved to the module's

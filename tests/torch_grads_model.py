@@ -5,7 +5,9 @@
 some workers (a branch taken by the data, as a mixture-of-experts' expert or a multi-task
 model's head is), and a ``spare`` layer no step uses (``grad`` None). ``sparse``: an
 ``nn.Embedding(sparse=True)`` of the pixels' intensities (a sparse gradient: the rows looked
-up). :func:`reference` trains either in one process, as a BSP job of its workers should."""
+up). ``lazy``: ``nn.LazyLinear`` layers, whose parameters have no shape until a first forward
+pass. :func:`reference` trains the first two in one process, as a BSP job of its workers
+should."""
 
 from __future__ import annotations
 
@@ -125,3 +127,23 @@ def reference(
         (sum(losses) / workers).backward()
         opt.step()
     return {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
+
+
+def lazy(job: JobInfo) -> tuple[nn.Module, Any, Any]:
+    """A module of ``nn.LazyLinear`` layers, whose parameters have no shape until a first
+    forward pass, on the digits."""
+    torch.set_num_threads(1)
+    torch.manual_seed(job.seed)
+    data = models.load("digits", job.seed)
+
+    def batches(step: int) -> Any:
+        x, y = models.batch_at(data, job.rank, job.workers, job.batch, step, job.seed)
+        return torch.from_numpy(x), torch.from_numpy(y)
+
+    def evaluate(model: nn.Module) -> float:
+        with torch.no_grad():
+            out = model(torch.from_numpy(data.x_test))
+        return float((out.argmax(dim=1) == torch.from_numpy(data.y_test)).float().mean())
+
+    model = nn.Sequential(nn.LazyLinear(32), nn.ReLU(), nn.LazyLinear(10))
+    return model, batches, evaluate
