@@ -85,6 +85,38 @@ def test_bsp_with_the_server_on_a_gpu_equals_one_process(
 
 
 @_gpu
+@pytest.mark.parametrize("sync", ["bsp", "asp"])
+def test_a_gpu_server_steps_what_pytorch_steps_under_adamw_with_unused_parameters(
+    job: Any, sync: str
+) -> None:
+    """A server on the GPU (cupy) with AdamW and weight decay, two CPU workers of a model one
+    of whose layers no step uses and another some steps use: under bsp the job equals one
+    process stepped by ``torch.optim.AdamW``; under asp (whose zeros that land before their
+    step's meta wait for it, ``view.any()`` on GPU memory) the unused layer ends bit for bit as
+    it started."""
+    pytest.importorskip("torch")
+    from .torch_grads_model import module, reference
+
+    steps, lr, decay = 20, 0.01, 0.1
+    j = job(
+        ps=[
+            *("--device", "cuda", "--sync", sync, "--steps", str(steps), "--optimizer", "adamw"),
+            *("--lr", str(lr), "--weight-decay", str(decay), "--split-bytes", "1024"),
+        ],
+        worker=["--model", "tests.torch_grads_model:make"],
+    )
+    ok(j)
+    start = {n: p.detach().numpy() for n, p in module().named_parameters()}
+    want = reference(steps, 2, 32, lr, 0.9, decay, optimizer="adamw") if sync == "bsp" else None
+    for rank in (0, 1):
+        got = j.params(rank)
+        for name in ("spare.weight", "spare.bias"):
+            np.testing.assert_array_equal(got[name], start[name])
+        if want is not None:
+            assert_params_close(got, want, 1e-5)
+
+
+@_gpu
 def test_a_gpu_server_checkpoints_to_host_and_resumes_on_the_gpu(job: Any, tmp_path: Path) -> None:
     """Adam's moments go to the checkpoint from GPU memory and come back into it; the resumed
     job ends where one straight job on the CPU ends."""
