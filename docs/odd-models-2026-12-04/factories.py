@@ -54,24 +54,24 @@ class DictOutput(nn.Module):
         return {"logits": self.layer(x)}
 
 
-def sparse(job: Any) -> tuple[nn.Module, Any, Any]:
+def _on_digits(job: Any, make: Any) -> tuple[nn.Module, Any, Any]:
+    """``make()``'s module (seeded) with the digits' batches and accuracy."""
     torch.manual_seed(job.seed)
     data, batches = _digits(job)
-    return Lookup(), batches, _accuracy(data)
+    return make(), batches, _accuracy(data)
+
+
+def sparse(job: Any) -> tuple[nn.Module, Any, Any]:
+    return _on_digits(job, Lookup)
 
 
 def lazy(job: Any) -> tuple[nn.Module, Any, Any]:
     """An ``nn.LazyLinear``, whose parameters have no shape until a first forward pass."""
-    torch.manual_seed(job.seed)
-    data, batches = _digits(job)
-    model = nn.Sequential(nn.LazyLinear(32), nn.ReLU(), nn.Linear(32, 10))
-    return model, batches, _accuracy(data)
+    return _on_digits(job, lambda: nn.Sequential(nn.LazyLinear(32), nn.ReLU(), nn.Linear(32, 10)))
 
 
 def dict_output(job: Any) -> tuple[nn.Module, Any, Any]:
-    torch.manual_seed(job.seed)
-    data, batches = _digits(job)
-    return DictOutput(), batches, _accuracy(data)
+    return _on_digits(job, DictOutput)
 
 
 def running_out(job: Any) -> tuple[nn.Module, Any, Any]:
