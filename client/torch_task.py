@@ -216,7 +216,14 @@ class TorchTask:
             )
         odd = [n for n, p in self._params.items() if p.dtype != torch.float32]
         if odd:
-            raise TypeError(f"parameter {odd[0]!r}: the servers keep float32 parameters")
+            dtype = str(self._params[odd[0]].dtype).removeprefix("torch.")
+            raise TypeError(
+                f"parameter {odd[0]!r} is {dtype} ({len(odd)} of the module's "
+                f"{len(self._params)} that train are not float32): the servers keep float32 "
+                "parameters, so build the module in float32 (module.float()); for 16-bit "
+                "compute, torch.autocast in the forward pass, and 16-bit traffic with the "
+                "servers' --wire-dtype bfloat16"
+            )
 
     def initial_params(self) -> dict[str, Array]:
         return {n: p.detach().cpu().numpy().copy() for n, p in self._params.items()}

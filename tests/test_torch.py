@@ -460,6 +460,22 @@ def test_an_async_push_leaves_a_parameter_it_has_no_gradient_of_alone(job: Any, 
             assert not np.allclose(got[name], start[name]), name
 
 
+def test_a_module_not_in_float32_is_refused_naming_its_dtype_and_what_to_do() -> None:
+    """A module built in float64 (``.double()``) or bfloat16: refused before it joins, naming
+    the parameter, its dtype and how many are so, and what to do (before: "parameter '0.weight':
+    the servers keep float32 parameters", no dtype, no way out)."""
+    from tensorwire.client.torch_task import TorchTask
+
+    for dtype, name in ((torch.float64, "float64"), (torch.bfloat16, "bfloat16")):
+        model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2)).to(dtype)
+        with pytest.raises(TypeError) as info:
+            TorchTask(model, lambda step: (None, None), lambda m: 0.0)
+        said = str(info.value)
+        assert said.startswith(f"parameter '0.weight' is {name} (4 of the module's 4 that train")
+        assert "build the module in float32 (module.float())" in said
+        assert "--wire-dtype bfloat16" in said
+
+
 def test_a_module_with_nothing_to_train_is_one_line() -> None:
     out = cli(
         *("-m", "tensorwire.client.worker", "--no-progress"),
