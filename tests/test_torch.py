@@ -639,6 +639,20 @@ def test_a_lazy_module_gets_its_shapes_from_the_first_batch_and_trains(job: Any)
     assert j.metrics("w0")["test_accuracy"] > 0.8
 
 
+def test_the_tiny_language_model_example_learns_to_count_with_adamw(job: Any) -> None:
+    """examples/torch_tiny_lm.py, a causal transformer whose factory gives no loss, trained by
+    two workers with AdamW: the default loss is each token's cross-entropy over the logits'
+    last axis, and the held-out tokens are predicted right (at most 0.0625 by chance)."""
+    example = str(ROOT / "examples" / "torch_tiny_lm.py") + ":make"
+    j = job(
+        ps=[*("--steps", "120", "--optimizer", "adamw", "--lr", "0.01"), "--weight-decay", "0.01"],
+        worker=["--model", example, "--eval-every", "0"],
+    )
+    ok(j)
+    assert j.metrics("w0")["test_accuracy"] > 0.9
+    assert j.metrics("ps0")["final_loss"] < 0.5
+
+
 def test_a_model_of_several_inputs_takes_them_as_arguments_or_keywords() -> None:
     """A batch whose input is a tuple is passed as the module's arguments, a dict as its
     keywords (a transformer's ``input_ids`` and ``attention_mask``), each moved to the module's
