@@ -18,7 +18,7 @@ from typing import Any
 
 import tensorwire as tw
 from tensorwire.client import tasks
-from tensorwire.client.launch import run_job
+from tensorwire.client.launch import daemon_flags, run_job
 from tensorwire.job.config import at_least
 from tensorwire.job.files import output_file
 
@@ -26,8 +26,20 @@ from .common import machine_facts, parse_transports
 from .report import SCHEMA
 
 DEFAULT_TRANSPORTS = "shm,tcp,grpc"
+#: the servers' flags each job sets itself (from this command's own)
+JOB_FLAGS = ("--sync", "--steps", "--workers", "--transport", "--shards", "--shard", "--bind")
 #: the flags a run's JSON repeats under "config"
-CONFIG_KEYS = ("workers", "servers", "model", "framework", "steps", "sync", "repeat", "batch")
+CONFIG_KEYS = (
+    "workers",
+    "servers",
+    "model",
+    "framework",
+    "steps",
+    "sync",
+    "repeat",
+    "batch",
+    "ps_args",
+)
 
 
 def add_parser(sub: Any) -> None:
@@ -68,6 +80,12 @@ def add_parser(sub: Any) -> None:
         help="jobs per transport; medians reported (default 1)",
     )
     p.add_argument("--batch", type=at_least(1), default=32, help="batch per worker (default 32)")
+    p.add_argument(
+        "--ps-args",
+        default="",
+        help='more flags for the servers, e.g. "--optimizer adamw --lr 0.01" (the update\'s cost '
+        "is in each step); --sync, --steps, --workers and --transport are this command's own",
+    )
     p.add_argument("--json", metavar="PATH", type=output_file, help="write the results as JSON")
 
 
@@ -76,6 +94,13 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
         transports = parse_transports(args.transports)
     except ValueError as exc:
         parser.error(f"--transports: {exc}")
+    extra, _ = daemon_flags(args.ps_args, "ps", parser.error)
+    # (each job's own: given here too, the servers would take them and the workers would not)
+    owned = [f for f in extra if f.split("=")[0] in JOB_FLAGS]
+    if owned:
+        parser.error(
+            f"--ps-args: {owned[0].split('=')[0]} is set by bench ps itself: give its own flag"
+        )
     try:
         factory = tasks.load_factory(args.model, args.framework)
         made = tasks.as_task(tasks.build(factory, args.model, tasks.JobInfo(0, 1, args.batch, 0)))
@@ -95,7 +120,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
                     workers=args.workers,
                     servers=args.servers,
                     model=args.model,
-                    ps_args=["--sync", args.sync],
+                    ps_args=["--sync", args.sync, *extra],
                     worker_args=[
                         *("--batch", str(args.batch), "--eval-every", "0"),
                         *("--framework", args.framework),
@@ -173,5 +198,6 @@ def render(result: dict[str, Any]) -> str:
         + f" ({result.get('tensors', '?')} tensors, "
         f"{result['param_bytes'] / 1e6:.3g} MB of parameters), "
         f"{cfg['workers']} workers, {cfg['servers']} server(s), {cfg['steps']} steps"
+        + (f", servers with {cfg['ps_args']}" if cfg.get("ps_args") else "")
     )
     return "\n".join(lines)

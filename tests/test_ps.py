@@ -801,12 +801,16 @@ def test_bench_ps_reports_each_transport(tmp_path: Path) -> None:
         "shm,grpc",
         "--sync",
         "asp",
+        "--ps-args",
+        "--optimizer adamw --weight-decay 0.01",
         "--json",
         str(path),
     )
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(path.read_text())
     assert result["config"]["sync"] == "asp"
+    assert result["config"]["ps_args"] == "--optimizer adamw --weight-decay 0.01"
+    assert "servers with --optimizer adamw --weight-decay 0.01" in out.stdout
     rows = {r["transport"]: r for r in result["rows"]}
     assert set(rows) == {"shm", "grpc"} and rows["grpc"]["x_grpc"] == 1.0
     for r in rows.values():
@@ -815,6 +819,13 @@ def test_bench_ps_reports_each_transport(tmp_path: Path) -> None:
         # from the servers' start to the job formed: within the job's own bounds
         assert 0 < r["formed_s"] < 120, r
     assert "steps/s" in out.stdout and "formed s" in out.stdout
+    # the servers' flags are checked before a job starts; the job's own are refused there
+    for flags, says in (
+        ("--sync asp", "--ps-args: --sync is set by bench ps itself"),
+        ("--optimiser adam", "--ps-args: tensorwire-ps has no --optimiser"),
+    ):
+        refused = _cli("-m", "tensorwire.bench", "ps", "--ps-args", flags)
+        assert refused.returncode == 2 and says in refused.stderr, refused.stderr
 
 
 def _with_open_files(soft: int, hard: int | None, argv: list[str]) -> list[str]:
