@@ -18,7 +18,7 @@ from typing import Any
 
 import tensorwire as tw
 from tensorwire.client import tasks
-from tensorwire.client.launch import daemon_flags, run_job
+from tensorwire.client.launch import JOB_PS_FLAGS, daemon_flags, run_job
 from tensorwire.job.config import at_least
 from tensorwire.job.files import output_file
 
@@ -26,8 +26,6 @@ from .common import machine_facts, parse_transports
 from .report import SCHEMA
 
 DEFAULT_TRANSPORTS = "shm,tcp,grpc"
-#: the servers' flags each job sets itself (from this command's own)
-JOB_FLAGS = ("--sync", "--steps", "--workers", "--transport", "--shards", "--shard", "--bind")
 #: the flags a run's JSON repeats under "config"
 CONFIG_KEYS = (
     "workers",
@@ -94,13 +92,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
         transports = parse_transports(args.transports)
     except ValueError as exc:
         parser.error(f"--transports: {exc}")
-    extra, _ = daemon_flags(args.ps_args, "ps", parser.error)
-    # (each job's own: given here too, the servers would take them and the workers would not)
-    owned = [f for f in extra if f.split("=")[0] in JOB_FLAGS]
-    if owned:
-        parser.error(
-            f"--ps-args: {owned[0].split('=')[0]} is set by bench ps itself: give its own flag"
-        )
+    extra, _ = daemon_flags(
+        args.ps_args, "ps", parser.error, (*JOB_PS_FLAGS, "--sync"), "tensorwire bench ps"
+    )
     try:
         factory = tasks.load_factory(args.model, args.framework)
         made = tasks.as_task(tasks.build(factory, args.model, tasks.JobInfo(0, 1, args.batch, 0)))

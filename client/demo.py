@@ -17,7 +17,7 @@ from tensorwire.job.argtypes import add_version
 from tensorwire.job.config import at_least
 
 from . import tasks
-from .launch import daemon_flags, run_job
+from .launch import JOB_PS_FLAGS, daemon_flags, run_job
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     # Refused here, not by the daemons once started: each job would start them to fail
     # (checked against the servers' own flags: one they lack failed each job's server, and
     # the demo said "ps0: (nothing in its log)" below the server's whole usage)
-    ps_args, _ = daemon_flags(args.ps_args, "ps", parser.error)
+    ps_args, _ = daemon_flags(args.ps_args, "ps", parser.error, JOB_PS_FLAGS, "tensorwire demo")
     try:
         tasks.load_factory(args.model)
     except ValueError as exc:

@@ -358,18 +358,34 @@ def run_job(
         return result
 
 
+#: the servers' flags :func:`run_job` sets itself (from its caller's own options)
+JOB_PS_FLAGS = ("--steps", "--workers", "--transport", "--shards", "--shard", "--bind", "--metrics")
+
+
 def daemon_flags(
-    text: str, daemon: str, fail: Callable[[str], NoReturn]
+    text: str,
+    daemon: str,
+    fail: Callable[[str], NoReturn],
+    owned: tuple[str, ...] = (),
+    owner: str = "",
 ) -> tuple[list[str], argparse.Namespace]:
     """The flags of ``text`` (``--ps-args``, ``--worker-args``: for ``daemon``, ``ps`` or
     ``worker``), split as a shell would, checked against the daemon's own parser now, and what
     that parser made of them; ``fail`` is called with a one-line message where they are not
-    flags the daemon takes. Otherwise each daemon the job starts fails with them, after its
-    whole usage."""
+    flags the daemon takes, or name one of ``owned``, which ``owner`` (a command) sets itself.
+    Otherwise each daemon the job starts fails with them, after its whole usage; and a flag the
+    job sets, given again, would have changed the servers alone (a --transport the workers do
+    not use, say)."""
     try:
         flags = shlex.split(text)
     except ValueError as exc:
         fail(f"--{daemon}-args {text!r}: {exc}")
+    for flag in flags:
+        if flag.split("=")[0] in owned:
+            fail(
+                f"--{daemon}-args: {flag.split('=')[0]} is one {owner} sets for each job it "
+                f"starts (its own options: {owner} --help)"
+            )
     if daemon == "ps":
         from tensorwire.server.daemon import build_parser
     else:

@@ -342,6 +342,7 @@ def test_bad_arguments_are_one_clear_line(args: list[str]) -> None:
         # checked against the servers' own flags: each job's server failed with them, and the
         # demo said "ps0: (nothing in its log)" (its output was on the terminal, above)
         (["demo", "--ps-args=--bogus"], "--ps-args: tensorwire-ps has no --bogus"),
+        (["demo", "--ps-args", "--transport tcp"], "--ps-args: --transport is one tensorwire demo"),
         (["demo", "--ps-args", "--lr -1"], "--ps-args: argument --lr: '-1': give a positive"),
         # the optimizer refused these only once the job had formed
         (["ps", "--lr", "nan"], "argument --lr: 'nan': give a positive number"),

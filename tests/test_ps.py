@@ -821,7 +821,7 @@ def test_bench_ps_reports_each_transport(tmp_path: Path) -> None:
     assert "steps/s" in out.stdout and "formed s" in out.stdout
     # the servers' flags are checked before a job starts; the job's own are refused there
     for flags, says in (
-        ("--sync asp", "--ps-args: --sync is set by bench ps itself"),
+        ("--sync asp", "--ps-args: --sync is one tensorwire bench ps sets for each job"),
         ("--optimiser adam", "--ps-args: tensorwire-ps has no --optimiser"),
     ):
         refused = _cli("-m", "tensorwire.bench", "ps", "--ps-args", flags)
