@@ -104,6 +104,21 @@ def build_parser(prog: str = "tensorwire-ps") -> config.DaemonParser:
         f"0.01) (default {d.weight_decay:g})",
     )
     p.add_argument(
+        "--lr-schedule",
+        default=d.lr_schedule,
+        choices=optim.SCHEDULES,
+        help="how the rate moves over the job's --steps after the warmup: constant at --lr, or "
+        "falling to 0 at the last step in a line (linear) or along half a cosine (cosine); "
+        f"Hugging Face transformers' schedules of those names (default {d.lr_schedule})",
+    )
+    p.add_argument(
+        "--warmup-steps",
+        type=config.at_least(0),
+        default=d.warmup_steps,
+        help="steps over which the rate rises linearly from 0 to --lr before the schedule "
+        f"(default {d.warmup_steps})",
+    )
+    p.add_argument(
         "--transport",
         default=d.transport,
         choices=tw.TRANSPORT_NAMES,
@@ -313,6 +328,11 @@ def _run(argv: list[str] | None, prog: str) -> int:
             parser.error(f"--checkpoint-dir {args.checkpoint_dir}: {problem}")
     if args.resume and args.checkpoint_dir is None:
         parser.error("--resume needs --checkpoint-dir (where the checkpoint is)")
+    if args.warmup_steps > args.steps:  # (ParameterServer says so too, once bound: here first)
+        parser.error(
+            f"--warmup-steps {args.warmup_steps} is not within the job's --steps {args.steps}: "
+            "the rate would never reach --lr"
+        )
     if args.resume_if_present:
         if args.checkpoint_dir is None:
             parser.error("--resume-if-present needs --checkpoint-dir (where to look)")
@@ -380,6 +400,17 @@ def _run(argv: list[str] | None, prog: str) -> int:
             server.push_lr,
             server.lr,
             cfg.async_lr,
+        )
+    if cfg.lr_schedule != "constant" or cfg.warmup_steps:
+        logging.getLogger("tensorwire.ps").info(
+            "the rate rises from 0 over %d step(s), then %s over the job's %d steps "
+            "(--warmup-steps, --lr-schedule %s)",
+            cfg.warmup_steps,
+            "stays at its full value"
+            if cfg.lr_schedule == "constant"
+            else f"falls to 0 ({cfg.lr_schedule})",
+            cfg.steps,
+            cfg.lr_schedule,
         )
     start = server.step
     if server.resumed_done:

@@ -158,6 +158,29 @@ def _unknown(name: str) -> ValueError:
     return ValueError(f"unknown optimizer {name!r}; choose one of: {', '.join(OPTIMIZERS)}")
 
 
+#: how the learning rate moves over a job (--lr-schedule), after --warmup-steps
+SCHEDULES = ("constant", "linear", "cosine")
+
+
+def rate_factor(schedule: str, step: int, steps: int, warmup: int) -> float:
+    """What --lr is multiplied by at ``step`` (0-based) of a job of ``steps``: during the first
+    ``warmup`` steps it rises linearly from 0 (``step / warmup``), then stays 1 (``constant``)
+    or falls to 0 at ``steps``, in a straight line (``linear``) or along half a cosine
+    (``cosine``). The formulas of Hugging Face transformers' ``get_constant_schedule_with_
+    warmup``, ``get_linear_schedule_with_warmup`` and ``get_cosine_schedule_with_warmup``,
+    which a transformer's recipe usually names."""
+    if step < warmup:
+        return step / max(1, warmup)
+    if schedule == "constant":
+        return 1.0
+    progress = (step - warmup) / max(1, steps - warmup)
+    if schedule == "linear":
+        return max(0.0, 1.0 - progress)
+    if schedule == "cosine":
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+    raise ValueError(f"unknown learning-rate schedule {schedule!r}; choose one of {SCHEDULES}")
+
+
 def default_lr(name: str) -> float:
     """The learning rate optimizer ``name`` uses when none is given (see DEFAULT_LR)."""
     try:

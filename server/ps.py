@@ -274,6 +274,9 @@ class PSConfig:
     lr: float | None = None  # None: the optimizer's own default (optim.DEFAULT_LR)
     momentum: float = 0.9
     weight_decay: float = 0.0
+    #: how --lr moves over the job's --steps (optim.SCHEDULES), after warmup_steps rising to it
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
     transport: str = "auto"
     secret: str | None = None
     checkpoint_dir: str | None = None
@@ -436,6 +439,17 @@ class ParameterServer:
             raise PSError(
                 f"unknown optimizer {cfg.optimizer!r}; choose one of {', '.join(optim.OPTIMIZERS)}"
             )
+        if cfg.lr_schedule not in optim.SCHEDULES:
+            raise PSError(
+                f"unknown learning-rate schedule {cfg.lr_schedule!r}; choose one of "
+                f"{', '.join(optim.SCHEDULES)}"
+            )
+        if not 0 <= cfg.warmup_steps <= cfg.steps:
+            # (a job that never reaches its rate: a warmup meant for a longer run, say)
+            raise PSError(
+                f"--warmup-steps {cfg.warmup_steps} is not within the job's --steps "
+                f"{cfg.steps}: the rate would never reach --lr"
+            )
         if cfg.async_lr not in ASYNC_LR:
             raise PSError(
                 f"unknown async learning-rate rule {cfg.async_lr!r}; choose one of "
@@ -465,6 +479,7 @@ class ParameterServer:
             cfg.optimizer, self.push_lr, cfg.weight_decay, cfg.momentum, xp=self.place.xp
         )
         self.step = 0
+        self._rate_step: int | None = None  # the step the optimizer's rate was set for
         self.ckpt = (
             checkpoint.path_for(cfg.checkpoint_dir, cfg.shard) if cfg.checkpoint_dir else None
         )
@@ -816,6 +831,8 @@ class ParameterServer:
             "lr": repr(self.lr),  # exact: 1e-3 and 0.001 agree, 0.0012345 and 0.00123451 not
             "momentum": repr(cfg.momentum) if cfg.optimizer == "momentum" else "-",
             "weight-decay": repr(cfg.weight_decay),
+            "lr-schedule": cfg.lr_schedule,
+            "warmup-steps": cfg.warmup_steps,
         }
 
     @property
@@ -1133,7 +1150,14 @@ class ParameterServer:
                 self._offer(w, STATUS_STOP if done else STATUS_RUN)
 
     def _update(self, cid: str, scale: float = 1.0) -> None:
-        """One optimizer step of chunk ``cid`` with the gradient accumulated in ``acc``."""
+        """One optimizer step of chunk ``cid`` with the gradient accumulated in ``acc``, at the
+        rate of the job's step (--lr-schedule, --warmup-steps; asp and ssp: the slowest
+        worker's step, the job's)."""
+        if self._rate_step != self.step:
+            cfg = self.cfg
+            factor = optim.rate_factor(cfg.lr_schedule, self.step, cfg.steps, cfg.warmup_steps)
+            self.opt.lr = self.push_lr * factor
+            self._rate_step = self.step
         self.opt.step(cid, self.params[cid], self.acc[cid], scale=scale)
         self._stale.add(cid)
 

@@ -348,6 +348,8 @@ def test_bad_arguments_are_one_clear_line(args: list[str]) -> None:
         (["ps", "--lr", "nan"], "argument --lr: 'nan': give a positive number"),
         (["ps", "--momentum", "1"], "argument --momentum: '1': give a number from 0 to below 1"),
         (["ps", "--weight-decay", "-1"], "argument --weight-decay"),
+        (["ps", "--warmup-steps", "400"], "--warmup-steps 400 is not within the job's --steps 300"),
+        (["ps", "--lr-schedule", "step"], "argument --lr-schedule: invalid choice: 'step'"),
         # past what the library's waits take: refused once the daemon ran (a traceback-free
         # line, but after its start)
         (["ps", "--step-timeout", "1e30"], "argument --step-timeout: '1e30': give a positive"),

@@ -284,6 +284,20 @@ def test_asynchronous_pushes_take_a_share_of_the_rate_so_momentum_and_adam_train
     assert said in j.log("ps0"), j.log("ps0")
 
 
+@pytest.mark.parametrize("sync", ["asp", "ssp"])
+def test_an_asynchronous_job_follows_its_learning_rate_schedule(job: Any, sync: str) -> None:
+    """Under asp and ssp the schedule follows the job's step (the slowest worker's): with a
+    warmup and a cosine decay the digits MLP trains to 95% as a constant rate does, and the
+    server says how its rate moves."""
+    flags = ["--sync", sync, "--steps", "400", "--lr-schedule", "cosine", "--warmup-steps", "40"]
+    j = job(ps=[*flags, "--lr", "0.3", "--log-level", "INFO"])
+    _ok(j)
+    acc = j.metrics("w0")["test_accuracy"]
+    assert acc >= 0.95, f"{sync}: test accuracy {acc}"
+    said = "the rate rises from 0 over 40 step(s), then falls to 0 (cosine) over the job's 400"
+    assert said in j.log("ps0"), j.log("ps0")
+
+
 @pytest.mark.parametrize(("wire", "transport"), [("bfloat16", "shm"), ("float16", "tcp")])
 def test_sixteen_bit_wire_trains_digits_to_95_percent(job: Any, wire: str, transport: str) -> None:
     """Mixed precision: gradients and parameters travel in 16 bits (half the bytes of every

@@ -418,6 +418,48 @@ def test_each_server_optimizer_computes_what_pytorch_s_own_computes(name: str) -
         assert np.linalg.norm(adam - want) / np.linalg.norm(want) > 1e-4
 
 
+@pytest.mark.parametrize(
+    ("schedule", "optimizer", "servers"), [("cosine", "adamw", 2), ("linear", "momentum", 1)]
+)
+def test_a_learning_rate_schedule_with_warmup_steps_as_pytorch_s_lambda_lr(
+    job: Any, schedule: str, optimizer: str, servers: int
+) -> None:
+    """``--lr-schedule cosine|linear --warmup-steps 5``: a BSP job of two workers equals one
+    process whose optimizer's rate follows ``LambdaLR`` with Hugging Face's formulas (written
+    out here): rising from 0 over the warmup, then falling to 0 at the job's last step."""
+    import math
+
+    from .torch_grads_model import reference
+
+    steps, warmup, lr, decay = 20, 5, 0.02, 0.1
+
+    def factor(step: int) -> float:  # transformers' get_{linear,cosine}_schedule_with_warmup
+        if step < warmup:
+            return step / warmup
+        progress = (step - warmup) / (steps - warmup)
+        if schedule == "linear":
+            return max(0.0, (steps - step) / (steps - warmup))
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+    j = job(
+        servers=servers,
+        ps=[
+            *("--steps", str(steps), "--optimizer", optimizer, "--lr", str(lr)),
+            *("--weight-decay", str(decay), "--split-bytes", "1024"),
+            *("--lr-schedule", schedule, "--warmup-steps", str(warmup)),
+        ],
+        worker=["--model", "tests.torch_grads_model:make"],
+    )
+    ok(j)
+    want = reference(steps, 2, 32, lr, 0.9, decay, optimizer=optimizer, schedule=factor)
+    flat = reference(steps, 2, 32, lr, 0.9, decay, optimizer=optimizer)
+    for rank in (0, 1):
+        assert_params_close(j.params(rank), want, 1e-5)
+    # (the schedule matters here: without it, PyTorch ends elsewhere)
+    err = np.linalg.norm(j.params(0)["trunk.weight"] - flat["trunk.weight"])
+    assert err > 1e-3 * np.linalg.norm(flat["trunk.weight"])
+
+
 def test_a_sparse_gradient_trains_as_pytorch_trains_it(job: Any) -> None:
     """An ``nn.Embedding(sparse=True)`` (its gradient a sparse tensor of the rows looked up),
     trained by two workers under BSP with momentum, computes what one process computes with

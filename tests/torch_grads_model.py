@@ -111,13 +111,16 @@ def reference(
     weight_decay: float,
     kind: str = "branched",
     optimizer: str = "momentum",
+    schedule: Any = None,
 ) -> dict[str, Any]:
     """What a BSP job of ``workers`` workers computes: one process whose loss is the mean of
     the workers' losses, stepped by PyTorch's own optimizer (which skips a parameter whose
-    ``grad`` is None, and takes a sparse one as it is)."""
+    ``grad`` is None, and takes a sparse one as it is); ``schedule(step)``: the factor of the
+    rate at each step, through PyTorch's ``LambdaLR``."""
     data = models.load("digits", 0)
     model = module(0, kind)
     opt = torch_optimizer(optimizer, model.parameters(), lr, weight_decay, momentum)
+    rates = None if schedule is None else torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     for step in range(steps):
         opt.zero_grad(set_to_none=True)
         losses = []
@@ -126,6 +129,8 @@ def reference(
             losses.append(nn.functional.cross_entropy(model(x, use), y))
         (sum(losses) / workers).backward()
         opt.step()
+        if rates is not None:
+            rates.step()
     return {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
 
 
