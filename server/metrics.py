@@ -32,6 +32,14 @@ def ps_metrics(server: ParameterServer) -> list[Metric]:
             [(shard, server.step)],
         ),
         Metric(
+            "tensorwire_ps_learning_rate",
+            "gauge",
+            "The rate of an update at the job's step: --lr (asp, ssp: its share of a push), "
+            "moved by --warmup-steps and --lr-schedule",
+            ("shard",),
+            [(shard, server.rate)],
+        ),
+        Metric(
             "tensorwire_ps_done",
             "gauge",
             "1 once the job is done: every step (or, under asp and ssp, every worker finished "

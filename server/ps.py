@@ -807,6 +807,14 @@ class ParameterServer:
         return self.lr / cfg.workers
 
     @property
+    def rate(self) -> float:
+        """The rate of an update at the job's step: :attr:`push_lr` moved by --warmup-steps
+        and --lr-schedule (optim.rate_factor)."""
+        cfg = self.cfg
+        factor = optim.rate_factor(cfg.lr_schedule, self.step, cfg.steps, cfg.warmup_steps)
+        return self.push_lr * factor
+
+    @property
     def lr(self) -> float:
         """--lr, or the optimizer's own default when it was left out (optim.DEFAULT_LR)."""
         return optim.default_lr(self.cfg.optimizer) if self.cfg.lr is None else self.cfg.lr
@@ -1154,9 +1162,7 @@ class ParameterServer:
         rate of the job's step (--lr-schedule, --warmup-steps; asp and ssp: the slowest
         worker's step, the job's)."""
         if self._rate_step != self.step:
-            cfg = self.cfg
-            factor = optim.rate_factor(cfg.lr_schedule, self.step, cfg.steps, cfg.warmup_steps)
-            self.opt.lr = self.push_lr * factor
+            self.opt.lr = self.rate
             self._rate_step = self.step
         self.opt.step(cid, self.params[cid], self.acc[cid], scale=scale)
         self._stale.add(cid)

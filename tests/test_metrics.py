@@ -433,14 +433,15 @@ def test_grpc_calls_with_forged_tokens_are_refused_and_bad_inputs() -> None:
 
 def test_top_shows_no_loss_before_the_first_step(tmp_path: Path) -> None:
     """A server waiting for its workers exports its loss as NaN (no step yet): `tensorwire top`
-    shows "-" there, as for every other value it does not have, not "nan"."""
+    shows "-" there, as for every other value it does not have, not "nan". Its learning rate
+    at step 0 of a warmup is 0."""
     from .jobs import Processes
 
     port = free_port()
     procs = Processes(tmp_path)
     try:
         ps = ["ps", "--bind", f"tcp://127.0.0.1:{free_port()}", "--workers", "2"]
-        ps += ["--metrics-port", str(port), "--no-progress"]
+        ps += ["--metrics-port", str(port), "--no-progress", "--warmup-steps", "10"]
         procs.start([sys.executable, "-m", "tensorwire", *ps], log="ps")
         url = f"http://127.0.0.1:{port}/metrics"
         for _ in range(600):  # bounded: until it serves its metrics
@@ -450,6 +451,8 @@ def test_top_shows_no_loss_before_the_first_step(tmp_path: Path) -> None:
             except (urllib.error.URLError, ConnectionError):
                 time.sleep(0.05)
         assert all(v != v for v in loss.values()), loss  # NaN: no step yet
+        rate = _samples(scrape(url, timeout=10), "tensorwire_ps_learning_rate")
+        assert list(rate.values()) == [0.0], rate  # (the warmup's first step)
         top = _top(f"127.0.0.1:{port}", "--count", "1")
         assert top.returncode == 0, top.stderr
         row = next(line for line in top.stdout.splitlines() if f"ps0 127.0.0.1:{port}" in line)
