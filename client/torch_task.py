@@ -273,9 +273,10 @@ class TorchTask:
         # the predictions that hit, where the output scores classes of integer labels (per
         # token for a sequence's); else none is counted (a regression)
         scores = class_scores(out)
-        classes = scores is not None and _per_position(scores, y)
-        correct = int((scores.argmax(dim=-1) == y).sum()) if scores is not None and classes else 0
-        return StepResult(float(loss.detach()), grads, correct, y.numel() if classes else len(y))
+        correct, samples = 0, len(y)
+        if scores is not None and _per_position(scores, y):
+            correct, samples = int((scores.argmax(dim=-1) == y).sum()), y.numel()
+        return StepResult(float(loss.detach()), grads, correct, samples)
 
     def _forward(self, x: Any) -> Any:
         """The module's output for input ``x``: a model of several inputs takes a tuple of them

@@ -48,11 +48,12 @@ class Optimizer:
             for key, slots in state.items()
         }
 
-    def _grad(self, param: Array, grad: Array, scale: float) -> Array:
-        """The effective gradient, computed in ``grad``'s own buffer."""
+    def _grad(self, param: Array, grad: Array, scale: float, l2: bool = True) -> Array:
+        """The effective gradient, computed in ``grad``'s own buffer; ``l2``: with the weight
+        decay's term (not for a decay decoupled from the gradient)."""
         if scale != 1.0:
             grad *= scale
-        if self.weight_decay:
+        if l2 and self.weight_decay:
             grad += self.weight_decay * param
         return grad
 
@@ -120,11 +121,7 @@ class Adam(Optimizer):
             }
         if self.DECOUPLED and self.weight_decay:
             param *= 1 - self.lr * self.weight_decay  # (before the step, as torch's)
-            g = grad
-            if scale != 1.0:
-                g *= scale
-        else:
-            g = self._grad(param, grad, scale)
+        g = self._grad(param, grad, scale, l2=not self.DECOUPLED)
         st["t"] += 1
         t = int(st["t"])
         st["m"] *= self.beta1
