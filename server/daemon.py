@@ -402,14 +402,18 @@ def _run(argv: list[str] | None, prog: str) -> int:
             cfg.async_lr,
         )
     if cfg.lr_schedule != "constant" or cfg.warmup_steps:
-        logging.getLogger("tensorwire.ps").info(
-            "the rate rises from 0 over %d step(s), then %s over the job's %d steps "
-            "(--warmup-steps, --lr-schedule %s)",
-            cfg.warmup_steps,
+        rise = f"rises from 0 over {cfg.warmup_steps} step(s), then " if cfg.warmup_steps else ""
+        after = (
             "stays at its full value"
             if cfg.lr_schedule == "constant"
-            else f"falls to 0 ({cfg.lr_schedule})",
+            else f"falls to 0 ({cfg.lr_schedule})"
+        )
+        logging.getLogger("tensorwire.ps").info(
+            "the rate %s%s over the job's %d steps (--warmup-steps %d, --lr-schedule %s)",
+            rise,
+            after,
             cfg.steps,
+            cfg.warmup_steps,
             cfg.lr_schedule,
         )
     start = server.step
