@@ -119,6 +119,14 @@ def build_parser(prog: str = "tensorwire-ps") -> config.DaemonParser:
         f"(default {d.warmup_steps})",
     )
     p.add_argument(
+        "--clip-grad-norm",
+        type=config.positive_number,
+        default=d.clip_grad_norm,
+        metavar="MAX",
+        help="bsp, one shard: scale a step's mean gradient down to this global norm where it "
+        "is above it, as torch.nn.utils.clip_grad_norm_ does (default: no clipping)",
+    )
+    p.add_argument(
         "--transport",
         default=d.transport,
         choices=tw.TRANSPORT_NAMES,
@@ -328,6 +336,11 @@ def _run(argv: list[str] | None, prog: str) -> int:
             parser.error(f"--checkpoint-dir {args.checkpoint_dir}: {problem}")
     if args.resume and args.checkpoint_dir is None:
         parser.error("--resume needs --checkpoint-dir (where the checkpoint is)")
+    if args.clip_grad_norm is not None and (args.sync != "bsp" or args.shards != 1):
+        parser.error(
+            "--clip-grad-norm needs --sync bsp and one shard (--shards 1): the norm is the "
+            "whole mean gradient's, which only then one server holds"
+        )
     if args.warmup_steps > args.steps:  # (ParameterServer says so too, once bound: here first)
         parser.error(
             f"--warmup-steps {args.warmup_steps} is not within the job's --steps {args.steps}: "
@@ -491,6 +504,8 @@ def _summarise(server: ParameterServer, args: argparse.Namespace, start: int, pr
         if server.stats.serves
         else None,
         "checkpoint_failures": server.stats.checkpoint_failures,
+        # (--clip-grad-norm) the steps whose mean gradient was scaled down to it
+        "clipped_steps": server.stats.clipped if cfg.clip_grad_norm is not None else None,
         "sync": cfg.sync,
         "transport": cfg.transport,
         "traffic": tw_metrics.totals(),

@@ -277,6 +277,9 @@ class PSConfig:
     #: how --lr moves over the job's --steps (optim.SCHEDULES), after warmup_steps rising to it
     lr_schedule: str = "constant"
     warmup_steps: int = 0
+    #: (bsp, one shard) the largest global norm of a step's mean gradient: one above it is
+    #: scaled down to it, as torch.nn.utils.clip_grad_norm_ does; None: no clipping
+    clip_grad_norm: float | None = None
     transport: str = "auto"
     secret: str | None = None
     checkpoint_dir: str | None = None
@@ -325,6 +328,7 @@ class PSStats:
     longest_step: float = 0.0
     loss: float = float("nan")
     accuracy: float | None = None
+    clipped: int = 0  # (bsp, --clip-grad-norm) steps whose mean gradient was scaled down
     #: per worker rank: seconds a BSP step spent waiting for that worker's gradients after the
     #: workers before it had sent theirs (the straggler's figure grows fastest)
     gradient_wait: dict[int, float] = field(default_factory=dict)
@@ -450,6 +454,18 @@ class ParameterServer:
                 f"--warmup-steps {cfg.warmup_steps} is not within the job's --steps "
                 f"{cfg.steps}: the rate would never reach --lr"
             )
+        if cfg.clip_grad_norm is not None:
+            if not 0 < cfg.clip_grad_norm < math.inf:
+                raise PSError(
+                    f"--clip-grad-norm must be a positive number, got {cfg.clip_grad_norm}"
+                )
+            if cfg.sync != "bsp" or cfg.shards != 1:
+                # (the norm of the whole mean gradient: under asp and ssp each chunk is applied
+                # as it lands, and no shard of several sees the others' chunks)
+                raise PSError(
+                    "--clip-grad-norm needs --sync bsp and one shard: the step's whole mean "
+                    "gradient in one server"
+                )
         if cfg.async_lr not in ASYNC_LR:
             raise PSError(
                 f"unknown async learning-rate rule {cfg.async_lr!r}; choose one of "
@@ -841,6 +857,7 @@ class ParameterServer:
             "weight-decay": repr(cfg.weight_decay),
             "lr-schedule": cfg.lr_schedule,
             "warmup-steps": cfg.warmup_steps,
+            "clip-grad-norm": repr(cfg.clip_grad_norm),
         }
 
     @property
@@ -1156,6 +1173,24 @@ class ParameterServer:
                 done = w.step >= self.cfg.steps or self._ending
                 w.owed = None  # a new session: what the last one was owed goes with it
                 self._offer(w, STATUS_STOP if done else STATUS_RUN)
+
+    def _clipping(self, used: set[str], contributors: int) -> float:
+        """(bsp, --clip-grad-norm) What the step's mean gradient (the sums in ``acc`` of the
+        chunks in ``used``, over ``contributors``) is multiplied by so that its global norm is
+        at most --clip-grad-norm: ``max / (norm + 1e-6)`` where the norm is above it, else 1,
+        as ``torch.nn.utils.clip_grad_norm_`` computes it (over the parameters that have a
+        gradient)."""
+        limit = self.cfg.clip_grad_norm
+        if limit is None:
+            return 1.0
+        xp = self.place.xp
+        squares = sum(float(xp.vdot(self.acc[cid].ravel(), self.acc[cid].ravel())) for cid in used)
+        norm = math.sqrt(squares) / contributors
+        coefficient = limit / (norm + 1e-6)
+        if coefficient < 1.0:
+            self.stats.clipped += 1
+            return coefficient
+        return 1.0
 
     def _update(self, cid: str, scale: float = 1.0) -> None:
         """One optimizer step of chunk ``cid`` with the gradient accumulated in ``acc``, at the
@@ -1920,9 +1955,10 @@ class ParameterServer:
                 # counts as zeros, as in PyTorch's DistributedDataParallel; a chunk none had
                 # one of is not stepped (before 2026-12-04 it was, on zeros: momentum and
                 # weight decay moved a parameter its model never used).
+                scale = (1.0 / contributors) * self._clipping(used, contributors)
                 for c in self.chunks:
                     if c.cid in used:
-                        self._update(c.cid, scale=1.0 / contributors)
+                        self._update(c.cid, scale=scale)
                 self.step += 1
                 self._may_catch_up = False  # the workers pushed for our step: we are the job's
                 if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:

@@ -460,6 +460,32 @@ def test_a_learning_rate_schedule_with_warmup_steps_as_pytorch_s_lambda_lr(
     assert err > 1e-3 * np.linalg.norm(flat["trunk.weight"])
 
 
+def test_a_clipped_gradient_norm_as_pytorch_s_clip_grad_norm(job: Any) -> None:
+    """``--clip-grad-norm 0.5`` (bsp, one server): a job of two workers equals one process that
+    clips its mean gradient with ``torch.nn.utils.clip_grad_norm_`` before each momentum step
+    (the model's unused layer out of the norm, as PyTorch leaves a parameter whose grad is
+    None), and the server counts the steps it clipped; clipping matters here (the unclipped job
+    ends elsewhere)."""
+    from .torch_grads_model import reference
+
+    steps, lr, limit = 20, 0.05, 0.5
+    j = job(
+        ps=[
+            *("--steps", str(steps), "--optimizer", "momentum", "--lr", str(lr)),
+            *("--weight-decay", "0.1", "--clip-grad-norm", str(limit)),
+        ],
+        worker=["--model", "tests.torch_grads_model:make"],
+    )
+    ok(j)
+    want = reference(steps, 2, 32, lr, 0.9, 0.1, clip=limit)
+    free = reference(steps, 2, 32, lr, 0.9, 0.1)
+    for rank in (0, 1):
+        assert_params_close(j.params(rank), want, 1e-5)
+    assert 0 < j.metrics("ps0")["clipped_steps"] <= steps
+    err = np.linalg.norm(want["trunk.weight"] - free["trunk.weight"])
+    assert err > 1e-3 * np.linalg.norm(free["trunk.weight"])
+
+
 def test_a_sparse_gradient_trains_as_pytorch_trains_it(job: Any) -> None:
     """An ``nn.Embedding(sparse=True)`` (its gradient a sparse tensor of the rows looked up),
     trained by two workers under BSP with momentum, computes what one process computes with

@@ -112,11 +112,13 @@ def reference(
     kind: str = "branched",
     optimizer: str = "momentum",
     schedule: Any = None,
+    clip: float | None = None,
 ) -> dict[str, Any]:
     """What a BSP job of ``workers`` workers computes: one process whose loss is the mean of
     the workers' losses, stepped by PyTorch's own optimizer (which skips a parameter whose
     ``grad`` is None, and takes a sparse one as it is); ``schedule(step)``: the factor of the
-    rate at each step, through PyTorch's ``LambdaLR``."""
+    rate at each step, through PyTorch's ``LambdaLR``; ``clip``: the gradient's global norm
+    clipped to it first (``clip_grad_norm_``)."""
     data = models.load("digits", 0)
     model = module(0, kind)
     opt = torch_optimizer(optimizer, model.parameters(), lr, weight_decay, momentum)
@@ -128,6 +130,8 @@ def reference(
             (x, use), y = _batch(data, rank, workers, batch, step, 0)
             losses.append(nn.functional.cross_entropy(model(x, use), y))
         (sum(losses) / workers).backward()
+        if clip is not None:
+            nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
         if rates is not None:
             rates.step()
