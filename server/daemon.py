@@ -24,7 +24,15 @@ from tensorwire.process import die_with_launcher
 from . import checkpoint, optim
 from .linger import ENDED_ELSEWHERE_LINGER, linger
 from .metrics import ps_metrics
-from .ps import ASYNC_LR, SYNC_MODES, WIRE_DTYPES, ParameterServer, PSConfig, StepReport
+from .ps import (
+    ASYNC_LR,
+    SYNC_MODES,
+    WIRE_DTYPES,
+    ParameterServer,
+    PSConfig,
+    StepReport,
+    update_problem,
+)
 
 
 def build_parser(prog: str = "tensorwire-ps") -> config.DaemonParser:
@@ -336,16 +344,12 @@ def _run(argv: list[str] | None, prog: str) -> int:
             parser.error(f"--checkpoint-dir {args.checkpoint_dir}: {problem}")
     if args.resume and args.checkpoint_dir is None:
         parser.error("--resume needs --checkpoint-dir (where the checkpoint is)")
-    if args.clip_grad_norm is not None and (args.sync != "bsp" or args.shards != 1):
-        parser.error(
-            "--clip-grad-norm needs --sync bsp and one shard (--shards 1): the norm is the "
-            "whole mean gradient's, which only then one server holds"
-        )
-    if args.warmup_steps > args.steps:  # (ParameterServer says so too, once bound: here first)
-        parser.error(
-            f"--warmup-steps {args.warmup_steps} is not within the job's --steps {args.steps}: "
-            "the rate would never reach --lr"
-        )
+    # (ParameterServer says so too, once bound: here first)
+    problem = update_problem(
+        args.sync, args.shards, args.steps, args.warmup_steps, args.clip_grad_norm
+    )
+    if problem:
+        parser.error(problem)
     if args.resume_if_present:
         if args.checkpoint_dir is None:
             parser.error("--resume-if-present needs --checkpoint-dir (where to look)")

@@ -435,6 +435,27 @@ def open_receiver(
     )
 
 
+def update_problem(
+    sync: str, shards: int, steps: int, warmup_steps: int, clip_grad_norm: float | None
+) -> str | None:
+    """What is wrong with these settings of the update together, in words; None where nothing
+    is. The daemon says it before it binds; a server made otherwise raises it."""
+    if not 0 <= warmup_steps <= steps:
+        # (a job that never reaches its rate: a warmup meant for a longer run, say)
+        return (
+            f"--warmup-steps {warmup_steps} is not within the job's --steps {steps}: the rate "
+            "would never reach --lr"
+        )
+    if clip_grad_norm is not None and (sync != "bsp" or shards != 1):
+        # (the norm of the whole mean gradient: under asp and ssp each chunk is applied as it
+        # lands, and no shard of several sees the others' chunks)
+        return (
+            "--clip-grad-norm needs --sync bsp and one shard (--shards 1): the norm is the "
+            "whole mean gradient's, which only then one server holds"
+        )
+    return None
+
+
 class ParameterServer:
     def __init__(self, cfg: PSConfig, on_step: Callable[[StepReport], None] | None = None) -> None:
         if cfg.sync not in SYNC_MODES:
@@ -448,24 +469,13 @@ class ParameterServer:
                 f"unknown learning-rate schedule {cfg.lr_schedule!r}; choose one of "
                 f"{', '.join(optim.SCHEDULES)}"
             )
-        if not 0 <= cfg.warmup_steps <= cfg.steps:
-            # (a job that never reaches its rate: a warmup meant for a longer run, say)
-            raise PSError(
-                f"--warmup-steps {cfg.warmup_steps} is not within the job's --steps "
-                f"{cfg.steps}: the rate would never reach --lr"
-            )
-        if cfg.clip_grad_norm is not None:
-            if not 0 < cfg.clip_grad_norm < math.inf:
-                raise PSError(
-                    f"--clip-grad-norm must be a positive number, got {cfg.clip_grad_norm}"
-                )
-            if cfg.sync != "bsp" or cfg.shards != 1:
-                # (the norm of the whole mean gradient: under asp and ssp each chunk is applied
-                # as it lands, and no shard of several sees the others' chunks)
-                raise PSError(
-                    "--clip-grad-norm needs --sync bsp and one shard: the step's whole mean "
-                    "gradient in one server"
-                )
+        if cfg.clip_grad_norm is not None and not 0 < cfg.clip_grad_norm < math.inf:
+            raise PSError(f"--clip-grad-norm must be a positive number, got {cfg.clip_grad_norm}")
+        problem = update_problem(
+            cfg.sync, cfg.shards, cfg.steps, cfg.warmup_steps, cfg.clip_grad_norm
+        )
+        if problem:
+            raise PSError(problem)
         if cfg.async_lr not in ASYNC_LR:
             raise PSError(
                 f"unknown async learning-rate rule {cfg.async_lr!r}; choose one of "
