@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from .dlpack import from_dlpack
+from .dlpack import export, from_dlpack, ml_code
 from .dtypes import import_torch
 from .errors import MissingDependencyError, SpecMismatchError, TransportError
 from .memory import CUDA
@@ -325,7 +325,33 @@ def _array_over(
     # UnownedMemory keeps ``owner`` (and through it the allocation) alive for as long as the
     # array lives.
     span = cp.cuda.memory.UnownedMemory(address, max(nbytes, 1), (owner, memory), device)
-    return cp.ndarray(shape, dtype, memptr=cp.cuda.memory.MemoryPointer(span, 0))
+    kind = cp.ndarray if ml_code(dtype) is None else _ml_format_array()
+    return kind(shape, dtype, memptr=cp.cuda.memory.MemoryPointer(span, 0))
+
+
+@functools.cache
+def _ml_format_array() -> type:
+    """The cupy array class of slots of an ml_dtypes format (bfloat16, float8_*).
+
+    cupy 14.2 exports bfloat16 through DLPack but refuses float8 ("dtype is not supported for
+    dlpack export", seen on an H200), so ``torch.from_dlpack`` could not read a float8 GPU slot.
+    Where cupy's own export refuses, this one exports the same memory as unsigned integers and
+    sets the format's DLPack code in the capsule, as :class:`~tensorwire.received.SlotArray`
+    does on the host.
+    """
+    cp = cupy()
+
+    class MLFormatArray(cp.ndarray):  # type: ignore[name-defined]
+        def __dlpack__(self, **kwargs: Any) -> Any:
+            try:
+                return cp.ndarray.__dlpack__(self, **kwargs)
+            except BufferError:
+                code = ml_code(self.dtype)
+                if code is None:
+                    raise
+                return export(self, code, cp.ndarray, **kwargs)
+
+    return MLFormatArray
 
 
 # -- copies ------------------------------------------------------------------------------------

@@ -79,10 +79,11 @@ def ml_code(dtype: np.dtype[Any]) -> int | None:
     return code if code is not None and ml_dtypes_by_name().get(dtype.name) == dtype else None
 
 
-def export(array: np.ndarray[Any, Any], code: int, **kwargs: Any) -> Any:
+def export(array: Any, code: int, base: Any = np.ndarray, **kwargs: Any) -> Any:
     """``array.__dlpack__(**kwargs)`` for an array of an ml_dtypes format (its DLPack ``code``):
-    numpy's capsule of the same memory as unsigned integers, with the format's code."""
-    capsule = np.ndarray.__dlpack__(array.view(_UNSIGNED[array.dtype.itemsize]), **kwargs)
+    the capsule ``base``'s export (numpy's, or cupy's for GPU memory) makes of the same memory
+    as unsigned integers, with the format's code."""
+    capsule = base.__dlpack__(array.view(_UNSIGNED[array.dtype.itemsize]), **kwargs)
     ctypes.c_uint8.from_address(_dtype_field(capsule)).value = code
     return capsule
 

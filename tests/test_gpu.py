@@ -287,10 +287,17 @@ def test_a_device_index_or_a_cupy_device_names_a_gpu() -> None:
     import cupy
 
     assert cuda.parse_device(0) == 0 and cuda.parse_device(cupy.cuda.Device(0)) == 0
+    sent = cupy.arange(4, dtype=cupy.float32)
     with tw.Receiver() as rx:
         rx.register("by_index", (4,), "float32", device=0)
         rx.register("by_cupy", (4,), "float32", device=cupy.cuda.Device(0))
-        assert rx.array("by_index").device.id == 0 and rx.array("by_cupy").device.id == 0
+        with tw.Sender.connect(rx.address, transport="shm", timeout=30) as tx:
+            for name in ("by_index", "by_cupy"):
+                tx.write(name, sent)
+                view = rx.wait(name, timeout=30)
+                assert isinstance(view, cupy.ndarray) and view.device.id == 0
+                assert bool(cupy.array_equal(view, sent))
+                rx.release(name)
 
 
 @_gpu
@@ -599,10 +606,9 @@ def test_a_torch_side_stream_orders_the_copy_behind_and_before_its_kernels(
 @pytest.mark.parametrize("source", ["torch", "foreign"])
 def test_torch_reads_the_slot_without_a_copy(dtype: str, source: str) -> None:
     """Written by torch, or by a DLPack producer that is neither torch nor cupy (a JAX array on
-    a GPU, to tensorwire), over a torch tensor's capsules. (float8 and the foreign producer were
-    added 2026-11-29 without a GPU: whether cupy's DLPack export names float8, as tensorwire's
-    own does on the host, and the fallback that reads a format cupy's import may lack as bytes,
-    have not been seen yet.)"""
+    a GPU, to tensorwire), over a torch tensor's capsules. cupy 14.2 refuses to export float8
+    ("dtype is not supported for dlpack export", an H200 on 2026-12-04): the slot's array
+    exports it as tensorwire does on the host."""
     torch = needed(TORCH, "PyTorch")
     _needs("torch")
     with tw.Receiver() as rx:
