@@ -1,20 +1,18 @@
 #!/bin/sh
-# What a session lent a GPU runs first, in one device call (about 6 minutes on an H100), so
+# What a session lent a GPU runs first, in one device call (at most 9 minutes), so
 # that the plan survives the sessions that have none. Each step's output goes to OUT/<step>.log,
 # with its exit status and seconds at the end; a step that fails does not stop the others.
 #
 #   device run, carry [".gpu-bundle"] (`make gpu-bundle` builds it, ../shared/gpu/README.md):
 #     . .gpu-bundle/device-setup.sh && sh bench/gpu_session.sh "$OUT"
 #
-# The steps, first what has never run on a GPU:
-#   new-tests   7d8cf27 (nixl senders make a CUDA context before their writing agent: UCX then
-#               picks cuda_ipc, zero-copy, not a tcp emulation) and 4db286d (a torch side
-#               stream's copy ordered behind and before its kernels)
-#   probe       docs/bench-gpu-nixl-context/nixl_probe.py at 16 MiB: per-call medians of one
-#               process's nixl GPU writes (1.1 ms per 4 KiB before 7d8cf27, unexplained)
-#   gpu-tests   every test marked gpu
+# The steps, the widest check first (a session's device time is 15 minutes, start included):
+#   info        what `tensorwire info` says of the GPU, CUDA and UCX's CUDA transports
+#   gpu-tests   every test marked gpu (junit XML beside the log)
 #   bench       the GPU rows of every transport with their references (d2d copy, pinned H2D,
 #               raw NIXL VRAM WRITE, a torch.multiprocessing queue): issue 17's ratios
+#   probe       docs/bench-gpu-nixl-context/nixl_probe.py at 16 MiB: per-call medians of one
+#               process's nixl GPU writes (1.1 ms per 4 KiB before 7d8cf27, unexplained)
 #   proto       which UCX protocol the nixl transport's GPU puts take (UCX_PROTO_INFO)
 set -u
 out=${1:?usage: sh bench/gpu_session.sh OUT}
@@ -33,14 +31,14 @@ step() {  # NAME SECONDS COMMAND...: run it within SECONDS, its output in OUT/NA
     tail -n 4 "$out/$name.log"
 }
 
-step new-tests 150 python3 -m pytest -q -rs -m gpu tests/test_gpu.py \
-    -k "cuda_ipc or cuda_context or torch_side_stream or torch_reads"
-step probe 60 python3 docs/bench-gpu-nixl-context/nixl_probe.py 16777216 cuda 300
-step gpu-tests 240 python3 -m pytest -q -rs -m gpu -p no:cacheprovider
-step bench 180 python3 -m tensorwire.bench --device cuda --sizes 4K,1M,16M,64M \
+step info 30 python3 -m tensorwire info
+step gpu-tests 270 python3 -m pytest -q -rfEs -m gpu -p no:cacheprovider --timeout 90 \
+    --durations 25 --junitxml "$out/gpu-tests.xml"
+step bench 150 python3 -m tensorwire.bench --device cuda --sizes 4K,16M,64M \
     --transports shm,tcp,nixl --repeat 3 --no-progress \
     --json "$out/bench-gpu.json" --markdown "$out/bench-gpu.md"
-step proto 60 env UCX_PROTO_INFO=y python3 -m tensorwire.bench --device cuda --sizes 16M \
+step probe 45 python3 docs/bench-gpu-nixl-context/nixl_probe.py 16777216 cuda 300
+step proto 45 env UCX_PROTO_INFO=y python3 -m tensorwire.bench --device cuda --sizes 16M \
     --transports nixl --repeat 1 --no-progress
 grep -h "ucp_put" "$out/proto.log" | sort | uniq -c | head -n 20 > "$out/proto-puts.txt"
 echo "== done: $out"
