@@ -20,6 +20,7 @@ batches are moved to the GPU before the forward pass and the gradients leave fro
 from __future__ import annotations
 
 import hashlib
+import logging
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -30,6 +31,8 @@ import torch.nn.functional as F
 
 from . import models
 from .tasks import JobInfo, StepResult
+
+log = logging.getLogger("tensorwire.worker")
 
 Array = np.ndarray[Any, Any]
 
@@ -166,6 +169,25 @@ def _per_position(scores: torch.Tensor, y: torch.Tensor) -> bool:
     return not y.is_floating_point() and scores.ndim == y.ndim + 1 and scores.shape[:-1] == y.shape
 
 
+def _say_if_moved_off_a_gpu(module: torch.nn.Module, device: str) -> None:
+    """A factory that built its module on a GPU, for a worker that trains elsewhere (its
+    ``--device``, cpu by default): the module is moved there, as ``--device`` says, and the
+    operator is told, as a GPU job that runs on the CPU is otherwise only slow."""
+    built_on = {
+        str(p.device)
+        for p in module.parameters()
+        if p.device.type == "cuda" and not isinstance(p, torch.nn.parameter.UninitializedParameter)
+    } - {device}
+    if built_on:
+        log.warning(
+            "the model factory built the module on %s; this worker trains on %s (--device), "
+            "so it is moved there (pass --device %s to train it where it was built)",
+            ", ".join(sorted(built_on)),
+            device,
+            sorted(built_on)[0],
+        )
+
+
 class TorchTask:
     framework = "torch"
 
@@ -200,6 +222,7 @@ class TorchTask:
             raise ValueError(f"device {device!r}: use cpu, cuda or cuda:N")
         #: where the parameters' buffers live, as tensorwire names it (``cpu`` or ``cuda:N``)
         self.device = str(self.torch_device)
+        _say_if_moved_off_a_gpu(module, self.device)
         module.to(self.torch_device)
         self._materialize()
         self._params = trainable_parameters(module)

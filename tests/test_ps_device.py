@@ -117,6 +117,32 @@ def test_a_gpu_server_steps_what_pytorch_steps_under_adamw_with_unused_parameter
 
 
 @_gpu
+def test_a_gpu_server_clips_and_follows_a_schedule_as_pytorch_does(job: Any) -> None:
+    """``--clip-grad-norm`` (the global norm on the GPU: ``xp.vdot`` in cupy) and ``--lr-schedule
+    cosine --warmup-steps`` on a server on the GPU: a BSP job of two CPU workers equals one
+    process that clips its mean gradient with ``clip_grad_norm_`` and follows ``LambdaLR`` of
+    Hugging Face's formula before each momentum step."""
+    pytest.importorskip("torch")
+    from .torch_grads_model import reference, schedule_factor
+
+    steps, warmup, lr, decay, limit = 20, 5, 0.05, 0.1, 0.5
+    j = job(
+        ps=[
+            *("--device", "cuda", "--steps", str(steps), "--optimizer", "momentum"),
+            *("--lr", str(lr), "--weight-decay", str(decay), "--clip-grad-norm", str(limit)),
+            *("--lr-schedule", "cosine", "--warmup-steps", str(warmup)),
+        ],
+        worker=["--model", "tests.torch_grads_model:make"],
+    )
+    ok(j)
+    factor = schedule_factor("cosine", steps, warmup)
+    want = reference(steps, 2, 32, lr, 0.9, decay, schedule=factor, clip=limit)
+    for rank in (0, 1):
+        assert_params_close(j.params(rank), want, 1e-5)
+    assert 0 < j.metrics("ps0")["clipped_steps"] <= steps
+
+
+@_gpu
 def test_a_gpu_server_checkpoints_to_host_and_resumes_on_the_gpu(job: Any, tmp_path: Path) -> None:
     """Adam's moments go to the checkpoint from GPU memory and come back into it; the resumed
     job ends where one straight job on the CPU ends."""

@@ -306,6 +306,62 @@ def test_a_built_in_model_in_torch_on_gpu_workers_trains_as_the_numpy_one(job: A
         assert_params_close(j.params(rank), ref, 1e-4)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch with CUDA)")
+@pytest.mark.parametrize("factory", ["make", "sparse", "lazy", "tiny_lm"])
+def test_gpu_workers_train_models_whose_gradients_are_not_dense_per_step(
+    job: Any, factory: str
+) -> None:
+    """Workers with --device cuda, each of the models whose gradients are not one dense tensor
+    per parameter per step: ``make``, a layer no step uses (``grad`` None, pushed flagged) and
+    one some steps use, and ``sparse``, an ``nn.Embedding(sparse=True)`` (densified on the GPU),
+    equal one process stepped by ``torch.optim`` on the CPU (the unused layer bit for bit as it
+    started); ``lazy`` (``nn.LazyLinear``, shaped by a forward pass of a batch moved to the GPU)
+    and the tiny language model (per-token loss, AdamW) learn."""
+    from .torch_grads_model import module, reference
+
+    steps, lr = 20, 0.05
+    if factory in ("make", "sparse"):
+        decay = 0.1 if factory == "make" else 0.0
+        ps = ["--optimizer", "momentum", "--lr", str(lr), "--weight-decay", str(decay)]
+        model = f"tests.torch_grads_model:{factory}"
+    elif factory == "lazy":
+        steps, ps, model = 60, ["--lr", "0.5"], "tests.torch_grads_model:lazy"
+    else:
+        steps, ps = 120, ["--optimizer", "adamw", "--lr", "0.01", "--weight-decay", "0.01"]
+        model = str(ROOT / "examples" / "torch_tiny_lm.py") + ":make"
+    j = job(
+        ps=["--steps", str(steps), *ps],
+        worker=["--model", model, "--device", "cuda", "--eval-every", "0"],
+    )
+    ok(j)
+    if factory in ("make", "sparse"):
+        want = reference(steps, 2, 32, lr, 0.9, decay, "branched" if factory == "make" else factory)
+        for rank in (0, 1):
+            assert_params_close(j.params(rank), want, 1e-4)
+        if factory == "make":
+            start = {n: p.detach().numpy() for n, p in module().named_parameters()}
+            for name in ("spare.weight", "spare.bias"):
+                np.testing.assert_array_equal(j.params(0)[name], start[name])
+    else:
+        # (chance is 0.1 on the digits, 0.0625 for the LM's tokens; the lazy model, its layers
+        # drawn by the GPU's generator, reached 0.783 on an H200 where the CPU's reach 0.8)
+        assert j.metrics("w0")["test_accuracy"] > (0.5 if factory == "lazy" else 0.9)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch with CUDA)")
+def test_a_module_built_on_a_gpu_for_a_cpu_worker_is_moved_and_said(job: Any) -> None:
+    """A factory that builds its module on the GPU, run by a worker without ``--device`` (cpu):
+    the module trains on the CPU, as ``--device`` says, and the worker's log says it was moved
+    and how to train it where it was built. Before, it was moved without a word."""
+    j = job(ps=["--steps", "3"], worker=["--model", "tests.torch_grads_model:on_gpu"])
+    ok(j)
+    says = "the model factory built the module on cuda:0; this worker trains on cpu (--device)"
+    for rank in (0, 1):
+        assert says in j.log(f"w{rank}") and "pass --device cuda:0" in j.log(f"w{rank}")
+
+
 def test_a_frozen_layer_is_not_trained_sent_or_decayed(job: Any, tmp_path: Path) -> None:
     """A model fine-tuned on a frozen bfloat16 layer (``requires_grad=False``), trained with
     momentum and weight decay by two workers: the servers keep the head alone, the frozen layer
@@ -427,20 +483,10 @@ def test_a_learning_rate_schedule_with_warmup_steps_as_pytorch_s_lambda_lr(
     """``--lr-schedule cosine|linear --warmup-steps 5``: a BSP job of two workers equals one
     process whose optimizer's rate follows ``LambdaLR`` with Hugging Face's formulas (written
     out here): rising from 0 over the warmup, then falling to 0 at the job's last step."""
-    import math
-
-    from .torch_grads_model import reference
+    from .torch_grads_model import reference, schedule_factor
 
     steps, warmup, lr, decay = 20, 5, 0.02, 0.1
-
-    def factor(step: int) -> float:  # transformers' get_{linear,cosine}_schedule_with_warmup
-        if step < warmup:
-            return step / warmup
-        progress = (step - warmup) / (steps - warmup)
-        if schedule == "linear":
-            return max(0.0, (steps - step) / (steps - warmup))
-        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
-
+    factor = schedule_factor(schedule, steps, warmup)
     j = job(
         servers=servers,
         ps=[

@@ -11,6 +11,7 @@ should."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -32,6 +33,23 @@ class Branched(nn.Module):
         if bool(use_extra):
             out = out + self.extra(x)
         return out
+
+
+def schedule_factor(kind: str, steps: int, warmup: int) -> Any:
+    """The rate's factor at each step of ``--lr-schedule kind --warmup-steps warmup`` over a
+    job of ``steps``, as Hugging Face transformers' ``get_{linear,cosine}_schedule_with_warmup``
+    write it (for PyTorch's ``LambdaLR``): rising from 0 over the warmup, then falling to 0 at
+    the last step."""
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return step / warmup
+        progress = (step - warmup) / (steps - warmup)
+        if kind == "linear":
+            return max(0.0, (steps - step) / (steps - warmup))
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+    return factor
 
 
 def uses_extra(rank: int, step: int) -> bool:
@@ -73,11 +91,18 @@ def _factory(kind: str, job: JobInfo) -> tuple[nn.Module, Any, Any]:
         return _batch(data, job.rank, job.workers, job.batch, step, job.seed)
 
     def evaluate(model: nn.Module) -> float:
+        device = next(model.parameters()).device  # the worker's --device
         with torch.no_grad():
-            out = model(torch.from_numpy(data.x_test), torch.tensor(False))
+            out = model(torch.from_numpy(data.x_test).to(device), torch.tensor(False)).cpu()
         return float((out.argmax(dim=1) == torch.from_numpy(data.y_test)).float().mean())
 
     return module(job.seed, kind), batches, evaluate
+
+
+def on_gpu(job: JobInfo) -> tuple[nn.Module, Any, Any]:
+    """``make``'s model, built on the GPU (``.cuda()``) by the factory itself."""
+    model, batches, evaluate = _factory("branched", job)
+    return model.cuda(), batches, evaluate
 
 
 def make(job: JobInfo) -> tuple[nn.Module, Any, Any]:
@@ -150,8 +175,9 @@ def lazy(job: JobInfo) -> tuple[nn.Module, Any, Any]:
         return torch.from_numpy(x), torch.from_numpy(y)
 
     def evaluate(model: nn.Module) -> float:
+        device = next(model.parameters()).device
         with torch.no_grad():
-            out = model(torch.from_numpy(data.x_test))
+            out = model(torch.from_numpy(data.x_test).to(device)).cpu()
         return float((out.argmax(dim=1) == torch.from_numpy(data.y_test)).float().mean())
 
     model = nn.Sequential(nn.LazyLinear(32), nn.ReLU(), nn.LazyLinear(10))
