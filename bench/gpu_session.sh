@@ -7,17 +7,17 @@
 #     . .gpu-bundle/device-setup.sh && sh bench/gpu_session.sh "$OUT"
 #
 # The steps, the widest check first (a session's device time is 15 minutes, start included):
-#   info        what `tensorwire info` says of the GPU, CUDA and UCX's CUDA transports
-#   gpu-tests   every test marked gpu (junit XML beside the log)
+#   info        nvidia-smi's GPU, driver and memory, and what `tensorwire info` says of the GPU,
+#               CUDA and UCX's CUDA transports
+#   gpu-tests   every test marked gpu
 #   bench       the GPU rows of every transport with their references (d2d copy, pinned H2D,
 #               raw NIXL VRAM WRITE, a torch.multiprocessing queue): issue 17's ratios
-#   probe       docs/bench-gpu-nixl-context/nixl_probe.py at 16 MiB: per-call medians of one
-#               process's nixl GPU writes (1.1 ms per 4 KiB before 7d8cf27, unexplained)
+#   probe       docs/bench-gpu-nixl-context/nixl_probe.py at 16 MiB: per-call medians of a nixl
+#               sender that connects before it touches CUDA (215 GB/s on an H200, 2026-12-04)
 #   proto       which UCX protocol the nixl transport's GPU puts take (UCX_PROTO_INFO)
 set -u
 out=${1:?usage: sh bench/gpu_session.sh OUT}
 mkdir -p "$out"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpu.txt" 2>&1
 
 step() {  # NAME SECONDS COMMAND...: run it within SECONDS, its output in OUT/NAME.log
     name=$1
@@ -31,14 +31,17 @@ step() {  # NAME SECONDS COMMAND...: run it within SECONDS, its output in OUT/NA
     tail -n 4 "$out/$name.log"
 }
 
-step info 30 python3 -m tensorwire info
+step info 30 sh -c 'nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; python3 -m tensorwire info'
 step gpu-tests 270 python3 -m pytest -q -rfEs -m gpu -p no:cacheprovider --timeout 90 \
-    --durations 25 --junitxml "$out/gpu-tests.xml"
+    --durations 25
 step bench 150 python3 -m tensorwire.bench --device cuda --sizes 4K,16M,64M \
     --transports shm,tcp,nixl --repeat 3 --no-progress \
     --json "$out/bench-gpu.json" --markdown "$out/bench-gpu.md"
 step probe 45 python3 docs/bench-gpu-nixl-context/nixl_probe.py 16777216 cuda 300
 step proto 45 env UCX_PROTO_INFO=y python3 -m tensorwire.bench --device cuda --sizes 16M \
     --transports nixl --repeat 1 --no-progress
+# (the whole log is too large, and the device tool brings back at most 8 files: 7 here)
 grep -h "ucp_put" "$out/proto.log" | sort | uniq -c | head -n 20 > "$out/proto-puts.txt"
+tail -n 3 "$out/proto.log" >> "$out/proto-puts.txt"
+rm -f "$out/proto.log"
 echo "== done: $out"
