@@ -7,6 +7,7 @@ or a numpy model named by import path, and the servers learn the parameters from
 from __future__ import annotations
 
 import json
+import signal
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import pytest
 
 from tensorwire.server import optim
 
-from .jobs import assert_params_close, cli, digits_bsp_job, digits_reference, ok
+from .jobs import assert_params_close, cli, digits_bsp_job, digits_reference, log_has, ok
 
 torch = pytest.importorskip("torch")
 
@@ -504,6 +505,44 @@ def test_a_learning_rate_schedule_with_warmup_steps_as_pytorch_s_lambda_lr(
     # (the schedule matters here: without it, PyTorch ends elsewhere)
     err = np.linalg.norm(j.params(0)["trunk.weight"] - flat["trunk.weight"])
     assert err > 1e-3 * np.linalg.norm(flat["trunk.weight"])
+
+
+def test_a_server_killed_and_resumed_keeps_to_its_learning_rate_schedule(
+    job: Any, tmp_path: Path
+) -> None:
+    """A server with a warmup and a cosine schedule, SIGKILLed part way (after a checkpoint of
+    step 10 or later, short of the job's 40) and started again with ``--resume``: the workers
+    come back by themselves, the steps since the checkpoint are done again, and the job ends
+    where one process stepped by ``LambdaLR`` and momentum ends. The rate is taken up at the
+    checkpoint's step (a function of the step and the shared settings) and the momentum from
+    the checkpoint."""
+    from .torch_grads_model import reference, schedule_factor
+
+    steps, warmup, lr, decay = 40, 5, 0.05, 0.1
+    j = job(
+        ps=[
+            *("--steps", str(steps), "--optimizer", "momentum", "--lr", str(lr)),
+            *("--weight-decay", str(decay), "--lr-schedule", "cosine"),
+            *("--warmup-steps", str(warmup), "--checkpoint-every", "5"),
+            *("--checkpoint-dir", str(tmp_path / "ckpt"), "--log-level", "INFO"),
+        ],
+        worker=["--model", "tests.torch_grads_model:paced"],  # 50 ms a step
+    )
+    log_has(j.tmp / "ps0.log", "checkpoint at step 10", 60)
+    j.ps[0].kill()
+    assert j.ps[0].wait(10) == -signal.SIGKILL
+    saved = int(j.log("ps0").rsplit("checkpoint at step ", 1)[1].split()[0])
+    assert 10 <= saved < steps
+    again = j.start([*j.ps[0].args, "--resume"], log="ps0-again")
+    codes = [p.wait(120) for p in (again, *j.workers)]
+    text = (j.tmp / "ps0-again.log").read_text()
+    assert codes == [0, 0, 0], text + j.log("w0")
+    assert f"at step {saved}" in text, text
+    want = reference(
+        steps, 2, 32, lr, 0.9, decay, schedule=schedule_factor("cosine", steps, warmup)
+    )
+    for rank in (0, 1):
+        assert_params_close(j.params(rank), want, 1e-5)
 
 
 def test_a_clipped_gradient_norm_as_pytorch_s_clip_grad_norm(job: Any) -> None:

@@ -12,6 +12,7 @@ should."""
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import torch
@@ -97,6 +98,18 @@ def _factory(kind: str, job: JobInfo) -> tuple[nn.Module, Any, Any]:
         return float((out.argmax(dim=1) == torch.from_numpy(data.y_test)).float().mean())
 
     return module(job.seed, kind), batches, evaluate
+
+
+def paced(job: JobInfo) -> tuple[nn.Module, Any, Any]:
+    """``make``'s model and batches, each batch 50 ms late: a job slow enough to be stopped
+    part way (the batches, and so the gradients, are ``make``'s)."""
+    model, batches, evaluate = _factory("branched", job)
+
+    def late(step: int) -> Any:
+        time.sleep(0.05)
+        return batches(step)
+
+    return model, late, evaluate
 
 
 def on_gpu(job: JobInfo) -> tuple[nn.Module, Any, Any]:
