@@ -63,6 +63,31 @@ def test_torch_bsp_equals_one_process_on_the_union_of_batches(job: Any, transpor
         assert_params_close(got, ref, 1e-5)
 
 
+def test_a_compiled_module_trains_as_the_module_does_and_compiles_once(job: Any) -> None:
+    """``torch.compile(module)`` from the factory: a BSP job ends where the same job of the
+    module uncompiled ends (its parameters named with the compiled wrapper's ``_orig_mod.``),
+    and neither worker compiles again once started but for the evaluation's ``no_grad``
+    (``TORCH_LOGS=recompiles`` logs each recompilation and its cause), although the servers
+    write the parameters' buffers at every step."""
+    steps = ["--steps", "30", "--optimizer", "momentum", "--lr", "0.1"]
+    compiled = job(
+        ps=steps,
+        worker=["--model", "tests.torch_compiled_model:make"],
+        env={"TORCH_LOGS": "recompiles"},
+    )
+    plain = job(ps=steps, worker=["--model", "tests.torch_compiled_model:plain"])
+    ok(compiled, timeout=300)  # (the first compilation takes seconds on a small machine)
+    ok(plain)
+    want = plain.params(0)
+    for rank in (0, 1):
+        got = compiled.params(rank)
+        assert sorted(got) == sorted(f"_orig_mod.{n}" for n in want)
+        assert_params_close({n.removeprefix("_orig_mod."): v for n, v in got.items()}, want, 1e-5)
+        log = compiled.log(f"w{rank}")
+        recompiled = log.count("Recompiling")
+        assert recompiled == 0 or (recompiled == 1 and "changed: grad_mode" in log), log
+
+
 def test_torch_cnn_trains_digits_to_97_percent(job: Any) -> None:
     j = job(
         ps=["--steps", "600", "--optimizer", "momentum", "--lr", "0.05"],
