@@ -176,11 +176,10 @@ def reference(
     return {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
 
 
-def lazy(job: JobInfo) -> tuple[nn.Module, Any, Any]:
-    """A module of ``nn.LazyLinear`` layers, whose parameters have no shape until a first
-    forward pass, on the digits."""
-    torch.set_num_threads(1)
-    torch.manual_seed(job.seed)
+def on_digits(job: JobInfo, model: nn.Module) -> tuple[nn.Module, Any, Any]:
+    """A factory's answer for ``model``, a module of the digits' 64 pixels: its worker's
+    batches, and its evaluation on the model's device."""
+    torch.set_num_threads(1)  # a job's processes share the machine's cores
     data = models.load("digits", job.seed)
 
     def batches(step: int) -> Any:
@@ -193,5 +192,11 @@ def lazy(job: JobInfo) -> tuple[nn.Module, Any, Any]:
             out = model(torch.from_numpy(data.x_test).to(device)).cpu()
         return float((out.argmax(dim=1) == torch.from_numpy(data.y_test)).float().mean())
 
-    model = nn.Sequential(nn.LazyLinear(32), nn.ReLU(), nn.LazyLinear(10))
     return model, batches, evaluate
+
+
+def lazy(job: JobInfo) -> tuple[nn.Module, Any, Any]:
+    """A module of ``nn.LazyLinear`` layers, whose parameters have no shape until a first
+    forward pass, on the digits."""
+    torch.manual_seed(job.seed)
+    return on_digits(job, nn.Sequential(nn.LazyLinear(32), nn.ReLU(), nn.LazyLinear(10)))
