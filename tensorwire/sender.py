@@ -48,7 +48,15 @@ from .resource import Resource
 from .spec import TensorSpec, names_listed, shown_name
 from .split_copy import SplitCopier, check_copy_threads
 from .transports import check_name, choose, open_channel
-from .transports.base import ENDED_BY_RECEIVER, Channel, PeerInfo, TensorEntry, TensorWriter
+from .transports.base import (
+    ENDED_BY_RECEIVER,
+    GIVE_WAY_EVERY,
+    Channel,
+    GiveWay,
+    PeerInfo,
+    TensorEntry,
+    TensorWriter,
+)
 
 _DEFAULT: Any = object()
 
@@ -139,6 +147,9 @@ class _Peer:
         #: buffer() block, taking an address book, the ending): one such call at a time, while
         #: calls to the sender's other receivers go on (Sender, "Locks")
         self.lock = threading.RLock()
+        #: threads waiting for :attr:`lock` (Sender._hold): a write that holds it waiting for a
+        #: credit gives way to them (transports.base.GiveWay)
+        self.waiting: set[int] = set()
         self.control: ControlClient | None = None
         self.channel: Channel | None = None
         self.transport = ""
@@ -174,6 +185,10 @@ class _Peer:
         #: address books fetched, and the number of the one taken (fetch_book, take_book)
         self._books_fetched = 0
         self._book_taken = 0
+
+    def others_waiting(self) -> bool:
+        """Another thread waits for :attr:`lock`."""
+        return bool(self.waiting)
 
     def note_lost(self) -> None:
         """Count this connection's loss once, however many writes and heartbeats see it."""
@@ -573,6 +588,16 @@ def _by_peer(
     return list(by_peer.values())
 
 
+def _let_waiting_go(p: _Peer) -> None:
+    """After a write gave way (GiveWay) and let ``p``'s lock go: until the threads that were
+    waiting for it have taken it (GIVE_WAY_EVERY at most), so that the write, trying again, does
+    not take it straight back."""
+    waiting = set(p.waiting)
+    until = time.monotonic() + GIVE_WAY_EVERY
+    while waiting & p.waiting and time.monotonic() < until:
+        time.sleep(1e-4)
+
+
 def _books_kept_changing(what: str, doing: str) -> TensorWireError:
     """A call's route went stale ``ROUTE_TRIES`` times over (another thread's refreshes,
     reconnects, receivers added and removed): it gives up, saying so."""
@@ -692,9 +717,10 @@ class Sender(Resource):
         # across a wait on a receiver. Each peer's ``lock`` (_Peer.lock) is held by the call
         # that uses the receiver's session (a write, its claim and reconnect, a buffer() block,
         # taking an address book, the goodbye): a write blocked on one receiver (no credit, a
-        # full socket) holds up no call to the others. A thread may take ``_lock`` while it
-        # holds a peer's lock, never a peer's lock while it holds ``_lock``; and it waits for
-        # a peer's lock within its call's deadline (_hold).
+        # full socket) holds up no call to the others, and a single write waiting for a credit
+        # steps aside for another thread's call to its own (GiveWay). A thread may take
+        # ``_lock`` while it holds a peer's lock, never a peer's lock while it holds ``_lock``;
+        # and it waits for a peer's lock within its call's deadline (_hold).
         self._lock = threading.RLock()
         #: bumped (under ``_lock``) whenever the routes are forgotten, before the peer's lock
         #: of a change is let go: a route found at an epoch is still good where the epoch is
@@ -1078,11 +1104,18 @@ class Sender(Resource):
         if lock.acquire(False):
             return
         deadline = p.round_trip_deadline(deadline)
-        if lock.acquire(timeout=-1 if deadline is None else max(deadline - time.monotonic(), 0)):
-            return
+        me = threading.get_ident()
+        p.waiting.add(me)  # (a set's add and discard are atomic: no lock needed)
+        try:
+            wait = -1 if deadline is None else max(deadline - time.monotonic(), 0)
+            if lock.acquire(timeout=wait):
+                return
+        finally:
+            p.waiting.discard(me)
         raise WireTimeoutError(
-            f"{call} to the receiver at {p.address}: another thread's call to it (a write waiting "
-            "for a credit, a buffer() block) held it until this call's timeout"
+            f"{call} to the receiver at {p.address}: another thread's call to it (a buffer() "
+            "block, a batch waiting for a credit, a message under way) held it until this "
+            "call's timeout"
         )
 
     def _check_open(self) -> None:
@@ -1298,7 +1331,13 @@ class Sender(Resource):
                 finally:
                     lock.release()
         deadline = self._deadline(timeout)
-        for _ in range(ROUTE_TRIES):
+        tries = 0
+        gave_way_to: _Peer | None = None
+        while tries < ROUTE_TRIES:
+            tries += 1
+            if gave_way_to is not None:
+                _let_waiting_go(gave_way_to)
+                gave_way_to = None
             # The route cache read inline (the general path of every dynamic or GPU message,
             # and of nixl's larger ones): the epoch first, so that a route forgotten after it
             # is read fails the look under the receiver's lock below; a closed sender has none.
@@ -1319,7 +1358,20 @@ class Sender(Resource):
                     w = p.writers.get(entry.tensor_id) or p.writer(entry, deadline)
                     if self._producing:
                         self._refuse_if_producing(w, name)
-                    w.write(arr if w.takes_device else w.on_host(arr), deadline)
+                    channel = p.channel
+                    if channel is not None:
+                        # Its wait for a credit steps aside for another thread's call to this
+                        # receiver (a write of another tensor whose consumer may be next)
+                        channel.give_way = p.others_waiting
+                    try:
+                        w.write(arr if w.takes_device else w.on_host(arr), deadline)
+                    except GiveWay:
+                        tries -= 1  # (not a change of route)
+                        gave_way_to = p
+                        continue
+                    finally:
+                        if channel is not None:
+                            channel.give_way = None
                     if w.writes_now and fast is None:
                         with self._lock:
                             if epoch == self._routes_epoch:

@@ -358,6 +358,30 @@ def a_write_waiting_for_a_credit(tx: tw.Sender, held: tw.Receiver) -> Iterator[N
 
 
 @contextlib.contextmanager
+def a_buffer_block_open(tx: tw.Sender, held: tw.Receiver) -> Iterator[None]:
+    """For the body, another thread holds a ``buffer()`` block of ``held``'s tensor ``t`` (4
+    int64) open: it holds the receiver across its own code. Then the block ends, and its
+    message must land."""
+    inside, leave = threading.Event(), threading.Event()
+
+    def block() -> None:
+        with tx.buffer("t", timeout=30) as out:
+            out[:] = 7
+            inside.set()
+            leave.wait(30)
+
+    thread, ended = started(block)
+    try:
+        assert inside.wait(10), "the block did not open"
+        yield
+    finally:
+        leave.set()
+        thread.join(30)
+    assert ended == [None]
+    assert held.wait("t", timeout=5).tolist() == [7, 7, 7, 7]
+
+
+@contextlib.contextmanager
 def silent_listener() -> Iterator[str]:
     """The address of a port that accepts TCP connections and never speaks ZeroMQ: a handshake
     with it lasts until its connect_timeout (a receiver frozen before it answered)."""
@@ -695,20 +719,21 @@ def test_a_write_blocked_on_one_receiver_holds_up_no_call_to_another(transport: 
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
-def test_a_write_waits_for_another_threads_write_to_its_receiver_within_its_timeout(
+def test_a_write_waits_for_another_threads_buffer_block_within_its_timeout(
     transport: str,
 ) -> None:
-    """A write to a receiver that another thread's write holds (waiting for a credit) waits
-    for it within its own timeout (1 s here), then raises WireTimeoutError saying so; before,
-    it waited behind the sender's lock for the other write's timeout (20 s here)."""
-    with tw.Receiver(ring=1) as rx:
+    """A write to a receiver that another thread's ``buffer()`` block holds (across that
+    thread's own code) waits for it within its own timeout (1 s here), then raises
+    WireTimeoutError saying so; before, it waited behind the sender's lock for the other
+    call's timeout (20 s here)."""
+    with tw.Receiver(ring=2) as rx:
         rx.register("t", (4,), "int64")
         rx.register("u", (4,), "int64")
         with tw.Sender.connect(rx.address, transport=transport, timeout=20) as tx:
             tx.write("u", np.zeros(4, np.int64))  # claimed: the write below needs no round trip
             rx.wait("u", timeout=5)
             rx.release("u")
-            with a_write_waiting_for_a_credit(tx, rx):
+            with a_buffer_block_open(tx, rx):
                 began = time.monotonic()
                 with pytest.raises(tw.WireTimeoutError, match="another thread's call to it"):
                     tx.write("u", np.ones(4, np.int64), timeout=1)
@@ -718,12 +743,75 @@ def test_a_write_waits_for_another_threads_write_to_its_receiver_within_its_time
             assert rx.wait("u", timeout=5).tolist() == [1, 1, 1, 1]
 
 
+@pytest.mark.parametrize("transport", ["shm", "tcp", "nixl"])
+def test_a_write_waiting_for_a_credit_gives_way_to_another_threads_call(transport: str) -> None:
+    """Another thread's write to the same receiver waits for a credit (its tensor's one slot
+    held): a write of another tensor, and a refresh of the receiver's book, go through at once
+    (the waiting write steps aside, within GIVE_WAY_EVERY), and the waiting write lands once
+    its slot is released. Before, each waited behind it until its own timeout
+    ("another thread's call to it ... held it")."""
+    with tw.Receiver(ring=1) as rx:
+        rx.register("t", (4,), "int64")
+        rx.register("u", (4,), "int64")
+        with tw.Sender.connect(rx.address, transport=transport, timeout=20) as tx:
+            tx.write("u", np.zeros(4, np.int64))  # claimed: the write below needs no round trip
+            rx.wait("u", timeout=5)
+            rx.release("u")
+            with a_write_waiting_for_a_credit(tx, rx):
+                began = time.monotonic()
+                tx.write("u", np.ones(4, np.int64), timeout=5)
+                assert rx.wait("u", timeout=5).tolist() == [1, 1, 1, 1]
+                rx.release("u")
+                rx.register("w", (4,), "int64")
+                tx.refresh(rx.address, timeout=5)
+                assert "w" in tx.tensors(rx.address)
+                took = time.monotonic() - began
+            assert took < 4, took  # (a timeout would have taken 5 s)
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp", "nixl"])
+def test_threads_writing_tensors_a_consumer_takes_in_turn_never_wait_on_each_other(
+    transport: str,
+) -> None:
+    """Two threads of one sender stream 30 numbered messages each, one tensor each, into a
+    receiver whose consumer takes them in turn (``a`` then ``b``, one slot each): a thread
+    whose next message has no slot yet gives way to the other, whose message the consumer
+    waits for. Before, the first to lack a credit held the receiver while waiting for it, and
+    the consumer waited for the other's message until the timeout."""
+    count = 30
+    with tw.Receiver(ring=1) as rx:
+        rx.register("a", (4,), "int64")
+        rx.register("b", (4,), "int64")
+        with tw.Sender.connect(rx.address, transport=transport, timeout=20) as tx:
+            threads = [
+                started(
+                    functools.partial(
+                        lambda n: [
+                            tx.write(n, np.full(4, k, np.int64), timeout=20)
+                            for k in range(1, count + 1)
+                        ],
+                        name,
+                    )
+                )
+                for name in ("a", "b")
+            ]
+            try:
+                for k in range(1, count + 1):
+                    for name in ("a", "b"):
+                        assert rx.wait(name, timeout=10).tolist() == [k] * 4, (name, k)
+                        rx.release(name)
+            finally:
+                for thread, _ in threads:
+                    thread.join(30)
+            assert [ended for _, ended in threads] == [[None], [None]]
+
+
 def test_a_refresh_of_every_receiver_takes_the_free_ones_books_first() -> None:
-    """``refresh()`` of every receiver while another thread's write holds the first (waiting
-    for a credit): the second's book, with a tensor registered since, is taken at once; the
-    held one's within the refresh's timeout (1 s here), which then raises WireTimeoutError
-    saying so. Before, the books were taken in turn: the held receiver's wait ran out first,
-    and the second's book was never taken."""
+    """``refresh()`` of every receiver while another thread's ``buffer()`` block holds the
+    first: the second's book, with a tensor registered since, is taken at once; the held one's
+    within the refresh's timeout (1 s here), which then raises WireTimeoutError saying so.
+    Before, the books were taken in turn: the held receiver's wait ran out first, and the
+    second's book was never taken."""
     with tw.Receiver(ring=1) as held, tw.Receiver() as rx:
         held.register("t", (4,), "int64")
         rx.register("u", (4,), "int64")
@@ -731,7 +819,7 @@ def test_a_refresh_of_every_receiver_takes_the_free_ones_books_first() -> None:
             tx.add_peer(held.address)
             tx.add_peer(rx.address)
             rx.register("w", (4,), "int64")
-            with a_write_waiting_for_a_credit(tx, held):
+            with a_buffer_block_open(tx, held):
                 with pytest.raises(tw.WireTimeoutError, match="another thread's call to it"):
                     tx.refresh(timeout=1)
                 assert "w" in tx.tensors(rx.address)

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..cuda import PinnedBuffer
 from ..endpoint import is_wildcard_host
-from ..errors import LocalProtocolError, PeerLostError, TransportError
+from ..errors import LocalProtocolError, PeerLostError, TransportError, WireTimeoutError
 from ..layout import RingLayout
 from ..memory import Memory, RegionInfo
 from ..metrics import Traffic
@@ -109,6 +109,44 @@ _UNREPORTED = Traffic()
 ENDED_BY_RECEIVER = "the receiver ended this sender's session"
 
 
+class GiveWay(Exception):
+    """A write's wait for a credit, before any of its message has moved, stepped aside: the
+    sender asked it to (:attr:`Channel.give_way`), and another of its threads waits for the
+    receiver meanwhile (a write of another tensor, a refresh). The sender lets that call go
+    first and writes again. Without it a write waiting for a credit held every other call to
+    its receiver, and a consumer that took tensors in a set order waited for ever on a write
+    that could not start (test_threads.py, -k gives_way)."""
+
+
+#: How often at most a write that may give way looks, while it waits for a credit, whether
+#: another thread waits for its receiver (seconds): the longest such a thread waits for it.
+GIVE_WAY_EVERY = 0.02
+
+
+def wait_giving_way(
+    wait: Callable[[float | None], None],
+    deadline: float | None,
+    give_way: Callable[[], bool] | None,
+) -> None:
+    """``wait(deadline)``, a wait for a credit that raises WireTimeoutError at its deadline;
+    where ``give_way`` is given, in turns of GIVE_WAY_EVERY, after each of which GiveWay is
+    raised if ``give_way()`` says another thread waits for the receiver."""
+    if give_way is None:
+        wait(deadline)
+        return
+    while True:
+        until = time.monotonic() + GIVE_WAY_EVERY
+        if deadline is not None and deadline <= until:
+            wait(deadline)
+            return
+        try:
+            wait(until)
+            return
+        except WireTimeoutError:
+            if give_way():
+                raise GiveWay from None
+
+
 class TensorWriter(ABC):
     """Writes successive messages of one tensor into the receiver's ring."""
 
@@ -170,6 +208,10 @@ class Channel(ABC):
     transport: ClassVar[str]
     #: why the receiver is known to be gone (then every operation raises PeerLostError)
     lost: str | None = None
+    #: set by the sender around a single write (Sender.write) while it holds the receiver:
+    #: says whether another thread waits for the receiver, so that the write's wait for a
+    #: credit gives way to it (GiveWay); None: the wait is the call's alone
+    give_way: Callable[[], bool] | None = None
     #: this side ended the session (a call interrupted in flight, whose outcome is unknown),
     #: while the receiver may well live: a goodbye is still owed to it, which releases the
     #: session's tensors for the next one (the sender's reconnect, or another sender)
@@ -245,6 +287,8 @@ def live_sink(ref: Callable[[], DataSink | None]) -> DataSink:
 class CreditedChannel(Protocol):
     """Sender side of a networked transport: credits arrive as messages it must take in."""
 
+    give_way: Callable[[], bool] | None
+
     def released(self, tensor_id: int) -> int:
         """Messages of ``tensor_id`` the receiver has released so far (as far as we know)."""
 
@@ -273,15 +317,18 @@ class CreditedWriter(TensorWriter):
         need = next_seq - depth
         if channel.released(tensor_id) < need:
             started = time.perf_counter()
-            channel.await_credit(
-                tensor_id,
-                need,
-                deadline,
-                lambda: (
+
+            def what() -> str:
+                return (
                     f"tensor {self.spec.name!r}: no free slot for message {next_seq}: the "
                     f"receiver has released {channel.released(tensor_id)} of {next_seq - 1} "
                     f"(ring depth {depth})"
-                ),
+                )
+
+            wait_giving_way(
+                lambda until: channel.await_credit(tensor_id, need, until, what),
+                deadline,
+                channel.give_way,
             )
             self.traffic.waited(time.perf_counter() - started)
 

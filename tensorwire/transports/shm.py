@@ -56,7 +56,14 @@ from ..memory import RegionInfo
 from ..region import Region
 from ..ring import RingMemory, SlotChooser
 from ..split_copy import SplitCopier
-from .base import ENDED_BY_RECEIVER, Channel, PeerInfo, TensorEntry, TensorWriter
+from .base import (
+    ENDED_BY_RECEIVER,
+    Channel,
+    PeerInfo,
+    TensorEntry,
+    TensorWriter,
+    wait_giving_way,
+)
 
 log = logging.getLogger(__name__)
 
@@ -416,7 +423,11 @@ class ShmWriter(TensorWriter):
         if not ring.has_credit(seq):
             channel.ring_receiver()  # never wait on a consumer we have not told about a batch
             started = time.perf_counter()
-            ring.wait_credit(seq, deadline, channel.check_peer)
+            wait_giving_way(
+                lambda until: ring.wait_credit(seq, until, channel.check_peer),
+                deadline,
+                channel.give_way,
+            )
             self.traffic.waited(time.perf_counter() - started)
         return ring.released
 
