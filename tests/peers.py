@@ -462,6 +462,36 @@ def send_rewritten_gpu_source(address: str, name: str, count: int) -> None:
                 out.fill(k)
 
 
+def send_gpu_from_threads(address: str, transport: str, names: list[str], count: int) -> None:
+    """One sender, a thread per tensor of ``names`` (GPU tensors), each writing messages
+    1..``count`` of its tensor, message k all k, from a cupy source of its own refilled before
+    each write (on the thread's current stream, with no synchronisation between)."""
+    import threading
+
+    import cupy as cp
+
+    failed: list[BaseException] = []
+    with tw.Sender.connect(address, transport=transport, timeout=60) as tx:
+
+        def stream_of(name: str) -> None:
+            try:
+                spec = tx.spec(name)
+                src = cp.empty(spec.static_shape, dtype=spec.dtype)
+                for k in range(1, count + 1):
+                    src.fill(k)
+                    tx.write(name, src, timeout=60)
+            except BaseException as exc:  # (said by the parent: this process exits 1)
+                failed.append(exc)
+
+        threads = [threading.Thread(target=stream_of, args=(n,)) for n in names]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    if failed or any(t.is_alive() for t in threads):
+        raise SystemExit(f"a writing thread failed or hung: {failed!r}")
+
+
 def send_from_a_torch_side_stream(address: str, name: str, count: int) -> None:
     """Messages 1..``count`` of ``name`` (a float32 GPU tensor over shm), message k all k, from
     one torch tensor that a kernel on a torch stream of its own (not the default one) fills

@@ -38,6 +38,7 @@ from .peers import (
     run_gpu_receiver,
     run_hiding,
     send_from_a_torch_side_stream,
+    send_gpu_from_threads,
     send_plan_from,
     send_rewritten_gpu_source,
     send_uniform_gpu,
@@ -423,6 +424,28 @@ def test_gpu_writes_complete_behind_their_copies_in_order(
         _each_message_all_its_number(rx, "t", count + 2)
         children.join_ok(proc)
         assert rx._table.by_name["t"].ring.device_stores() == stores
+
+
+@_gpu
+@pytest.mark.parametrize("transport", ["shm", "tcp", "nixl"])
+def test_gpu_writes_from_several_threads_each_land_whole_and_in_order(
+    children: Children, transport: str
+) -> None:
+    """Four threads of one sender, each streaming GPU messages of its own tensor (4 KiB, two
+    of 1 MiB, and 32 MiB, whose shm writes complete behind their copies): every message of
+    every tensor arrives whole and in its order, the receiver taking them in turn."""
+    if transport == "nixl" and not NIXL_INSTALLED:
+        pytest.skip("NIXL is not installed")
+    sizes = {"a": 1 << 10, "b": 1 << 18, "c": 1 << 18, "d": DEFERRED_COMPLETION_BYTES // 4}
+    count = 40
+    with tw.Receiver(ring=2) as rx:
+        for name, elements in sizes.items():
+            rx.register(name, (elements,), "float32", device="cuda")
+        proc = children.start(send_gpu_from_threads, rx.address, transport, list(sizes), count)
+        for k in range(1, count + 1):
+            for name in sizes:
+                _each_message_from(rx, name, [k])
+        children.join_ok(proc)
 
 
 @_gpu

@@ -63,17 +63,19 @@ def test_bsp_with_the_server_on_a_gpu_equals_one_process(
     job: Any, optimizer: str, transport: str
 ) -> None:
     """CPU workers write their gradients into the servers' GPU slots (a host-to-device crossing
-    on every transport), the update runs in cupy, the parameters leave from GPU memory; two
-    servers, a weight matrix split across them."""
+    on every transport), the update runs in cupy, the parameters leave from GPU memory, over
+    tcp and nixl from several threads at once (--serve-threads); two servers, a weight matrix
+    split across them."""
     steps, lr = 25, 0.05
     common = ["--transport", transport]
+    serving = {"tcp": ["--serve-threads", "2"], "nixl": ["--serve-threads", "0"]}
     j = digits_bsp_job(
         job,
         servers=2,
         optimizer=optimizer,
         lr=lr,
         steps=steps,
-        ps=[*common, "--device", "cuda"],
+        ps=[*common, "--device", "cuda", *serving.get(transport, [])],
         worker=common,
     )
     ok(j)
