@@ -358,6 +358,20 @@ def a_write_waiting_for_a_credit(tx: tw.Sender, held: tw.Receiver) -> Iterator[N
 
 
 @contextlib.contextmanager
+def t_and_u_with_u_claimed(transport: str, ring: int) -> Iterator[tuple[tw.Receiver, tw.Sender]]:
+    """A receiver of tensors ``t`` and ``u`` (4 int64, ``ring`` slots each), and a sender to it
+    that has claimed ``u`` (a write of it needs no round trip)."""
+    with tw.Receiver(ring=ring) as rx:
+        rx.register("t", (4,), "int64")
+        rx.register("u", (4,), "int64")
+        with tw.Sender.connect(rx.address, transport=transport, timeout=20) as tx:
+            tx.write("u", np.zeros(4, np.int64))
+            rx.wait("u", timeout=5)
+            rx.release("u")
+            yield rx, tx
+
+
+@contextlib.contextmanager
 def a_buffer_block_open(tx: tw.Sender, held: tw.Receiver) -> Iterator[None]:
     """For the body, another thread holds a ``buffer()`` block of ``held``'s tensor ``t`` (4
     int64) open: it holds the receiver across its own code. Then the block ends, and its
@@ -726,21 +740,15 @@ def test_a_write_waits_for_another_threads_buffer_block_within_its_timeout(
     thread's own code) waits for it within its own timeout (1 s here), then raises
     WireTimeoutError saying so; before, it waited behind the sender's lock for the other
     call's timeout (20 s here)."""
-    with tw.Receiver(ring=2) as rx:
-        rx.register("t", (4,), "int64")
-        rx.register("u", (4,), "int64")
-        with tw.Sender.connect(rx.address, transport=transport, timeout=20) as tx:
-            tx.write("u", np.zeros(4, np.int64))  # claimed: the write below needs no round trip
-            rx.wait("u", timeout=5)
-            rx.release("u")
-            with a_buffer_block_open(tx, rx):
-                began = time.monotonic()
-                with pytest.raises(tw.WireTimeoutError, match="another thread's call to it"):
-                    tx.write("u", np.ones(4, np.int64), timeout=1)
-                waited = time.monotonic() - began
-            assert 0.9 < waited < 10, waited
-            tx.write("u", np.ones(4, np.int64), timeout=5)  # (the receiver free again)
-            assert rx.wait("u", timeout=5).tolist() == [1, 1, 1, 1]
+    with t_and_u_with_u_claimed(transport, ring=2) as (rx, tx):
+        with a_buffer_block_open(tx, rx):
+            began = time.monotonic()
+            with pytest.raises(tw.WireTimeoutError, match="another thread's call to it"):
+                tx.write("u", np.ones(4, np.int64), timeout=1)
+            waited = time.monotonic() - began
+        assert 0.9 < waited < 10, waited
+        tx.write("u", np.ones(4, np.int64), timeout=5)  # (the receiver free again)
+        assert rx.wait("u", timeout=5).tolist() == [1, 1, 1, 1]
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp", "nixl"])
@@ -750,23 +758,17 @@ def test_a_write_waiting_for_a_credit_gives_way_to_another_threads_call(transpor
     (the waiting write steps aside, within GIVE_WAY_EVERY), and the waiting write lands once
     its slot is released. Before, each waited behind it until its own timeout
     ("another thread's call to it ... held it")."""
-    with tw.Receiver(ring=1) as rx:
-        rx.register("t", (4,), "int64")
-        rx.register("u", (4,), "int64")
-        with tw.Sender.connect(rx.address, transport=transport, timeout=20) as tx:
-            tx.write("u", np.zeros(4, np.int64))  # claimed: the write below needs no round trip
-            rx.wait("u", timeout=5)
+    with t_and_u_with_u_claimed(transport, ring=1) as (rx, tx):
+        with a_write_waiting_for_a_credit(tx, rx):
+            began = time.monotonic()
+            tx.write("u", np.ones(4, np.int64), timeout=5)
+            assert rx.wait("u", timeout=5).tolist() == [1, 1, 1, 1]
             rx.release("u")
-            with a_write_waiting_for_a_credit(tx, rx):
-                began = time.monotonic()
-                tx.write("u", np.ones(4, np.int64), timeout=5)
-                assert rx.wait("u", timeout=5).tolist() == [1, 1, 1, 1]
-                rx.release("u")
-                rx.register("w", (4,), "int64")
-                tx.refresh(rx.address, timeout=5)
-                assert "w" in tx.tensors(rx.address)
-                took = time.monotonic() - began
-            assert took < 4, took  # (a timeout would have taken 5 s)
+            rx.register("w", (4,), "int64")
+            tx.refresh(rx.address, timeout=5)
+            assert "w" in tx.tensors(rx.address)
+            took = time.monotonic() - began
+        assert took < 4, took  # (a timeout would have taken 5 s)
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp", "nixl"])
