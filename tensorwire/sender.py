@@ -717,8 +717,9 @@ class Sender(Resource):
         # across a wait on a receiver. Each peer's ``lock`` (_Peer.lock) is held by the call
         # that uses the receiver's session (a write, its claim and reconnect, a buffer() block,
         # taking an address book, the goodbye): a write blocked on one receiver (no credit, a
-        # full socket) holds up no call to the others, and a single write waiting for a credit
-        # steps aside for another thread's call to its own (GiveWay). A thread may take
+        # full socket) holds up no call to the others, and a call waiting for a slot before
+        # any of its messages moved steps aside for another thread's call to its own
+        # (GiveWay). A thread may take
         # ``_lock`` while it holds a peer's lock, never a peer's lock while it holds ``_lock``;
         # and it waits for a peer's lock within its call's deadline (_hold).
         self._lock = threading.RLock()
@@ -1113,8 +1114,8 @@ class Sender(Resource):
         finally:
             p.waiting.discard(me)
         raise WireTimeoutError(
-            f"{call} to the receiver at {p.address}: another thread's call to it (a buffer() "
-            "block, a batch waiting for a credit, a message under way) held it until this "
+            f"{call} to the receiver at {p.address}: another thread's call to it (an open "
+            "buffer() block, a batch part way, a message under way) held it until this "
             "call's timeout"
         )
 
@@ -1527,7 +1528,18 @@ class Sender(Resource):
             for g, indices in enumerate(groups):  # noqa: B007 (g: where it stopped, below)
                 receiver = planned[indices[0]][0]
                 self._hold(receiver, deadline)
+                held = True
                 try:
+                    while epoch == self._routes_epoch and self._gave_way(
+                        receiver, planned[indices[0]], deadline
+                    ):
+                        # its first message had no slot and another thread waits for the
+                        # receiver: that thread's call first, nothing of the batch having moved
+                        receiver.lock.release()
+                        held = False
+                        _let_waiting_go(receiver)
+                        self._hold(receiver, deadline)
+                        held = True
                     if epoch != self._routes_epoch:
                         break  # a book or a session changed meanwhile: the rest planned again
                     try:
@@ -1543,7 +1555,8 @@ class Sender(Resource):
                             planned[k] = (p, entry, entry.spec.check_array(arr))
                         self._write_group(planned, indices, handles, deadline)
                 finally:
-                    receiver.lock.release()
+                    if held:
+                        receiver.lock.release()
             else:
                 return handles
             epoch = self._routes_epoch
@@ -1554,6 +1567,21 @@ class Sender(Resource):
                 planned[k] = (p, entry, entry.spec.check_array(arr))
             groups = _by_peer(planned, rest)
         raise _books_kept_changing("a batch", "wrote it")
+
+    def _gave_way(
+        self, p: _Peer, first: tuple[_Peer, TensorEntry, Any], deadline: float | None
+    ) -> bool:
+        """(write_many, under ``p``'s lock, its route current) A batch's wait for its first
+        message's slot, before any of it moves, giving way to another thread's call to ``p``:
+        True where it gave way. A tensor not yet claimed is left to the batch (its claim), as
+        is a receiver found lost (the batch meets it again, and reconnects where it should)."""
+        w = p.writers.get(first[1].tensor_id)
+        if w is None:
+            return False
+        try:
+            return self._await_slot(p, w, deadline)
+        except PeerLostError:
+            return False
 
     def _write_group(
         self,
@@ -1623,7 +1651,9 @@ class Sender(Resource):
         """
         deadline = self._deadline(timeout)
         asked = shape
-        for _ in range(ROUTE_TRIES):
+        tries = 0
+        while tries < ROUTE_TRIES:
+            tries += 1
             p, entry, epoch = self._resolve(name, peer, deadline)
             spec = entry.spec
             shape = asked
@@ -1645,9 +1675,23 @@ class Sender(Resource):
             # for the block (a write to the tensor would take the block's slot), those to the
             # sender's other receivers go on.
             self._hold(p, deadline, "buffer")
-            if epoch == self._routes_epoch:
+            if epoch != self._routes_epoch:
+                p.lock.release()  # (its book or session changed meanwhile: looked up again)
+                continue
+            # Its slot waited for before the block opens, giving way meanwhile to another
+            # thread's call to the receiver (as a write does); then the lock is kept.
+            try:
+                writer = p.writer(entry, deadline)
+                self._refuse_if_producing(writer, name)
+                gave_way = self._await_slot(p, writer, deadline)
+            except BaseException:
+                p.lock.release()
+                raise
+            if not gave_way:
                 break
-            p.lock.release()  # (its book or session changed meanwhile: looked up again)
+            p.lock.release()
+            tries -= 1  # (not a change of route)
+            _let_waiting_go(p)
         else:
             raise _books_kept_changing(f"tensor {name!r}", "looked it up")
         try:
@@ -1697,6 +1741,23 @@ class Sender(Resource):
                 del self._producing[id(w)]
         finally:
             p.lock.release()
+
+    @staticmethod
+    def _await_slot(p: _Peer, w: TensorWriter, deadline: float | None) -> bool:
+        """Wait under ``p``'s lock for a free slot for ``w``'s next message, giving way to
+        another thread's call to ``p``: True where it gave way (the caller lets the lock go,
+        and tries again)."""
+        channel = p.channel
+        if channel is not None:
+            channel.give_way = p.others_waiting
+        try:
+            w.await_slot(deadline)
+        except GiveWay:
+            return True
+        finally:
+            if channel is not None:
+                channel.give_way = None
+        return False
 
     @staticmethod
     def _interrupt(p: _Peer, why: str) -> None:

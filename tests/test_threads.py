@@ -771,32 +771,34 @@ def test_a_write_waiting_for_a_credit_gives_way_to_another_threads_call(transpor
         assert took < 4, took  # (a timeout would have taken 5 s)
 
 
+@pytest.mark.parametrize("how", ["write", "buffer", "write_many"])
 @pytest.mark.parametrize("transport", ["shm", "tcp", "nixl"])
 def test_threads_writing_tensors_a_consumer_takes_in_turn_never_wait_on_each_other(
-    transport: str,
+    transport: str, how: str
 ) -> None:
     """Two threads of one sender stream 30 numbered messages each, one tensor each, into a
-    receiver whose consumer takes them in turn (``a`` then ``b``, one slot each): a thread
-    whose next message has no slot yet gives way to the other, whose message the consumer
-    waits for. Before, the first to lack a credit held the receiver while waiting for it, and
-    the consumer waited for the other's message until the timeout."""
+    receiver whose consumer takes them in turn (``a`` then ``b``, one slot each), by
+    ``write``, by ``buffer()`` blocks or by batches of one: a thread whose next message has no
+    slot yet gives way to the other, whose message the consumer waits for. Before, the first
+    to lack a credit held the receiver while waiting for it, and the consumer waited for the
+    other's message until the timeout."""
     count = 30
+
+    def stream(name: str) -> None:
+        for k in range(1, count + 1):
+            if how == "write":
+                tx.write(name, np.full(4, k, np.int64), timeout=20)
+            elif how == "buffer":
+                with tx.buffer(name, timeout=20) as out:
+                    out[:] = k
+            else:
+                tx.write_many({name: np.full(4, k, np.int64)}, timeout=20)
+
     with tw.Receiver(ring=1) as rx:
         rx.register("a", (4,), "int64")
         rx.register("b", (4,), "int64")
         with tw.Sender.connect(rx.address, transport=transport, timeout=20) as tx:
-            threads = [
-                started(
-                    functools.partial(
-                        lambda n: [
-                            tx.write(n, np.full(4, k, np.int64), timeout=20)
-                            for k in range(1, count + 1)
-                        ],
-                        name,
-                    )
-                )
-                for name in ("a", "b")
-            ]
+            threads = [started(functools.partial(stream, name)) for name in ("a", "b")]
             try:
                 for k in range(1, count + 1):
                     for name in ("a", "b"):

@@ -110,10 +110,11 @@ ENDED_BY_RECEIVER = "the receiver ended this sender's session"
 
 
 class GiveWay(Exception):
-    """A write's wait for a credit, before any of its message has moved, stepped aside: the
-    sender asked it to (:attr:`Channel.give_way`), and another of its threads waits for the
-    receiver meanwhile (a write of another tensor, a refresh). The sender lets that call go
-    first and writes again. Without it a write waiting for a credit held every other call to
+    """A wait for a slot, before any of the call's messages has moved (a write's, a
+    ``buffer()`` block's before it opens, a batch's first), stepped aside: the sender asked it
+    to (:attr:`Channel.give_way`), and another of its threads waits for the receiver meanwhile
+    (a write of another tensor, a refresh). The sender lets that call go first and tries
+    again. Without it a write waiting for a credit held every other call to
     its receiver, and a consumer that took tensors in a set order waited for ever on a write
     that could not start (test_threads.py, -k gives_way)."""
 
@@ -171,6 +172,12 @@ class TensorWriter(ABC):
     def commit(self, shape: tuple[int, ...]) -> None:
         """Complete the message filled through :meth:`acquire`."""
 
+    def await_slot(self, deadline: float | None) -> None:  # noqa: B027 - grpc: at the receiver
+        """Wait until the next message has a free slot, taking nothing (a buffer() block, a
+        batch, before any of their messages moves): where the channel asks it to, the wait
+        gives way to another thread's call (GiveWay). gRPC's writers wait inside their call,
+        at the receiver, and do not here."""
+
     def abort(self) -> None:  # noqa: B027 - most writers hold nothing between acquire and commit
         """Give up the message acquired through :meth:`acquire` (it is not sent)."""
 
@@ -208,9 +215,10 @@ class Channel(ABC):
     transport: ClassVar[str]
     #: why the receiver is known to be gone (then every operation raises PeerLostError)
     lost: str | None = None
-    #: set by the sender around a single write (Sender.write) while it holds the receiver:
-    #: says whether another thread waits for the receiver, so that the write's wait for a
-    #: credit gives way to it (GiveWay); None: the wait is the call's alone
+    #: set by the sender around a wait for a slot that may step aside (a write's, a block's
+    #: before it opens, a batch's first) while it holds the receiver: says whether another
+    #: thread waits for the receiver, so that the wait gives way to it (GiveWay); None: the
+    #: wait is the call's alone
     give_way: Callable[[], bool] | None = None
     #: this side ended the session (a call interrupted in flight, whose outcome is unknown),
     #: while the receiver may well live: a goodbye is still owed to it, which releases the
@@ -310,6 +318,9 @@ class CreditedWriter(TensorWriter):
     def has_credit(self) -> bool:
         """May the next message be sent without waiting for a credit?"""
         return self._channel.released(self._tid) >= self.next_seq - self._depth
+
+    def await_slot(self, deadline: float | None) -> None:
+        self.wait_credit(deadline)
 
     def wait_credit(self, deadline: float | None) -> None:
         """Block until the next message has a free slot (a wait is counted in ``traffic``)."""

@@ -413,6 +413,13 @@ class ShmWriter(TensorWriter):
             if not self._unfinished:
                 self._ring.leave_write()
 
+    def await_slot(self, deadline: float | None) -> None:
+        if self._ring.has_credit(self.next_seq):
+            return  # (the common case: what follows checks again)
+        if self._stored:
+            self.reap()
+        self._credit(deadline)
+
     def _credit(self, deadline: float | None) -> int:
         """Check the receiver, wait for a credit for the next message; the ring's released
         count (a slot free by it stays free)."""
