@@ -1576,7 +1576,7 @@ class Sender(Resource):
         True where it gave way. A tensor not yet claimed is left to the batch (its claim), as
         is a receiver found lost (the batch meets it again, and reconnects where it should)."""
         w = p.writers.get(first[1].tensor_id)
-        if w is None:
+        if w is None or w.slot_free():  # (the common case, at the cost of a look)
             return False
         try:
             return self._await_slot(p, w, deadline)
@@ -1683,7 +1683,7 @@ class Sender(Resource):
             try:
                 writer = p.writer(entry, deadline)
                 self._refuse_if_producing(writer, name)
-                gave_way = self._await_slot(p, writer, deadline)
+                gave_way = not writer.slot_free() and self._await_slot(p, writer, deadline)
             except BaseException:
                 p.lock.release()
                 raise

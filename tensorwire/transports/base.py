@@ -172,6 +172,11 @@ class TensorWriter(ABC):
     def commit(self, shape: tuple[int, ...]) -> None:
         """Complete the message filled through :meth:`acquire`."""
 
+    def slot_free(self) -> bool:
+        """Has the next message a free slot now, as far as this writer knows (nothing taken in,
+        no wait)? gRPC's writers learn it only inside their call: True."""
+        return True
+
     def await_slot(self, deadline: float | None) -> None:  # noqa: B027 - grpc: at the receiver
         """Wait until the next message has a free slot, taking nothing (a buffer() block, a
         batch, before any of their messages moves): where the channel asks it to, the wait
@@ -317,6 +322,9 @@ class CreditedWriter(TensorWriter):
 
     def has_credit(self) -> bool:
         """May the next message be sent without waiting for a credit?"""
+        return self._channel.released(self._tid) >= self.next_seq - self._depth
+
+    def slot_free(self) -> bool:
         return self._channel.released(self._tid) >= self.next_seq - self._depth
 
     def await_slot(self, deadline: float | None) -> None:

@@ -413,6 +413,9 @@ class ShmWriter(TensorWriter):
             if not self._unfinished:
                 self._ring.leave_write()
 
+    def slot_free(self) -> bool:
+        return self._ring.has_credit(self.next_seq)
+
     def await_slot(self, deadline: float | None) -> None:
         if self._ring.has_credit(self.next_seq):
             return  # (the common case: what follows checks again)
