@@ -719,9 +719,9 @@ class Sender(Resource):
         # taking an address book, the goodbye): a write blocked on one receiver (no credit, a
         # full socket) holds up no call to the others, and a call waiting for a slot before
         # any of its messages moved steps aside for another thread's call to its own
-        # (GiveWay). A thread may take
-        # ``_lock`` while it holds a peer's lock, never a peer's lock while it holds ``_lock``;
-        # and it waits for a peer's lock within its call's deadline (_hold).
+        # (GiveWay). A thread may take ``_lock`` while it holds a peer's lock, never a peer's
+        # lock while it holds ``_lock``; and it waits for a peer's lock within its call's
+        # deadline (_hold).
         self._lock = threading.RLock()
         #: bumped (under ``_lock``) whenever the routes are forgotten, before the peer's lock
         #: of a change is let go: a route found at an epoch is still good where the epoch is
@@ -1359,20 +1359,13 @@ class Sender(Resource):
                     w = p.writers.get(entry.tensor_id) or p.writer(entry, deadline)
                     if self._producing:
                         self._refuse_if_producing(w, name)
-                    channel = p.channel
-                    if channel is not None:
-                        # Its wait for a credit steps aside for another thread's call to this
-                        # receiver (a write of another tensor whose consumer may be next)
-                        channel.give_way = p.others_waiting
-                    try:
-                        w.write(arr if w.takes_device else w.on_host(arr), deadline)
-                    except GiveWay:
+                    # its wait for a credit steps aside for another thread's call to this
+                    # receiver (a write of another tensor, whose consumer may be next)
+                    source = arr if w.takes_device else w.on_host(arr)
+                    if self._giving_way(p, w.write, source, deadline):
                         tries -= 1  # (not a change of route)
                         gave_way_to = p
                         continue
-                    finally:
-                        if channel is not None:
-                            channel.give_way = None
                     if w.writes_now and fast is None:
                         with self._lock:
                             if epoch == self._routes_epoch:
@@ -1743,21 +1736,26 @@ class Sender(Resource):
             p.lock.release()
 
     @staticmethod
-    def _await_slot(p: _Peer, w: TensorWriter, deadline: float | None) -> bool:
-        """Wait under ``p``'s lock for a free slot for ``w``'s next message, giving way to
-        another thread's call to ``p``: True where it gave way (the caller lets the lock go,
-        and tries again)."""
+    def _giving_way(p: _Peer, call: Callable[..., object], *args: Any) -> bool:
+        """``call(*args)`` under ``p``'s lock, whose wait for a slot (before any of its
+        messages moves) gives way to another thread's call to ``p``: True where it gave way
+        (the caller lets the lock go, and tries again)."""
         channel = p.channel
         if channel is not None:
             channel.give_way = p.others_waiting
         try:
-            w.await_slot(deadline)
+            call(*args)
         except GiveWay:
             return True
         finally:
             if channel is not None:
                 channel.give_way = None
         return False
+
+    def _await_slot(self, p: _Peer, w: TensorWriter, deadline: float | None) -> bool:
+        """Wait under ``p``'s lock for a free slot for ``w``'s next message (a block's, a
+        batch's first), giving way to another thread's call to ``p``: True where it did."""
+        return self._giving_way(p, w.await_slot, deadline)
 
     @staticmethod
     def _interrupt(p: _Peer, why: str) -> None:

@@ -114,13 +114,13 @@ class GiveWay(Exception):
     ``buffer()`` block's before it opens, a batch's first), stepped aside: the sender asked it
     to (:attr:`Channel.give_way`), and another of its threads waits for the receiver meanwhile
     (a write of another tensor, a refresh). The sender lets that call go first and tries
-    again. Without it a write waiting for a credit held every other call to
-    its receiver, and a consumer that took tensors in a set order waited for ever on a write
-    that could not start (test_threads.py, -k gives_way)."""
+    again. Without it a write waiting for a credit held every other call to its receiver, and
+    a consumer that took tensors in a set order waited until a timeout for a write that could
+    not start (test_threads.py, -k "gives_way or in_turn")."""
 
 
-#: How often at most a write that may give way looks, while it waits for a credit, whether
-#: another thread waits for its receiver (seconds): the longest such a thread waits for it.
+#: How often at most a wait for a slot that may give way looks whether another thread waits
+#: for its receiver (seconds): the longest such a thread waits for it.
 GIVE_WAY_EVERY = 0.02
 
 
