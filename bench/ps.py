@@ -18,7 +18,7 @@ from typing import Any
 
 import tensorwire as tw
 from tensorwire.client import tasks
-from tensorwire.client.launch import JOB_PS_FLAGS, daemon_flags, run_job
+from tensorwire.client.launch import JOB_PS_FLAGS, JOB_WORKER_FLAGS, daemon_flags, run_job
 from tensorwire.job.config import at_least
 from tensorwire.job.files import output_file
 
@@ -37,7 +37,10 @@ CONFIG_KEYS = (
     "repeat",
     "batch",
     "ps_args",
+    "worker_args",
 )
+#: the workers' flags this command sets for each job, besides run_job's
+OWN_WORKER_FLAGS = ("--batch", "--eval-every", "--framework")
 
 
 def add_parser(sub: Any) -> None:
@@ -84,6 +87,13 @@ def add_parser(sub: Any) -> None:
         help='more flags for the servers, e.g. "--optimizer adamw --lr 0.01" (the update\'s cost '
         "is in each step); --sync, --steps, --workers and --transport are this command's own",
     )
+    p.add_argument(
+        "--worker-args",
+        default="",
+        help='more flags for the workers, e.g. "--device cuda" (a PyTorch model on the GPU); '
+        "--batch and --framework are this command's own, as are the job's --transport, "
+        "--workers and --model",
+    )
     p.add_argument("--json", metavar="PATH", type=output_file, help="write the results as JSON")
 
 
@@ -94,6 +104,13 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
         parser.error(f"--transports: {exc}")
     extra, _ = daemon_flags(
         args.ps_args, "ps", parser.error, (*JOB_PS_FLAGS, "--sync"), "tensorwire bench ps"
+    )
+    worker_extra, _ = daemon_flags(
+        args.worker_args,
+        "worker",
+        parser.error,
+        (*JOB_WORKER_FLAGS, *OWN_WORKER_FLAGS),
+        "tensorwire bench ps",
     )
     try:
         factory = tasks.load_factory(args.model, args.framework)
@@ -118,6 +135,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
                     worker_args=[
                         *("--batch", str(args.batch), "--eval-every", "0"),
                         *("--framework", args.framework),
+                        *worker_extra,
                     ],
                 )
             )
@@ -148,6 +166,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
                 # a worker's communication per step, spread over the tensors it pushes and pulls
                 "communication_us_per_tensor": comm * 1e6 / len(initial),
                 "samples_steps_per_s": [j.steps_per_s for j in jobs],
+                # where the workers trained (their --device): cpu, or cuda:N
+                "worker_device": jobs[0].workers[0].get("device", "cpu"),
             }
         )
     for ref in ("grpc", "grpc-stream"):  # both gRPC baselines, when they ran
@@ -193,5 +213,6 @@ def render(result: dict[str, Any]) -> str:
         f"{result['param_bytes'] / 1e6:.3g} MB of parameters), "
         f"{cfg['workers']} workers, {cfg['servers']} server(s), {cfg['steps']} steps"
         + (f", servers with {cfg['ps_args']}" if cfg.get("ps_args") else "")
+        + (f", workers with {cfg['worker_args']}" if cfg.get("worker_args") else "")
     )
     return "\n".join(lines)

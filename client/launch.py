@@ -360,6 +360,8 @@ def run_job(
 
 #: the servers' flags :func:`run_job` sets itself (from its caller's own options)
 JOB_PS_FLAGS = ("--steps", "--workers", "--transport", "--shards", "--shard", "--bind", "--metrics")
+#: the workers' flags :func:`run_job` sets itself
+JOB_WORKER_FLAGS = ("--servers", "--rank", "--workers", "--transport", "--metrics", "--model")
 
 
 def daemon_flags(

@@ -256,6 +256,7 @@ def train(
         secs,
         compute_s=stats.compute_seconds + stats.evaluate_seconds,
         communication_s=client.comm_seconds,
+        device=getattr(task, "device", "cpu"),  # where it trained (its --device)
         final_loss=stats.loss if stats.steps else None,
         test_accuracy=final_acc,
         stopped_by_signal=stop[0],

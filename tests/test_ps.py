@@ -817,6 +817,8 @@ def test_bench_ps_reports_each_transport(tmp_path: Path) -> None:
         "asp",
         "--ps-args",
         "--optimizer adamw --weight-decay 0.01",
+        "--worker-args",
+        "--device cpu --step-timeout 60",
         "--json",
         str(path),
     )
@@ -824,21 +826,27 @@ def test_bench_ps_reports_each_transport(tmp_path: Path) -> None:
     result = json.loads(path.read_text())
     assert result["config"]["sync"] == "asp"
     assert result["config"]["ps_args"] == "--optimizer adamw --weight-decay 0.01"
+    assert result["config"]["worker_args"] == "--device cpu --step-timeout 60"
     assert "servers with --optimizer adamw --weight-decay 0.01" in out.stdout
+    assert "workers with --device cpu --step-timeout 60" in out.stdout
     rows = {r["transport"]: r for r in result["rows"]}
     assert set(rows) == {"shm", "grpc"} and rows["grpc"]["x_grpc"] == 1.0
     for r in rows.values():
         assert r["steps_per_s"] > 0 and r["compute_ms"] > 0 and r["communication_ms"] > 0
+        assert r["worker_device"] == "cpu"
         assert r["bytes_per_step"] == 2 * result["param_bytes"] * 2
         # from the servers' start to the job formed: within the job's own bounds
         assert 0 < r["formed_s"] < 120, r
     assert "steps/s" in out.stdout and "formed s" in out.stdout
     # the servers' flags are checked before a job starts; the job's own are refused there
-    for flags, says in (
-        ("--sync asp", "--ps-args: --sync is one tensorwire bench ps sets for each job"),
-        ("--optimiser adam", "--ps-args: tensorwire-ps has no --optimiser"),
+    for option, flags, says in (
+        ("--ps-args", "--sync asp", "--ps-args: --sync is one tensorwire bench ps sets for each"),
+        ("--ps-args", "--optimiser adam", "--ps-args: tensorwire-ps has no --optimiser"),
+        ("--worker-args", "--batch 8", "--worker-args: --batch is one tensorwire bench ps sets"),
+        ("--worker-args", "--model digits", "--worker-args: --model is one tensorwire bench ps"),
+        ("--worker-args", "--devise cuda", "--worker-args: tensorwire-worker has no --devise"),
     ):
-        refused = _cli("-m", "tensorwire.bench", "ps", "--ps-args", flags)
+        refused = _cli("-m", "tensorwire.bench", "ps", option, flags)
         assert refused.returncode == 2 and says in refused.stderr, refused.stderr
 
 
