@@ -551,7 +551,7 @@ def test_a_server_killed_and_resumed_keeps_to_its_learning_rate_schedule(
             *("--warmup-steps", str(warmup), "--checkpoint-every", "5"),
             *("--checkpoint-dir", str(tmp_path / "ckpt"), "--log-level", "INFO"),
         ],
-        worker=["--model", "tests.torch_grads_model:paced"],  # 50 ms a step
+        worker=["--model", "tests.torch_grads_model:paced"],  # 100 ms a step: 3 s to spare
     )
     log_has(j.tmp / "ps0.log", "checkpoint at step 10", 60)
     j.ps[0].kill()

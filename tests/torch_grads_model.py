@@ -101,12 +101,13 @@ def _factory(kind: str, job: JobInfo) -> tuple[nn.Module, Any, Any]:
 
 
 def paced(job: JobInfo) -> tuple[nn.Module, Any, Any]:
-    """``make``'s model and batches, each batch 50 ms late: a job slow enough to be stopped
-    part way (the batches, and so the gradients, are ``make``'s)."""
+    """``make``'s model and batches, each batch 100 ms late: a job slow enough to be stopped
+    part way, with seconds to spare on a loaded machine (the batches, and so the gradients,
+    are ``make``'s)."""
     model, batches, evaluate = _factory("branched", job)
 
     def late(step: int) -> Any:
-        time.sleep(0.05)
+        time.sleep(0.1)
         return batches(step)
 
     return model, late, evaluate
