@@ -17,7 +17,7 @@ from tensorwire.job.argtypes import add_version
 from tensorwire.job.config import at_least
 
 from . import tasks
-from .launch import JOB_PS_FLAGS, daemon_flags, run_job
+from .launch import JOB_PS_FLAGS, JOB_WORKER_FLAGS, daemon_flags, run_job
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,12 +50,20 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help='extra flags for the servers, e.g. "--optimizer momentum --lr 0.05"',
     )
+    parser.add_argument(
+        "--worker-args",
+        default="",
+        help='extra flags for the workers, e.g. "--device cuda" (a PyTorch model on the GPU)',
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
     # Refused here, not by the daemons once started: each job would start them to fail
     # (checked against the servers' own flags: one they lack failed each job's server, and
     # the demo said "ps0: (nothing in its log)" below the server's whole usage)
     ps_args, _ = daemon_flags(args.ps_args, "ps", parser.error, JOB_PS_FLAGS, "tensorwire demo")
+    worker_args, _ = daemon_flags(
+        args.worker_args, "worker", parser.error, JOB_WORKER_FLAGS, "tensorwire demo"
+    )
     try:
         tasks.load_factory(args.model)
     except ValueError as exc:
@@ -102,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                 workers=args.workers,
                 model=args.model,
                 ps_args=ps_args,
+                worker_args=worker_args,
                 progress=not args.quiet,
             )
         except (RuntimeError, tw.TensorWireError) as exc:

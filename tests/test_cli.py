@@ -344,6 +344,8 @@ def test_bad_arguments_are_one_clear_line(args: list[str]) -> None:
         (["demo", "--ps-args=--bogus"], "--ps-args: tensorwire-ps has no --bogus"),
         (["demo", "--ps-args", "--transport tcp"], "--ps-args: --transport is one tensorwire demo"),
         (["demo", "--ps-args", "--lr -1"], "--ps-args: argument --lr: '-1': give a positive"),
+        (["demo", "--worker-args=--bogus"], "--worker-args: tensorwire-worker has no --bogus"),
+        (["demo", "--worker-args", "--model digits"], "--worker-args: --model is one tensorwire"),
         # the optimizer refused these only once the job had formed
         (["ps", "--lr", "nan"], "argument --lr: 'nan': give a positive number"),
         (["ps", "--momentum", "1"], "argument --momentum: '1': give a number from 0 to below 1"),

@@ -779,19 +779,22 @@ def test_demo_trains_over_shm_and_grpc_and_compares() -> None:
     assert "ran" in out.stdout and "the steps/s of grpc" in out.stdout
 
 
-def test_progress_says_at_which_step_the_accuracy_shown_was_measured() -> None:
+@pytest.mark.parametrize("every", [50, 40])
+def test_progress_says_at_which_step_the_accuracy_shown_was_measured(every: int) -> None:
     """A server's progress lines show rank 0's latest test accuracy, measured every
-    --eval-every steps (50 in the demo), with the step of the parameters it measured: beside
-    "step 40/120" the accuracy of the initial parameters read as step 40's."""
-    out = _cli("-m", "tensorwire.client.demo", "--steps", "120", "--transports", "shm")
+    --eval-every steps (50 by default; 40 given to the demo's workers with ``--worker-args``),
+    with the step of the parameters it measured: beside "step 40/120" the accuracy of the
+    initial parameters read as step 40's."""
+    given = [] if every == 50 else ["--worker-args", f"--eval-every {every}"]
+    out = _cli("-m", "tensorwire.client.demo", "--steps", "120", "--transports", "shm", *given)
     # (120 steps fall short of the demo's 95% test accuracy, for which it exits 1: the job
     # itself ran through)
     assert "ps0: done at step 120: 120 steps in" in out.stderr, out.stderr[-2000:]
     lines = re.findall(r"^ps0: step (\d+)/120 loss \S+ accuracy@(\d+) (\S+) ", out.stderr, re.M)
     assert len(lines) >= 10, out.stderr[-2000:]
     for step, measured, _ in lines:
-        assert int(measured) == (int(step) - 1) // 50 * 50, lines
-    assert lines[-1][:2] == ("120", "100"), lines
+        assert int(measured) == (int(step) - 1) // every * every, lines
+    assert lines[-1][:2] == ("120", str(119 // every * every)), lines
 
 
 def test_custom_loop_example_uses_psclient() -> None:
