@@ -30,7 +30,7 @@ import numpy as np
 
 import tensorwire as tw
 from tensorwire.checks import check_amount, check_count, check_distinct
-from tensorwire.cuda import parse_device
+from tensorwire.cuda import as_device_array, current_stream, parse_device
 from tensorwire.curve import CurveKeys
 from tensorwire.dtypes import canonical_dtype
 from tensorwire.endpoint import is_wildcard_host, local_address_towards, tcp_endpoint
@@ -50,6 +50,7 @@ from tensorwire.job.plan import (
     STATUS_HOW,
     STATUS_STOP,
     Chunk,
+    Pack,
     catch_up_name,
     dropped_name,
     encode_join,
@@ -59,6 +60,7 @@ from tensorwire.job.plan import (
     flag_slots,
     grad_name,
     init_name,
+    is_pack_name,
     job_checkpoint,
     job_done,
     job_settings,
@@ -67,7 +69,9 @@ from tensorwire.job.plan import (
     join_name,
     leave_name,
     meta_name,
+    packs,
     parse_grad_name,
+    plan,
     probe_name,
     specs_of,
     status_name,
@@ -191,6 +195,35 @@ def _checked_init(init: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]
     return out
 
 
+def _cupy() -> Any:
+    import cupy  # GPU parameters are cupy arrays, so cupy is there
+
+    return cupy
+
+
+def _zeros(shape: tuple[int, ...], dtype: Any, device: str) -> Any:
+    """Zeros in host memory (``device`` cpu) or on that GPU (cupy)."""
+    index = parse_device(device)
+    if index is None:
+        return np.zeros(shape, dtype)
+    cp = _cupy()
+    with cp.cuda.Device(index):
+        return cp.zeros(shape, dtype)
+
+
+def _host_flat(g: Any) -> Any:
+    """Gradient ``g`` (numpy, a CPU torch tensor, or cupy for a worker whose parameters are on
+    the host) as a flat host array: a view where it is one already."""
+    if not isinstance(g, np.ndarray):
+        if hasattr(g, "detach"):  # torch
+            g = g.detach().cpu().numpy()
+        elif hasattr(g, "get"):  # cupy
+            g = g.get()
+        else:
+            g = np.asarray(g)
+    return g.reshape(-1)
+
+
 def _dtype_name(array: Any) -> str:
     """The name of ``array``'s dtype, numpy's, cupy's or torch's alike ("float32")."""
     dtype = getattr(array, "dtype", None)
@@ -302,6 +335,17 @@ class PSClient:
         #: joining again (_recover): a server's word that it stops ends every wait (_check_stop)
         self._recovering = False
         self.chunks: list[Chunk] = []  # known once joined
+        #: the job's settings as its servers published them (plan.job_info), once joined
+        self._job_settings: dict[str, str] = {}
+        #: the servers' packs (plan.packs): several small parameters in one tensor each way,
+        #: by the pack's name, with the server's index
+        self._packs: dict[str, tuple[Pack, int]] = {}
+        #: what the servers write us, with the server's index: each chunk that travels alone
+        #: (a part of a parameter's registered storage), and each pack
+        self._incoming: list[tuple[str, int]] = []
+        self._alone: list[Chunk] = []  # the chunks that travel alone, not in a pack
+        #: (packs) where a pack's gradients are gathered, allocated once, in the wire dtype
+        self._pack_out: dict[str, Any] = {}
         self.tx = tw.Sender(
             transport=transport,
             secret=secret,
@@ -362,14 +406,26 @@ class PSClient:
                     f"parameters on {device} travel as float32: start the servers without "
                     f"--wire-dtype {self.wire_dtype} (16-bit wires are converted on the host)"
                 )
+            packed = {c.param for p, _ in self._packs.values() for c in p.members}
             for param, shape in shapes.items():
+                if param in packed:
+                    continue  # a view of its pack's tensor (below)
                 rows = [c.stop - c.start for c in self._parts[param]]
                 self.rx.register_parts(param, shape, self.wire_dtype, rows, device=device)
+            for cid, (p, _) in self._packs.items():
+                self.rx.register_parts(cid, (p.size,), self.wire_dtype, [p.size], device=device)
             for s in range(len(self.servers)):
                 self.rx.register(status_name(s), (STATUS_FIELDS,), "int64", ring=1)
                 # a slot of its own: the status word's may be held while we compute
                 self.rx.register(dropped_name(s), (STATUS_FIELDS,), "int64", ring=2)
-            landed: dict[str, Array] = {p: self.rx.array(p) for p in shapes}
+            landed: dict[str, Array] = {p: self.rx.array(p) for p in shapes if p not in packed}
+            for cid, (p, _) in self._packs.items():
+                landed.update((c.param, view) for c, view in p.views(self.rx.array(cid)))
+            landed = {p: landed[p] for p in shapes}  # (the model's order)
+            self._pack_out = {
+                cid: _zeros((p.size,), self.wire_dtype, device)
+                for cid, (p, _) in self._packs.items()
+            }
             #: the model's parameters: read-only views of the registered memory servers write,
             #: or, when they travel in 16 bits, float32 copies refreshed by each wait_params()
             self.params: dict[str, Array] = landed
@@ -419,9 +475,8 @@ class PSClient:
                     flags, at = int(word[1]), int(word[0])
                     rx.release(name)
                     if name == status_name(s):
-                        for c in self.chunks:
-                            if c.server == s:
-                                rx.drain(c.cid)
+                        for incoming in self._incoming_of(s):
+                            rx.drain(incoming)
                     if flags == STATUS_STOP:
                         self._note_stop(s, at)
                         raise PSClientStopped(f"parameter server {addr} said stop {when}")
@@ -568,6 +623,7 @@ class PSClient:
                 )
         if first is not None:
             self._check_shards(shards, first[1])
+            self._job_settings = first[1]
         for addr in self.servers:
             self._write_in_tries(addr, join_name(self.rank), message, deadline, "our join")
 
@@ -720,16 +776,28 @@ class PSClient:
     def _learn_plan(self, shapes: Mapping[str, tuple[int, ...]]) -> list[Chunk]:
         chunks: list[Chunk] = []
         dtypes = set()
+        mine = grad_name(self.rank, "")
+        found_packs: list[dict[str, tuple[int, ...]]] = []  # each server's, by name
         for s, addr in enumerate(self.servers):
             published = self.tx.tensors(peer=addr)
             self._check_fixed(addr, published)
+            found_packs.append({})
             for name, spec in published.items():
+                if name.startswith(mine) and is_pack_name(name[len(mine) :]):
+                    found_packs[s][name[len(mine) :]] = spec.static_shape
+                    dtypes.add(spec.dtype)
+                    continue
                 parsed = parse_grad_name(name)
                 if parsed is None or parsed[0] != self.rank:
                     continue
                 _, param, part = parsed
                 chunks.append(Chunk(param, part, 0, 0, spec.static_shape, s))
                 dtypes.add(spec.dtype)
+        # (packs that differ from ours are said once the chunks are compared: a worker of
+        # another model hears which parameter differs, where the chunks say so)
+        self._packs, packs_differ = self._learn_packs(shapes, found_packs)
+        for p, s in self._packs.values():
+            chunks.extend(Chunk(c.param, c.part, 0, 0, c.shape, s) for c in p.members)
         if len(dtypes) > 1:
             raise PSClientError(
                 f"the servers disagree on the wire dtype ({', '.join(sorted(map(str, dtypes)))}): "
@@ -741,7 +809,9 @@ class PSClient:
         for param, shape in shapes.items():
             parts = sorted((c for c in chunks if c.param == param), key=lambda c: c.part)
             if [c.part for c in parts] != list(range(len(parts))) or not parts:
-                raise PSClientError(f"the servers do not hold parameter {param!r} (wrong model?)")
+                raise PSClientError(
+                    packs_differ or f"the servers do not hold parameter {param!r} (wrong model?)"
+                )
             start = 0
             placed = []
             for c in parts:
@@ -762,7 +832,51 @@ class PSClient:
         extra = {c.param for c in chunks} - set(shapes)
         if extra:
             raise PSClientError(f"servers hold parameters the model lacks: {sorted(extra)}")
-        return [c for param in shapes for c in self._parts[param]]
+        if packs_differ:
+            raise PSClientError(packs_differ)
+        placed = [c for param in shapes for c in self._parts[param]]
+        in_packs = {c.cid for p, _ in self._packs.values() for c in p.members}
+        self._incoming = [(c.cid, c.server) for c in placed if c.cid not in in_packs]
+        self._incoming += [(p.landing, s) for p, s in self._packs.values()]
+        self._alone = [c for c in placed if c.cid not in in_packs]
+        return placed
+
+    def _learn_packs(
+        self, shapes: Mapping[str, tuple[int, ...]], found: list[dict[str, tuple[int, ...]]]
+    ) -> tuple[dict[str, tuple[Pack, int]], str | None]:
+        """The packs the servers published (``found``: each server's pack tensors, by name,
+        with their shapes), their members computed as the servers did (plan.packs, from the
+        job's --split-bytes and --pack-bytes), and what differs where a server's packs are not
+        those (each pack's name carries its members' digest): a model other than the job's,
+        or a server of another version. The packs of such a server are left out."""
+        if not any(found):
+            return {}, None
+        try:
+            split_bytes = int(self._job_settings["split-bytes"])
+            pack_bytes = int(self._job_settings["pack-bytes"])
+        except (KeyError, ValueError):
+            raise PSClientError(
+                "the servers packed parameters and did not say how (their --pack-bytes): a "
+                "server of another version of tensorwire?"
+            ) from None
+        planned = plan(dict(shapes), len(self.servers), split_bytes)
+        learned: dict[str, tuple[Pack, int]] = {}
+        differ = None
+        for s, theirs in enumerate(found):
+            ours = packs((c for c in planned if c.server == s), shapes, pack_bytes, split_bytes)
+            if {p.cid: (p.size,) for p in ours} != theirs:
+                differ = differ or (
+                    f"parameter server {self.servers[s]} holds other small parameters (its "
+                    f"packs, --pack-bytes {pack_bytes}) than this worker's model has (wrong "
+                    "model?), or runs another version of tensorwire"
+                )
+                continue
+            learned.update((p.cid, (p, s)) for p in ours)
+        return learned, differ
+
+    def _incoming_of(self, server: int) -> list[str]:
+        """What server ``server`` writes us with each step's status word."""
+        return [name for name, s in self._incoming if s == server]
 
     def _check_fixed(self, addr: str, published: Mapping[str, Any]) -> None:
         """PSClientError where server ``addr`` (its tensors ``published``) names another
@@ -815,7 +929,7 @@ class PSClient:
                 # have landed (one wake-up for the step, not one per tensor); on a loss none
                 # is taken.
                 status_names = [status_name(s) for s in range(len(self.servers))]
-                names = status_names + [c.cid for c in self.chunks]
+                names = status_names + [name for name, _ in self._incoming]
                 got = self._wait_all(names, deadline)
                 self._held = names
                 self._align(got, deadline)
@@ -925,7 +1039,7 @@ class PSClient:
                 ahead,
             )
             for s in behind:
-                names = [status_name(s), *(c.cid for c in self.chunks if c.server == s)]
+                names = [status_name(s), *self._incoming_of(s)]
                 self.rx.release_many(names)
                 self._held = [n for n in self._held if n not in names]  # if the wait fails
                 got.update(self._wait_all(names, deadline))
@@ -1077,7 +1191,7 @@ class PSClient:
             for name in [
                 *(status_name(s) for s in range(len(self.servers))),
                 *(dropped_name(s) for s in range(len(self.servers))),
-                *(c.cid for c in self.chunks),
+                *(name for name, _ in self._incoming),
             ]:
                 rx.drain(name)  # what a lost server left half written, and its loss notice
             self._reconnect(deadline)
@@ -1106,9 +1220,9 @@ class PSClient:
         that they hold the plan they held, and say we are ready."""
         self._join(max(deadline - time.monotonic(), 1.0))
         self._await_registration(max(deadline - time.monotonic(), 1.0))
-        before = [(c.cid, c.shape, c.server) for c in self.chunks]
+        before = [(c.cid, c.shape, c.server) for c in self.chunks], list(self._packs)
         self.chunks = self._learn_plan(self._shapes)
-        if [(c.cid, c.shape, c.server) for c in self.chunks] != before:
+        if ([(c.cid, c.shape, c.server) for c in self.chunks], list(self._packs)) != before:
             raise PSClientError("the restarted servers hold a different plan")
         if self.rank == 0 and self.step is not None:
             # a server that restarted afresh starts from ours (once the servers wrote them:
@@ -1179,7 +1293,12 @@ class PSClient:
         try:
             batch: list[tuple[str, Array, str]] = []
             flag_at, metas = self._flag_at, self._metas
-            for c in self.chunks:
+            for cid, (p, s) in self._packs.items():
+                out = self._gather(p, grads)
+                for c in p.members:  # (a member without a gradient is zeros, as one alone)
+                    metas[s][flag_at[c.cid]] = 0.0 if grads[c.param] is None else 1.0
+                batch.append((grad_name(self.rank, cid), out, self.servers[s]))
+            for c in self._alone:
                 g = grads[c.param]
                 if g is None:
                     # zeros, flagged as no gradient: the server waits for every chunk it holds
@@ -1207,6 +1326,31 @@ class PSClient:
             self._recover(str(exc))
             self._owed = False  # joined again: the next wait_params() gives the step to redo
         self.phase_seconds["push"] += time.perf_counter() - t0
+
+    def _gather(self, pack: Pack, grads: Mapping[str, Array | None]) -> Any:
+        """The gradients of ``pack``'s members, side by side in its buffer (rounded to the
+        wire's dtype where it is 16-bit; zeros for a member without one): what goes out as the
+        pack's one tensor. On a GPU the copies queue on the stream the transport then copies
+        on (``tensorwire.cuda.current_stream``: torch's where it has one current), behind the
+        work that made the gradients (a torch tensor is read through DLPack, which orders it
+        so), so the write reads them complete."""
+        out = self._pack_out[pack.cid]
+        if isinstance(out, np.ndarray):
+            for c, (lo, hi) in zip(pack.members, pack.bounds, strict=True):
+                g = grads[c.param]
+                out[lo:hi] = 0 if g is None else _host_flat(g)
+            return out
+        cp = _cupy()
+        device = parse_device(self.device)
+        assert device is not None
+        with cp.cuda.Device(device), current_stream(device):
+            for c, (lo, hi) in zip(pack.members, pack.bounds, strict=True):
+                g = grads[c.param]
+                if g is None:
+                    out[lo:hi].fill(0)
+                else:
+                    out[lo:hi] = as_device_array(g, c.param).reshape(-1)
+        return out
 
     @property
     def comm_seconds(self) -> float:

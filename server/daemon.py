@@ -245,6 +245,14 @@ def build_parser(prog: str = "tensorwire-ps") -> config.DaemonParser:
         help=f"split tensors larger than this many bytes into chunks (default {d.split_bytes})",
     )
     p.add_argument(
+        "--pack-bytes",
+        type=config.at_least(0),
+        default=d.pack_bytes,
+        help="whole parameters smaller than this many bytes travel together, in packs of at "
+        "most --split-bytes: one message each way a step for many small tensors (biases, "
+        f"norms) instead of one each; 0: each alone (default {d.pack_bytes})",
+    )
+    p.add_argument(
         "--serve-threads",
         type=config.at_least(0),
         default=d.serve_threads,

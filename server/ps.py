@@ -50,6 +50,7 @@ from tensorwire.job.plan import (
     STATUS_STOP,
     WORKER_KINDS,
     Chunk,
+    Pack,
     Specs,
     catch_up_name,
     decode_join,
@@ -64,6 +65,7 @@ from tensorwire.job.plan import (
     join_name,
     leave_name,
     meta_name,
+    packs,
     plan,
     probe_name,
     status_name,
@@ -291,6 +293,10 @@ class PSConfig:
     #: (STOP_GRACE)
     stop_grace: float = STOP_GRACE
     split_bytes: int = 1 << 20
+    #: whole parameters smaller than this travel together, in packs of at most split_bytes
+    #: (plan.packs): one message each way for many small tensors; 0: each travels alone. 256
+    #: KiB: the best of 16, 64 and 256 KiB on every transport (`bench ps --model many`)
+    pack_bytes: int = 1 << 18
     seed: int = 0
     heartbeat: float = 5.0  # seconds between our heartbeats to each worker
     heartbeat_timeout: float = 30.0  # a worker silent this long is lost
@@ -522,6 +528,14 @@ class ParameterServer:
         #: as the first join (or the checkpoint) gave it; None: nothing held fixed
         self.fixed: str | None = None
         self.chunks: list[Chunk] = []
+        #: the chunks that travel together (plan.packs), by pack name, and the chunks that
+        #: travel alone: what every worker writes us, and what we write each worker
+        self.packs: dict[str, Pack] = {}
+        self._alone: list[Chunk] = []
+        #: each pack's parameters (its members' are views into it), and (16-bit wire) their
+        #: wire copy
+        self._pack_params: dict[str, Any] = {}
+        self._pack_outgoing: dict[str, Any] = {}
         self._has_init_tensors = False  # registered: the job started afresh, not from --resume
         #: on the shard's device (numpy or cupy arrays)
         self.params: dict[str, Any] = {}
@@ -709,15 +723,34 @@ class ParameterServer:
         self.fingerprint = checkpoint.fingerprint(
             specs, cfg.shards, cfg.shard, cfg.split_bytes, cfg.optimizer
         )
-        self.params = {c.cid: self.place.zeros(c.shape) for c in self.chunks}
+        self.packs = {p.cid: p for p in packs(self.chunks, shapes, cfg.pack_bytes, cfg.split_bytes)}
+        packed = {c.cid for p in self.packs.values() for c in p.members}
+        self._alone = [c for c in self.chunks if c.cid not in packed]
+        if self.packs:
+            log.info(
+                "%d small parameters travel in %d pack%s, %d chunks alone (--pack-bytes %d)",
+                len(packed),
+                len(self.packs),
+                "" if len(self.packs) == 1 else "s",
+                len(self._alone),
+                cfg.pack_bytes,
+            )
+        # A packed member's parameters are a view into its pack's: the pack goes out as they
+        # are, no gather (the optimizer updates them in place).
+        self._pack_params = {cid: self.place.zeros((p.size,)) for cid, p in self.packs.items()}
+        self.params = {c.cid: self.place.zeros(c.shape) for c in self._alone}
+        for cid, p in self.packs.items():
+            self.params.update((c.cid, view) for c, view in p.views(self._pack_params[cid]))
+        self.params = {c.cid: self.params[c.cid] for c in self.chunks}  # (the plan's order)
         self.acc = {c.cid: self.place.zeros(c.shape) for c in self.chunks}
         # Parameters go out in the wire dtype: converted into these, allocated once.
         wire = tw.TensorSpec.create("wire", (), cfg.wire_dtype).dtype
-        self._outgoing = (
-            None
-            if cfg.wire_dtype == "float32"
-            else {c.cid: np.empty(c.shape, wire) for c in self.chunks}
-        )
+        self._outgoing = None
+        if cfg.wire_dtype != "float32":
+            self._pack_outgoing = {cid: np.empty((p.size,), wire) for cid, p in self.packs.items()}
+            self._outgoing = {c.cid: np.empty(c.shape, wire) for c in self._alone}
+            for cid, p in self.packs.items():
+                self._outgoing.update((c.cid, v) for c, v in p.views(self._pack_outgoing[cid]))
         self._stale = {c.cid for c in self.chunks}
         self._needs_init = needs_init
         self._has_init_tensors = needs_init
@@ -725,12 +758,12 @@ class ParameterServer:
         if needs_init:  # registered before the workers' tensors: rank 0 finds them with its own
             for c in self.chunks:
                 self.rx.register(init_name(c.cid), c.shape, "float32", ring=1, device=device)
+        incoming = [(c.cid, c.shape) for c in self._alone]
+        incoming += [(cid, (p.size,)) for cid, p in self.packs.items()]
         for w in range(cfg.workers):
-            for c in self.chunks:
+            for cid, shape in incoming:
                 # two slots: this step's gradients, and the next step's arriving early (ASP, SSP)
-                self.rx.register(
-                    grad_name(w, c.cid), c.shape, cfg.wire_dtype, ring=2, device=device
-                )
+                self.rx.register(grad_name(w, cid), shape, cfg.wire_dtype, ring=2, device=device)
             # last: workers wait for it (its figures, then a flag per chunk: plan.flag_slots)
             self.rx.register(meta_name(w), (META_FIELDS + len(self.chunks),), "float64")
 
@@ -855,6 +888,8 @@ class ParameterServer:
             # that differ leave some rows with two servers and others with none (the worker
             # said "servers hold 32 rows, model has (64, 128) (wrong model?)")
             "split-bytes": cfg.split_bytes,
+            # which parameters travel together: the workers compute the same packs from it
+            "pack-bytes": cfg.pack_bytes,
             # the workers' data order and cut: each compares its own --seed with it (PSClient)
             "seed": cfg.seed,
             "steps": cfg.steps,
@@ -1216,15 +1251,15 @@ class ParameterServer:
         """What :meth:`_send` writes to ``w``: the fresh parameter chunks, then the status
         word. Built on the loop's thread (it converts what the last update changed, once)."""
         batch: list[tuple[str, Any]] = []
-        for c in self.chunks:
-            params = self.params[c.cid]
-            if self._outgoing is not None:
-                out = self._outgoing[c.cid]
-                if c.cid in self._stale:  # converted once per update, not once per worker
-                    out[...] = params  # float32 -> the wire dtype, rounding to nearest
-                    self._stale.discard(c.cid)
-                params = out
-            batch.append((c.cid, params))
+        outgoing = self._outgoing
+        if outgoing is not None and self._stale:  # converted once per update, not per worker
+            for cid in self._stale:
+                outgoing[cid][...] = self.params[cid]  # float32 -> the wire dtype, to nearest
+            self._stale.clear()
+        for c in self._alone:
+            batch.append((c.cid, self.params[c.cid] if outgoing is None else outgoing[c.cid]))
+        wire = self._pack_params if outgoing is None else self._pack_outgoing
+        batch.extend((p.landing, wire[cid]) for cid, p in self.packs.items())  # one tensor each
         batch.append((status_name(self.cfg.shard), self._status_word(w, flags)))
         return batch
 
@@ -1411,7 +1446,19 @@ class ParameterServer:
             self._tell_those_left_out()
 
     def _worker_tensors(self, w: _Worker) -> list[str]:
-        return [*(grad_name(w.rank, c.cid) for c in self.chunks), meta_name(w.rank)]
+        return [
+            *(grad_name(w.rank, c.cid) for c in self._alone),
+            *(grad_name(w.rank, cid) for cid in self.packs),
+            meta_name(w.rank),
+        ]
+
+    def _unpacked(self, rank: int, got: dict[str, Any]) -> dict[str, Any]:
+        """``got`` (a worker's gradient tensors by name) with each pack's members added, by
+        the names their chunks would have alone: views of the pack's slot."""
+        for cid, p in self.packs.items():
+            for c, view in p.views(got[grad_name(rank, cid)]):
+                got[grad_name(rank, c.cid)] = view
+        return got
 
     def _lose(self, w: _Worker, reason: str, *, tell: bool = True, timed_out: bool = False) -> None:
         """Go on without ``w``: forget what it left half sent, stop writing to it. ``tell``: it
@@ -1841,7 +1888,7 @@ class ParameterServer:
             if int(got[meta_name(w.rank)][0]) < self.step:
                 self.rx.release_many(names)  # an earlier step's: it is catching up
                 continue
-            return got, names
+            return self._unpacked(w.rank, got) if self.packs else got, names
 
     def _read_catch_up(self) -> None:
         """Take in the workers' requests to go on at a later step (into ``_asked_step``)."""
@@ -2210,7 +2257,8 @@ class ParameterServer:
         once, at the step of the slowest worker. The job ends when every worker has stopped
         (its steps done, or it left), or at a stop request; with none training and some lost,
         they are waited for (:meth:`_await_any_worker`)."""
-        expected = {c.cid for c in self.chunks} | {"meta"}  # a gradient's tail is its chunk
+        # a gradient's tail is its chunk's name, or its pack's
+        expected = {c.cid for c in self._alone} | set(self.packs) | {"meta"}
         held: list[_Worker] = []  # done a step, kept waiting by the staleness bound
         t0 = time.monotonic()
         for w in self.workers:
@@ -2289,20 +2337,28 @@ class ParameterServer:
                 continue
             w.heard = time.monotonic()
             if kind == "grad":
-                cid = tail  # grad/<rank>/<chunk>
-                # Applied as it lands: the gradient of one worker, one chunk, one step. Zeros
-                # that come before the step's meta may be no gradient at all (plan.flag_slots):
-                # they carry nothing to keep, so the meta decides, when it comes.
-                if "meta" in w.got:
-                    pushed = w.meta[self._flag_at[cid]] != 0.0
-                else:
-                    pushed = bool(view.any())
-                    if not pushed:
-                        w.deferred.add(cid)
-                if pushed:
-                    self.acc[cid][...] = view
-                    self._update(cid)
-                w.got.add(cid)
+                # grad/<rank>/<chunk>, or /<pack>: each of its members
+                pack = self.packs.get(tail)
+                landed = (
+                    [(tail, view)]
+                    if pack is None
+                    else [(c.cid, part) for c, part in pack.views(view)]
+                )
+                for cid, grad in landed:
+                    # Applied as it lands: the gradient of one worker, one chunk, one step.
+                    # Zeros that come before the step's meta may be no gradient at all
+                    # (plan.flag_slots): they carry nothing to keep, so the meta decides, when
+                    # it comes.
+                    if "meta" in w.got:
+                        pushed = w.meta[self._flag_at[cid]] != 0.0
+                    else:
+                        pushed = bool(grad.any())
+                        if not pushed:
+                            w.deferred.add(cid)
+                    if pushed:
+                        self.acc[cid][...] = grad
+                        self._update(cid)
+                w.got.add(tail)
             else:
                 w.meta = view.copy()
                 w.got.add("meta")

@@ -26,7 +26,7 @@ import tensorwire as tw
 from tensorwire import region as tw_region
 from tensorwire.client import models
 from tensorwire.client.launch import ps_command, worker_command
-from tensorwire.job.plan import plan
+from tensorwire.job.plan import is_pack_name, packs, plan
 from tensorwire.server import optim
 from tensorwire.server.ps import DROP_NOTICE_TIMEOUT
 from tensorwire.transports.grpc import ANSWER_GRACE
@@ -245,6 +245,62 @@ def test_plan_splits_large_tensors_and_balances_bytes() -> None:
     assert plan(shapes, 2, 1 << 20) == chunks  # deterministic: every process derives the same
 
 
+def test_packs_hold_small_whole_parameters_within_the_limit_whatever_their_order() -> None:
+    """``plan.packs``: only whole parameters under --pack-bytes (not empty) go into packs, each
+    pack within the limit (--split-bytes) and of two members at least; the members lie back to
+    back in the flat tensor, whose slices are views in each member's shape; the same packs come
+    from the chunks in any order, and other members give another name."""
+    shapes = {f"p{i:03d}": (i % 7 + 1, 33) for i in range(60)}  # 132 B to 924 B
+    shapes |= {"big": (300, 33), "scalar": (), "empty": (0, 4), "split": (40, 100)}
+    chunks = plan(shapes, 2, 8192)  # "split" (16 KB) in two chunks; "big" 39.6 KB in five
+    got = [packs([c for c in chunks if c.server == s], shapes, 1024, 8192) for s in (0, 1)]
+    members = [c for server in got for p in server for c in p.members]
+    assert len(members) == len({c.cid for c in members})  # each in one pack at most
+    small = {n for n in shapes if n.startswith("p")} | {"scalar"}  # not "empty", "big", "split"
+    lone = {c.param for s in (0, 1) for c in _lone_small(chunks, shapes, s, got[s])}
+    assert {c.param for c in members} == small - lone
+    for s, server in enumerate(got):
+        for p in server:
+            assert len(p.members) >= 2 and sum(c.nbytes for c in p.members) <= 8192
+            assert all(c.server == s and c.nbytes < 1024 for c in p.members)
+            assert p.cid.startswith("pack") and is_pack_name(p.cid) and p.landing == f"{p.cid}@0"
+            flat = np.arange(p.size, dtype=np.float32)
+            at = 0
+            for c, view in p.views(flat):
+                assert view.shape == c.shape and (view.size == 0 or np.shares_memory(view, flat))
+                assert view.size == 0 or view.ravel()[0] == at
+                at += view.size
+            assert at == p.size
+    shuffled = list(reversed(chunks))
+    assert [packs([c for c in shuffled if c.server == s], shapes, 1024, 8192) for s in (0, 1)] == (
+        got
+    )
+    fewer = {n: v for n, v in shapes.items() if n != "p001"}
+    other = [
+        packs([c for c in plan(fewer, 2, 8192) if c.server == s], fewer, 1024, 8192) for s in (0, 1)
+    ]
+    named: dict[str, Any] = {}  # a name always means the same members
+    for p in [*got[0], *got[1], *other[0], *other[1]]:
+        assert named.setdefault(p.cid, p.members) == p.members
+    assert {p.cid for server in other for p in server} != {p.cid for server in got for p in server}
+    assert packs(chunks, shapes, 0, 8192) == []  # --pack-bytes 0: each alone
+    assert not is_pack_name("pack0.x@0") and not is_pack_name("layer0.weight@0")
+
+
+def _lone_small(
+    chunks: list[Any], shapes: dict[str, Any], server: int, packed: list[Any]
+) -> list[Any]:
+    """Small whole chunks of ``server`` left alone by ``packed`` (at most one: a pack of one
+    saves nothing)."""
+    inside = {c.cid for p in packed for c in p.members}
+    small = [
+        c for c in chunks if c.server == server and c.shape == shapes[c.param] and c.nbytes < 1024
+    ]
+    lone = [c for c in small if c.cid not in inside]
+    assert len(lone) <= 1, lone
+    return lone
+
+
 # -- training -----------------------------------------------------------------------------------
 
 
@@ -358,19 +414,60 @@ def test_bsp_equals_single_process_on_the_union_of_batches(
         assert_params_close(j.params(rank), ref, 1e-6)
 
 
-def test_resume_continues_from_the_checkpoint_with_identical_parameters(
-    job: Any, tmp_path: Path
+@pytest.mark.parametrize(
+    ("servers", "optimizer", "transport", "wire"),
+    [
+        (1, "adam", "shm", "float32"),
+        (2, "momentum", "tcp", "float32"),
+        (1, "sgd", "grpc", "bfloat16"),
+    ],
+)
+def test_small_parameters_packed_train_as_one_process(
+    job: Any, servers: int, optimizer: str, transport: str, wire: str
 ) -> None:
+    """--pack-bytes: the digits model's small whole parameters (its biases and its second
+    weight, 40 B to 5 KB) travel as one tensor each way, the weight split at 8 KiB as ever,
+    and the job computes what one process computes on the union of the batches, to 1e-6
+    relative (16-bit wire: as the unpacked job, each step rounded, within 2e-2). With two
+    servers only shard 1 holds more than one small parameter; shard 0's travel alone."""
+    steps, lr = 25, 0.05
+    common = ["--transport", transport]
+    ps = [*common, "--pack-bytes", "8192", "--wire-dtype", wire]
+    j = digits_bsp_job(
+        job, servers=servers, optimizer=optimizer, lr=lr, steps=steps, ps=ps, worker=common
+    )
+    _ok(j)
+    packed = "2 small parameters travel in 1 pack" if servers == 2 else "3 small parameters"
+    assert packed in j.log(f"ps{servers - 1}"), j.log(f"ps{servers - 1}")
+    if servers == 2:
+        assert "travel in" not in j.log("ps0")
+    ref = digits_reference(steps, 2, 32, optim.make(optimizer, lr))
+    for rank in (0, 1):
+        assert_params_close(j.params(rank), ref, 1e-6 if wire == "float32" else 2e-2)
+
+
+@pytest.mark.parametrize("first_packs", ["0", "262144"])
+def test_resume_continues_from_the_checkpoint_with_identical_parameters(
+    job: Any, tmp_path: Path, first_packs: str
+) -> None:
+    """A job resumed from its checkpoint ends where one job of all the steps ends, to the bit.
+    Packs are the wire's alone: the first job with its small parameters each alone (--pack-bytes
+    0) or packed, the resumed one packed (the default) and the straight one unpacked, all end
+    on the same bits."""
     ckpt = tmp_path / "ckpt"
     common = ["--optimizer", "momentum", "--checkpoint-dir", str(ckpt)]
-    first = job(ps=[*common, "--steps", "10", "--checkpoint-every", "5"])
+    first = job(
+        ps=[*common, "--steps", "10", "--checkpoint-every", "5", "--pack-bytes", first_packs]
+    )
     _ok(first)
     assert "checkpoint at step 10" in first.log("ps0")
+    assert ("small parameters travel in" in first.log("ps0")) == (first_packs != "0")
     resumed = job(ps=[*common, "--steps", "20", "--resume"])
     _ok(resumed)
     assert "resumed shard 0" in resumed.log("ps0") and "at step 10" in resumed.log("ps0")
+    assert "small parameters travel in" in resumed.log("ps0")
     assert resumed.metrics("w0")["steps"] == 10
-    straight = job(ps=["--optimizer", "momentum", "--steps", "20"])
+    straight = job(ps=["--optimizer", "momentum", "--steps", "20", "--pack-bytes", "0"])
     _ok(straight)
     a, b = resumed.params(0), straight.params(0)
     for name in a:
@@ -2382,15 +2479,28 @@ def test_a_custom_loop_trains_a_scalar_parameter_from_initial_values_given_as_li
         assert ps.wait(30) == 0
 
 
-@pytest.mark.parametrize(("sync", "wire"), [("bsp", "float32"), ("asp", "bfloat16")])
-def test_a_custom_loop_pushes_none_for_a_parameter_without_a_gradient(sync: str, wire: str) -> None:
+@pytest.mark.parametrize(
+    ("sync", "wire", "pack"),
+    [
+        ("bsp", "float32", 0),
+        ("asp", "bfloat16", 0),
+        ("bsp", "bfloat16", 64),
+        ("asp", "float32", 64),
+    ],
+)
+def test_a_custom_loop_pushes_none_for_a_parameter_without_a_gradient(
+    sync: str, wire: str, pack: int
+) -> None:
     """``push({"b": None})``: no gradient of ``b`` this step. Under momentum and weight decay the
     server leaves it as it is, where ``w``, pushed ones, moves; a step that pushes ``b`` after
     steps without moves it by that one gradient alone (no momentum gathered meanwhile). A
-    gradient of a wrong shape is still refused beside a None."""
+    gradient of a wrong shape is still refused beside a None. The same where ``w`` and ``b``
+    travel in one pack (--pack-bytes 64): ``b``'s zeros beside ``w``'s gradient in one tensor,
+    under asp applied as the pack lands, before the step's meta says they are no gradient."""
     from tensorwire.client.psclient import PSClient, PSClientError
 
     flags = ["--steps", "4", "--sync", sync, "--wire-dtype", wire, "--optimizer", "momentum"]
+    flags += ["--pack-bytes", str(pack)]
     with _one_server(*flags, "--lr", "0.5", "--weight-decay", "0.1") as (address, ps):
         shapes = {"w": (2, 3), "b": (3,)}
         init = {"w": np.ones((2, 3), np.float32), "b": np.full(3, 2.0, np.float32)}
@@ -2685,17 +2795,17 @@ def test_a_worker_given_a_shard_twice_or_too_few_servers_names_them() -> None:
 
 
 def test_servers_of_one_job_started_with_different_settings_are_refused_by_the_worker() -> None:
-    """Two shards, one started with another --steps, --lr and --split-bytes: before, the job
-    ran, each shard trained at its own rate, and the one that finished first stopped the
-    workers while the other waited for them (and, until 2026-12-03, shards cutting the tensors
-    at other sizes left rows with both or neither: the worker said "servers hold 32 rows,
-    model has (64, 128) (wrong model?)"). Now the worker names what differs, before it joins
-    either."""
+    """Two shards, one started with another --steps, --lr, --split-bytes and --pack-bytes:
+    before, the job ran, each shard trained at its own rate, and the one that finished first
+    stopped the workers while the other waited for them (and, until 2026-12-03, shards cutting
+    the tensors at other sizes left rows with both or neither: the worker said "servers hold 32
+    rows, model has (64, 128) (wrong model?)"). Now the worker names what differs, before it
+    joins either."""
     with (
         _one_server("--shard", "0", "--shards", "2", "--steps", "50") as (first, _),
         _one_server(
             *("--shard", "1", "--shards", "2", "--steps", "80", "--lr", "0.05"),
-            *("--split-bytes", "16384"),
+            *("--split-bytes", "16384", "--pack-bytes", "4096"),
         ) as (second, _),
     ):
         last = _refused_worker([first, second], workers=1)
@@ -2703,6 +2813,7 @@ def test_servers_of_one_job_started_with_different_settings_are_refused_by_the_w
     assert f"--lr 0.1 on {first}, 0.05 on {second}" in last, last
     assert f"--steps 50 on {first}, 80 on {second}" in last, last
     assert f"--split-bytes 1048576 on {first}, 16384 on {second}" in last, last
+    assert f"--pack-bytes 262144 on {first}, 4096 on {second}" in last, last
     assert "--sync" not in last and "--optimizer" not in last  # what they share is not named
 
 

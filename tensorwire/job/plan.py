@@ -103,6 +103,107 @@ def plan(shapes: dict[str, tuple[int, ...]], servers: int, split_bytes: int) -> 
     return [Chunk(n, p, lo, hi, shp, owner[(n, p)]) for n, p, lo, hi, shp in pieces]
 
 
+#: The start of a pack's name (:class:`Pack`): no chunk's name is one (a chunk's ends in
+#: ``@<part>``, a pack's never holds an ``@``).
+PACK_PREFIX = "pack"
+
+
+@dataclass(frozen=True)
+class Pack:
+    """Small whole parameters of one server that travel as one tensor (``--pack-bytes``).
+
+    A model of many small tensors (biases, norms) paid a message per tensor each way each step
+    (57 us a tensor over ``shm`` on the ``many`` model). A pack is one message: a worker
+    gathers its members' gradients into one flat gradient tensor, the server writes their
+    fresh parameters as one flat tensor, which the worker registers and whose slices are its
+    members' parameters. Only the wire is packed: the server keeps each member's parameters,
+    accumulator and optimizer state by the member's chunk (its checkpoints, exports and flags
+    are those of an unpacked job), its parameters as views into one flat array.
+
+    ``cid``: the pack's name where a chunk's would be (``grad/<rank>/<cid>``, the worker's
+    tensor); ``members``: the chunks, each a whole parameter, in the pack's order."""
+
+    cid: str
+    members: tuple[Chunk, ...]
+
+    @functools.cached_property
+    def bounds(self) -> tuple[tuple[int, int], ...]:
+        """Each member's elements in the flat tensor: ``(start, stop)``."""
+        out, at = [], 0
+        for c in self.members:
+            n = math.prod(c.shape)
+            out.append((at, at + n))
+            at += n
+        return tuple(out)
+
+    @property
+    def landing(self) -> str:
+        """The worker's tensor the server writes the pack's parameters into: the one part of
+        a tensor the worker registers in parts (``Receiver.register_parts``), so that
+        ``Receiver.array`` hands out the whole, of which its members' parameters are views."""
+        return f"{self.cid}@0"
+
+    @property
+    def size(self) -> int:
+        """Elements of the flat tensor."""
+        return self.bounds[-1][1] if self.members else 0
+
+    def views(self, flat: Any) -> list[tuple[Chunk, Any]]:
+        """Each member with its slice of ``flat`` (a 1-D array of :attr:`size`, numpy or cupy)
+        in the member's shape: views, no copy."""
+        return [
+            (c, flat[lo:hi].reshape(c.shape))
+            for c, (lo, hi) in zip(self.members, self.bounds, strict=True)
+        ]
+
+
+def packs(
+    chunks: Iterable[Chunk], shapes: Mapping[str, tuple[int, ...]], pack_bytes: int, limit: int
+) -> list[Pack]:
+    """The packs of one server's ``chunks`` (of the parameters ``shapes``): every chunk that is
+    a whole parameter (not split, not empty) of fewer than ``pack_bytes`` bytes, in the order of
+    their names, filled into packs of at most ``limit`` bytes each (the job's --split-bytes: a
+    pack is no larger than a chunk); a pack of one would save nothing, and its chunk travels
+    alone. ``pack_bytes`` 0: none. A member costs a copy where its gradient is gathered, so only
+    small ones gain: a message saved is worth about as much as copying a few tens of KiB.
+
+    Both ends compute the same from the job's plan (the worker checks the names the server
+    published); each pack's name carries a digest of its members, so two ends that packed
+    otherwise (another version) never write each other's bytes into the wrong parameters."""
+    if pack_bytes <= 0:
+        return []
+    small = sorted(
+        (
+            c
+            for c in chunks
+            # (an empty parameter gains nothing, and a pack of them would be an empty tensor)
+            if c.part == 0
+            and tuple(c.shape) == tuple(shapes[c.param])
+            and 0 < c.nbytes < pack_bytes
+        ),
+        key=lambda c: c.cid,
+    )
+    groups: list[list[Chunk]] = []
+    filled = 0
+    for c in small:
+        if not groups or filled + c.nbytes > limit:
+            groups.append([])
+            filled = 0
+        groups[-1].append(c)
+        filled += c.nbytes
+    out: list[Pack] = []
+    for group in (g for g in groups if len(g) > 1):
+        text = ";".join(f"{c.cid}:{list(c.shape)}" for c in group)
+        digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+        out.append(Pack(f"{PACK_PREFIX}{len(out)}.{digest}", tuple(group)))
+    return out
+
+
+def is_pack_name(cid: str) -> bool:
+    """Whether ``cid`` (a gradient tensor's tail) names a :class:`Pack` rather than a chunk."""
+    return cid.startswith(PACK_PREFIX) and "@" not in cid
+
+
 #: the largest join message (an address and every parameter's spec)
 JOIN_MAX_BYTES = 1 << 20
 
