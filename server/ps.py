@@ -1229,7 +1229,16 @@ class ParameterServer:
         if limit is None:
             return 1.0
         xp = self.place.xp
-        squares = sum(float(xp.vdot(self.acc[cid].ravel(), self.acc[cid].ravel())) for cid in used)
+        if xp is np:
+            squares = sum(
+                float(np.vdot(self.acc[cid].ravel(), self.acc[cid].ravel())) for cid in used
+            )
+        else:
+            # On a GPU each chunk's sum of squares stays on the device and they are added up
+            # there, in float64 as the host adds them: one synchronisation a step where a
+            # float() of each was one per chunk (1004 chunks: 1004 waits for the GPU)
+            sums = [xp.vdot(self.acc[cid].ravel(), self.acc[cid].ravel()) for cid in used]
+            squares = float(xp.stack(sums).astype(xp.float64).sum()) if sums else 0.0
         norm = math.sqrt(squares) / contributors
         coefficient = limit / (norm + 1e-6)
         if coefficient < 1.0:

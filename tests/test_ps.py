@@ -2521,6 +2521,29 @@ def test_a_custom_loop_pushes_none_for_a_parameter_without_a_gradient(
         assert ps.wait(30) == 0
 
 
+@pytest.mark.parametrize("pack", [0, 64])
+def test_a_custom_loop_pushes_torch_tensors_alone_or_packed(pack: int) -> None:
+    """``push`` of torch CPU tensors as a loop has them (``param.grad``; one that still
+    requires grad), where ``w`` and ``b`` travel alone and where they travel in one pack
+    (gathered into its buffer through numpy): each moves by its own gradient."""
+    torch = pytest.importorskip("torch")
+    from tensorwire.client.psclient import PSClient
+
+    with _one_server("--steps", "2", "--lr", "0.5", "--pack-bytes", str(pack)) as (address, ps):
+        shapes = {"w": (2, 3), "b": (3,)}
+        init = {"w": np.ones((2, 3), np.float32), "b": np.zeros(3, np.float32)}
+        with PSClient([address], 0, shapes, init=init, connect_timeout=30, timeout=30) as c:
+            while c.wait_params(timeout=30) is not None:
+                grads = {
+                    "w": torch.ones((2, 3), requires_grad=True),
+                    "b": torch.arange(3, dtype=torch.float32),
+                }
+                c.push(grads, loss=1.0)
+            assert np.allclose(c.params["w"], 0.0)  # 1 - 2 steps x 0.5 x 1
+            assert np.allclose(c.params["b"], [0.0, -1.0, -2.0])  # 0 - 2 x 0.5 x [0, 1, 2]
+        assert ps.wait(30) == 0
+
+
 @pytest.mark.parametrize("sync", ["bsp", "asp"])
 def test_a_server_checkpoints_the_last_step_before_the_workers_hear_the_end(
     tmp_path: Path, sync: str
