@@ -346,6 +346,10 @@ class PSClient:
         self._alone: list[Chunk] = []  # the chunks that travel alone, not in a pack
         #: (packs) where a pack's gradients are gathered, allocated once, in the wire dtype
         self._pack_out: dict[str, Any] = {}
+        #: (packs of torch gradients) each pack's buffer as a torch tensor, and the zeros that
+        #: stand for a member without a gradient: made once
+        self._torch_out: dict[str, Any] = {}
+        self._torch_zeros: dict[str, Any] = {}
         self.tx = tw.Sender(
             transport=transport,
             secret=secret,
@@ -1335,6 +1339,8 @@ class PSClient:
         work that made the gradients (a torch tensor is read through DLPack, which orders it
         so), so the write reads them complete."""
         out = self._pack_out[pack.cid]
+        if self._gathered_by_torch(pack, out, [grads[c.param] for c in pack.members]):
+            return out
         if isinstance(out, np.ndarray):
             for c, (lo, hi) in zip(pack.members, pack.bounds, strict=True):
                 g = grads[c.param]
@@ -1351,6 +1357,41 @@ class PSClient:
                 else:
                     out[lo:hi] = as_device_array(g, c.param).reshape(-1)
         return out
+
+    def _gathered_by_torch(self, pack: Pack, out: Any, grads: list[Any]) -> bool:
+        """Where every gradient of ``pack`` is a torch tensor (those of a ``torch.nn.Module``
+        on a GPU: ``module_grads``) on ``out``'s device, in ``out``'s dtype: gathered by one
+        ``torch.cat`` into ``out`` (on torch's current stream, the one the transport copies on
+        where torch has one current: ``tensorwire.cuda.current_stream``), where a copy each
+        would cost a DLPack import and a launch per member; True if so."""
+        present = [g for g in grads if g is not None]
+        if not present or not all(type(g).__module__.startswith("torch") for g in present):
+            return False
+        import torch  # the gradients are torch tensors
+
+        view = self._torch_out.get(pack.cid)
+        if view is None:
+            try:
+                view = (
+                    torch.from_numpy(out) if isinstance(out, np.ndarray) else torch.from_dlpack(out)
+                )
+            except (TypeError, RuntimeError):  # a 16-bit wire's ml_dtypes buffer: copied each
+                return False
+            self._torch_out[pack.cid] = view
+        if any(g.device != view.device or g.dtype != view.dtype for g in present):
+            return False
+        parts = []
+        for c, (lo, hi), g in zip(pack.members, pack.bounds, grads, strict=True):
+            if g is None:
+                zeros = self._torch_zeros.get(c.cid)
+                if zeros is None:
+                    zeros = torch.zeros(hi - lo, dtype=view.dtype, device=view.device)
+                    self._torch_zeros[c.cid] = zeros
+                parts.append(zeros)
+            else:
+                parts.append(g.detach().reshape(-1))
+        torch.cat(parts, out=view)
+        return True
 
     @property
     def comm_seconds(self) -> float:

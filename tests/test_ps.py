@@ -2525,7 +2525,8 @@ def test_a_custom_loop_pushes_none_for_a_parameter_without_a_gradient(
 def test_a_custom_loop_pushes_torch_tensors_alone_or_packed(pack: int) -> None:
     """``push`` of torch CPU tensors as a loop has them (``param.grad``; one that still
     requires grad), where ``w`` and ``b`` travel alone and where they travel in one pack
-    (gathered into its buffer through numpy): each moves by its own gradient."""
+    (gathered into its buffer by one ``torch.cat``, as a GPU worker's are): each moves by its
+    own gradient; ``b`` pushed as None the second step stays."""
     torch = pytest.importorskip("torch")
     from tensorwire.client.psclient import PSClient
 
@@ -2533,14 +2534,16 @@ def test_a_custom_loop_pushes_torch_tensors_alone_or_packed(pack: int) -> None:
         shapes = {"w": (2, 3), "b": (3,)}
         init = {"w": np.ones((2, 3), np.float32), "b": np.zeros(3, np.float32)}
         with PSClient([address], 0, shapes, init=init, connect_timeout=30, timeout=30) as c:
-            while c.wait_params(timeout=30) is not None:
+            step = c.wait_params(timeout=30)
+            while step is not None:
                 grads = {
                     "w": torch.ones((2, 3), requires_grad=True),
-                    "b": torch.arange(3, dtype=torch.float32),
+                    "b": torch.arange(3, dtype=torch.float32) if step == 0 else None,
                 }
                 c.push(grads, loss=1.0)
+                step = c.wait_params(timeout=30)
             assert np.allclose(c.params["w"], 0.0)  # 1 - 2 steps x 0.5 x 1
-            assert np.allclose(c.params["b"], [0.0, -1.0, -2.0])  # 0 - 2 x 0.5 x [0, 1, 2]
+            assert np.allclose(c.params["b"], [0.0, -0.5, -1.0])  # 0 - 0.5 x [0, 1, 2], once
         assert ps.wait(30) == 0
 
 
