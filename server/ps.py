@@ -657,6 +657,7 @@ class ParameterServer:
         for cid, value in params.items():
             self.params[cid][...] = self.place.from_host(value)
         self.opt.adopt(state, self.place.from_host)
+        self._link_packs()  # (the adopted state of the packs' members, made one array each)
         for w in self.workers:
             w.step = self.step
         self._saved_step, self._saved_workers = self.step, (finished, left, lost)
@@ -742,7 +743,13 @@ class ParameterServer:
         for cid, p in self.packs.items():
             self.params.update((c.cid, view) for c, view in p.views(self._pack_params[cid]))
         self.params = {c.cid: self.params[c.cid] for c in self.chunks}  # (the plan's order)
-        self.acc = {c.cid: self.place.zeros(c.shape) for c in self.chunks}
+        # the accumulators of a pack's members too: a step of a pack's gradients sums (and the
+        # optimizer steps) the pack as one array
+        self._pack_acc = {cid: self.place.zeros((p.size,)) for cid, p in self.packs.items()}
+        self.acc = {c.cid: self.place.zeros(c.shape) for c in self._alone}
+        for cid, p in self.packs.items():
+            self.acc.update((c.cid, view) for c, view in p.views(self._pack_acc[cid]))
+        self._link_packs()
         # Parameters go out in the wire dtype: converted into these, allocated once.
         wire = tw.TensorSpec.create("wire", (), cfg.wire_dtype).dtype
         self._outgoing = None
@@ -1246,13 +1253,64 @@ class ParameterServer:
             return coefficient
         return 1.0
 
+    def _accumulate(
+        self, rank: int, got: dict[str, Any], flags: list[float], first: bool, used: set[str]
+    ) -> None:
+        """(bsp) Add worker ``rank``'s gradients (``got``, its tensors by name; ``flags``, its
+        meta as a list) to the step's sums (``first``: the step's first contributor, whose
+        gradients are the sums), and the chunks it pushed a gradient of to ``used``. A pack
+        whose members all have one is added as one array; otherwise each member alone."""
+        acc, flag_at = self.acc, self._flag_at
+
+        def add(cid: str, grad: Any) -> None:
+            pushed = flags[flag_at[cid]] != 0.0
+            if first:
+                acc[cid][...] = grad  # (zeros if none)
+            elif pushed:
+                acc[cid] += grad
+            if pushed:
+                used.add(cid)
+
+        for c in self._alone:
+            add(c.cid, got[grad_name(rank, c.cid)])
+        for cid, p in self.packs.items():
+            flat = got[grad_name(rank, cid)]
+            if all(flags[flag_at[c.cid]] != 0.0 for c in p.members):
+                if first:
+                    self._pack_acc[cid][...] = flat
+                else:
+                    self._pack_acc[cid] += flat
+                used.update(c.cid for c in p.members)
+            else:
+                for c, view in p.views(flat):
+                    add(c.cid, view)
+
+    def _update_pack(self, cid: str, pack: Pack, used: set[str], scale: float) -> None:
+        """(bsp) The optimizer step of pack ``cid``'s members that have a gradient summed in
+        ``acc`` (``used``): all of them in one step of the pack's flat arrays where it can
+        (``Optimizer.step_pack``), else each alone, as one not in a pack."""
+        members = [c.cid for c in pack.members if c.cid in used]
+        if not members:
+            return
+        if len(members) == len(pack.members):
+            self._set_rate()
+            if self.opt.step_pack(cid, self._pack_params[cid], self._pack_acc[cid], scale):
+                self._stale.update(members)
+                return
+        for member in members:
+            self._update(member, scale=scale)
+
+    def _set_rate(self) -> None:
+        """The optimizer's rate for the job's step (--lr-schedule, --warmup-steps)."""
+        if self._rate_step != self.step:
+            self.opt.lr = self.rate
+            self._rate_step = self.step
+
     def _update(self, cid: str, scale: float = 1.0) -> None:
         """One optimizer step of chunk ``cid`` with the gradient accumulated in ``acc``, at the
         rate of the job's step (--lr-schedule, --warmup-steps; asp and ssp: the slowest
         worker's step, the job's)."""
-        if self._rate_step != self.step:
-            self.opt.lr = self.rate
-            self._rate_step = self.step
+        self._set_rate()
         self.opt.step(cid, self.params[cid], self.acc[cid], scale=scale)
         self._stale.add(cid)
 
@@ -1461,13 +1519,16 @@ class ParameterServer:
             meta_name(w.rank),
         ]
 
-    def _unpacked(self, rank: int, got: dict[str, Any]) -> dict[str, Any]:
-        """``got`` (a worker's gradient tensors by name) with each pack's members added, by
-        the names their chunks would have alone: views of the pack's slot."""
+    def _link_packs(self) -> None:
+        """The optimizer's state of each pack's members as slices of one flat state
+        (``Optimizer.link_pack``): a step of the whole pack updates one array each."""
         for cid, p in self.packs.items():
-            for c, view in p.views(got[grad_name(rank, cid)]):
-                got[grad_name(rank, c.cid)] = view
-        return got
+            self.opt.link_pack(
+                cid,
+                [c.cid for c in p.members],
+                self._pack_params[cid],
+                p.split,
+            )
 
     def _lose(self, w: _Worker, reason: str, *, tell: bool = True, timed_out: bool = False) -> None:
         """Go on without ``w``: forget what it left half sent, stop writing to it. ``tell``: it
@@ -1897,7 +1958,7 @@ class ParameterServer:
             if int(got[meta_name(w.rank)][0]) < self.step:
                 self.rx.release_many(names)  # an earlier step's: it is catching up
                 continue
-            return self._unpacked(w.rank, got) if self.packs else got, names
+            return got, names
 
     def _read_catch_up(self) -> None:
         """Take in the workers' requests to go on at a later step (into ``_asked_step``)."""
@@ -2001,15 +2062,7 @@ class ParameterServer:
                 if int(meta[0]) != self.step:
                     raise PSError(f"worker {w.rank} sent step {int(meta[0])}, expected {self.step}")
                 flags = meta.tolist()  # (a list's items are read faster than an array's)
-                for c in self.chunks:
-                    cid = c.cid
-                    pushed = flags[self._flag_at[cid]] != 0.0
-                    if contributors == 0:
-                        self.acc[cid][...] = got[grad_name(w.rank, cid)]  # (zeros if none)
-                    elif pushed:
-                        self.acc[cid] += got[grad_name(w.rank, cid)]
-                    if pushed:
-                        used.add(cid)
+                self._accumulate(w.rank, got, flags, contributors == 0, used)
                 contributors += 1
                 w.pushed += 1
                 losses.append(float(meta[1]))
@@ -2022,9 +2075,11 @@ class ParameterServer:
                 # one of is not stepped (before 2026-12-04 it was, on zeros: momentum and
                 # weight decay moved a parameter its model never used).
                 scale = (1.0 / contributors) * self._clipping(used, contributors)
-                for c in self.chunks:
+                for c in self._alone:
                     if c.cid in used:
                         self._update(c.cid, scale=scale)
+                for cid, p in self.packs.items():
+                    self._update_pack(cid, p, used, scale)
                 self.step += 1
                 self._may_catch_up = False  # the workers pushed for our step: we are the job's
                 if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:

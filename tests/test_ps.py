@@ -105,6 +105,53 @@ def test_optimizer_settings_that_would_poison_or_diverge_are_refused() -> None:
     assert optim.make("momentum", 0.1, weight_decay=0.0, momentum=0.0).momentum == 0.0
 
 
+@pytest.mark.parametrize("name", ["sgd", "momentum", "adam", "adamw"])
+def test_a_pack_stepped_whole_equals_its_members_stepped_each_to_the_bit(name: str) -> None:
+    """``Optimizer.step_pack``: one update of a pack's flat arrays leaves every member's
+    parameters and state as a step of each alone would, to the bit (the updates are elementwise),
+    through steps where one member is stepped alone (Adam's counters then differ, and the pack
+    is stepped member by member until the end), and after the state is adopted from a
+    checkpoint's host copies and linked again."""
+    rng = np.random.default_rng(5)
+    shapes = {"a": (3, 4), "b": (5,), "c": ()}
+    chunks = plan(shapes, 1, 1 << 20)
+    (pack,) = packs(chunks, shapes, 1 << 10, 1 << 20)
+    keys = [c.cid for c in pack.members]
+    kw = {"weight_decay": 0.01} if name != "momentum" else {"weight_decay": 0.01, "momentum": 0.8}
+    alone, packed = optim.make(name, 0.1, **kw), optim.make(name, 0.1, **kw)
+    flat = rng.standard_normal(pack.size).astype(np.float32)
+    ref = {k: v.copy() for k, v in zip(keys, pack.split(flat.copy()), strict=True)}
+    packed.link_pack("p", keys, flat, pack.split)
+    mine = dict(zip(keys, pack.split(flat), strict=True))
+    stepped_whole = []
+    for step in range(8):
+        grad = rng.standard_normal(pack.size).astype(np.float32)
+        if step == 3:  # only "b": the others have no gradient this step
+            for k, g in zip(keys, pack.split(grad), strict=True):
+                if k.startswith("b@"):
+                    alone.step(k, ref[k], g.copy(), scale=0.5)
+                    packed.step(k, mine[k], g.copy(), scale=0.5)
+            continue
+        for k, g in zip(keys, pack.split(grad.copy()), strict=True):
+            alone.step(k, ref[k], g, scale=0.5)
+        stepped_whole.append(packed.step_pack("p", flat, grad, scale=0.5))
+        if not stepped_whole[-1]:
+            for k, g in zip(keys, pack.split(grad), strict=True):
+                packed.step(k, mine[k], g, scale=0.5)
+        if step == 5:  # a checkpoint's state, adopted and linked again
+            packed.adopt(
+                {k: {s: np.array(v) for s, v in st.items()} for k, st in packed.state.items()},
+                lambda v: v,
+            )
+            packed.link_pack("p", keys, flat, pack.split)
+        for k in keys:
+            assert np.array_equal(mine[k], ref[k]), (step, k)
+            for slot, value in alone.state[k].items():
+                assert np.array_equal(packed.state[k][slot], value), (step, k, slot)
+    counted = name in ("adam", "adamw")  # step 3 set "b"'s count apart from the others'
+    assert stepped_whole == [True] * 3 + ([False] * 4 if counted else [True] * 4)
+
+
 def test_the_rate_of_one_update_under_each_sync_mode() -> None:
     """bsp: one update a step, of the mean gradient, at --lr; asp and ssp: one per push, at
     --lr / --workers (--async-lr mean) or at --lr (--async-lr each)."""

@@ -148,6 +148,10 @@ class Pack:
         """Elements of the flat tensor."""
         return self.bounds[-1][1] if self.members else 0
 
+    def split(self, flat: Any) -> list[Any]:
+        """:meth:`views` without the members: the slices alone, in the members' order."""
+        return [view for _, view in self.views(flat)]
+
     def views(self, flat: Any) -> list[tuple[Chunk, Any]]:
         """Each member with its slice of ``flat`` (a 1-D array of :attr:`size`, numpy or cupy)
         in the member's shape: views, no copy."""
