@@ -1286,9 +1286,10 @@ class ParameterServer:
                     add(c.cid, view)
 
     def _update_pack(self, cid: str, pack: Pack, used: set[str], scale: float) -> None:
-        """(bsp) The optimizer step of pack ``cid``'s members that have a gradient summed in
-        ``acc`` (``used``): all of them in one step of the pack's flat arrays where it can
-        (``Optimizer.step_pack``), else each alone, as one not in a pack."""
+        """The optimizer step of pack ``cid``'s members that have a gradient in ``acc``
+        (``used``; bsp: the step's sums, asp and ssp: a worker's push): all of them in one step
+        of the pack's flat arrays where it can (``Optimizer.step_pack``), else each alone, as
+        one not in a pack."""
         members = [c.cid for c in pack.members if c.cid in used]
         if not members:
             return
@@ -2408,20 +2409,26 @@ class ParameterServer:
                     if pack is None
                     else [(c.cid, part) for c, part in pack.views(view)]
                 )
+                pushed: list[bool] = []
                 for cid, grad in landed:
                     # Applied as it lands: the gradient of one worker, one chunk, one step.
                     # Zeros that come before the step's meta may be no gradient at all
                     # (plan.flag_slots): they carry nothing to keep, so the meta decides, when
                     # it comes.
                     if "meta" in w.got:
-                        pushed = w.meta[self._flag_at[cid]] != 0.0
+                        pushed.append(w.meta[self._flag_at[cid]] != 0.0)
                     else:
-                        pushed = bool(grad.any())
-                        if not pushed:
+                        pushed.append(bool(grad.any()))
+                        if not pushed[-1]:
                             w.deferred.add(cid)
-                    if pushed:
-                        self.acc[cid][...] = grad
-                        self._update(cid)
+                if pack is not None and all(pushed):  # the pack whole, as under bsp
+                    self._pack_acc[tail][...] = view
+                    self._update_pack(tail, pack, {c.cid for c in pack.members}, 1.0)
+                else:
+                    for (cid, grad), has in zip(landed, pushed, strict=True):
+                        if has:
+                            self.acc[cid][...] = grad
+                            self._update(cid)
                 w.got.add(tail)
             else:
                 w.meta = view.copy()
