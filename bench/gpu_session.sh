@@ -18,6 +18,8 @@
 #   probe       docs/bench-gpu-nixl-context/nixl_probe.py at 16 MiB: per-call medians of a nixl
 #               sender that connects before it touches CUDA (215 GB/s on an H200, 2026-12-04)
 #   proto       which UCX protocol the nixl transport's GPU puts take (UCX_PROTO_INFO)
+# Then, as a second call: sh bench/gpu_packs.sh "$OUT" (packs of small parameters on GPU
+# workers and servers, on and off in turn).
 set -u
 out=${1:?usage: sh bench/gpu_session.sh OUT}
 mkdir -p "$out"
