@@ -1227,7 +1227,11 @@ class PSClient:
         before = [(c.cid, c.shape, c.server) for c in self.chunks], list(self._packs)
         self.chunks = self._learn_plan(self._shapes)
         if ([(c.cid, c.shape, c.server) for c in self.chunks], list(self._packs)) != before:
-            raise PSClientError("the restarted servers hold a different plan")
+            raise PSClientError(
+                "the restarted servers cut or pack the parameters otherwise than before (another "
+                "--split-bytes or --pack-bytes?): this worker's buffers were registered for the "
+                "job's first plan; start it again to join the servers as they are now"
+            )
         if self.rank == 0 and self.step is not None:
             # a server that restarted afresh starts from ours (once the servers wrote them:
             # while we first join, the initial values we were given)

@@ -1505,6 +1505,33 @@ def test_server_killed_and_resumed_workers_reconnect(job: Any, tmp_path: Path) -
     assert j.metrics("w0")["test_accuracy"] >= 0.95
 
 
+def test_a_server_resumed_with_another_pack_bytes_is_named_by_the_workers(
+    job: Any, tmp_path: Path
+) -> None:
+    """A server SIGKILLed and started again from its checkpoint with another --pack-bytes (an
+    operator's change): the checkpoint resumes (packs are the wire's alone), and each worker,
+    whose buffers were registered for the job's first packs, exits 1 naming the flags that cut
+    and pack the parameters, rather than writing into buffers of another plan."""
+    ckpt = tmp_path / "ckpt"
+    args = ["--steps", ENDLESS, "--checkpoint-dir", str(ckpt), "--checkpoint-every", str(EVERY)]
+    j = job(ps=[*args, "--log-level", "INFO"])
+    _wait_for(j, f"checkpoint at step {EVERY}")
+    j.ps[0].kill()
+    assert j.ps[0].wait(10) == -signal.SIGKILL
+    again = j.start([*j.ps[0].args, "--resume", "--pack-bytes", "0"], log="ps0-again")
+    try:
+        log_has(j.tmp / "ps0-again.log", "resumed shard 0 from ", 60)
+        codes = [w.wait(120) for w in j.workers]
+    finally:
+        again.kill()
+        again.wait(30)
+    assert codes == [1, 1], [j.log(f"w{r}") for r in (0, 1)]
+    for rank in (0, 1):
+        assert "otherwise than before (another --split-bytes or --pack-bytes?)" in j.log(
+            f"w{rank}"
+        ), j.log(f"w{rank}")
+
+
 def test_an_asp_server_restarted_after_a_worker_finished_goes_on_without_waiting_for_it(
     tmp_path: Path,
 ) -> None:
