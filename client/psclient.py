@@ -1,8 +1,10 @@
 """``PSClient``: a training loop's connection to the parameter servers.
 
 The client registers every model parameter in its own receiver, in parts that match the
-servers' chunks (:meth:`tensorwire.Receiver.register_parts`), so :attr:`PSClient.params` *are* the
-buffers the servers write: no copy between the network and the next forward pass. A loop does::
+servers' chunks (:meth:`tensorwire.Receiver.register_parts`), and each pack of small parameters
+(the servers' ``--pack-bytes``) as one tensor whose slices are its members, so
+:attr:`PSClient.params` *are* the buffers the servers write: no copy between the network and the
+next forward pass. A loop does::
 
     with PSClient(["tcp://ps0:5700"], rank=0, shapes=shapes, init=initial_values) as ps:
         while (step := ps.wait_params()) is not None:   # None: the servers said stop
@@ -12,7 +14,8 @@ buffers the servers write: no copy between the network and the next forward pass
 The servers run no model code: every client tells them its parameters' shapes when it joins, and
 rank 0 gives their initial values (``init``). The plan (which server owns which rows of which
 parameter) is then read from the gradient tensors the servers publish, so client and servers
-cannot disagree about it. Uses only tensorwire's public API.
+cannot disagree about it (a pack's members are computed as the servers did, and checked against
+the digest in the pack's name). Uses only tensorwire's public API.
 """
 
 from __future__ import annotations

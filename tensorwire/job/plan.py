@@ -9,6 +9,10 @@ values), and each worker registers each parameter with :meth:`Receiver.register_
 per chunk, so the servers' writes land side by side in the model's own parameter storage. A worker
 learns the plan from the servers' address books (the gradient tensors they publish), so a worker
 can never disagree with the servers about it; it then says it is ready on the same ``join`` tensor.
+Small whole parameters travel in packs (:class:`Pack`, :func:`packs`): one gradient tensor and
+one parameter tensor per pack instead of one per parameter; the worker computes the packs from
+the plan and the published ``--pack-bytes``, and checks them against the names the server
+published.
 """
 
 from __future__ import annotations
