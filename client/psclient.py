@@ -436,12 +436,24 @@ class PSClient:
             #: the model's parameters: read-only views of the registered memory servers write,
             #: or, when they travel in 16 bits, float32 copies refreshed by each wait_params()
             self.params: dict[str, Array] = landed
-            self._landed: dict[str, Array] | None = None
+            #: (16-bit wire) what each wait_params() copies into float32: (the model's float32
+            #: array, the registered one), per parameter alone and per pack, whose members'
+            #: float32 parameters are views of one array
+            self._landed: list[tuple[Array, Array]] | None = None
             self._grads_out: dict[str, Array] = {}
             if self.wire_dtype != np.float32:
-                self._landed = landed
-                self.params = {p: np.zeros(v.shape, np.float32) for p, v in landed.items()}
-                self._grads_out = {c.cid: np.empty(c.shape, self.wire_dtype) for c in self.chunks}
+                params: dict[str, Array] = {}
+                self._landed = []
+                for name in shapes:
+                    if name not in packed:
+                        params[name] = np.zeros(landed[name].shape, np.float32)
+                        self._landed.append((params[name], landed[name]))
+                for cid, (pack, _) in self._packs.items():
+                    flat = np.zeros((pack.size,), np.float32)
+                    params.update((c.param, view) for c, view in pack.views(flat))
+                    self._landed.append((flat, self.rx.array(cid)))
+                self.params = {name: params[name] for name in shapes}
+                self._grads_out = {c.cid: np.empty(c.shape, self.wire_dtype) for c in self._alone}
             try:
                 no_later = math.inf if self.timeout is None else time.monotonic() + self.timeout
                 self._say_ready(no_later)
@@ -955,8 +967,8 @@ class PSClient:
         t1 = time.perf_counter()
         self.phase_seconds["wait"] += t1 - t0
         if self._landed is not None:
-            for p, landed in self._landed.items():
-                np.copyto(self.params[p], landed)  # 16-bit wire -> the model's float32
+            for into, landed in self._landed:
+                np.copyto(into, landed)  # 16-bit wire -> the model's float32
             self.phase_seconds["pull"] += time.perf_counter() - t1
         self.step = None if stop else max(steps)
         self._owed = self.step is not None
