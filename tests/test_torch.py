@@ -276,16 +276,24 @@ def test_a_gpu_asked_of_what_cannot_use_one_is_one_line() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch with CUDA)")
 @pytest.mark.parametrize(
-    ("transport", "server_device"),
-    [("shm", "cpu"), ("tcp", "cpu"), ("shm", "cuda"), ("tcp", "cuda")],
+    ("transport", "server_device", "pack_bytes"),
+    [
+        ("shm", "cpu", "262144"),
+        ("tcp", "cpu", "262144"),
+        ("shm", "cuda", "262144"),
+        ("tcp", "cuda", "262144"),
+        ("shm", "cuda", "0"),
+    ],
 )
 def test_torch_bsp_on_gpu_workers_equals_one_process(
-    job: Any, transport: str, server_device: str
+    job: Any, transport: str, server_device: str, pack_bytes: str
 ) -> None:
     """Workers with --device cuda: the servers write the parameters into GPU memory, the module
     reads them there through DLPack, gradients leave from GPU memory (into the servers' GPU
     memory too, with their --device cuda). The reference runs on the CPU; GPU convolutions may
-    use TF32 (torch's default for cuDNN), hence the looser bound."""
+    use TF32 (torch's default for cuDNN), hence the looser bound. The CNN's small parameters
+    travel in packs (the default: gathered on the GPU by one torch.cat, stepped whole on a GPU
+    server), and each alone (--pack-bytes 0)."""
     steps, lr = 20, 0.05
     j = job(
         ps=[
@@ -297,6 +305,8 @@ def test_torch_bsp_on_gpu_workers_equals_one_process(
             "4096",
             "--device",
             server_device,
+            "--pack-bytes",
+            pack_bytes,
         ],
         servers=2,
         worker=["--model", EXAMPLE, "--transport", transport, "--device", "cuda"],
