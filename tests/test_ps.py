@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -2915,6 +2916,42 @@ def test_servers_of_one_job_started_with_different_settings_are_refused_by_the_w
     assert f"--split-bytes 1048576 on {first}, 16384 on {second}" in last, last
     assert f"--pack-bytes 262144 on {first}, 4096 on {second}" in last, last
     assert "--sync" not in last and "--optimizer" not in last  # what they share is not named
+
+
+def test_a_worker_whose_small_parameters_differ_from_the_jobs_names_the_packs() -> None:
+    """Two workers whose models differ only in small parameters, which the server packs: the
+    second's join is refused (naming the difference), and it finds that the server's packs
+    are not the ones its own model gives (their names carry a digest of their members), and
+    says so with "wrong model?": it never writes its gradients into another model's places."""
+    from tensorwire.client.psclient import PSClient, PSClientError
+
+    job_shapes = {"w": (64, 32), "b": (32,), "v": (32, 4), "c": (4,)}
+    other = {**job_shapes, "v": (32, 5), "c": (5,)}  # w, split in two, is the same
+    init = {n: np.zeros(shape, np.float32) for n, shape in job_shapes.items()}
+    with (
+        _one_server("--workers", "2", "--join-timeout", "10", "--split-bytes", "4096") as (
+            address,
+            _,
+        ),
+        ThreadPoolExecutor(1) as pool,
+    ):
+        first = pool.submit(
+            lambda: PSClient([address], 0, job_shapes, init=init, connect_timeout=30)
+        )
+        # the job's model is the first join's: the server publishes fixed/<digest> with it
+        with tw.Sender(timeout=30) as probe:
+            probe.add_peer(address)
+            deadline = time.monotonic() + 30
+            while not any(n.startswith("fixed/") for n in probe.tensors(peer=address)):
+                assert time.monotonic() < deadline, "the first worker's join was never taken"
+                time.sleep(0.05)
+                probe.refresh(peer=address)
+        with pytest.raises(PSClientError) as refused:
+            PSClient([address], 1, other, connect_timeout=30)
+        first.result(60).close()  # (it joined: the job's model)
+    said = str(refused.value)
+    assert "holds other small parameters (its packs, --pack-bytes 262144)" in said, said
+    assert "(wrong model?)" in said
 
 
 def test_rank_0_must_bring_the_initial_parameters() -> None:
