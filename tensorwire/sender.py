@@ -1477,7 +1477,9 @@ class Sender(Resource):
         the cost of one: ``shm`` rings the receiver's doorbell once for the group, ``tcp`` sends
         the group's headers and payloads in one ``sendmsg``, ``nixl`` waits for the WRITEs of
         up to 32 small payloads together and sends their headers in one notification.
-        ``timeout`` bounds the whole call. If a write fails (a receiver lost, no credit in
+        ``timeout`` bounds the whole call. A message waiting for its slot steps aside while
+        another thread waits for the same receiver (the messages before it written; the rest
+        follow once that thread's call is done). If a write fails (a receiver lost, no credit in
         time), the messages before it were written; with ``reconnect=True`` a lost receiver is
         reconnected and its whole group written again. Returns a handle per item, in order.
         """
@@ -1518,7 +1520,7 @@ class Sender(Resource):
         groups = _by_peer(planned, range(len(planned)))
         handles: list[WriteHandle] = [None] * len(planned)  # type: ignore[list-item]
         for _ in range(ROUTE_TRIES):
-            for g, indices in enumerate(groups):  # noqa: B007 (g: where it stopped, below)
+            for g, indices in enumerate(groups):  # (g: where it stopped, below)
                 receiver = planned[indices[0]][0]
                 self._hold(receiver, deadline)
                 held = True
@@ -1535,18 +1537,37 @@ class Sender(Resource):
                         held = True
                     if epoch != self._routes_epoch:
                         break  # a book or a session changed meanwhile: the rest planned again
-                    try:
-                        self._write_group(planned, indices, handles, deadline)
-                    except PeerLostError as exc:
-                        receiver.note_lost()
-                        if not self.reconnect:
-                            raise self._explained(exc, receiver) from None
-                        self._reopen_peer(receiver)
-                        for k in indices:
-                            _, entry, arr = planned[k]
-                            p, entry = self._found_at(receiver, entry.spec.name)
-                            planned[k] = (p, entry, entry.spec.check_array(arr))
-                        self._write_group(planned, indices, handles, deadline)
+                    todo, reopened = indices, False
+                    while todo:
+                        try:
+                            todo = self._write_group(planned, todo, handles, deadline)
+                        except PeerLostError as exc:
+                            if reopened:
+                                raise
+                            receiver.note_lost()
+                            if not self.reconnect:
+                                raise self._explained(exc, receiver) from None
+                            self._reopen_peer(receiver)
+                            for k in indices:
+                                _, entry, arr = planned[k]
+                                p, entry = self._found_at(receiver, entry.spec.name)
+                                planned[k] = (p, entry, entry.spec.check_array(arr))
+                            todo, reopened = indices, True  # its whole group written again
+                            continue
+                        if todo:
+                            # It gave way part way, a message waiting for its slot, those
+                            # before it written: another thread's call to the receiver goes
+                            # first, then the rest of the group.
+                            receiver.lock.release()
+                            held = False
+                            _let_waiting_go(receiver)
+                            self._hold(receiver, deadline)
+                            held = True
+                            if epoch != self._routes_epoch:
+                                groups[g] = todo  # (planned again below, as the groups after)
+                                break
+                    if todo:
+                        break
                 finally:
                     if held:
                         receiver.lock.release()
@@ -1582,8 +1603,12 @@ class Sender(Resource):
         indices: list[int],
         handles: list[WriteHandle],
         deadline: float | None,
-    ) -> None:
-        """Write the items ``indices`` of ``planned`` (all to one receiver) as one batch."""
+    ) -> list[int]:
+        """Write the items ``indices`` of ``planned`` (all to one receiver, under its lock) as
+        one batch; the items not written where it gave way (GiveWay): a message waiting for a
+        slot, the ones before it written, stepped aside as another thread waited for the
+        receiver (the caller lets that thread go first, then writes the rest). Empty: all
+        written."""
         p = planned[indices[0]][0]
         writers = p.writers
         writes = []
@@ -1609,15 +1634,29 @@ class Sender(Resource):
                 earlier = taken.get(id(w), 0)
                 seqs[k] += earlier
                 taken[id(w)] = earlier + 1
-        assert p.channel is not None
-        p.channel.write_batch(writes, deadline)
+        channel = p.channel
+        assert channel is not None
+        done = len(writes)
+        channel.give_way = p.others_waiting
+        try:
+            channel.write_batch(writes, deadline)
+        except GiveWay:
+            # Every transport's batch writes in order, and a message waits for its slot only
+            # once those before it are out (published, sent, notified): they are the ones whose
+            # writer has moved past them.
+            done = 0
+            while done < len(writes) and writes[done][0].next_seq > seqs[done]:
+                done += 1
+        finally:
+            channel.give_way = None
         new = _new_tuple
-        for k, (w, arr), seq in zip(indices, writes, seqs, strict=True):
+        for k, (w, arr), seq in zip(indices[:done], writes[:done], seqs[:done], strict=True):
             nbytes = arr.nbytes
             counts = w.traffic  # inline, not a method call
             counts.messages += 1
             counts.bytes += nbytes
             handles[k] = new(WriteHandle, (planned[k][1].spec.name, seq, nbytes))
+        return indices[done:]
 
     @contextlib.contextmanager
     def buffer(

@@ -810,6 +810,49 @@ def test_threads_writing_tensors_a_consumer_takes_in_turn_never_wait_on_each_oth
             assert [ended for _, ended in threads] == [[None], [None]]
 
 
+@pytest.mark.parametrize("transport", ["shm", "tcp", "nixl"])
+def test_a_batch_waiting_part_way_gives_way_to_another_threads_write(transport: str) -> None:
+    """One thread writes batches of ``a`` then ``b``, another writes ``x`` alone, and the
+    consumer takes ``a``, ``x``, ``b`` in turn (one slot each): each batch's ``a`` finds its
+    slot and goes out, its ``b`` waits for the ``b`` before it, which the consumer takes only
+    after the other thread's ``x``. The batch steps aside there, ``a`` written, and goes on with
+    ``b`` once ``x`` went. Before, a batch waiting part way held the receiver, and the consumer
+    waited for ``x`` until the timeout."""
+    count = 10
+    took_a = [threading.Event() for _ in range(count + 1)]
+
+    def batches() -> None:
+        for k in range(1, count + 1):
+            tx.write_many([("a", np.full(4, k, np.int64)), ("b", np.full(4, k, np.int64))])
+
+    def singles() -> None:
+        for k in range(1, count + 1):
+            # once the consumer took a_k: by then the batch of a_k+1 and b_k+1 has written its
+            # a and waits for b's slot (b_k, taken after x_k)
+            assert took_a[k].wait(10)
+            time.sleep(0.05)
+            tx.write("x", np.full(4, k, np.int64))
+
+    with tw.Receiver(ring=1) as rx:
+        for name in ("a", "b", "x"):
+            rx.register(name, (4,), "int64")
+        with tw.Sender.connect(rx.address, transport=transport, timeout=5) as tx:
+            threads = [started(batches), started(singles)]
+            try:
+                for k in range(1, count + 1):
+                    for name in ("a", "x", "b"):
+                        assert rx.wait(name, timeout=10).tolist() == [k] * 4, (name, k)
+                        rx.release(name)
+                        if name == "a":
+                            took_a[k].set()
+            finally:
+                for event in took_a:
+                    event.set()
+                for thread, _ in threads:
+                    thread.join(30)
+            assert [ended for _, ended in threads] == [[None], [None]]
+
+
 def test_a_refresh_of_every_receiver_takes_the_free_ones_books_first() -> None:
     """``refresh()`` of every receiver while another thread's ``buffer()`` block holds the
     first: the second's book, with a tensor registered since, is taken at once; the held one's

@@ -110,8 +110,8 @@ ENDED_BY_RECEIVER = "the receiver ended this sender's session"
 
 
 class GiveWay(Exception):
-    """A wait for a slot, before any of the call's messages has moved (a write's, a
-    ``buffer()`` block's before it opens, a batch's first), stepped aside: the sender asked it
+    """A wait for a slot, before that message moved (a write's, a ``buffer()`` block's before
+    it opens, any of a batch's, those before it written), stepped aside: the sender asked it
     to (:attr:`Channel.give_way`), and another of its threads waits for the receiver meanwhile
     (a write of another tensor, a refresh). The sender lets that call go first and tries
     again. Without it a write waiting for a credit held every other call to its receiver, and
