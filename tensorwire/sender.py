@@ -1530,10 +1530,8 @@ class Sender(Resource):
                     ):
                         # its first message had no slot and another thread waits for the
                         # receiver: that thread's call first, nothing of the batch having moved
-                        receiver.lock.release()
                         held = False
-                        _let_waiting_go(receiver)
-                        self._hold(receiver, deadline)
+                        self._step_aside(receiver, deadline)
                         held = True
                     if epoch != self._routes_epoch:
                         break  # a book or a session changed meanwhile: the rest planned again
@@ -1558,10 +1556,8 @@ class Sender(Resource):
                             # It gave way part way, a message waiting for its slot, those
                             # before it written: another thread's call to the receiver goes
                             # first, then the rest of the group.
-                            receiver.lock.release()
                             held = False
-                            _let_waiting_go(receiver)
-                            self._hold(receiver, deadline)
+                            self._step_aside(receiver, deadline)
                             held = True
                             if epoch != self._routes_epoch:
                                 groups[g] = todo  # (planned again below, as the groups after)
@@ -1581,6 +1577,14 @@ class Sender(Resource):
                 planned[k] = (p, entry, entry.spec.check_array(arr))
             groups = _by_peer(planned, rest)
         raise _books_kept_changing("a batch", "wrote it")
+
+    def _step_aside(self, p: _Peer, deadline: float | None) -> None:
+        """(Holding ``p``'s lock, after a call gave way) let it go until the threads waiting
+        for it have had it, then take it again; raises with the lock not held where
+        ``deadline`` passes first."""
+        p.lock.release()
+        _let_waiting_go(p)
+        self._hold(p, deadline)
 
     def _gave_way(
         self, p: _Peer, first: tuple[_Peer, TensorEntry, Any], deadline: float | None
