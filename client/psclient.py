@@ -33,9 +33,9 @@ import numpy as np
 
 import tensorwire as tw
 from tensorwire.checks import check_amount, check_count, check_distinct
-from tensorwire.cuda import as_device_array, current_stream, parse_device
+from tensorwire.cuda import array_device, as_device_array, current_stream, parse_device
 from tensorwire.curve import CurveKeys
-from tensorwire.dtypes import canonical_dtype
+from tensorwire.dtypes import as_host_array, canonical_dtype
 from tensorwire.endpoint import is_wildcard_host, local_address_towards, tcp_endpoint
 from tensorwire.job.plan import (
     ENDED_JOB_DONE,
@@ -214,16 +214,14 @@ def _zeros(shape: tuple[int, ...], dtype: Any, device: str) -> Any:
         return cp.zeros(shape, dtype)
 
 
-def _host_flat(g: Any) -> Any:
-    """Gradient ``g`` (numpy, a CPU torch tensor, or cupy for a worker whose parameters are on
-    the host) as a flat host array: a view where it is one already."""
-    if not isinstance(g, np.ndarray):
-        if hasattr(g, "detach"):  # torch
-            g = g.detach().cpu().numpy()
-        elif hasattr(g, "get"):  # cupy
-            g = g.get()
-        else:
-            g = np.asarray(g)
+def _host_flat(g: Any, name: str) -> Any:
+    """Gradient ``g`` of parameter ``name`` as a flat host array (a view where it is one
+    already): numpy, a CPU torch tensor, anything tensorwire writes from host memory, or GPU
+    memory (cupy, a CUDA tensor) for a worker whose parameters are on the host, copied."""
+    if array_device(g) is not None:
+        g = _cupy().asnumpy(as_device_array(g, name))
+    else:
+        g = as_host_array(g, name)
     return g.reshape(-1)
 
 
@@ -1363,7 +1361,7 @@ class PSClient:
         if isinstance(out, np.ndarray):
             for c, (lo, hi) in zip(pack.members, pack.bounds, strict=True):
                 g = grads[c.param]
-                out[lo:hi] = 0 if g is None else _host_flat(g)
+                out[lo:hi] = 0 if g is None else _host_flat(g, c.param)
             return out
         cp = _cupy()
         device = parse_device(self.device)

@@ -737,27 +737,18 @@ class ParameterServer:
                 cfg.pack_bytes,
             )
         # A packed member's parameters are a view into its pack's: the pack goes out as they
-        # are, no gather (the optimizer updates them in place).
-        self._pack_params = {cid: self.place.zeros((p.size,)) for cid, p in self.packs.items()}
-        self.params = {c.cid: self.place.zeros(c.shape) for c in self._alone}
-        for cid, p in self.packs.items():
-            self.params.update((c.cid, view) for c, view in p.views(self._pack_params[cid]))
-        self.params = {c.cid: self.params[c.cid] for c in self.chunks}  # (the plan's order)
-        # the accumulators of a pack's members too: a step of a pack's gradients sums (and the
-        # optimizer steps) the pack as one array
-        self._pack_acc = {cid: self.place.zeros((p.size,)) for cid, p in self.packs.items()}
-        self.acc = {c.cid: self.place.zeros(c.shape) for c in self._alone}
-        for cid, p in self.packs.items():
-            self.acc.update((c.cid, view) for c, view in p.views(self._pack_acc[cid]))
+        # are, no gather (the optimizer updates them in place); its accumulator too, so that a
+        # step of a pack's gradients sums (and the optimizer steps) the pack as one array.
+        self._pack_params, self.params = self._by_chunk(self.place.zeros)
+        self._pack_acc, self.acc = self._by_chunk(self.place.zeros)
         self._link_packs()
         # Parameters go out in the wire dtype: converted into these, allocated once.
         wire = tw.TensorSpec.create("wire", (), cfg.wire_dtype).dtype
         self._outgoing = None
         if cfg.wire_dtype != "float32":
-            self._pack_outgoing = {cid: np.empty((p.size,), wire) for cid, p in self.packs.items()}
-            self._outgoing = {c.cid: np.empty(c.shape, wire) for c in self._alone}
-            for cid, p in self.packs.items():
-                self._outgoing.update((c.cid, v) for c, v in p.views(self._pack_outgoing[cid]))
+            self._pack_outgoing, self._outgoing = self._by_chunk(
+                lambda shape: np.empty(shape, wire)
+            )
         self._stale = {c.cid for c in self.chunks}
         self._needs_init = needs_init
         self._has_init_tensors = needs_init
@@ -1519,6 +1510,18 @@ class ParameterServer:
             *(grad_name(w.rank, cid) for cid in self.packs),
             meta_name(w.rank),
         ]
+
+    def _by_chunk(
+        self, make: Callable[[tuple[int, ...]], Any]
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Arrays ``make(shape)`` makes: one per pack (by its name), and one per chunk in the
+        plan's order (by its name), a packed chunk's a view of its pack's in the chunk's
+        shape."""
+        flat = {cid: make((p.size,)) for cid, p in self.packs.items()}
+        each = {c.cid: make(c.shape) for c in self._alone}
+        for cid, p in self.packs.items():
+            each.update((c.cid, view) for c, view in p.views(flat[cid]))
+        return flat, {c.cid: each[c.cid] for c in self.chunks}
 
     def _link_packs(self) -> None:
         """The optimizer's state of each pack's members as slices of one flat state
