@@ -84,22 +84,18 @@ class Optimizer:
         that :meth:`step_pack` steps them all at once and :meth:`step` any of them alone, on
         the same memory. State they had (adopted from a checkpoint) is copied in; a member's
         state stays its own to a checkpoint. Called again after :meth:`adopt`."""
-        flat = {
-            slot: value
-            for slot, value in self.new_state(param).items()
-            if slot not in self.HOST_SLOTS
-        }
+        fresh = self.new_state(param)
+        flat = {slot: value for slot, value in fresh.items() if slot not in self.HOST_SLOTS}
         for slot, whole in flat.items():
             for member, part in zip(members, split(whole), strict=True):
                 had = self.state.get(member, {}).get(slot)
                 if had is not None:
                     part[...] = had
                 self.state.setdefault(member, {})[slot] = part
-        for member, part in zip(members, split(param), strict=True):
-            fresh = self.new_state(part)
+        for member in members:  # each member's own counters (a step count): kept, or fresh
             st = self.state.setdefault(member, {})
             for slot in self.HOST_SLOTS:
-                st.setdefault(slot, fresh[slot])
+                st.setdefault(slot, fresh[slot].copy())
         self._packs[key] = (list(members), flat)
 
     def step_pack(self, key: str, param: Array, grad: Array, scale: float = 1.0) -> bool:
