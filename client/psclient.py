@@ -33,7 +33,7 @@ import numpy as np
 
 import tensorwire as tw
 from tensorwire.checks import check_amount, check_count, check_distinct
-from tensorwire.cuda import array_device, as_device_array, current_stream, parse_device
+from tensorwire.cuda import array_device, as_device_array, cupy, current_stream, parse_device
 from tensorwire.curve import CurveKeys
 from tensorwire.dtypes import as_host_array, canonical_dtype
 from tensorwire.endpoint import is_wildcard_host, local_address_towards, tcp_endpoint
@@ -198,18 +198,12 @@ def _checked_init(init: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]
     return out
 
 
-def _cupy() -> Any:
-    import cupy  # GPU parameters are cupy arrays, so cupy is there
-
-    return cupy
-
-
 def _zeros(shape: tuple[int, ...], dtype: Any, device: str) -> Any:
     """Zeros in host memory (``device`` cpu) or on that GPU (cupy)."""
     index = parse_device(device)
     if index is None:
         return np.zeros(shape, dtype)
-    cp = _cupy()
+    cp = cupy()
     with cp.cuda.Device(index):
         return cp.zeros(shape, dtype)
 
@@ -219,7 +213,7 @@ def _host_flat(g: Any, name: str) -> Any:
     already): numpy, a CPU torch tensor, anything tensorwire writes from host memory, or GPU
     memory (cupy, a CUDA tensor) for a worker whose parameters are on the host, copied."""
     if array_device(g) is not None:
-        g = _cupy().asnumpy(as_device_array(g, name))
+        g = cupy().asnumpy(as_device_array(g, name))
     else:
         g = as_host_array(g, name)
     return g.reshape(-1)
@@ -1176,9 +1170,8 @@ class PSClient:
         """Copies of the current parameters in host memory (numpy), wherever they live."""
         if self.device == "cpu":
             return {p: np.array(v) for p, v in self.params.items()}
-        import cupy  # the GPU buffers are cupy arrays, so cupy is there
-
-        return {p: cupy.asnumpy(v) for p, v in self.params.items()}
+        cp = cupy()  # the GPU buffers are cupy arrays, so cupy is there
+        return {p: cp.asnumpy(v) for p, v in self.params.items()}
 
     def _release(self) -> None:
         if self.rx is not None and self._held:
@@ -1363,7 +1356,7 @@ class PSClient:
                 g = grads[c.param]
                 out[lo:hi] = 0 if g is None else _host_flat(g, c.param)
             return out
-        cp = _cupy()
+        cp = cupy()
         device = parse_device(self.device)
         assert device is not None
         with cp.cuda.Device(device), current_stream(device):
