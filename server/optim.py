@@ -71,6 +71,14 @@ class Optimizer:
         st = self.state.get(key)
         if st is None:
             st = self.state[key] = self.new_state(param)
+        if param.ndim == 0:
+            # A scalar parameter is stepped through 1-element views of it and of its state:
+            # numpy before 2.0 computes a 0-d float32 array with a Python float in float64
+            # (value-based casting) and an array of one or more dimensions in float32, so the
+            # scalar rounded otherwise than in a pack (step_pack's flat arrays) and than under
+            # numpy 2 (found by `make test-floors`, numpy 1.24)
+            param, grad = param.reshape(1), grad.reshape(1)
+            st = {s: v if s in self.HOST_SLOTS else v.reshape(1) for s, v in st.items()}
         self._update(st, param, grad, scale)
 
     def _update(self, st: dict[str, Any], param: Array, grad: Array, scale: float) -> None:
