@@ -14,6 +14,7 @@ once.
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import logging
 import math
@@ -79,6 +80,27 @@ def _socket(kind: int, endpoint: str = "") -> zmq.Socket[bytes]:
     return sock
 
 
+#: how long a bind waits for its address's listener to go (:func:`_bind`)
+BIND_IN_USE_WAIT = 1.0
+
+
+def _bind(sock: zmq.Socket[bytes], endpoint: str) -> None:
+    """``sock.bind(endpoint)``, tried again for up to BIND_IN_USE_WAIT while the address is in
+    use. ZeroMQ closes a socket's listener on its I/O thread after ``zmq_close`` returns, so a
+    receiver made at once at the address of one just closed in this process (a restart in
+    place) met "Address already in use" now and then under load (`make test-floors`); an
+    address another process holds is still refused, a second later."""
+    deadline = time.monotonic() + BIND_IN_USE_WAIT
+    while True:
+        try:
+            sock.bind(endpoint)
+            return
+        except zmq.ZMQError as exc:
+            if exc.errno != errno.EADDRINUSE or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.005)
+
+
 class ControlServer:
     """A ROUTER socket served by one thread. ``handler(identity, msg)`` returns the reply;
     ``tick(caught_up)`` is called every TICK_SECONDS, ``caught_up`` the latest moment
@@ -97,7 +119,7 @@ class ControlServer:
         try:
             if curve_keys is not None:
                 curve.serve(self._sock, curve_keys)
-            self._sock.bind(bind)
+            _bind(self._sock, bind)
         except (zmq.ZMQError, TensorWireError) as exc:
             self._sock.close()
             if isinstance(exc, TensorWireError):

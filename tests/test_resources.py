@@ -436,6 +436,30 @@ def test_close_is_idempotent_and_objects_are_context_managers() -> None:
         tx.write("t", np.zeros(2, np.int8))
 
 
+def test_a_closed_receivers_address_is_taken_again_at_once_and_a_held_one_refused() -> None:
+    """A receiver closed and made again at its address (a restart in its process) binds at
+    once: ZeroMQ lets go of the listener on its I/O thread a moment after the close, and a
+    bind in that moment met "Address already in use" (`make test-floors`, under load; the
+    bind now waits up to a second for it). An address another receiver holds is still
+    refused, naming it."""
+    from tensorwire import control
+
+    from .conftest import free_port
+
+    address = f"tcp://127.0.0.1:{free_port()}"
+    for _ in range(20):  # bounded; each round closes and binds again at once
+        rx = tw.Receiver(address)
+        rx.register("t", (2,), "int8")
+        rx.close()
+    with tw.Receiver(address) as held:
+        assert held.address == address
+        began = time.monotonic()
+        with pytest.raises(tw.TensorWireError, match=f"cannot bind the control plane to {address}"):
+            tw.Receiver(address)
+        # (refused once the wait for a listener that does not go is over: not at once)
+        assert time.monotonic() - began >= control.BIND_IN_USE_WAIT * 0.9
+
+
 def test_unclosed_objects_warn() -> None:
     rx = tw.Receiver()
     tx = tw.Sender.connect(rx.address, timeout=5)
