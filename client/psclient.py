@@ -1277,6 +1277,7 @@ class PSClient:
         # Before anything is released or written: over a 16-bit wire each gradient is rounded
         # into a buffer by assignment, which would broadcast a wrong shape (a scalar, an extra
         # axis of 1) into the servers' rows without a word.
+        dense: dict[str, Any] | None = None  # (the gradients, sparse ones made dense)
         for param, shape in self._shapes.items():
             g = grads[param]
             if g is None:
@@ -1298,6 +1299,17 @@ class PSClient:
                     f"push(): the gradient of {param!r} is {dtype}; the parameters are "
                     "float32: push float32 gradients (numpy: g.astype(np.float32))"
                 )
+            layout = getattr(g, "layout", None)  # (a torch tensor's)
+            if layout is not None and str(layout) != "torch.strided":
+                # A sparse gradient (nn.Embedding(sparse=True): the rows a batch looked up),
+                # made dense, a copy, as module_grads makes it: the servers step every row of
+                # a chunk. Before, its rows' slice or its pack's gather raised torch's own
+                # error ("reshape is not implemented for sparse tensors").
+                if dense is None:
+                    dense = dict(grads)
+                dense[param] = g.to_dense()
+        if dense is not None:
+            grads = dense
         try:
             loss = float(loss)
         except (TypeError, ValueError):

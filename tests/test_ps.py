@@ -2601,7 +2601,9 @@ def test_a_custom_loop_pushes_torch_tensors_alone_or_packed(pack: int) -> None:
     """``push`` of torch CPU tensors as a loop has them (``param.grad``; one that still
     requires grad), where ``w`` and ``b`` travel alone and where they travel in one pack
     (gathered into its buffer by one ``torch.cat``, as a GPU worker's are): each moves by its
-    own gradient; ``b`` pushed as None the second step stays."""
+    own gradient; ``b`` pushed as None the second step stays. ``w``'s second gradient is
+    sparse (an ``nn.Embedding(sparse=True)``'s, pushed as ``param.grad`` is): it goes dense,
+    where its slice or its gather raised torch's own error."""
     torch = pytest.importorskip("torch")
     from tensorwire.client.psclient import PSClient
 
@@ -2611,8 +2613,9 @@ def test_a_custom_loop_pushes_torch_tensors_alone_or_packed(pack: int) -> None:
         with PSClient([address], 0, shapes, init=init, connect_timeout=30, timeout=30) as c:
             step = c.wait_params(timeout=30)
             while step is not None:
+                w = torch.ones((2, 3), requires_grad=True)
                 grads = {
-                    "w": torch.ones((2, 3), requires_grad=True),
+                    "w": w if step == 0 else torch.ones((2, 3)).to_sparse(),
                     "b": torch.arange(3, dtype=torch.float32) if step == 0 else None,
                 }
                 c.push(grads, loss=1.0)
