@@ -85,7 +85,10 @@ def test_a_compiled_module_trains_as_the_module_does_and_compiles_once(job: Any)
         assert_params_close({n.removeprefix("_orig_mod."): v for n, v in got.items()}, want, 1e-5)
         log = compiled.log(f"w{rank}")
         recompiled = log.count("Recompiling")
-        assert recompiled == 0 or (recompiled == 1 and "changed: grad_mode" in log), log
+        # (the evaluation's no_grad: "changed: grad_mode", which torch 2.3, the floor, logs
+        # as its guard of the global state, "___check_global_state()")
+        grad_mode = "changed: grad_mode" in log or "___check_global_state()" in log
+        assert recompiled == 0 or (recompiled == 1 and grad_mode), log
 
 
 def test_torch_cnn_trains_digits_to_97_percent(job: Any) -> None:
