@@ -79,6 +79,7 @@ from tensorwire.job.plan import (
     specs_of,
     status_name,
 )
+from tensorwire.job.wire16 import narrow_into
 from tensorwire.job.words import wait_past_losses
 
 Array = np.ndarray[Any, Any]
@@ -1307,7 +1308,8 @@ class PSClient:
                 # error ("reshape is not implemented for sparse tensors").
                 if dense is None:
                     dense = dict(grads)
-                dense[param] = g.to_dense()
+                sparse: Any = g  # (a torch tensor: no numpy type)
+                dense[param] = sparse.to_dense()
         if dense is not None:
             grads = dense
         try:
@@ -1336,7 +1338,7 @@ class PSClient:
                     rows = g[c.start : c.stop] if g.ndim else g
                     out = self._grads_out.get(c.cid)
                     if out is not None:  # a 16-bit wire: rounded into a buffer allocated once
-                        out[...] = rows
+                        narrow_into(out, as_host_array(rows, c.cid))
                         rows = out
                     metas[c.server][flag_at[c.cid]] = 1.0
                 batch.append((grad_name(self.rank, c.cid), rows, self.servers[c.server]))
@@ -1366,7 +1368,10 @@ class PSClient:
         if isinstance(out, np.ndarray):
             for c, (lo, hi) in zip(pack.members, pack.bounds, strict=True):
                 g = grads[c.param]
-                out[lo:hi] = 0 if g is None else _host_flat(g, c.param)
+                if g is None:
+                    out[lo:hi] = 0
+                else:  # (rounded to a 16-bit wire's dtype by wire16: numpy's cast is slow)
+                    narrow_into(out[lo:hi], _host_flat(g, c.param))
             return out
         cp = cupy()
         device = parse_device(self.device)

@@ -70,6 +70,7 @@ from tensorwire.job.plan import (
     probe_name,
     status_name,
 )
+from tensorwire.job.wire16 import narrow_into, widen_into
 from tensorwire.job.words import wait_past_losses
 
 from . import checkpoint, optim
@@ -541,6 +542,9 @@ class ParameterServer:
         self.params: dict[str, Any] = {}
         self.acc: dict[str, Any] = {}
         self._outgoing: dict[str, np.ndarray[Any, Any]] | None = None
+        #: (16-bit wire) a gradient widened to float32 before it is added to a sum: as large
+        #: as the largest tensor a worker writes us
+        self._widened: np.ndarray[Any, Any] | None = None
         self._stale: set[str] = set()  # chunks updated since their wire copy was made
         #: parameters may be owed to a worker (set where they become owed, cleared by
         #: _pay_owed once it finds none): a look at every worker, skipped otherwise
@@ -749,6 +753,9 @@ class ParameterServer:
             self._pack_outgoing, self._outgoing = self._by_chunk(
                 lambda shape: np.empty(shape, wire)
             )
+            sizes = [math.prod(c.shape) for c in self._alone]
+            sizes += [p.size for p in self.packs.values()]
+            self._widened = np.empty(max(sizes, default=0), np.float32)
         self._stale = {c.cid for c in self.chunks}
         self._needs_init = needs_init
         self._has_init_tensors = needs_init
@@ -1256,9 +1263,9 @@ class ParameterServer:
         def add(cid: str, grad: Any) -> None:
             pushed = flags[flag_at[cid]] != 0.0
             if first:
-                acc[cid][...] = grad  # (zeros if none)
+                self._take(acc[cid], grad)  # (zeros if none)
             elif pushed:
-                acc[cid] += grad
+                self._add(acc[cid], grad)
             if pushed:
                 used.add(cid)
 
@@ -1268,13 +1275,31 @@ class ParameterServer:
             flat = got[grad_name(rank, cid)]
             if all(flags[flag_at[c.cid]] != 0.0 for c in p.members):
                 if first:
-                    self._pack_acc[cid][...] = flat
+                    self._take(self._pack_acc[cid], flat)
                 else:
-                    self._pack_acc[cid] += flat
+                    self._add(self._pack_acc[cid], flat)
                 used.update(c.cid for c in p.members)
             else:
                 for c, view in p.views(flat):
                     add(c.cid, view)
+
+    def _take(self, into: Any, grad: Any) -> None:
+        """``into[...] = grad``: a gradient as it landed, into a float32 sum (widened from a
+        16-bit wire: ``wire16``, where numpy's own cast is slow on small values)."""
+        if self._widened is None:
+            into[...] = grad
+        else:
+            widen_into(into, grad)
+
+    def _add(self, into: Any, grad: Any) -> None:
+        """``into += grad``: a gradient as it landed, added to a float32 sum (widened first
+        from a 16-bit wire, as :meth:`_take` does)."""
+        if self._widened is None:
+            into += grad
+        else:
+            wide = self._widened[: grad.size].reshape(grad.shape)
+            widen_into(wide, grad)
+            into += wide
 
     def _update_pack(self, cid: str, pack: Pack, used: set[str], scale: float) -> None:
         """The optimizer step of pack ``cid``'s members that have a gradient in ``acc``
@@ -1313,7 +1338,7 @@ class ParameterServer:
         outgoing = self._outgoing
         if outgoing is not None and self._stale:  # converted once per update, not per worker
             for cid in self._stale:
-                outgoing[cid][...] = self.params[cid]  # float32 -> the wire dtype, to nearest
+                narrow_into(outgoing[cid], self.params[cid])  # to the wire dtype, to nearest
             self._stale.clear()
         for c in self._alone:
             batch.append((c.cid, self.params[c.cid] if outgoing is None else outgoing[c.cid]))
@@ -2425,12 +2450,12 @@ class ParameterServer:
                         if not pushed[-1]:
                             w.deferred.add(cid)
                 if pack is not None and all(pushed):  # the pack whole, as under bsp
-                    self._pack_acc[tail][...] = view
+                    self._take(self._pack_acc[tail], view)
                     self._update_pack(tail, pack, {c.cid for c in pack.members}, 1.0)
                 else:
                     for (cid, grad), has in zip(landed, pushed, strict=True):
                         if has:
-                            self.acc[cid][...] = grad
+                            self._take(self.acc[cid], grad)
                             self._update(cid)
                 w.got.add(tail)
             else:

@@ -338,3 +338,43 @@ def test_bfloat16_and_float8_go_between_torch_and_tensorwire_through_dlpack(
             with pytest.raises(tw.SpecMismatchError, match=r"Unsupported dtype|got complex32"):
                 tx.write("c", DLPackProducer(half_complex))
             assert rx.pending("c") == 0
+
+
+def test_wire16_rounds_and_widens_to_numpys_bits() -> None:
+    """The parameter server's 16-bit wire (``tensorwire.job.wire16``) rounds float32 into
+    float16 to the very bits numpy's cast gives, without its slow path for values below
+    2**-14 (a gradient's, mostly): every tie between two float16 subnormals and its float32
+    neighbours, both signs; a million random float32 bit patterns (every exponent, NaNs and
+    infinities among them); overflow, signed zeros and float32 subnormals; arrays of small
+    values alone, and of few; strided arrays. Widening back is exact (by table), and bfloat16
+    takes numpy's own casts (ml_dtypes' have no slow path)."""
+    from tensorwire.job.wire16 import narrow_into, widen_into
+
+    rng = np.random.default_rng(16)
+    ties = (np.arange(2049, dtype=np.float64) * 2.0**-25).astype(np.float32)
+    near = np.concatenate([ties, np.nextafter(ties, np.float32(1)), np.nextafter(ties, 0)])
+    patterns = rng.integers(0, 1 << 32, 1_000_000, dtype=np.uint64).astype(np.uint32)
+    special = [0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 65504, 65519.99, 65520, 1e6]
+    special += [1e-45, -1e-45, 2**-14, -(2**-14), 2**-24, 2**-25, 1.5 * 2**-24, 3 * 2**-26]
+    cases = [near, -near, patterns.view(np.float32), np.array(special, np.float32)]
+    cases += [(rng.standard_normal(50_000) * scale).astype(np.float32) for scale in (1e-5, 1.0)]
+    wide = rng.standard_normal((64, 96)).astype(np.float32) * 1e-5
+    cases.append(wide.T)  # (strided: a transpose)
+    for src in cases:
+        with np.errstate(over="ignore", invalid="ignore"):  # (numpy warns of overflow to inf)
+            want = src.astype(np.float16)
+            got = np.empty_like(want)
+            if src.ndim == 2:  # (strided too)
+                got = np.empty((src.shape[0], 2 * src.shape[1]), np.float16)[:, ::2]
+            narrow_into(got, src)
+        assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
+        back = np.empty(src.shape, np.float32)
+        widen_into(back, got)
+        assert np.array_equal(back.view(np.uint32), want.astype(np.float32).view(np.uint32))
+    src = (rng.standard_normal(1000) * 1e-5).astype(np.float32)
+    bf16 = np.empty(src.shape, ml_dtypes.bfloat16)
+    narrow_into(bf16, src)
+    assert np.array_equal(bf16.view(np.uint16), src.astype(ml_dtypes.bfloat16).view(np.uint16))
+    back = np.empty(src.shape, np.float32)
+    widen_into(back, bf16)
+    assert np.array_equal(back, bf16.astype(np.float32))
