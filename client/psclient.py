@@ -79,7 +79,7 @@ from tensorwire.job.plan import (
     specs_of,
     status_name,
 )
-from tensorwire.job.wire16 import narrow_into
+from tensorwire.job.wire16 import narrow_into, widen_into
 from tensorwire.job.words import wait_past_losses
 
 Array = np.ndarray[Any, Any]
@@ -961,7 +961,7 @@ class PSClient:
         self.phase_seconds["wait"] += t1 - t0
         if self._landed is not None:
             for into, landed in self._landed:
-                np.copyto(into, landed)  # 16-bit wire -> the model's float32
+                widen_into(into, landed)  # 16-bit wire -> the model's float32 (wire16)
             self.phase_seconds["pull"] += time.perf_counter() - t1
         self.step = None if stop else max(steps)
         self._owed = self.step is not None
