@@ -892,10 +892,11 @@ def render(result: dict[str, Any]) -> str:
         (e["trained_on_after_s"] for e in result["events"] if "trained_on_after_s" in e),
         default=0.0,
     )
+    accuracy = result["accuracy"]  # (a torch model's: a float32's digits, 0.980555534362793)
     lines.append(
         f"{len(result['events'])} faults in {result['duration_s']:.0f} s; slowest recovery "
         f"{worst:.1f} s; servers' steps {result['steps']}; rank 0's test accuracy "
-        f"{result['accuracy']}"
+        f"{accuracy if accuracy is None else format(accuracy, '.4g')}"
     )
     after = result.get("after_the_end")
     if after:

@@ -17,3 +17,15 @@ $python -m tensorwire.bench chaos --transport nixl --sync ssp --servers 2 --work
     --duration 120 --seed 6502 --no-progress --json "$here/nixl-ssp-many-f16-6502.json" \
     > "$here/nixl-ssp-many-f16-6502.txt" 2>&1
 echo "exit $?" >> "$here/nixl-ssp-many-f16-6502.txt"
+# (later the same night, at 851167b and after)
+$python -m tensorwire.bench chaos --transport grpc-stream --sync asp --servers 2 --workers 3 \
+    --model examples/torch_digits.py:make --framework torch --optimizer momentum --curve \
+    --hosts separate --events "$all" --duration 90 --seed 6503 --no-progress \
+    --json "$here/grpcstream-asp-torchcnn-curve-separate-6503.json" \
+    > "$here/grpcstream-asp-torchcnn-curve-separate-6503.txt" 2>&1
+echo "exit $?" >> "$here/grpcstream-asp-torchcnn-curve-separate-6503.txt"
+$python -m tensorwire.bench chaos --transport shm --sync bsp --servers 3 --workers 4 \
+    --model large --optimizer momentum --ps-args "--serve-threads 0" --events "$all" \
+    --duration 90 --seed 6504 --min-accuracy 0 --no-progress --json "$here/shm-bsp-large-3x4-6504.json" \
+    > "$here/shm-bsp-large-3x4-6504.txt" 2>&1
+echo "exit $?" >> "$here/shm-bsp-large-3x4-6504.txt"
