@@ -18,3 +18,8 @@ for round in 1 2; do
     job "float32-r$round" "--wire-dtype float32"
 done
 grep -H -E "^ +(shm|tcp) " $here/*.txt
+# The `large` model (25.3 MB) at 45dab86's successor, each wire dtype once, 30 steps:
+for wd in float16 bfloat16 float32; do
+    $py -m tensorwire.bench ps --model large --transports shm,tcp --steps 30 \
+        --ps-args "--wire-dtype $wd" --json "$here/large-$wd.json" > "$here/large-$wd.txt" 2>&1
+done
