@@ -1481,16 +1481,23 @@ def test_workers_stopped_while_their_server_is_gone_exit_at_once(job: Any, tmp_p
     assert "before the job began" in j.log("lone")
 
 
+def _killed_after_checkpoint(job: Any, tmp_path: Path, step: int) -> Any:
+    """A job of one server that checkpoints every EVERY steps without end, its server SIGKILLed
+    once it has written the checkpoint of ``step``; the workers still run."""
+    ckpt = tmp_path / "ckpt"
+    args = ["--steps", ENDLESS, "--checkpoint-dir", str(ckpt), "--checkpoint-every", str(EVERY)]
+    j = job(ps=[*args, "--log-level", "INFO"])
+    _wait_for(j, f"checkpoint at step {step}")
+    j.ps[0].kill()
+    assert j.ps[0].wait(10) == -signal.SIGKILL
+    return j
+
+
 def test_server_killed_and_resumed_workers_reconnect(job: Any, tmp_path: Path) -> None:
     """SIGKILL the server mid-training and start it again with --resume on the same address:
     the workers reconnect by themselves (new generation), at most --checkpoint-every steps are
     redone, and training reaches the accuracy bar."""
-    ckpt = tmp_path / "ckpt"
-    args = ["--steps", ENDLESS, "--checkpoint-dir", str(ckpt), "--checkpoint-every", str(EVERY)]
-    j = job(ps=[*args, "--log-level", "INFO"])
-    _wait_for(j, f"checkpoint at step {2 * EVERY}")
-    j.ps[0].kill()
-    assert j.ps[0].wait(10) == -signal.SIGKILL
+    j = _killed_after_checkpoint(job, tmp_path, 2 * EVERY)
     saved = int(j.log("ps0").rsplit("checkpoint at step ", 1)[1].split()[0])
     again = j.start([*j.ps[0].args, "--resume"], log="ps0-again")
     log_has(j.tmp / "ps0-again.log", "resumed shard 0 from ", 60)
@@ -1513,12 +1520,7 @@ def test_a_server_resumed_with_another_pack_bytes_is_named_by_the_workers(
     operator's change): the checkpoint resumes (packs are the wire's alone), and each worker,
     whose buffers were registered for the job's first packs, exits 1 naming the flags that cut
     and pack the parameters, rather than writing into buffers of another plan."""
-    ckpt = tmp_path / "ckpt"
-    args = ["--steps", ENDLESS, "--checkpoint-dir", str(ckpt), "--checkpoint-every", str(EVERY)]
-    j = job(ps=[*args, "--log-level", "INFO"])
-    _wait_for(j, f"checkpoint at step {EVERY}")
-    j.ps[0].kill()
-    assert j.ps[0].wait(10) == -signal.SIGKILL
+    j = _killed_after_checkpoint(job, tmp_path, EVERY)
     again = j.start([*j.ps[0].args, "--resume", "--pack-bytes", "0"], log="ps0-again")
     try:
         log_has(j.tmp / "ps0-again.log", "resumed shard 0 from ", 60)
