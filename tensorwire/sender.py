@@ -1525,14 +1525,6 @@ class Sender(Resource):
                 self._hold(receiver, deadline)
                 held = True
                 try:
-                    while epoch == self._routes_epoch and self._gave_way(
-                        receiver, planned[indices[0]], deadline
-                    ):
-                        # its first message had no slot and another thread waits for the
-                        # receiver: that thread's call first, nothing of the batch having moved
-                        held = False
-                        self._step_aside(receiver, deadline)
-                        held = True
                     if epoch != self._routes_epoch:
                         break  # a book or a session changed meanwhile: the rest planned again
                     todo, reopened = indices, False
@@ -1553,9 +1545,9 @@ class Sender(Resource):
                             todo, reopened = indices, True  # its whole group written again
                             continue
                         if todo:
-                            # It gave way part way, a message waiting for its slot, those
-                            # before it written: another thread's call to the receiver goes
-                            # first, then the rest of the group.
+                            # It gave way, a message waiting for its slot (the first, or part
+                            # way, those before it written): another thread's call to the
+                            # receiver goes first, then the rest of the group.
                             held = False
                             self._step_aside(receiver, deadline)
                             held = True
@@ -1585,21 +1577,6 @@ class Sender(Resource):
         p.lock.release()
         _let_waiting_go(p)
         self._hold(p, deadline)
-
-    def _gave_way(
-        self, p: _Peer, first: tuple[_Peer, TensorEntry, Any], deadline: float | None
-    ) -> bool:
-        """(write_many, under ``p``'s lock, its route current) A batch's wait for its first
-        message's slot, before any of it moves, giving way to another thread's call to ``p``:
-        True where it gave way. A tensor not yet claimed is left to the batch (its claim), as
-        is a receiver found lost (the batch meets it again, and reconnects where it should)."""
-        w = p.writers.get(first[1].tensor_id)
-        if w is None or w.slot_free():  # (the common case, at the cost of a look)
-            return False
-        try:
-            return self._await_slot(p, w, deadline)
-        except PeerLostError:
-            return False
 
     def _write_group(
         self,
@@ -1796,8 +1773,9 @@ class Sender(Resource):
         return False
 
     def _await_slot(self, p: _Peer, w: TensorWriter, deadline: float | None) -> bool:
-        """Wait under ``p``'s lock for a free slot for ``w``'s next message (a block's, a
-        batch's first), giving way to another thread's call to ``p``: True where it did."""
+        """Wait under ``p``'s lock for a free slot for ``w``'s next message (a ``buffer()``
+        block's, before it opens), giving way to another thread's call to ``p``: True where it
+        did."""
         return self._giving_way(p, w.await_slot, deadline)
 
     @staticmethod
