@@ -108,6 +108,13 @@ JOIN_WRITE_TRY = 2.0
 #: Seconds between tries at reaching a server that did not hear the job end (PSClient._tell_end)
 TELL_END_EVERY = 0.5
 
+#: Why a worker cannot rejoin servers restarted with another plan
+PLAN_CHANGED = (
+    "the restarted servers cut or pack the parameters otherwise than before (another "
+    "--split-bytes or --pack-bytes?): this worker's buffers were registered for the job's "
+    "first plan; start it again to join the servers as they are now"
+)
+
 
 class PSClientError(tw.TensorWireError):
     """The client and the servers do not fit together (model, ranks, plan)."""
@@ -635,6 +642,11 @@ class PSClient:
                 )
         if first is not None:
             self._check_shards(shards, first[1])
+            if self.chunks and self._cut_otherwise(first[1]):
+                # before our join: a worker that joined and then quit left a restarting server
+                # waiting for it, and it exited ("worker 1 joined ..., which does not answer")
+                # while the other workers waited their --reconnect-timeout for it
+                raise PSClientError(PLAN_CHANGED)
             self._job_settings = first[1]
         for addr in self.servers:
             self._write_in_tries(addr, join_name(self.rank), message, deadline, "our join")
@@ -852,6 +864,31 @@ class PSClient:
         self._incoming += [(p.landing, s) for p, s in self._packs.values()]
         self._alone = [c for c in placed if c.cid not in in_packs]
         return placed
+
+    def _planned(self, settings: Mapping[str, str]) -> tuple[list[Any], list[str]] | None:
+        """How the job's settings (``settings``, as a server published them) cut our
+        parameters over our servers and pack them: each chunk's name, shape and server, and
+        each pack's name; None where they do not say (a server of another version)."""
+        try:
+            split_bytes = int(settings["split-bytes"])
+            pack_bytes = int(settings["pack-bytes"])
+        except (KeyError, ValueError):
+            return None
+        planned = plan(dict(self._shapes), len(self.servers), split_bytes)
+        names = [
+            p.cid
+            for s in range(len(self.servers))
+            for p in packs(
+                (c for c in planned if c.server == s), self._shapes, pack_bytes, split_bytes
+            )
+        ]
+        return [(c.cid, c.shape, c.server) for c in planned], names
+
+    def _cut_otherwise(self, settings: Mapping[str, str]) -> bool:
+        """Whether servers that publish ``settings`` cut or pack our parameters otherwise than
+        the job's first ones did (False where either does not say)."""
+        before, now = self._planned(self._job_settings), self._planned(settings)
+        return before is not None and now is not None and before != now
 
     def _learn_packs(
         self, shapes: Mapping[str, tuple[int, ...]], found: list[dict[str, tuple[int, ...]]]
@@ -1234,11 +1271,7 @@ class PSClient:
         before = [(c.cid, c.shape, c.server) for c in self.chunks], list(self._packs)
         self.chunks = self._learn_plan(self._shapes)
         if ([(c.cid, c.shape, c.server) for c in self.chunks], list(self._packs)) != before:
-            raise PSClientError(
-                "the restarted servers cut or pack the parameters otherwise than before (another "
-                "--split-bytes or --pack-bytes?): this worker's buffers were registered for the "
-                "job's first plan; start it again to join the servers as they are now"
-            )
+            raise PSClientError(PLAN_CHANGED)  # (their settings said the same: _cut_otherwise)
         if self.rank == 0 and self.step is not None:
             # a server that restarted afresh starts from ours (once the servers wrote them:
             # while we first join, the initial values we were given)
