@@ -642,11 +642,11 @@ class PSClient:
                 )
         if first is not None:
             self._check_shards(shards, first[1])
-            if self.chunks and self._cut_otherwise(first[1]):
+            if self.chunks:
                 # before our join: a worker that joined and then quit left a restarting server
                 # waiting for it, and it exited ("worker 1 joined ..., which does not answer")
                 # while the other workers waited their --reconnect-timeout for it
-                raise PSClientError(PLAN_CHANGED)
+                self._check_same_wire(first[1])
             self._job_settings = first[1]
         for addr in self.servers:
             self._write_in_tries(addr, join_name(self.rank), message, deadline, "our join")
@@ -884,11 +884,24 @@ class PSClient:
         ]
         return [(c.cid, c.shape, c.server) for c in planned], names
 
-    def _cut_otherwise(self, settings: Mapping[str, str]) -> bool:
-        """Whether servers that publish ``settings`` cut or pack our parameters otherwise than
-        the job's first ones did (False where either does not say)."""
+    def _check_same_wire(self, settings: Mapping[str, str]) -> None:
+        """PSClientError where servers restarted with ``settings`` (as one published them)
+        would write us otherwise than our buffers were registered for: parameters cut or
+        packed otherwise, or another wire dtype (what a side leaves unsaid is not compared: a
+        server of another version). Before, a server resumed with another --wire-dtype took
+        the workers back and exited 1 at its first write ("dtype mismatch"), and they waited
+        out their --reconnect-timeout for it."""
         before, now = self._planned(self._job_settings), self._planned(settings)
-        return before is not None and now is not None and before != now
+        if before is not None and now is not None and before != now:
+            raise PSClientError(PLAN_CHANGED)
+        wire = settings.get("wire-dtype")
+        if wire is not None and wire != str(self.wire_dtype):
+            raise PSClientError(
+                f"the restarted servers send parameters as {wire} (their --wire-dtype) and this "
+                f"worker's buffers were registered for {self.wire_dtype}, the job's first: start "
+                "it again to join the servers as they are now, or restart them with "
+                f"--wire-dtype {self.wire_dtype}"
+            )
 
     def _learn_packs(
         self, shapes: Mapping[str, tuple[int, ...]], found: list[dict[str, tuple[int, ...]]]
@@ -1271,7 +1284,7 @@ class PSClient:
         before = [(c.cid, c.shape, c.server) for c in self.chunks], list(self._packs)
         self.chunks = self._learn_plan(self._shapes)
         if ([(c.cid, c.shape, c.server) for c in self.chunks], list(self._packs)) != before:
-            raise PSClientError(PLAN_CHANGED)  # (their settings said the same: _cut_otherwise)
+            raise PSClientError(PLAN_CHANGED)  # (their settings said the same: _check_same_wire)
         if self.rank == 0 and self.step is not None:
             # a server that restarted afresh starts from ours (once the servers wrote them:
             # while we first join, the initial values we were given)

@@ -895,6 +895,8 @@ class ParameterServer:
             "split-bytes": cfg.split_bytes,
             # which parameters travel together: the workers compute the same packs from it
             "pack-bytes": cfg.pack_bytes,
+            # what the tensors travel as: the workers' buffers were registered for it
+            "wire-dtype": cfg.wire_dtype,
             # the workers' data order and cut: each compares its own --seed with it (PSClient)
             "seed": cfg.seed,
             "steps": cfg.steps,

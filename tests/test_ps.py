@@ -1513,19 +1513,29 @@ def test_server_killed_and_resumed_workers_reconnect(job: Any, tmp_path: Path) -
     assert j.metrics("w0")["test_accuracy"] >= 0.95
 
 
-def test_a_server_resumed_with_another_pack_bytes_is_named_by_the_workers(
-    job: Any, tmp_path: Path
+@pytest.mark.parametrize(
+    "flag, said",
+    [
+        (["--pack-bytes", "0"], "otherwise than before (another --split-bytes or --pack-bytes?)"),
+        (["--wire-dtype", "bfloat16"], "send parameters as bfloat16 (their --wire-dtype)"),
+    ],
+    ids=["pack-bytes", "wire-dtype"],
+)
+def test_a_server_resumed_with_another_wire_plan_is_named_by_the_workers(
+    job: Any, tmp_path: Path, flag: list[str], said: str
 ) -> None:
-    """A server SIGKILLed and started again from its checkpoint with another --pack-bytes (an
-    operator's change): the checkpoint resumes (packs are the wire's alone), and each worker,
-    whose buffers were registered for the job's first packs, exits 1 naming the flags that cut
-    and pack the parameters, rather than writing into buffers of another plan. Each says so
-    before it joins (from the settings the server publishes): a worker that joined and then
-    quit left the forming server reaching a closing receiver, and it exited 1 ("worker 1
+    """A server SIGKILLed and started again from its checkpoint with another --pack-bytes or
+    --wire-dtype (an operator's change): the checkpoint resumes (packs and the wire dtype are
+    the wire's alone), and each worker, whose buffers were registered for the job's first packs
+    and dtype, exits 1 naming the flag, rather than writing into buffers of another plan. Each
+    says so before it joins (from the settings the server publishes): a worker that joined and
+    then quit left the forming server reaching a closing receiver, and it exited 1 ("worker 1
     joined ..., which does not answer") while the other worker waited out its 120 s
-    --reconnect-timeout for it (in CI; here 1 run of 18, six at once)."""
+    --reconnect-timeout for it (in CI; here 1 run of 18, six at once). Another --wire-dtype
+    was taken back, and the server exited 1 at its first write ("dtype mismatch") while both
+    workers waited out theirs."""
     j = _killed_after_checkpoint(job, tmp_path, EVERY)
-    again = j.start([*j.ps[0].args, "--resume", "--pack-bytes", "0"], log="ps0-again")
+    again = j.start([*j.ps[0].args, "--resume", *flag], log="ps0-again")
     try:
         log_has(j.tmp / "ps0-again.log", "resumed shard 0 from ", 60)
         codes = [w.wait(60) for w in j.workers]
@@ -1537,9 +1547,7 @@ def test_a_server_resumed_with_another_pack_bytes_is_named_by_the_workers(
     assert still is None, j.log("ps0-again")  # it waits for workers, none of them joined
     assert "joined" not in j.log("ps0-again")
     for rank in (0, 1):
-        assert "otherwise than before (another --split-bytes or --pack-bytes?)" in j.log(
-            f"w{rank}"
-        ), j.log(f"w{rank}")
+        assert said in j.log(f"w{rank}"), j.log(f"w{rank}")
 
 
 def test_an_asp_server_restarted_after_a_worker_finished_goes_on_without_waiting_for_it(
