@@ -1346,16 +1346,11 @@ class PSClient:
                     f"push(): the gradient of {param!r} is {dtype}; the parameters are "
                     "float32: push float32 gradients (numpy: g.astype(np.float32))"
                 )
-            layout = getattr(g, "layout", None)  # (a torch tensor's)
-            if layout is not None and str(layout) != "torch.strided":
-                # A sparse gradient (nn.Embedding(sparse=True): the rows a batch looked up),
-                # made dense, a copy, as module_grads makes it: the servers step every row of
-                # a chunk. Before, its rows' slice or its pack's gather raised torch's own
-                # error ("reshape is not implemented for sparse tensors").
+            made_dense = _dense(g)
+            if made_dense is not None:
                 if dense is None:
                     dense = dict(grads)
-                sparse: Any = g  # (a torch tensor: no numpy type)
-                dense[param] = sparse.to_dense()
+                dense[param] = made_dense
         if dense is not None:
             grads = dense
         try:
@@ -1616,6 +1611,24 @@ class PSClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _dense(g: Any) -> Any:
+    """A sparse gradient made dense, a copy, as module_grads makes it (the servers step every
+    row of a chunk); None where ``g`` is dense. Sparse: a torch tensor of another layout than
+    strided (``nn.Embedding(sparse=True)``'s: the rows a batch looked up), or a scipy or cupyx
+    sparse matrix (no array interface, a ``toarray``). Before, a torch one's rows' slice or
+    its pack's gather raised torch's own error ("reshape is not implemented for sparse
+    tensors"), and a scipy one travelling alone was refused under an internal tensor's name."""
+    layout = getattr(g, "layout", None)  # (a torch tensor's)
+    if layout is not None:
+        return g.to_dense() if str(layout) != "torch.strided" else None
+    if isinstance(g, np.ndarray) or any(
+        hasattr(g, a) for a in ("__array_interface__", "__cuda_array_interface__", "__dlpack__")
+    ):
+        return None
+    toarray = getattr(g, "toarray", None)
+    return toarray() if callable(toarray) else None
 
 
 def _check_same_settings(

@@ -2642,6 +2642,29 @@ def test_a_custom_loop_pushes_torch_tensors_alone_or_packed(pack: int) -> None:
         assert ps.wait(30) == 0
 
 
+@pytest.mark.parametrize("pack", [0, 64])
+def test_a_custom_loop_pushes_scipy_sparse_gradients_alone_or_packed(pack: int) -> None:
+    """``push`` of scipy sparse gradients (a CSR matrix and a COO array, as a loop of
+    scikit-learn's sparse features makes them) where ``w`` and ``b`` travel alone and where
+    they travel in one pack: each goes dense and moves the parameter by its values. Before, one
+    travelling alone was refused under an internal tensor's name."""
+    sparse = pytest.importorskip("scipy.sparse")
+    from tensorwire.client.psclient import PSClient
+
+    with _one_server("--steps", "1", "--lr", "0.5", "--pack-bytes", str(pack)) as (address, ps):
+        shapes = {"w": (2, 3), "b": (1, 3)}
+        init = {"w": np.ones((2, 3), np.float32), "b": np.zeros((1, 3), np.float32)}
+        with PSClient([address], 0, shapes, init=init, connect_timeout=30, timeout=30) as c:
+            assert c.wait_params(timeout=30) == 0
+            w = sparse.csr_matrix(np.array([[2, 0, 0], [0, 0, 4]], np.float32))
+            b = sparse.coo_array(np.array([[0, 6, 0]], np.float32))
+            c.push({"w": w, "b": b}, loss=1.0)
+            assert c.wait_params(timeout=30) is None
+            assert np.allclose(c.params["w"], [[0, 1, 1], [1, 1, -1]])  # 1 - 0.5 x w
+            assert np.allclose(c.params["b"], [[0, -3, 0]])
+        assert ps.wait(30) == 0
+
+
 @pytest.mark.parametrize("sync", ["bsp", "asp"])
 def test_a_server_checkpoints_the_last_step_before_the_workers_hear_the_end(
     tmp_path: Path, sync: str
