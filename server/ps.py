@@ -584,6 +584,10 @@ class ParameterServer:
         #: seconds from our start to the job formed (every worker joined and ready); None
         #: while it has not, or where it never did
         self.formed_after: float | None = None
+        # before we serve: a worker reaching a server that then refused its checkpoint took
+        # the settings it published for the job's (one given --shards 2 by mistake made a
+        # worker exit 1, "the job has 2 shards"), and the refusal came only after the bind
+        self._layout = self._resumable() if cfg.resume else None
         keys = curve.load(cfg.curve_keys) if cfg.curve_keys else None
         # what a worker checks before it joins: the job's size, the settings we share
         self.rx = open_receiver(cfg, cfg.bind, self.published(), keys)
@@ -636,7 +640,10 @@ class ParameterServer:
 
     # -- the parameters, once known ------------------------------------------------------------
 
-    def _resume(self) -> None:
+    def _resumable(self) -> checkpoint.Layout:
+        """What --resume resumes from: the checkpoint's layout, once it is known to be one of
+        this server's setup (its shard of as many, cut and stepped alike; the model is the
+        checkpoint's own). PSError naming what differs otherwise, and the flags it needs."""
         if self.ckpt is None or not os.path.exists(self.ckpt):
             # (one moved aside as a server started without --resume: the daemon says so)
             # (the newest: its name's step sorts as text, so "step20" came after "step300")
@@ -652,6 +659,36 @@ class ParameterServer:
             )
         try:
             layout = checkpoint.layout_of(self.ckpt)  # what it was written for, read once
+        except (ValueError, OSError, KeyError) as exc:
+            raise PSError(f"cannot resume: {exc}") from exc
+        cfg = self.cfg
+        theirs = {
+            "--shards": layout.shards,
+            "--shard": layout.shard,
+            "--split-bytes": layout.split_bytes,
+            "--optimizer": layout.optimizer,
+        }
+        ours = {
+            "--shards": cfg.shards,
+            "--shard": cfg.shard,
+            "--split-bytes": cfg.split_bytes,
+            "--optimizer": cfg.optimizer,
+        }
+        differ = [flag for flag in theirs if theirs[flag] != ours[flag]]
+        if differ:
+            raise PSError(
+                f"cannot resume from {self.ckpt}: it was written by a server of "
+                + " ".join(f"{flag} {theirs[flag]}" for flag in theirs)
+                + ", and this one was started with "
+                + ", ".join(f"{flag} {ours[flag]}" for flag in differ)
+                + ": start it with the checkpoint's, or without --resume to start afresh"
+            )
+        return layout
+
+    def _resume(self) -> None:
+        layout = self._layout
+        assert layout is not None and self.ckpt is not None  # (_resumable, as we started)
+        try:
             finished, left, lost = layout.finished, layout.left, layout.lost
             self.fixed = layout.fixed
             self._setup(layout.specs, needs_init=False)

@@ -1550,6 +1550,37 @@ def test_a_server_resumed_with_another_wire_plan_is_named_by_the_workers(
         assert said in j.log(f"w{rank}"), j.log(f"w{rank}")
 
 
+@pytest.mark.parametrize(
+    "flag, said",
+    [
+        (["--shards", "2", "--shard", "0"], "--shards 2"),
+        (["--optimizer", "adam"], "--optimizer adam"),
+        (["--split-bytes", "4096"], "--split-bytes 4096"),
+    ],
+    ids=["shards", "optimizer", "split-bytes"],
+)
+def test_a_server_resumed_with_another_setup_is_refused_before_it_serves(
+    job: Any, tmp_path: Path, flag: list[str], said: str
+) -> None:
+    """A server started with --resume and a flag its checkpoint was not written for exits 1
+    naming the checkpoint's flags and its own that differ, before it binds its address: its
+    workers, waiting for it to come back, are untouched, and a server started right gets them
+    back. Before, it served first, and a worker that reached it in between took its settings
+    for the job's (given --shards 2, a worker exited 1: "the job has 2 shards")."""
+    j = _killed_after_checkpoint(job, tmp_path, EVERY)
+    wrong = j.start([*j.ps[0].args, "--resume", *flag], log="ps0-wrong")
+    assert wrong.wait(60) == 1, j.log("ps0-wrong")
+    last = j.log("ps0-wrong").strip().splitlines()[-1]
+    assert "cannot resume from " in last and "--shards 1 --shard 0 --split-bytes" in last, last
+    assert f"this one was started with {said}: start it with the checkpoint's" in last, last
+    assert "serving at" not in j.log("ps0-wrong")
+    assert all(w.poll() is None for w in j.workers)  # still waiting for the server
+    again = j.start([*j.ps[0].args, "--resume"], log="ps0-again")
+    _trains_on(j, "ps0-again")
+    again.send_signal(signal.SIGTERM)
+    assert [p.wait(180) for p in (again, *j.workers)] == [0, 0, 0], j.log("ps0-again")
+
+
 def test_an_asp_server_restarted_after_a_worker_finished_goes_on_without_waiting_for_it(
     tmp_path: Path,
 ) -> None:
