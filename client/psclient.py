@@ -642,6 +642,8 @@ class PSClient:
                 )
         if first is not None:
             self._check_shards(shards, first[1])
+        self._in_shard_order(shards)
+        if first is not None:
             if self.chunks:
                 # before our join: a worker that joined and then quit left a restarting server
                 # waiting for it, and it exited ("worker 1 joined ..., which does not answer")
@@ -670,6 +672,25 @@ class PSClient:
                     f"{' and '.join(addrs)} are each shard {shard} of the job (their --shard): "
                     f"start one server per shard, 0 to {len(self.servers) - 1}"
                 )
+
+    def _in_shard_order(self, shards: dict[int, list[str]]) -> None:
+        """Take our servers in the order of their shards (``shards``: the servers by the shard
+        each said it is, each once), where --servers listed them otherwise: a server's index
+        here is its shard in every tensor it and we name (status/<shard>, the plan's chunks).
+        Before, a worker given them in another order joined, found the packs elsewhere and
+        exited 1 blaming its model ("holds other small parameters ... (wrong model?)"), and the
+        servers waited for it. Not while joining again (our buffers are registered by the
+        order we have), nor where a server said no shard (another version)."""
+        if self.chunks or sorted(shards) != list(range(len(self.servers))):
+            return
+        ordered = [shards[k][0] for k in range(len(self.servers))]
+        if ordered != self.servers:
+            log.info(
+                "--servers listed the job's servers in another order than their shards: "
+                "taken in shard order (%s)",
+                ", ".join(ordered),
+            )
+            self.servers = ordered
 
     def _write_in_tries(
         self, addr: str, name: str, value: Array, deadline: float, what: str, **kw: Any

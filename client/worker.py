@@ -48,7 +48,8 @@ def build_parser(prog: str = "tensorwire-worker") -> config.DaemonParser:
     p.add_argument(
         "--servers",
         default="tcp://127.0.0.1:5700",
-        help="comma-separated server addresses, in shard order (default tcp://127.0.0.1:5700)",
+        help="comma-separated server addresses, every shard's once, in any order: each "
+        "server says which shard it is (default tcp://127.0.0.1:5700)",
     )
     p.add_argument(
         "--rank",
@@ -367,7 +368,7 @@ def _run(argv: list[str] | None, prog: str) -> int:
     try:  # one connection would serve two shards, and the job's plan would not fit
         check_distinct("the list", servers)
     except ValueError as exc:
-        parser.error(f"argument --servers: {exc}: list each server once, in shard order")
+        parser.error(f"argument --servers: {exc}: list each server of the job once")
     try:
         factory = tasks.load_factory(args.model, args.framework)
     except ValueError as exc:

@@ -2969,6 +2969,27 @@ def test_a_worker_given_a_shard_twice_or_too_few_servers_names_them() -> None:
     assert "the job has 2 shards (its servers' --shards) and this worker was given 1" in last
 
 
+def test_a_worker_given_the_servers_in_another_order_than_their_shards_trains(job: Any) -> None:
+    """Worker 1 is given the job's two servers in the reverse order of their shards
+    (--servers ps1,ps0): it takes them in shard order, says so, and the job trains to its end
+    with both workers. Before, it found the packs elsewhere and exited 1 blaming its model
+    ("holds other small parameters ... (wrong model?)"), with the servers waiting for it."""
+    j = job(servers=2, start_workers=1, ps=["--steps", "50"])
+    w1 = j.start(
+        worker_command(
+            list(reversed(j.addresses)),
+            *("--no-progress", "--metrics", str(j.tmp / "w1.json")),
+            rank=1,
+            workers=2,
+        ),
+        log="w1",
+    )
+    assert [w.wait(120) for w in (*j.workers, w1)] == [0, 0], j.log("w1")
+    assert [p.wait(60) for p in j.ps] == [0, 0], j.log("ps0")
+    assert "in another order than their shards: taken in shard order" in j.log("w1")
+    assert j.metrics("w1")["steps"] == 50
+
+
 def test_servers_of_one_job_started_with_different_settings_are_refused_by_the_worker() -> None:
     """Two shards, one started with another --steps, --lr, --split-bytes and --pack-bytes:
     before, the job ran, each shard trained at its own rate, and the one that finished first
