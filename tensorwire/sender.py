@@ -320,7 +320,9 @@ class _Peer:
         if isinstance(reply, wire.Challenge):
             if self._secret is None:
                 raise AuthenticationError(
-                    f"receiver at {self.address} requires a shared secret; pass secret=..."
+                    f"receiver at {self.address} requires a shared secret: give this sender "
+                    "the receiver's (Sender(secret=...); the daemons take --secret-file or "
+                    "TENSORWIRE_SECRET)"
                 )
             server_nonce = reply.nonce
             mac = client_mac(self._secret, server_nonce, nonce)
