@@ -20,7 +20,9 @@ What the faults are (``--events``):
 - ``drain-worker``: SIGTERM a worker as ``stop-worker`` does, and leave it out (its node
   drained) while other faults come, until the next ``drain-worker`` starts it again (at most one
   is out at a time); at the end it is started again (with ``--steps``, after the job's end: it
-  must hear so). Not among the default events;
+  must hear so). Not among the default events. Under ``asp`` and ``ssp`` a ``stop-worker`` that
+  would take the last worker still in the job starts the drained one again instead: such a job
+  ends once every worker has left on its own;
 - ``kill-server``: SIGKILL a server, start it again with ``--resume-if-present``;
 - ``move-server``: SIGTERM a server run with ``--on-sigterm restart`` (as an orchestrator moves
   one: it checkpoints where the job is and exits 0, the workers not told), start it again with
@@ -473,13 +475,28 @@ def _marks(job: _Job) -> dict[str, tuple[str, int]]:
     return {d.name: (d.log, job.checkpoints(d)) for d in job.servers}
 
 
+def _last_to_leave(job: _Job, args: argparse.Namespace) -> bool:
+    """Whether a worker stopped now would be the last of an asp or ssp job to leave it (the
+    others drained): its workers leave at SIGTERM (not evicted, to return), and such a job
+    ends once every worker has left on its own."""
+    if args.sync == "bsp" or args.worker_exit:
+        return False
+    return sum(w is not job.drained for w in job.workers) <= 1
+
+
 def _disrupt(
     job: _Job, event: str, rng: random.Random, args: argparse.Namespace, record: dict[str, Any]
 ) -> str:
     """Make the fault ``event`` and bring the daemon back; what was done, in words. A worker
     stopped: how long it took to exit at its SIGTERM, in ``record["exited_after_s"]``."""
-    if event == "drain-worker" and job.drained is not None:
-        d = job.drained  # the one out comes back (one at a time)
+    if job.drained is not None and (
+        event == "drain-worker" or (event == "stop-worker" and _last_to_leave(job, args))
+    ):
+        # The one out comes back (one at a time); also where a stop would take the last worker
+        # still in an asp or ssp job whose workers leave at SIGTERM: such a job ends once all
+        # its workers left on their own (its design), and ended there (seed 7101 over grpc,
+        # ssp: "ps0 exited with 0 unasked")
+        d = job.drained
         job.drained = None
         job.start(d)
         return f"{d.name} started again after its drain"

@@ -3167,6 +3167,25 @@ def test_chaos_drains_a_worker_while_a_server_restarts_and_the_job_trains_on(
     assert result["accuracy"] >= 0.9
 
 
+def test_chaos_never_stops_the_last_worker_of_an_asp_job_while_another_is_drained(
+    tmp_path: Path,
+) -> None:
+    """`bench chaos --events drain-worker,stop-worker` under asp with two workers that leave at
+    SIGTERM: seed 1 drains w1, then draws a stop of w0, the last worker still in the job. An asp
+    job whose workers all left on their own ends (its design), so the run starts the drained
+    one again instead, and the job trains on. Before, the server ended the job, and the run
+    failed ("ps0 exited with 0 unasked"; found over grpc under ssp, seed 7101)."""
+    args = ["--events", "drain-worker,stop-worker", "--seed", "1", "--duration", "3"]
+    args += ["--min-faults", "2", "--stall", "60", "--gap", "0.5", "--no-progress"]
+    args += ["--sync", "asp", "--workers", "2"]
+    out, result = bench_job(tmp_path, "chaos", *args, timeout=300)
+    assert result["problems"] == [], out
+    first, second = result["events"][:2]
+    assert first["what"].startswith("w1 drained (exited "), out
+    assert (second["event"], second["what"]) == ("stop-worker", "w1 started again after its drain")
+    assert result["accuracy"] >= 0.9
+
+
 @needs_pid_namespaces
 def test_chaos_job_with_each_daemon_on_a_host_of_its_own_trains_on(tmp_path: Path) -> None:
     """`bench chaos --hosts separate`: every daemon in a pid and mount namespace of its own, so
