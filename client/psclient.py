@@ -951,7 +951,8 @@ class PSClient:
                 differ = differ or (
                     f"parameter server {self.servers[s]} holds other small parameters (its "
                     f"packs, --pack-bytes {pack_bytes}) than this worker's model has (wrong "
-                    "model?), or runs another version of tensorwire"
+                    "model?), or runs another version of tensorwire; where it refused our "
+                    "join, its log names the parameter that differs"
                 )
                 continue
             learned.update((p.cid, (p, s)) for p in ours)

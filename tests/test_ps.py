@@ -2426,9 +2426,11 @@ def test_a_worker_started_again_with_another_model_is_refused_and_the_job_goes_o
 ) -> None:
     """A BSP worker killed mid-training and started again with another model (a stale image):
     the server refuses its join, naming the difference, and trains on with the other worker;
-    the refused worker exits 1, naming it too; started again with the job's model, it is
-    taken back. Before, the server exited 1 at the refused join, taking the job down (its
-    other worker then waited out its --reconnect-timeout, 120 s)."""
+    the refused worker exits 1: the digits job's parameters all travel in one pack, which its
+    packs differ from (a pack's name carries a digest of its members), and it says that the
+    server's log names the parameter. Started again with the job's model, it is taken back.
+    Before, the server exited 1 at the refused join, taking the job down (its other worker
+    then waited out its --reconnect-timeout, 120 s)."""
     every = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", str(EVERY)]
     j = job(ps=["--steps", ENDLESS, *every, "--log-level", "INFO"])
     _wait_for(j, "joined", 2)
@@ -2436,7 +2438,9 @@ def test_a_worker_started_again_with_another_model_is_refused_and_the_job_goes_o
     _wait_for(j, "worker 1 lost")
     wrong = j.restart_worker(1, "--model", "large")
     assert wrong.wait(120) == 1
-    assert "(wrong model?)" in j.log("w1-again")
+    said = j.log("w1-again").strip().splitlines()[-1]
+    assert "holds other small parameters (its packs, --pack-bytes 262144) than" in said, said
+    assert "(wrong model?)" in said and "its log names the parameter that differs" in said
     _wait_for(j, "worker 1 joined with parameters that differ from the job's: 'layer0.weight'")
     _trains_on(j, checkpoints=1)  # the job went on with worker 0
     assert j.ps[0].poll() is None
