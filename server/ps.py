@@ -1215,6 +1215,20 @@ class ParameterServer:
                 w.untold = False
             try:
                 self.tx.add_peer(address, connect_timeout=self._join_connect_timeout)
+            except tw.PeerLostError as exc:
+                # It answered, and is going (its receiver closing, its process dead): the
+                # worker quit after its join (it found the job was not one it could join, or
+                # was stopped). Waited for as one that has not joined. Before, a forming
+                # server exited 1 blaming the address, and the workers that had joined waited
+                # out their --reconnect-timeout for it.
+                log.warning(
+                    "worker %d joined from %s and went away before this server reached it "
+                    "(%s): waiting for it to join again",
+                    w.rank,
+                    address,
+                    exc,
+                )
+                return
             except tw.TensorWireError as exc:
                 # While the job forms, the address is most likely wrong: said at once. Not once
                 # a stop was asked: the worker may have been stopped too, after it joined.

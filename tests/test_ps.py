@@ -2377,6 +2377,60 @@ def test_neither_daemon_imports_the_other() -> None:
         assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
+class _ClosingReceiver:
+    """A control plane that answers every request as a receiver that is closing does (a worker
+    that quit just after its join): the server's hello to it meets its "closed"."""
+
+    def handle(self, identity: bytes, msg: Any) -> Any:
+        from tensorwire import wire
+
+        return wire.ErrorReply("closed", "receiver is closing")
+
+    def tick(self, caught_up: float) -> None:
+        pass
+
+
+def test_a_worker_that_joined_and_went_away_is_waited_for_while_the_job_forms(job: Any) -> None:
+    """Rank 1's join names a receiver that answers, and is closing (the worker quit just after
+    its join: it found the job was not one it could join, or it was stopped), while the job
+    forms: the server says so and waits for rank 1 to join again, and the job forms with the
+    workers started then and trains to its end. Before, the server exited 1 blaming the
+    address ("which does not answer: ... receiver is closing"), and a worker that had joined
+    waited out its --reconnect-timeout for it (CI, test_ps -k another_wire_plan)."""
+    from tensorwire.control import ControlServer
+    from tensorwire.job.plan import encode_join, join_name, specs_of
+
+    j = job(start_workers=0, ps=["--steps", "50"])
+    plane = _ClosingReceiver()
+    closing = ControlServer("tcp://127.0.0.1:0", plane.handle, plane.tick)
+    try:
+        shapes = models.model("digits").shapes()
+        specs = specs_of({n: (tuple(sh), "float32") for n, sh in shapes.items()})
+        join = np.frombuffer(encode_join(closing.address, specs), np.uint8)
+        with tw.Sender(name="worker1") as tx:
+            tx.add_peer(j.addresses[0], connect_timeout=30)
+            tx.write(join_name(1), join, peer=j.addresses[0], timeout=30)
+            said = f"worker 1 joined from {closing.address} and went away before this server"
+            log_has(j.tmp / "ps0.log", said, 30)
+    finally:
+        closing.close()
+    assert j.ps[0].poll() is None, j.log("ps0")
+    j.workers = [
+        j.start(
+            worker_command(
+                j.addresses,
+                *("--no-progress", "--metrics", str(j.tmp / f"w{r}.json")),
+                rank=r,
+                workers=2,
+            ),
+            log=f"w{r}",
+        )
+        for r in (0, 1)
+    ]
+    assert [p.wait(120) for p in (*j.ps, *j.workers)] == [0, 0, 0], j.log("ps0")
+    assert j.metrics("w1")["steps"] == 50
+
+
 def test_workers_that_disagree_on_the_model_stop_the_job_in_one_line(tmp_path: Path) -> None:
     """Two workers of different models: the server refuses the second to join (naming the
     difference), and the job does not form within --join-timeout: its error says why, and
