@@ -347,20 +347,21 @@ def test_a_built_in_model_in_torch_on_gpu_workers_trains_as_the_numpy_one(job: A
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch with CUDA)")
-@pytest.mark.parametrize("factory", ["make", "sparse", "lazy", "tiny_lm"])
+@pytest.mark.parametrize("factory", ["make", "sparse", "tied", "lazy", "tiny_lm"])
 def test_gpu_workers_train_models_whose_gradients_are_not_dense_per_step(
     job: Any, factory: str
 ) -> None:
     """Workers with --device cuda, each of the models whose gradients are not one dense tensor
     per parameter per step: ``make``, a layer no step uses (``grad`` None, pushed flagged) and
-    one some steps use, and ``sparse``, an ``nn.Embedding(sparse=True)`` (densified on the GPU),
-    equal one process stepped by ``torch.optim`` on the CPU (the unused layer bit for bit as it
-    started); ``lazy`` (``nn.LazyLinear``, shaped by a forward pass of a batch moved to the GPU)
-    and the tiny language model (per-token loss, AdamW) learn."""
+    one some steps use, ``sparse``, an ``nn.Embedding(sparse=True)`` (densified on the GPU),
+    and ``tied``, two layers sharing one weight, equal one process stepped by ``torch.optim``
+    on the CPU (the unused layer bit for bit as it started); ``lazy`` (``nn.LazyLinear``,
+    shaped by a forward pass of a batch moved to the GPU) and the tiny language model
+    (per-token loss, AdamW) learn."""
     from .torch_grads_model import module, reference
 
     steps, lr = 20, 0.05
-    if factory in ("make", "sparse"):
+    if factory in ("make", "sparse", "tied"):
         decay = 0.1 if factory == "make" else 0.0
         ps = ["--optimizer", "momentum", "--lr", str(lr), "--weight-decay", str(decay)]
         model = f"tests.torch_grads_model:{factory}"
@@ -374,7 +375,7 @@ def test_gpu_workers_train_models_whose_gradients_are_not_dense_per_step(
         worker=["--model", model, "--device", "cuda", "--eval-every", "0"],
     )
     ok(j)
-    if factory in ("make", "sparse"):
+    if factory in ("make", "sparse", "tied"):
         want = reference(steps, 2, 32, lr, 0.9, decay, "branched" if factory == "make" else factory)
         for rank in (0, 1):
             assert_params_close(j.params(rank), want, 1e-4)
@@ -623,6 +624,26 @@ def test_a_sparse_gradient_trains_as_pytorch_trains_it(job: Any) -> None:
     )
     ok(j)
     want = reference(steps, 2, 32, lr, 0.9, 0.0, "sparse")
+    for rank in (0, 1):
+        assert_params_close(j.params(rank), want, 1e-5)
+
+
+def test_a_weight_two_layers_share_trains_as_pytorch_trains_it(job: Any) -> None:
+    """Two layers sharing one weight (tied): it travels once, under its first name, and the
+    layers still share it in the worker, the servers' updates landing in the one tensor both
+    read: two workers under BSP with momentum compute what one process computes with
+    PyTorch's own SGD (a layer left with a weight of its own would go on with the first
+    values, and the parameters would part from the reference's)."""
+    from .torch_grads_model import reference
+
+    steps, lr = 20, 0.05
+    j = job(
+        ps=[*("--steps", str(steps), "--optimizer", "momentum", "--lr", str(lr))],
+        worker=["--model", "tests.torch_grads_model:tied"],
+    )
+    ok(j)
+    want = reference(steps, 2, 32, lr, 0.9, 0.0, "tied")
+    assert "first.weight" in want and "second.weight" not in want
     for rank in (0, 1):
         assert_params_close(j.params(rank), want, 1e-5)
 

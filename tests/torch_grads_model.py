@@ -5,9 +5,9 @@
 some workers (a branch taken by the data, as a mixture-of-experts' expert or a multi-task
 model's head is), and a ``spare`` layer no step uses (``grad`` None). ``sparse``: an
 ``nn.Embedding(sparse=True)`` of the pixels' intensities (a sparse gradient: the rows looked
-up). ``lazy``: ``nn.LazyLinear`` layers, whose parameters have no shape until a first forward
-pass. :func:`reference` trains the first two in one process, as a BSP job of its workers
-should."""
+up). ``tied``: two layers sharing one weight. ``lazy``: ``nn.LazyLinear`` layers, whose
+parameters have no shape until a first forward pass. :func:`reference` trains the first three
+in one process, as a BSP job of its workers should."""
 
 from __future__ import annotations
 
@@ -71,7 +71,24 @@ class Lookup(nn.Module):
         return self.head(self.emb((x * 16).round().long()).flatten(1))
 
 
-MODULES = {"branched": Branched, "sparse": Lookup}
+class Tied(nn.Module):
+    """Two layers sharing one weight (tied, as a language model's embedding and output often
+    are): ``named_parameters`` names it once, and the gradient of both uses comes as one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(64, 32)
+        self.first = nn.Linear(32, 32)
+        self.second = nn.Linear(32, 32)
+        self.second.weight = self.first.weight
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor, use_extra: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.first(torch.tanh(self.inner(x))))
+        return self.head(torch.tanh(self.second(h)))
+
+
+MODULES = {"branched": Branched, "sparse": Lookup, "tied": Tied}
 
 
 def module(seed: int = 0, kind: str = "branched") -> nn.Module:
@@ -125,6 +142,10 @@ def make(job: JobInfo) -> tuple[nn.Module, Any, Any]:
 
 def sparse(job: JobInfo) -> tuple[nn.Module, Any, Any]:
     return _factory("sparse", job)
+
+
+def tied(job: JobInfo) -> tuple[nn.Module, Any, Any]:
+    return _factory("tied", job)
 
 
 def torch_optimizer(
