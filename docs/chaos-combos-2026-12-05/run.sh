@@ -16,6 +16,10 @@ $python -m tensorwire.bench chaos --transport tcp --hosts separate --servers 2 -
     --duration 120 --seed 7102 --json "$here/tcp-asp-torch-bf16-adam-separate-7102.json" \
     > "$here/tcp-asp-torch-bf16-adam-separate-7102.txt" 2>&1
 echo "exit $?" >> "$here/tcp-asp-torch-bf16-adam-separate-7102.txt"
+$python -m tensorwire.bench chaos --transport nixl --servers 2 --workers 3 --sync ssp \
+    --optimizer adamw --events "$all" --steps 9000 --duration 300 --seed 7103 \
+    --json "$here/nixl-ssp-2x3-adamw-steps-7103.json" > "$here/nixl-ssp-2x3-adamw-steps-7103.txt" 2>&1
+echo "exit $?" >> "$here/nixl-ssp-2x3-adamw-steps-7103.txt"
 # the run's own defect, found by the first: before 1cf49e2, seed 1 of this short run fails
 $python -m tensorwire.bench chaos --workers 2 --sync asp --events drain-worker,stop-worker \
     --seed 1 --duration 3 --min-faults 2 --stall 60 --gap 0.5 --no-progress \
