@@ -610,40 +610,26 @@ def test_a_clipped_gradient_norm_as_pytorch_s_clip_grad_norm(job: Any) -> None:
     assert err > 1e-3 * np.linalg.norm(free["trunk.weight"])
 
 
-def test_a_sparse_gradient_trains_as_pytorch_trains_it(job: Any) -> None:
-    """An ``nn.Embedding(sparse=True)`` (its gradient a sparse tensor of the rows looked up),
-    trained by two workers under BSP with momentum, computes what one process computes with
-    PyTorch's own SGD: the gradient goes to the servers dense. Before, the worker's first step
-    ended in a traceback (numpy() refuses a sparse tensor)."""
+@pytest.mark.parametrize("kind", ["sparse", "tied"])
+def test_a_sparse_or_shared_weight_trains_as_pytorch_trains_it(job: Any, kind: str) -> None:
+    """Two workers under BSP with momentum compute what one process computes with PyTorch's
+    own SGD, for ``sparse``, an ``nn.Embedding(sparse=True)`` (its gradient a sparse tensor of
+    the rows looked up), whose gradient goes to the servers dense (before, the worker's first
+    step ended in a traceback: numpy() refuses a sparse tensor), and ``tied``, two layers
+    sharing one weight: it travels once, under its first name, and the layers still share it
+    in the worker, the servers' updates landing in the one tensor both read (a layer left with
+    a weight of its own would go on with the first values, and part from the reference)."""
     from .torch_grads_model import reference
 
     steps, lr = 20, 0.05
     j = job(
         ps=[*("--steps", str(steps), "--optimizer", "momentum", "--lr", str(lr))],
-        worker=["--model", "tests.torch_grads_model:sparse"],
+        worker=["--model", f"tests.torch_grads_model:{kind}"],
     )
     ok(j)
-    want = reference(steps, 2, 32, lr, 0.9, 0.0, "sparse")
-    for rank in (0, 1):
-        assert_params_close(j.params(rank), want, 1e-5)
-
-
-def test_a_weight_two_layers_share_trains_as_pytorch_trains_it(job: Any) -> None:
-    """Two layers sharing one weight (tied): it travels once, under its first name, and the
-    layers still share it in the worker, the servers' updates landing in the one tensor both
-    read: two workers under BSP with momentum compute what one process computes with
-    PyTorch's own SGD (a layer left with a weight of its own would go on with the first
-    values, and the parameters would part from the reference's)."""
-    from .torch_grads_model import reference
-
-    steps, lr = 20, 0.05
-    j = job(
-        ps=[*("--steps", str(steps), "--optimizer", "momentum", "--lr", str(lr))],
-        worker=["--model", "tests.torch_grads_model:tied"],
-    )
-    ok(j)
-    want = reference(steps, 2, 32, lr, 0.9, 0.0, "tied")
-    assert "first.weight" in want and "second.weight" not in want
+    want = reference(steps, 2, 32, lr, 0.9, 0.0, kind)
+    if kind == "tied":
+        assert "first.weight" in want and "second.weight" not in want
     for rank in (0, 1):
         assert_params_close(j.params(rank), want, 1e-5)
 
