@@ -840,7 +840,7 @@ class PSClient:
                 dtypes.add(spec.dtype)
         # (packs that differ from ours are said once the chunks are compared: a worker of
         # another model hears which parameter differs, where the chunks say so)
-        self._packs, packs_differ = self._learn_packs(shapes, found_packs)
+        self._packs, packs_differ = self._learn_packs(found_packs)
         for p, s in self._packs.values():
             chunks.extend(Chunk(c.param, c.part, 0, 0, c.shape, s) for c in p.members)
         if len(dtypes) > 1:
@@ -886,24 +886,21 @@ class PSClient:
         self._alone = [c for c in placed if c.cid not in in_packs]
         return placed
 
-    def _planned(self, settings: Mapping[str, str]) -> tuple[list[Any], list[str]] | None:
-        """How the job's settings (``settings``, as a server published them) cut our
-        parameters over our servers and pack them: each chunk's name, shape and server, and
-        each pack's name; None where they do not say (a server of another version)."""
+    def _planned(self, settings: Mapping[str, str]) -> tuple[list[Chunk], list[list[Pack]]] | None:
+        """How the job's settings (``settings``, as a server published them: its --split-bytes
+        and --pack-bytes) cut our parameters over our servers, and each server's packs, as the
+        servers compute them (plan.plan, plan.packs); None where they do not say (a server of
+        another version)."""
         try:
             split_bytes = int(settings["split-bytes"])
             pack_bytes = int(settings["pack-bytes"])
         except (KeyError, ValueError):
             return None
-        planned = plan(dict(self._shapes), len(self.servers), split_bytes)
-        names = [
-            p.cid
+        planned = plan(self._shapes, len(self.servers), split_bytes)
+        return planned, [
+            packs((c for c in planned if c.server == s), self._shapes, pack_bytes, split_bytes)
             for s in range(len(self.servers))
-            for p in packs(
-                (c for c in planned if c.server == s), self._shapes, pack_bytes, split_bytes
-            )
         ]
-        return [(c.cid, c.shape, c.server) for c in planned], names
 
     def _check_same_wire(self, settings: Mapping[str, str]) -> None:
         """PSClientError where servers restarted with ``settings`` (as one published them)
@@ -912,7 +909,10 @@ class PSClient:
         server of another version). Before, a server resumed with another --wire-dtype took
         the workers back and exited 1 at its first write ("dtype mismatch"), and they waited
         out their --reconnect-timeout for it."""
-        before, now = self._planned(self._job_settings), self._planned(settings)
+        before, now = (
+            None if planned is None else _plan_key(*planned)
+            for planned in (self._planned(self._job_settings), self._planned(settings))
+        )
         if before is not None and now is not None and before != now:
             raise PSClientError(PLAN_CHANGED)
         wire = settings.get("wire-dtype")
@@ -925,7 +925,7 @@ class PSClient:
             )
 
     def _learn_packs(
-        self, shapes: Mapping[str, tuple[int, ...]], found: list[dict[str, tuple[int, ...]]]
+        self, found: list[dict[str, tuple[int, ...]]]
     ) -> tuple[dict[str, tuple[Pack, int]], str | None]:
         """The packs the servers published (``found``: each server's pack tensors, by name,
         with their shapes), their members computed as the servers did (plan.packs, from the
@@ -934,25 +934,22 @@ class PSClient:
         or a server of another version. The packs of such a server are left out."""
         if not any(found):
             return {}, None
-        try:
-            split_bytes = int(self._job_settings["split-bytes"])
-            pack_bytes = int(self._job_settings["pack-bytes"])
-        except (KeyError, ValueError):
+        planned = self._planned(self._job_settings)
+        if planned is None:
             raise PSClientError(
                 "the servers packed parameters and did not say how (their --pack-bytes): a "
                 "server of another version of tensorwire?"
-            ) from None
-        planned = plan(dict(shapes), len(self.servers), split_bytes)
+            )
         learned: dict[str, tuple[Pack, int]] = {}
         differ = None
-        for s, theirs in enumerate(found):
-            ours = packs((c for c in planned if c.server == s), shapes, pack_bytes, split_bytes)
+        for s, (theirs, ours) in enumerate(zip(found, planned[1], strict=True)):
             if {p.cid: (p.size,) for p in ours} != theirs:
                 differ = differ or (
                     f"parameter server {self.servers[s]} holds other small parameters (its "
-                    f"packs, --pack-bytes {pack_bytes}) than this worker's model has (wrong "
-                    "model?), or runs another version of tensorwire; where it refused our "
-                    "join, its log names the parameter that differs"
+                    f"packs, --pack-bytes {self._job_settings['pack-bytes']}) than this "
+                    "worker's model has (wrong model?), or runs another version of "
+                    "tensorwire; where it refused our join, its log names the parameter that "
+                    "differs"
                 )
                 continue
             learned.update((p.cid, (p, s)) for p in ours)
@@ -1633,6 +1630,12 @@ class PSClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _plan_key(chunks: list[Chunk], packed: list[list[Pack]]) -> tuple[list[Any], list[str]]:
+    """What of a plan (:meth:`PSClient._planned`) our buffers were registered for: each
+    chunk's name, shape and server, and each pack's name (its members' digest)."""
+    return [(c.cid, c.shape, c.server) for c in chunks], [p.cid for ps in packed for p in ps]
 
 
 def _dense(g: Any) -> Any:

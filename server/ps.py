@@ -662,26 +662,19 @@ class ParameterServer:
         except (ValueError, OSError, KeyError) as exc:
             raise PSError(f"cannot resume: {exc}") from exc
         cfg = self.cfg
-        theirs = {
-            "--shards": layout.shards,
-            "--shard": layout.shard,
-            "--split-bytes": layout.split_bytes,
-            "--optimizer": layout.optimizer,
-        }
-        ours = {
-            "--shards": cfg.shards,
-            "--shard": cfg.shard,
-            "--split-bytes": cfg.split_bytes,
-            "--optimizer": cfg.optimizer,
-        }
-        differ = [flag for flag in theirs if theirs[flag] != ours[flag]]
+        setup = [  # (flag, the checkpoint's, ours): what its fingerprint names but the model
+            ("--shards", layout.shards, cfg.shards),
+            ("--shard", layout.shard, cfg.shard),
+            ("--split-bytes", layout.split_bytes, cfg.split_bytes),
+            ("--optimizer", layout.optimizer, cfg.optimizer),
+        ]
+        differ = [f"{flag} {ours}" for flag, theirs, ours in setup if theirs != ours]
         if differ:
             raise PSError(
                 f"cannot resume from {self.ckpt}: it was written by a server of "
-                + " ".join(f"{flag} {theirs[flag]}" for flag in theirs)
-                + ", and this one was started with "
-                + ", ".join(f"{flag} {ours[flag]}" for flag in differ)
-                + ": start it with the checkpoint's, or without --resume to start afresh"
+                + " ".join(f"{flag} {theirs}" for flag, theirs, _ in setup)
+                + f", and this one was started with {', '.join(differ)}: start it with the "
+                "checkpoint's, or without --resume to start afresh"
             )
         return layout
 
