@@ -144,6 +144,10 @@ STOP_NOTICE_TIMEOUT = 0.5
 JOIN_CONNECT_TIMEOUT = 10.0
 #: The same as we stop (and within --stop-grace)
 STOP_JOIN_CONNECT_TIMEOUT = 2.0
+#: (while the job forms) Seconds each new try of the handshake with a worker whose address took
+#: the connection and did not answer (stopped just after its join) may take: one that runs
+#: again answers at once, and every other join waits meanwhile.
+SILENT_RETRY_TIMEOUT = 1.0
 #: Seconds between looks, while a step waits for a worker's gradients, at whether that worker
 #: joined again (restarted before its loss was seen, or dropped by another server).
 REJOIN_CHECK_EVERY = 1.0
@@ -373,6 +377,10 @@ class _Worker:
     #: (while the job forms) why it is known gone after it joined and before it got ready
     #: (said once); a worker started again in its place joins as ever
     lost_joining: str | None = None
+    #: (while the job forms) the address its join named, which took our connection and did not
+    #: answer (the worker stopped just after its join: SIGSTOP, Ctrl-Z, a paused container):
+    #: tried again until it answers, it joins again, or --join-timeout
+    silent_at: str | None = None
     #: why its last join was refused (its model differs from the job's), until one is taken:
     #: its ready message is not heeded meanwhile, and the job's failure to form says why
     refused: str | None = None
@@ -1012,6 +1020,7 @@ class ParameterServer:
             if progressed:
                 continue
             if time.monotonic() >= next_look:
+                self._reach_the_silent()
                 next_look = time.monotonic() + REJOIN_CHECK_EVERY
                 self._note_the_unready_gone()
             if self._departing:  # (nothing trained since we started: nothing to checkpoint)
@@ -1041,6 +1050,14 @@ class ParameterServer:
                         f" ({_ranks([w.rank for w in lost])} joined and "
                         f"{'was' if len(lost) == 1 else 'were'} lost before getting ready; "
                         f"the first: {lost[0].lost_joining})"
+                    )
+                silent = [w for w in self.workers if not w.joined and w.silent_at]
+                if silent:
+                    detail += (
+                        f" ({_ranks([w.rank for w in silent])} joined from an address that "
+                        "took the connection and never answered, the first "
+                        f"{silent[0].silent_at}: stopped (SIGSTOP, Ctrl-Z, a paused "
+                        "container), or not the worker's receiver?)"
                     )
                 # Resumed from a checkpoint of the job's last step (restarted after the job
                 # ended: a Kubernetes StatefulSet restarts a server that exits 0): there is
@@ -1155,6 +1172,49 @@ class ParameterServer:
                 self.rx.release(init_name(c.cid))
             self._needs_init = False
 
+    @staticmethod
+    def _reached(w: _Worker, address: str) -> None:
+        """Worker ``w``'s join is taken: we reached its receiver at ``address``."""
+        w.address, w.joined, w.lost_joining, w.silent_at = address, True, None, None
+        # a session anew: what the last one was told (a stop) the worker let go of as it
+        # joined again, so a stop is told again (_tell_those_left_out)
+        w.stopped = False
+
+    def _reach_the_silent(self) -> None:
+        """(While the job forms.) The handshake again with each worker whose join named an
+        address that took the connection and did not answer (``silent_at``): one that answers
+        now has joined; one whose address takes no connection any more, or that is closing,
+        went away (it joins again once started, as any)."""
+        for w in self.workers:
+            address = w.silent_at
+            if address is None or w.joined:
+                continue
+            try:
+                self.tx.add_peer(address, connect_timeout=SILENT_RETRY_TIMEOUT)
+            except tw.WireTimeoutError as exc:
+                if not exc.silent:
+                    w.silent_at = None
+                    log.warning(
+                        "worker %d, which joined from %s and did not answer, is gone (%s): "
+                        "waiting for it to join again",
+                        w.rank,
+                        address,
+                        exc,
+                    )
+                continue
+            except tw.TensorWireError as exc:
+                w.silent_at = None
+                log.warning(
+                    "worker %d, which joined from %s and did not answer, went away (%s): "
+                    "waiting for it to join again",
+                    w.rank,
+                    address,
+                    exc,
+                )
+                continue
+            self._reached(w, address)
+            log.warning("worker %d answers at %s now: joined", w.rank, address)
+
     def _take_join_messages(self, *, during_join: bool) -> bool:
         """Handle the join and ready messages that have landed, for workers not yet alive;
         True if there was one."""
@@ -1185,6 +1245,7 @@ class ParameterServer:
             self.rx.release(join_name(w.rank))
         if joined is not None:  # address and specs
             address, specs, fixed = joined
+            w.silent_at = None  # (a join anew supersedes the one that went unanswered)
             problem = self._specs_differ(specs, fixed)
             if problem is not None:
                 # Refused, and the job goes on: the worker finds the difference in the plan we
@@ -1226,6 +1287,21 @@ class ParameterServer:
                 # While the job forms, the address is most likely wrong: said at once. Not once
                 # a stop was asked: the worker may have been stopped too, after it joined.
                 if during_join and not self._stop_requested:
+                    if isinstance(exc, tw.WireTimeoutError) and exc.silent:
+                        # Something there took the connection: the worker, stopped just after
+                        # its join (a wrong address is refused, or takes none). Tried again
+                        # until it answers (_reach_the_silent). Before, the server exited 1
+                        # blaming the address, and the workers that had joined waited out their
+                        # --reconnect-timeout for it.
+                        w.silent_at = address
+                        log.warning(
+                            "worker %d joined from %s, which took the connection and did not "
+                            "answer (%s): trying it again until --join-timeout",
+                            w.rank,
+                            address,
+                            exc,
+                        )
+                        return
                     raise PSError(
                         f"worker {w.rank} joined from {address}, which does not answer: {exc} "
                         "(the address is the worker's --bind, its host replaced by --advertise)"
@@ -1233,10 +1309,7 @@ class ParameterServer:
                 # gone again, or unreachable: it may join again later
                 log.warning("worker %d joined but cannot be reached: %s", w.rank, exc)
                 return
-            w.address, w.joined, w.lost_joining = address, True, None
-            # a session anew: what the last one was told (a stop) the worker let go of as it
-            # joined again, so a stop is told again (_tell_those_left_out)
-            w.stopped = False
+            self._reached(w, address)
         elif w.joined and w.refused is None:  # ready: its parameters are registered
             # What its previous session left in its tensors (a worker dropped while it ran
             # pushes the rest of its step before it learns it), and rank 0's initial values

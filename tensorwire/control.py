@@ -377,6 +377,12 @@ class _Watch:
             ):
                 self.cut += 1
 
+    def silent(self) -> bool:
+        """Whether the peer took the connection and said nothing back (read first: :meth:`why`):
+        a process stopped or too busy to answer, which may answer once it runs (not one that
+        refused the connection or closed the handshake)."""
+        return self.up or (self.connected and not self.cut)
+
     def why(self) -> str:
         """Why no reply came, as far as the connection tells (and where this process is out of
         descriptors, that too: a connection it could not make reads as one refused)."""
@@ -588,16 +594,21 @@ class ControlClient:
                 self._reset()
                 raise
         if not ready:
+            watch = self._watch
             why = (
-                self._watch.why()
-                if self._watch is not None
+                watch.why()
+                if watch is not None
                 else "it answered before on this connection: has it exited, or stopped?"
             )
+            # (an answer before on this connection: a process there, as one that took it)
+            silent = watch is None or watch.silent()
             self._reset()
-            raise WireTimeoutError(
+            timed_out = WireTimeoutError(
                 f"receiver at {self.address} did not answer a {msg.TYPE} request within "
                 f"{timeout:.3g} s: {why}"
             )
+            timed_out.silent = silent
+            raise timed_out
         reply = wire.decode(sock.recv())
         self._unwatch(sock)  # the connection works: nothing more to learn from it
         if isinstance(reply, wire.ErrorReply):

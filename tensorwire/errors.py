@@ -92,7 +92,16 @@ class ClosedError(TensorWireError):
 
 
 class WireTimeoutError(TensorWireError, TimeoutError):
-    """A bounded wait ran out before the awaited event happened."""
+    """A bounded wait ran out before the awaited event happened.
+
+    ``silent`` (a request to a receiver that went unanswered, as ``add_peer``'s handshake): True
+    where the receiver's address took the connection and nothing answered on it, as a process
+    stopped (SIGSTOP, Ctrl-Z, a paused container) or too busy to answer does: it may answer
+    once it runs. False where nothing accepted a connection there or the handshake was refused
+    (a wrong address, port or key, a firewall), and for every other wait: waiting would not
+    mend those."""
+
+    silent: bool = False
 
 
 class MissingDependencyError(TensorWireError, ImportError):

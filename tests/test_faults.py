@@ -820,20 +820,29 @@ def test_only_a_live_session_s_token_resumes_it() -> None:
 
 
 def test_connect_to_nothing_times_out_clearly() -> None:
-    with pytest.raises(tw.WireTimeoutError, match=r"did not answer.*nothing accepted a connection"):
+    """A port nothing listens at: the timeout says so, and is not ``silent`` (nothing there
+    will answer later: a wrong address)."""
+    with pytest.raises(
+        tw.WireTimeoutError, match=r"did not answer.*nothing accepted a connection"
+    ) as caught:
         tw.Sender.connect(f"tcp://127.0.0.1:{free_port()}", timeout=0.3)
+    assert caught.value.silent is False
 
 
 def test_connect_to_a_listener_that_never_answers_says_so() -> None:
     """A port that accepts TCP connections but never speaks ZeroMQ (a receiver frozen before it
     answered, or another service): the timeout says the connection stood and the handshake
-    never came, not that nothing listens."""
+    never came, not that nothing listens; it is ``silent``, as a stopped process is (the
+    parameter server tries such a worker's address again while the job forms)."""
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()  # never accepted: the kernel completes the connection by itself
         port = listener.getsockname()[1]
-        with pytest.raises(tw.WireTimeoutError, match="accepted the connection but never"):
+        with pytest.raises(
+            tw.WireTimeoutError, match="accepted the connection but never"
+        ) as caught:
             tw.Sender.connect(f"tcp://127.0.0.1:{port}", timeout=0.5)
+    assert caught.value.silent is True
 
 
 OUT_OF_DESCRIPTORS = """
@@ -910,8 +919,11 @@ def test_connect_to_a_zeromq_peer_that_never_replies_says_so() -> None:
     silent = zmq.Context.instance().socket(zmq.ROUTER)
     try:
         port = silent.bind_to_random_port("tcp://127.0.0.1")
-        with pytest.raises(tw.WireTimeoutError, match="accepted the connection but sent no reply"):
+        with pytest.raises(
+            tw.WireTimeoutError, match="accepted the connection but sent no reply"
+        ) as caught:
             tw.Sender.connect(f"tcp://127.0.0.1:{port}", timeout=0.5)
+        assert caught.value.silent is True
     finally:
         silent.close(linger=0)
 

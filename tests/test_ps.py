@@ -2431,6 +2431,65 @@ def test_a_worker_that_joined_and_went_away_is_waited_for_while_the_job_forms(jo
     assert j.metrics("w1")["steps"] == 50
 
 
+def test_a_worker_stopped_just_after_its_join_is_tried_again_while_the_job_forms(
+    job: Any,
+) -> None:
+    """Rank 1's join names a receiver in a process stopped (SIGSTOP: Ctrl-Z in a terminal, a
+    paused container) while the job forms, worker 0 already joined: the server's handshake
+    finds the address taking the connection and not answering, says so, and tries again; once
+    the process runs again (SIGCONT) it answers and counts as joined, a join anew of rank 1
+    (the real worker) takes its place, and the job trains to its end. Before, the server exited
+    1 at its handshake's timeout ("worker 1 joined from ..., which does not answer"), as for a
+    wrong --advertise, and worker 0 waited out its --reconnect-timeout for it."""
+    from tensorwire.job.plan import encode_join, join_name, specs_of
+
+    # (--step-timeout 3: the handshake with a joining worker takes at most that)
+    j = job(start_workers=0, ps=["--steps", "50", "--step-timeout", "3"])
+    j.workers = [j.start(_worker_of_two(j, 0), log="w0")]
+    _wait_for(j, "worker 0 joined from")
+    code = (
+        "import sys, time, tensorwire as tw\n"
+        "rx = tw.Receiver(bind='tcp://127.0.0.1:0')\n"
+        "print(rx.address, flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    frozen = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert frozen.stdout is not None
+        address = frozen.stdout.readline().strip()
+        os.kill(frozen.pid, signal.SIGSTOP)
+        shapes = models.model("digits").shapes()
+        specs = specs_of({n: (tuple(sh), "float32") for n, sh in shapes.items()})
+        join = np.frombuffer(encode_join(address, specs), np.uint8)
+        with tw.Sender(name="worker1") as tx:
+            tx.add_peer(j.addresses[0], connect_timeout=30)
+            tx.write(join_name(1), join, peer=j.addresses[0], timeout=30)
+        said = f"worker 1 joined from {address}, which took the connection and did not answer"
+        log_has(j.tmp / "ps0.log", said, 30)
+        time.sleep(2.0)  # (tried again meanwhile, still stopped)
+        assert j.ps[0].poll() is None, j.log("ps0")
+        os.kill(frozen.pid, signal.SIGCONT)
+        log_has(j.tmp / "ps0.log", f"worker 1 answers at {address} now: joined", 30)
+        j.workers.append(j.start(_worker_of_two(j, 1), log="w1"))
+        assert [p.wait(120) for p in (*j.ps, *j.workers)] == [0, 0, 0], j.log("ps0")
+    finally:
+        frozen.kill()
+        frozen.wait(30)
+        if frozen.stdout is not None:
+            frozen.stdout.close()
+    assert j.metrics("w1")["steps"] == 50 and j.metrics("w0")["steps"] == 50
+
+
+def _worker_of_two(j: Any, rank: int) -> list[str]:
+    """The command of worker ``rank`` of two of job ``j``, writing its metrics beside it."""
+    return worker_command(
+        j.addresses,
+        *("--no-progress", "--metrics", str(j.tmp / f"w{rank}.json")),
+        rank=rank,
+        workers=2,
+    )
+
+
 def test_workers_that_disagree_on_the_model_stop_the_job_in_one_line(tmp_path: Path) -> None:
     """Two workers of different models: the server refuses the second to join (naming the
     difference), and the job does not form within --join-timeout: its error says why, and
