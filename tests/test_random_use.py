@@ -1,13 +1,15 @@
-"""Random sequences of the API's calls, one sender and one receiver, against a model of what
+"""Random sequences of the API's calls, two senders and one receiver, against a model of what
 each call must do: every message handed out once, in its tensor's order, with the bytes and
 shape it was written with; a slot the consumer holds never written over (every view held is
-checked after every call); no write without a credit; a bad array refused; a wait for nothing
-landed ends by its timeout, or says that every slot is held.
+checked after every call); no write without a credit; a tensor written by one sender refused
+to the other until the first ends its session (then either may take it over, and its sequence
+goes on); a bad array refused; a wait for nothing landed ends by its timeout, or says that
+every slot is held.
 
 The calls are drawn from writes (alone, batched, produced in place, from a non-contiguous
 array), waits (one tensor, any, all, each), releases (one, many), ``pending``, and a new
-session of the sender (``remove_peer`` and ``add_peer``), over static and dynamic tensors of
-several dtypes and ring depths. Both ends run in the test's thread: a call's answer may need
+session of a sender (``remove_peer`` and ``add_peer``), over static and dynamic tensors of
+several dtypes and ring depths. Every end runs in the test's thread: a call's answer may need
 the other side's next call only where the transport delivers by itself (credits, landings).
 """
 
@@ -31,7 +33,7 @@ DRAWS = (
     + ["wait"] * 2
     + ["wait_any", "wait_all", "wait_each"]
     + ["release"] * 2
-    + ["release_many", "pending", "new_session"]
+    + ["release_many", "pending", "new_session", "not_the_writer"]
 )
 #: a wait for a message that was written (it may still be on its way)
 LANDS_WITHIN = 10.0
@@ -56,6 +58,7 @@ class Tensor:
     read: int = 0  # handed out
     released: int = 0
     held: list[tuple[int, Any]] = field(default_factory=list)  # (seq, view), oldest first
+    writer: int | None = None  # the sender whose session holds its claim (it wrote it)
 
     def has_credit(self) -> bool:
         return len(self.sent) - self.released < self.ring
@@ -65,10 +68,10 @@ class Tensor:
 
 
 class Run:
-    """One random run: the receiver's tensors, the sender, and the model of both."""
+    """One random run: the receiver's tensors, the senders, and the model of them all."""
 
-    def __init__(self, rx: tw.Receiver, tx: tw.Sender, transport: str, seed: int) -> None:
-        self.rx, self.tx, self.transport = rx, tx, transport
+    def __init__(self, rx: tw.Receiver, txs: list[tw.Sender], transport: str, seed: int) -> None:
+        self.rx, self.txs, self.transport = rx, txs, transport
         self.rnd = random.Random(seed)
         self.tensors: dict[str, Tensor] = {}
         for i in range(self.rnd.randint(2, 5)):
@@ -109,28 +112,40 @@ class Run:
         t.held.pop(0)
         t.released += 1
 
+    def writer_of(self, t: Tensor) -> int:
+        """The sender that writes ``t`` next: the one holding its claim, else one drawn (its
+        write claims the tensor)."""
+        return t.writer if t.writer is not None else self.rnd.randrange(len(self.txs))
+
     def step(self, call: str) -> None:
-        rnd, rx, tx = self.rnd, self.rx, self.tx
+        rnd, rx = self.rnd, self.rx
         names = list(self.tensors)
         name = rnd.choice(names)
         t = self.tensors[name]
+        writer = self.writer_of(t)
+        tx = self.txs[writer]
         if call == "write" and t.has_credit():
             array, shape = self.next_message(name)
             tx.write(name, array)
             t.sent.append(shape)
-        elif call == "write_many":
+            t.writer = writer
+        elif call == "write_many":  # (of the tensors the drawn tensor's writer writes)
             batch = {}
             for n in names:
-                if self.tensors[n].has_credit() and rnd.random() < 0.7:
+                other = self.tensors[n]
+                if other.writer in (writer, None) and other.has_credit() and rnd.random() < 0.7:
                     batch[n], shape = self.next_message(n)
-                    self.tensors[n].sent.append(shape)
+                    other.sent.append(shape)
             if batch:
                 tx.write_many(batch)
+                for n in batch:
+                    self.tensors[n].writer = writer
         elif call == "buffer" and t.has_credit():
             array, shape = self.next_message(name)
             with tx.buffer(name, **({"shape": shape} if t.static is None else {})) as out:
                 out[...] = array
             t.sent.append(shape)
+            t.writer = writer
         elif call == "non_contiguous" and t.has_credit():
             array, shape = self.next_message(name)
             wider = np.zeros((*shape, 2), array.dtype)
@@ -141,10 +156,11 @@ class Run:
                     tx.write(name, strided)  # (a copy only where asked for)
             tx.write(name, strided, allow_copy=True)
             t.sent.append(shape)
+            t.writer = writer
         elif call == "bad_shape":
             with pytest.raises(tw.SpecMismatchError):
                 tx.write(name, np.zeros((3, 99), t.dtype), timeout=0)
-        elif call == "no_credit" and not t.has_credit():
+        elif call == "no_credit" and not t.has_credit() and t.writer is not None:
             with pytest.raises(tw.WireTimeoutError):
                 tx.write(name, self.next_message(name)[0], timeout=0)
         elif call == "wait":
@@ -193,9 +209,19 @@ class Run:
                 landed, written = rx.pending(n), len(self.tensors[n].sent) - self.tensors[n].read
                 # (over shm a write has landed when it returns; elsewhere it may be on its way)
                 assert landed == written if self.transport == "shm" else 0 <= landed <= written
+        elif call == "not_the_writer" and t.writer is not None:
+            other = self.txs[1 - t.writer]
+            with pytest.raises(tw.RemoteProtocolError, match="already written by") as refused:
+                other.write(name, self.next_message(name)[0], timeout=LANDS_WITHIN)
+            assert refused.value.code == "busy"
         elif call == "new_session" and rnd.random() < 0.3:
-            tx.remove_peer(rx.address)
-            tx.add_peer(rx.address)
+            # its claims end with it (a goodbye): either sender may take each tensor over
+            which = rnd.randrange(len(self.txs))
+            self.txs[which].remove_peer(rx.address)
+            self.txs[which].add_peer(rx.address)
+            for other in self.tensors.values():
+                if other.writer == which:
+                    other.writer = None
         for n, tensor in self.tensors.items():  # no held slot was written over
             for seq, view in tensor.held:
                 self.check(n, seq, view)
@@ -214,8 +240,12 @@ class Run:
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_random_calls_keep_every_contract(transport: str, seed: int) -> None:
-    with tw.Receiver() as rx, tw.Sender.connect(rx.address, transport=transport, timeout=30) as tx:
-        run = Run(rx, tx, transport, seed)
+    with (
+        tw.Receiver() as rx,
+        tw.Sender.connect(rx.address, transport=transport, timeout=30) as a,
+        tw.Sender.connect(rx.address, transport=transport, timeout=30) as b,
+    ):
+        run = Run(rx, [a, b], transport, seed)
         for _ in range(CALLS):
             run.step(run.rnd.choice(DRAWS))
         assert run.finish() > CALLS // 10  # (the draws wrote: not a run of refusals)

@@ -12,8 +12,12 @@ transport, lo, hi, calls = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(
 t0 = time.monotonic()
 written = 0
 for seed in range(lo, hi):
-    with tw.Receiver() as rx, tw.Sender.connect(rx.address, transport=transport, timeout=30) as tx:
-        run = Run(rx, tx, transport, seed)
+    with (
+        tw.Receiver() as rx,
+        tw.Sender.connect(rx.address, transport=transport, timeout=30) as a,
+        tw.Sender.connect(rx.address, transport=transport, timeout=30) as b,
+    ):
+        run = Run(rx, [a, b], transport, seed)
         for _ in range(calls):
             run.step(run.rnd.choice(DRAWS))
         written += run.finish()
