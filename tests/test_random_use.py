@@ -11,11 +11,14 @@ array), waits (one tensor, any, all, each), releases (one, many), ``pending``, a
 session of a sender (``remove_peer`` and ``add_peer``), over static and dynamic tensors of
 several dtypes and ring depths. Every end runs in the test's thread: a call's answer may need
 the other side's next call only where the transport delivers by itself (credits, landings).
+Then four threads draw theirs at once, each with tensors of its own, on the same receiver and
+senders.
 """
 
 from __future__ import annotations
 
 import random
+import threading
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +38,10 @@ DRAWS = (
     + ["release"] * 2
     + ["release_many", "pending", "new_session", "not_the_writer"]
 )
+#: what threads sharing both ends draw, each with tensors of its own: not the calls whose
+#: model spans every tensor (wait_any, pending's count, a new session ending every claim)
+SHARED_DRAWS = [d for d in DRAWS if d not in ("wait_any", "pending", "new_session")]
+THREADS = 4
 #: a wait for a message that was written (it may still be on its way)
 LANDS_WITHIN = 10.0
 
@@ -70,7 +77,9 @@ class Tensor:
 class Run:
     """One random run: the receiver's tensors, the senders, and the model of them all."""
 
-    def __init__(self, rx: tw.Receiver, txs: list[tw.Sender], transport: str, seed: int) -> None:
+    def __init__(
+        self, rx: tw.Receiver, txs: list[tw.Sender], transport: str, seed: int, prefix: str = ""
+    ) -> None:
         self.rx, self.txs, self.transport = rx, txs, transport
         self.rnd = random.Random(seed)
         self.tensors: dict[str, Tensor] = {}
@@ -80,12 +89,13 @@ class Run:
             if self.rnd.random() < 0.3:
                 cols = self.rnd.randint(1, 6)
                 itemsize = np.dtype(dtype).itemsize
-                rx.register(f"d{i}", (None, cols), dtype, max_bytes=8 * cols * itemsize, ring=ring)
-                self.tensors[f"d{i}"] = Tensor(None, cols, dtype, ring)
+                name = f"{prefix}d{i}"
+                rx.register(name, (None, cols), dtype, max_bytes=8 * cols * itemsize, ring=ring)
+                self.tensors[name] = Tensor(None, cols, dtype, ring)
             else:
                 shape = tuple(self.rnd.randint(1, 5) for _ in range(self.rnd.randint(0, 3)))
-                rx.register(f"s{i}", shape, dtype, ring=ring)
-                self.tensors[f"s{i}"] = Tensor(shape, 0, dtype, ring)
+                rx.register(f"{prefix}s{i}", shape, dtype, ring=ring)
+                self.tensors[f"{prefix}s{i}"] = Tensor(shape, 0, dtype, ring)
 
     def shape_of_next(self, t: Tensor) -> tuple[int, ...]:
         return t.static if t.static is not None else (self.rnd.randint(0, 8), t.cols)
@@ -249,3 +259,35 @@ def test_random_calls_keep_every_contract(transport: str, seed: int) -> None:
         for _ in range(CALLS):
             run.step(run.rnd.choice(DRAWS))
         assert run.finish() > CALLS // 10  # (the draws wrote: not a run of refusals)
+
+
+def test_random_calls_from_threads_sharing_both_ends(transport: str) -> None:
+    """Four threads, each with tensors of its own, draw their calls at once on one receiver and
+    the same two senders (their locks, the slots a write waits for and gives way on, one
+    connection per receiver): each thread's model holds as it does alone."""
+    failures: list[BaseException] = []
+    with (
+        tw.Receiver() as rx,
+        tw.Sender.connect(rx.address, transport=transport, timeout=30) as a,
+        tw.Sender.connect(rx.address, transport=transport, timeout=30) as b,
+    ):
+        runs = [Run(rx, [a, b], transport, 10 + k, prefix=f"t{k}.") for k in range(THREADS)]
+        written = [0] * THREADS
+
+        def calls(k: int) -> None:
+            try:
+                for _ in range(CALLS):
+                    runs[k].step(runs[k].rnd.choice(SHARED_DRAWS))
+                written[k] = runs[k].finish()
+            except BaseException as exc:  # (the test's thread says it)
+                failures.append(exc)
+
+        threads = [threading.Thread(target=calls, args=(k,)) for k in range(THREADS)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert not any(thread.is_alive() for thread in threads), "a thread's calls hung"
+    if failures:
+        raise failures[0]
+    assert all(n > CALLS // 10 for n in written), written
