@@ -381,6 +381,7 @@ class _Worker:
     #: answer (the worker stopped just after its join: SIGSTOP, Ctrl-Z, a paused container):
     #: tried again until it answers, it joins again, or --join-timeout
     silent_at: str | None = None
+    silent_tried: float = 0.0  # (monotonic) when that handshake was last tried
     #: why its last join was refused (its model differs from the job's), until one is taken:
     #: its ready message is not heeded meanwhile, and the job's failure to form says why
     refused: str | None = None
@@ -1181,14 +1182,22 @@ class ParameterServer:
         w.stopped = False
 
     def _reach_the_silent(self) -> None:
-        """(While the job forms.) The handshake again with each worker whose join named an
-        address that took the connection and did not answer (``silent_at``): one that answers
-        now has joined; one whose address takes no connection any more, or that is closing,
-        went away (it joins again once started, as any)."""
-        for w in self.workers:
+        """(While the job forms.) The handshake again with the workers whose join named an
+        address that took the connection and did not answer (``silent_at``), those tried
+        longest ago first, for SILENT_RETRY_TIMEOUT in all (a node of them paused would
+        otherwise hold the other joins, a stop and --join-timeout that much longer each
+        round): one that answers now has joined; one whose address takes no connection any
+        more, or that is closing, went away (it joins again once started, as any)."""
+        if self._stop_requested:
+            return
+        began = time.monotonic()
+        silent = [w for w in self.workers if w.silent_at is not None and not w.joined]
+        for w in sorted(silent, key=lambda w: w.silent_tried):
+            if time.monotonic() - began >= SILENT_RETRY_TIMEOUT:
+                return
             address = w.silent_at
-            if address is None or w.joined:
-                continue
+            assert address is not None
+            w.silent_tried = time.monotonic()
             try:
                 self.tx.add_peer(address, connect_timeout=SILENT_RETRY_TIMEOUT)
             except tw.WireTimeoutError as exc:
