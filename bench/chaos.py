@@ -539,6 +539,15 @@ def _disrupt(
         if not job.killed(code):
             raise _Failure(f"{d.name} exited with {code} before its SIGKILL ({job.tail(d)})")
     else:  # stop-worker, drain-worker: it leaves the job and exits 0 (143: evicted, to return)
+        if args.sync != "bsp" and not args.worker_exit:
+            # Under asp and ssp a job whose workers all left ends (its design): the others,
+            # one started again just now among them, are in the job first. Before, w0 started
+            # again after its drain was still importing as w1 was drained, and the job ended
+            # ("ps0 exited with 0 unasked", seed 1 of `test_ps.py -k
+            # never_stops_the_last_worker` on a loaded machine).
+            for other in job.workers:
+                if other is not d and other is not job.drained:
+                    _await_joined(job, other, args.stall)
         # one started again just now may not have its handler yet (Python still importing):
         # SIGTERM ends it as it ends any process then
         starting = "joined " not in (job.tmp / d.log).read_text(errors="replace")

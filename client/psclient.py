@@ -57,6 +57,7 @@ from tensorwire.job.plan import (
     catch_up_name,
     dropped_name,
     encode_join,
+    encode_leave,
     encode_ready,
     ended_name,
     fixed_name,
@@ -72,6 +73,7 @@ from tensorwire.job.plan import (
     join_name,
     leave_name,
     meta_name,
+    new_session,
     packs,
     parse_grad_name,
     plan,
@@ -289,6 +291,9 @@ class PSClient:
         orders and cuts its data by (``tensorwire-worker --seed``); a job whose servers were
         started with another (their ``--seed``) is refused when we join."""
         self._closed = False
+        #: named by our join and our leave: a server tells our leave from one an earlier
+        #: process of our rank left
+        self._session = new_session()
         if not servers:
             raise PSClientError("no parameter servers given")
         # Checked before anything is opened: a NaN wait never ends, a rank that is not a
@@ -584,7 +589,9 @@ class PSClient:
         """Tell every server where we receive and what our parameters are, once every one
         of them is known to serve this job (its size, the settings they share): a join a later
         check refused would leave a server waiting for a worker that is gone."""
-        message = np.frombuffer(encode_join(self._me, self._specs, self._fixed), np.uint8)
+        message = np.frombuffer(
+            encode_join(self._me, self._specs, self._fixed, self._session), np.uint8
+        )
         deadline = time.monotonic() + timeout
         first: tuple[str, dict[str, str]] | None = None  # a server's settings, to compare
         shards: dict[int, list[str]] = {}  # the servers by the shard each says it is
@@ -1546,11 +1553,13 @@ class PSClient:
             reason = LEAVE_JOB_STOPS
         else:
             reason = LEAVE_TO_RETURN if self.returning else LEAVE_ALONE
-        why = np.array([reason], np.int64)
         try:
             published = self.tx.tensors(peer=addr)
-            if leave_name(self.rank) not in published:
+            spec = published.get(leave_name(self.rank))
+            if spec is None:
                 return True  # an older server, or one of another job: none to tell
+            # (our session where it has room for it: an older server takes the reason alone)
+            why = encode_leave(reason, self._session if spec.dynamic else None)
             if self._stopped_at is not None and ended_name(self.rank) in published:
                 how = ENDED_JOB_DONE if self._found_done else ENDED_TOLD_STOP
                 at = np.array([self._stopped_at, how], np.int64)

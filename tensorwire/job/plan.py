@@ -21,11 +21,13 @@ import functools
 import hashlib
 import math
 import re
+import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
+import numpy as np
 
 ITEM = 4  # float32 parameters
 
@@ -232,33 +234,58 @@ def specs_of(params: Mapping[str, Any]) -> Specs:
     return out
 
 
-def encode_join(address: str, specs: Specs, fixed: str | None = None) -> bytes:
-    """A worker's join: where it receives, its parameters' specs, and ``fixed``, a digest of
-    what its model holds fixed and every worker must hold the same (a PyTorch module's frozen
-    parameters, which no server keeps), where it has any."""
+def encode_join(
+    address: str, specs: Specs, fixed: str | None = None, session: int | None = None
+) -> bytes:
+    """A worker's join: where it receives, its parameters' specs, ``fixed``, a digest of what
+    its model holds fixed and every worker must hold the same (a PyTorch module's frozen
+    parameters, which no server keeps), where it has any, and ``session``, a number the worker
+    drew (:func:`new_session`), which its leave carries too (:func:`encode_leave`): a server
+    tells this worker's leave from one an earlier process of its rank left."""
     message: dict[str, Any] = {
         "address": address,
         "specs": [[n, list(shape), dt] for n, (shape, dt) in specs.items()],
     }
     if fixed is not None:
         message["fixed"] = fixed
+    if session is not None:
+        message["session"] = session
     return msgpack.packb(message)
+
+
+class Join(NamedTuple):
+    """A worker's join message, decoded (:func:`decode_join`)."""
+
+    address: str
+    specs: Specs
+    fixed: str | None
+    session: int | None  # None: a worker older than sessions
+
+
+def new_session() -> int:
+    """A worker process's session number: random, positive in an int64."""
+    return secrets.randbits(62) + 1
 
 
 def encode_ready() -> bytes:
     return msgpack.packb({"ready": True})
 
 
-def decode_join(payload: bytes) -> tuple[str, Specs, str | None] | None:
-    """``(address, specs, fixed)`` of a join message (:func:`encode_join`), or None for a
-    ready message; ValueError if it is neither."""
+def decode_join(payload: bytes) -> Join | None:
+    """A join message (:func:`encode_join`), or None for a ready message; ValueError if it is
+    neither."""
     try:
         msg = msgpack.unpackb(payload)
         if msg.get("ready") is True:
             return None
         specs = {str(n): (tuple(int(d) for d in shape), str(dt)) for n, shape, dt in msg["specs"]}
-        fixed = msg.get("fixed")
-        return str(msg["address"]), specs, None if fixed is None else str(fixed)
+        fixed, session = msg.get("fixed"), msg.get("session")
+        return Join(
+            str(msg["address"]),
+            specs,
+            None if fixed is None else str(fixed),
+            None if session is None else int(session),
+        )
     except (ValueError, TypeError, KeyError, AttributeError, msgpack.UnpackException) as exc:
         raise ValueError(f"malformed join message: {exc}") from None
 
@@ -328,8 +355,26 @@ def leave_name(rank: int) -> str:
     """Where worker ``rank`` tells a server that it stops (another server said stop, or it was
     stopped itself): the server then stops waiting for its gradients at once, rather than after
     its step timeout. A tensor of its own, so that a server waiting for a step can look at it.
-    Its one int64 says why: :data:`LEAVE_JOB_STOPS` or :data:`LEAVE_ALONE`."""
+    Its int64s (:func:`encode_leave`) say why (:data:`LEAVE_JOB_STOPS`, :data:`LEAVE_ALONE`,
+    :data:`LEAVE_TO_RETURN`) and, where its server registered it of dynamic length
+    (:data:`LEAVE_MAX_BYTES`), the session of the join it ends (older servers take the reason
+    alone, older workers send it alone)."""
     return f"leave/{rank}"
+
+
+#: A leave message at most: its reason and its session
+LEAVE_MAX_BYTES = 16
+
+
+def encode_leave(reason: int, session: int | None) -> Any:
+    """A leave message (:func:`leave_name`): ``[reason, session]``, or ``[reason]`` for a
+    server that takes one number (``session`` None)."""
+    return np.array([reason] if session is None else [reason, session], np.int64)
+
+
+def leave_session(view: Any) -> int | None:
+    """The session a leave message ends (:func:`encode_leave`); None from an older worker."""
+    return int(view[1]) if view.shape[0] > 1 else None
 
 
 #: A worker leaves as the job stops: another server told it stop (every worker hears the
