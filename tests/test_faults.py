@@ -829,6 +829,20 @@ def test_connect_to_nothing_times_out_clearly() -> None:
     assert caught.value.silent is False
 
 
+def test_a_receiver_whose_region_is_gone_as_a_sender_attaches_is_said_lost() -> None:
+    """Over shm, a region the receiver published is gone when a sender opens it (the receiver
+    closed and unlinked it between its answer and the sender's attach: in the test, unlinked by
+    hand): PeerLostError, the receiver gone, not a TransportError, which a parameter server
+    forming its job took for a wrong address and exited 1 at (a worker that quit just after
+    its join, before the server reached it)."""
+    with tw.Receiver() as rx:
+        rx.register("t", (4,), "float32")
+        for name in shm_entries():
+            os.unlink(f"/dev/shm/{name}")
+        with pytest.raises(tw.PeerLostError, match=r"closed: its shared-memory region .* is gone"):
+            tw.Sender.connect(rx.address, transport="shm", timeout=5)
+
+
 def test_connect_to_a_listener_that_never_answers_says_so() -> None:
     """A port that accepts TCP connections but never speaks ZeroMQ (a receiver frozen before it
     answered, or another service): the timeout says the connection stood and the handshake

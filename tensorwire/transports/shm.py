@@ -155,7 +155,20 @@ class ShmChannel(Channel):
             info = self._region_specs[index]
             if info.name is None or info.on_device:
                 raise TransportError(f"region {index} of {self.address} is not shared")
-            region = Region.attach(info.name, info.size)
+            try:
+                region = Region.attach(info.name, info.size)
+            except TransportError as exc:
+                if isinstance(exc.__cause__, FileNotFoundError):
+                    # On this host (checked at the channel's start), a region it published is
+                    # gone: the receiver unlinked it as it closed (or it died and was reaped).
+                    # Before, a TransportError, which a parameter server forming its job took
+                    # for a wrong address and exited 1 at (a worker that quit just after its
+                    # join, before the server reached it).
+                    raise PeerLostError(
+                        f"receiver at {self.address} closed: its shared-memory region "
+                        f"{info.name} is gone"
+                    ) from exc
+                raise
             self._regions[index] = region
         return region
 
