@@ -2579,8 +2579,11 @@ def test_workers_that_disagree_on_the_model_stop_the_job_in_one_line(tmp_path: P
     assert "joined with parameters that differ from the job's: 'layer0.weight' is float32[" in last
     assert "every worker must train the same model" in last
     assert worker_codes == [1, 1], worker_errs
-    assert "gave up on the job before it formed" in worker_errs[0]
-    assert "(wrong model?)" in worker_errs[1]
+    # (the first join plans the job: mostly rank 0's, the other's where it came first, as on
+    # Python 3.10 under load once)
+    first = 0 if "(wrong model?)" in worker_errs[1] else 1
+    assert "gave up on the job before it formed" in worker_errs[first], worker_errs
+    assert "(wrong model?)" in worker_errs[1 - first], worker_errs
 
 
 def test_a_worker_started_again_with_another_model_is_refused_and_the_job_goes_on(
