@@ -1835,11 +1835,15 @@ class ParameterServer:
         told to stop while we were lost, frozen or behind it (restarted from a checkpoint),
         or while we went on without it, tells us so when it stops (:meth:`_heard_end`); one
         that left alone meanwhile is forgotten (its ready, once it joins again, starts it
-        anew)."""
+        anew). One of the session a worker joined with, not ready yet, is kept for its ready
+        (``w.leaving``, :meth:`_settle_leaves`): the two may land together, and be taken in
+        either order."""
         for w in self.workers:
             if w.alive:
                 continue
             while self._leave_pending(w):  # bounded: its ring holds two
+                if w.joined and w.session is not None and w.leaving != LEAVE_JOB_STOPS:
+                    break  # (its ready may have landed too: kept for it)
                 if self._take_leave(w) == LEAVE_JOB_STOPS:
                     self._heard_end(w)
 
