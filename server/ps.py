@@ -1190,7 +1190,7 @@ class ParameterServer:
         drained here: a worker stopped between its ready and our reading it (a pod scaled down
         as it started) left unheard and was taken for lost, and under asp and ssp the job
         waited for it at its end and exited 1 at --join-timeout (seen once in a suite run under
-        load, `test_ps.py -k lost_after_one_left`; `-k stopped_as_it_joined` since). A worker
+        load, `test_ps.py -k lost_after_one_left`; `-k lands_with_a_worker` since). A worker
         older than sessions is drained as before."""
         if w.session is not None and self._leave_pending(w):
             return  # (its ended message, if any, is this session's too: kept for the leave)
@@ -1244,18 +1244,9 @@ class ParameterServer:
             w.silent_tried = time.monotonic()
             try:
                 self.tx.add_peer(address, connect_timeout=SILENT_RETRY_TIMEOUT)
-            except tw.WireTimeoutError as exc:
-                if not exc.silent:
-                    w.silent_at = None
-                    log.warning(
-                        "worker %d, which joined from %s and did not answer, is gone (%s): "
-                        "waiting for it to join again",
-                        w.rank,
-                        address,
-                        exc,
-                    )
-                continue
             except tw.TensorWireError as exc:
+                if isinstance(exc, tw.WireTimeoutError) and exc.silent:
+                    continue  # still silent
                 w.silent_at = None
                 log.warning(
                     "worker %d, which joined from %s and did not answer, went away (%s): "
