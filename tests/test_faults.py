@@ -612,6 +612,21 @@ def test_restarted_receiver_has_new_generation(transport: str) -> None:
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
+def _until_refused(address: str) -> None:
+    """Until a connection to ``address`` (tcp://HOST:PORT) is refused: ZeroMQ lets go of a
+    closed socket's port on its I/O thread, after the close returned (a fresh clone's suite met
+    a write's reconnect whose handshake the closing socket cut: "closed the connection during
+    the ZeroMQ handshake", where nothing listened a moment later)."""
+    host, port = address.removeprefix("tcp://").rsplit(":", 1)
+    deadline = time.monotonic() + 10
+    while True:
+        with socket.socket() as probe:
+            if probe.connect_ex((host, int(port))) != 0:
+                return
+        assert time.monotonic() < deadline, f"{address} still accepts connections"
+        time.sleep(0.01)
+
+
 def test_writes_after_a_failed_reconnect_try_again_and_say_why(transport: str) -> None:
     """A receiver gone for good before its restart: a sender with ``reconnect=True`` fails to
     connect anew at a write; its next writes try again, each within its bound, and say why
@@ -627,6 +642,7 @@ def test_writes_after_a_failed_reconnect_try_again_and_say_why(transport: str) -
         tx.write("t", np.arange(4, dtype=np.int32))
         assert rx.wait("t", timeout=5).tolist() == [0, 1, 2, 3]
         rx.close()
+        _until_refused(bind)
         for _ in range(2):  # the reconnect's failure, then a write that tries again
             # (its first request: the lost session's end, then the hello: 9c2a918)
             with pytest.raises(tw.WireTimeoutError, match="nothing accepted a connection there"):
