@@ -434,6 +434,11 @@ class _Worker:
     #: ... where that server had ended the job (plan.ENDED_JOB_DONE), not told it alone to stop
     told_done: bool = False
 
+    def earlier(self, session: int | None) -> bool:
+        """Whether a leave naming ``session`` is an earlier process's of this rank, passed over
+        (not where either side predates sessions: an older worker's leave is taken as ever)."""
+        return self.session is not None and session is not None and session != self.session
+
     @property
     def counted_on(self) -> bool:
         """The job forms with it: not recorded, by the checkpoint we resumed from, as done with
@@ -1209,9 +1214,9 @@ class ParameterServer:
             except tw.TensorWireError:  # (lost since: taken as the job stopping, as before)
                 w.leaving = LEAVE_JOB_STOPS
                 break
-            why, session = self._leave_reason(view), leave_session(view)
+            why, earlier = self._leave_reason(view), w.earlier(leave_session(view))
             self.rx.release(name)
-            if w.session is not None and session is not None and session != w.session:
+            if earlier:
                 log.info("worker %d: a leave of an earlier process of its rank passed over", w.rank)
                 continue
             w.leaving = why
@@ -2585,9 +2590,9 @@ class ParameterServer:
             if kind == "leave":
                 # it stops (another server said stop, or it was stopped): nothing more will
                 # come from it
-                why, session = self._leave_reason(view), leave_session(view)
+                why, earlier = self._leave_reason(view), w.earlier(leave_session(view))
                 self.rx.release(name)
-                if w.session is not None and session is not None and session != w.session:
+                if earlier:
                     continue  # an earlier process's, of its rank
                 self._async_leave(w, why)
                 self._release_held(held, staleness)
