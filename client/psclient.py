@@ -47,6 +47,7 @@ from tensorwire.job.plan import (
     LEAVE_JOB_STOPS,
     LEAVE_TO_RETURN,
     META_FIELDS,
+    NORM_FIELDS,
     STATUS_DROPPED,
     STATUS_FAILED,
     STATUS_FIELDS,
@@ -74,6 +75,8 @@ from tensorwire.job.plan import (
     leave_name,
     meta_name,
     new_session,
+    norm_name,
+    norm_total_name,
     packs,
     parse_grad_name,
     plan,
@@ -141,6 +144,10 @@ class PSClientJobDone(PSClientStopped):
         #: each done server's checkpoint of the last step (a path on its host), by address;
         #: None for one that kept none
         self.checkpoints = checkpoints
+
+
+class _NoSum(Exception):
+    """A server went on without our sum of the servers' norms (PSClient._add_norms)."""
 
 
 class _Dropped(Exception):
@@ -375,6 +382,9 @@ class PSClient:
         #: a step's parameters were handed out and its gradients not yet pushed: a second
         #: wait_params() would wait in vain (the servers wait for those gradients)
         self._owed = False
+        #: (bsp, --clip-grad-norm over several shards) each wait_params() after a push first
+        #: adds up the servers' squared norms of the step for them (_add_norms)
+        self._norm_round = False
         self._shapes = dict(shapes)
         self.reconnect_timeout = reconnect_timeout
         self._probe_word = np.ones(1, np.int64)
@@ -426,10 +436,15 @@ class PSClient:
                 self.rx.register_parts(param, shape, self.wire_dtype, rows, device=device)
             for cid, (p, _) in self._packs.items():
                 self.rx.register_parts(cid, (p.size,), self.wire_dtype, [p.size], device=device)
+            self._norm_round = (
+                self._job_settings.get("clip-grad-norm", "None") != "None" and len(self.servers) > 1
+            )
             for s in range(len(self.servers)):
                 self.rx.register(status_name(s), (STATUS_FIELDS,), "int64", ring=1)
                 # a slot of its own: the status word's may be held while we compute
                 self.rx.register(dropped_name(s), (STATUS_FIELDS,), "int64", ring=2)
+                if self._norm_round:
+                    self.rx.register(norm_name(s), (NORM_FIELDS,), "float64", ring=2)
             landed: dict[str, Array] = {p: self.rx.array(p) for p in shapes if p not in packed}
             for cid, (p, _) in self._packs.items():
                 landed.update((c.param, view) for c, view in p.views(self.rx.array(cid)))
@@ -1007,12 +1022,18 @@ class PSClient:
                 "dropped this worker)"
             )
         t0 = time.perf_counter()
+        # (the step whose norms the servers ask us to add up, once: after a loss we join
+        # again, and the servers take our join for no answer)
+        norms_of = self.step if self._pushed and self._norm_round else None
         self._pushed = False
         wait = self.timeout if timeout is None else timeout
         deadline = None if wait is None else time.monotonic() + wait
         while True:
             self._release()
             try:
+                if norms_of is not None:
+                    step, norms_of = norms_of, None
+                    self._add_norms(step, deadline)
                 # Every server's status and every parameter chunk, taken together once all
                 # have landed (one wake-up for the step, not one per tensor); on a loss none
                 # is taken.
@@ -1168,10 +1189,17 @@ class PSClient:
                 f"parameter server {addr} did not take our request to catch up: {exc}"
             ) from None
 
-    def _wait_all(self, names: list[str], deadline: float | None) -> dict[str, Any]:
+    def _wait_all(
+        self,
+        names: list[str],
+        deadline: float | None,
+        what: str = "the servers' parameters",
+        look: Callable[[], None] | None = None,
+    ) -> dict[str, Any]:
         """``rx.wait_all(names)`` by ``deadline``, looking at the servers' notices (and at a
         stop asked) every :data:`NOTICE_LOOK` s of waiting, and pinging every server after
-        each :data:`PROBE_EVERY` s: PeerLostError for one that does not answer."""
+        each :data:`PROBE_EVERY` s: PeerLostError for one that does not answer. ``what``
+        names the messages in a timeout's error; ``look``: called too at each look."""
         rx = self.rx
         assert rx is not None
         began = time.monotonic()
@@ -1185,18 +1213,20 @@ class PSClient:
                     except tw.WireTimeoutError:
                         missing = [n for n in names if not rx.pending(n)]
                         raise tw.WireTimeoutError(
-                            f"the servers' parameters did not all land within "
+                            f"{what} did not all land within "
                             f"{now - began:.3g} s of waiting: nothing yet in {len(missing)} "
                             f"of {len(names)} tensors (first {missing[:1]})"
                         ) from None
-                look = min(NOTICE_LOOK, max(ping_at - now, 0.0))
+                wait = min(NOTICE_LOOK, max(ping_at - now, 0.0))
                 if deadline is not None:
-                    look = min(look, deadline - now)
+                    wait = min(wait, deadline - now)
                 try:
-                    return rx.wait_all(names, timeout=look)
+                    return rx.wait_all(names, timeout=wait)
                 except tw.WireTimeoutError:
                     pass
                 self._look_while_waiting()
+                if look is not None:
+                    look()
                 if time.monotonic() >= ping_at:
                     break
             for addr in self.servers:
@@ -1214,6 +1244,66 @@ class PSClient:
                         f"parameters: {exc}"
                     ) from None
                 self._probe(addr)
+
+    def _add_norms(self, step: int, deadline: float | None) -> None:
+        """(bsp, --clip-grad-norm over several shards) Add up the squared norms of ``step``'s
+        mean gradient that every server sends us once it has summed the step's gradients (no
+        server sees the others' chunks), in shard order, and write the sum back to every
+        server, which clips its step by it (ParameterServer._global_squares): every worker
+        adds the same numbers in the same order, and a server takes the first sum that lands.
+
+        Where a server goes on without our answer (its parameters of the next step are in: it
+        took another worker's sum, or clipped by its own norm) before its norm came, we have
+        no sum, and say so with a NaN. PeerLostError and _Dropped as the wait for parameters
+        (we then join again, which the servers take for no answer)."""
+        rx = self.rx
+        assert rx is not None
+        shards = range(len(self.servers))
+        norms: dict[int, float] = {}
+        missing = list(shards)
+
+        def moved_on() -> None:
+            # A server's status is written after its round (and we let go of its last one
+            # before this wait): it no longer waits for a sum
+            if any(rx.pending(status_name(s)) for s in missing):
+                raise _NoSum
+
+        try:
+            # bounded: each turn takes a message of each server missing, and a server's
+            # words of earlier rounds (we joined again meanwhile) are two at most
+            for _ in range(4):
+                got = self._wait_all(
+                    [norm_name(s) for s in missing], deadline, "the servers' norms", moved_on
+                )
+                for name, view in got.items():
+                    at, squares = int(view[0]), float(view[1])
+                    rx.release(name)
+                    if at == step:
+                        norms[int(name.rpartition("/")[2])] = squares
+                    elif at > step:
+                        raise _NoSum  # (a server a step ahead: _align sorts it out)
+                missing = [s for s in shards if s not in norms]
+                if not missing:
+                    break
+                moved_on()
+            else:
+                raise _NoSum
+            total = np.array([step, sum(norms[s] for s in shards)], np.float64)
+        except _NoSum:
+            # NaN: we have no sum, so that a server waiting for ours takes another worker's,
+            # or clips by its own norm, at once rather than after its --step-timeout
+            total = np.array([step, math.nan], np.float64)
+        for addr in self.servers:
+            try:
+                self.tx.write(
+                    norm_total_name(self.rank), total, peer=addr, timeout=PROBE_WRITE_TIMEOUT
+                )
+            except tw.PeerLostError:
+                raise
+            except tw.TensorWireError as exc:
+                # its slots hold our earlier sums (it took another worker's and has not
+                # started its next round): it does not wait for ours
+                log.debug("no sum of the norms to %s: %s", addr, exc)
 
     def _look_while_waiting(self) -> None:
         """What a wait for parameters looks at every NOTICE_LOOK: a stop asked, then each
@@ -1278,6 +1368,7 @@ class PSClient:
             for name in [
                 *(status_name(s) for s in range(len(self.servers))),
                 *(dropped_name(s) for s in range(len(self.servers))),
+                *(norm_name(s) for s in range(len(self.servers)) if self._norm_round),
                 *(name for name, _ in self._incoming),
             ]:
                 rx.drain(name)  # what a lost server left half written, and its loss notice

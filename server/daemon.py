@@ -131,8 +131,9 @@ def build_parser(prog: str = "tensorwire-ps") -> config.DaemonParser:
         type=config.positive_number,
         default=d.clip_grad_norm,
         metavar="MAX",
-        help="bsp, one shard: scale a step's mean gradient down to this global norm where it "
-        "is above it, as torch.nn.utils.clip_grad_norm_ does (default: no clipping)",
+        help="bsp: scale a step's mean gradient down to this global norm where it is above "
+        "it, as torch.nn.utils.clip_grad_norm_ does; with several shards the workers add up "
+        "the servers' norms each step, a round trip more (default: no clipping)",
     )
     p.add_argument(
         "--transport",
@@ -518,6 +519,11 @@ def _summarise(server: ParameterServer, args: argparse.Namespace, start: int, pr
         "checkpoint_failures": server.stats.checkpoint_failures,
         # (--clip-grad-norm) the steps whose mean gradient was scaled down to it
         "clipped_steps": server.stats.clipped if cfg.clip_grad_norm is not None else None,
+        # (and several shards) the steps clipped by this shard's own norm: no worker gave the
+        # servers' sum (each lost, left or joining again)
+        "clipped_alone_steps": server.stats.clipped_alone
+        if cfg.clip_grad_norm is not None and cfg.shards > 1
+        else None,
         "sync": cfg.sync,
         "transport": cfg.transport,
         "traffic": tw_metrics.totals(),

@@ -43,6 +43,7 @@ from tensorwire.job.plan import (
     LEAVE_MAX_BYTES,
     LEAVE_TO_RETURN,
     META_FIELDS,
+    NORM_FIELDS,
     STATUS_DROPPED,
     STATUS_FAILED,
     STATUS_FIELDS,
@@ -67,6 +68,8 @@ from tensorwire.job.plan import (
     leave_name,
     leave_session,
     meta_name,
+    norm_name,
+    norm_total_name,
     packs,
     plan,
     probe_name,
@@ -248,6 +251,11 @@ class _CatchUp(Exception):
         self.step = step
 
 
+class _NoSum(Exception):
+    """(--clip-grad-norm over several shards) No worker gave the sum of the servers' norms
+    within --step-timeout (ParameterServer._global_squares)."""
+
+
 class _WorkerLost(Exception):
     """One worker died or hung in the middle of a step; ``tell``: whether it may still run and
     wait for us, so it is sent STATUS_DROPPED."""
@@ -342,6 +350,9 @@ class PSStats:
     loss: float = float("nan")
     accuracy: float | None = None
     clipped: int = 0  # (bsp, --clip-grad-norm) steps whose mean gradient was scaled down
+    #: (--clip-grad-norm over several shards) steps clipped by this shard's own norm, as no
+    #: worker gave the servers' sum (every worker lost or joining again meanwhile)
+    clipped_alone: int = 0
     #: per worker rank: seconds a BSP step spent waiting for that worker's gradients after the
     #: workers before it had sent theirs (the straggler's figure grows fastest)
     gradient_wait: dict[int, float] = field(default_factory=dict)
@@ -475,12 +486,12 @@ def update_problem(
             f"--warmup-steps {warmup_steps} is not within the job's --steps {steps}: the rate "
             "would never reach --lr"
         )
-    if clip_grad_norm is not None and (sync != "bsp" or shards != 1):
+    if clip_grad_norm is not None and sync != "bsp":
         # (the norm of the whole mean gradient: under asp and ssp each chunk is applied as it
-        # lands, and no shard of several sees the others' chunks)
+        # lands, and there is no step's mean gradient to take the norm of)
         return (
-            "--clip-grad-norm needs --sync bsp and one shard (--shards 1): the norm is the "
-            "whole mean gradient's, which only then one server holds"
+            "--clip-grad-norm needs --sync bsp: the norm is that of a step's mean gradient, "
+            "which asp and ssp never form (each push is applied as it lands)"
         )
     return None
 
@@ -599,6 +610,9 @@ class ParameterServer:
         #: the latest step the workers asked us to go on at (their ``catch-up`` tensors, read
         #: as they come so that their slots never fill; see _read_catch_up)
         self._asked_step = 0
+        #: (bsp, --clip-grad-norm over several shards) each step's global norm is the sum of
+        #: every shard's, which the workers add up for the servers (:meth:`_global_squares`)
+        self._norm_round = cfg.clip_grad_norm is not None and cfg.shards > 1
         #: the step at which another server ended the job, as a worker it told to stop told
         #: us (:meth:`_heard_end`); None while nobody did
         self._ended_elsewhere: int | None = None
@@ -633,6 +647,8 @@ class ParameterServer:
                 self.rx.register(ended_name(w), (ENDED_FIELDS,), "int64", ring=2)
                 self.rx.register(catch_up_name(w), (1,), "int64", ring=2)
                 self.rx.register(probe_name(w), (1,), "int64", ring=PROBE_SLOTS)
+                if self._norm_round:
+                    self.rx.register(norm_total_name(w), (NORM_FIELDS,), "float64", ring=2)
             if cfg.resume:
                 self._resume()
         except BaseException:
@@ -1399,27 +1415,174 @@ class ParameterServer:
         chunks in ``used``, over ``contributors``) is multiplied by so that its global norm is
         at most --clip-grad-norm: ``max / (norm + 1e-6)`` where the norm is above it, else 1,
         as ``torch.nn.utils.clip_grad_norm_`` computes it (over the parameters that have a
-        gradient)."""
+        gradient). With several shards the norm is of every shard's chunks: the servers'
+        squared norms, added up by the workers (:meth:`_global_squares`)."""
         limit = self.cfg.clip_grad_norm
         if limit is None:
             return 1.0
-        xp = self.place.xp
-        if xp is np:
-            squares = sum(
-                float(np.vdot(self.acc[cid].ravel(), self.acc[cid].ravel())) for cid in used
-            )
-        else:
-            # On a GPU each chunk's sum of squares stays on the device and they are added up
-            # there, in float64 as the host adds them: one synchronisation a step where a
-            # float() of each was one per chunk (1004 chunks: 1004 waits for the GPU)
-            sums = [xp.vdot(self.acc[cid].ravel(), self.acc[cid].ravel()) for cid in used]
-            squares = float(xp.stack(sums).astype(xp.float64).sum()) if sums else 0.0
-        norm = math.sqrt(squares) / contributors
-        coefficient = limit / (norm + 1e-6)
+        squares = self._squares(used) / (contributors * contributors)
+        if self._norm_round:
+            squares = self._global_squares(squares)
+        coefficient = limit / (math.sqrt(squares) + 1e-6)
         if coefficient < 1.0:
             self.stats.clipped += 1
             return coefficient
         return 1.0
+
+    def _squares(self, used: set[str]) -> float:
+        """The sum of the squares of the step's gradient sums (``acc``) of the chunks in
+        ``used``, in float64."""
+        xp = self.place.xp
+        if xp is np:
+            return sum(float(np.vdot(self.acc[cid].ravel(), self.acc[cid].ravel())) for cid in used)
+        # On a GPU each chunk's sum of squares stays on the device and they are added up
+        # there, in float64 as the host adds them: one synchronisation a step where a
+        # float() of each was one per chunk (1004 chunks: 1004 waits for the GPU)
+        sums = [xp.vdot(self.acc[cid].ravel(), self.acc[cid].ravel()) for cid in used]
+        return float(xp.stack(sums).astype(xp.float64).sum()) if sums else 0.0
+
+    def _global_squares(self, own: float) -> float:
+        """(--clip-grad-norm over several shards) The squared norm of the step's whole mean
+        gradient, from ``own``, this shard's: it goes to every worker taking part (into its
+        ``norm/<shard>``), each adds up the servers' in shard order and writes the sum back to
+        every server (``norm-total/<rank>``), and the first sum of this step that lands is
+        taken, so every shard clips by the same number. One more round trip a step; the
+        workers answer as they wait for the parameters (PSClient.wait_params).
+
+        A worker that is lost, leaves or joins again meanwhile (it does so when it loses
+        another server) is handled as in :meth:`_collect`, and the next is waited for; where
+        none gives the sum (every one gone or without every server's norm, or no sum within
+        --step-timeout), the shard clips by its own norm, which is at most the whole one (it
+        clips too little), says so, and counts it (``clipped_alone``): the step is not lost,
+        and the job goes on. A worker is not lost for a sum that does not come: it may be
+        waiting for another server's norm, which that server sends once it has heard from
+        every worker or lost one (up to its own --step-timeout); one that is frozen is lost
+        at the next step's wait for its gradients."""
+        asked: list[_Worker] = []
+        declined: set[int] = set()  # the ranks that said they have no sum (NaN)
+        word = np.array([self.step, own], np.float64)
+        for w in self.workers:
+            if not w.alive:
+                continue
+            # Its sums of earlier rounds (another worker's was taken first) go, so that its
+            # slots never fill; of this round only a NaN can be there yet (a sum comes after
+            # our word below; a NaN once another server went on without its answer)
+            early = self._take_total(w)
+            if early is not None and math.isnan(early):
+                declined.add(w.rank)
+            try:
+                self.tx.write(
+                    norm_name(self.cfg.shard), word, peer=w.address, timeout=OFFER_TIMEOUT
+                )
+            except tw.PeerLostError as exc:
+                self._lose(w, str(exc))
+                continue
+            except tw.TensorWireError as exc:
+                # its slots still full (it is joining again, or frozen: its other losses are
+                # found where they are), or an older worker with no such tensor: it cannot
+                # answer this round, and another may
+                log.debug("worker %d not asked for the step's norm: %s", w.rank, exc)
+                continue
+            asked.append(w)
+        deadline = time.monotonic() + self.cfg.step_timeout
+        why = "none takes part"
+        for w in asked:  # (in rank order: every worker's sum is the same)
+            if not w.alive or w.rank in declined:
+                continue
+            why = "each was lost, left, joined again or missed a server's norm"
+            try:
+                total = self._await_total(w, asked, declined, deadline)
+            except _WorkerLost as exc:
+                self._lose(w, str(exc), tell=exc.tell)
+                continue
+            except _WorkerLeft:
+                self._leave(w)
+                continue
+            except _NoSum:
+                why = f"none within {self.cfg.step_timeout:g} s"
+                break
+            if total is not None:
+                return total
+        if asked and why == "none takes part":
+            why = "each missed a server's norm"
+        self.stats.clipped_alone += 1
+        log.warning(
+            "step %d: no worker gave the sum of the servers' gradient norms (%s): clipped by "
+            "this shard's own norm, which clips less than the whole gradient's would",
+            self.step,
+            why,
+        )
+        return own
+
+    def _await_total(
+        self, w: _Worker, asked: list[_Worker], declined: set[int], deadline: float
+    ) -> float | None:
+        """The sum of the servers' squared norms of this step (:meth:`_global_squares`) from
+        ``w``, or from another of ``asked`` where its sum lands first; None where ``w`` has
+        none: it missed a server's norm (that server went on without its answer) and says so
+        with a NaN, and its rank goes into ``declined``, as any other's that does. Raises
+        :class:`_WorkerLost` or :class:`_WorkerLeft` for ``w`` as :meth:`_collect` does, and
+        :class:`_NoSum` once ``deadline`` passes."""
+        name = norm_total_name(w.rank)
+        while True:
+            for v in asked:
+                if v is w or not v.alive or v.rank in declined:
+                    continue
+                if self.rx.pending(norm_total_name(v.rank)):
+                    total = self._take_total(v)
+                    if total is not None and math.isnan(total):
+                        declined.add(v.rank)
+                    elif total is not None:
+                        return total
+            left = deadline - time.monotonic()
+            try:
+                view = self.rx.wait(
+                    name, timeout=self._within_stop_grace(max(min(left, 0.05), 0.0))
+                )
+            except tw.PeerLostError as exc:
+                raise _WorkerLost(str(exc)) from None
+            except tw.WireTimeoutError:
+                self._check_departure()
+                if self._leave_pending(w):
+                    raise _WorkerLeft from None
+                self._answer_probes()
+                if self.rx.pending(join_name(w.rank)):
+                    raise _WorkerLost("it joined again", tell=False) from None
+                gone = self._gone(w)
+                if gone is not None:
+                    raise _WorkerLost(gone) from None
+                if time.monotonic() >= deadline:
+                    raise _NoSum from None
+                grace = self._stop_overdue()
+                if grace is not None:
+                    raise _WorkerLost(f"nothing within {grace:g} s of the stop") from None
+                continue
+            total = self._read_total(name, view)
+            if total is not None and math.isnan(total):
+                declined.add(w.rank)
+                return None
+            if total is not None:
+                return total
+
+    def _take_total(self, w: _Worker) -> float | None:
+        """``w``'s sum of this step's squared norms (NaN: it has none), if it has landed
+        (earlier rounds' are let go of on the way: their slots hold two)."""
+        name = norm_total_name(w.rank)
+        while self.rx.pending(name):  # bounded: each turn takes a message or a loss's notice
+            try:
+                view = wait_past_losses(self.rx, name, 0.0)
+            except tw.TensorWireError:  # lost: found when it is waited for, or at our writes
+                return None
+            total = self._read_total(name, view)
+            if total is not None:
+                return total
+        return None
+
+    def _read_total(self, name: str, view: Any) -> float | None:
+        """The sum in ``view`` (taken from ``name``, released here), if it is this step's."""
+        step, total = int(view[0]), float(view[1])
+        self.rx.release(name)
+        return total if step == self.step else None
 
     def _accumulate(
         self, rank: int, got: dict[str, Any], flags: list[float], first: bool, used: set[str]

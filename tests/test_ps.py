@@ -1230,17 +1230,22 @@ def _log_time(line: str) -> float:
     return int(hours) * 3600 + int(minutes) * 60 + float(seconds)
 
 
+@pytest.mark.parametrize("clip", [False, True])
 def test_a_worker_waiting_for_a_frozen_server_hears_at_once_that_another_dropped_it(
-    job: Any, tmp_path: Path
+    job: Any, tmp_path: Path, clip: bool
 ) -> None:
     """bsp, two servers: ps1 frozen past the step timeout; the workers wait for its parameters
     and send ps0 nothing, so ps0 drops them and says so. Each worker read that notice only at
     its next ping of the servers (every 2 s): in a chaos run (shm, bsp, 3 x 3) each read it 2 s
     late, joined again late, and was dropped by the next server meanwhile; the job trained on
-    6.4 s after a 2 s freeze. The notices are now looked at every 0.1 s of a wait."""
+    6.4 s after a 2 s freeze. The notices are now looked at every 0.1 s of a wait. ``clip``:
+    with --clip-grad-norm, the workers may be frozen out in the round of the servers' norms
+    (ps0 waits for their sum, they wait for ps1's norm) rather than in the wait for
+    parameters: the same."""
     every = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "200"]
+    clipping = ["--clip-grad-norm", "1.0"] if clip else []
     j = job(
-        ps=["--steps", ENDLESS, "--step-timeout", "1", *every, "--log-level", "INFO"],
+        ps=["--steps", ENDLESS, "--step-timeout", "1", *every, *clipping, "--log-level", "INFO"],
         servers=2,
         worker=["--log-level", "INFO"],
     )
@@ -1268,16 +1273,18 @@ def test_a_worker_waiting_for_a_frozen_server_hears_at_once_that_another_dropped
     assert codes == [0] * 4, j.log("ps0") + j.log("w0")
 
 
-@pytest.mark.parametrize("servers", [1, 2])
+@pytest.mark.parametrize(("servers", "clip"), [(1, False), (2, False), (2, True)])
 def test_bsp_survives_a_killed_worker_and_takes_it_back(
-    job: Any, tmp_path: Path, servers: int
+    job: Any, tmp_path: Path, servers: int, clip: bool
 ) -> None:
     """SIGKILL one worker mid-training: the server finishes the step with the other (averaging
     over the workers that delivered), says so, and goes on; the worker started again joins at
     the current step and training reaches the accuracy bar. With two servers, each takes it
-    back at the end of its own step."""
+    back at the end of its own step; ``clip`` (--clip-grad-norm, whose norm the workers add up
+    for the servers each step): the worker left takes part in that round too."""
     every = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", str(EVERY)]
-    j = job(ps=["--steps", ENDLESS, *every, "--log-level", "INFO"], servers=servers)
+    clipping = ["--clip-grad-norm", "1.0"] if clip else []
+    j = job(ps=["--steps", ENDLESS, *every, *clipping, "--log-level", "INFO"], servers=servers)
     _wait_for(j, "joined", 2, servers=servers)
     time.sleep(0.5)
     j.workers[1].kill()
@@ -1875,17 +1882,20 @@ def test_a_server_restarted_at_once_on_a_host_of_its_own_trains_on_with_its_work
     assert "lost at step" in text, text  # its first parameters found the claims held
 
 
+@pytest.mark.parametrize("clip", [False, True])
 def test_a_server_lost_while_the_workers_join_another_again_is_waited_for_too(
-    job: Any, tmp_path: Path
+    job: Any, tmp_path: Path, clip: bool
 ) -> None:
     """ps1 is killed; the workers reach ps0 again and wait for ps1 to come back; ps0 is killed
     meanwhile and ps1 comes back, so the workers' join finds ps0 gone. They wait for it too
     (within --reconnect-timeout) and the job trains on once both are back. Before, the loss
     met while joining again ended each worker with exit 1 (a chaos run: shm, bsp, 3 x 3, seed
-    123: 'receiver at ... died')."""
+    123: 'receiver at ... died'). ``clip``: with --clip-grad-norm, whose norm the workers add
+    up for the servers each step (a server killed in that round)."""
     ckpt = tmp_path / "ckpt"
     args = ["--steps", ENDLESS, "--checkpoint-dir", str(ckpt), "--checkpoint-every", str(EVERY)]
-    j = job(ps=[*args, "--log-level", "INFO"], servers=2)
+    clipping = ["--clip-grad-norm", "1.0"] if clip else []
+    j = job(ps=[*args, *clipping, "--log-level", "INFO"], servers=2)
     _wait_for(j, f"checkpoint at step {EVERY}", servers=2)
     j.ps[1].kill()
     assert j.ps[1].wait(10) == -signal.SIGKILL
@@ -2069,6 +2079,54 @@ def test_a_server_down_as_its_job_ends_elsewhere_is_told_once_it_is_back(
     assert "checkpoint at step 3 written" in text, text
     assert "did not hear it" in caplog.text, caplog.text
     assert f"told parameter server {j.addresses[0]} that the job ended at step 3" in caplog.text
+
+
+def test_a_clipping_step_no_worker_gives_the_norm_of_is_clipped_by_each_shard_s_own(
+    job: Any,
+) -> None:
+    """--clip-grad-norm over two shards: each server's squared norm goes to the workers, which
+    add them up and write the sum back. A custom loop (PSClient) of one worker pushes step 1
+    and then waits 3 s before it asks for the parameters (where it answers): each server waits
+    --step-timeout (2 s) for the sum, clips that step by its own norm, says so and counts it,
+    and serves the next step; the worker is not lost for it (it may be waiting for another
+    server's norm), and the job ends (exit 0), every other step clipped by the sum."""
+    from tensorwire.client.psclient import PSClient
+
+    steps = 4
+    j = job(
+        ps=[
+            *("--steps", str(steps), "--clip-grad-norm", "0.001", "--step-timeout", "2"),
+            *("--pack-bytes", "0", "--join-timeout", "60", "--log-level", "INFO"),
+        ],
+        servers=2,
+        workers=1,
+        start_workers=0,
+    )
+    shapes = {"w": (2, 3), "b": (3,)}  # (unpacked: w and b on a shard each, balanced by bytes)
+    init = {n: np.zeros(shape, np.float32) for n, shape in shapes.items()}
+    with PSClient(
+        j.addresses, 0, shapes, init=init, connect_timeout=30, timeout=60, reconnect_timeout=60
+    ) as c:
+        seen = []
+        for _ in range(3 * steps):  # bounded
+            step = c.wait_params(timeout=60)
+            if step is None:
+                break
+            seen.append(step)
+            c.push({n: np.ones(shape, np.float32) for n, shape in shapes.items()}, loss=1.0)
+            if step == 1:
+                # past each server's --step-timeout for the sum (2 s), within the next step's
+                # for our gradients (from the end of that wait: 4 s)
+                time.sleep(3.0)
+        assert c.reconnects == 0
+    assert [p.wait(60) for p in j.ps] == [0, 0], j.log("ps0") + j.log("ps1")
+    assert seen == list(range(steps)), seen
+    for s in range(2):
+        text = j.log(f"ps{s}")
+        said = "step 1: no worker gave the sum of the servers' gradient norms (none within 2 s)"
+        assert said in text and " lost " not in text, text
+        assert j.metrics(f"ps{s}")["clipped_alone_steps"] == 1
+        assert j.metrics(f"ps{s}")["clipped_steps"] == steps
 
 
 def test_a_worker_joining_a_frozen_server_again_heeds_its_sigterm(job: Any, tmp_path: Path) -> None:

@@ -584,19 +584,25 @@ def test_a_server_killed_and_resumed_keeps_to_its_learning_rate_schedule(
         assert_params_close(j.params(rank), want, 1e-5)
 
 
-def test_a_clipped_gradient_norm_as_pytorch_s_clip_grad_norm(job: Any) -> None:
-    """``--clip-grad-norm 0.5`` (bsp, one server): a job of two workers equals one process that
-    clips its mean gradient with ``torch.nn.utils.clip_grad_norm_`` before each momentum step
-    (the model's unused layer out of the norm, as PyTorch leaves a parameter whose grad is
-    None), and the server counts the steps it clipped; clipping matters here (the unclipped job
-    ends elsewhere)."""
+@pytest.mark.parametrize("shards", [1, 2])
+def test_a_clipped_gradient_norm_as_pytorch_s_clip_grad_norm(job: Any, shards: int) -> None:
+    """``--clip-grad-norm 0.5`` (bsp): a job of two workers equals one process that clips its
+    mean gradient with ``torch.nn.utils.clip_grad_norm_`` before each momentum step (the
+    model's unused layer out of the norm, as PyTorch leaves a parameter whose grad is None),
+    and the server counts the steps it clipped; clipping matters here (the unclipped job ends
+    elsewhere). Over two shards the norm is the whole gradient's, each server's squared norm
+    added up by the workers (before 2026-12-05 refused: no server of several sees the others'
+    chunks), and no step fell back on a shard's own norm."""
     from .torch_grads_model import reference
 
     steps, lr, limit = 20, 0.05, 0.5
     j = job(
+        servers=shards,
         ps=[
             *("--steps", str(steps), "--optimizer", "momentum", "--lr", str(lr)),
             *("--weight-decay", "0.1", "--clip-grad-norm", str(limit)),
+            # (small parameters alone, so that both shards hold some: packs go to one each)
+            *("--pack-bytes", "0"),
         ],
         worker=["--model", "tests.torch_grads_model:make"],
     )
@@ -605,7 +611,10 @@ def test_a_clipped_gradient_norm_as_pytorch_s_clip_grad_norm(job: Any) -> None:
     free = reference(steps, 2, 32, lr, 0.9, 0.1)
     for rank in (0, 1):
         assert_params_close(j.params(rank), want, 1e-5)
-    assert 0 < j.metrics("ps0")["clipped_steps"] <= steps
+    clipped = [j.metrics(f"ps{s}")["clipped_steps"] for s in range(shards)]
+    assert 0 < clipped[0] <= steps and clipped == [clipped[0]] * shards, clipped
+    if shards > 1:
+        assert [j.metrics(f"ps{s}")["clipped_alone_steps"] for s in range(shards)] == [0, 0]
     err = np.linalg.norm(want["trunk.weight"] - free["trunk.weight"])
     assert err > 1e-3 * np.linalg.norm(free["trunk.weight"])
 

@@ -511,6 +511,25 @@ def job_settings(info: dict[str, Any]) -> dict[str, str] | None:
     return settings or None
 
 
+def norm_name(server: int) -> str:
+    """(bsp, ``--clip-grad-norm`` over several shards) Where server ``server`` tells each
+    worker, once it has summed a step's gradients, the squared norm of its shard's mean
+    gradient (:data:`NORM_FIELDS` float64: the step, the squared norm): no server sees the
+    others' chunks, so the workers, which hear from every server, add them up in shard order
+    and write the global sum back (:func:`norm_total_name`)."""
+    return f"norm/{server}"
+
+
+def norm_total_name(rank: int) -> str:
+    """(see :func:`norm_name`) Where worker ``rank`` writes back to every server the sum of the
+    servers' squared norms of a step (:data:`NORM_FIELDS` float64: the step, the sum): every
+    worker writes the same sum, and a server takes the first that lands."""
+    return f"norm-total/{rank}"
+
+
+NORM_FIELDS = 2
+
+
 #: The kinds of tensor a worker writes to a server, each named ``kind/<rank>[/...]`` by the
 #: functions above (a server tells whose a message is from its name's first part).
 WORKER_KINDS = frozenset(
@@ -523,6 +542,7 @@ WORKER_KINDS = frozenset(
         ended_name(0),
         catch_up_name(0),
         probe_name(0),
+        norm_total_name(0),
     )
 )
 
