@@ -1230,7 +1230,7 @@ def _log_time(line: str) -> float:
     return int(hours) * 3600 + int(minutes) * 60 + float(seconds)
 
 
-@pytest.mark.parametrize("clip", [False, True])
+@pytest.mark.parametrize("clip", [False, True], ids=["plain", "clip"])
 def test_a_worker_waiting_for_a_frozen_server_hears_at_once_that_another_dropped_it(
     job: Any, tmp_path: Path, clip: bool
 ) -> None:
@@ -1273,7 +1273,9 @@ def test_a_worker_waiting_for_a_frozen_server_hears_at_once_that_another_dropped
     assert codes == [0] * 4, j.log("ps0") + j.log("w0")
 
 
-@pytest.mark.parametrize(("servers", "clip"), [(1, False), (2, False), (2, True)])
+@pytest.mark.parametrize(
+    ("servers", "clip"), [(1, False), (2, False), (2, True)], ids=["1", "2", "2-clip"]
+)
 def test_bsp_survives_a_killed_worker_and_takes_it_back(
     job: Any, tmp_path: Path, servers: int, clip: bool
 ) -> None:
@@ -1882,7 +1884,7 @@ def test_a_server_restarted_at_once_on_a_host_of_its_own_trains_on_with_its_work
     assert "lost at step" in text, text  # its first parameters found the claims held
 
 
-@pytest.mark.parametrize("clip", [False, True])
+@pytest.mark.parametrize("clip", [False, True], ids=["plain", "clip"])
 def test_a_server_lost_while_the_workers_join_another_again_is_waited_for_too(
     job: Any, tmp_path: Path, clip: bool
 ) -> None:
