@@ -1542,15 +1542,7 @@ class ParameterServer:
             except tw.PeerLostError as exc:
                 raise _WorkerLost(str(exc)) from None
             except tw.WireTimeoutError:
-                self._check_departure()
-                if self._leave_pending(w):
-                    raise _WorkerLeft from None
-                self._answer_probes()
-                if self.rx.pending(join_name(w.rank)):
-                    raise _WorkerLost("it joined again", tell=False) from None
-                gone = self._gone(w)
-                if gone is not None:
-                    raise _WorkerLost(gone) from None
+                self._check_on(w)
                 if time.monotonic() >= deadline:
                     raise _NoSum from None
                 grace = self._stop_overdue()
@@ -2293,21 +2285,7 @@ class ParameterServer:
             except tw.PeerLostError as exc:
                 raise _WorkerLost(str(exc)) from None
             except tw.WireTimeoutError:
-                self._check_departure()
-                if self._leave_pending(w):
-                    raise _WorkerLeft from None
-                self._read_catch_up()
-                if self._may_catch_up and self._asked_step > self.step:
-                    raise _CatchUp(self._asked_step) from None
-                self._answer_probes()
-                if self.rx.pending(join_name(w.rank)):
-                    # its gradients of this step will not come: it is joining afresh (also
-                    # one on probation: its join would otherwise wait until it was lost, and
-                    # it waits for our parameters meanwhile)
-                    raise _WorkerLost("it joined again", tell=False) from None
-                gone = self._gone(w)
-                if gone is not None:
-                    raise _WorkerLost(gone) from None
+                self._check_on(w, self._check_catch_up)
                 if w.probation:
                     return None
                 if time.monotonic() >= deadline:
@@ -2323,6 +2301,31 @@ class ParameterServer:
                 self.rx.release_many(names)  # an earlier step's: it is catching up
                 continue
             return got, names
+
+    def _check_on(self, w: _Worker, then: Callable[[], None] | None = None) -> None:
+        """What a wait for worker ``w``'s messages looks at each time it times out: a stop
+        asked (raises), ``w``'s leave (:class:`_WorkerLeft`), ``then``, the probes, and ``w``
+        joining again or known gone (:class:`_WorkerLost`)."""
+        self._check_departure()
+        if self._leave_pending(w):
+            raise _WorkerLeft
+        if then is not None:
+            then()
+        self._answer_probes()
+        if self.rx.pending(join_name(w.rank)):
+            # what we wait for will not come: it is joining afresh (also one on probation:
+            # its join would otherwise wait until it was lost, and it waits for our
+            # parameters meanwhile)
+            raise _WorkerLost("it joined again", tell=False)
+        gone = self._gone(w)
+        if gone is not None:
+            raise _WorkerLost(gone)
+
+    def _check_catch_up(self) -> None:
+        """:class:`_CatchUp` where the workers asked us to go on at a later step (and we may)."""
+        self._read_catch_up()
+        if self._may_catch_up and self._asked_step > self.step:
+            raise _CatchUp(self._asked_step)
 
     def _read_catch_up(self) -> None:
         """Take in the workers' requests to go on at a later step (into ``_asked_step``)."""

@@ -1,0 +1,21 @@
+#!/bin/sh
+# `bench chaos` with --clip-grad-norm over two shards (the workers add up the servers' norms
+# each step), every fault kind, 120 s each: over shm with three workers, over tcp with three
+# workers and adam, and over grpc with two workers. Run from the project root as root
+# (cut-connections needs it); each job's table in <name>.txt, the whole run in <name>.json.
+set -u
+here=docs/chaos-clip-shards-2026-12-05
+all=kill-worker,freeze-worker,stop-worker,drain-worker,kill-server,move-server,freeze-server,cut-connections
+python=${PYTHON:-.venv/bin/python}
+run() {
+    name=$1; shift
+    $python -m tensorwire.bench chaos "$@" --events "$all" --json "$here/$name.json" \
+        > "$here/$name.txt" 2>&1
+    echo "exit $?" >> "$here/$name.txt"
+}
+run shm-bsp-clip-2x3-7301 --transport shm --servers 2 --workers 3 --duration 120 --seed 7301 \
+    --ps-args "--clip-grad-norm 1.0"
+run tcp-bsp-clip-adam-2x3-7302 --transport tcp --servers 2 --workers 3 --optimizer adam \
+    --duration 120 --seed 7302 --ps-args "--clip-grad-norm 0.5"
+run grpc-bsp-clip-2x2-7303 --transport grpc --servers 2 --workers 2 --duration 120 --seed 7303 \
+    --ps-args "--clip-grad-norm 1.0"
