@@ -1004,7 +1004,13 @@ class PSClient:
         joins again, and waits for the step the restarted server resumes at. A server that went
         on without this worker (it heard nothing from it within its step timeout: the worker
         was frozen, or its machine too slow) says so, and the client joins again at the
-        server's current step."""
+        server's current step.
+
+        Where the servers clip the gradient over several shards (``--clip-grad-norm``), this
+        call first adds up their squared norms of the step just pushed and writes the sum back
+        (they wait for it before they step): call it soon after :meth:`push`. A step whose sum
+        none of the workers gives within the servers' ``--step-timeout`` is clipped by each
+        shard's own norm (less), and the servers say so."""
         self._check_open("wait_params")
         assert self.rx is not None
         if timeout is not None:

@@ -119,20 +119,25 @@ def test_a_gpu_server_steps_what_pytorch_steps_under_adamw_with_unused_parameter
 
 
 @_gpu
-def test_a_gpu_server_clips_and_follows_a_schedule_as_pytorch_does(job: Any) -> None:
+@pytest.mark.parametrize("shards", [1, 2])
+def test_a_gpu_server_clips_and_follows_a_schedule_as_pytorch_does(job: Any, shards: int) -> None:
     """``--clip-grad-norm`` (the global norm on the GPU: ``xp.vdot`` in cupy) and ``--lr-schedule
     cosine --warmup-steps`` on a server on the GPU: a BSP job of two CPU workers equals one
     process that clips its mean gradient with ``clip_grad_norm_`` and follows ``LambdaLR`` of
-    Hugging Face's formula before each momentum step."""
+    Hugging Face's formula before each momentum step. Over two shards on the GPU, each
+    server's squared norm (one synchronisation) goes to the workers, which add them up."""
     pytest.importorskip("torch")
     from .torch_grads_model import reference, schedule_factor
 
     steps, warmup, lr, decay, limit = 20, 5, 0.05, 0.1, 0.5
     j = job(
+        servers=shards,
         ps=[
             *("--device", "cuda", "--steps", str(steps), "--optimizer", "momentum"),
             *("--lr", str(lr), "--weight-decay", str(decay), "--clip-grad-norm", str(limit)),
             *("--lr-schedule", "cosine", "--warmup-steps", str(warmup)),
+            # (two shards: small parameters alone, so that both hold some)
+            *(["--pack-bytes", "0"] if shards > 1 else []),
         ],
         worker=["--model", "tests.torch_grads_model:make"],
     )
@@ -141,7 +146,8 @@ def test_a_gpu_server_clips_and_follows_a_schedule_as_pytorch_does(job: Any) -> 
     want = reference(steps, 2, 32, lr, 0.9, decay, schedule=factor, clip=limit)
     for rank in (0, 1):
         assert_params_close(j.params(rank), want, 1e-5)
-    assert 0 < j.metrics("ps0")["clipped_steps"] <= steps
+    clipped = [j.metrics(f"ps{s}")["clipped_steps"] for s in range(shards)]
+    assert 0 < clipped[0] <= steps and clipped == [clipped[0]] * shards, clipped
 
 
 @_gpu
