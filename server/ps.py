@@ -194,6 +194,10 @@ STOP_GRACE = 5.0
 #: instead (ParameterServer._offer): enough for a release under way to end, so that a worker's
 #: parameters go whole or not at all, and short enough that the other workers barely notice.
 OFFER_TIMEOUT = 0.05
+#: (--clip-grad-norm over several shards) Seconds a write of the shard's squared norm may wait
+#: for a worker taking part (over grpc a write is a call the worker answers: milliseconds on a
+#: loaded host); one on probation, which may not be reading them yet, gets OFFER_TIMEOUT
+NORM_WRITE_TIMEOUT = 0.5
 #: (asp, ssp) Seconds between tries of owed parameters: each may wait OFFER_TIMEOUT for the
 #: worker's slot, during which the server reads nothing else, so while a worker owes (frozen,
 #: for up to --step-timeout) the others lose a sixth of the server's time at most
@@ -1472,7 +1476,10 @@ class ParameterServer:
                 declined.add(w.rank)
             try:
                 self.tx.write(
-                    norm_name(self.cfg.shard), word, peer=w.address, timeout=OFFER_TIMEOUT
+                    norm_name(self.cfg.shard),
+                    word,
+                    peer=w.address,
+                    timeout=OFFER_TIMEOUT if w.probation else NORM_WRITE_TIMEOUT,
                 )
             except tw.PeerLostError as exc:
                 self._lose(w, str(exc))
