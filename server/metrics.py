@@ -109,6 +109,24 @@ def ps_metrics(server: ParameterServer) -> list[Metric]:
             [(shard, stats.caught_up)],
         ),
         Metric(
+            "tensorwire_ps_clipped_steps_total",
+            "counter",
+            "(--clip-grad-norm) Steps whose mean gradient was scaled down to the norm",
+            ("shard",),
+            [] if server.cfg.clip_grad_norm is None else [(shard, stats.clipped)],
+        ),
+        Metric(
+            "tensorwire_ps_clipped_alone_steps_total",
+            "counter",
+            "(--clip-grad-norm over several shards) Steps clipped by this shard's own norm, as "
+            "no worker gave the sum of the servers' norms (each lost, left or joining again, "
+            "or none within --step-timeout): clipped less than the whole gradient's norm would",
+            ("shard",),
+            [(shard, stats.clipped_alone)]
+            if server.cfg.clip_grad_norm is not None and server.cfg.shards > 1
+            else [],
+        ),
+        Metric(
             "tensorwire_ps_workers",
             "gauge",
             "Workers taking part now (joined, ready and not lost)",

@@ -2093,12 +2093,14 @@ def test_a_clipping_step_no_worker_gives_the_norm_of_is_clipped_by_each_shard_s_
     and serves the next step; the worker is not lost for it (it may be waiting for another
     server's norm), and the job ends (exit 0), every other step clipped by the sum."""
     from tensorwire.client.psclient import PSClient
+    from tensorwire.top import scrape
 
     steps = 4
     j = job(
         ps=[
             *("--steps", str(steps), "--clip-grad-norm", "0.001", "--step-timeout", "2"),
             *("--pack-bytes", "0", "--join-timeout", "60", "--log-level", "INFO"),
+            *("--metrics-port", "0"),  # (a free port each, which its log names)
         ],
         servers=2,
         workers=1,
@@ -2115,6 +2117,10 @@ def test_a_clipping_step_no_worker_gives_the_norm_of_is_clipped_by_each_shard_s_
             if step is None:
                 break
             seen.append(step)
+            if step == 2:  # the step clipped alone is done: the servers' counters say so
+                url = re.search(r"metrics at (http://\S+/metrics)", j.log("ps0"))
+                assert url is not None, j.log("ps0")
+                page = scrape(url.group(1), timeout=10)
             c.push({n: np.ones(shape, np.float32) for n, shape in shapes.items()}, loss=1.0)
             if step == 1:
                 # past each server's --step-timeout for the sum (2 s), within the next step's
@@ -2129,6 +2135,9 @@ def test_a_clipping_step_no_worker_gives_the_norm_of_is_clipped_by_each_shard_s_
         assert said in text and " lost " not in text, text
         assert j.metrics(f"ps{s}")["clipped_alone_steps"] == 1
         assert j.metrics(f"ps{s}")["clipped_steps"] == steps
+    shard = (("shard", "0"),)
+    assert page["tensorwire_ps_clipped_alone_steps_total"] == {shard: 1.0}, page
+    assert page["tensorwire_ps_clipped_steps_total"] == {shard: 2.0}, page  # steps 0 and 1
 
 
 def test_a_worker_joining_a_frozen_server_again_heeds_its_sigterm(job: Any, tmp_path: Path) -> None:
