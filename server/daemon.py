@@ -442,6 +442,15 @@ def _run(argv: list[str] | None, prog: str) -> int:
             cfg.warmup_steps,
             cfg.lr_schedule,
         )
+    if cfg.clip_grad_norm is not None:
+        logging.getLogger("tensorwire.ps").info(
+            "each step's mean gradient is scaled down to a norm of %g where it is above it%s",
+            cfg.clip_grad_norm,
+            f" (the norm of all {cfg.shards} shards' chunks: the workers add up the servers' "
+            "norms each step, a round trip more)"
+            if cfg.shards > 1
+            else "",
+        )
     start = server.step
     if server.resumed_done:
         logging.getLogger("tensorwire.ps").info(

@@ -2131,6 +2131,7 @@ def test_a_clipping_step_no_worker_gives_the_norm_of_is_clipped_by_each_shard_s_
     assert seen == list(range(steps)), seen
     for s in range(2):
         text = j.log(f"ps{s}")
+        assert "scaled down to a norm of 0.001 where it is above it (the norm of all 2" in text
         said = "step 1: no worker gave the sum of the servers' gradient norms (none within 2 s)"
         assert said in text and " lost " not in text, text
         assert j.metrics(f"ps{s}")["clipped_alone_steps"] == 1
