@@ -198,6 +198,9 @@ OFFER_TIMEOUT = 0.05
 #: for a worker taking part (over grpc a write is a call the worker answers: milliseconds on a
 #: loaded host); one on probation, which may not be reading them yet, gets OFFER_TIMEOUT
 NORM_WRITE_TIMEOUT = 0.5
+#: (--clip-grad-norm over several shards) Seconds between the looks of a wait for the norms'
+#: sum at the workers it waits for (a leave, a join anew, a loss; a stop asked)
+NORM_LOOK = 0.1
 #: (asp, ssp) Seconds between tries of owed parameters: each may wait OFFER_TIMEOUT for the
 #: worker's slot, during which the server reads nothing else, so while a worker owes (frozen,
 #: for up to --step-timeout) the others lose a sixth of the server's time at most
@@ -1491,27 +1494,17 @@ class ParameterServer:
                 log.debug("worker %d not asked for the step's norm: %s", w.rank, exc)
                 continue
             asked.append(w)
-        deadline = time.monotonic() + self.cfg.step_timeout
-        why = "none takes part"
-        for w in asked:  # (in rank order: every worker's sum is the same)
-            if not w.alive or w.rank in declined:
-                continue
-            why = "each was lost, left, joined again or missed a server's norm"
-            try:
-                total = self._await_total(w, asked, declined, deadline)
-            except _WorkerLost as exc:
-                self._lose(w, str(exc), tell=exc.tell)
-                continue
-            except _WorkerLeft:
-                self._leave(w)
-                continue
-            except _NoSum:
-                why = f"none within {self.cfg.step_timeout:g} s"
-                break
-            if total is not None:
-                return total
-        if asked and why == "none takes part":
-            why = "each missed a server's norm"
+        try:
+            total = self._await_sum(asked, declined, time.monotonic() + self.cfg.step_timeout)
+            why = (
+                "none takes part"
+                if not asked
+                else "each was lost, left, joined again or missed a server's norm"
+            )
+        except _NoSum:
+            total, why = None, f"none within {self.cfg.step_timeout:g} s"
+        if total is not None:
+            return total
         self.stats.clipped_alone += 1
         log.warning(
             "step %d: no worker gave the sum of the servers' gradient norms (%s): clipped by "
@@ -1521,46 +1514,50 @@ class ParameterServer:
         )
         return own
 
-    def _await_total(
-        self, w: _Worker, asked: list[_Worker], declined: set[int], deadline: float
-    ) -> float | None:
-        """The sum of the servers' squared norms of this step (:meth:`_global_squares`) from
-        ``w``, or from another of ``asked`` where its sum lands first; None where ``w`` has
-        none: it missed a server's norm (that server went on without its answer) and says so
-        with a NaN, and its rank goes into ``declined``, as any other's that does. Raises
-        :class:`_WorkerLost` or :class:`_WorkerLeft` for ``w`` as :meth:`_collect` does, and
-        :class:`_NoSum` once ``deadline`` passes."""
-        name = norm_total_name(w.rank)
-        while True:
-            for v in asked:
-                if v is w or not v.alive or v.rank in declined:
-                    continue
-                if self.rx.pending(norm_total_name(v.rank)):
-                    total = self._take_total(v)
-                    if total is not None and math.isnan(total):
-                        declined.add(v.rank)
-                    elif total is not None:
-                        return total
+    def _await_sum(self, asked: list[_Worker], declined: set[int], deadline: float) -> float | None:
+        """The first sum of the servers' squared norms of this step (:meth:`_global_squares`)
+        that lands from any worker of ``asked`` taking part: every worker's is the same, so
+        none is waited for in particular (one busy after its push, or not yet scheduled on a
+        loaded host, held the others' sums up by a look each). None once each has said it has
+        none (a NaN: a server went on without its answer; its rank goes into ``declined``),
+        or is lost, has left or joins again (handled as in the wait for gradients, at each
+        :data:`NORM_LOOK` of waiting); :class:`_NoSum` once ``deadline`` passes."""
+        while True:  # bounded: each turn takes a message or ends a worker, or nears deadline
+            by_name = {
+                norm_total_name(w.rank): w for w in asked if w.alive and w.rank not in declined
+            }
+            if not by_name:
+                return None
             left = deadline - time.monotonic()
+            wait = self._within_stop_grace(max(min(left, NORM_LOOK), 0.0))
             try:
-                view = self.rx.wait(
-                    name, timeout=self._within_stop_grace(max(min(left, 0.05), 0.0))
-                )
+                name, view = next(self.rx.wait_each(list(by_name), timeout=wait))
             except tw.PeerLostError as exc:
-                raise _WorkerLost(str(exc)) from None
+                lost = by_name.get(exc.tensor or "")
+                if lost is None:
+                    raise  # (not of these tensors: cannot be)
+                self._lose(lost, str(exc))
+                continue
             except tw.WireTimeoutError:
-                self._check_on(w)
+                for w in by_name.values():
+                    try:
+                        self._check_on(w)
+                    except _WorkerLost as exc:
+                        self._lose(w, str(exc), tell=exc.tell)
+                    except _WorkerLeft:
+                        self._leave(w)
                 if time.monotonic() >= deadline:
                     raise _NoSum from None
                 grace = self._stop_overdue()
-                if grace is not None:
-                    raise _WorkerLost(f"nothing within {grace:g} s of the stop") from None
+                if grace is not None:  # stopping: told that we stop (_lose)
+                    for w in by_name.values():
+                        if w.alive:
+                            self._lose(w, f"nothing within {grace:g} s of the stop")
                 continue
             total = self._read_total(name, view)
             if total is not None and math.isnan(total):
-                declined.add(w.rank)
-                return None
-            if total is not None:
+                declined.add(by_name[name].rank)
+            elif total is not None:
                 return total
 
     def _take_total(self, w: _Worker) -> float | None:
