@@ -5,9 +5,10 @@
 # training, and the `large` model's arithmetic slowed by half in the jobs it did not clip),
 # in turn, three rounds, on the small digits MLP (the step's round trips are most of its time)
 # and the 25 MB `large` model. Run from the repository root:
-#   sh docs/clip-shards-2026-12-05/measure.sh
+#   sh docs/clip-shards-2026-12-05/measure.sh   (SUFFIX=name: into a folder of that name)
 set -e
-out=docs/clip-shards-2026-12-05
+out=docs/clip-shards-2026-12-05${SUFFIX:+/$SUFFIX}  # (SUFFIX: a folder of its own for a rerun)
+mkdir -p "$out"
 for round in 1 2 3; do
   for model in digits large; do
     steps=1000; [ "$model" = large ] && steps=30
