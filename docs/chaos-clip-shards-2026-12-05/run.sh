@@ -5,14 +5,7 @@
 # (cut-connections needs it); each job's table in <name>.txt, the whole run in <name>.json.
 set -u
 here=docs/chaos-clip-shards-2026-12-05
-all=kill-worker,freeze-worker,stop-worker,drain-worker,kill-server,move-server,freeze-server,cut-connections
-python=${PYTHON:-.venv/bin/python}
-run() {
-    name=$1; shift
-    $python -m tensorwire.bench chaos "$@" --events "$all" --json "$here/$name.json" \
-        > "$here/$name.txt" 2>&1
-    echo "exit $?" >> "$here/$name.txt"
-}
+. bench/chaos_record.sh  # run NAME ARGS...: every fault kind, into $here/NAME.{txt,json}
 run shm-bsp-clip-2x3-7301 --transport shm --servers 2 --workers 3 --duration 120 --seed 7301 \
     --ps-args "--clip-grad-norm 1.0"
 run tcp-bsp-clip-adam-2x3-7302 --transport tcp --servers 2 --workers 3 --optimizer adam \

@@ -6,14 +6,7 @@
 # root (cut-connections and --hosts separate need it); each job's table in <name>.txt.
 set -u
 here=docs/chaos-combos-2026-12-05b
-all=kill-worker,freeze-worker,stop-worker,drain-worker,kill-server,move-server,freeze-server,cut-connections
-python=${PYTHON:-.venv/bin/python}
-run() {
-    name=$1; shift
-    $python -m tensorwire.bench chaos "$@" --events "$all" --json "$here/$name.json" \
-        > "$here/$name.txt" 2>&1
-    echo "exit $?" >> "$here/$name.txt"
-}
+. bench/chaos_record.sh  # run NAME ARGS...: every fault kind, into $here/NAME.{txt,json}
 run tcp-bsp-clip-cosine-serve-threads-7201 --transport tcp --servers 1 --workers 3 \
     --optimizer momentum --duration 120 --seed 7201 \
     --ps-args "--clip-grad-norm 1.0 --lr-schedule cosine --warmup-steps 200 --serve-threads 0"
