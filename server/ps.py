@@ -483,7 +483,7 @@ def open_receiver(
 
 
 def update_problem(
-    sync: str, shards: int, steps: int, warmup_steps: int, clip_grad_norm: float | None
+    sync: str, steps: int, warmup_steps: int, clip_grad_norm: float | None
 ) -> str | None:
     """What is wrong with these settings of the update together, in words; None where nothing
     is. The daemon says it before it binds; a server made otherwise raises it."""
@@ -518,9 +518,7 @@ class ParameterServer:
             )
         if cfg.clip_grad_norm is not None and not 0 < cfg.clip_grad_norm < math.inf:
             raise PSError(f"--clip-grad-norm must be a positive number, got {cfg.clip_grad_norm}")
-        problem = update_problem(
-            cfg.sync, cfg.shards, cfg.steps, cfg.warmup_steps, cfg.clip_grad_norm
-        )
+        problem = update_problem(cfg.sync, cfg.steps, cfg.warmup_steps, cfg.clip_grad_norm)
         if problem:
             raise PSError(problem)
         if cfg.async_lr not in ASYNC_LR:
@@ -1390,6 +1388,10 @@ class ParameterServer:
             # our parameters, so nothing of it is lost here.
             for name in self._worker_tensors(w):
                 self.rx.drain(name)
+            if self._norm_round:
+                # (and the loss of its earlier process there, which the wait for the norms'
+                # sum would otherwise take for this one's: a fresh clone's run met it)
+                self.rx.drain(norm_total_name(w.rank))
             self._settle_leaves(w)
             w.told_end, w.told_done = None, False
             if w.rank == 0 and self._has_init_tensors and not self._needs_init:
@@ -1457,14 +1459,15 @@ class ParameterServer:
         workers answer as they wait for the parameters (PSClient.wait_params).
 
         A worker that is lost, leaves or joins again meanwhile (it does so when it loses
-        another server) is handled as in :meth:`_collect`, and the next is waited for; where
-        none gives the sum (every one gone or without every server's norm, or no sum within
-        --step-timeout), the shard clips by its own norm, which is at most the whole one (it
-        clips too little), says so, and counts it (``clipped_alone``): the step is not lost,
-        and the job goes on. A worker is not lost for a sum that does not come: it may be
-        waiting for another server's norm, which that server sends once it has heard from
-        every worker or lost one (up to its own --step-timeout); one that is frozen is lost
-        at the next step's wait for its gradients."""
+        another server) is handled as in :meth:`_collect`, and the others' sums are still
+        taken (:meth:`_await_sum`); where none gives the sum (every one gone or without every
+        server's norm, or no sum within --step-timeout), the shard clips by its own norm,
+        which is at most the whole one (it clips too little), says so, and counts it
+        (``clipped_alone``): the step is not lost, and the job goes on. A worker is not lost
+        for a sum that does not come: it may be waiting for another server's norm, which that
+        server sends once it has heard from every worker or lost one (up to its own
+        --step-timeout); one that is frozen is lost at the next step's wait for its
+        gradients."""
         asked: list[_Worker] = []
         declined: set[int] = set()  # the ranks that said they have no sum (NaN)
         word = np.array([self.step, own], np.float64)
@@ -1536,7 +1539,13 @@ class ParameterServer:
                 lost = by_name.get(exc.tensor or "")
                 if lost is None:
                     raise  # (not of these tensors: cannot be)
-                self._lose(lost, str(exc))
+                # Taken for this worker's only where our sender to it finds it gone too: the
+                # notice may be of an earlier process of its rank (lost as it left, noticed
+                # after the one now taking part joined), and a worker wrongly lost here
+                # joins again, missing steps. One really gone is found at the next look.
+                gone = self._gone(lost)
+                if gone is not None:
+                    self._lose(lost, str(exc))
                 continue
             except tw.WireTimeoutError:
                 for w in by_name.values():
