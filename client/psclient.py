@@ -927,7 +927,9 @@ class PSClient:
     def _check_same_wire(self, settings: Mapping[str, str]) -> None:
         """PSClientError where servers restarted with ``settings`` (as one published them)
         would write us otherwise than our buffers were registered for: parameters cut or
-        packed otherwise, or another wire dtype (what a side leaves unsaid is not compared: a
+        packed otherwise, another wire dtype, or clipping over several shards turned on or off
+        (its round of norms needs tensors registered for it, and without it our wait for the
+        norms would wait out a look each step) (what a side leaves unsaid is not compared: a
         server of another version). Before, a server resumed with another --wire-dtype took
         the workers back and exited 1 at its first write ("dtype mismatch"), and they waited
         out their --reconnect-timeout for it."""
@@ -937,6 +939,16 @@ class PSClient:
         )
         if before is not None and now is not None and before != now:
             raise PSClientError(PLAN_CHANGED)
+        clip = settings.get("clip-grad-norm")
+        if clip is not None and (clip != "None" and len(self.servers) > 1) != self._norm_round:
+            # (our tensors of the servers' norms are registered, or not, for the job's first)
+            raise PSClientError(
+                f"the restarted servers {'now' if self._norm_round is False else 'no longer'} "
+                f"clip the gradient over their {len(self.servers)} shards (--clip-grad-norm "
+                f"{clip}; the job's first: {self._job_settings.get('clip-grad-norm')}), for "
+                "which this worker adds up their norms each step: start it again to join the "
+                "servers as they are now"
+            )
         wire = settings.get("wire-dtype")
         if wire is not None and wire != str(self.wire_dtype):
             raise PSClientError(

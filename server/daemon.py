@@ -354,9 +354,7 @@ def _run(argv: list[str] | None, prog: str) -> int:
     if args.resume and args.checkpoint_dir is None:
         parser.error("--resume needs --checkpoint-dir (where the checkpoint is)")
     # (ParameterServer says so too, once bound: here first)
-    problem = update_problem(
-        args.sync, args.shards, args.steps, args.warmup_steps, args.clip_grad_norm
-    )
+    problem = update_problem(args.sync, args.steps, args.warmup_steps, args.clip_grad_norm)
     if problem:
         parser.error(problem)
     if args.resume_if_present:

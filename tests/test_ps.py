@@ -1559,6 +1559,37 @@ def test_a_server_resumed_with_another_wire_plan_is_named_by_the_workers(
         assert said in j.log(f"w{rank}"), j.log(f"w{rank}")
 
 
+def test_servers_resumed_with_clipping_over_their_shards_are_named_by_the_workers(
+    job: Any, tmp_path: Path
+) -> None:
+    """Both servers of a job of two shards SIGKILLed and started again from their checkpoints
+    with --clip-grad-norm, which the job did not have (clipping may change at a resume): each
+    worker, whose tensors for the round of the servers' norms were never registered, exits 1
+    naming the flag, rather than leave every step's clip to each shard's own norm after a
+    --step-timeout."""
+    ckpt = tmp_path / "ckpt"
+    args = ["--steps", ENDLESS, "--checkpoint-dir", str(ckpt), "--checkpoint-every", str(EVERY)]
+    j = job(ps=[*args, "--log-level", "INFO"], servers=2)
+    _wait_for(j, f"checkpoint at step {EVERY}", servers=2)
+    for p in j.ps:
+        p.kill()
+        assert p.wait(10) == -signal.SIGKILL
+    again = [
+        j.start([*p.args, "--resume", "--clip-grad-norm", "1.0"], log=f"ps{s}-again")
+        for s, p in enumerate(j.ps)
+    ]
+    try:
+        codes = [w.wait(60) for w in j.workers]
+    finally:
+        for p in again:
+            p.kill()
+            p.wait(30)
+    assert codes == [1, 1], [j.log(f"w{r}") for r in (0, 1)]
+    said = "the restarted servers now clip the gradient over their 2 shards (--clip-grad-norm 1.0"
+    for rank in (0, 1):
+        assert said in j.log(f"w{rank}"), j.log(f"w{rank}")
+
+
 @pytest.mark.parametrize(
     "flag, said",
     [
