@@ -383,8 +383,10 @@ class PSClient:
         #: wait_params() would wait in vain (the servers wait for those gradients)
         self._owed = False
         #: (bsp, --clip-grad-norm over several shards) each wait_params() after a push first
-        #: adds up the servers' squared norms of the step for them (_add_norms)
+        #: adds up the servers' squared norms of the step for them (_add_norms), and writes
+        #: [step, sum] from here (allocated once)
         self._norm_round = False
+        self._norm_sum = np.zeros(NORM_FIELDS, np.float64)
         self._shapes = dict(shapes)
         self.reconnect_timeout = reconnect_timeout
         self._probe_word = np.ones(1, np.int64)
@@ -1277,6 +1279,7 @@ class PSClient:
         rx = self.rx
         assert rx is not None
         shards = range(len(self.servers))
+        shard_of = {norm_name(s): s for s in shards}
         norms: dict[int, float] = {}
         missing = list(shards)
 
@@ -1297,7 +1300,7 @@ class PSClient:
                     at, squares = int(view[0]), float(view[1])
                     rx.release(name)
                     if at == step:
-                        norms[int(name.rpartition("/")[2])] = squares
+                        norms[shard_of[name]] = squares
                     elif at > step:
                         raise _NoSum  # (a server a step ahead: _align sorts it out)
                 missing = [s for s in shards if s not in norms]
@@ -1306,15 +1309,17 @@ class PSClient:
                 moved_on()
             else:
                 raise _NoSum
-            total = np.array([step, sum(norms[s] for s in shards)], np.float64)
+            total = sum(norms[s] for s in shards)
         except _NoSum:
             # NaN: we have no sum, so that a server waiting for ours takes another worker's,
             # or clips by its own norm, at once rather than after its --step-timeout
-            total = np.array([step, math.nan], np.float64)
+            total = math.nan
+        word = self._norm_sum
+        word[0], word[1] = step, total
         for addr in self.servers:
             try:
                 self.tx.write(
-                    norm_total_name(self.rank), total, peer=addr, timeout=PROBE_WRITE_TIMEOUT
+                    norm_total_name(self.rank), word, peer=addr, timeout=PROBE_WRITE_TIMEOUT
                 )
             except tw.PeerLostError:
                 raise

@@ -618,6 +618,7 @@ class ParameterServer:
         #: (bsp, --clip-grad-norm over several shards) each step's global norm is the sum of
         #: every shard's, which the workers add up for the servers (:meth:`_global_squares`)
         self._norm_round = cfg.clip_grad_norm is not None and cfg.shards > 1
+        self._norm_word = np.zeros(NORM_FIELDS, np.float64)  # [step, squares], written to each
         #: the step at which another server ended the job, as a worker it told to stop told
         #: us (:meth:`_heard_end`); None while nobody did
         self._ended_elsewhere: int | None = None
@@ -1470,7 +1471,8 @@ class ParameterServer:
         gradients."""
         asked: list[_Worker] = []
         declined: set[int] = set()  # the ranks that said they have no sum (NaN)
-        word = np.array([self.step, own], np.float64)
+        word = self._norm_word
+        word[0], word[1] = self.step, own
         for w in self.workers:
             if not w.alive:
                 continue
