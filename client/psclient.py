@@ -438,9 +438,7 @@ class PSClient:
                 self.rx.register_parts(param, shape, self.wire_dtype, rows, device=device)
             for cid, (p, _) in self._packs.items():
                 self.rx.register_parts(cid, (p.size,), self.wire_dtype, [p.size], device=device)
-            self._norm_round = (
-                self._job_settings.get("clip-grad-norm", "None") != "None" and len(self.servers) > 1
-            )
+            self._norm_round = self._norm_round_in(self._job_settings) is True
             for s in range(len(self.servers)):
                 self.rx.register(status_name(s), (STATUS_FIELDS,), "int64", ring=1)
                 # a slot of its own: the status word's may be held while we compute
@@ -910,6 +908,13 @@ class PSClient:
         self._alone = [c for c in placed if c.cid not in in_packs]
         return placed
 
+    def _norm_round_in(self, settings: Mapping[str, str]) -> bool | None:
+        """Whether servers of ``settings`` (as one published them) clip over several shards,
+        so that each step the workers add up their norms (_add_norms); None where they do not
+        say (a server of another version)."""
+        clip = settings.get("clip-grad-norm")
+        return None if clip is None else clip != "None" and len(self.servers) > 1
+
     def _planned(self, settings: Mapping[str, str]) -> tuple[list[Chunk], list[list[Pack]]] | None:
         """How the job's settings (``settings``, as a server published them: its --split-bytes
         and --pack-bytes) cut our parameters over our servers, and each server's packs, as the
@@ -941,13 +946,14 @@ class PSClient:
         )
         if before is not None and now is not None and before != now:
             raise PSClientError(PLAN_CHANGED)
-        clip = settings.get("clip-grad-norm")
-        if clip is not None and (clip != "None" and len(self.servers) > 1) != self._norm_round:
+        now_round = self._norm_round_in(settings)
+        if now_round is not None and now_round != self._norm_round:
             # (our tensors of the servers' norms are registered, or not, for the job's first)
             raise PSClientError(
-                f"the restarted servers {'now' if self._norm_round is False else 'no longer'} "
-                f"clip the gradient over their {len(self.servers)} shards (--clip-grad-norm "
-                f"{clip}; the job's first: {self._job_settings.get('clip-grad-norm')}), for "
+                f"the restarted servers {'now' if now_round else 'no longer'} clip the gradient "
+                f"over their {len(self.servers)} shards (--clip-grad-norm "
+                f"{settings['clip-grad-norm']}; the job's first: "
+                f"{self._job_settings.get('clip-grad-norm')}), for "
                 "which this worker adds up their norms each step: start it again to join the "
                 "servers as they are now"
             )
