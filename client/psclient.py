@@ -37,6 +37,7 @@ from tensorwire.cuda import array_device, as_device_array, cupy, current_stream,
 from tensorwire.curve import CurveKeys
 from tensorwire.dtypes import as_host_array, canonical_dtype
 from tensorwire.endpoint import is_wildcard_host, local_address_towards, tcp_endpoint
+from tensorwire.job.norms import squared_norm
 from tensorwire.job.plan import (
     ENDED_JOB_DONE,
     ENDED_TOLD_STOP,
@@ -387,6 +388,10 @@ class PSClient:
         #: [step, sum] from here (allocated once)
         self._norm_round = False
         self._norm_sum = np.zeros(NORM_FIELDS, np.float64)
+        #: (asp, ssp, --clip-grad-norm) the servers clip each push by the norm of its whole
+        #: gradient, which push() takes and sends in the meta (_push_squares); as the job's
+        #: servers now say (a restarted server may turn it on or off)
+        self._clip_each = False
         self._shapes = dict(shapes)
         self.reconnect_timeout = reconnect_timeout
         self._probe_word = np.ones(1, np.int64)
@@ -672,6 +677,7 @@ class PSClient:
                 # while the other workers waited their --reconnect-timeout for it
                 self._check_same_wire(first[1])
             self._job_settings = first[1]
+            self._clip_each = _clips_each_push(first[1])
         for addr in self.servers:
             self._write_in_tries(addr, join_name(self.rank), message, deadline, "our join")
 
@@ -913,7 +919,9 @@ class PSClient:
         so that each step the workers add up their norms (_add_norms); None where they do not
         say (a server of another version)."""
         clip = settings.get("clip-grad-norm")
-        return None if clip is None else clip != "None" and len(self.servers) > 1
+        if clip is None:
+            return None
+        return clip != "None" and len(self.servers) > 1 and settings.get("sync", "bsp") == "bsp"
 
     def _planned(self, settings: Mapping[str, str]) -> tuple[list[Chunk], list[list[Pack]]] | None:
         """How the job's settings (``settings``, as a server published them: its --split-bytes
@@ -1455,7 +1463,11 @@ class PSClient:
         of the workers that have one, and a parameter none of them has is left as it is, its
         optimizer state too (momentum, weight decay and Adam do not move it), as PyTorch's
         optimizers skip a parameter whose ``grad`` is None; under asp and ssp this push leaves
-        it alone."""
+        it alone.
+
+        Where the servers clip each push (asp and ssp with ``--clip-grad-norm``), the squared
+        norm of the whole gradient is taken here and goes with it (one synchronisation of a
+        GPU's gradients): every server scales the push by the same number."""
         self._check_open("push")
         if self.step is None:
             raise PSClientError("push() before wait_params() returned a step")
@@ -1504,6 +1516,7 @@ class PSClient:
         except (TypeError, ValueError):
             raise PSClientError(f"push(): loss must be a number, got {loss!r}") from None
         t0 = time.perf_counter()
+        squares = self._push_squares(grads) if self._clip_each else math.nan
         self._release()
         try:
             batch: list[tuple[str, Array, str]] = []
@@ -1531,7 +1544,7 @@ class PSClient:
                 batch.append((grad_name(self.rank, c.cid), rows, self.servers[c.server]))
             score = math.nan if accuracy is None else accuracy
             for meta, addr in zip(metas, self.servers, strict=True):
-                meta[:META_FIELDS] = (self.step, loss, correct, samples, score)
+                meta[:META_FIELDS] = (self.step, loss, correct, samples, score, squares)
                 batch.append((meta_name(self.rank), meta, addr))
             # One operation: every array checked first, one doorbell or sendmsg per server.
             self.tx.write_many(batch, allow_copy=True)
@@ -1541,6 +1554,40 @@ class PSClient:
             self._recover(str(exc))
             self._owed = False  # joined again: the next wait_params() gives the step to redo
         self.phase_seconds["push"] += time.perf_counter() - t0
+
+    def _push_squares(self, grads: Mapping[str, Array | None]) -> float:
+        """(asp, ssp, --clip-grad-norm) The squared norm of this push's whole gradient (of
+        every parameter that has one), which the meta carries to every server: each scales
+        the push by the same number, where none sees the other shards' chunks. Torch tensors
+        by torch (a DLPack import each would cost more than the sum), the rest as numpy or
+        cupy arrays; one synchronisation per GPU."""
+        by_torch: dict[Any, list[Any]] = {}
+        others: list[Any] = []
+        for param in self._shapes:
+            g = grads[param]
+            if g is None:
+                continue
+            if type(g).__module__.startswith("torch"):
+                by_torch.setdefault(g.device, []).append(g.detach().reshape(-1))
+            elif array_device(g) is None:
+                others.append(as_host_array(g, param))
+            else:
+                others.append(as_device_array(g, param))
+        total = 0.0
+        if by_torch:
+            import torch  # the gradients are torch tensors
+
+            for flats in by_torch.values():
+                sums = torch.stack([torch.dot(f, f) for f in flats])
+                total += float(sums.to(torch.float64).sum())
+        if others:
+            device = next((array_device(a) for a in others if array_device(a) is not None), None)
+            if device is None:
+                total += squared_norm(others)
+            else:
+                with cupy().cuda.Device(device), current_stream(device):
+                    total += squared_norm(others)
+        return total
 
     def _gather(self, pack: Pack, grads: Mapping[str, Array | None]) -> Any:
         """The gradients of ``pack``'s members, side by side in its buffer (rounded to the
@@ -1783,6 +1830,14 @@ def _dense(g: Any) -> Any:
         return None
     toarray = getattr(g, "toarray", None)
     return toarray() if callable(toarray) else None
+
+
+def _clips_each_push(settings: Mapping[str, str]) -> bool:
+    """Whether servers of ``settings`` (as one published them) clip each push by the norm of
+    the worker's whole gradient (asp and ssp with --clip-grad-norm), which the worker then
+    takes and sends with it."""
+    clip = settings.get("clip-grad-norm")
+    return clip not in (None, "None") and settings.get("sync", "bsp") != "bsp"
 
 
 def _check_same_settings(

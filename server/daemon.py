@@ -131,9 +131,10 @@ def build_parser(prog: str = "tensorwire-ps") -> config.DaemonParser:
         type=config.positive_number,
         default=d.clip_grad_norm,
         metavar="MAX",
-        help="bsp: scale a step's mean gradient down to this global norm where it is above "
-        "it, as torch.nn.utils.clip_grad_norm_ does; with several shards the workers add up "
-        "the servers' norms each step, a round trip more (default: no clipping)",
+        help="scale the gradient down to this global norm where it is above it, as "
+        "torch.nn.utils.clip_grad_norm_ does: bsp, a step's mean gradient (with several shards "
+        "the workers add up the servers' norms each step, a round trip more); asp and ssp, "
+        "each worker's push, whose norm the worker sends with it (default: no clipping)",
     )
     p.add_argument(
         "--transport",
@@ -354,7 +355,7 @@ def _run(argv: list[str] | None, prog: str) -> int:
     if args.resume and args.checkpoint_dir is None:
         parser.error("--resume needs --checkpoint-dir (where the checkpoint is)")
     # (ParameterServer says so too, once bound: here first)
-    problem = update_problem(args.sync, args.steps, args.warmup_steps, args.clip_grad_norm)
+    problem = update_problem(args.steps, args.warmup_steps)
     if problem:
         parser.error(problem)
     if args.resume_if_present:
@@ -441,13 +442,23 @@ def _run(argv: list[str] | None, prog: str) -> int:
             cfg.lr_schedule,
         )
     if cfg.clip_grad_norm is not None:
+        if cfg.sync != "bsp":
+            what, how = "each worker's push", " (its whole gradient's, which the worker sends)"
+        elif cfg.shards > 1:
+            what, how = (
+                "each step's mean gradient",
+                (
+                    f" (the norm of all {cfg.shards} shards' chunks: the workers add up the "
+                    "servers' norms each step, a round trip more)"
+                ),
+            )
+        else:
+            what, how = "each step's mean gradient", ""
         logging.getLogger("tensorwire.ps").info(
-            "each step's mean gradient is scaled down to a norm of %g where it is above it%s",
+            "%s is scaled down to a norm of %g where it is above it%s",
+            what,
             cfg.clip_grad_norm,
-            f" (the norm of all {cfg.shards} shards' chunks: the workers add up the servers' "
-            "norms each step, a round trip more)"
-            if cfg.shards > 1
-            else "",
+            how,
         )
     start = server.step
     if server.resumed_done:
@@ -524,12 +535,13 @@ def _summarise(server: ParameterServer, args: argparse.Namespace, start: int, pr
         if server.stats.serves
         else None,
         "checkpoint_failures": server.stats.checkpoint_failures,
-        # (--clip-grad-norm) the steps whose mean gradient was scaled down to it
+        # (--clip-grad-norm) the steps whose mean gradient was scaled down to it (asp, ssp:
+        # the pushes)
         "clipped_steps": server.stats.clipped if cfg.clip_grad_norm is not None else None,
-        # (and several shards) the steps clipped by this shard's own norm: no worker gave the
-        # servers' sum (each lost, left or joining again)
+        # (bsp and several shards) the steps clipped by this shard's own norm: no worker gave
+        # the servers' sum (each lost, left or joining again)
         "clipped_alone_steps": server.stats.clipped_alone
-        if cfg.clip_grad_norm is not None and cfg.shards > 1
+        if cfg.clip_grad_norm is not None and cfg.shards > 1 and cfg.sync == "bsp"
         else None,
         "sync": cfg.sync,
         "transport": cfg.transport,

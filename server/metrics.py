@@ -111,19 +111,23 @@ def ps_metrics(server: ParameterServer) -> list[Metric]:
         Metric(
             "tensorwire_ps_clipped_steps_total",
             "counter",
-            "(--clip-grad-norm) Steps whose mean gradient was scaled down to the norm",
+            "(--clip-grad-norm) Steps whose mean gradient was scaled down to the norm (asp, "
+            "ssp: workers' pushes)",
             ("shard",),
             [] if server.cfg.clip_grad_norm is None else [(shard, stats.clipped)],
         ),
         Metric(
             "tensorwire_ps_clipped_alone_steps_total",
             "counter",
-            "(--clip-grad-norm over several shards) Steps clipped by this shard's own norm, as "
-            "no worker gave the sum of the servers' norms (each lost, left or joining again, "
-            "or none within --step-timeout): clipped less than the whole gradient's norm would",
+            "(bsp, --clip-grad-norm over several shards) Steps clipped by this shard's own "
+            "norm, as no worker gave the sum of the servers' norms (each lost, left or joining "
+            "again, or none within --step-timeout): clipped less than the whole gradient's "
+            "norm would",
             ("shard",),
             [(shard, stats.clipped_alone)]
-            if server.cfg.clip_grad_norm is not None and server.cfg.shards > 1
+            if server.cfg.clip_grad_norm is not None
+            and server.cfg.shards > 1
+            and server.cfg.sync == "bsp"
             else [],
         ),
         Metric(

@@ -32,6 +32,7 @@ import numpy as np
 import tensorwire as tw
 from tensorwire import curve
 from tensorwire import region as tw_region
+from tensorwire.job.norms import clip_coefficient, squared_norm
 from tensorwire.job.plan import (
     ENDED_FIELDS,
     ENDED_JOB_DONE,
@@ -43,6 +44,7 @@ from tensorwire.job.plan import (
     LEAVE_MAX_BYTES,
     LEAVE_TO_RETURN,
     META_FIELDS,
+    META_SQUARES,
     NORM_FIELDS,
     STATUS_DROPPED,
     STATUS_FAILED,
@@ -356,7 +358,8 @@ class PSStats:
     longest_step: float = 0.0
     loss: float = float("nan")
     accuracy: float | None = None
-    clipped: int = 0  # (bsp, --clip-grad-norm) steps whose mean gradient was scaled down
+    #: (--clip-grad-norm) steps whose mean gradient was scaled down (asp, ssp: pushes)
+    clipped: int = 0
     #: (--clip-grad-norm over several shards) steps clipped by this shard's own norm, as no
     #: worker gave the servers' sum (every worker lost or joining again meanwhile)
     clipped_alone: int = 0
@@ -389,6 +392,13 @@ class _Worker:
     #: (asp, ssp) chunks of its step that landed as zeros before its meta, which says whether
     #: they are a gradient (stepped then) or none (left alone)
     deferred: set[str] = field(default_factory=set)
+    #: (asp, ssp, --clip-grad-norm) its push's gradients that landed before its meta, whose
+    #: norm they are clipped by: held in their slots until it comes (the tensor's name, the
+    #: chunk or pack, the view)
+    unclipped: list[tuple[str, str, Any]] = field(default_factory=list)
+    #: (asp, ssp) what its push's gradients are multiplied by: below 1 where --clip-grad-norm
+    #: clips it (from its meta's norm)
+    scale: float = 1.0
     #: sent our STATUS_STOP (with parameters, or in a notice once we let it go), or it left:
     #: nothing more to tell it as we stop
     stopped: bool = False
@@ -482,9 +492,7 @@ def open_receiver(
     )
 
 
-def update_problem(
-    sync: str, steps: int, warmup_steps: int, clip_grad_norm: float | None
-) -> str | None:
+def update_problem(steps: int, warmup_steps: int) -> str | None:
     """What is wrong with these settings of the update together, in words; None where nothing
     is. The daemon says it before it binds; a server made otherwise raises it."""
     if not 0 <= warmup_steps <= steps:
@@ -492,13 +500,6 @@ def update_problem(
         return (
             f"--warmup-steps {warmup_steps} is not within the job's --steps {steps}: the rate "
             "would never reach --lr"
-        )
-    if clip_grad_norm is not None and sync != "bsp":
-        # (the norm of the whole mean gradient: under asp and ssp each chunk is applied as it
-        # lands, and there is no step's mean gradient to take the norm of)
-        return (
-            "--clip-grad-norm needs --sync bsp: the norm is that of a step's mean gradient, "
-            "which asp and ssp never form (each push is applied as it lands)"
         )
     return None
 
@@ -518,7 +519,7 @@ class ParameterServer:
             )
         if cfg.clip_grad_norm is not None and not 0 < cfg.clip_grad_norm < math.inf:
             raise PSError(f"--clip-grad-norm must be a positive number, got {cfg.clip_grad_norm}")
-        problem = update_problem(cfg.sync, cfg.steps, cfg.warmup_steps, cfg.clip_grad_norm)
+        problem = update_problem(cfg.steps, cfg.warmup_steps)
         if problem:
             raise PSError(problem)
         if cfg.async_lr not in ASYNC_LR:
@@ -617,8 +618,11 @@ class ParameterServer:
         self._asked_step = 0
         #: (bsp, --clip-grad-norm over several shards) each step's global norm is the sum of
         #: every shard's, which the workers add up for the servers (:meth:`_global_squares`)
-        self._norm_round = cfg.clip_grad_norm is not None and cfg.shards > 1
+        self._norm_round = cfg.clip_grad_norm is not None and cfg.shards > 1 and cfg.sync == "bsp"
         self._norm_word = np.zeros(NORM_FIELDS, np.float64)  # [step, squares], written to each
+        #: (asp, ssp, --clip-grad-norm) each worker's push is clipped by the norm of its whole
+        #: gradient, which it sends in its meta (:meth:`_push_clipping`)
+        self._clip_each = cfg.clip_grad_norm is not None and cfg.sync != "bsp"
         #: the step at which another server ended the job, as a worker it told to stop told
         #: us (:meth:`_heard_end`); None while nobody did
         self._ended_elsewhere: int | None = None
@@ -1402,6 +1406,7 @@ class ParameterServer:
             w.pushed = 0
             w.stopped, w.got, w.owed = False, set(), None  # what it is sent now supersedes
             w.deferred = set()
+            self._forget_unclipped(w)  # (its loss did it: as ever, a rejoin starts clean)
             w.left = w.absent = False
             self._claim_dropped_notice(w)
             how = "joined" if during_join else "rejoined"
@@ -1430,26 +1435,13 @@ class ParameterServer:
         limit = self.cfg.clip_grad_norm
         if limit is None:
             return 1.0
-        squares = self._squares(used) / (contributors * contributors)
+        squares = squared_norm(self.acc[cid] for cid in used) / (contributors * contributors)
         if self._norm_round:
             squares = self._global_squares(squares)
-        coefficient = limit / (math.sqrt(squares) + 1e-6)
+        coefficient = clip_coefficient(limit, squares)
         if coefficient < 1.0:
             self.stats.clipped += 1
-            return coefficient
-        return 1.0
-
-    def _squares(self, used: set[str]) -> float:
-        """The sum of the squares of the step's gradient sums (``acc``) of the chunks in
-        ``used``, in float64."""
-        xp = self.place.xp
-        if xp is np:
-            return sum(float(np.vdot(self.acc[cid].ravel(), self.acc[cid].ravel())) for cid in used)
-        # On a GPU each chunk's sum of squares stays on the device and they are added up
-        # there, in float64 as the host adds them: one synchronisation a step where a
-        # float() of each was one per chunk (1004 chunks: 1004 waits for the GPU)
-        sums = [xp.vdot(self.acc[cid].ravel(), self.acc[cid].ravel()) for cid in used]
-        return float(xp.stack(sums).astype(xp.float64).sum()) if sums else 0.0
+        return coefficient
 
     def _global_squares(self, own: float) -> float:
         """(--clip-grad-norm over several shards) The squared norm of the step's whole mean
@@ -2140,8 +2132,18 @@ class ParameterServer:
             what,
             sum(x.alive for x in self.workers),
         )
+        self._forget_unclipped(w)
         for name in self._worker_tensors(w):
             self.rx.drain(name)
+
+    def _forget_unclipped(self, w: _Worker) -> None:
+        """(asp, ssp, --clip-grad-norm) Hand back the slots of ``w``'s gradients held for a
+        meta that will not come (it was lost or left mid-push, or joined again): the push is
+        not applied, as one half sent never is."""
+        for name, _, _ in w.unclipped:
+            with contextlib.suppress(tw.TensorWireError):  # (closed as we stop)
+                self.rx.release(name)
+        w.unclipped.clear()
 
     def _claim_dropped_notice(self, w: _Worker) -> None:
         """Write a first notice that says nothing (STATUS_RUN) to ``w``'s ``dropped`` tensor
@@ -2787,42 +2789,26 @@ class ParameterServer:
                 continue
             w.heard = time.monotonic()
             if kind == "grad":
-                # grad/<rank>/<chunk>, or /<pack>: each of its members
-                pack = self.packs.get(tail)
-                landed = (
-                    [(tail, view)]
-                    if pack is None
-                    else [(c.cid, part) for c, part in pack.views(view)]
-                )
-                pushed: list[bool] = []
-                for cid, grad in landed:
-                    # Applied as it lands: the gradient of one worker, one chunk, one step.
-                    # Zeros that come before the step's meta may be no gradient at all
-                    # (plan.flag_slots): they carry nothing to keep, so the meta decides, when
-                    # it comes.
-                    if "meta" in w.got:
-                        pushed.append(w.meta[self._flag_at[cid]] != 0.0)
-                    else:
-                        pushed.append(bool(grad.any()))
-                        if not pushed[-1]:
-                            w.deferred.add(cid)
-                if pack is not None and all(pushed):  # the pack whole, as under bsp
-                    self._take(self._pack_acc[tail], view)
-                    self._update_pack(tail, pack, {c.cid for c in pack.members}, 1.0)
-                else:
-                    for (cid, grad), has in zip(landed, pushed, strict=True):
-                        if has:
-                            self._take(self.acc[cid], grad)
-                            self._update(cid)
                 w.got.add(tail)
+                if self._clip_each and "meta" not in w.got:
+                    # clipped by the norm its meta brings: it waits in its slot until then
+                    w.unclipped.append((name, tail, view))
+                    continue
+                self._apply_push(w, tail, view)
             else:
                 w.meta = view.copy()
                 w.got.add("meta")
+                if self._clip_each:
+                    w.scale = self._push_clipping(w.meta)
                 for cid in w.deferred:
                     if w.meta[self._flag_at[cid]] != 0.0:  # a gradient of zeros
                         self.acc[cid][...] = 0
                         self._update(cid)
                 w.deferred.clear()
+                for held_name, held_tail, held_view in w.unclipped:
+                    self._apply_push(w, held_tail, held_view)
+                    self.rx.release(held_name)
+                w.unclipped.clear()
             self.rx.release(name)
             if w.got != expected:
                 continue
@@ -2839,6 +2825,42 @@ class ParameterServer:
             held.append(w)
             self._release_held(held, staleness)  # advances the global step first
             self._lose_silent(held)
+
+    def _apply_push(self, w: _Worker, tail: str, view: Any) -> None:
+        """(asp, ssp) Apply what landed of ``w``'s push in ``grad/<rank>/<tail>`` (``view``: a
+        chunk's gradient, or a pack of them) as it lands: the gradient of one worker, one
+        chunk, one step, at :attr:`push_lr` times ``w.scale`` (clipped: its meta came first).
+        Zeros that come before the step's meta may be no gradient at all (plan.flag_slots):
+        they carry nothing to keep, so the meta decides, when it comes."""
+        pack = self.packs.get(tail)
+        landed = [(tail, view)] if pack is None else [(c.cid, part) for c, part in pack.views(view)]
+        pushed: list[bool] = []
+        for cid, grad in landed:
+            if "meta" in w.got:
+                pushed.append(w.meta[self._flag_at[cid]] != 0.0)
+            else:
+                pushed.append(bool(grad.any()))
+                if not pushed[-1]:
+                    w.deferred.add(cid)
+        if pack is not None and all(pushed):  # the pack whole, as under bsp
+            self._take(self._pack_acc[tail], view)
+            self._update_pack(tail, pack, {c.cid for c in pack.members}, w.scale)
+        else:
+            for (cid, grad), has in zip(landed, pushed, strict=True):
+                if has:
+                    self._take(self.acc[cid], grad)
+                    self._update(cid, scale=w.scale)
+
+    def _push_clipping(self, meta: Any) -> float:
+        """(asp, ssp, --clip-grad-norm) What a worker's push is multiplied by, from the squared
+        norm of its whole gradient, which its ``meta`` carries (the worker computes it: no
+        server sees the other shards' chunks, and every shard then scales by the same number),
+        as ``torch.nn.utils.clip_grad_norm_`` before a single process's step."""
+        assert self.cfg.clip_grad_norm is not None
+        coefficient = clip_coefficient(self.cfg.clip_grad_norm, float(meta[META_SQUARES]))
+        if coefficient < 1.0:
+            self.stats.clipped += 1
+        return coefficient
 
     def _async_leave(self, w: _Worker, why: int) -> None:
         """(asp, ssp) ``w`` said it leaves, ``why``: nothing more will come from it."""

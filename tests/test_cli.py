@@ -352,7 +352,6 @@ def test_bad_arguments_are_one_clear_line(args: list[str]) -> None:
         (["ps", "--weight-decay", "-1"], "argument --weight-decay"),
         (["ps", "--warmup-steps", "400"], "--warmup-steps 400 is not within the job's --steps 300"),
         (["ps", "--lr-schedule", "step"], "argument --lr-schedule: invalid choice: 'step'"),
-        (["ps", "--clip-grad-norm", "1", "--sync", "asp"], "--clip-grad-norm needs --sync bsp"),
         (["ps", "--clip-grad-norm", "0"], "argument --clip-grad-norm: '0': give a positive"),
         # past what the library's waits take: refused once the daemon ran (a traceback-free
         # line, but after its start)

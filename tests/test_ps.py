@@ -1342,16 +1342,26 @@ def test_rank_0_killed_and_started_again_three_times_rejoins_each_time(
     assert codes == [0, 0, kill, 0, kill, kill, 0], (codes, j.log("ps0"))
 
 
-@pytest.mark.parametrize(("sync", "servers"), [("asp", 1), ("ssp", 1), ("asp", 2)])
+@pytest.mark.parametrize(
+    ("sync", "servers", "clip"),
+    [("asp", 1, False), ("ssp", 1, False), ("asp", 2, False), ("asp", 2, True)],
+    ids=["asp-1", "ssp-1", "asp-2", "asp-2-clip"],
+)
 def test_asp_and_ssp_go_on_without_a_killed_worker_and_take_it_back(
-    job: Any, tmp_path: Path, sync: str, servers: int
+    job: Any, tmp_path: Path, sync: str, servers: int, clip: bool
 ) -> None:
     """SIGKILL one worker of an asp or ssp job: each server goes on with the other (the
     slowest worker taking part sets the pace), and serves the worker started again at once,
     at that worker's step; training reaches the accuracy bar. Before, the servers stopped with
-    'a worker was lost; only --sync bsp goes on without it' and exit 1."""
+    'a worker was lost; only --sync bsp goes on without it' and exit 1. ``clip``
+    (--clip-grad-norm): each push's gradients wait in their slots for its meta, which brings
+    the norm they are clipped by; those of a worker killed before its meta are let go."""
     every = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", str(EVERY)]
-    j = job(ps=["--steps", ENDLESS, "--sync", sync, *every, "--log-level", "INFO"], servers=servers)
+    clipping = ["--clip-grad-norm", "1.0"] if clip else []
+    j = job(
+        ps=["--steps", ENDLESS, "--sync", sync, *every, *clipping, "--log-level", "INFO"],
+        servers=servers,
+    )
     _wait_for(j, "joined", 2, servers=servers)
     time.sleep(0.5)
     j.workers[1].kill()
@@ -1365,6 +1375,11 @@ def test_asp_and_ssp_go_on_without_a_killed_worker_and_take_it_back(
     codes = j.wait(120)
     assert codes == [0] * servers + [0, -signal.SIGKILL, 0], j.log("ps0") + j.log("w1-again")
     assert j.metrics("w0")["test_accuracy"] >= 0.95
+    if clip:
+        # every shard clipped the same pushes, but for the killed worker's last (its meta may
+        # have reached one server only) and the last as they stop (each on its own)
+        clipped = [j.metrics(f"ps{s}")["clipped_steps"] for s in range(servers)]
+        assert min(clipped) > 0 and max(clipped) - min(clipped) <= 2, clipped
 
 
 @pytest.mark.parametrize("servers", [1, 2])

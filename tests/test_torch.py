@@ -619,6 +619,64 @@ def test_a_clipped_gradient_norm_as_pytorch_s_clip_grad_norm(job: Any, shards: i
     assert err > 1e-3 * np.linalg.norm(free["trunk.weight"])
 
 
+@pytest.mark.parametrize(
+    ("sync", "shards", "device"),
+    [
+        ("asp", 1, "cpu"),
+        ("asp", 2, "cpu"),
+        ("ssp", 2, "cpu"),
+        pytest.param(
+            "asp",
+            2,
+            "cuda",
+            marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif(
+                    not torch.cuda.is_available(), reason="needs a CUDA GPU (torch with CUDA)"
+                ),
+            ],
+        ),
+    ],
+)
+def test_an_async_push_is_clipped_as_one_process_clips_its_gradient(
+    job: Any, sync: str, shards: int, device: str
+) -> None:
+    """``--clip-grad-norm 0.5`` under asp and ssp clips each worker's push by the norm of its
+    whole gradient (all shards' chunks: the worker takes it and sends it in its meta, and every
+    server scales by it): a job of one worker equals one process that clips its gradient with
+    ``torch.nn.utils.clip_grad_norm_`` before each momentum step (before 2026-12-05 refused:
+    "--clip-grad-norm needs --sync bsp"). Every shard counts the same clipped pushes, and
+    clipping matters here (the unclipped job ends elsewhere). ``cuda``: the worker's gradients
+    and the servers' parameters on the GPU (the norm taken by torch there, one
+    synchronisation)."""
+    from .torch_grads_model import reference
+
+    steps, lr, limit = 20, 0.05, 0.5
+    j = job(
+        servers=shards,
+        workers=1,
+        ps=[
+            *("--sync", sync, "--steps", str(steps), "--optimizer", "momentum"),
+            *("--lr", str(lr), "--weight-decay", "0.1", "--clip-grad-norm", str(limit)),
+            *(["--pack-bytes", "0"] if shards > 1 else []),
+            *(["--device", device] if device != "cpu" else []),
+        ],
+        worker=[
+            *("--model", "tests.torch_grads_model:make"),
+            *(["--device", device] if device != "cpu" else []),
+        ],
+    )
+    ok(j)
+    want = reference(steps, 1, 32, lr, 0.9, 0.1, clip=limit)
+    free = reference(steps, 1, 32, lr, 0.9, 0.1)
+    assert_params_close(j.params(0), want, 1e-5 if device == "cpu" else 1e-4)
+    clipped = [j.metrics(f"ps{s}")["clipped_steps"] for s in range(shards)]
+    assert 0 < clipped[0] <= steps and clipped == [clipped[0]] * shards, clipped
+    assert all(j.metrics(f"ps{s}")["clipped_alone_steps"] is None for s in range(shards))
+    err = np.linalg.norm(want["trunk.weight"] - free["trunk.weight"])
+    assert err > 1e-3 * np.linalg.norm(free["trunk.weight"])
+
+
 @pytest.mark.parametrize("kind", ["sparse", "tied"])
 def test_a_sparse_or_shared_weight_trains_as_pytorch_trains_it(job: Any, kind: str) -> None:
     """Two workers under BSP with momentum compute what one process computes with PyTorch's

@@ -51,10 +51,14 @@ HOW_MAY_CATCH_UP = 1
 #: it runs asp or ssp: the step it writes counts this worker's steps, each server on its own,
 #: and the servers' steps need not agree (a worker does not line them up)
 HOW_ASYNC = 2
-#: [step, loss, correct, batch size, rank 0's evaluation or NaN where it made none]: the
-#: evaluation is whatever score the model's evaluate gives (an R², a negative error), so
-#: none is NaN (until 2026-12-03, -1, which dropped every negative score)
-META_FIELDS = 5
+#: [step, loss, correct, batch size, rank 0's evaluation or NaN where it made none, squared
+#: norm of the worker's whole gradient or NaN]: the evaluation is whatever score the model's
+#: evaluate gives (an R², a negative error), so none is NaN (until 2026-12-03, -1, which
+#: dropped every negative score); the norm is taken only where the servers clip each push
+#: (asp and ssp with --clip-grad-norm; until 2026-12-05 the meta ended at the evaluation)
+META_FIELDS = 6
+#: where the meta says the squared norm of the worker's whole gradient (all shards' chunks)
+META_SQUARES = 5
 
 
 def flag_slots(cids: Iterable[str]) -> dict[str, int]:

@@ -1,0 +1,13 @@
+#!/bin/sh
+# `bench chaos` with --clip-grad-norm under asp and ssp (each push clipped by the norm of the
+# worker's whole gradient, which its meta brings: the push's gradients wait in their slots for
+# it), every fault kind, 120 s each, two shards: asp over shm with three workers, ssp over tcp
+# with three workers and momentum. Run from the project root as root (cut-connections needs
+# it); each job's table in <name>.txt, the whole run in <name>.json.
+set -u
+here=docs/chaos-clip-async-2026-12-05
+. bench/chaos_record.sh  # run NAME ARGS...: every fault kind, into $here/NAME.{txt,json}
+run shm-asp-clip-2x3-7401 --transport shm --servers 2 --workers 3 --sync asp --duration 120 \
+    --seed 7401 --ps-args "--clip-grad-norm 1.0"
+run tcp-ssp-clip-momentum-2x3-7402 --transport tcp --servers 2 --workers 3 --sync ssp \
+    --optimizer momentum --duration 120 --seed 7402 --ps-args "--clip-grad-norm 0.5"
