@@ -1564,7 +1564,7 @@ class PSClient:
         by_torch: dict[Any, list[Any]] = {}
         others: list[Any] = []
         for param in self._shapes:
-            g = grads[param]
+            g: Any = grads[param]
             if g is None:
                 continue
             if type(g).__module__.startswith("torch"):
