@@ -1559,8 +1559,10 @@ class PSClient:
         """(asp, ssp, --clip-grad-norm) The squared norm of this push's whole gradient (of
         every parameter that has one), which the meta carries to every server: each scales
         the push by the same number, where none sees the other shards' chunks. Torch tensors
-        by torch (a DLPack import each would cost more than the sum), the rest as numpy or
-        cupy arrays; one synchronisation per GPU."""
+        by torch's multi-tensor norm, as ``clip_grad_norm_`` takes it (1000 tensors of 256
+        values on this VM's CPU: 1.1 ms, where a ``torch.dot`` each took 4.8 ms and a DLPack
+        import each would cost more), the rest as numpy or cupy arrays (numpy: 0.5 ms); one
+        synchronisation per GPU."""
         by_torch: dict[Any, list[Any]] = {}
         others: list[Any] = []
         for param in self._shapes:
@@ -1568,7 +1570,7 @@ class PSClient:
             if g is None:
                 continue
             if type(g).__module__.startswith("torch"):
-                by_torch.setdefault(g.device, []).append(g.detach().reshape(-1))
+                by_torch.setdefault(g.device, []).append(g.detach())
             elif array_device(g) is None:
                 others.append(as_host_array(g, param))
             else:
@@ -1577,9 +1579,16 @@ class PSClient:
         if by_torch:
             import torch  # the gradients are torch tensors
 
-            for flats in by_torch.values():
-                sums = torch.stack([torch.dot(f, f) for f in flats])
-                total += float(sums.to(torch.float64).sum())
+            # (private, but what clip_grad_norm_ itself calls since torch 2.0; its public
+            # wrapper, get_total_norm, came with 2.6 and we take 2.3)
+            foreach_norm = getattr(torch, "_foreach_norm", None)
+            for tensors in by_torch.values():
+                norms = (
+                    foreach_norm(tensors)
+                    if foreach_norm is not None
+                    else [torch.linalg.vector_norm(t) for t in tensors]
+                )
+                total += float(torch.stack(norms).to(torch.float64).square().sum())
         if others:
             device = next((array_device(a) for a in others if array_device(a) is not None), None)
             if device is None:
