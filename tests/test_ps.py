@@ -1605,6 +1605,43 @@ def test_servers_resumed_with_clipping_over_their_shards_are_named_by_the_worker
         assert said in j.log(f"w{rank}"), j.log(f"w{rank}")
 
 
+def test_async_servers_resumed_with_clipping_have_every_push_clipped_from_then_on(
+    job: Any, tmp_path: Path
+) -> None:
+    """Under asp, both servers of two shards SIGKILLed and started again from their checkpoints
+    with --clip-grad-norm, which the job did not have: each worker reads at every join, not
+    only its first, whether the servers clip each push, and from its rejoin on sends the norm
+    of its whole gradient with every push. With a limit no gradient is under, both shards clip
+    every push they apply (a worker that sent no norm would leave its pushes unclipped: a NaN
+    norm scales by 1), and the job ends, every daemon exit 0."""
+    ckpt = tmp_path / "ckpt"
+    every = ["--checkpoint-dir", str(ckpt), "--checkpoint-every", str(EVERY)]
+    j = job(ps=["--sync", "asp", "--steps", ENDLESS, *every, "--log-level", "INFO"], servers=2)
+    _wait_for(j, f"checkpoint at step {EVERY}", servers=2)
+    for p in j.ps:
+        p.kill()
+        assert p.wait(10) == -signal.SIGKILL
+    end = 3 * EVERY
+    again = [
+        j.start(
+            [
+                *j.command(p.args),
+                *("--resume", "--clip-grad-norm", "1e-9", "--steps", str(end)),
+                *("--metrics", str(j.tmp / f"ps{s}-again.json")),
+            ],
+            log=f"ps{s}-again",
+        )
+        for s, p in enumerate(j.ps)
+    ]
+    codes = [p.wait(120) for p in again] + [w.wait(60) for w in j.workers]
+    assert codes == [0, 0, 0, 0], j.log("ps0-again") + j.log("w0")
+    # every push after the resume, the same on both shards (but for the last as they stop):
+    # each worker's from its step (about the checkpoint's, EVERY) to the end, 2 x EVERY
+    clipped = [j.metrics(f"ps{s}-again")["clipped_steps"] for s in (0, 1)]
+    assert min(clipped) >= EVERY and max(clipped) - min(clipped) <= 2, clipped
+    assert "each worker's push is scaled down to a norm of 1e-09" in j.log("ps0-again")
+
+
 @pytest.mark.parametrize(
     "flag, said",
     [
