@@ -11,3 +11,9 @@ run shm-asp-clip-2x3-7401 --transport shm --servers 2 --workers 3 --sync asp --d
     --seed 7401 --ps-args "--clip-grad-norm 1.0"
 run tcp-ssp-clip-momentum-2x3-7402 --transport tcp --servers 2 --workers 3 --sync ssp \
     --optimizer momentum --duration 120 --seed 7402 --ps-args "--clip-grad-norm 0.5"
+# (the two above ran at 19429b7; the two below at 50c4cda, whose worker takes a torch
+# gradient's norm otherwise: these workers are numpy's)
+run grpc-asp-clip-2x2-7403 --transport grpc --servers 2 --workers 2 --sync asp --duration 120 \
+    --seed 7403 --ps-args "--clip-grad-norm 1.0"
+run nixl-ssp-clip-bf16-2x3-7404 --transport nixl --servers 2 --workers 3 --sync ssp \
+    --wire-dtype bfloat16 --duration 120 --seed 7404 --ps-args "--clip-grad-norm 1.0"

@@ -12,6 +12,7 @@ and ``tensorwire ray-job``.
 * :mod:`.words`: reading the tensors a daemon writes to say something (joins, requests,
   statuses, notices), past the loss notices of a peer's earlier sessions.
 * :mod:`.limits`: the open-file limit the daemons raise at start, and what their peers need.
+* :mod:`.norms`: gradient norms for ``--clip-grad-norm``, which servers and workers both take.
 
 Neither daemon imports the other: each imports this package and the public API of ``tensorwire``.
 """
