@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import math
 import os
 import re
 import resource
@@ -27,6 +28,7 @@ import tensorwire as tw
 from tensorwire import region as tw_region
 from tensorwire.client import models
 from tensorwire.client.launch import ps_command, worker_command
+from tensorwire.job.norms import clip_coefficient, squared_norm
 from tensorwire.job.plan import is_pack_name, packs, plan
 from tensorwire.server import optim
 from tensorwire.server.ps import DROP_NOTICE_TIMEOUT
@@ -291,6 +293,25 @@ def test_plan_splits_large_tensors_and_balances_bytes() -> None:
     load = [sum(c.nbytes for c in chunks if c.server == s) for s in range(2)]
     assert abs(load[0] - load[1]) <= max(c.nbytes for c in chunks)
     assert plan(shapes, 2, 1 << 20) == chunks  # deterministic: every process derives the same
+
+
+def test_clipping_scales_as_torch_s_clip_grad_norm_and_leaves_a_gradient_under_the_limit() -> None:
+    """``norms.clip_coefficient`` and ``squared_norm``, which servers and workers share: the
+    factor of ``torch.nn.utils.clip_grad_norm_`` (``max / (norm + 1e-6)``, at most 1) over
+    arrays of any shape, a 0-d, an empty one and a numpy scalar among them; a norm at or under
+    the limit scales by 1, a NaN norm (a gradient holding one) leaves it as it is, an infinite
+    one scales it to nothing."""
+    arrays = [np.full((2, 3), 2.0, np.float32), np.full((), 3.0, np.float32)]
+    arrays += [np.zeros(0, np.float32), np.float32(1.0)]  # (empty; a numpy scalar)
+    squares = squared_norm(arrays)
+    assert squares == 6 * 4.0 + 9.0 + 1.0
+    limit = 2.0
+    assert clip_coefficient(limit, squares) == pytest.approx(limit / (math.sqrt(34.0) + 1e-6))
+    assert clip_coefficient(10.0, squares) == 1.0
+    assert clip_coefficient(math.sqrt(34.0) + 1e-6, squares) == 1.0  # at the limit: none
+    assert clip_coefficient(limit, math.nan) == 1.0
+    assert clip_coefficient(limit, math.inf) == 0.0
+    assert squared_norm([]) == 0.0
 
 
 def test_packs_hold_small_whole_parameters_within_the_limit_whatever_their_order() -> None:

@@ -29,10 +29,11 @@ def squared_norm(arrays: Iterable[Any]) -> float:
     total = 0.0
     on_device: list[Any] = []
     for a in arrays:
-        flat = a.ravel()
-        if isinstance(a, np.ndarray):
+        if isinstance(a, np.ndarray | np.generic):  # (a numpy scalar too: host memory)
+            flat = np.ravel(a)
             total += float(np.vdot(flat, flat))
         else:
+            flat = a.ravel()
             on_device.append(cupy().vdot(flat, flat))
     if on_device:
         cp = cupy()
