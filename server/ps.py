@@ -2796,7 +2796,10 @@ class ParameterServer:
                     continue
                 self._apply_push(w, tail, view)
             else:
-                w.meta = view.copy()
+                if w.meta is None or w.meta.shape != view.shape:
+                    w.meta = view.copy()  # (once per worker: later pushes' copy into it)
+                else:
+                    np.copyto(w.meta, view)
                 w.got.add("meta")
                 if self._clip_each:
                     w.scale = self._push_clipping(w.meta)

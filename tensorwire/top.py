@@ -166,6 +166,9 @@ def row(t: Target) -> list[str]:
         failed = total(p, "tensorwire_ps_checkpoint_failures_total")
         if failed:
             alarm = f" ({failed:.0f} checkpoint{'s' if failed != 1 else ''} failed)"
+        alone = total(p, "tensorwire_ps_clipped_alone_steps_total")
+        if alone:  # (bsp, --clip-grad-norm over several shards: no worker gave the sum)
+            alarm += f" ({alone:.0f} step{'s' if alone != 1 else ''} clipped by its own norm)"
         if total(p, "tensorwire_ps_done"):
             alarm += " (done)"  # (lingering: --linger)
         steps = t.rate("tensorwire_ps_steps_total")

@@ -289,7 +289,9 @@ def _top(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_top_shows_the_checkpoints_a_server_could_not_write() -> None:
     """A server whose checkpoints fail trains on (its log says so once per checkpoint): the
-    live view puts the count beside its step, where an operator looks."""
+    live view puts the count beside its step, where an operator looks; so too the steps a
+    shard clipped by its own norm, no worker having given it the sum of the shards' (bsp,
+    --clip-grad-norm over several shards: it clipped less than it should have)."""
     from tensorwire.top import Target, row
 
     t = Target("http://127.0.0.1:9100/metrics")
@@ -303,6 +305,8 @@ def test_top_shows_the_checkpoints_a_server_could_not_write() -> None:
     assert row(t)[1] == "1200"
     t.page["tensorwire_ps_done"] = {shard: 1.0}  # (a server that lingers once its job is done)
     assert row(t)[1] == "1200 (done)"
+    t.page["tensorwire_ps_clipped_alone_steps_total"] = {shard: 2.0}
+    assert row(t)[1] == "1200 (2 steps clipped by its own norm) (done)"
 
 
 def test_top_exits_1_when_no_endpoint_answers() -> None:
