@@ -17,3 +17,9 @@ run grpc-asp-clip-2x2-7403 --transport grpc --servers 2 --workers 2 --sync asp -
     --seed 7403 --ps-args "--clip-grad-norm 1.0"
 run nixl-ssp-clip-bf16-2x3-7404 --transport nixl --servers 2 --workers 3 --sync ssp \
     --wire-dtype bfloat16 --duration 120 --seed 7404 --ps-args "--clip-grad-norm 1.0"
+# (at 86c5a29: the workers of the first in torch, whose norm torch's multi-tensor norm takes;
+# the second, the 1000 small tensors of `many`, most of them in packs, each held whole)
+run shm-ssp-clip-torch-2x3-7405 --transport shm --servers 2 --workers 3 --sync ssp \
+    --framework torch --duration 120 --seed 7405 --ps-args "--clip-grad-norm 0.5"
+run tcp-asp-clip-many-2x2-7406 --transport tcp --servers 2 --workers 2 --sync asp \
+    --model many --duration 120 --seed 7406 --ps-args "--clip-grad-norm 1.0"
