@@ -14,3 +14,9 @@ run tcp-asp-clip-hosts-2x3-7502 --transport tcp --servers 2 --workers 3 --sync a
 run shm-ssp-clip-adamw-f16-2x3-7503 --transport shm --servers 2 --workers 3 --sync ssp \
     --optimizer adamw --wire-dtype float16 --duration 120 --seed 7503 \
     --ps-args "--clip-grad-norm 0.5"
+# (then, at 6389a2a, whose code is f8930c6's: over nixl, three shards adding up norms; asp
+# with the control plane encrypted by CURVE, two shards, over shm)
+run nixl-bsp-clip-3x2-7504 --transport nixl --servers 3 --workers 2 --duration 120 \
+    --seed 7504 --ps-args "--clip-grad-norm 1.0"
+run shm-asp-clip-curve-2x3-7505 --transport shm --servers 2 --workers 3 --sync asp --curve \
+    --duration 120 --seed 7505 --ps-args "--clip-grad-norm 1.0"
