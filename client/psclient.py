@@ -512,6 +512,7 @@ class PSClient:
         rx = self.rx
         if rx is None or not self.chunks:
             return  # not joined yet: no server has written to us
+        first: str | None = None  # the first server found to have said stop
         for s, addr in enumerate(self.servers):
             for name in (dropped_name(s), status_name(s)):
                 while rx.pending(name):  # bounded: each ring holds two
@@ -522,8 +523,13 @@ class PSClient:
                         for incoming in self._incoming_of(s):
                             rx.drain(incoming)
                     if flags == STATUS_STOP:
+                        # Every server's is noted, not the first's alone: one whose stop went
+                        # unnoted is told as we leave that the job ended, and one that ended
+                        # and exited too was waited for until --reconnect-timeout (120 s)
                         self._note_stop(s, at)
-                        raise PSClientStopped(f"parameter server {addr} said stop {when}")
+                        first = first or addr
+        if first is not None:
+            raise PSClientStopped(f"parameter server {first} said stop {when}")
 
     def _note_stop(self, s: int, at: int, *, done: bool = False) -> None:
         """Server ``s`` said stop, at step ``at`` (its status word's first field), or had ended
@@ -1330,12 +1336,19 @@ class PSClient:
             total = math.nan
         word = self._norm_sum
         word[0], word[1] = step, total
-        for addr in self.servers:
+        for s, addr in enumerate(self.servers):
+            if rx.pending(status_name(s)):
+                continue  # it went on (another worker's sum, or its own norm): none needed
             try:
                 self.tx.write(
                     norm_total_name(self.rank), word, peer=addr, timeout=PROBE_WRITE_TIMEOUT
                 )
             except tw.PeerLostError:
+                if rx.pending(status_name(s)):
+                    # It went on meanwhile and then went: at the job's end, having said stop
+                    # (the wait for parameters then ends as the servers did). Before, this
+                    # loss made us join again.
+                    continue
                 raise
             except tw.TensorWireError as exc:
                 # its slots hold our earlier sums (it took another worker's and has not

@@ -2245,6 +2245,41 @@ def test_a_clipping_step_no_worker_gives_the_norm_of_is_clipped_by_each_shard_s_
     assert page["tensorwire_ps_clipped_steps_total"] == {shard: 2.0}, page  # steps 0 and 1
 
 
+def test_a_worker_late_with_its_sum_of_the_norms_at_the_job_s_end_stops_at_once(job: Any) -> None:
+    """--clip-grad-norm over two shards, the job's last step: the other worker gave the servers
+    the sum of their norms, and they ended the job and exited, while a custom loop (PSClient)
+    waited 2 s after its push. Its wait_params() then finds both servers' norms, and writes
+    its sum to servers that are gone; it stops at once, as both said stop, with no reconnect.
+    Before, the write's loss made it join again, which took the first server's stop alone, so
+    it waited its --reconnect-timeout to tell the second, gone too, that the job had ended
+    (found by `make test`, 1 run in 13: a daemon worker waited 120 s)."""
+    from tensorwire.client.psclient import PSClient
+
+    steps = 3
+    j = job(
+        ps=["--steps", str(steps), "--clip-grad-norm", "0.001", "--pack-bytes", "0"],
+        servers=2,
+        start_workers=1,  # rank 0, a daemon; rank 1 is ours
+    )
+    shapes = models.MODELS["digits"].shapes()  # (the daemon's model: the job's)
+    with PSClient(
+        j.addresses, 1, shapes, connect_timeout=30, timeout=60, reconnect_timeout=30
+    ) as c:
+        seen = []
+        for _ in range(3 * steps):  # bounded
+            step = c.wait_params(timeout=60)
+            if step is None:
+                break
+            seen.append(step)
+            c.push({n: np.ones(shape, np.float32) for n, shape in shapes.items()}, loss=1.0)
+            if step == steps - 1:
+                assert [p.wait(30) for p in j.ps] == [0, 0], j.log("ps0") + j.log("ps1")
+        assert seen == list(range(steps)) and c.reconnects == 0, seen
+        t0 = time.monotonic()
+    assert time.monotonic() - t0 < 5  # close(): no server left to tell
+    assert j.wait(30) == [0, 0, 0], j.log("w0")
+
+
 def test_a_worker_joining_a_frozen_server_again_heeds_its_sigterm(job: Any, tmp_path: Path) -> None:
     """ps1 is SIGKILLed; the workers reach ps0 again and wait for ps1. ps0 is then frozen
     (SIGSTOP) and ps1 started again: the workers reach it and write their join to ps0 first,
