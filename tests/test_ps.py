@@ -2187,6 +2187,16 @@ def test_a_server_down_as_its_job_ends_elsewhere_is_told_once_it_is_back(
     assert f"told parameter server {j.addresses[0]} that the job ended at step 3" in caplog.text
 
 
+def _custom_loop_steps(c: Any, steps: int) -> Iterator[int]:
+    """The steps a custom loop's PSClient ``c`` is given until the servers say stop, each
+    within 60 s (bounded: three times the job's ``steps``)."""
+    for _ in range(3 * steps):
+        step = c.wait_params(timeout=60)
+        if step is None:
+            return
+        yield step
+
+
 def test_a_clipping_step_no_worker_gives_the_norm_of_is_clipped_by_each_shard_s_own(
     job: Any,
 ) -> None:
@@ -2216,10 +2226,7 @@ def test_a_clipping_step_no_worker_gives_the_norm_of_is_clipped_by_each_shard_s_
         j.addresses, 0, shapes, init=init, connect_timeout=30, timeout=60, reconnect_timeout=60
     ) as c:
         seen = []
-        for _ in range(3 * steps):  # bounded
-            step = c.wait_params(timeout=60)
-            if step is None:
-                break
+        for step in _custom_loop_steps(c, steps):
             seen.append(step)
             if step == 2:  # the step clipped alone is done: the servers' counters say so
                 url = re.search(r"metrics at (http://\S+/metrics)", j.log("ps0"))
@@ -2266,10 +2273,7 @@ def test_a_worker_late_with_its_sum_of_the_norms_at_the_job_s_end_stops_at_once(
         j.addresses, 1, shapes, connect_timeout=30, timeout=60, reconnect_timeout=30
     ) as c:
         seen = []
-        for _ in range(3 * steps):  # bounded
-            step = c.wait_params(timeout=60)
-            if step is None:
-                break
+        for step in _custom_loop_steps(c, steps):
             seen.append(step)
             c.push({n: np.ones(shape, np.float32) for n, shape in shapes.items()}, loss=1.0)
             if step == steps - 1:
