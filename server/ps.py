@@ -621,7 +621,7 @@ class ParameterServer:
         self._norm_round = cfg.clip_grad_norm is not None and cfg.shards > 1 and cfg.sync == "bsp"
         self._norm_word = np.zeros(NORM_FIELDS, np.float64)  # [step, squares], written to each
         #: (asp, ssp, --clip-grad-norm) each worker's push is clipped by the norm of its whole
-        #: gradient, which it sends in its meta (:meth:`_push_clipping`)
+        #: gradient, which it sends in its meta (:meth:`_clip_factor`)
         self._clip_each = cfg.clip_grad_norm is not None and cfg.sync != "bsp"
         #: the step at which another server ended the job, as a worker it told to stop told
         #: us (:meth:`_heard_end`); None while nobody did
@@ -1406,7 +1406,6 @@ class ParameterServer:
             w.pushed = 0
             w.stopped, w.got, w.owed = False, set(), None  # what it is sent now supersedes
             w.deferred = set()
-            self._forget_unclipped(w)  # (its loss did it: as ever, a rejoin starts clean)
             w.left = w.absent = False
             self._claim_dropped_notice(w)
             how = "joined" if during_join else "rejoined"
@@ -1432,13 +1431,21 @@ class ParameterServer:
         as ``torch.nn.utils.clip_grad_norm_`` computes it (over the parameters that have a
         gradient). With several shards the norm is of every shard's chunks: the servers'
         squared norms, added up by the workers (:meth:`_global_squares`)."""
-        limit = self.cfg.clip_grad_norm
-        if limit is None:
+        if self.cfg.clip_grad_norm is None:
             return 1.0
         squares = squared_norm(self.acc[cid] for cid in used) / (contributors * contributors)
         if self._norm_round:
             squares = self._global_squares(squares)
-        coefficient = clip_coefficient(limit, squares)
+        return self._clip_factor(squares)
+
+    def _clip_factor(self, squares: float) -> float:
+        """What a gradient whose squared norm is ``squares`` is multiplied by under
+        --clip-grad-norm (``clip_coefficient``), counted in ``stats.clipped`` where it clips:
+        bsp, a step's mean gradient (:meth:`_clipping`); asp and ssp, a worker's push, by the
+        squared norm of its whole gradient, which its meta carries (the worker takes it: no
+        server sees the other shards' chunks, and every shard scales by the same number)."""
+        assert self.cfg.clip_grad_norm is not None
+        coefficient = clip_coefficient(self.cfg.clip_grad_norm, squares)
         if coefficient < 1.0:
             self.stats.clipped += 1
         return coefficient
@@ -2801,8 +2808,8 @@ class ParameterServer:
                 else:
                     np.copyto(w.meta, view)
                 w.got.add("meta")
-                if self._clip_each:
-                    w.scale = self._push_clipping(w.meta)
+                if self._clip_each:  # (its whole gradient's norm, as one process clips it)
+                    w.scale = self._clip_factor(float(w.meta[META_SQUARES]))
                 for cid in w.deferred:
                     if w.meta[self._flag_at[cid]] != 0.0:  # a gradient of zeros
                         self.acc[cid][...] = 0
@@ -2853,17 +2860,6 @@ class ParameterServer:
                 if has:
                     self._take(self.acc[cid], grad)
                     self._update(cid, scale=w.scale)
-
-    def _push_clipping(self, meta: Any) -> float:
-        """(asp, ssp, --clip-grad-norm) What a worker's push is multiplied by, from the squared
-        norm of its whole gradient, which its ``meta`` carries (the worker computes it: no
-        server sees the other shards' chunks, and every shard then scales by the same number),
-        as ``torch.nn.utils.clip_grad_norm_`` before a single process's step."""
-        assert self.cfg.clip_grad_norm is not None
-        coefficient = clip_coefficient(self.cfg.clip_grad_norm, float(meta[META_SQUARES]))
-        if coefficient < 1.0:
-            self.stats.clipped += 1
-        return coefficient
 
     def _async_leave(self, w: _Worker, why: int) -> None:
         """(asp, ssp) ``w`` said it leaves, ``why``: nothing more will come from it."""
