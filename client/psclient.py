@@ -1578,16 +1578,20 @@ class PSClient:
         synchronisation per GPU."""
         by_torch: dict[Any, list[Any]] = {}
         others: list[Any] = []
+        device: int | None = None  # (the GPU of the first of ``others`` on one)
         for param in self._shapes:
             g: Any = grads[param]
             if g is None:
                 continue
             if type(g).__module__.startswith("torch"):
                 by_torch.setdefault(g.device, []).append(g.detach())
-            elif array_device(g) is None:
+                continue
+            on = array_device(g)
+            if on is None:
                 others.append(as_host_array(g, param))
             else:
                 others.append(as_device_array(g, param))
+                device = on if device is None else device
         total = 0.0
         if by_torch:
             import torch  # the gradients are torch tensors
@@ -1603,7 +1607,6 @@ class PSClient:
                 )
                 total += float(torch.stack(norms).to(torch.float64).square().sum())
         if others:
-            device = next((array_device(a) for a in others if array_device(a) is not None), None)
             if device is None:
                 total += squared_norm(others)
             else:
