@@ -1412,7 +1412,7 @@ class ParameterServer:
             self.stats.worker_events[how] += 1
             log.log(
                 logging.INFO if during_join else logging.WARNING,
-                "worker %d %s from %s over %s at step %d",
+                "worker %d %s from %s (its parameters go over %s) at step %d",
                 w.rank,
                 how,
                 w.address,

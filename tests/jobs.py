@@ -92,7 +92,9 @@ class Job(Processes):
         start_workers: int | None = None,
         env: dict[str, str] | None = None,
         hosts: str = "one",
+        each_worker: dict[int, list[str]] | None = None,
     ) -> None:
+        """``each_worker``: more flags for one rank's worker, after ``worker``."""
         super().__init__(tmp, env, hosts=hosts)
         self.addresses = [f"tcp://127.0.0.1:{free_port()}" for _ in range(servers)]
         self.ps = [
@@ -121,6 +123,7 @@ class Job(Processes):
                     "--save-params",
                     str(tmp / f"w{r}.npz"),
                     *(worker or []),
+                    *(each_worker or {}).get(r, []),
                     rank=r,
                     workers=workers,
                 ),
@@ -209,11 +212,14 @@ def digits_bsp_job(
     steps: int,
     ps: list[str],
     worker: list[str],
+    each_worker: dict[int, list[str]] | None = None,
 ) -> Job:
     """A BSP job of the digits model (two workers, batch 32, weights split at 8 KiB) that
-    :func:`digits_reference` computes in one process; ``ps`` and ``worker``: more flags."""
+    :func:`digits_reference` computes in one process; ``ps`` and ``worker`` (``each_worker``,
+    by rank): more flags."""
     return job(  # type: ignore[no-any-return]
         servers=servers,
+        each_worker=each_worker,
         ps=[
             "--steps",
             str(steps),

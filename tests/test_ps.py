@@ -483,6 +483,38 @@ def test_bsp_equals_single_process_on_the_union_of_batches(
         assert_params_close(j.params(rank), ref, 1e-6)
 
 
+def test_each_worker_pushes_over_a_transport_of_its_own(job: Any) -> None:
+    """A direction's transport is its writer's choice: two servers write parameters over tcp,
+    worker 0 pushes its gradients over grpc and worker 1 over nixl, all into the same
+    receivers at once, and the BSP job computes what one process computes (1e-6 relative).
+    Each daemon's log says which way it writes: a server's 'over tcp' for its parameters, a
+    worker's 'pushing to them over' its own."""
+    steps, lr = 25, 0.05
+    j = digits_bsp_job(
+        job,
+        servers=2,
+        optimizer="momentum",
+        lr=lr,
+        steps=steps,
+        ps=["--transport", "tcp"],
+        worker=["--log-level", "INFO"],
+        each_worker={
+            0: ["--transport", "grpc"],
+            1: ["--transport", "nixl", "--ucx-tls", "cma,tcp"],
+        },
+    )
+    _ok(j)
+    for s in (0, 1):
+        for rank in (0, 1):
+            assert f"worker {rank} joined from" in j.log(f"ps{s}")
+        assert j.log(f"ps{s}").count("(its parameters go over tcp)") == 2, j.log(f"ps{s}")
+    assert "joined 2 server(s), pushing to them over grpc" in j.log("w0"), j.log("w0")
+    assert "joined 2 server(s), pushing to them over nixl" in j.log("w1"), j.log("w1")
+    ref = digits_reference(steps, 2, 32, optim.make("momentum", lr))
+    for rank in (0, 1):
+        assert_params_close(j.params(rank), ref, 1e-6)
+
+
 @pytest.mark.parametrize(
     ("servers", "optimizer", "transport", "wire"),
     [
