@@ -432,7 +432,9 @@ def _run(argv: list[str] | None, prog: str) -> int:
             seed=args.seed,
         ) as client:
             log.info(
-                "joined %d server(s), pushing to them over %s", len(servers), client.tx.transport_of(servers[0])
+                "joined %d server(s), pushing to them over %s",
+                len(servers),
+                client.tx.transport_of(servers[0]),
             )
             metrics = train(
                 client,
