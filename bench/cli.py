@@ -6,7 +6,7 @@
     tensorwire bench ps | soak | chaos                   training jobs, a load test, faults
 
 Options: --sizes, --transports, --repeat, --round-trips, --latency-size, --batch N,
---copy-threads N, --json PATH, --plot PATH.png, --no-progress. Uses only the public API of
+--copy-threads N, --gloo, --json PATH, --plot PATH.png, --no-progress. Uses only the public API of
 tensorwire.
 """
 
@@ -49,6 +49,8 @@ from .common import (
 )
 from .peer import serve
 from .runner import (
+    GLOO,
+    GLOO_ISEND,
     GPU_REFERENCES,
     MAX_COUNT,
     MIN_COUNT,
@@ -143,6 +145,15 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="where the tensors live at both ends (default cpu); cuda adds the GPU's "
         "device-to-device and pinned host-to-device copies as references (needs cupy: "
         "pip install 'tensorwire[gpu]')",
+    )
+    parser.add_argument(
+        "--gloo",
+        action="store_true",
+        help="also measure what a PyTorch user writes without tensorwire: torch.distributed's "
+        "send and recv over the gloo backend into tensors allocated once, each waited for "
+        "('gloo') and pipelined ('gloo-isend', isend and irecv with as many buffers as a "
+        "tensorwire receiver has slots), and gloo's round trip; 'vs gloo' is against the "
+        "faster of the two (needs torch at both ends; host memory only)",
     )
     parser.add_argument(
         "--json", metavar="PATH", type=output_file, help="write the results as JSON"
@@ -246,16 +257,15 @@ def _memory_problem(args: argparse.Namespace, transports: list[str], on_host: bo
         return None
     here = args.command != "run"  # the peer (its slots and its buffer) runs on this machine
     depth = args.ring or 2
-    slots = sum(len(transports) * depth * s for s in args.sizes) if here and on_host else 0
+    receivers = len(transports) + getattr(args, "gloo", False)  # (gloo's buffers: as a ring's)
+    slots = sum(receivers * depth * s for s in args.sizes) if here and on_host else 0
     arrays = 2 * sum(args.sizes) + (max(args.sizes) if here else 0)
     need = slots + arrays
     if need <= available:
         return None
     parts = "the source and destination arrays"
     if slots:
-        parts = (
-            f"{depth} receive slots per tensor for each of {len(transports)} transports, {parts}"
-        )
+        parts = f"{depth} receive slots per tensor for each of {receivers} transports, {parts}"
     return (
         f"--sizes {','.join(human(s) for s in args.sizes)}: the sweep needs at least "
         f"{need / (1 << 30):.1f} GiB of memory here ({parts}), and this machine has "
@@ -304,16 +314,18 @@ def _measure(
         device=args.device,
         batch=args.batch,
         copy_threads=args.copy_threads,
+        gloo=args.gloo,
     )
     try:
         usable = runner.transports
         gpu = GPU_REFERENCES if args.device != "cpu" else []
         torch_queue = [TORCH_QUEUE] if runner.torch_queue is not None else []
         raw_nixl = [RAW_NIXL] if runner.raw_nixl is not None else []
+        gloo = [GLOO, GLOO_ISEND] if runner.gloo is not None else []
         split = [runner.split_memcpy] if runner.split_memcpy else []
         references = ["memcpy", *split, *gpu, *torch_queue]
-        methods = [*references, *usable, *runner.batched, "zmq", "raw-tcp", *raw_nixl]
-        latency = [*usable, "zmq", "raw-tcp", *raw_nixl]
+        methods = [*references, *usable, *runner.batched, "zmq", "raw-tcp", *raw_nixl, *gloo]
+        latency = [*usable, "zmq", "raw-tcp", *raw_nixl, *gloo[:1]]
         measured = sum(runner.measures(m, s) for m in methods for s in args.sizes)
         total = args.repeat * (measured + len(latency))
         with _progress(total, not args.no_progress) as tick:
@@ -336,7 +348,7 @@ def _measure(
             "config": {
                 "sizes": args.sizes,
                 "transports": usable,
-                "references": [*REFERENCES, *split, *gpu, *raw_nixl],
+                "references": [*REFERENCES, *split, *gpu, *raw_nixl, *gloo],
                 "device": args.device,
                 "repeat": args.repeat,
                 "round_trips": args.round_trips,

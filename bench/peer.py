@@ -26,6 +26,7 @@ from tensorwire.endpoint import (
     endpoint_host,
     is_loopback_host,
     listener,
+    local_address_towards,
     reached_over_ipv6,
     tcp_endpoint,
 )
@@ -40,6 +41,8 @@ from .common import (
     tensor_name,
     tune_socket,
 )
+from .gloo import PEER, Gloo
+from .gloo import available as gloo_available
 from .raw_nixl import RawNixl
 
 log = logging.getLogger(__name__)
@@ -73,6 +76,11 @@ class _Session:
         self.host = host
         self.raw_nixl: RawNixl | None = None
         self.device = device = setup.get("device", "cpu")  # where the tensors live (--device)
+        self.gloo: Gloo | None = None
+        self.gloo_slots: dict[int, list[np.ndarray[Any, Any]]] = {}
+        #: why this end cannot take part in the gloo reference (asked only where it is measured:
+        #: the check imports torch)
+        self.gloo_problem = gloo_available(device) if setup.get("gloo") else None
         for t in self.transports:
             for size in self.sizes:
                 self.rx.register(tensor_name(t, size), (size,), "uint8", device=device)
@@ -86,6 +94,7 @@ class _Session:
             "receiver": self.rx.address,
             "raw_port": self.raw_listener.getsockname()[1],
             "zmq_port": self.pair_port,
+            "gloo": self.gloo_problem,
         }
 
     def connect_pong(self, address: str, transports: list[str]) -> None:
@@ -149,6 +158,30 @@ class _Session:
             self.raw_nixl.connect(details)
         return {"details": self.raw_nixl.details()}
 
+    def gloo_setup(self, host: str, port: int) -> None:
+        """Join the runner's gloo process group (its store at ``host:port``; our pairs on our
+        own address towards it, which the runner reaches)."""
+        if self.gloo is not None:
+            self.gloo.close()
+            self.gloo = None
+        self.gloo = Gloo(PEER, local_address_towards(host), port, store_host=host)
+
+    def gloo_sink(self, size: int, count: int, window: int) -> None:
+        """``count`` receives into our buffer, each waited for; or (``window``) pipelined
+        into that many buffers of the size (kept for the session, as a receiver's slots)."""
+        assert self.gloo is not None, "gloo-setup first"
+        if not window:
+            self.gloo.recv(self.buffer[:size], count)
+            return
+        slots = self.gloo_slots.get(size)
+        if slots is None or len(slots) != window:
+            slots = self.gloo_slots[size] = list(np.empty((window, size), dtype=np.uint8))
+        self.gloo.recv_pipelined(slots, count)
+
+    def gloo_echo(self, size: int, count: int) -> None:
+        assert self.gloo is not None, "gloo-setup first"
+        self.gloo.echo(self.buffer[:size], count)
+
     def zmq_sink(self, size: int, count: int, echo: bool) -> None:
         dst = self.buffer[:size]
         for _ in range(count):
@@ -164,6 +197,8 @@ class _Session:
             tx.close()
         if self.raw_nixl is not None:
             self.raw_nixl.close()
+        if self.gloo is not None:
+            self.gloo.close()
         if self.raw is not None:
             self.raw.close()
         self.raw_listener.close()
@@ -265,6 +300,15 @@ def serve(
                 elif op == "raw-nixl-echo":
                     assert session is not None and session.raw_nixl is not None
                     session.raw_nixl.echo(cmd["size"], cmd["count"])
+                elif op == "gloo-setup":
+                    assert session is not None
+                    session.gloo_setup(cmd["host"], cmd["port"])
+                elif op == "gloo":
+                    assert session is not None
+                    session.gloo_sink(cmd["size"], cmd["count"], cmd.get("window", 0))
+                elif op == "gloo-echo":
+                    assert session is not None
+                    session.gloo_echo(cmd["size"], cmd["count"])
                 elif op == "zmq":
                     assert session is not None
                     session.zmq_sink(cmd["size"], cmd["count"], cmd.get("echo", False))

@@ -16,13 +16,21 @@ def _ratio(x: float | None) -> str:
     return "" if x is None else f"{x:.2f}x"
 
 
-def _has_torch_queue(result: dict[str, Any]) -> bool:
-    """Did the run measure the torch-queue reference (``--device cuda`` with torch)?"""
-    return any(r.get("x_torch_queue") is not None for r in result["throughput"])
+#: the columns a run has only where it measured their reference: (row key, column head), of
+#: the throughput table and of the round trips'
+_OPTIONAL_TPUT = [("x_torch_queue", "vs torch-queue"), ("x_gloo", "vs gloo")]
+_OPTIONAL_LAT = [("lower_than_gloo", "gloo / this")]
+
+
+def _measured(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Those of ``columns`` some row has a figure for (``--device cuda`` with torch measures
+    torch-queue; ``--gloo``, gloo)."""
+    return [(key, head) for key, head in columns if any(r.get(key) is not None for r in rows)]
 
 
 def table_rows(result: dict[str, Any]) -> tuple[list[list[str]], list[list[str]]]:
-    torch_queue = _has_torch_queue(result)
+    tput_more = _measured(result["throughput"], _OPTIONAL_TPUT)
+    lat_more = _measured(result["latency"], _OPTIONAL_LAT)
     tput = [
         [
             human(r["size"]),
@@ -31,7 +39,7 @@ def table_rows(result: dict[str, Any]) -> tuple[list[list[str]], list[list[str]]
             _ratio(r["x_grpc"]),
             _ratio(r.get("x_grpc_stream")),
             _ratio(r["x_memcpy"]),
-            *([_ratio(r.get("x_torch_queue"))] if torch_queue else []),
+            *(_ratio(r.get(key)) for key, _ in tput_more),
             f"{_ratio(r['x_limit'])} {r['limit']}" if r["limit"] else "",
         ]
         for r in result["throughput"]
@@ -44,6 +52,7 @@ def table_rows(result: dict[str, Any]) -> tuple[list[list[str]], list[list[str]]
             f"{r['p99_us']:.1f}",
             _ratio(r["lower_than_grpc"]),
             _ratio(r.get("lower_than_grpc_stream")),
+            *(_ratio(r.get(key)) for key, _ in lat_more),
             f"{_ratio(r['x_limit'])} {r['limit']}" if r.get("limit") else "",
         ]
         for r in result["latency"]
@@ -65,9 +74,11 @@ LAT_HEAD = [
 
 
 def heads(result: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """The two tables' column heads; "vs torch-queue" where the run measured it."""
-    tput = TPUT_HEAD[:-1] + ["vs torch-queue"] * _has_torch_queue(result) + TPUT_HEAD[-1:]
-    return tput, LAT_HEAD
+    """The two tables' column heads; "vs torch-queue", "vs gloo" and "gloo / this" where the
+    run measured them."""
+    tput_more = [head for _, head in _measured(result["throughput"], _OPTIONAL_TPUT)]
+    lat_more = [head for _, head in _measured(result["latency"], _OPTIONAL_LAT)]
+    return TPUT_HEAD[:-1] + tput_more + TPUT_HEAD[-1:], LAT_HEAD[:-1] + lat_more + LAT_HEAD[-1:]
 
 
 def render_plain(result: dict[str, Any]) -> str:
@@ -152,7 +163,7 @@ def plot(path: str, result: dict[str, Any]) -> None:
     for m, pts in methods.items():
         pts.sort()
         # references dashed, batch rows ("shm x32") dotted beside their transport's line
-        style = "--" if m in ("memcpy", "raw-tcp", "zmq") else ":" if " x" in m else "-"
+        style = "--" if m in ("memcpy", "raw-tcp", "zmq", "gloo") else ":" if " x" in m else "-"
         ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", label=m)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")

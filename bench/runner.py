@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -54,6 +55,7 @@ from tensorwire.endpoint import (
     tcp_endpoint,
     zeromq_greeting_problem,
 )
+from tensorwire.layout import auto_depth
 
 from .common import (
     BATCH_MAX_BYTES,
@@ -66,6 +68,9 @@ from .common import (
     tune_socket,
 )
 from .copy_threads import split_copy
+from .gloo import RUNNER, Gloo
+from .gloo import TIMEOUT as GLOO_TIMEOUT
+from .gloo import available as gloo_available
 from .raw_nixl import RawNixl
 from .torch_queue import TorchQueue
 from .torch_queue import available as torch_queue_available
@@ -77,6 +82,10 @@ RAW_NIXL = "raw-nixl"
 GPU_REFERENCES = ["d2d", "h2d-pinned"]
 #: measured beside the GPU references where torch sees the GPU
 TORCH_QUEUE = "torch-queue"
+#: measured with ``gloo=True`` where torch runs at both ends, on host memory: send and recv
+#: each waited for, and isend and irecv pipelined (:mod:`.gloo`)
+GLOO = "gloo"
+GLOO_ISEND = "gloo-isend"
 TARGET_BYTES = 256 * MiB
 MIN_COUNT, MAX_COUNT = 4, 2000
 #: a measurement lasts at least about this long where MAX_COUNT allows: 256 MiB moves through
@@ -143,6 +152,7 @@ class Runner:
         device: str = "cpu",
         batch: int = 0,
         copy_threads: int = 1,
+        gloo: bool = False,
     ) -> None:
         """Connect to the peer at ``connect``. With ``optional``, a transport that cannot reach
         the peer (shm to another host) is skipped with a note instead of failing the run.
@@ -150,7 +160,9 @@ class Runner:
         ``tw.Receiver``'s, for the receivers at both ends (False: private memory, which the
         ``shm`` transport cannot reach). ``batch``: also measure each transport writing that
         many tensors per ``write_many`` (0: not). ``copy_threads``: the senders' (threads per
-        large ``shm`` copy); above 1 the reference :attr:`split_memcpy` is measured too."""
+        large ``shm`` copy); above 1 the reference :attr:`split_memcpy` is measured too.
+        ``gloo``: also measure torch.distributed's gloo send and recv (:mod:`.gloo`), where
+        torch runs at both ends (else a note says why not)."""
         self.host = endpoint_host(connect)
         self.timeout = timeout
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -163,6 +175,7 @@ class Runner:
         self._raw: socket.socket | None = None
         self._pair: zmq.Socket[bytes] | None = None
         self.raw_nixl: RawNixl | None = None
+        self.gloo: Gloo | None = None
         self.notes: list[str] = []
         #: the reference copy in ``copy_threads`` parts at once ("" with one thread)
         self.split_memcpy = f"memcpy {copy_threads} threads" if copy_threads > 1 else ""
@@ -213,6 +226,7 @@ class Runner:
                 shm=shm,
                 device=device,
                 batch=batch,
+                gloo=gloo,
             )
             for t in transports:
                 try:
@@ -245,6 +259,8 @@ class Runner:
                 )
                 far = self.call("raw-nixl-setup", details=self.raw_nixl.details())
                 self.raw_nixl.connect(far["details"])
+            if gloo:
+                self._join_gloo(device, info.get("gloo"))
         except BaseException:
             self.close()
             raise
@@ -283,6 +299,39 @@ class Runner:
             except BaseException:
                 self.close()
                 raise
+
+    def _join_gloo(self, device: str, peer_cannot: str | None) -> None:
+        """Form the gloo process group with the peer (``peer_cannot``: why the peer cannot
+        take part, from its set-up's answer), or note why not."""
+        why_not = gloo_available(device) or (peer_cannot and f"the peer: {peer_cannot}")
+        if why_not:
+            self.notes.append(f"{GLOO} skipped: {why_not}")
+            return
+        here = local_address_towards(self.host)
+        store = Gloo.open_store(here)
+        # Both halves of the rendezvous wait for each other: ours in a thread, while the
+        # peer's answer says that it joined, or at once why it could not (its failure would
+        # otherwise hold ours to the rendezvous' timeout).
+        formed: list[Gloo | BaseException] = []
+
+        def form() -> None:
+            try:
+                formed.append(Gloo(RUNNER, here, store.port, store=store))
+            except Exception as exc:  # torch's own (a RuntimeError at the rendezvous' timeout)
+                formed.append(exc)
+
+        joining = threading.Thread(target=form, name="tensorwire-bench-gloo", daemon=True)
+        self._send("gloo-setup", host=here, port=store.port)
+        joining.start()
+        try:
+            self._reply(GLOO_TIMEOUT.total_seconds())
+        except BenchError as exc:
+            raise BenchError(f"gloo: the peer did not join the process group ({exc})") from None
+        joining.join(GLOO_TIMEOUT.total_seconds())
+        if not formed or not isinstance(formed[0], Gloo):
+            why = f"{type(formed[0]).__name__}: {formed[0]}" if formed else "no answer"
+            raise BenchError(f"gloo: no process group with the peer ({why.splitlines()[0]})")
+        self.gloo = formed[0]
 
     # -- the command channel -----------------------------------------------------------------
 
@@ -382,6 +431,20 @@ class Runner:
         self._reply()
         return time.perf_counter() - t0
 
+    def gloo_send(self, size: int, count: int, pipelined: bool = False) -> float:
+        """``count`` gloo sends, each waited for, or (``pipelined``) as many in flight as a
+        tensorwire receiver has slots for the size, into as many receive buffers."""
+        assert self.gloo is not None
+        window = auto_depth(size)
+        self._send(GLOO, size=size, count=count, window=window if pipelined else 0)
+        t0 = time.perf_counter()
+        if pipelined:
+            self.gloo.send_pipelined(self.src[size], count, window)
+        else:
+            self.gloo.send(self.src[size], count)
+        self._reply()  # the peer received the last one
+        return time.perf_counter() - t0
+
     def memcpy_in_parts(self, size: int, count: int) -> float:
         src, dst, pool = self.src[size], self.dst[size], self._copy_pool
         assert pool is not None
@@ -404,6 +467,10 @@ class Runner:
         if method == TORCH_QUEUE:
             assert self.torch_queue is not None
             return self.torch_queue.measure(size, count)
+        if method == GLOO:
+            return self.gloo_send(size, count)
+        if method == GLOO_ISEND:
+            return self.gloo_send(size, count, pipelined=True)
         if method in GPU_REFERENCES:
             assert self._gpu is not None, "the GPU references need --device cuda"
             return float(self._gpu.measure(method, size, count))
@@ -433,6 +500,15 @@ class Runner:
                 t0 = time.perf_counter()
                 sock.sendall(self.ping.data)
                 raw_recv(sock, into)
+                out.append(time.perf_counter() - t0)
+        elif method == GLOO:
+            gloo = self.gloo
+            assert gloo is not None
+            self._send("gloo-echo", size=self.latency_bytes, count=count)
+            for _ in range(count):
+                t0 = time.perf_counter()
+                gloo.send(self.ping)
+                gloo.recv(self.pong_buf)
                 out.append(time.perf_counter() - t0)
         elif method == RAW_NIXL:
             raw = self.raw_nixl
@@ -471,6 +547,9 @@ class Runner:
             self._pair.close()
         if self.raw_nixl is not None:
             self.raw_nixl.close()
+        gloo = getattr(self, "gloo", None)  # absent if __init__ failed early
+        if gloo is not None:
+            gloo.close()
         self._req.close()
         self._ctx.term()
         if self.pong_rx is not None:
@@ -561,7 +640,8 @@ def sweep(
 
 def summarise(samples: dict[str, Any], sizes: list[int], latency_bytes: int) -> dict[str, Any]:
     """Medians and ratios: to both gRPC baselines (``grpc``, TensorFlow-style, and
-    ``grpc-stream``, gRPC at its best), to memcpy, and to the raw mechanism's limit."""
+    ``grpc-stream``, gRPC at its best), to memcpy, to torch's ways where measured
+    (``torch-queue``, ``gloo``), and to the raw mechanism's limit."""
     med = {m: {s: statistics.median(v) for s, v in by.items()} for m, by in samples["gbps"].items()}
     # GPU tensors (--device cuda): shm's limit is the GPU's own copy
     raw_limit = {"shm": "d2d" if "d2d" in med else "memcpy", "tcp": "raw-tcp", "nixl": RAW_NIXL}
@@ -579,15 +659,17 @@ def summarise(samples: dict[str, Any], sizes: list[int], latency_bytes: int) -> 
             for ref in ("grpc", "grpc-stream", "memcpy", TORCH_QUEUE):
                 key = "x_" + ref.replace("-", "_")
                 row[key] = by[size] / med[ref][size] if ref in med else None
+            # against the faster of gloo's two ways at the size
+            gloo = [med[g][size] for g in (GLOO, GLOO_ISEND) if g in med]
+            row["x_gloo"] = by[size] / max(gloo) if gloo else None
             limit = raw_limit.get(base_method(m))
             row["limit"] = limit
             row["x_limit"] = by[size] / med[limit][size] if limit in med else None
             rows.append(row)
     lat = []
     rtts = samples["rtts"]
-    grpc_rtt = statistics.median(rtts["grpc"]) if "grpc" in rtts else None
-    stream_rtt = statistics.median(rtts["grpc-stream"]) if "grpc-stream" in rtts else None
     rtt_median = {m: statistics.median(xs) for m, xs in rtts.items()}
+    grpc_rtt, stream_rtt, gloo_rtt = (rtt_median.get(m) for m in ("grpc", "grpc-stream", GLOO))
     for m, xs in samples["rtts"].items():
         ordered = sorted(xs)
         median = rtt_median[m]
@@ -601,6 +683,7 @@ def summarise(samples: dict[str, Any], sizes: list[int], latency_bytes: int) -> 
                 "p99_us": ordered[int(0.99 * (len(ordered) - 1))] * 1e6,
                 "lower_than_grpc": grpc_rtt / median if grpc_rtt else None,
                 "lower_than_grpc_stream": stream_rtt / median if stream_rtt else None,
+                "lower_than_gloo": gloo_rtt / median if gloo_rtt else None,
                 # how many times the raw mechanism's round trip (higher is slower)
                 "limit": limit if limit in rtt_median else None,
                 "x_limit": median / rtt_median[limit] if limit in rtt_median else None,
@@ -610,6 +693,8 @@ def summarise(samples: dict[str, Any], sizes: list[int], latency_bytes: int) -> 
 
 
 __all__ = [
+    "GLOO",
+    "GLOO_ISEND",
     "GPU_REFERENCES",
     "RAW_NIXL",
     "REFERENCES",

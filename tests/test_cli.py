@@ -61,6 +61,7 @@ def _check_result(
     transports: list[str],
     batch: int = 0,
     copy_threads: int = 1,
+    gloo: bool = False,
 ) -> None:
     assert result["schema"] == "tensorwire.bench/1"
     assert result["config"]["batch"] == batch
@@ -78,7 +79,9 @@ def _check_result(
         assert rows[(method, sizes[0])]["limit"] == rows[(transport, sizes[0])]["limit"]
     # --copy-threads N: the reference copy in N parts at once
     split = [f"memcpy {copy_threads} threads"] if copy_threads > 1 else []
-    methods = {"memcpy", "zmq", "raw-tcp", *transports, *raw_nixl, *batched, *split}
+    # --gloo: torch.distributed's send and recv, each waited for and pipelined
+    torch_ways = ["gloo", "gloo-isend"] if gloo else []
+    methods = {"memcpy", "zmq", "raw-tcp", *transports, *raw_nixl, *batched, *split, *torch_ways}
     for size in sizes:
         assert {m for m, s in rows if s == size} == methods
         for method in methods:
@@ -90,12 +93,16 @@ def _check_result(
                     assert row[key] is None
                     continue
                 assert row[key] == pytest.approx(row["gbps"] / rows[(ref, size)]["gbps"])
+        fastest_gloo = max((rows[(g, size)]["gbps"] for g in torch_ways), default=None)
+        for method in methods:  # 'vs gloo': against the faster of its two ways
+            want = rows[(method, size)]["gbps"] / fastest_gloo if fastest_gloo else None
+            assert rows[(method, size)]["x_gloo"] == (want and pytest.approx(want))
         if raw_nixl:
             nixl, raw = rows[("nixl", size)], rows[("raw-nixl", size)]
             assert nixl["limit"] == "raw-nixl"
             assert nixl["x_limit"] == pytest.approx(nixl["gbps"] / raw["gbps"])
     lat = {r["method"]: r for r in result["latency"]}
-    assert set(lat) == {*transports, "zmq", "raw-tcp", *raw_nixl}
+    assert set(lat) == {*transports, "zmq", "raw-tcp", *raw_nixl, *torch_ways[:1]}
     limits = {"tcp": "raw-tcp", "nixl": "raw-nixl"}  # each transport's raw round trip
     for method, r in lat.items():
         limit = limits.get(method) if limits.get(method) in lat else None
@@ -107,6 +114,10 @@ def _check_result(
         if "grpc-stream" in lat:
             stream = lat["grpc-stream"]["median_us"] / r["median_us"]
             assert r["lower_than_grpc_stream"] == pytest.approx(stream)
+        if gloo:
+            assert r["lower_than_gloo"] == pytest.approx(lat["gloo"]["median_us"] / r["median_us"])
+        else:
+            assert r["lower_than_gloo"] is None
 
 
 def test_bench_runs_end_to_end_with_json_and_plot(tmp_path: Path) -> None:
@@ -142,7 +153,8 @@ def test_bench_runs_end_to_end_with_json_and_plot(tmp_path: Path) -> None:
 @pytest.mark.parametrize("host", ["127.0.0.1", pytest.param("[::1]", marks=needs_ipv6)])
 def test_bench_serve_and_run_as_two_hosts_would(tmp_path: Path, host: str) -> None:
     """`bench serve` on one end, `bench run --connect` on the other (here both on loopback,
-    over IPv4 and over IPv6)."""
+    over IPv4 and over IPv6), with torch.distributed's gloo measured between them (--gloo: a
+    process group of the two, its store at the runner's end) and its columns in the tables."""
     port = free_port()
     server = subprocess.Popen(
         [
@@ -178,12 +190,22 @@ def test_bench_serve_and_run_as_two_hosts_would(tmp_path: Path, host: str) -> No
             "tcp,grpc",
             "--copy-threads",
             "2",
+            "--gloo",
             "--json",
             str(path),
+            "--markdown",
+            str(tmp_path / "run.md"),
             "--no-progress",
         )
         assert out.returncode == 0, out.stderr
-        _check_result(json.loads(path.read_text()), [65536], ["tcp", "grpc"], copy_threads=2)
+        result = json.loads(path.read_text())
+        _check_result(result, [65536], ["tcp", "grpc"], copy_threads=2, gloo=True)
+        assert result["notes"] == []
+        assert "gloo" in result["config"]["references"]
+        table = (tmp_path / "run.md").read_text()
+        assert "| vs memcpy | vs gloo | vs raw limit |" in table
+        assert "| grpc-stream / this | gloo / this | vs raw limit |" in table
+        assert "| 64 KiB | gloo-isend |" in table
         assert server.wait(30) == 0  # --once: it leaves after the runner's goodbye
     finally:
         if server.poll() is None:
