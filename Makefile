@@ -133,9 +133,10 @@ test-gpu: $(STAMP) $(RDMA_STAMP) $(TORCH_STAMP) $(GPU_STAMP) bytecode
 gpu-bundle:
 	../shared/gpu/bundle.sh configargparse ml_dtypes msgpack
 
-bench: $(STAMP) $(RDMA_STAMP) bytecode
+# (torch for --gloo: torch.distributed's send and recv measured beside the transports)
+bench: $(STAMP) $(RDMA_STAMP) $(TORCH_STAMP) bytecode
 	@mkdir -p bench-results
-	$(PY) -m tensorwire.bench --json bench-results/bench.json --plot bench-results/bench.png
+	$(PY) -m tensorwire.bench --gloo --json bench-results/bench.json --plot bench-results/bench.png
 
 # The same checks as tests/test_lint.py, which holds the suite (and so CI) to them.
 lint: $(STAMP)
