@@ -22,6 +22,7 @@ from tensorwire.client.launch import JOB_PS_FLAGS, JOB_WORKER_FLAGS, daemon_flag
 from tensorwire.job.config import at_least
 from tensorwire.job.files import output_file
 
+from . import ddp
 from .common import machine_facts, parse_transports
 from .report import SCHEMA
 
@@ -38,7 +39,10 @@ CONFIG_KEYS = (
     "batch",
     "ps_args",
     "worker_args",
+    "ddp",
 )
+#: the row of PyTorch's DistributedDataParallel over gloo (--ddp)
+DDP_ROW = "ddp-gloo"
 #: the workers' flags this command sets for each job, besides run_job's
 OWN_WORKER_FLAGS = ("--batch", "--eval-every", "--framework")
 
@@ -94,6 +98,14 @@ def add_parser(sub: Any) -> None:
         "--batch and --framework are this command's own, as are the job's --transport, "
         "--workers and --model",
     )
+    p.add_argument(
+        "--ddp",
+        action="store_true",
+        help="also train the model with PyTorch's DistributedDataParallel over gloo (row "
+        f"'{DDP_ROW}'): as many processes as --workers, the servers' optimizer, learning rate "
+        "and weight decay as a torch optimizer, what a bsp job computes; needs a PyTorch model "
+        "(--framework torch, or a factory of a torch module) on the CPU",
+    )
     p.add_argument("--json", metavar="PATH", type=output_file, help="write the results as JSON")
 
 
@@ -120,8 +132,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
         parser.error(str(exc))
     initial = made.initial_params()
     param_bytes = sum(a.nbytes for a in initial.values())
+    job = _ddp_job(args, parser, made, extra, worker_extra) if args.ddp else None
     rows = []
     samples: dict[str, list[Any]] = {t: [] for t in transports}
+    ddp_runs: list[dict[str, Any]] = []
     for _ in range(args.repeat):
         for t in transports:  # interleaved: drift hits every transport alike
             samples[t].append(
@@ -139,6 +153,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
                     ],
                 )
             )
+        if job is not None:
+            try:
+                ddp_runs.append(ddp.run(job))
+            except RuntimeError as exc:
+                raise tw.TensorWireError(f"--ddp: {exc}") from None
     for t in transports:
         jobs = samples[t]
         sps = statistics.median(j.steps_per_s for j in jobs)
@@ -170,10 +189,28 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
                 "worker_device": jobs[0].workers[0].get("device", "cpu"),
             }
         )
-    for ref in ("grpc", "grpc-stream"):  # both gRPC baselines, when they ran
+    if ddp_runs:
+        sps = statistics.median(r["steps_per_s"] for r in ddp_runs)
+        rows.append(
+            {
+                "transport": DDP_ROW,
+                "steps_per_s": sps,
+                "formed_s": statistics.median(r["formed_s"] for r in ddp_runs),
+                "serve_ms": None,
+                "step_ms": 1000 / sps,
+                # DDP overlaps its all-reduce with the backward pass: no split to report
+                "compute_ms": None,
+                "communication_ms": None,
+                "bytes_per_step": None,
+                "samples_steps_per_s": [r["steps_per_s"] for r in ddp_runs],
+                "worker_device": "cpu",
+                "accuracy": [r["accuracy"] for r in ddp_runs],
+            }
+        )
+    for ref in ("grpc", "grpc-stream", DDP_ROW):  # the baselines, when they ran
         base = next((r for r in rows if r["transport"] == ref), None)
         for r in rows:
-            key = "x_" + ref.replace("-", "_")
+            key = "x_ddp" if ref == DDP_ROW else "x_" + ref.replace("-", "_")
             r[key] = r["steps_per_s"] / base["steps_per_s"] if base else None
     return {
         "schema": SCHEMA,
@@ -186,22 +223,30 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
     }
 
 
+def _ddp(result: dict[str, Any]) -> bool:
+    return any(r["transport"] == DDP_ROW for r in result["rows"])
+
+
 def render(result: dict[str, Any]) -> str:
-    head = ["transport", "steps/s", "vs grpc", "vs stream", "step ms", "compute ms", "comm ms"]
-    head += ["serve ms", "MB/step", "us/tensor", "formed s"]
+    head = ["transport", "steps/s", "vs grpc", "vs stream", *["vs ddp"] * _ddp(result)]
+    head += ["step ms", "compute ms", "comm ms", "serve ms", "MB/step", "us/tensor", "formed s"]
     lines = [" ".join(f"{h:>11}" for h in head)]
     for r in result["rows"]:
-        ratios = [r.get(k) for k in ("x_grpc", "x_grpc_stream")]
+        ratios = [r.get(k) for k in ("x_grpc", "x_grpc_stream", *["x_ddp"] * _ddp(result))]
         cells = [
             r["transport"],
             f"{r['steps_per_s']:.2f}",
             *("" if x is None else f"{x:.2f}x" for x in ratios),
             f"{r['step_ms']:.1f}",
-            f"{r['compute_ms']:.1f}",
-            f"{r['communication_ms']:.1f}",
+            *(
+                "" if r.get(k) is None else f"{r[k]:.1f}"
+                for k in ("compute_ms", "communication_ms")
+            ),
             f"{r['serve_ms']:.2f}" if r.get("serve_ms") is not None else "",
-            f"{r['bytes_per_step'] / 1e6:.3g}",
-            f"{r['communication_us_per_tensor']:.0f}" if "communication_us_per_tensor" in r else "",
+            f"{r['bytes_per_step'] / 1e6:.3g}" if r.get("bytes_per_step") is not None else "",
+            f"{r['communication_us_per_tensor']:.0f}"
+            if r.get("communication_us_per_tensor") is not None
+            else "",
             f"{r['formed_s']:.1f}" if r.get("formed_s") is not None else "",
         ]
         lines.append(" ".join(f"{c:>11}" for c in cells))
@@ -216,3 +261,36 @@ def render(result: dict[str, Any]) -> str:
         + (f", workers with {cfg['worker_args']}" if cfg.get("worker_args") else "")
     )
     return "\n".join(lines)
+
+
+def _ddp_job(
+    args: argparse.Namespace,
+    parser: argparse.ArgumentParser,
+    made: Any,
+    ps_extra: list[str],
+    worker_extra: list[str],
+) -> ddp.DdpJob:
+    """The DDP job of ``--ddp`` (one line on the parser where it cannot be run)."""
+    if getattr(made, "framework", None) != "torch":
+        parser.error(
+            f"--ddp trains a PyTorch module: --model {args.model} builds a "
+            f"{getattr(made, 'framework', 'non-torch')} model (--framework torch trains a "
+            "built-in model as one)"
+        )
+    device = argparse.ArgumentParser(add_help=False)
+    device.add_argument("--device", default="cpu")
+    if device.parse_known_args(worker_extra)[0].device != "cpu":
+        parser.error("--ddp runs its workers on the CPU (gloo): leave --device out")
+    if args.sync != "bsp":
+        parser.error(f"--ddp computes what a bsp job computes: --sync {args.sync} is not that")
+    optimizer, lr, weight_decay = ddp.optimizer_of(ps_extra)
+    return ddp.DdpJob(
+        model=args.model,
+        framework=args.framework,
+        workers=args.workers,
+        batch=args.batch,
+        steps=args.steps,
+        optimizer=optimizer,
+        lr=lr,
+        weight_decay=weight_decay,
+    )

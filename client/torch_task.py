@@ -265,25 +265,9 @@ class TorchTask:
         return module_state(self.module)
 
     def step(self, step: int) -> StepResult:
-        x, y = self.batches(step)
-        x = self._on_device(x)
-        y = torch.as_tensor(y).to(self.torch_device, non_blocking=True)
-        self.module.train()
         for p in self._params.values():
             p.grad = None
-        out = self._forward(x)
-        loss = self._loss(out, y)
-        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or loss.grad_fn is None:
-            raise TypeError(
-                "the loss function must return a scalar tensor computed from the output (one "
-                "backward() can start from); it returned "
-                + (
-                    f"a tensor of shape {tuple(loss.shape)}"
-                    + ("" if loss.grad_fn is not None else " with no gradient to follow")
-                    if isinstance(loss, torch.Tensor)
-                    else type(loss).__name__
-                )
-            )
+        out, y, loss = self.loss_at(step)
         loss.backward()
         for n, p in self._frozen.items():
             if p.grad is not None:
@@ -301,15 +285,42 @@ class TorchTask:
             correct, samples = int((scores.argmax(dim=-1) == y).sum()), y.numel()
         return StepResult(float(loss.detach()), grads, correct, samples)
 
-    def _forward(self, x: Any) -> Any:
-        """The module's output for input ``x``: a model of several inputs takes a tuple of them
-        as its arguments, a dict as its keywords (a transformer's input_ids and
-        attention_mask)."""
+    def loss_at(
+        self, step: int, through: Callable[..., Any] | None = None
+    ) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        """This worker's batch of ``step`` forward, in training mode, through the module or
+        ``through`` (a wrapper of it, such as ``DistributedDataParallel``, which
+        ``tensorwire bench ps --ddp`` trains): the output, the labels on the device, and the
+        loss, checked to be a scalar one ``backward()`` can start from."""
+        x, y = self.batches(step)
+        x = self._on_device(x)
+        y = torch.as_tensor(y).to(self.torch_device, non_blocking=True)
+        self.module.train()
+        out = self._forward(x, through)
+        loss = self._loss(out, y)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or loss.grad_fn is None:
+            raise TypeError(
+                "the loss function must return a scalar tensor computed from the output (one "
+                "backward() can start from); it returned "
+                + (
+                    f"a tensor of shape {tuple(loss.shape)}"
+                    + ("" if loss.grad_fn is not None else " with no gradient to follow")
+                    if isinstance(loss, torch.Tensor)
+                    else type(loss).__name__
+                )
+            )
+        return out, y, loss
+
+    def _forward(self, x: Any, through: Callable[..., Any] | None = None) -> Any:
+        """The output of the module (or of ``through``) for input ``x``: a model of several
+        inputs takes a tuple of them as its arguments, a dict as its keywords (a transformer's
+        input_ids and attention_mask)."""
+        module = self.module if through is None else through
         if isinstance(x, dict):
-            return self.module(**x)
+            return module(**x)
         if isinstance(x, tuple):
-            return self.module(*x)
-        return self.module(x)
+            return module(*x)
+        return module(x)
 
     def _materialize(self) -> None:
         """Give a lazy module's parameters (``nn.LazyLinear``: no shape until a first forward

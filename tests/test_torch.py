@@ -210,10 +210,11 @@ def test_a_framework_the_model_is_not_in_is_one_line() -> None:
 
 
 def test_bench_ps_compares_transports_for_a_built_in_model_in_torch(tmp_path: Path) -> None:
+    """... and against PyTorch's DistributedDataParallel over gloo (--ddp), the same model."""
     path = tmp_path / "ps.json"
     out = cli(
         *("-m", "tensorwire.bench", "ps", "--framework", "torch", "--model", "digits"),
-        *("--transports", "shm,grpc", "--steps", "5", "--json", str(path)),
+        *("--transports", "shm,grpc", "--steps", "5", "--json", str(path), "--ddp"),
         "--workers",  # one: each worker process spends seconds of CPU importing torch
         "1",
         # two jobs whose workers import torch: 38.4 s in a run of the suite in six processes,
@@ -225,8 +226,61 @@ def test_bench_ps_compares_transports_for_a_built_in_model_in_torch(tmp_path: Pa
     result = json.loads(path.read_text())
     assert result["config"]["framework"] == "torch"
     rows = {r["transport"]: r for r in result["rows"]}
-    assert set(rows) == {"shm", "grpc"} and rows["grpc"]["x_grpc"] == 1.0
+    assert set(rows) == {"shm", "grpc", "ddp-gloo"} and rows["grpc"]["x_grpc"] == 1.0
     assert rows["shm"]["steps_per_s"] > 0
+    ddp = rows["ddp-gloo"]
+    assert ddp["steps_per_s"] > 0 and ddp["x_ddp"] == 1.0 and 0 < ddp["formed_s"] < 120
+    assert rows["shm"]["x_ddp"] == pytest.approx(rows["shm"]["steps_per_s"] / ddp["steps_per_s"])
+    assert ddp["x_grpc"] == pytest.approx(ddp["steps_per_s"] / rows["grpc"]["steps_per_s"])
+    assert 0 <= ddp["accuracy"][0] <= 1 and result["config"]["ddp"] is True
+    assert "vs ddp" in out.stdout.splitlines()[0] and "ddp-gloo" in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "lr", "decay"), [("momentum", 0.05, 0.0), ("adamw", 0.01, 0.01)]
+)
+def test_the_ddp_row_of_bench_ps_computes_what_a_bsp_job_computes(
+    tmp_path: Path, optimizer: str, lr: float, decay: float
+) -> None:
+    """bench ps --ddp's reference (two DDP processes over gloo, the servers' optimizer as
+    torch's) trains the digits MLP to the parameters one process computes on the union of the
+    workers' batches with the servers' own optimizer code: what a bsp job computes (1e-5).
+    (In a process of its own: torch's rendezvous store keeps a pipe for the process's life.)"""
+    from tensorwire.server import optim
+
+    from .jobs import assert_params_close, digits_reference
+
+    steps, out = 20, tmp_path / "ddp.npz"
+    run = cli(
+        "-c",
+        "import json, sys, numpy as np; from tensorwire.bench import ddp; "
+        f"job = ddp.DdpJob('digits', 'torch', 2, 32, {steps}, {optimizer!r}, {lr}, {decay}, "
+        "keep_params=True); r = ddp.run(job); "
+        f"np.savez({str(out)!r}, **r.pop('params')); print(json.dumps(r))",
+        timeout=180,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(run.stdout)
+    with np.load(out) as saved:
+        params = {k: saved[k] for k in saved.files}
+    ref = digits_reference(steps, 2, 32, optim.make(optimizer, lr, weight_decay=decay))
+    assert list(params) == list(ref)
+    assert_params_close(params, ref, 1e-5)
+    assert result["steps_per_s"] > 0 and 0 < result["formed_s"] < 120
+    assert 0 <= result["accuracy"] <= 1
+
+
+def test_bench_ps_ddp_asks_what_it_can_compare() -> None:
+    """--ddp with a numpy model, another sync than bsp, or workers on a GPU: one line each,
+    before any job runs."""
+    for more, says in (
+        (["--model", "digits"], "--ddp trains a PyTorch module"),
+        (["--framework", "torch", "--sync", "asp"], "--sync asp is not that"),
+        (["--framework", "torch", "--worker-args", "--device cuda"], "on the CPU"),
+    ):
+        out = cli("-m", "tensorwire.bench", "ps", "--ddp", "--model", "digits", *more)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+        assert says in out.stderr.strip().splitlines()[-1], out.stderr
 
 
 def test_a_bad_model_spec_is_one_line() -> None:
