@@ -9,7 +9,8 @@ Adam or AdamW, as the servers compute them) on the mean gradient DDP gives every
 ``bsp`` job computes. Steps per second are counted as a parameter server counts them, from the
 moment every worker is ready (the process group formed, DDP's first broadcast of the parameters
 done) to the end of the last step at the slowest worker; the seconds to form are from the start
-of the processes. The rendezvous store is this process's.
+of the processes. Each takes the threads ``tensorwire-worker --threads auto`` would give it
+(the usable cores divided among the workers). The rendezvous store is this process's.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import multiprocessing as mp
+import os
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -102,11 +104,16 @@ def _reports(readers: list[Connection], deadline: float) -> list[dict[str, Any]]
 
 
 def _train(rank: int, job: DdpJob, host: str, port: int) -> dict[str, Any]:
+    import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from tensorwire.client import tasks
+    from tensorwire.client import tasks, threads
 
+    # what tensorwire-worker --threads auto gives each of as many workers on this host
+    count, _ = threads.choose("auto", {**os.environ, "LOCAL_WORLD_SIZE": str(job.workers)})
+    if count is not None:
+        torch.set_num_threads(count)
     factory = tasks.load_factory(job.model, job.framework)
     task = tasks.as_task(
         tasks.build(factory, job.model, tasks.JobInfo(rank, job.workers, job.batch, 0))
@@ -131,6 +138,7 @@ def _train(rank: int, job: DdpJob, host: str, port: int) -> dict[str, Any]:
         done = time.monotonic()
         return {
             "rank": rank,
+            "threads": torch.get_num_threads(),
             "ready": ready,  # (the machine's monotonic clock, which every process shares)
             "seconds": done - ready,
             "final_loss": float(loss.detach()) if loss is not None else None,
@@ -189,4 +197,5 @@ def run(job: DdpJob) -> dict[str, Any]:
         "final_loss": first["final_loss"],
         "accuracy": first["accuracy"],
         "params": first["params"],
+        "threads": first["threads"],
     }

@@ -11,8 +11,10 @@ with ``--on-sigterm restart``: exit 143, to be started again).
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -26,7 +28,7 @@ from tensorwire.job import config, files, limits
 from tensorwire.job.progress import Progress
 from tensorwire.process import die_with_launcher
 
-from . import tasks
+from . import tasks, threads
 from .metrics import WorkerStats, worker_metrics
 from .psclient import PSClient, PSClientJobDone, PSClientStopped
 from .tasks import Task
@@ -91,6 +93,18 @@ def build_parser(prog: str = "tensorwire-worker") -> config.DaemonParser:
         help="where a torch model trains and its parameters' buffers live; on a GPU the servers "
         "write the parameters into GPU memory (default cpu; needs torch with CUDA and cupy: "
         "pip install 'tensorwire[torch,gpu]')",
+    )
+    p.add_argument(
+        "--threads",
+        type=_threads_flag,
+        default="auto",
+        metavar="N|auto",
+        help="threads of a PyTorch model's compute (torch.set_num_threads); auto: the host's "
+        "usable cores (its CPU affinity within its cgroup's quota) divided among the workers "
+        "computing there (LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE, else the tensorwire workers "
+        "running here as this one joins), or torch's own where OMP_NUM_THREADS or "
+        "MKL_NUM_THREADS is set: torch's default of every core made the compute of two "
+        "workers on a 2-core host 25x slower (default auto)",
     )
     p.add_argument(
         "--transport",
@@ -192,6 +206,31 @@ def build_parser(prog: str = "tensorwire-worker") -> config.DaemonParser:
     return p
 
 
+def _threads_flag(value: str) -> str:
+    try:
+        return threads.parse(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _set_threads(task: Task, setting: str) -> None:
+    """Give a PyTorch model's compute the threads ``--threads`` says (:mod:`.threads`), once
+    the worker has joined: the other workers of its host are running by then."""
+    if getattr(task, "framework", None) != "torch":
+        return
+    import torch
+
+    count, why = threads.choose(setting, os.environ)
+    if count is not None:
+        torch.set_num_threads(count)
+    log.info(
+        "PyTorch computes with %d thread(s) (%s%s)",
+        torch.get_num_threads(),
+        why,
+        "" if setting != "auto" else "; --threads sets it",
+    )
+
+
 def train(
     client: PSClient,
     task: Task,
@@ -258,6 +297,7 @@ def train(
         compute_s=stats.compute_seconds + stats.evaluate_seconds,
         communication_s=client.comm_seconds,
         device=getattr(task, "device", "cpu"),  # where it trained (its --device)
+        threads=_torch_threads(task),
         final_loss=stats.loss if stats.steps else None,
         test_accuracy=final_acc,
         stopped_by_signal=stop[0],
@@ -265,6 +305,15 @@ def train(
         stopped_waiting=stopped_waiting,
         **failed,
     )
+
+
+def _torch_threads(task: Task) -> int | None:
+    """The threads a PyTorch model computed with (None: a numpy model)."""
+    if getattr(task, "framework", None) != "torch":
+        return None
+    import torch
+
+    return int(torch.get_num_threads())
 
 
 def _summary(rank: int, steps: int, secs: float, **figures: Any) -> dict[str, Any]:
@@ -436,6 +485,7 @@ def _run(argv: list[str] | None, prog: str) -> int:
                 len(servers),
                 client.tx.transport_of(servers[0]),
             )
+            _set_threads(task, args.threads)
             metrics = train(
                 client,
                 task,

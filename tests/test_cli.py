@@ -683,6 +683,8 @@ def test_heartbeats_timeouts_and_counts_out_of_range_are_refused_in_one_line(
         # counts: -1 checkpointed every step, a batch of 0 divided by zero
         ("tensorwire.server.daemon", "--checkpoint-every", "-1", "a whole number of at least 0"),
         ("tensorwire.client.worker", "--batch", "0", "give a whole number of at least 1"),
+        ("tensorwire.client.worker", "--threads", "0", "a step needs at least one thread"),
+        ("tensorwire.client.worker", "--threads", "many", "not a number of threads or 'auto'"),
         ("tensorwire.server.daemon", "--staleness", "2.5", "'2.5' is not a whole number"),
         # before, a numpy worker was told that numpy models train on the CPU
         ("tensorwire.client.worker", "--device", "cuda:x", "give cpu, cuda or cuda:N"),
