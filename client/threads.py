@@ -1,13 +1,13 @@
 """How many threads a worker's PyTorch compute takes: ``tensorwire-worker --threads``.
 
-PyTorch's intra-op pool takes one thread per core of the machine, whatever else runs there, and
-its idle threads spin before they sleep. Several processes that compute on one host then take
-the cores from each other: on the project's 2-core VM, two PyTorch workers and a server of the
-``many`` model (200 small tensors) computed a step in 366 ms with torch's default and in 14.5 ms
-with one thread each, and ``large`` in 20.8 against 16.4 (BENCHMARKS.md, "Threads"). A
-container limited to a few cores by its cgroup (a Kubernetes ``limits.cpu``) still gets one
-thread per core of the node. torchrun sets ``OMP_NUM_THREADS=1`` for the same reason when it
-starts several processes a node.
+PyTorch's intra-op pool takes one thread per core of the machine, whatever else runs there (and
+OpenMP's idle threads spin a while before they sleep). Several processes that compute on one
+host then take the cores from each other: on the project's 2-core VM, two PyTorch workers and a
+server of the ``many`` model (200 small tensors) computed a step in 366 ms with torch's default
+and in 14.7 ms with one thread each, and ``large`` in 21.1 against 16.5 (BENCHMARKS.md,
+"Threads of a PyTorch worker"). A container limited to a few cores by its cgroup (a Kubernetes
+``limits.cpu``) still gets one thread per core of the node. torchrun sets ``OMP_NUM_THREADS=1``
+for the same reason when it starts several processes a node.
 
 ``auto`` (the default) gives each worker the host's usable cores (its CPU affinity, within its
 cgroup's CPU quota) divided among the workers that compute on the host: ``LOCAL_WORLD_SIZE``
