@@ -481,56 +481,67 @@ class Runner:
     # -- latency: round-trip seconds of each ping -----------------------------------------------
 
     def round_trips(self, method: str, count: int) -> list[float]:
+        """``count`` round trips of ``method``, the peer echoing each: their seconds."""
+        trip = self._echoed(method, count)
         out = []
-        if method == "zmq":
-            assert self._pair is not None
-            self._send("zmq", size=self.latency_bytes, count=count, echo=True)
-            for _ in range(count):
-                t0 = time.perf_counter()
-                self._pair.send(self.ping.data, copy=False)
-                frame = self._pair.recv(copy=False)
-                np.copyto(self.pong_buf, np.frombuffer(frame.buffer, dtype=np.uint8))
-                out.append(time.perf_counter() - t0)
-        elif method == "raw-tcp":
-            sock = self._raw
-            assert sock is not None
-            self._send("raw-echo", size=self.latency_bytes, count=count)
-            into = self.pong_buf.data
-            for _ in range(count):
-                t0 = time.perf_counter()
-                sock.sendall(self.ping.data)
-                raw_recv(sock, into)
-                out.append(time.perf_counter() - t0)
-        elif method == GLOO:
-            gloo = self.gloo
-            assert gloo is not None
-            self._send("gloo-echo", size=self.latency_bytes, count=count)
-            for _ in range(count):
-                t0 = time.perf_counter()
-                gloo.send(self.ping)
-                gloo.recv(self.pong_buf)
-                out.append(time.perf_counter() - t0)
-        elif method == RAW_NIXL:
-            raw = self.raw_nixl
-            assert raw is not None
-            self._send("raw-nixl-echo", size=self.latency_bytes, count=count)
-            for _ in range(count):
-                t0 = time.perf_counter()
-                raw.ping(self.latency_bytes)
-                out.append(time.perf_counter() - t0)
-        else:
-            assert self.pong_rx is not None
-            tx, rx = self.senders[method], self.pong_rx
-            ping, pong = tensor_name(method, "ping"), tensor_name(method, "pong")
-            self._send("echo", transport=method, count=count)
-            for _ in range(count):
-                t0 = time.perf_counter()
-                tx.write(ping, self.ping_payload)
-                rx.wait(pong, timeout=self.timeout)
-                rx.release(pong)
-                out.append(time.perf_counter() - t0)
+        for _ in range(count):
+            t0 = time.perf_counter()
+            trip()
+            out.append(time.perf_counter() - t0)
         self._reply()
         return out
+
+    def _echoed(self, method: str, count: int) -> Callable[[], object]:
+        """Ask the peer to echo ``count`` pings of ``method``; what one round trip does (the
+        same call per trip for every method: the loop that times it is one)."""
+        size = self.latency_bytes
+        if method == "zmq":
+            pair = self._pair
+            assert pair is not None
+            self._send("zmq", size=size, count=count, echo=True)
+
+            def zmq_trip() -> None:
+                pair.send(self.ping.data, copy=False)
+                frame = pair.recv(copy=False)
+                np.copyto(self.pong_buf, np.frombuffer(frame.buffer, dtype=np.uint8))
+
+            return zmq_trip
+        if method == "raw-tcp":
+            sock, into = self._raw, self.pong_buf.data
+            assert sock is not None
+            self._send("raw-echo", size=size, count=count)
+
+            def raw_trip() -> None:
+                sock.sendall(self.ping.data)
+                raw_recv(sock, into)
+
+            return raw_trip
+        if method == GLOO:
+            gloo = self.gloo
+            assert gloo is not None
+            self._send("gloo-echo", size=size, count=count)
+
+            def gloo_trip() -> None:
+                gloo.send(self.ping)
+                gloo.recv(self.pong_buf)
+
+            return gloo_trip
+        if method == RAW_NIXL:
+            raw = self.raw_nixl
+            assert raw is not None
+            self._send("raw-nixl-echo", size=size, count=count)
+            return lambda: raw.ping(size)
+        assert self.pong_rx is not None
+        tx, rx = self.senders[method], self.pong_rx
+        ping, pong = tensor_name(method, "ping"), tensor_name(method, "pong")
+        self._send("echo", transport=method, count=count)
+
+        def transport_trip() -> None:
+            tx.write(ping, self.ping_payload)
+            rx.wait(pong, timeout=self.timeout)
+            rx.release(pong)
+
+        return transport_trip
 
     def close(self) -> None:
         for tx in self.senders.values():  # before the peer's receiver goes away
