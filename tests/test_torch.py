@@ -187,51 +187,6 @@ def test_a_built_in_model_in_torch_trains_as_the_numpy_one(job: Any) -> None:
     assert j.metrics("w1")["threads"] == 3
 
 
-def test_threads_auto_divides_the_usable_cores(tmp_path: Path) -> None:
-    """--threads auto: the cores a cgroup's quota leaves (v2's cpu.max, v1's cfs quota, the
-    smallest of a cgroup's and its ancestors'), divided among the workers a launcher names or
-    the worker daemons running here; torch's own choice where OMP_NUM_THREADS says."""
-    from tensorwire.client import threads
-
-    v2 = tmp_path / "v2"
-    (v2 / "kubepods" / "pod1").mkdir(parents=True)
-    (v2 / "kubepods" / "cpu.max").write_text("400000 100000\n")
-    (v2 / "kubepods" / "pod1" / "cpu.max").write_text("150000 100000\n")
-    (tmp_path / "self-v2").write_text("0::/kubepods/pod1\n")
-    assert threads.cgroup_cpus(str(tmp_path / "self-v2"), str(v2)) == 1.5
-    (v2 / "kubepods" / "pod1" / "cpu.max").write_text("max 100000\n")  # the parent's holds
-    assert threads.cgroup_cpus(str(tmp_path / "self-v2"), str(v2)) == 4.0
-    v1 = tmp_path / "v1"
-    (v1 / "cpu,cpuacct" / "docker" / "abc").mkdir(parents=True)
-    (v1 / "cpu,cpuacct" / "docker" / "abc" / "cpu.cfs_quota_us").write_text("200000\n")
-    (v1 / "cpu,cpuacct" / "docker" / "abc" / "cpu.cfs_period_us").write_text("100000\n")
-    (tmp_path / "self-v1").write_text("4:memory:/docker/abc\n2:cpu,cpuacct:/docker/abc\n")
-    assert threads.cgroup_cpus(str(tmp_path / "self-v1"), str(v1)) == 2.0
-    (v1 / "cpu,cpuacct" / "docker" / "abc" / "cpu.cfs_quota_us").write_text("-1\n")
-    assert threads.cgroup_cpus(str(tmp_path / "self-v1"), str(v1)) is None
-    assert threads.cgroup_cpus(str(tmp_path / "missing"), str(v1)) is None
-    for argv, worker in (
-        (["/venv/bin/python", "-m", "tensorwire.client.worker", "--rank", "0"], True),
-        (["/venv/bin/python", "/venv/bin/tensorwire-worker", "--rank", "1"], True),
-        (["/venv/bin/tensorwire", "worker", "--servers", "tcp://h:1"], True),
-        (["python", "-m", "tensorwire", "worker"], True),
-        (["python", "-m", "tensorwire", "ps"], False),
-        (["python", "-m", "tensorwire.server.daemon"], False),
-    ):
-        assert threads.is_worker(argv) is worker, argv
-    cores = threads.usable_cores()
-    assert threads.choose("auto", {"OMP_NUM_THREADS": "3"}) == (None, "OMP_NUM_THREADS=3 is set")
-    assert threads.choose("auto", {"LOCAL_WORLD_SIZE": "2"})[0] == max(1, cores // 2)
-    assert threads.choose("auto", {"SLURM_NTASKS_PER_NODE": "64"})[0] == 1
-    assert threads.choose("5", {"OMP_NUM_THREADS": "3"}) == (5, "--threads")
-    # none said: this host's worker daemons, none here but a test's (at least one counted)
-    count, why = threads.choose("auto", {})
-    assert count == max(1, cores // max(1, threads.workers_on_host())) and "usable cores" in why
-    for bad, says in (("0", "at least one thread"), ("-2", "at least one"), ("x", "not a number")):
-        with pytest.raises(ValueError, match=says):
-            threads.parse(bad)
-
-
 @pytest.mark.parametrize("residual", [0.0, 0.5], ids=["plain", "residual"])
 def test_the_torch_twin_of_a_built_in_model_computes_what_the_numpy_one_does(
     residual: float,
