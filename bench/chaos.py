@@ -113,8 +113,9 @@ PASSED_ON: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     (
         "--framework",
         "worker",
-        ("numpy", "torch"),
-        "the workers' --framework (torch: the digits model as a PyTorch module)",
+        ("auto", "numpy", "torch"),
+        "the workers' --framework (auto: what --model builds; torch: a built-in model as a "
+        "PyTorch module)",
     ),
     (
         "--model",
@@ -809,8 +810,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, 
     if args.framework == "torch" and importlib.util.find_spec("torch") is None:
         parser.error("--framework torch: PyTorch is not installed: pip install 'tensorwire[torch]'")
     try:  # (before, a --model no worker could load failed the run, its reason in their logs)
-        tasks.load_factory(args.model, args.framework)
-    except ValueError as exc:
+        factory = tasks.load_factory(args.model, args.framework)
+        if args.framework != "auto":  # a factory of the other framework: its workers exit 1
+            built = tasks.build(factory, args.model, tasks.JobInfo(0, args.workers, 32, 0))
+            tasks.check_framework(tasks.as_task(built), args.framework)
+    except (ValueError, TypeError) as exc:
         parser.error(str(exc))
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     rng = random.Random(seed)

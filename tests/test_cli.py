@@ -356,6 +356,11 @@ def test_bad_arguments_are_one_clear_line(args: list[str]) -> None:
         (["ray-job", "--cpus-per-worker", "0"], "cpus_per_worker and gpus_per_worker are both 0"),
         # a model no worker could load failed the chaos run, the reason in the workers' logs
         (["bench", "chaos", "--model", "nosuch"], "--model 'nosuch': give a built-in model"),
+        # a factory of the other framework: every worker exited 1 once the run had started
+        (
+            ["bench", "chaos", "--model", "examples/torch_digits.py:make", "--framework", "numpy"],
+            "--framework numpy: the model factory built a torch model",
+        ),
         (["bench", "chaos", "--keep", ""], "--keep: '' is empty"),
         (["demo", "--transports", "pigeon"], "--transports"),
         (["demo", "--transports", "shm,shm"], "--transports names shm more than once"),
