@@ -8,5 +8,8 @@ here=docs/chaos-threads-2026-12-05
 . bench/chaos_record.sh  # run NAME ARGS...: every fault kind, into $here/NAME.{txt,json}
 run shm-asp-torch-2x3-7601 --transport shm --servers 2 --workers 3 --sync asp \
     --framework torch --duration 120 --seed 7601
+# (its first try, at 4a9a6ca, stopped at once: bench chaos then gave the workers --framework
+# numpy by default, and a factory of a torch module; since 803e9a0 auto is the default, and
+# --framework numpy with such a factory is refused before the run)
 run tcp-bsp-torchcnn-1x3-7602 --transport tcp --servers 1 --workers 3 \
     --model examples/torch_digits.py:make --optimizer momentum --duration 120 --seed 7602
