@@ -15,6 +15,8 @@ cgroup's CPU quota) divided among the workers that compute on the host: ``LOCAL_
 workers running on the host as this one joins its job (of any job: they all take cores). Where
 ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS`` is set, the user chose, and torch's own choice from it
 stands. A number sets it. numpy models are left alone (their compute takes one thread here).
+Another count of threads sums some of a step's products in another order: where two runs must
+match bit for bit (a job resumed against one that ran straight), give them ``--threads``.
 """
 
 from __future__ import annotations

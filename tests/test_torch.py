@@ -105,7 +105,9 @@ def test_torch_cnn_trains_digits_to_97_percent(job: Any) -> None:
 def test_torch_job_resumes_from_its_checkpoint(job: Any, tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     common = ["--optimizer", "momentum", "--checkpoint-dir", str(ckpt)]
-    model = ["--model", EXAMPLE]
+    # --threads pinned: auto's count depends on the workers running here as each joins, and
+    # another count sums a convolution in another order (a fresh clone's run failed on it)
+    model = ["--model", EXAMPLE, "--threads", "1"]
     # the job without a break runs beside the two others (each worker process spends seconds
     # of CPU importing torch: one worker a job, the server's checkpoint is what is tested)
     straight = job(ps=["--optimizer", "momentum", "--steps", "20"], worker=model, workers=1)
