@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -32,6 +33,8 @@ from .conftest import (
 from .jobs import Processes, log_has
 
 PY = sys.executable
+#: torch, which --gloo measures and a torch factory needs (`make test-pythons`' venvs lack it)
+TORCH_INSTALLED = importlib.util.find_spec("torch") is not None
 
 
 def run(
@@ -199,13 +202,19 @@ def test_bench_serve_and_run_as_two_hosts_would(tmp_path: Path, host: str) -> No
         )
         assert out.returncode == 0, out.stderr
         result = json.loads(path.read_text())
-        _check_result(result, [65536], ["tcp", "grpc"], copy_threads=2, gloo=True)
-        assert result["notes"] == []
-        assert "gloo" in result["config"]["references"]
+        _check_result(result, [65536], ["tcp", "grpc"], copy_threads=2, gloo=TORCH_INSTALLED)
         table = (tmp_path / "run.md").read_text()
-        assert "| vs memcpy | vs gloo | vs raw limit |" in table
-        assert "| grpc-stream / this | gloo / this | vs raw limit |" in table
-        assert "| 64 KiB | gloo-isend |" in table
+        if TORCH_INSTALLED:
+            assert result["notes"] == []
+            assert "gloo" in result["config"]["references"]
+            assert "| vs memcpy | vs gloo | vs raw limit |" in table
+            assert "| grpc-stream / this | gloo / this | vs raw limit |" in table
+            assert "| 64 KiB | gloo-isend |" in table
+        else:  # the run goes on without it, saying why
+            assert result["notes"] == [
+                "gloo skipped: torch is not installed (pip install 'tensorwire[torch]')"
+            ]
+            assert "gloo" not in table
         assert server.wait(30) == 0  # --once: it leaves after the runner's goodbye
     finally:
         if server.poll() is None:
@@ -357,9 +366,10 @@ def test_bad_arguments_are_one_clear_line(args: list[str]) -> None:
         # a model no worker could load failed the chaos run, the reason in the workers' logs
         (["bench", "chaos", "--model", "nosuch"], "--model 'nosuch': give a built-in model"),
         # a factory of the other framework: every worker exited 1 once the run had started
-        (
+        pytest.param(
             ["bench", "chaos", "--model", "examples/torch_digits.py:make", "--framework", "numpy"],
             "--framework numpy: the model factory built a torch model",
+            marks=pytest.mark.skipif(not TORCH_INSTALLED, reason="needs torch"),
         ),
         (["bench", "chaos", "--keep", ""], "--keep: '' is empty"),
         (["demo", "--transports", "pigeon"], "--transports"),
