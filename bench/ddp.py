@@ -4,18 +4,18 @@ backend (an all-reduce of the gradients in buckets, overlapped with the backward
 
 The workers are as many processes as the parameter-server jobs' workers, each building the model
 with the same factory, batch and seed, and stepping a torch optimizer of the servers' choice
-(``--optimizer``, ``--lr``, ``--weight-decay`` in ``--ps-args``: SGD, SGD with momentum 0.9,
-Adam or AdamW, as the servers compute them) on the mean gradient DDP gives every worker: what a
-``bsp`` job computes. Steps per second are counted as a parameter server counts them, from the
-moment every worker is ready (the process group formed, DDP's first broadcast of the parameters
-done) to the end of the last step at the slowest worker; the seconds to form are from the start
-of the processes. Each takes the threads ``tensorwire-worker --threads auto`` would give it
-(the usable cores divided among the workers). The rendezvous store is this process's.
+(``--optimizer``, ``--lr``, ``--momentum``, ``--weight-decay`` in ``--ps-args``: SGD, SGD with
+momentum, Adam or AdamW, as the servers compute them) on the mean gradient DDP gives every
+worker: what a ``bsp`` job computes. Steps per second are counted as a parameter server counts
+them, from the moment every worker is ready (the process group formed, DDP's first broadcast of
+the parameters done) to the end of the last step at the slowest worker; the seconds to form are
+from the start of the processes. Each takes the threads ``tensorwire-worker --threads auto``
+would give it (the usable cores divided among the workers). The rendezvous store is this
+process's.
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import multiprocessing as mp
 import os
@@ -40,29 +40,27 @@ class DdpJob:
     optimizer: str
     lr: float
     weight_decay: float
+    #: of ``momentum`` (the servers' --momentum)
+    momentum: float = 0.9
     #: rank 0 reports its parameters at the end (``params``, by name): for the tests
     keep_params: bool = False
 
 
-def optimizer_of(ps_args: list[str]) -> tuple[str, float, float]:
-    """The servers' optimizer, learning rate and weight decay in ``ps_args`` (their defaults
-    where it says none)."""
-    from tensorwire.server import optim
+def optimizer_of(ps_args: list[str]) -> tuple[str, float, float, float]:
+    """The servers' optimizer, learning rate, weight decay and momentum as ``ps_args`` (and
+    the environment's ``TENSORWIRE_*``) give them to the servers: read by their own parser."""
+    from tensorwire.server import daemon, optim
 
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--optimizer", default="sgd", choices=optim.OPTIMIZERS)
-    parser.add_argument("--lr", type=float, default=None)
-    parser.add_argument("--weight-decay", type=float, default=0.0)
-    known, _ = parser.parse_known_args(ps_args)
+    known, _ = daemon.build_parser().parse_known_args(ps_args)
     lr = known.lr if known.lr is not None else optim.default_lr(known.optimizer)
-    return known.optimizer, lr, known.weight_decay
+    return known.optimizer, lr, known.weight_decay, known.momentum
 
 
 def _torch_optimizer(job: DdpJob, params: Any) -> Any:
     import torch
 
     if job.optimizer in ("sgd", "momentum"):
-        momentum = 0.9 if job.optimizer == "momentum" else 0.0
+        momentum = job.momentum if job.optimizer == "momentum" else 0.0
         return torch.optim.SGD(params, lr=job.lr, momentum=momentum, weight_decay=job.weight_decay)
     kind = torch.optim.AdamW if job.optimizer == "adamw" else torch.optim.Adam
     return kind(params, lr=job.lr, weight_decay=job.weight_decay)

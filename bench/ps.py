@@ -283,7 +283,7 @@ def _ddp_job(
         parser.error("--ddp runs its workers on the CPU (gloo): leave --device out")
     if args.sync != "bsp":
         parser.error(f"--ddp computes what a bsp job computes: --sync {args.sync} is not that")
-    optimizer, lr, weight_decay = ddp.optimizer_of(ps_extra)
+    optimizer, lr, weight_decay, momentum = ddp.optimizer_of(ps_extra)
     return ddp.DdpJob(
         model=args.model,
         framework=args.framework,
@@ -293,4 +293,5 @@ def _ddp_job(
         optimizer=optimizer,
         lr=lr,
         weight_decay=weight_decay,
+        momentum=momentum,
     )

@@ -267,17 +267,21 @@ def test_the_ddp_row_of_bench_ps_computes_what_a_bsp_job_computes(
     """bench ps --ddp's reference (two DDP processes over gloo, the servers' optimizer as
     torch's) trains the digits MLP to the parameters one process computes on the union of the
     workers' batches with the servers' own optimizer code: what a bsp job computes (1e-5).
+    The servers' settings come through their own parser (--momentum 0.5, not the default).
     (In a process of its own: torch's rendezvous store keeps a pipe for the process's life.)"""
+    from tensorwire.bench import ddp
     from tensorwire.server import optim
 
     from .jobs import assert_params_close, digits_reference
 
+    flags = ["--optimizer", optimizer, "--lr", str(lr), "--weight-decay", str(decay)]
+    assert ddp.optimizer_of([*flags, "--momentum", "0.5"]) == (optimizer, lr, decay, 0.5)
     steps, out = 20, tmp_path / "ddp.npz"
     run = cli(
         "-c",
         "import json, sys, numpy as np; from tensorwire.bench import ddp; "
         f"job = ddp.DdpJob('digits', 'torch', 2, 32, {steps}, {optimizer!r}, {lr}, {decay}, "
-        "keep_params=True); r = ddp.run(job); "
+        "0.5, keep_params=True); r = ddp.run(job); "
         f"np.savez({str(out)!r}, **r.pop('params')); print(json.dumps(r))",
         timeout=180,
     )
@@ -285,7 +289,7 @@ def test_the_ddp_row_of_bench_ps_computes_what_a_bsp_job_computes(
     result = json.loads(run.stdout)
     with np.load(out) as saved:
         params = {k: saved[k] for k in saved.files}
-    ref = digits_reference(steps, 2, 32, optim.make(optimizer, lr, weight_decay=decay))
+    ref = digits_reference(steps, 2, 32, optim.make(optimizer, lr, decay, momentum=0.5))
     assert list(params) == list(ref)
     assert_params_close(params, ref, 1e-5)
     assert result["steps_per_s"] > 0 and 0 < result["formed_s"] < 120
