@@ -277,9 +277,10 @@ def _ddp_job(
             f"{getattr(made, 'framework', 'non-torch')} model (--framework torch trains a "
             "built-in model as one)"
         )
-    device = argparse.ArgumentParser(add_help=False)
-    device.add_argument("--device", default="cpu")
-    if device.parse_known_args(worker_extra)[0].device != "cpu":
+    from tensorwire.client import worker
+
+    # where the workers train, as their own parser reads it (TENSORWIRE_DEVICE included)
+    if worker.build_parser().parse_known_args(worker_extra)[0].device != "cpu":
         parser.error("--ddp runs its workers on the CPU (gloo): leave --device out")
     if args.sync != "bsp":
         parser.error(f"--ddp computes what a bsp job computes: --sync {args.sync} is not that")

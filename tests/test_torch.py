@@ -307,6 +307,12 @@ def test_bench_ps_ddp_asks_what_it_can_compare() -> None:
         out = cli("-m", "tensorwire.bench", "ps", "--ddp", "--model", "digits", *more)
         assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
         assert says in out.stderr.strip().splitlines()[-1], out.stderr
+    # the workers' device from the variable their daemons read, as from --worker-args
+    out = cli(
+        *("-m", "tensorwire.bench", "ps", "--ddp", "--model", "digits", "--framework", "torch"),
+        env={"TENSORWIRE_DEVICE": "cuda"},
+    )
+    assert out.returncode == 2 and "on the CPU" in out.stderr.strip().splitlines()[-1], out.stderr
 
 
 def test_a_bad_model_spec_is_one_line() -> None:
